@@ -1,0 +1,1 @@
+"""core layer (see DESIGN.md)."""

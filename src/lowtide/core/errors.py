@@ -1,0 +1,67 @@
+"""lowtide's one error tree. Everything a user can act on says what to do.
+
+    LowtideError                 root; `str(err)` is the whole message for the user
+    ├── InputError               bad input, refused before anything is stored or sent
+    │   ├── SpecError            the job spec (YAML keys, types, unknown fields)
+    │   ├── SourceError          the source file (unreadable, format, ids, columns)
+    │   └── TemplateError        a template (syntax, undefined variables)
+    ├── RouteError               a route failed or is misconfigured
+    │   └── UnknownRouteError    no route of that name is registered
+    ├── StoreError               the store cannot be opened or is from a newer release
+    └── JobNotFoundError         a job name that is not in the store
+"""
+
+from __future__ import annotations
+
+
+class LowtideError(Exception):
+    """Root of every error lowtide raises on purpose."""
+
+
+class InputError(LowtideError):
+    """Bad input: refused before anything is stored or submitted.
+
+    `problems` holds every individual finding so callers (and tests) can count them;
+    the message lists them, one per line.
+    """
+
+    def __init__(self, message: str, problems: list[str] | None = None):
+        self.problems = problems or [message]
+        super().__init__(message)
+
+    @classmethod
+    def from_problems(cls, what: str, problems: list[str], limit: int = 50) -> InputError:
+        shown = problems[:limit]
+        more = len(problems) - len(shown)
+        lines = [f"{what}: {len(problems)} problem(s)"] + [f"  - {p}" for p in shown]
+        if more:
+            lines.append(f"  … and {more} more")
+        return cls("\n".join(lines), problems)
+
+
+class SpecError(InputError):
+    """The job spec is invalid."""
+
+
+class SourceError(InputError):
+    """The source data is unreadable or has bad rows."""
+
+
+class TemplateError(InputError):
+    """A template does not compile or does not render for a row."""
+
+
+class RouteError(LowtideError):
+    """A route is misconfigured or failed in a way the engine cannot retry."""
+
+
+class UnknownRouteError(RouteError, InputError):
+    """No route is registered under that name."""
+
+
+class StoreError(LowtideError):
+    """The store cannot be opened, or was written by a newer lowtide."""
+
+
+class JobNotFoundError(LowtideError):
+    """No job of that name is in the store."""

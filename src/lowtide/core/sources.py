@@ -1,0 +1,130 @@
+"""Source rows, streamed in chunks: a million-row file is never held in memory.
+
+Row numbers are 1-based data rows (the CSV header is not a row); CSV rows also carry the
+file line they start on, which is what an editor shows.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lowtide.core.errors import SourceError
+from lowtide.core.spec import format_of
+
+CHUNK_ROWS = 5000
+
+
+@dataclass(slots=True)
+class SourceRow:
+    number: int  # 1-based data row
+    line: int | None  # file line where the row starts (CSV, JSONL)
+    values: dict[str, Any]
+
+    def where(self, path: Path | str) -> str:
+        line = f" (line {self.line})" if self.line is not None and self.line != self.number else ""
+        return f"{Path(path).name} row {self.number}{line}"
+
+
+class Source:
+    """A readable source file. `columns` is known up front for CSV and Parquet."""
+
+    def __init__(self, path: Path | str, fmt: str | None = None):
+        self.path = Path(path)
+        self.format = format_of(self.path, fmt)
+        if not self.path.exists():
+            raise SourceError(f"{self.path}: no such file; check `source.path` (relative to the spec file)")
+        if self.path.is_dir():
+            raise SourceError(f"{self.path}: is a folder, not a file; point `source.path` at a file")
+        self.columns: list[str] | None = self._read_columns()
+
+    def _read_columns(self) -> list[str] | None:
+        try:
+            if self.format == "csv":
+                with self.path.open(newline="", encoding="utf-8-sig") as f:
+                    header = next(csv.reader(f), None)
+                if not header:
+                    raise SourceError(f"{self.path}: empty file; a CSV source needs a header row")
+                return [h.strip() for h in header]
+            if self.format == "parquet":
+                import pyarrow.parquet as pq
+
+                return list(pq.ParquetFile(self.path).schema_arrow.names)
+        except (OSError, UnicodeDecodeError) as err:
+            raise SourceError(f"{self.path}: cannot read ({_reason(err)})") from None
+        except SourceError:
+            raise
+        except Exception as err:  # pyarrow raises its own errors for corrupt files
+            raise SourceError(f"{self.path}: cannot read as {self.format} ({err})") from None
+        return None
+
+    def chunks(self, size: int = CHUNK_ROWS) -> Iterator[list[SourceRow]]:
+        """Yield the rows in chunks of at most `size`."""
+        reader = {"csv": self._csv, "jsonl": self._jsonl, "parquet": self._parquet}[self.format]
+        chunk: list[SourceRow] = []
+        try:
+            for row in reader():
+                chunk.append(row)
+                if len(chunk) >= size:
+                    yield chunk
+                    chunk = []
+        except (OSError, UnicodeDecodeError) as err:
+            raise SourceError(f"{self.path}: cannot read ({_reason(err)})") from None
+        if chunk:
+            yield chunk
+
+    def _csv(self) -> Iterator[SourceRow]:
+        with self.path.open(newline="", encoding="utf-8-sig") as f:
+            reader = csv.reader(f)
+            header = [h.strip() for h in next(reader)]
+            width = len(header)
+            number = 0
+            line = reader.line_num + 1
+            for record in reader:
+                if not record:  # blank line
+                    line = reader.line_num + 1
+                    continue
+                number += 1
+                if len(record) != width:
+                    raise SourceError(
+                        f"{self.path.name} row {number} (line {line}): has {len(record)} fields, "
+                        f"the header has {width}; quote values that contain commas"
+                    )
+                yield SourceRow(number, line, dict(zip(header, record, strict=True)))
+                line = reader.line_num + 1
+
+    def _jsonl(self) -> Iterator[SourceRow]:
+        with self.path.open(encoding="utf-8") as f:
+            number = 0
+            for lineno, text in enumerate(f, start=1):
+                if not text.strip():
+                    continue
+                number += 1
+                try:
+                    values = json.loads(text)
+                except json.JSONDecodeError as err:
+                    raise SourceError(f"{self.path.name} line {lineno}: not valid JSON ({err.msg}, column {err.colno})") from None
+                if not isinstance(values, dict):
+                    raise SourceError(f"{self.path.name} line {lineno}: each line must be a JSON object, got {type(values).__name__}")
+                yield SourceRow(number, lineno, values)
+
+    def _parquet(self) -> Iterator[SourceRow]:
+        import pyarrow.parquet as pq
+
+        number = 0
+        for batch in pq.ParquetFile(self.path).iter_batches(batch_size=CHUNK_ROWS):
+            for values in batch.to_pylist():
+                number += 1
+                yield SourceRow(number, None, values)
+
+
+def _reason(err: Exception) -> str:
+    if isinstance(err, UnicodeDecodeError):
+        return f"not UTF-8 text at byte {err.start}; save the file as UTF-8"
+    if isinstance(err, OSError):
+        return err.strerror or str(err)
+    return str(err)

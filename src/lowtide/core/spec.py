@@ -1,0 +1,210 @@
+"""The job spec: one Pydantic model, loaded from YAML or built in Python.
+
+Every path in a spec file is relative to the spec file's folder.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+import jsonschema
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from lowtide.core.errors import SpecError
+
+FORMATS = {".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet"}
+JOB_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,63}$")
+
+
+def format_of(path: str | Path, declared: str | None = None) -> str:
+    """The data format of `path`: declared, or from its extension."""
+    if declared:
+        return declared
+    fmt = FORMATS.get(Path(path).suffix.lower())
+    if fmt is None:
+        raise SpecError(
+            f'{path}: unknown file extension "{Path(path).suffix}"; '
+            f"use one of {', '.join(sorted(FORMATS))} or set `format:` explicitly"
+        )
+    return fmt
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SourceSpec(_Strict):
+    path: str
+    id_column: str
+    format: Literal["csv", "jsonl", "parquet"] | None = None
+    # Columns the template may use that are allowed to be empty in some rows.
+    optional_columns: list[str] = Field(default_factory=list)
+
+
+class TemplateSpec(_Strict):
+    system: str | None = None
+    user: str | None = None
+    system_file: str | None = None
+    user_file: str | None = None
+
+    @model_validator(mode="after")
+    def _one_of_each(self) -> TemplateSpec:
+        if (self.user is None) == (self.user_file is None):
+            raise ValueError("give exactly one of `user` (inline) or `user_file` (a path)")
+        if self.system is not None and self.system_file is not None:
+            raise ValueError("give at most one of `system` or `system_file`")
+        return self
+
+
+class Params(_Strict):
+    max_tokens: int = Field(256, ge=1, le=1_000_000)
+    temperature: float = Field(0.0, ge=0.0, le=2.0)
+    stop: list[str] | None = None
+
+
+class RetrySpec(_Strict):
+    max_attempts: int = Field(3, ge=1, le=100)
+    backoff_seconds: float = Field(30.0, ge=0)
+    max_backoff_seconds: float = Field(3600.0, ge=0)
+
+
+class OutputSpec(_Strict):
+    path: str
+    format: Literal["csv", "jsonl", "parquet"] | None = None
+
+
+class JobSpec(_Strict):
+    name: str
+    source: SourceSpec
+    template: TemplateSpec
+    model: str
+    route: str
+    route_options: dict[str, Any] = Field(default_factory=dict)
+    params: Params = Field(default_factory=Params)
+    choices: list[str] | None = None
+    response_schema: dict[str, Any] | None = None
+    deadline: datetime | None = None
+    retry: RetrySpec = Field(default_factory=RetrySpec)
+    output: OutputSpec | None = None
+    # Requests per provider batch, below the route's own limit (batch routes only).
+    chunk_size: int | None = Field(None, ge=1)
+    # Folder that relative paths are resolved against (the spec file's folder).
+    base_dir: str = "."
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not JOB_NAME.match(v):
+            raise ValueError("use 1-64 letters, digits, '_', '-' or '.', starting with a letter or digit")
+        return v
+
+    @field_validator("choices")
+    @classmethod
+    def _choices(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None and (len(v) < 2 or len(set(v)) != len(v) or not all(c.strip() for c in v)):
+            raise ValueError("give at least two distinct, non-empty choices")
+        return v
+
+    @field_validator("response_schema")
+    @classmethod
+    def _schema(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        if v is not None:
+            try:
+                jsonschema.Draft202012Validator.check_schema(v)
+            except jsonschema.SchemaError as err:
+                raise ValueError(f"not a valid JSON Schema: {err.message}") from None
+        return v
+
+    @field_validator("deadline")
+    @classmethod
+    def _deadline(cls, v: datetime | None) -> datetime | None:
+        return v.replace(tzinfo=UTC) if v is not None and v.tzinfo is None else v
+
+    def resolve(self, path: str) -> Path:
+        p = Path(path).expanduser()
+        return p if p.is_absolute() else Path(self.base_dir) / p
+
+    @property
+    def effective_choices(self) -> list[str] | None:
+        """`choices`, or the top-level `enum` of the response schema."""
+        if self.choices:
+            return self.choices
+        enum = (self.response_schema or {}).get("enum")
+        return [str(e) for e in enum] if enum else None
+
+
+def load_spec(path: str | Path) -> JobSpec:
+    """Read a job spec file; every problem names the file, line and key, and the fix."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as err:
+        raise SpecError(f"{path}: cannot read the job spec ({err.strerror or err})") from None
+    try:
+        node = yaml.compose(text)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise SpecError(f"{path}{where}: not valid YAML ({getattr(err, 'problem', err)})") from None
+    if not isinstance(data, dict):
+        raise SpecError(f"{path}: a job spec is a YAML mapping with keys name, source, template, model, route")
+    data.setdefault("base_dir", str(path.parent.resolve()))
+    return build_spec(data, where=str(path), lines=_key_lines(node))
+
+
+def build_spec(data: dict[str, Any], where: str = "job spec", lines: dict | None = None) -> JobSpec:
+    try:
+        return JobSpec.model_validate(data)
+    except ValidationError as err:
+        problems = [_describe(e, where, lines or {}) for e in err.errors()]
+        raise SpecError.from_problems(f"{where}: invalid job spec", problems) from None
+
+
+def _describe(error: dict[str, Any], where: str, lines: dict) -> str:
+    loc = tuple(str(p) for p in error["loc"])
+    field = ".".join(loc) or "(top level)"
+    line = lines.get(loc) or lines.get(loc[:-1])
+    at = f"{where} line {line}" if line else where
+    if error["type"] == "extra_forbidden":
+        known = _known_keys(loc[:-1])
+        return f"{at}: unknown key `{field}`; known keys here: {', '.join(known)}"
+    if error["type"] == "missing":
+        return f"{at}: `{field}` is required"
+    msg = error["msg"].removeprefix("Value error, ")
+    return f"{at}: `{field}`: {msg}"
+
+
+def _known_keys(loc: tuple[str, ...]) -> list[str]:
+    model: Any = JobSpec
+    for part in loc:
+        field = model.model_fields.get(part)
+        if field is None or not isinstance(field.annotation, type) or not issubclass(field.annotation, BaseModel):
+            # Optional[Model] annotations: take the model out of the union.
+            args = getattr(field.annotation, "__args__", ()) if field else ()
+            model = next((a for a in args if isinstance(a, type) and issubclass(a, BaseModel)), None)
+            if model is None:
+                return []
+        else:
+            model = field.annotation
+    return [k for k in model.model_fields if k != "base_dir"]
+
+
+def _key_lines(node: yaml.Node | None, prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], int]:
+    """Map each key path of a YAML document to its 1-based line number."""
+    lines: dict[tuple[str, ...], int] = {}
+    if isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            path = (*prefix, str(key.value))
+            lines[path] = key.start_mark.line + 1
+            lines.update(_key_lines(value, path))
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            path = (*prefix, str(i))
+            lines[path] = item.start_mark.line + 1
+            lines.update(_key_lines(item, path))
+    return lines

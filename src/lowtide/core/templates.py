@@ -1,0 +1,110 @@
+"""Jinja2 templates that turn a source row into chat messages.
+
+StrictUndefined: a variable the row lacks is an error naming the template line and the row,
+never an empty string sent to a model and paid for.
+"""
+
+from __future__ import annotations
+
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jinja2
+from jinja2 import meta, nodes
+
+from lowtide.core.errors import TemplateError
+from lowtide.core.spec import JobSpec
+
+_ENV = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=False)
+
+
+@dataclass(slots=True)
+class _Part:
+    role: str
+    name: str  # how errors name it: "classify.yaml template.user" or a file path
+    template: jinja2.Template
+    variables: dict[str, int]  # variable -> first line that uses it
+
+
+class MessageTemplate:
+    """The system and user templates of a job, compiled once."""
+
+    def __init__(self, parts: list[_Part]):
+        self.parts = parts
+
+    @classmethod
+    def from_spec(cls, spec: JobSpec, where: str = "job spec") -> MessageTemplate:
+        t = spec.template
+        parts = []
+        for role, inline, file in (("system", t.system, t.system_file), ("user", t.user, t.user_file)):
+            if file is not None:
+                path = spec.resolve(file)
+                try:
+                    source = path.read_text(encoding="utf-8")
+                except OSError as err:
+                    raise TemplateError(f"{path}: cannot read template ({err.strerror or err}); check `template.{role}_file`") from None
+                parts.append(_compile(role, str(path), source))
+            elif inline is not None:
+                parts.append(_compile(role, f"{where} template.{role}", inline))
+        return cls(parts)
+
+    @property
+    def variables(self) -> dict[str, str]:
+        """Every variable used, with where it is first used ("template.user line 3")."""
+        found: dict[str, str] = {}
+        for part in self.parts:
+            for var, line in part.variables.items():
+                found.setdefault(var, f"{part.name} line {line}")
+        return found
+
+    def check_columns(self, columns: list[str], source_name: str) -> None:
+        """Refuse up front a template variable that no column provides."""
+        missing = [(v, w) for v, w in self.variables.items() if v not in columns]
+        if missing:
+            problems = [
+                f'{w} uses "{v}", but {source_name} has no such column; columns are: {", ".join(columns)}'
+                for v, w in missing
+            ]
+            raise TemplateError.from_problems("template", problems)
+
+    def render(self, values: dict[str, Any], row: str) -> list[dict[str, str]]:
+        """Render the messages for one row; `row` names it in errors ("tickets.csv row 7")."""
+        messages = []
+        for part in self.parts:
+            try:
+                text = part.template.render(values)
+            except jinja2.UndefinedError as err:
+                raise TemplateError(f"{row}: {part.name} line {_error_line(err, part)}: {err.message}; add the column or fix the template") from None
+            except Exception as err:  # a filter or expression that fails on this row's value
+                raise TemplateError(f"{row}: {part.name} line {_error_line(err, part)}: {type(err).__name__}: {err}") from None
+            messages.append({"role": part.role, "content": text})
+        return messages
+
+
+def _compile(role: str, name: str, source: str) -> _Part:
+    try:
+        ast = _ENV.parse(source, name=name)
+        template = _ENV.from_string(source)
+    except jinja2.TemplateSyntaxError as err:
+        raise TemplateError(f"{name} line {err.lineno}: template syntax error: {err.message}") from None
+    template.name = name
+    declared = meta.find_undeclared_variables(ast)
+    lines: dict[str, int] = {}
+    for node in ast.find_all(nodes.Name):
+        if node.ctx == "load" and node.name in declared:
+            lines[node.name] = min(lines.get(node.name, node.lineno), node.lineno)
+    return _Part(role, name, template, lines)
+
+
+def _error_line(err: Exception, part: _Part) -> int | str:
+    """The template line that raised, from Jinja's rewritten traceback."""
+    for frame in reversed(traceback.extract_tb(err.__traceback__)):
+        if frame.filename in (part.name, "<template>"):
+            return frame.lineno or "?"
+    return "?"
+
+
+def template_source_path(spec: JobSpec) -> Path | None:
+    return spec.resolve(spec.template.user_file) if spec.template.user_file else None

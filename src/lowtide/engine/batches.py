@@ -1,0 +1,196 @@
+"""The batch-route steps of a tick: plan chunks, submit them exactly once, poll, ingest.
+
+Submission records its intent before the provider call (dispatch state `submitting`, with a
+key the route attaches to the batch). A process that dies between the call and recording the
+provider's id leaves the dispatch in `submitting`; the next tick asks the route to `find` the
+batch by that key and adopts it instead of submitting again (DESIGN invariant 3).
+"""
+
+from __future__ import annotations
+
+import random
+
+from sqlalchemy import func, select, update
+
+from lowtide.core.clock import Clock
+from lowtide.core.errors import RouteError
+from lowtide.core.states import DispatchState, RequestState
+from lowtide.core.types import Outcome
+from lowtide.engine.context import JobContext
+from lowtide.engine.dispatch import assign, dispatched_requests, left_in_dispatch, new_dispatch
+from lowtide.engine.ingest import IngestCounts, apply_outcomes
+from lowtide.engine.policy import poll_delay
+from lowtide.routes.base import BatchRoute
+from lowtide.store.db import Store
+from lowtide.store.queries import add_event
+from lowtide.store.schema import dispatches, requests
+from lowtide.store.transitions import move_dispatch
+
+INGEST_CHUNK = 2000
+DEFAULT_POLL_INTERVAL = (30.0, 600.0)
+
+
+class BatchRejected(RouteError):
+    """The provider refused a batch for good (e.g. validation); retrying it as is cannot help."""
+
+
+def plan(store: Store, job: JobContext, route: BatchRoute, clock: Clock) -> int:
+    """Group due pending requests into dispatches within the route's and the job's limits."""
+    limit = min(route.limits.max_requests, job.spec.chunk_size or route.limits.max_requests)
+    now = clock.now()
+    planned = 0
+    with store.begin() as conn:
+        rows = conn.execute(
+            select(requests.c.id, func.length(requests.c.payload))
+            .where(
+                requests.c.job_id == job.id,
+                requests.c.state == RequestState.PENDING.value,
+                requests.c.not_before <= now,
+            )
+            .order_by(requests.c.id)
+        )
+        chunk: list[int] = []
+        size = 0
+        for rid, nbytes in rows:
+            if chunk and (len(chunk) >= limit or size + nbytes > route.limits.max_bytes):
+                planned += _plan_one(conn, job, route, chunk, now)
+                chunk, size = [], 0
+            chunk.append(rid)
+            size += nbytes
+        if chunk:
+            planned += _plan_one(conn, job, route, chunk, now)
+    return planned
+
+
+def _plan_one(conn, job: JobContext, route: BatchRoute, ids: list[int], now: float) -> int:
+    dispatch_id = new_dispatch(conn, job.id, route.name, "batch", DispatchState.PLANNED, now)
+    return assign(conn, dispatch_id, ids, route.name, now)
+
+
+async def submit(store: Store, job: JobContext, route: BatchRoute, clock: Clock, rng: random.Random) -> int:
+    """Submit every planned dispatch of the job; adopt any that a dead process had sent."""
+    with store.begin() as conn:
+        todo = list(
+            conn.execute(
+                select(dispatches.c.id, dispatches.c.key, dispatches.c.state).where(
+                    dispatches.c.job_id == job.id,
+                    dispatches.c.kind == "batch",
+                    dispatches.c.state.in_([DispatchState.PLANNED.value, DispatchState.SUBMITTING.value]),
+                )
+            )
+        )
+    sent = 0
+    for dispatch_id, key, state in todo:
+        if state == DispatchState.PLANNED:
+            with store.begin() as conn:  # intent is durable before any network call
+                if not move_dispatch(conn, dispatch_id, DispatchState.PLANNED, DispatchState.SUBMITTING):
+                    continue
+            provider_id = None
+        else:
+            provider_id = await route.find(key)
+        with store.begin() as conn:
+            batch = dispatched_requests(conn, dispatch_id)
+        if not batch:
+            with store.begin() as conn:
+                move_dispatch(conn, dispatch_id, DispatchState.SUBMITTING, DispatchState.CANCELLED, ended_at=clock.now())
+            continue
+        try:
+            if provider_id is None:
+                provider_id = await route.submit(key, batch)
+        except BatchRejected as err:
+            _reject(store, job, route, dispatch_id, DispatchState.SUBMITTING, str(err), clock, rng)
+            continue
+        except Exception as err:  # transient: the next tick finds-or-submits again
+            with store.begin() as conn:
+                conn.execute(update(dispatches).where(dispatches.c.id == dispatch_id).values(error=str(err)[:2000]))
+                add_event(conn, job.id, "submit_error", f"{route.name}: {err}", clock.now())
+            continue
+        now = clock.now()
+        interval = getattr(route, "poll_interval", DEFAULT_POLL_INTERVAL)
+        with store.begin() as conn:
+            move_dispatch(
+                conn, dispatch_id, DispatchState.SUBMITTING, DispatchState.SUBMITTED,
+                provider_id=provider_id, submitted_at=now, error=None,
+                next_poll_at=now + poll_delay(interval, 0, rng),
+            )  # fmt: skip
+            add_event(conn, job.id, "submitted", f"{route.name} batch {provider_id}: {len(batch)} request(s)", now)
+        sent += 1
+    return sent
+
+
+def _reject(
+    store: Store, job: JobContext, route, dispatch_id: int, current: DispatchState, reason: str, clock: Clock, rng
+) -> None:
+    """The provider refused the batch: its requests fail with the provider's reason."""
+    now = clock.now()
+    with store.begin() as conn:
+        ids = left_in_dispatch(conn, dispatch_id)
+        failures = [Outcome.failure(c, "batch_rejected", reason, False) for c in ids]
+        apply_outcomes(conn, job, dispatch_id, route.name, failures, now, rng)
+        move_dispatch(conn, dispatch_id, current, DispatchState.FAILED, error=reason[:2000], ended_at=now)
+        add_event(conn, job.id, "batch_rejected", f"{route.name}: {reason}", now)
+
+
+async def poll(store: Store, job: JobContext, route: BatchRoute, clock: Clock, rng: random.Random) -> IngestCounts:
+    """Poll every submitted dispatch that is due; ingest the ones that ended."""
+    counts = IngestCounts()
+    now = clock.now()
+    with store.begin() as conn:
+        due = list(
+            conn.execute(
+                select(dispatches.c.id, dispatches.c.provider_id, dispatches.c.polls, dispatches.c.cancel_requested).where(
+                    dispatches.c.job_id == job.id,
+                    dispatches.c.state == DispatchState.SUBMITTED.value,
+                    dispatches.c.next_poll_at <= now,
+                )
+            )
+        )
+    interval = getattr(route, "poll_interval", DEFAULT_POLL_INTERVAL)
+    for dispatch_id, provider_id, polls, cancel_requested in due:
+        try:
+            if cancel_requested:
+                await route.cancel(provider_id)
+            status = await route.poll(provider_id)
+        except Exception as err:
+            with store.begin() as conn:
+                conn.execute(
+                    update(dispatches).where(dispatches.c.id == dispatch_id).values(
+                        polls=polls + 1, error=str(err)[:2000], next_poll_at=clock.now() + poll_delay(interval, polls, rng)
+                    )
+                )
+                add_event(conn, job.id, "poll_error", f"{route.name} batch {provider_id}: {err}", clock.now())
+            continue
+        with store.begin() as conn:
+            conn.execute(
+                update(dispatches).where(dispatches.c.id == dispatch_id).values(
+                    polls=polls + 1, phase=status.phase, error=None, cancel_requested=False,
+                    next_poll_at=clock.now() + poll_delay(interval, polls + 1, rng),
+                )
+            )  # fmt: skip
+        if status.errors:
+            _reject(store, job, route, dispatch_id, DispatchState.SUBMITTED, "; ".join(status.errors), clock, rng)
+        elif status.ended:
+            counts.add(await _ingest(store, job, route, dispatch_id, provider_id, clock, rng))
+    return counts
+
+
+async def _ingest(store, job: JobContext, route: BatchRoute, dispatch_id: int, provider_id: str, clock, rng) -> IngestCounts:
+    """Stream an ended batch's results into the store, chunk by chunk; then close it."""
+    counts = IngestCounts()
+    chunk: list[Outcome] = []
+    async for outcome in route.results(provider_id):
+        chunk.append(outcome)
+        if len(chunk) >= INGEST_CHUNK:
+            with store.begin() as conn:
+                counts.add(apply_outcomes(conn, job, dispatch_id, route.name, chunk, clock.now(), rng))
+            chunk = []
+    now = clock.now()
+    with store.begin() as conn:
+        counts.add(apply_outcomes(conn, job, dispatch_id, route.name, chunk, now, rng))
+        missing = left_in_dispatch(conn, dispatch_id)
+        expired = [Outcome.failure(c, "expired", "no result for this request in the batch output; treated as expired", True) for c in missing]
+        counts.add(apply_outcomes(conn, job, dispatch_id, route.name, expired, now, rng))
+        move_dispatch(conn, dispatch_id, DispatchState.SUBMITTED, DispatchState.ENDED, ended_at=now)
+        if counts.unknown:
+            add_event(conn, job.id, "unknown_results", f"{len(counts.unknown)} result(s) with unknown custom_id in {provider_id}", now)
+    return counts

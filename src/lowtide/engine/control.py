@@ -1,0 +1,122 @@
+"""What a user does to a job: look at it, cancel it, retry what failed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sqlalchemy import and_, func, select, update
+
+from lowtide.core.clock import Clock
+from lowtide.core.spec import JobSpec
+from lowtide.core.states import DispatchState, JobState, RequestState
+from lowtide.store.db import Store
+from lowtide.store.queries import add_event, dispatch_phases, get_job, recent_events, request_counts, token_totals
+from lowtide.store.schema import dispatches, requests
+from lowtide.store.transitions import move_dispatch, move_job, move_requests
+
+
+@dataclass(slots=True)
+class JobStatus:
+    name: str
+    state: str
+    route: str
+    counts: dict[str, int]
+    phases: dict[str, int] = field(default_factory=dict)
+    tokens: dict[str, int] = field(default_factory=dict)
+    events: list[str] = field(default_factory=list)
+    failures: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def count(self, state: RequestState) -> int:
+        return self.counts.get(state.value, 0)
+
+    @property
+    def done(self) -> bool:
+        return self.state != JobState.ACTIVE.value and not self.phases
+
+    @property
+    def all_succeeded(self) -> bool:
+        return self.count(RequestState.SUCCEEDED) == self.total
+
+
+def job_status(store: Store, name: str, events: int = 5) -> JobStatus:
+    with store.begin() as conn:
+        job = get_job(conn, name)
+        failures = dict(
+            conn.execute(
+                select(requests.c.error_code, func.count())
+                .where(requests.c.job_id == job.id, requests.c.state == RequestState.FAILED.value)
+                .group_by(requests.c.error_code)
+            ).all()
+        )
+        return JobStatus(
+            name=job.name,
+            state=job.state,
+            route=job.route,
+            counts=request_counts(conn, job.id),
+            phases=dispatch_phases(conn, job.id),
+            tokens=token_totals(conn, job.id),
+            events=[f"{e.kind}: {e.message}" for e in recent_events(conn, job.id, events)],
+            failures={k or "unknown": v for k, v in failures.items()},
+        )
+
+
+def job_spec(store: Store, name: str) -> JobSpec:
+    with store.begin() as conn:
+        return JobSpec.model_validate_json(get_job(conn, name).spec)
+
+
+def cancel_job(store: Store, name: str, clock: Clock) -> int:
+    """Cancel what has not finished. Provider batches already sent are asked to cancel and
+    their partial results are still brought in (they are paid for)."""
+    now = clock.now()
+    with store.begin() as conn:
+        job = get_job(conn, name)
+        move_job(conn, job.id, JobState.CANCELLED, updated_at=now)
+        values = {"error_code": "cancelled", "error_message": "cancelled by the user", "updated_at": now}
+        n = move_requests(
+            conn, RequestState.CANCELLED, and_(requests.c.job_id == job.id, requests.c.state == RequestState.PENDING.value), values=values
+        )
+        # Direct dispatches and unsent batches: nothing will be paid for after this.
+        unsent = select(dispatches.c.id).where(
+            dispatches.c.job_id == job.id,
+            dispatches.c.state.in_([DispatchState.RUNNING.value, DispatchState.PLANNED.value]),
+        )
+        n += move_requests(
+            conn, RequestState.CANCELLED, and_(requests.c.job_id == job.id, requests.c.dispatch_id.in_(unsent)), values=values
+        )
+        for (dispatch_id,) in conn.execute(
+            select(dispatches.c.id).where(dispatches.c.job_id == job.id, dispatches.c.state == DispatchState.PLANNED.value)
+        ).all():
+            move_dispatch(conn, dispatch_id, DispatchState.PLANNED, DispatchState.CANCELLED, ended_at=now)
+        conn.execute(
+            update(dispatches)
+            .where(dispatches.c.job_id == job.id, dispatches.c.state == DispatchState.SUBMITTED.value)
+            .values(cancel_requested=True, next_poll_at=now)
+        )
+        add_event(conn, job.id, "cancelled", f"{n} request(s) cancelled by the user", now)
+    return n
+
+
+def retry_job(store: Store, name: str, clock: Clock, *, failed: bool = True, cancelled: bool = False) -> int:
+    """Send failed (and/or cancelled) requests again, with a fresh attempt budget."""
+    states = [s for s, wanted in ((RequestState.FAILED, failed), (RequestState.CANCELLED, cancelled)) if wanted]
+    if not states:
+        return 0
+    now = clock.now()
+    with store.begin() as conn:
+        job = get_job(conn, name)
+        n = move_requests(
+            conn,
+            RequestState.PENDING,
+            and_(requests.c.job_id == job.id, requests.c.state.in_([s.value for s in states])),
+            only=states,
+            values={"attempts": 0, "not_before": 0.0, "repair": None, "dispatch_id": None, "updated_at": now},
+        )
+        if n:
+            move_job(conn, job.id, JobState.ACTIVE, finished_at=None, updated_at=now)
+            add_event(conn, job.id, "retry", f"{n} request(s) queued again", now)
+    return n

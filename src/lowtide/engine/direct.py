@@ -1,0 +1,74 @@
+"""Executing a job's requests on a direct route: claim under a lease, run, ingest as they finish."""
+
+from __future__ import annotations
+
+import random
+import time
+
+from lowtide.core.clock import Clock
+from lowtide.core.states import DispatchState
+from lowtide.core.types import Outcome
+from lowtide.engine.context import JobContext
+from lowtide.engine.dispatch import assign, dispatched_requests, left_in_dispatch, new_dispatch, pending_ids
+from lowtide.engine.ingest import IngestCounts, apply_outcomes
+from lowtide.routes.base import DirectRoute
+from lowtide.store.db import Store
+from lowtide.store.queries import add_event
+from lowtide.store.schema import dispatches
+from lowtide.store.transitions import move_dispatch
+
+FLUSH_EVERY = 2000  # outcomes
+FLUSH_SECONDS = 1.0  # wall time between commits while a slow route runs
+
+
+async def run_direct(
+    store: Store, job: JobContext, route: DirectRoute, clock: Clock, owner: str, lease: float, rng: random.Random
+) -> IngestCounts:
+    """Claim one dispatch of due requests and execute it. Returns what was applied."""
+    now = clock.now()
+    with store.begin() as conn:
+        ids = pending_ids(conn, job.id, now, route.dispatch_size)
+        if not ids:
+            return IngestCounts()
+        dispatch_id = new_dispatch(
+            conn, job.id, route.name, "direct", DispatchState.RUNNING, now, owner=owner, lease_until=now + lease
+        )
+        assign(conn, dispatch_id, ids, route.name, now)
+        batch = dispatched_requests(conn, dispatch_id)
+
+    counts = IngestCounts()
+    buffer: list[Outcome] = []
+    last_flush = time.monotonic()
+
+    def flush(final: bool = False) -> None:
+        nonlocal buffer, last_flush
+        now = clock.now()
+        with store.begin() as conn:
+            counts.add(apply_outcomes(conn, job, dispatch_id, route.name, buffer, now, rng))
+            if final:
+                # A route that returned nothing for a request: treat it as a retryable loss.
+                missing = left_in_dispatch(conn, dispatch_id)
+                lost = [Outcome.failure(c, "no_result", f"route {route.name} returned no result", True) for c in missing]
+                counts.add(apply_outcomes(conn, job, dispatch_id, route.name, lost, now, rng))
+                move_dispatch(conn, dispatch_id, DispatchState.RUNNING, DispatchState.ENDED, ended_at=now)
+            else:
+                conn.execute(dispatches.update().where(dispatches.c.id == dispatch_id).values(lease_until=now + lease))
+        buffer = []
+        last_flush = time.monotonic()
+
+    try:
+        async for outcome in route.execute(batch):
+            buffer.append(outcome)
+            if len(buffer) >= FLUSH_EVERY or time.monotonic() - last_flush >= FLUSH_SECONDS:
+                flush()
+    except Exception as err:  # the route broke: every request it did not answer is retried
+        answered = {o.custom_id for o in buffer}  # flushed ones are skipped by ingest
+        buffer.extend(
+            Outcome.failure(r.custom_id, "route_error", f"{type(err).__name__}: {err}", True)
+            for r in batch
+            if r.custom_id not in answered
+        )
+        with store.begin() as conn:
+            add_event(conn, job.id, "route_error", f"{route.name}: {type(err).__name__}: {err}", clock.now())
+    flush(final=True)
+    return counts

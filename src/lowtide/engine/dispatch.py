@@ -1,0 +1,86 @@
+"""Claiming pending requests into a dispatch, and building what a route is handed."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+from sqlalchemy import Connection, insert, select, update
+
+from lowtide.core.states import DispatchState, RequestState
+from lowtide.core.types import ChatRequest
+from lowtide.store.schema import dispatches, requests
+from lowtide.store.transitions import move_requests
+
+
+def pending_ids(conn: Connection, job_id: int, now: float, limit: int) -> list[int]:
+    """Up to `limit` pending requests that are due, oldest first. On PostgreSQL rows another
+    worker is claiming are skipped rather than waited for."""
+    stmt = (
+        select(requests.c.id)
+        .where(
+            requests.c.job_id == job_id,
+            requests.c.state == RequestState.PENDING.value,
+            requests.c.not_before <= now,
+        )
+        .order_by(requests.c.id)
+        .limit(limit)
+    )
+    if conn.dialect.name == "postgresql":
+        stmt = stmt.with_for_update(skip_locked=True)
+    return list(conn.scalars(stmt))
+
+
+def new_dispatch(
+    conn: Connection, job_id: int, route: str, kind: str, state: DispatchState, now: float, **values
+) -> int:
+    key = f"lt-{job_id}-{uuid.uuid4().hex}"
+    result = conn.execute(
+        insert(dispatches).values(
+            job_id=job_id, route=route, kind=kind, key=key, state=state.value, size=0, created_at=now, **values
+        )
+    )
+    return result.inserted_primary_key[0]
+
+
+def assign(conn: Connection, dispatch_id: int, ids: list[int], route: str, now: float) -> int:
+    """Move pending requests into a dispatch; each move counts as an attempt."""
+    moved = 0
+    for start in range(0, len(ids), 5000):
+        part = ids[start : start + 5000]
+        moved += move_requests(
+            conn,
+            RequestState.DISPATCHED,
+            requests.c.id.in_(part),
+            only=[RequestState.PENDING],
+            values={"dispatch_id": dispatch_id, "attempts": requests.c.attempts + 1, "route": route, "updated_at": now},
+        )
+    conn.execute(update(dispatches).where(dispatches.c.id == dispatch_id).values(size=moved))
+    return moved
+
+
+def dispatched_requests(conn: Connection, dispatch_id: int) -> list[ChatRequest]:
+    """The requests still in a dispatch, as the route should see them."""
+    rows = conn.execute(
+        select(requests.c.custom_id, requests.c.payload, requests.c.repair, requests.c.attempts)
+        .where(requests.c.dispatch_id == dispatch_id, requests.c.state == RequestState.DISPATCHED.value)
+        .order_by(requests.c.id)
+    )
+    out = []
+    for cid, payload, repair, attempt in rows:
+        body = json.loads(payload)
+        if repair:
+            body["messages"] = body["messages"] + json.loads(repair)
+        out.append(ChatRequest.from_payload(cid, body, attempt))
+    return out
+
+
+def left_in_dispatch(conn: Connection, dispatch_id: int) -> list[str]:
+    """custom_ids still waiting on this dispatch (no outcome was applied for them)."""
+    return list(
+        conn.scalars(
+            select(requests.c.custom_id).where(
+                requests.c.dispatch_id == dispatch_id, requests.c.state == RequestState.DISPATCHED.value
+            )
+        )
+    )

@@ -1,0 +1,211 @@
+"""Results joined to the source rows by custom_id (never by position), streamed chunk by chunk.
+
+Each output row is the source row plus: custom_id, state, output, one column per property of
+an object response schema (or `parsed` for any other schema), error, tokens, attempts, route.
+A lowtide column whose name the source already uses is prefixed with `lowtide_`.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+
+from lowtide.core.errors import LowtideError
+from lowtide.core.ids import custom_id_for
+from lowtide.core.sources import Source
+from lowtide.core.spec import JobSpec, format_of
+from lowtide.store.db import Store
+from lowtide.store.queries import get_job
+from lowtide.store.schema import requests
+
+_RESULT_COLUMNS = ("custom_id", "state", "output", "error", "input_tokens", "output_tokens", "attempts", "route")
+_INT_COLUMNS = {"input_tokens", "output_tokens", "attempts"}
+
+
+@dataclass(slots=True)
+class ExportReport:
+    path: Path
+    rows: int
+    states: dict[str, int]
+
+
+class ResultRows:
+    """Iterate a job's results joined to its source, in source order."""
+
+    def __init__(self, store: Store, job_name: str):
+        self.store = store
+        with store.begin() as conn:
+            job = get_job(conn, job_name)
+        self.job_id = job.id
+        self.spec = JobSpec.model_validate_json(job.spec)
+        try:
+            self.source = Source(self.spec.resolve(self.spec.source.path), self.spec.source.format)
+        except LowtideError as err:
+            raise LowtideError(f"cannot join results to the source: {err}") from None
+        props = (self.spec.response_schema or {}).get("properties") if self.spec.response_schema else None
+        self.parsed_fields: list[str] = list(props) if isinstance(props, dict) else []
+        self.whole_parsed = self.spec.response_schema is not None and not self.parsed_fields
+        self.source_columns: list[str] | None = self.source.columns
+
+    def result_columns(self, source_columns: list[str]) -> dict[str, str]:
+        """lowtide's column names, renamed where the source already has them."""
+        names = list(_RESULT_COLUMNS[:3]) + self.parsed_fields + (["parsed"] if self.whole_parsed else []) + list(_RESULT_COLUMNS[3:])
+        taken = set(source_columns)
+        return {n: (f"lowtide_{n}" if n in taken else n) for n in names}
+
+    def chunks(self) -> Iterator[list[dict[str, Any]]]:
+        id_col = self.spec.source.id_column
+        for chunk in self.source.chunks():
+            if self.source_columns is None:  # JSONL: the first chunk's keys
+                self.source_columns = list(dict.fromkeys(k for r in chunk for k in r.values))
+            names = self.result_columns(self.source_columns)
+            ids = [custom_id_for(str(r.values.get(id_col, "")).strip()) for r in chunk]
+            found = self._lookup(ids)
+            out = []
+            for row, cid in zip(chunk, ids, strict=True):
+                record = dict(row.values)
+                res = found.get(cid)
+                record[names["custom_id"]] = cid
+                if res is None:
+                    record[names["state"]] = "not_loaded"
+                    out.append(record)
+                    continue
+                parsed = json.loads(res.parsed) if res.parsed else None
+                record[names["state"]] = res.state
+                record[names["output"]] = res.output
+                for f in self.parsed_fields:
+                    record[names[f]] = parsed.get(f) if isinstance(parsed, dict) else None
+                if self.whole_parsed:
+                    record[names["parsed"]] = parsed
+                record[names["error"]] = (
+                    f"{res.error_code}: {res.error_message}" if res.state != "succeeded" and res.error_code else None
+                )
+                record[names["input_tokens"]] = res.input_tokens
+                record[names["output_tokens"]] = res.output_tokens
+                record[names["attempts"]] = res.attempts
+                record[names["route"]] = res.route
+                out.append(record)
+            yield out
+
+    def _lookup(self, ids: list[str]) -> dict[str, Any]:
+        cols = requests.c
+        found = {}
+        with self.store.begin() as conn:
+            for start in range(0, len(ids), 900):
+                stmt = select(
+                    cols.custom_id, cols.state, cols.output, cols.parsed, cols.error_code, cols.error_message,
+                    cols.input_tokens, cols.output_tokens, cols.attempts, cols.route,
+                ).where(cols.job_id == self.job_id, cols.custom_id.in_(ids[start : start + 900]))  # fmt: skip
+                found.update({r.custom_id: r for r in conn.execute(stmt)})
+        return found
+
+
+def export_results(store: Store, job_name: str, out: str | Path, fmt: str | None = None) -> ExportReport:
+    """Write the joined results to `out` (CSV, JSONL or Parquet by extension), atomically."""
+    out = Path(out)
+    fmt = format_of(out, fmt)
+    rows = ResultRows(store, job_name)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    states: dict[str, int] = {}
+    count = 0
+    try:
+        writer = _WRITERS[fmt](tmp, rows)
+        for chunk in rows.chunks():
+            for r in chunk:
+                state = r.get(rows.result_columns(rows.source_columns or [])["state"])
+                states[state] = states.get(state, 0) + 1
+            writer.write(chunk)
+            count += len(chunk)
+        writer.close()
+        tmp.replace(out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return ExportReport(out, count, states)
+
+
+def _cell(value: Any) -> Any:
+    return json.dumps(value, ensure_ascii=False) if isinstance(value, dict | list) else value
+
+
+class _CsvWriter:
+    def __init__(self, path: Path, rows: ResultRows):
+        self.f = path.open("w", newline="", encoding="utf-8")
+        self.rows = rows
+        self.writer: csv.DictWriter | None = None
+
+    def write(self, chunk: list[dict[str, Any]]) -> None:
+        if self.writer is None:
+            cols = self.rows.source_columns or []
+            fields = cols + list(self.rows.result_columns(cols).values())
+            self.writer = csv.DictWriter(self.f, fieldnames=fields, extrasaction="ignore")
+            self.writer.writeheader()
+        self.writer.writerows({k: _cell(v) for k, v in r.items()} for r in chunk)
+
+    def close(self) -> None:
+        self.f.close()
+
+
+class _JsonlWriter:
+    def __init__(self, path: Path, rows: ResultRows):
+        self.f = path.open("w", encoding="utf-8")
+
+    def write(self, chunk: list[dict[str, Any]]) -> None:
+        self.f.writelines(json.dumps(r, ensure_ascii=False, default=str) + "\n" for r in chunk)
+
+    def close(self) -> None:
+        self.f.close()
+
+
+class _ParquetWriter:
+    def __init__(self, path: Path, rows: ResultRows):
+        self.path = path
+        self.rows = rows
+        self.writer = None
+        self.schema = None
+
+    def write(self, chunk: list[dict[str, Any]]) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        if self.writer is None:
+            cols = self.rows.source_columns or []
+            if self.rows.source.format == "parquet":
+                src = pq.ParquetFile(self.rows.source.path).schema_arrow
+                fields = [src.field(c) for c in cols]
+            else:
+                fields = [pa.field(c, pa.string()) for c in cols]
+            for name, out in self.rows.result_columns(cols).items():
+                fields.append(pa.field(out, pa.int64() if name in _INT_COLUMNS else pa.string()))
+            self.schema = pa.schema(fields)
+            self.writer = pq.ParquetWriter(self.path, self.schema)
+        native = self.rows.source.format == "parquet"
+        int_cols = {f.name for f in self.schema if pa.types.is_integer(f.type)}
+        records = [
+            {
+                f.name: (v if native and f.name in (self.rows.source_columns or []) else
+                         v if f.name in int_cols or v is None or isinstance(v, str) else
+                         json.dumps(v, ensure_ascii=False) if isinstance(v, dict | list) else str(v))
+                for f in self.schema
+                for v in [r.get(f.name)]
+            }
+            for r in chunk
+        ]  # fmt: skip
+        self.writer.write_table(pa.Table.from_pylist(records, schema=self.schema))
+
+    def close(self) -> None:
+        if self.writer is None:  # an empty source still gets a valid file
+            import pyarrow.parquet as pq
+
+            self.write([])
+        self.writer.close()
+
+
+_WRITERS = {"csv": _CsvWriter, "jsonl": _JsonlWriter, "parquet": _ParquetWriter}

@@ -1,0 +1,157 @@
+"""Applying outcomes to requests: at most once per request, never from a stale dispatch.
+
+Each outcome is matched by custom_id alone (DESIGN invariant 5). It becomes an attempt row
+(with its usage, whether or not it is applied) and, if the request is still in the
+dispatch the outcome came from, the request's next state: succeeded, a retry, or failed.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from sqlalchemy import Connection, select
+from sqlalchemy.dialects import postgresql, sqlite
+
+from lowtide.core.outputs import InvalidOutput, parse_output, repair_messages
+from lowtide.core.states import JobState, RequestState
+from lowtide.core.types import Outcome
+from lowtide.engine.context import JobContext
+from lowtide.engine.policy import retry_delay
+from lowtide.store.schema import attempts, requests
+from lowtide.store.transitions import settle_dispatched
+
+_COLUMNS = (
+    "output", "parsed", "error_code", "error_message", "input_tokens", "cached_input_tokens",
+    "cache_write_tokens", "output_tokens", "reasoning_tokens", "route", "updated_at",
+    "not_before", "repair",
+)  # fmt: skip
+
+
+@dataclass(slots=True)
+class IngestCounts:
+    succeeded: int = 0
+    retried: int = 0
+    failed: int = 0
+    cancelled: int = 0
+    stale: int = 0
+    unknown: list[str] = field(default_factory=list)
+
+    def add(self, other: IngestCounts) -> None:
+        self.succeeded += other.succeeded
+        self.retried += other.retried
+        self.failed += other.failed
+        self.cancelled += other.cancelled
+        self.stale += other.stale
+        self.unknown.extend(other.unknown)
+
+
+def apply_outcomes(
+    conn: Connection,
+    job: JobContext,
+    dispatch_id: int,
+    route: str,
+    outcomes: Sequence[Outcome],
+    now: float,
+    rng: random.Random,
+) -> IngestCounts:
+    counts = IngestCounts()
+    if not outcomes:
+        return counts
+    ids = list({o.custom_id for o in outcomes})
+    stmt = select(
+        requests.c.id, requests.c.custom_id, requests.c.state, requests.c.dispatch_id,
+        requests.c.attempts, requests.c.repair,
+    ).where(requests.c.job_id == job.id, requests.c.custom_id.in_(ids))  # fmt: skip
+    if conn.dialect.name == "postgresql":
+        stmt = stmt.with_for_update()
+    current = {r.custom_id: r for r in conn.execute(stmt)}
+    seen = set(
+        conn.scalars(
+            select(attempts.c.request_id).where(
+                attempts.c.dispatch_id == dispatch_id,
+                attempts.c.request_id.in_([r.id for r in current.values()]),
+            )
+        )
+    )
+    by_target: dict[RequestState, list[dict]] = {}
+    attempt_rows = []
+    spec = job.spec
+    choices = spec.effective_choices
+    for outcome in outcomes:
+        req = current.get(outcome.custom_id)
+        if req is None:
+            counts.unknown.append(outcome.custom_id)
+            continue
+        if req.id in seen:  # the same line twice, or the same file ingested again
+            continue
+        seen.add(req.id)
+        live = req.state == RequestState.DISPATCHED and req.dispatch_id == dispatch_id
+        u = outcome.usage
+        attempt_rows.append(
+            {
+                "request_id": req.id, "job_id": job.id, "dispatch_id": dispatch_id, "route": route,
+                "ok": outcome.ok, "applied": live, "error_code": outcome.error_code,
+                "error_message": outcome.error_message, "input_tokens": u.input_tokens,
+                "cached_input_tokens": u.cached_input_tokens, "cache_write_tokens": u.cache_write_tokens,
+                "output_tokens": u.output_tokens, "reasoning_tokens": u.reasoning_tokens, "at": now,
+            }
+        )  # fmt: skip
+        if not live:
+            counts.stale += 1
+            continue
+        row = {
+            "_id": req.id, "_dispatch": dispatch_id, "route": route, "updated_at": now,
+            "output": outcome.text, "parsed": None, "error_code": outcome.error_code,
+            "error_message": outcome.error_message, "input_tokens": u.input_tokens,
+            "cached_input_tokens": u.cached_input_tokens, "cache_write_tokens": u.cache_write_tokens,
+            "output_tokens": u.output_tokens, "reasoning_tokens": u.reasoning_tokens,
+            "not_before": 0.0, "repair": req.repair,
+        }  # fmt: skip
+        target = _decide(job, req, outcome, row, choices, now, rng)
+        by_target.setdefault(target, []).append(row)
+        if target is RequestState.SUCCEEDED:
+            counts.succeeded += 1
+        elif target is RequestState.PENDING:
+            counts.retried += 1
+        elif target is RequestState.CANCELLED:
+            counts.cancelled += 1
+        else:
+            counts.failed += 1
+    for target, rows in by_target.items():
+        settle_dispatched(conn, target, rows, _COLUMNS)
+    if attempt_rows:
+        insert = (postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert)(attempts)
+        conn.execute(insert.on_conflict_do_nothing(index_elements=["request_id", "dispatch_id"]), attempt_rows)
+    return counts
+
+
+def _decide(job: JobContext, req, outcome: Outcome, row: dict, choices, now: float, rng) -> RequestState:
+    """The request's next state after this outcome; fills in `row` to match."""
+    spec = job.spec
+    if outcome.ok:
+        try:
+            parsed = parse_output(outcome.text or "", spec.response_schema, choices)
+        except InvalidOutput as err:
+            row["error_code"] = "invalid_output"
+            if req.repair is None and job.state is JobState.ACTIVE:
+                # One more try, with the validation error in the conversation.
+                row["error_message"] = f"answer invalid, retrying once: {err}"
+                row["repair"] = json.dumps(repair_messages(outcome.text or "", str(err), spec.response_schema))
+                return RequestState.PENDING
+            row["error_message"] = f"answer invalid after one repair attempt: {err}"
+            return RequestState.FAILED
+        if parsed is not None:
+            row["parsed"] = json.dumps(parsed, ensure_ascii=False)
+        row["error_code"] = row["error_message"] = None
+        return RequestState.SUCCEEDED
+    if job.state is JobState.CANCELLED:
+        return RequestState.CANCELLED
+    if outcome.retryable and req.attempts < spec.retry.max_attempts:
+        row["not_before"] = now + retry_delay(spec.retry, req.attempts, rng)
+        return RequestState.PENDING
+    if outcome.retryable:
+        row["error_message"] = f"{outcome.error_message} (gave up after {req.attempts} attempts)"
+    return RequestState.FAILED

@@ -1,0 +1,179 @@
+"""Render and persist a job's rows: the first step, and the only one that reads the source.
+
+Everything happens in one transaction: if any row is bad, every problem is reported (file,
+row, field, fix) and nothing in the store changes (DESIGN invariant 7). Rows whose custom_id
+is already stored are left as they are, so loading the same file twice adds nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from sqlalchemy import Column, Connection, Integer, MetaData, String, Table, func, select, text
+from sqlalchemy.dialects import postgresql, sqlite
+
+from lowtide.core.clock import Clock
+from lowtide.core.errors import SourceError
+from lowtide.core.ids import custom_id_for
+from lowtide.core.sources import Source, SourceRow
+from lowtide.core.spec import JobSpec
+from lowtide.core.states import JobState, RequestState
+from lowtide.core.templates import MessageTemplate
+from lowtide.routes import create_route
+from lowtide.store.db import Store
+from lowtide.store.queries import add_event, save_job
+from lowtide.store.schema import jobs, requests
+from lowtide.store.transitions import move_job
+
+MAX_PROBLEMS = 1000
+_staging = Table(
+    "lowtide_load",
+    MetaData(),
+    Column("custom_id", String(64), nullable=False),
+    Column("row", Integer, nullable=False),
+    prefixes=["TEMPORARY"],
+)
+
+
+@dataclass(slots=True)
+class LoadReport:
+    job_id: int
+    created: bool
+    rows: int
+    new: int
+
+    @property
+    def known(self) -> int:
+        return self.rows - self.new
+
+
+class _RowRenderer:
+    """Turns one source row into a request row, or a problem description."""
+
+    def __init__(self, spec: JobSpec, template: MessageTemplate, source: Source):
+        self.spec = spec
+        self.template = template
+        self.source = source
+        self.id_column = spec.source.id_column
+        self.required = {v: w for v, w in template.variables.items() if v not in spec.source.optional_columns}
+        self.base = {"model": spec.model, "max_tokens": spec.params.max_tokens, "temperature": spec.params.temperature}
+        if spec.params.stop:
+            self.base["stop"] = spec.params.stop
+        if spec.response_schema is not None:
+            self.base["response_schema"] = spec.response_schema
+        if spec.effective_choices:
+            self.base["choices"] = spec.effective_choices
+
+    def __call__(self, row: SourceRow) -> dict | str:
+        where = row.where(self.source.path)
+        key = row.values.get(self.id_column)
+        if key is None or str(key).strip() == "":
+            what = "is empty" if self.id_column in row.values else "is missing"
+            return f'{where}: id column "{self.id_column}" {what}; every row needs a unique id (source.id_column)'
+        key = str(key).strip()
+        for var, used_at in self.required.items():
+            value = row.values.get(var)
+            if value is None or (isinstance(value, str) and not value.strip()):
+                if var in row.values or self.source.columns is not None:
+                    return (
+                        f'{where}: column "{var}" is empty; the template uses it ({used_at}). '
+                        "Fill it in, or list it in source.optional_columns"
+                    )
+        try:
+            messages = self.template.render(row.values, where)
+        except Exception as err:  # TemplateError already names row and line
+            return str(err)
+        payload = dict(self.base, messages=messages)
+        return {
+            "custom_id": custom_id_for(key),
+            "source_key": key,
+            "source_row": row.number,
+            "payload": json.dumps(payload, ensure_ascii=False),
+        }
+
+
+def check_job(spec: JobSpec, where: str = "job spec") -> tuple[MessageTemplate, Source]:
+    """Everything about a job that can be checked without reading its rows."""
+    template = MessageTemplate.from_spec(spec, where)
+    create_route(spec.route, spec.route_options).check_model(spec.model)
+    source = Source(spec.resolve(spec.source.path), spec.source.format)
+    if source.columns is not None:
+        if spec.source.id_column not in source.columns:
+            raise SourceError(
+                f'{source.path}: no column "{spec.source.id_column}" (source.id_column); '
+                f"columns are: {', '.join(source.columns)}"
+            )
+        template.check_columns(source.columns, source.path.name)
+    return template, source
+
+
+def load_job(
+    store: Store,
+    spec: JobSpec,
+    clock: Clock,
+    where: str = "job spec",
+    on_rows: Callable[[int], None] | None = None,
+) -> LoadReport:
+    """Validate, render and persist every row of the job's source; see the module doc."""
+    template, source = check_job(spec, where)
+    render = _RowRenderer(spec, template, source)
+    insert_requests = (postgresql.insert if not store.is_sqlite else sqlite.insert)(requests)
+    insert_requests = insert_requests.on_conflict_do_nothing(index_elements=["job_id", "custom_id"])
+    now = clock.now()
+    with store.begin() as conn:
+        job_id, created = save_job(conn, spec.name, spec.model_dump_json(), spec.route, now)
+        before = _count(conn, job_id)
+        _staging.create(conn)
+        problems: list[str] = []
+        total = 0
+        for chunk in source.chunks():
+            good = []
+            for row in chunk:
+                item = render(row)
+                if isinstance(item, str):
+                    problems.append(item)
+                else:
+                    item.update(job_id=job_id, state=RequestState.PENDING.value, attempts=0, not_before=0.0)
+                    good.append(item)
+            total += len(chunk)
+            if good and not problems:
+                conn.execute(insert_requests, good)
+                conn.execute(_staging.insert(), [{"custom_id": g["custom_id"], "row": g["source_row"]} for g in good])
+            if on_rows:
+                on_rows(total)
+            if len(problems) >= MAX_PROBLEMS:
+                break
+        problems.extend(_duplicates(conn, source, spec.source.id_column) if not problems else [])
+        if problems:
+            raise SourceError.from_problems(f"{source.path}: refused, nothing was stored", problems)
+        _staging.drop(conn)
+        new = _count(conn, job_id) - before
+        if new:
+            conn.execute(jobs.update().where(jobs.c.id == job_id).values(updated_at=now))
+            move_job(conn, job_id, JobState.ACTIVE, finished_at=None)
+            add_event(conn, job_id, "loaded", f"{new} new request(s) from {source.path.name} ({total} rows)", now)
+    return LoadReport(job_id=job_id, created=created, rows=total, new=new)
+
+
+def _count(conn: Connection, job_id: int) -> int:
+    return conn.execute(select(func.count()).select_from(requests).where(requests.c.job_id == job_id)).scalar_one()
+
+
+def _duplicates(conn: Connection, source: Source, id_column: str) -> list[str]:
+    rows = conn.execute(
+        text(
+            "SELECT custom_id, row FROM lowtide_load WHERE custom_id IN "
+            "(SELECT custom_id FROM lowtide_load GROUP BY custom_id HAVING COUNT(*) > 1) "
+            "ORDER BY custom_id, row"
+        )
+    )
+    groups: dict[str, list[int]] = {}
+    for cid, row in rows:
+        groups.setdefault(cid, []).append(row)
+    return [
+        f'{source.path.name} rows {", ".join(map(str, rows))}: duplicate id "{cid}" in column "{id_column}"; '
+        "ids must be unique (remove or renumber the repeats)"
+        for cid, rows in groups.items()
+    ]

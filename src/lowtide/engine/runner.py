@@ -1,0 +1,55 @@
+"""Driving ticks: to the end of one job (`lowtide run`), or forever over all jobs (`worker`)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from lowtide.engine.control import JobStatus, job_status
+from lowtide.engine.tick import Engine, TickReport
+
+IDLE_WAIT_MAX = 2.0  # seconds a loop sleeps at most when nothing was due
+
+
+async def drive(
+    engine: Engine,
+    job_name: str,
+    on_tick: Callable[[JobStatus, TickReport], None] | None = None,
+) -> JobStatus:
+    """Tick one job until every request is terminal; return its final status."""
+    while True:
+        report = await engine.tick(job_name)
+        status = job_status(engine.store, job_name)
+        if on_tick:
+            on_tick(status, report)
+        if status.done:
+            return status
+        if not report.busy:
+            await asyncio.sleep(_idle_wait(engine, job_name))
+
+
+async def work(
+    engine: Engine,
+    on_tick: Callable[[TickReport], None] | None = None,
+    *,
+    once: bool = False,
+    stop_when_idle: bool = False,
+) -> None:
+    """Tick every job, forever (or once, or until nothing is left to do)."""
+    while True:
+        report = await engine.tick()
+        if on_tick:
+            on_tick(report)
+        if once:
+            return
+        if not report.busy:
+            if stop_when_idle and engine.next_due() is None:
+                return
+            await asyncio.sleep(_idle_wait(engine, None))
+
+
+def _idle_wait(engine: Engine, job_name: str | None) -> float:
+    due = engine.next_due(job_name)
+    if due is None:
+        return IDLE_WAIT_MAX
+    return min(IDLE_WAIT_MAX, max(0.01, due - engine.clock.now()))

@@ -1,0 +1,207 @@
+"""One tick: a short list of named steps, each a non-blocking pass over the store.
+
+    reclaim   requests held by a dead worker or an expired lease go back to pending
+    deadline  past a job's deadline, requests not yet sent fail with `deadline_passed`
+    plan      batch routes: group due pending requests into chunks
+    submit    batch routes: send planned chunks (exactly once; adopt after a crash)
+    poll      batch routes: poll what is due; ingest what ended
+    execute   direct routes: claim one dispatch of due requests, run it, ingest
+    finish    a job whose requests are all terminal is finished
+
+Any process may die at any point; the next tick continues from the store alone.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from sqlalchemy import and_, func, or_, select
+
+from lowtide.core.clock import Clock, SystemClock
+from lowtide.core.states import DispatchState, JobState, RequestState
+from lowtide.engine import batches
+from lowtide.engine.context import JobContext
+from lowtide.engine.direct import run_direct
+from lowtide.engine.ingest import IngestCounts
+from lowtide.routes import Route, create_route
+from lowtide.store.db import Store
+from lowtide.store.queries import add_event
+from lowtide.store.schema import dispatches, jobs, requests
+from lowtide.store.transitions import move_dispatch, move_job, move_requests
+
+LIVE = (RequestState.PENDING.value, RequestState.DISPATCHED.value)
+
+
+@dataclass(slots=True)
+class TickReport:
+    reclaimed: int = 0
+    deadline_failed: int = 0
+    planned: int = 0
+    submitted: int = 0
+    finished: list[str] = field(default_factory=list)
+    ingested: IngestCounts = field(default_factory=IngestCounts)
+
+    @property
+    def busy(self) -> bool:
+        i = self.ingested
+        applied = i.succeeded + i.retried + i.failed + i.cancelled + i.stale
+        return bool(self.reclaimed or self.deadline_failed or self.planned or self.submitted or self.finished or applied)
+
+
+class Engine:
+    """Moves work between the store and the routes. Use as `async with Engine(store) as e`."""
+
+    def __init__(self, store: Store, clock: Clock | None = None, *, lease: float = 120.0, seed: int | None = None):
+        self.store = store
+        self.clock = clock or SystemClock()
+        self.lease = lease
+        self.rng = random.Random(seed)
+        self.host = socket.gethostname()
+        self.owner = f"{self.host}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._routes: dict[str, Route] = {}
+
+    async def __aenter__(self) -> Engine:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        routes, self._routes = self._routes, {}
+        for route in routes.values():
+            await route.aclose()
+
+    def route_for(self, job: JobContext) -> Route:
+        route = self._routes.get(job.route_key)
+        if route is None:
+            route = self._routes[job.route_key] = create_route(job.spec.route, job.spec.route_options)
+        return route
+
+    async def tick(self, job_name: str | None = None) -> TickReport:
+        report = TickReport()
+        report.reclaimed = self.reclaim()
+        for job in self._jobs(job_name):
+            report.deadline_failed += self.enforce_deadline(job)
+            route = self.route_for(job)
+            if route.kind == "batch":
+                if job.state is JobState.ACTIVE:
+                    report.planned += batches.plan(self.store, job, route, self.clock)
+                report.submitted += await batches.submit(self.store, job, route, self.clock, self.rng)
+                report.ingested.add(await batches.poll(self.store, job, route, self.clock, self.rng))
+            elif job.state is JobState.ACTIVE:
+                report.ingested.add(
+                    await run_direct(self.store, job, route, self.clock, self.owner, self.lease, self.rng)
+                )
+            if self.finish(job):
+                report.finished.append(job.name)
+        return report
+
+    def _jobs(self, job_name: str | None) -> list[JobContext]:
+        """Active jobs, and cancelled ones whose provider batches still have results to bring in."""
+        live_batches = select(dispatches.c.id).where(
+            dispatches.c.job_id == jobs.c.id, dispatches.c.state == DispatchState.SUBMITTED.value
+        )
+        stmt = select(jobs).where(
+            or_(
+                jobs.c.state == JobState.ACTIVE.value,
+                and_(jobs.c.state == JobState.CANCELLED.value, live_batches.exists()),
+            )
+        )
+        if job_name is not None:
+            stmt = stmt.where(jobs.c.name == job_name)
+        with self.store.begin() as conn:
+            return [JobContext.from_row(r) for r in conn.execute(stmt.order_by(jobs.c.id))]
+
+    def reclaim(self) -> int:
+        """Return to pending the requests of direct dispatches whose worker is gone."""
+        now = self.clock.now()
+        with self.store.begin() as conn:
+            running = conn.execute(
+                select(dispatches.c.id, dispatches.c.job_id, dispatches.c.owner, dispatches.c.lease_until).where(
+                    dispatches.c.state == DispatchState.RUNNING.value
+                )
+            ).all()
+            reclaimed = 0
+            for dispatch_id, job_id, owner, lease_until in running:
+                if owner == self.owner or (lease_until > now and self._owner_alive(owner)):
+                    continue
+                n = move_requests(
+                    conn,
+                    RequestState.PENDING,
+                    and_(requests.c.dispatch_id == dispatch_id, requests.c.state == RequestState.DISPATCHED.value),
+                    values={"attempts": requests.c.attempts - 1, "dispatch_id": None, "updated_at": now},
+                )
+                move_dispatch(conn, dispatch_id, DispatchState.RUNNING, DispatchState.ABANDONED, ended_at=now)
+                add_event(conn, job_id, "reclaimed", f"{n} request(s) from worker {owner} that stopped", now)
+                reclaimed += n
+        return reclaimed
+
+    def _owner_alive(self, owner: str | None) -> bool:
+        host, _, rest = (owner or "").partition(":")
+        pid = rest.partition(":")[0]
+        if host != self.host or not pid.isdigit():
+            return True  # another machine: only its lease can tell
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+        return True
+
+    def enforce_deadline(self, job: JobContext) -> int:
+        deadline = job.spec.deadline
+        now = self.clock.now()
+        if deadline is None or now < deadline.timestamp() or job.state is not JobState.ACTIVE:
+            return 0
+        when = datetime.fromtimestamp(deadline.timestamp()).isoformat(timespec="seconds")
+        with self.store.begin() as conn:
+            n = move_requests(
+                conn,
+                RequestState.FAILED,
+                and_(requests.c.job_id == job.id, requests.c.state == RequestState.PENDING.value),
+                values={
+                    "error_code": "deadline_passed",
+                    "error_message": f"the job's deadline ({when}) passed before this request was sent; "
+                    "raise `deadline` and run `lowtide retry JOB --failed`",
+                    "updated_at": now,
+                },
+            )
+            if n:
+                add_event(conn, job.id, "deadline", f"{n} unsent request(s) failed: deadline passed", now)
+        return n
+
+    def finish(self, job: JobContext) -> bool:
+        if job.state is not JobState.ACTIVE:
+            return False
+        now = self.clock.now()
+        with self.store.begin() as conn:
+            live = conn.execute(
+                select(func.count()).where(requests.c.job_id == job.id, requests.c.state.in_(LIVE))
+            ).scalar_one()
+            if live:
+                return False
+            if move_job(conn, job.id, JobState.FINISHED, finished_at=now, updated_at=now):
+                add_event(conn, job.id, "finished", "every request reached a terminal state", now)
+                return True
+        return False
+
+    def next_due(self, job_name: str | None = None) -> float | None:
+        """The earliest time something becomes due (a poll, a retry), if anything waits."""
+        with self.store.begin() as conn:
+            q_poll = select(func.min(dispatches.c.next_poll_at)).where(
+                dispatches.c.state == DispatchState.SUBMITTED.value
+            )
+            q_retry = select(func.min(requests.c.not_before)).where(requests.c.state == RequestState.PENDING.value)
+            if job_name is not None:
+                job_id = select(jobs.c.id).where(jobs.c.name == job_name).scalar_subquery()
+                q_poll = q_poll.where(dispatches.c.job_id == job_id)
+                q_retry = q_retry.where(requests.c.job_id == job_id)
+            times = [conn.execute(q_poll).scalar(), conn.execute(q_retry).scalar()]
+        times = [t for t in times if t is not None]
+        return min(times) if times else None

@@ -1,0 +1,86 @@
+"""The two small contracts every route implements (httpx's transport: a method or two plus close).
+
+A *direct* route executes requests now and yields outcomes as they finish, in any order.
+A *batch* route hands a chunk to a provider and is polled until the provider is done.
+
+Routes never touch the store: the engine hands them `ChatRequest`s and records what they
+return. Routes translate SDK objects and errors into `Outcome`s at the edge.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from lowtide.core.types import ChatRequest, Outcome
+
+
+@runtime_checkable
+class DirectRoute(Protocol):
+    kind: Literal["direct"]
+    name: str
+    # How many requests the engine should hand over in one dispatch.
+    dispatch_size: int
+
+    def check_model(self, model: str) -> None:
+        """Raise `RouteError` naming the known models if `model` cannot run here."""
+        ...
+
+    def execute(self, requests: Sequence[ChatRequest]) -> AsyncIterator[Outcome]:
+        """Run the requests; yield one outcome per request as each finishes."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class BatchLimits:
+    max_requests: int
+    max_bytes: int
+    one_model_per_batch: bool = False
+
+
+@dataclass(slots=True)
+class BatchStatus:
+    """A provider batch as last polled. `phase` is the provider's own word for it."""
+
+    phase: str
+    ended: bool
+    counts: dict[str, int] = field(default_factory=dict)
+    # Set when the provider refused the whole batch (e.g. validation): its messages.
+    errors: list[str] = field(default_factory=list)
+
+
+@runtime_checkable
+class BatchRoute(Protocol):
+    kind: Literal["batch"]
+    name: str
+    limits: BatchLimits
+
+    def check_model(self, model: str) -> None: ...
+
+    async def submit(self, key: str, requests: Sequence[ChatRequest]) -> str:
+        """Create a provider batch tagged with `key`; return the provider's batch id."""
+        ...
+
+    async def find(self, key: str) -> str | None:
+        """The id of a batch already created with `key`, if the provider has one."""
+        ...
+
+    async def poll(self, batch_id: str) -> BatchStatus: ...
+
+    def results(self, batch_id: str) -> AsyncIterator[Outcome]:
+        """Stream the outcomes of an ended batch, in the provider's order."""
+        ...
+
+    async def cancel(self, batch_id: str) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+
+Route = DirectRoute | BatchRoute
+
+
+class RouteFactory(Protocol):
+    def __call__(self, options: dict[str, Any]) -> Route: ...

@@ -1,0 +1,79 @@
+"""`echo`: an instant, deterministic direct route for dry runs, tests and benchmarks.
+
+It is not a model. Its answer is a documented function of the request:
+
+- with `choices`: the first choice that appears (case-insensitive) in the last user message,
+  else `choices[crc32(custom_id) % len(choices)]`;
+- otherwise: the last user message, cut to `max_tokens` × 4 characters.
+
+Usage is counted as characters / 4 (rounded up), input over all messages.
+
+Options (for tests of retry paths): `fail_attempts: {custom_id: n}` makes the first n attempts
+of that request fail with a retryable `server_error`; `reject: [custom_id, …]` fails those
+requests permanently with `invalid_request`.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, Literal
+
+from lowtide.core.errors import RouteError
+from lowtide.core.types import ChatRequest, Outcome, Usage
+
+KNOWN_OPTIONS = {"fail_attempts", "reject", "dispatch_size"}
+
+
+def _tokens(text: str) -> int:
+    return -(-len(text) // 4)
+
+
+def answer(request: ChatRequest) -> str:
+    last_user = next((m["content"] for m in reversed(request.messages) if m["role"] == "user"), "")
+    if request.choices:
+        lowered = last_user.lower()
+        hits = [(lowered.find(c.lower()), c) for c in request.choices if c.lower() in lowered]
+        if hits:
+            return min(hits)[1]
+        return request.choices[zlib.crc32(request.custom_id.encode()) % len(request.choices)]
+    return last_user[: request.max_tokens * 4]
+
+
+class EchoRoute:
+    kind: Literal["direct"] = "direct"
+    name = "echo"
+
+    def __init__(self, options: dict[str, Any]):
+        unknown = set(options) - KNOWN_OPTIONS
+        if unknown:
+            raise RouteError(f"echo: unknown route_options {sorted(unknown)}; known: {sorted(KNOWN_OPTIONS)}")
+        self.fail_attempts: dict[str, int] = dict(options.get("fail_attempts") or {})
+        self.reject = set(options.get("reject") or [])
+        self.dispatch_size = int(options.get("dispatch_size", 5000))
+
+    def check_model(self, model: str) -> None:
+        """echo answers for any model name: it never calls one."""
+
+    def outcome(self, request: ChatRequest) -> Outcome:
+        if request.custom_id in self.reject:
+            return Outcome.failure(request.custom_id, "invalid_request", "echo: rejected by route_options.reject", False)
+        if request.attempt <= self.fail_attempts.get(request.custom_id, 0):
+            return Outcome.failure(request.custom_id, "server_error", f"echo: injected failure on attempt {request.attempt}", True)
+        text = answer(request)
+        usage = Usage(
+            input_tokens=sum(_tokens(m["content"]) for m in request.messages),
+            output_tokens=_tokens(text),
+        )
+        return Outcome(request.custom_id, True, text=text, usage=usage, finish_reason="stop")
+
+    async def execute(self, requests: Sequence[ChatRequest]) -> AsyncIterator[Outcome]:
+        for request in requests:
+            yield self.outcome(request)
+
+    async def aclose(self) -> None:
+        pass
+
+
+def create(options: dict[str, Any]) -> EchoRoute:
+    return EchoRoute(options)

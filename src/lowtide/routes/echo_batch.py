@@ -1,0 +1,111 @@
+"""`echo-batch`: the echo answers, delivered the way a batch provider delivers them.
+
+A dry-run batch route for trying a job's batch path, and for tests of the engine's plan →
+submit → poll → ingest steps. Its "provider" is a folder (option `dir`, default
+`$LOWTIDE_ECHO_BATCH_DIR` or `~/.cache/lowtide/echo-batch`), so batches survive the process
+that submitted them, like a provider's do. A batch ends on its `polls_to_complete`-th poll;
+results come back in reverse order (order is never assumed).
+
+Options: `dir`, `polls_to_complete` (1), `max_requests` (1000), `drop: [custom_id]` (left out
+of the results, as a provider may), and echo's `fail_attempts` and `reject`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from lowtide.core.errors import RouteError
+from lowtide.core.types import ChatRequest, Outcome
+from lowtide.routes.base import BatchLimits, BatchStatus
+from lowtide.routes.echo import EchoRoute
+
+KNOWN_OPTIONS = {"dir", "polls_to_complete", "max_requests", "drop", "fail_attempts", "reject"}
+
+
+class EchoBatchRoute:
+    kind: Literal["batch"] = "batch"
+    name = "echo-batch"
+    poll_interval = (1.0, 5.0)  # seconds: first poll, longest wait between polls
+
+    def __init__(self, options: dict[str, Any]):
+        unknown = set(options) - KNOWN_OPTIONS
+        if unknown:
+            raise RouteError(f"echo-batch: unknown route_options {sorted(unknown)}; known: {sorted(KNOWN_OPTIONS)}")
+        default_dir = os.environ.get("LOWTIDE_ECHO_BATCH_DIR") or "~/.cache/lowtide/echo-batch"
+        self.dir = Path(options.get("dir") or default_dir).expanduser()
+        self.polls_to_complete = int(options.get("polls_to_complete", 1))
+        self.drop = set(options.get("drop") or [])
+        self.limits = BatchLimits(max_requests=int(options.get("max_requests", 1000)), max_bytes=100 * 2**20)
+        self.echo = EchoRoute({k: options[k] for k in ("fail_attempts", "reject") if k in options})
+
+    def check_model(self, model: str) -> None:
+        """Any model name: nothing is called."""
+
+    def _meta_path(self, batch_id: str) -> Path:
+        return self.dir / batch_id / "meta.json"
+
+    def _read(self, batch_id: str) -> dict[str, Any]:
+        try:
+            return json.loads(self._meta_path(batch_id).read_text())
+        except FileNotFoundError:
+            raise RouteError(f"echo-batch: no batch {batch_id} in {self.dir}") from None
+
+    def _write(self, batch_id: str, meta: dict[str, Any]) -> None:
+        tmp = self._meta_path(batch_id).with_suffix(".tmp")
+        tmp.write_text(json.dumps(meta))
+        tmp.replace(self._meta_path(batch_id))
+
+    async def submit(self, key: str, requests: Sequence[ChatRequest]) -> str:
+        batch_id = f"ebatch_{uuid.uuid4().hex[:16]}"
+        folder = self.dir / batch_id
+        folder.mkdir(parents=True)
+        with (folder / "input.jsonl").open("w") as f:
+            for r in requests:
+                f.write(json.dumps({"custom_id": r.custom_id, "attempt": r.attempt, "body": r.to_payload()}) + "\n")
+        self._write(batch_id, {"key": key, "polls": 0, "total": len(requests), "cancelled": False})
+        return batch_id
+
+    async def find(self, key: str) -> str | None:
+        if not self.dir.exists():
+            return None
+        for meta in self.dir.glob("*/meta.json"):
+            if json.loads(meta.read_text()).get("key") == key:
+                return meta.parent.name
+        return None
+
+    async def poll(self, batch_id: str) -> BatchStatus:
+        meta = self._read(batch_id)
+        meta["polls"] += 1
+        self._write(batch_id, meta)
+        ended = meta["cancelled"] or meta["polls"] >= self.polls_to_complete
+        return BatchStatus(phase="ended" if ended else "in_progress", ended=ended, counts={"total": meta["total"]})
+
+    async def results(self, batch_id: str) -> AsyncIterator[Outcome]:
+        meta = self._read(batch_id)
+        lines = (self.dir / batch_id / "input.jsonl").read_text().splitlines()
+        for line in reversed(lines):
+            item = json.loads(line)
+            if item["custom_id"] in self.drop:
+                continue
+            if meta["cancelled"]:
+                yield Outcome.failure(item["custom_id"], "batch_cancelled", "echo-batch: batch was cancelled", True)
+                continue
+            request = ChatRequest.from_payload(item["custom_id"], item["body"], item["attempt"])
+            yield self.echo.outcome(request)
+
+    async def cancel(self, batch_id: str) -> None:
+        meta = self._read(batch_id)
+        meta["cancelled"] = True
+        self._write(batch_id, meta)
+
+    async def aclose(self) -> None:
+        pass
+
+
+def create(options: dict[str, Any]) -> EchoBatchRoute:
+    return EchoBatchRoute(options)

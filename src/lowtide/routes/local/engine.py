@@ -1,0 +1,380 @@
+"""A small continuous-batching engine over one llama.cpp context.
+
+One worker thread owns the context. Each iteration of its loop is one `llama_decode` over
+every live slot: one new token per generating slot, the tokens of the next choices of a
+scoring slot, and a chunk of the prompt of a slot that is prefilling. A request takes a
+slot as soon as one frees (iteration-level scheduling), so slots stay full.
+
+The KV cache is unified, so sequences can share cells:
+
+- sequence 0 holds the current shared prefix (a system prompt), decoded once and copied
+  into each slot that starts with it (`llama_memory_seq_cp` only tags cells);
+- sequences 1..slots are the slots;
+- the rest are scratch sequences on which a slot scores several choices in one step.
+
+Waiting requests are grouped by prefix, and a group runs to its end before the next starts,
+so a prefix is decoded about once per group. A request is admitted only when the cells it
+may hold (prompt suffix + output budget, or its choices) fit beside those already held,
+so a decode never runs out of cells.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+
+import llama_cpp as llm
+import numpy as np
+
+from lowtide.core.types import ChatRequest, Outcome, Usage
+from lowtide.routes.local.jobs import Job, Ticket, prepare
+from lowtide.routes.local.model import Model
+
+PREFIX_SEQ = 0
+
+
+@dataclass(eq=False)
+class Slot:
+    seq: int
+    job: Job | None = None
+    pos: int = 0  # next position in the sequence
+    todo: list[int] = field(default_factory=list)  # prompt tokens still to decode
+    cached: int = 0  # prompt tokens taken from the shared prefix without decoding
+    out: list[int] = field(default_factory=list)
+    scores: list[float] = field(default_factory=list)
+    waiting: deque[int] = field(default_factory=deque)  # choices still to score
+    # After a decode: (batch index of logits, what it is for). Kinds: "next" (sample or start
+    # scoring) and ("cand", i, seq, first index) for a choice fed this step.
+    reads: list[tuple] = field(default_factory=list)
+
+
+class Engine:
+    def __init__(
+        self, model: Model, slots: int, n_ctx: int, threads: int, seed: int, n_batch: int = 512
+    ):
+        self.model = model
+        self.n_ctx = n_ctx
+        self.seed = seed
+        self.n_batch = n_batch
+        self.window = min(n_ctx, model.n_ctx_train)
+        self.slots = [Slot(seq=i + 1) for i in range(slots)]
+        self.scratch = list(range(slots + 1, 2 * slots + 1))
+        params = llm.llama_context_default_params()
+        params.n_ctx = n_ctx
+        params.n_batch = params.n_ubatch = n_batch
+        params.n_seq_max = 2 * slots + 1
+        params.n_threads = params.n_threads_batch = threads
+        params.kv_unified = True
+        params.no_perf = True
+        self.ctx = llm.llama_init_from_model(model.ptr, params)
+        if not self.ctx:
+            raise MemoryError(f"llama.cpp could not create a {n_ctx}-token context")
+        self.mem = llm.llama_get_memory(self.ctx)
+        self.batch = llm.llama_batch_init(n_batch, 0, 1)
+        self.n = 0  # tokens in the batch being built
+        self.pending: dict[tuple[int, ...], deque[Job]] = {}
+        self.prefix: tuple[int, ...] = ()  # what PREFIX_SEQ holds
+        self.refs: dict[tuple[int, ...], int] = {}  # holders of each resident prefix
+        self.inbox: list[tuple[list[ChatRequest], Ticket]] = []
+        self.cond = threading.Condition()
+        self.stopping = False
+        self.purge = False
+        self.thread = threading.Thread(target=self._run, name="lowtide-local", daemon=True)
+        self.thread.start()
+
+    # --- the thread-safe surface -------------------------------------------------------
+
+    def submit(self, requests: list[ChatRequest], ticket: Ticket) -> None:
+        with self.cond:
+            self.inbox.append((requests, ticket))
+            self.cond.notify()
+
+    def cancel(self, ticket: Ticket) -> None:
+        """Drop what is left of `ticket`: its queued requests, and its slots at the next step."""
+        with self.cond:
+            ticket.cancelled = True
+            self.purge = True
+            self.cond.notify()
+
+    def close(self) -> None:
+        """Stop the loop, fail what is still queued, and free the context and the batch."""
+        with self.cond:
+            self.stopping = True
+            self.cond.notify()
+        self.thread.join()
+
+    # --- the loop ----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self.cond:
+                    while not (self.inbox or self.stopping or self._busy()):
+                        self.cond.wait()
+                    if self.stopping:
+                        break
+                    inbox, self.inbox = self.inbox, []
+                for requests, ticket in inbox:
+                    self._intake(requests, ticket)
+                self._step()
+        except Exception as exc:  # a bug or a fatal llama.cpp error: fail everything held
+            self._fail_all("engine_error", f"local engine stopped: {exc!r}", retryable=True)
+            with self.cond:
+                self.stopping = True
+        finally:
+            self._fail_all("cancelled", "the local route was closed", retryable=True)
+            llm.llama_batch_free(self.batch)
+            llm.llama_free(self.ctx)
+
+    def _busy(self) -> bool:
+        return any(s.job for s in self.slots) or any(self.pending.values())
+
+    def _intake(self, requests: list[ChatRequest], ticket: Ticket) -> None:
+        for request in requests:
+            job = prepare(self.model, request, ticket, self.window, self.seed, self.n_batch // 2)
+            if isinstance(job, Outcome):
+                ticket.deliver(job)
+            elif job.candidates is None and job.budget == 0:
+                usage = Usage(input_tokens=job.n_prompt)
+                ticket.deliver(Outcome(request.custom_id, True, "", usage, "length"))
+            else:
+                self.pending.setdefault(job.prefix, deque()).append(job)
+
+    def _step(self) -> None:
+        if self.purge:
+            self.purge = False
+            for key, queue in self.pending.items():
+                self.pending[key] = deque(j for j in queue if not j.ticket.cancelled)
+        for slot in self.slots:
+            if slot.job and slot.job.ticket.cancelled:
+                self._release(slot)
+        self._admit()
+        self.n = 0
+        for slot in self.slots:
+            slot.reads = []
+        for slot in self.slots:  # one token for each generating slot
+            if slot.job and not slot.todo and slot.out and not slot.waiting:
+                slot.reads.append((self._add(slot.out[-1], slot.pos, slot.seq, True), "next"))
+                slot.pos += 1
+        for slot in self.slots:  # then choices, then prompt chunks, while room is left
+            if slot.job and slot.waiting:
+                self._feed_choices(slot)
+        for slot in self.slots:
+            if slot.job and slot.todo and self.n < self.n_batch:
+                chunk = slot.todo[: self.n_batch - self.n]
+                del slot.todo[: len(chunk)]
+                for i, token in enumerate(chunk):
+                    last = not slot.todo and i == len(chunk) - 1
+                    index = self._add(token, slot.pos, slot.seq, last)
+                    slot.pos += 1
+                if not slot.todo:
+                    slot.reads.append((index, "next"))
+        if self.n == 0:
+            return
+        self.batch.n_tokens = self.n
+        rc = llm.llama_decode(self.ctx, self.batch)
+        if rc != 0:
+            # 1: no room in the KV cache (admission should prevent it); others are errors.
+            # The slots' positions no longer match their cells, so every live slot fails.
+            for slot in self.slots:
+                if slot.job:
+                    cid = slot.job.request.custom_id
+                    message = f"llama_decode returned {rc}"
+                    self._finish(slot, Outcome.failure(cid, "engine_error", message, True))
+            return
+        for slot in self.slots:
+            if slot.job and slot.reads:
+                self._read(slot)
+
+    # --- scheduling ----------------------------------------------------------------------
+
+    def _held(self) -> int:
+        cells = sum(len(p) for p, n in self.refs.items() if n > 0)
+        return cells + sum(s.job.need for s in self.slots if s.job)
+
+    def _next_group(self) -> tuple[int, ...] | None:
+        groups = [p for p, q in self.pending.items() if q]
+        if not groups:
+            return None
+        resident = [p for p in groups if self.refs.get(p)]
+        return self.prefix if self.prefix in groups else (resident or groups)[0]
+
+    def _admit(self) -> None:
+        for slot in self.slots:
+            if slot.job:
+                continue
+            key = self._next_group()
+            if key is None:
+                return
+            job = self.pending[key][0]
+            extra = job.need + (0 if self.refs.get(key) else len(key))
+            if self._held() + extra > self.n_ctx:
+                if any(s.job for s in self.slots) or not self.prefix:
+                    return  # wait for cells to free
+                self._set_prefix(())  # alone and still no room: drop the idle prefix
+                if self._held() + extra > self.n_ctx:
+                    return
+            self.pending[key].popleft()
+            self._start(slot, job)
+
+    def _start(self, slot: Slot, job: Job) -> None:
+        slot.job, slot.out, slot.scores, slot.reads = job, [], [], []
+        slot.waiting = deque()
+        slot.cached = len(job.prefix) if self.refs.get(job.prefix) else 0
+        if job.prefix:
+            if job.prefix != self.prefix:
+                self._set_prefix(job.prefix)
+            llm.llama_memory_seq_cp(self.mem, PREFIX_SEQ, slot.seq, -1, -1)
+            self.refs[job.prefix] += 1
+        slot.pos = len(job.prefix)
+        slot.todo = list(job.suffix)
+
+    def _set_prefix(self, key: tuple[int, ...]) -> None:
+        """Make PREFIX_SEQ hold `key`: copied from a slot that has it, else decoded."""
+        if self.prefix:
+            llm.llama_memory_seq_rm(self.mem, PREFIX_SEQ, -1, -1)
+            self.refs[self.prefix] -= 1
+        self.prefix = key
+        if not key:
+            return
+        donor = next((s for s in self.slots if s.job and s.job.prefix == key), None)
+        if donor is not None:
+            llm.llama_memory_seq_cp(self.mem, donor.seq, PREFIX_SEQ, 0, len(key))
+        else:
+            for start in range(0, len(key), self.n_batch):
+                self.n = 0
+                for pos in range(start, min(start + self.n_batch, len(key))):
+                    self._add(key[pos], pos, PREFIX_SEQ, False)
+                self.batch.n_tokens = self.n
+                rc = llm.llama_decode(self.ctx, self.batch)
+                if rc != 0:
+                    raise RuntimeError(f"llama_decode returned {rc} on a shared prefix")
+        self.refs[key] = self.refs.get(key, 0) + 1
+
+    def _add(self, token: int, pos: int, seq: int, logits: bool) -> int:
+        i, b = self.n, self.batch
+        b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = token, pos, 1, logits
+        b.seq_id[i][0] = seq
+        self.n += 1
+        return i
+
+    # --- reading results -------------------------------------------------------------------
+
+    def _logits(self, index: int) -> np.ndarray:
+        ptr = llm.llama_get_logits_ith(self.ctx, index)
+        return np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,))
+
+    def _logprobs(self, index: int) -> np.ndarray:
+        x = self._logits(index).astype(np.float64)
+        x -= x.max()
+        return x - np.log(np.exp(x).sum())
+
+    def _read(self, slot: Slot) -> None:
+        job = slot.job
+        assert job is not None
+        reads, slot.reads = slot.reads, []
+        for index, what in reads:
+            if what == "next" and job.candidates is not None:
+                first = self._logprobs(index)
+                slot.scores = [float(first[c[0]]) for c in job.candidates]
+                slot.waiting = deque(i for i, c in enumerate(job.candidates) if len(c) > 1)
+            elif what == "next":
+                self._sample(slot, index)
+            else:
+                _, i, seq, start = what
+                tokens = job.candidates[i]
+                for k in range(1, len(tokens)):
+                    slot.scores[i] += float(self._logprobs(start + k - 1)[tokens[k]])
+                if seq == slot.seq:
+                    llm.llama_memory_seq_rm(self.mem, seq, slot.pos, -1)
+                else:
+                    llm.llama_memory_seq_rm(self.mem, seq, -1, -1)
+                    self.scratch.append(seq)
+        if slot.job and job.candidates is not None and not slot.waiting and slot.scores:
+            best = int(np.argmax(slot.scores))
+            usage = Usage(len(job.prefix) + len(job.suffix), slot.cached)
+            usage.output_tokens = len(job.candidates[best])
+            self._finish(slot, Outcome(
+                job.request.custom_id, True, job.request.choices[best], usage, "choice"
+            ))
+
+    def _feed_choices(self, slot: Slot) -> None:
+        """Put the next choices of `slot` in the batch: one on its own sequence, the others
+        on copies of it (scratch sequences), as many as there is room for."""
+        own = True
+        while slot.waiting:
+            i = slot.waiting[0]
+            tokens = slot.job.candidates[i][:-1]
+            if self.n + len(tokens) > self.n_batch or not (own or self.scratch):
+                return
+            seq = slot.seq if own else self.scratch.pop()
+            if not own:
+                llm.llama_memory_seq_cp(self.mem, slot.seq, seq, -1, -1)
+            own = False
+            slot.waiting.popleft()
+            start = self.n
+            for k, token in enumerate(tokens):
+                self._add(token, slot.pos + k, seq, True)
+            slot.reads.append((start, ("cand", i, seq, start)))
+
+    def _sample(self, slot: Slot, index: int) -> None:
+        job = slot.job
+        logits = self._logits(index)
+        if job.rng is None:
+            token = int(np.argmax(logits))
+        else:
+            x = logits.astype(np.float64) / job.request.temperature
+            p = np.exp(x - x.max())
+            token = int(job.rng.choice(len(p), p=p / p.sum()))
+        reason = None
+        if self.model.is_eog(token):
+            reason = "stop"
+        else:
+            slot.out.append(token)
+        text = ""
+        if job.stops or reason or len(slot.out) >= job.budget:
+            text = b"".join(self.model.piece(t) for t in slot.out).decode("utf-8", "replace")
+            cut = [i for i in (text.find(s) for s in job.stops) if i >= 0]
+            if cut:
+                text, reason = text[: min(cut)], "stop"
+            elif reason is None and len(slot.out) >= job.budget:
+                reason = "length"
+        if reason is not None:
+            usage = Usage(job.n_prompt, slot.cached, output_tokens=len(slot.out))
+            self._finish(slot, Outcome(job.request.custom_id, True, text, usage, reason))
+
+    # --- ending ------------------------------------------------------------------------------
+
+    def _finish(self, slot: Slot, outcome: Outcome) -> None:
+        ticket = slot.job.ticket
+        self._release(slot)
+        if not ticket.cancelled:
+            ticket.deliver(outcome)
+
+    def _release(self, slot: Slot) -> None:
+        job = slot.job
+        for _, what in slot.reads:
+            if what != "next" and what[2] != slot.seq:
+                llm.llama_memory_seq_rm(self.mem, what[2], -1, -1)
+                self.scratch.append(what[2])
+        llm.llama_memory_seq_rm(self.mem, slot.seq, -1, -1)
+        if job.prefix:
+            self.refs[job.prefix] -= 1
+        slot.job, slot.todo, slot.reads, slot.waiting = None, [], [], deque()
+
+    def _fail_all(self, code: str, message: str, retryable: bool) -> None:
+        for slot in self.slots:
+            if slot.job:
+                job = slot.job
+                self._release(slot)
+                job.ticket.deliver(Outcome.failure(job.request.custom_id, code, message, retryable))
+        for queue in self.pending.values():
+            while queue:
+                job = queue.popleft()
+                job.ticket.deliver(Outcome.failure(job.request.custom_id, code, message, retryable))
+        with self.cond:
+            inbox, self.inbox = self.inbox, []
+        for requests, ticket in inbox:
+            for r in requests:
+                ticket.deliver(Outcome.failure(r.custom_id, code, message, retryable))

@@ -1,0 +1,114 @@
+"""What the engine needs to know about one request before it can be scheduled: its tokens,
+split into the shared prefix (the system prompt) and the rest, its output budget, the
+tokenised choices, and how many KV cells it will hold at most.
+
+A request that cannot run (too long for the context) becomes a failed `Outcome` here,
+before it takes a slot.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from lowtide.core.types import ChatRequest, Outcome
+from lowtide.routes.local.model import Model
+
+Deliver = Callable[[Outcome], None]
+
+
+@dataclass(eq=False)
+class Ticket:
+    """One `execute` call: where its outcomes go, and whether its caller has gone away."""
+
+    deliver: Deliver
+    cancelled: bool = False
+
+
+@dataclass(eq=False)
+class Job:
+    request: ChatRequest
+    ticket: Ticket
+    prefix: tuple[int, ...]  # shared with every request that has the same system prompt
+    suffix: list[int]  # the rest of the prompt, ending with the assistant header
+    budget: int  # new tokens it may generate
+    candidates: list[list[int]] | None = None  # tokenised `request.choices`
+    rng: np.random.Generator | None = None
+    stops: list[str] = field(default_factory=list)
+
+    @property
+    def n_prompt(self) -> int:
+        return len(self.prefix) + len(self.suffix)
+
+    @property
+    def need(self) -> int:
+        """KV cells this job holds beyond its prefix, at most."""
+        if self.candidates is not None:  # every choice but its last token, side by side
+            return len(self.suffix) + sum(len(c) - 1 for c in self.candidates)
+        return len(self.suffix) + self.budget
+
+
+def prepare(
+    model: Model, request: ChatRequest, ticket: Ticket, window: int, seed: int, max_feed: int
+) -> Job | Outcome:
+    """Tokenise `request` into a `Job`, or a non-retryable failure if it cannot run.
+
+    `window` is the most tokens one request may hold in the KV cache (prompt and output);
+    `max_feed` the longest choice the engine can score in one step.
+    """
+    cid = request.custom_id
+    messages = request.messages
+    try:
+        full = model.tokenize(model.render(messages))
+        prefix: list[int] = []
+        if len(messages) > 1 and messages[0].get("role") == "system":
+            head = model.tokenize(model.render(messages[:1], add_assistant=False))
+            if full[: len(head)] == head:
+                prefix = head[: len(full) - 1]  # leave at least one token to decode
+    except UnicodeError as exc:
+        return Outcome.failure(cid, "invalid_request", f"cannot encode the prompt: {exc}", False)
+    except Exception as exc:  # the template, e.g. a role it does not know
+        return Outcome.failure(cid, "invalid_request", f"cannot format the messages: {exc}", False)
+    if not full:
+        return Outcome.failure(cid, "invalid_request", "the prompt is empty", False)
+
+    job = Job(request, ticket, tuple(prefix), full[len(prefix) :], budget=0)
+    if request.choices:
+        job.candidates = [_choice_tokens(model, full, messages, c) for c in request.choices]
+        longest = max(len(c) for c in job.candidates)
+        if longest == 0 or longest > max_feed:
+            return Outcome.failure(
+                cid, "invalid_request", f"each choice must be 1 to {max_feed} tokens long", False
+            )
+        over = len(job.prefix) + job.need - window
+    else:
+        job.budget = min(max(request.max_tokens, 0), window - len(full))
+        job.stops = [s for s in request.stop or [] if s]
+        if request.temperature > 0:
+            job.rng = np.random.default_rng([seed, zlib.crc32(cid.encode())])
+        over = len(full) + 1 - window
+    if over > 0:
+        return Outcome.failure(
+            cid,
+            "context_length_exceeded",
+            f"the prompt is {len(full)} tokens; with its answer it needs {over} more than the "
+            f"{window}-token context of the local route. Shorten the prompt, or raise "
+            "route_options.n_ctx (or lower route_options.slots)",
+            False,
+        )
+    return job
+
+
+def _choice_tokens(model: Model, prompt: list[int], messages: list, choice: str) -> list[int]:
+    """The tokens `choice` has when written right after the prompt.
+
+    Tokenising prompt and answer together and keeping the tail respects merges across the
+    boundary; if the prompt's own tokens change, tokenise the answer on its own.
+    """
+    joined = model.tokenize(model.render(messages) + choice)
+    if joined[: len(prompt)] == prompt:
+        return joined[len(prompt) :]
+    return model.tokenize(choice, special=False)

@@ -1,0 +1,49 @@
+"""Ordered, uniquely named migrations, applied when the store opens (llm's migrations.py).
+
+Append new ones at the end; never edit or reorder an applied one. A store that has a
+migration this release does not know was written by a newer lowtide and is refused.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from sqlalchemy import Connection, select
+
+from lowtide.core.errors import StoreError
+from lowtide.store import schema
+
+Migration = Callable[[Connection], None]
+MIGRATIONS: list[tuple[str, Migration]] = []
+
+
+def migration(fn: Migration) -> Migration:
+    MIGRATIONS.append((fn.__name__, fn))
+    return fn
+
+
+@migration
+def m001_initial(conn: Connection) -> None:
+    tables = [schema.jobs, schema.requests, schema.dispatches, schema.attempts, schema.events]
+    schema.metadata.create_all(conn, tables=tables)
+
+
+def apply_migrations(conn: Connection) -> list[str]:
+    """Apply what is missing, in order; return the names applied now."""
+    schema.metadata.create_all(conn, tables=[schema.meta, schema.migrations])
+    done = set(conn.scalars(select(schema.migrations.c.name)))
+    known = {name for name, _ in MIGRATIONS}
+    unknown = done - known
+    if unknown:
+        raise StoreError(
+            f"this store was written by a newer lowtide (migrations {', '.join(sorted(unknown))}); "
+            "upgrade lowtide, or point LOWTIDE_DB at another store"
+        )
+    applied = []
+    for name, fn in MIGRATIONS:
+        if name not in done:
+            fn(conn)
+            conn.execute(schema.migrations.insert().values(name=name, applied_at=time.time()))
+            applied.append(name)
+    return applied

@@ -1,0 +1,82 @@
+"""Reads and small writes that several engine steps share."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Connection, Row, func, insert, select, update
+
+from lowtide.core.errors import JobNotFoundError
+from lowtide.core.states import JobState
+from lowtide.store.schema import dispatches, events, jobs, requests
+
+
+def get_job(conn: Connection, name: str) -> Row:
+    row = conn.execute(select(jobs).where(jobs.c.name == name)).first()
+    if row is None:
+        known = list(conn.scalars(select(jobs.c.name).order_by(jobs.c.name).limit(20)))
+        hint = f"; jobs in this store: {', '.join(known)}" if known else "; this store has no jobs yet"
+        raise JobNotFoundError(f'no job named "{name}"{hint}')
+    return row
+
+
+def list_jobs(conn: Connection, states: list[JobState] | None = None) -> list[Row]:
+    stmt = select(jobs).order_by(jobs.c.id)
+    if states:
+        stmt = stmt.where(jobs.c.state.in_([s.value for s in states]))
+    return list(conn.execute(stmt))
+
+
+def save_job(conn: Connection, name: str, spec_json: str, route: str, now: float) -> tuple[int, bool]:
+    """Insert the job, or update the spec of an existing one; return (id, created)."""
+    existing = conn.execute(select(jobs.c.id).where(jobs.c.name == name)).scalar()
+    if existing is not None:
+        conn.execute(
+            update(jobs).where(jobs.c.id == existing).values(spec=spec_json, route=route, updated_at=now)
+        )
+        return existing, False
+    result = conn.execute(
+        insert(jobs).values(
+            name=name, spec=spec_json, route=route, state=JobState.ACTIVE.value, created_at=now, updated_at=now
+        )
+    )
+    return result.inserted_primary_key[0], True
+
+
+def request_counts(conn: Connection, job_id: int) -> dict[str, int]:
+    rows = conn.execute(
+        select(requests.c.state, func.count()).where(requests.c.job_id == job_id).group_by(requests.c.state)
+    )
+    return {state: count for state, count in rows}
+
+
+def dispatch_phases(conn: Connection, job_id: int) -> dict[str, int]:
+    """Live dispatches by phase (the provider's word), for progress displays."""
+    rows = conn.execute(
+        select(func.coalesce(dispatches.c.phase, dispatches.c.state), func.count())
+        .where(dispatches.c.job_id == job_id, dispatches.c.state.in_(["planned", "submitting", "submitted", "running"]))
+        .group_by(func.coalesce(dispatches.c.phase, dispatches.c.state))
+    )
+    return {phase: count for phase, count in rows}
+
+
+def add_event(conn: Connection, job_id: int | None, kind: str, message: str, now: float) -> None:
+    conn.execute(insert(events).values(job_id=job_id, at=now, kind=kind, message=message))
+
+
+def recent_events(conn: Connection, job_id: int, limit: int = 10) -> list[Row]:
+    stmt = select(events).where(events.c.job_id == job_id).order_by(events.c.id.desc()).limit(limit)
+    return list(conn.execute(stmt))
+
+
+def token_totals(conn: Connection, job_id: int) -> dict[str, Any]:
+    from lowtide.store.schema import attempts
+
+    row = conn.execute(
+        select(
+            func.count(),
+            func.coalesce(func.sum(attempts.c.input_tokens), 0),
+            func.coalesce(func.sum(attempts.c.output_tokens), 0),
+        ).where(attempts.c.job_id == job_id)
+    ).one()
+    return {"attempts": row[0], "input_tokens": row[1], "output_tokens": row[2]}

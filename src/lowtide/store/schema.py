@@ -1,0 +1,141 @@
+"""The store's tables (SQLAlchemy Core). Changing one means adding a migration."""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    Boolean,
+    Column,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+)
+
+metadata = MetaData()
+
+meta = Table(
+    "lowtide_meta",
+    metadata,
+    Column("key", String(64), primary_key=True),
+    Column("value", Text, nullable=False),
+)
+
+migrations = Table(
+    "lowtide_migrations",
+    metadata,
+    Column("name", String(128), primary_key=True),
+    Column("applied_at", Float, nullable=False),
+)
+
+jobs = Table(
+    "jobs",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("name", String(64), nullable=False, unique=True),
+    Column("spec", Text, nullable=False),  # JobSpec as JSON
+    Column("route", String(64), nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("created_at", Float, nullable=False),
+    Column("updated_at", Float, nullable=False),
+    Column("finished_at", Float),
+    Column("error", Text),
+)
+
+# One row per (job, custom_id). `dispatch_id` is the dispatch the request is in now: a
+# result from any other dispatch is stale and is never applied (DESIGN invariant 2).
+requests = Table(
+    "requests",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("job_id", Integer, ForeignKey("jobs.id"), nullable=False),
+    Column("custom_id", String(64), nullable=False),
+    Column("source_key", Text, nullable=False),
+    Column("source_row", Integer, nullable=False),
+    Column("payload", Text, nullable=False),
+    Column("repair", Text),  # extra messages for the one retry of an invalid answer
+    Column("state", String(16), nullable=False),
+    Column("attempts", Integer, nullable=False, default=0),
+    Column("not_before", Float, nullable=False, default=0.0),
+    Column("dispatch_id", Integer),
+    Column("route", String(64)),
+    Column("output", Text),
+    Column("parsed", Text),  # JSON
+    Column("error_code", String(64)),
+    Column("error_message", Text),
+    Column("input_tokens", Integer),
+    Column("cached_input_tokens", Integer),
+    Column("cache_write_tokens", Integer),
+    Column("output_tokens", Integer),
+    Column("reasoning_tokens", Integer),
+    Column("updated_at", Float),
+    UniqueConstraint("job_id", "custom_id", name="uq_requests_job_custom_id"),
+    Index("ix_requests_job_state", "job_id", "state", "not_before"),
+    Index("ix_requests_dispatch", "dispatch_id"),
+)
+
+# A dispatch is one group of requests handed to one route: a provider batch (kind "batch")
+# or a group executed directly under a lease (kind "direct").
+dispatches = Table(
+    "dispatches",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("job_id", Integer, ForeignKey("jobs.id"), nullable=False),
+    Column("route", String(64), nullable=False),
+    Column("kind", String(8), nullable=False),
+    Column("key", String(128), nullable=False, unique=True),  # intent key, attached to the provider batch
+    Column("provider_id", String(256)),
+    Column("state", String(16), nullable=False),
+    Column("phase", String(32)),  # the provider's own word: validating, in_progress, …
+    Column("size", Integer, nullable=False),
+    Column("owner", String(128)),
+    Column("lease_until", Float),
+    Column("next_poll_at", Float),
+    Column("polls", Integer, nullable=False, default=0),
+    Column("cancel_requested", Boolean, nullable=False, default=False),
+    Column("created_at", Float, nullable=False),
+    Column("submitted_at", Float),
+    Column("ended_at", Float),
+    Column("error", Text),
+    Index("ix_dispatches_job_state", "job_id", "state"),
+)
+
+# One try of one request. The ledger is the sum of attempts; `applied` is False for a result
+# that arrived after the request had moved on (it is kept, with its cost, but not used).
+attempts = Table(
+    "attempts",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("request_id", Integer, ForeignKey("requests.id"), nullable=False),
+    Column("job_id", Integer, nullable=False),
+    Column("dispatch_id", Integer, nullable=False),
+    Column("route", String(64), nullable=False),
+    Column("ok", Boolean, nullable=False),
+    Column("applied", Boolean, nullable=False),
+    Column("error_code", String(64)),
+    Column("error_message", Text),
+    Column("input_tokens", Integer, nullable=False, default=0),
+    Column("cached_input_tokens", Integer, nullable=False, default=0),
+    Column("cache_write_tokens", Integer, nullable=False, default=0),
+    Column("output_tokens", Integer, nullable=False, default=0),
+    Column("reasoning_tokens", Integer, nullable=False, default=0),
+    Column("at", Float, nullable=False),
+    # Re-ingesting the same results file never records an attempt twice.
+    UniqueConstraint("request_id", "dispatch_id", name="uq_attempts_request_dispatch"),
+    Index("ix_attempts_job", "job_id"),
+)
+
+events = Table(
+    "events",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("job_id", Integer),
+    Column("at", Float, nullable=False),
+    Column("kind", String(32), nullable=False),
+    Column("message", Text, nullable=False),
+    Index("ix_events_job", "job_id", "at"),
+)

@@ -1,0 +1,97 @@
+"""The one place that writes a state column. Every change is checked against the transition
+tables in `lowtide.core.states` and runs inside the caller's transaction, together with the
+rows and counters that go with it (rq passes a pipeline to every write; we pass `conn`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from sqlalchemy import Connection, ColumnElement, bindparam, select, update
+
+from lowtide.core.states import (
+    DISPATCH_TRANSITIONS,
+    JOB_TRANSITIONS,
+    REQUEST_TRANSITIONS,
+    DispatchState,
+    JobState,
+    RequestState,
+    check_transition,
+)
+from lowtide.store.schema import dispatches, jobs, requests
+
+
+def request_sources(target: RequestState, only: Iterable[RequestState] | None = None) -> list[str]:
+    """The states a request may move to `target` from (optionally narrowed to `only`)."""
+    sources = {s for s, targets in REQUEST_TRANSITIONS.items() if target in targets}
+    if only is not None:
+        only = set(only)
+        illegal = only - sources
+        if illegal:
+            check_transition(REQUEST_TRANSITIONS, next(iter(illegal)), target)
+        sources &= only
+    return sorted(sources)
+
+
+def move_requests(
+    conn: Connection,
+    target: RequestState,
+    where: ColumnElement[bool],
+    *,
+    only: Iterable[RequestState] | None = None,
+    values: dict[str, Any] | None = None,
+) -> int:
+    """Move every request matching `where` (and in a legal source state) to `target`."""
+    stmt = (
+        update(requests)
+        .where(where, requests.c.state.in_(request_sources(target, only)))
+        .values(state=target.value, **(values or {}))
+    )
+    return conn.execute(stmt).rowcount
+
+
+def settle_dispatched(
+    conn: Connection, target: RequestState, rows: Sequence[dict[str, Any]], columns: Sequence[str]
+) -> None:
+    """Apply per-request results to requests still in their dispatch.
+
+    Each row has `_id`, `_dispatch` and a value for every name in `columns`. The guard
+    `state = dispatched AND dispatch_id = _dispatch` makes a stale result a no-op even if the
+    caller's read was out of date (DESIGN invariant 2).
+    """
+    if not rows:
+        return
+    check_transition(REQUEST_TRANSITIONS, RequestState.DISPATCHED, target)
+    stmt = (
+        update(requests)
+        .where(
+            requests.c.id == bindparam("_id"),
+            requests.c.dispatch_id == bindparam("_dispatch"),
+            requests.c.state == RequestState.DISPATCHED.value,
+        )
+        .values(state=target.value, **{c: bindparam(c) for c in columns})
+    )
+    conn.execute(stmt, list(rows))
+
+
+def move_dispatch(
+    conn: Connection, dispatch_id: int, current: DispatchState, target: DispatchState, **values: Any
+) -> bool:
+    """Move one dispatch from `current` to `target`; False if it was no longer in `current`."""
+    check_transition(DISPATCH_TRANSITIONS, current, target)
+    stmt = (
+        update(dispatches)
+        .where(dispatches.c.id == dispatch_id, dispatches.c.state == current.value)
+        .values(state=target.value, **values)
+    )
+    return conn.execute(stmt).rowcount == 1
+
+
+def move_job(conn: Connection, job_id: int, target: JobState, **values: Any) -> bool:
+    """Move a job to `target` if that is legal from where it is; False if it already was there."""
+    current = conn.execute(select(jobs.c.state).where(jobs.c.id == job_id)).scalar_one()
+    if current == target.value:
+        return False
+    check_transition(JOB_TRANSITIONS, JobState(current), target)
+    conn.execute(update(jobs).where(jobs.c.id == job_id).values(state=target.value, **values))
+    return True
