@@ -10,7 +10,14 @@ from lowtide.core.clock import Clock
 from lowtide.core.spec import JobSpec
 from lowtide.core.states import DispatchState, JobState, RequestState
 from lowtide.store.db import Store
-from lowtide.store.queries import add_event, dispatch_phases, get_job, recent_events, request_counts, token_totals
+from lowtide.store.queries import (
+    add_event,
+    dispatch_phases,
+    get_job,
+    recent_events,
+    request_counts,
+    token_totals,
+)
 from lowtide.store.schema import dispatches, requests
 from lowtide.store.transitions import move_dispatch, move_job, move_requests
 

@@ -9,7 +9,13 @@ from lowtide.core.clock import Clock
 from lowtide.core.states import DispatchState
 from lowtide.core.types import Outcome
 from lowtide.engine.context import JobContext
-from lowtide.engine.dispatch import assign, dispatched_requests, left_in_dispatch, new_dispatch, pending_ids
+from lowtide.engine.dispatch import (
+    assign,
+    dispatched_requests,
+    left_in_dispatch,
+    new_dispatch,
+    pending_ids,
+)
 from lowtide.engine.ingest import IngestCounts, apply_outcomes
 from lowtide.routes.base import DirectRoute
 from lowtide.store.db import Store

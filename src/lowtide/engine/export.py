@@ -202,7 +202,6 @@ class _ParquetWriter:
 
     def close(self) -> None:
         if self.writer is None:  # an empty source still gets a valid file
-            import pyarrow.parquet as pq
 
             self.write([])
         self.writer.close()

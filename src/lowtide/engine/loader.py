@@ -74,13 +74,12 @@ class _RowRenderer:
             return f'{where}: id column "{self.id_column}" {what}; every row needs a unique id (source.id_column)'
         key = str(key).strip()
         for var, used_at in self.required.items():
-            value = row.values.get(var)
+            value = row.values.get(var, ...)  # a missing key is the template's error to name
             if value is None or (isinstance(value, str) and not value.strip()):
-                if var in row.values or self.source.columns is not None:
-                    return (
-                        f'{where}: column "{var}" is empty; the template uses it ({used_at}). '
-                        "Fill it in, or list it in source.optional_columns"
-                    )
+                return (
+                    f'{where}: column "{var}" is empty; the template uses it ({used_at}). '
+                    "Fill it in, or list it in source.optional_columns"
+                )
         try:
             messages = self.template.render(row.values, where)
         except Exception as err:  # TemplateError already names row and line

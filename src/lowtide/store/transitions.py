@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from sqlalchemy import Connection, ColumnElement, bindparam, select, update
+from sqlalchemy import ColumnElement, Connection, bindparam, select, update
 
 from lowtide.core.states import (
     DISPATCH_TRANSITIONS,

@@ -219,14 +219,14 @@ class Engine:
             self._start(slot, job)
 
     def _start(self, slot: Slot, job: Job) -> None:
-        slot.job, slot.out, slot.scores, slot.reads = job, [], [], []
-        slot.waiting = deque()
         slot.cached = len(job.prefix) if self.refs.get(job.prefix) else 0
         if job.prefix:
             if job.prefix != self.prefix:
-                self._set_prefix(job.prefix)
+                self._set_prefix(job.prefix)  # before `slot` holds `job`: it is no donor
             llm.llama_memory_seq_cp(self.mem, PREFIX_SEQ, slot.seq, -1, -1)
             self.refs[job.prefix] += 1
+        slot.job, slot.out, slot.scores, slot.reads = job, [], [], []
+        slot.waiting = deque()
         slot.pos = len(job.prefix)
         slot.todo = list(job.suffix)
 

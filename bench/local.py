@@ -1,0 +1,203 @@
+"""Benchmark of the `local` route: the continuous-batching engine against one request at a time.
+
+    .venv/bin/python bench/local.py [--n 96] [--slots 8] [--mode both|choices|generate]
+
+Classification prompts come from examples/tickets.csv (columns ticket_id, channel, body,
+gold) when it exists, else from synthetic tickets with a known label. Every prompt shares
+one system prompt. Runs, in one process:
+
+- choices: each request carries the five labels as `choices` (scored, not generated);
+  the engine with `slots` sequences vs the same engine with slots=1;
+- generate: free text, max_tokens 8, temperature 0; the engine with `slots` vs slots=1 vs
+  llama-cpp-python's high-level `Llama.create_chat_completion` on the same model file,
+  one call per prompt (how one would run it without lowtide).
+
+Prints prompts/s, tokens/s (prompt + generated tokens), the speed-up, accuracy against
+the gold label, and the peak RSS of the process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import csv
+import random
+import resource
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from lowtide.core.types import ChatRequest, Usage  # noqa: E402
+from lowtide.routes.local import DEFAULT_MODEL, create  # noqa: E402
+
+LABELS = ["billing", "technical", "account", "shipping", "feedback"]
+SYSTEM = (
+    "You are a support ticket classifier. Read the customer's ticket and answer with "
+    "exactly one label from this list: billing, technical, account, shipping, feedback.\n"
+    "billing: charges, invoices, refunds, payment methods, subscriptions and prices.\n"
+    "technical: bugs, crashes, errors, the app or website not working, slowness.\n"
+    "account: logging in, passwords, two-factor codes, profile and email changes, "
+    "closing an account.\n"
+    "shipping: deliveries, tracking numbers, late, lost or damaged parcels, addresses.\n"
+    "feedback: praise, complaints about the service, suggestions and feature ideas.\n"
+    "Answer with the label only, in lower case, with no other words."
+)
+SYNTHETIC = {
+    "billing": [
+        "I was charged twice for my {thing} this month, please refund one payment.",
+        "My invoice shows the wrong amount for {thing}. Can you fix it?",
+        "How do I change the credit card used for my {thing} subscription?",
+    ],
+    "technical": [
+        "The app crashes every time I open {thing}. I reinstalled it already.",
+        "I get an error 500 when I try to upload {thing} on the website.",
+        "The {thing} page has been loading forever since the last update.",
+    ],
+    "account": [
+        "I cannot log in to my account, the password reset email for {thing} never comes.",
+        "Please change the email address on my profile, I lost access to {thing}.",
+        "My two-factor code for {thing} is not accepted, I am locked out.",
+    ],
+    "shipping": [
+        "My parcel with the {thing} has not arrived, tracking has not moved for a week.",
+        "The {thing} arrived damaged, the box was crushed by the courier.",
+        "Can I change the delivery address for my {thing} order? It has not shipped yet.",
+    ],
+    "feedback": [
+        "Just wanted to say your support team was wonderful with my {thing} question!",
+        "It would be great if you added a dark mode to the {thing} screen.",
+        "Honestly the new {thing} design is confusing, I liked the old one better.",
+    ],
+}
+THINGS = ["headphones", "premium plan", "photo album", "garden chair", "team workspace",
+          "coffee grinder", "family plan", "monthly box", "laptop stand", "gift card"]
+
+
+def tickets(n: int) -> tuple[list[tuple[str, str, str]], str]:
+    path = ROOT / "examples" / "tickets.csv"
+    if path.exists():
+        with path.open(newline="", encoding="utf-8") as f:
+            rows = [(r["ticket_id"], r["body"], r.get("gold", "")) for r in csv.DictReader(f)]
+        return (rows * (n // max(len(rows), 1) + 1))[:n], str(path.relative_to(ROOT))
+    rng = random.Random(7)
+    rows = []
+    for i in range(n):
+        label = LABELS[i % len(LABELS)]
+        body = rng.choice(SYNTHETIC[label]).format(thing=rng.choice(THINGS))
+        rows.append((f"t{i}", body, label))
+    return rows, "synthetic tickets (examples/tickets.csv not found)"
+
+
+def requests(rows: list[tuple[str, str, str]], choices: bool) -> list[ChatRequest]:
+    return [
+        ChatRequest(
+            custom_id=f"{tid}#{i}",
+            model=DEFAULT_MODEL,
+            messages=[{"role": "system", "content": SYSTEM},
+                      {"role": "user", "content": f"Ticket:\n{body}"}],
+            max_tokens=8,
+            temperature=0.0,
+            choices=LABELS if choices else None,
+        )
+        for i, (tid, body, _) in enumerate(rows)
+    ]
+
+
+def label_of(text: str | None) -> str:
+    words = (text or "").strip().lower().split()
+    word = words[0].strip(".,:;!\"'") if words else ""
+    return word if word in LABELS else "?"
+
+
+def accuracy(gold: dict[str, str], answers: dict[str, str]) -> str:
+    scored = [cid for cid in answers if gold.get(cid) in LABELS]
+    if not scored:
+        return "n/a"
+    right = sum(label_of(answers[cid]) == gold[cid] for cid in scored)
+    return f"{right / len(scored):.0%}"
+
+
+def report(name: str, n: int, seconds: float, usage: Usage, acc: str, base: float | None) -> float:
+    rate = n / seconds
+    tokens = (usage.input_tokens + usage.output_tokens) / seconds
+    ratio = f"{rate / base:5.2f}x" if base else "    - "
+    print(f"  {name:<34} {seconds:6.1f} s {rate:6.2f} prompts/s {tokens:7.0f} tok/s "
+          f"({usage.output_tokens / seconds:5.1f} out tok/s)  speed-up {ratio}  accuracy {acc}")
+    return rate
+
+
+async def run_engine(reqs: list[ChatRequest], slots: int) -> tuple[float, Usage, dict[str, str]]:
+    route = create({"slots": slots})
+    warm = [ChatRequest("warm", DEFAULT_MODEL, reqs[0].messages, max_tokens=1)]
+    async for _ in route.execute(warm):  # load the model and build the context first
+        pass
+    total, answers = Usage(), {}
+    start = time.perf_counter()
+    async for outcome in route.execute(reqs):
+        if not outcome.ok:
+            raise SystemExit(f"{outcome.custom_id}: {outcome.error_code} {outcome.error_message}")
+        answers[outcome.custom_id] = outcome.text
+        total.input_tokens += outcome.usage.input_tokens
+        total.output_tokens += outcome.usage.output_tokens
+    seconds = time.perf_counter() - start
+    await route.aclose()
+    assert len(answers) == len(reqs)
+    return seconds, total, answers
+
+
+def run_high_level(reqs: list[ChatRequest], threads: int) -> tuple[float, Usage, dict[str, str]]:
+    import llama_cpp
+
+    from lowtide.routes.local.model import default_model_path
+
+    llm = llama_cpp.Llama(str(default_model_path()), n_ctx=2048, n_threads=threads,
+                          verbose=False)
+    llm.create_chat_completion(reqs[0].messages, max_tokens=1)
+    total, answers = Usage(), {}
+    start = time.perf_counter()
+    for r in reqs:
+        out = llm.create_chat_completion(r.messages, max_tokens=r.max_tokens, temperature=0.0)
+        answers[r.custom_id] = out["choices"][0]["message"]["content"]
+        total.input_tokens += out["usage"]["prompt_tokens"]
+        total.output_tokens += out["usage"]["completion_tokens"]
+    return time.perf_counter() - start, total, answers
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--n", type=int, default=96, help="prompts per run (default 96)")
+    parser.add_argument("--slots", type=int, default=8, help="engine slots (default 8)")
+    parser.add_argument("--mode", choices=["both", "choices", "generate"], default="both")
+    parser.add_argument("--no-high-level", action="store_true",
+                        help="skip the llama-cpp-python high-level API baseline")
+    args = parser.parse_args()
+    import os
+
+    rows, source = tickets(args.n)
+    threads = os.cpu_count() or 1
+    print(f"lowtide local route benchmark: {args.n} prompts from {source}; "
+          f"{DEFAULT_MODEL}, {threads} threads")
+    modes = ["choices", "generate"] if args.mode == "both" else [args.mode]
+    for mode in modes:
+        reqs = requests(rows, choices=mode == "choices")
+        gold = {r.custom_id: row[2] for r, row in zip(reqs, rows, strict=True)}
+        print(f"\n{mode}:" + (" 5 labels scored as choices" if mode == "choices" else
+                              " free text, max_tokens 8, greedy"))
+        sec, use, ans = asyncio.run(run_engine(reqs, 1))
+        base = report("engine, slots=1 (one at a time)", len(reqs), sec, use,
+                      accuracy(gold, ans), None)
+        sec, use, ans = asyncio.run(run_engine(reqs, args.slots))
+        report(f"engine, slots={args.slots}", len(reqs), sec, use, accuracy(gold, ans), base)
+        if mode == "generate" and not args.no_high_level:
+            sec, use, ans = run_high_level(reqs, threads)
+            report("high-level Llama API, Q4_1, serial", len(reqs), sec, use,
+                   accuracy(gold, ans), base)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"\npeak RSS {peak:.0f} MiB")
+
+
+if __name__ == "__main__":
+    main()

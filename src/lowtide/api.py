@@ -1,0 +1,138 @@
+"""The Python face of lowtide, for scripts and notebooks.
+
+    import lowtide
+    job = lowtide.Job.from_dataframe(
+        df, name="tag-reviews", id_column="review_id",
+        user="Tag this review: {{ text }}", choices=["praise", "complaint", "question"],
+        model="smollm2-135m-instruct", route="local",
+    )
+    job.run()                  # blocks until every row is done; job.start() does not block
+    df_out = job.results()     # the input rows plus output, state, error, tokens
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from lowtide.core.clock import SystemClock
+from lowtide.core.spec import JobSpec, build_spec, load_spec
+from lowtide.engine.control import JobStatus, cancel_job, job_status, retry_job
+from lowtide.engine.export import ResultRows, export_results
+from lowtide.engine.loader import LoadReport, load_job
+from lowtide.engine.runner import drive
+from lowtide.engine.tick import Engine
+from lowtide.store.db import Store
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+
+class Job:
+    """A job bound to a store. Every method goes through the same engine as the CLI."""
+
+    def __init__(self, spec: JobSpec, store: Store | str | None = None):
+        self.spec = spec
+        self.store = store if isinstance(store, Store) else Store(store)
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, store: Store | str | None = None) -> Job:
+        return cls(load_spec(path), store)
+
+    @classmethod
+    def from_dataframe(
+        cls,
+        df: pd.DataFrame,
+        *,
+        name: str,
+        id_column: str,
+        user: str,
+        model: str,
+        route: str,
+        system: str | None = None,
+        store: Store | str | None = None,
+        source_dir: str | Path = "lowtide-sources",
+        **fields: Any,
+    ) -> Job:
+        """A job over a DataFrame. The frame is saved as Parquet under `source_dir` so the
+        job stays resumable from the CLI, like any file-based job."""
+        folder = Path(source_dir)
+        folder.mkdir(parents=True, exist_ok=True)
+        path = (folder / f"{name}.parquet").resolve()
+        df.to_parquet(path, index=False)
+        spec = build_spec(
+            {
+                "name": name,
+                "source": {"path": str(path), "id_column": id_column},
+                "template": {"user": user, **({"system": system} if system is not None else {})},
+                "model": model,
+                "route": route,
+                **fields,
+            },
+            where=f"Job.from_dataframe({name!r})",
+        )
+        return cls(spec, store)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def submit(self) -> LoadReport:
+        """Check and store the job's rows; rows already stored are left alone."""
+        return load_job(self.store, self.spec, SystemClock(), f"job {self.name!r}")
+
+    def run(self) -> JobStatus:
+        """Submit and drive the job to the end, blocking."""
+        self.submit()
+        return asyncio.run(self._drive())
+
+    def start(self) -> None:
+        """Submit, then drive the job in a background thread; see `done()` and `wait()`."""
+        self.submit()
+
+        def target() -> None:
+            try:
+                asyncio.run(self._drive())
+            except BaseException as err:  # surfaced by wait()
+                self._error = err
+
+        self._thread = threading.Thread(target=target, name=f"lowtide-{self.name}", daemon=True)
+        self._thread.start()
+
+    def done(self) -> bool:
+        return self._thread is not None and not self._thread.is_alive()
+
+    def wait(self, timeout: float | None = None) -> JobStatus:
+        if self._thread is not None:
+            self._thread.join(timeout)
+        if self._error is not None:
+            raise self._error
+        return self.status()
+
+    async def _drive(self) -> JobStatus:
+        async with Engine(self.store) as engine:
+            return await drive(engine, self.name)
+
+    def status(self) -> JobStatus:
+        return job_status(self.store, self.name)
+
+    def cancel(self) -> int:
+        return cancel_job(self.store, self.name, SystemClock())
+
+    def retry(self, failed: bool = True, cancelled: bool = False) -> int:
+        return retry_job(self.store, self.name, SystemClock(), failed=failed, cancelled=cancelled)
+
+    def results(self) -> pd.DataFrame:
+        """The source rows joined by custom_id to their results, as a DataFrame."""
+        import pandas as pd
+
+        rows = ResultRows(self.store, self.name)
+        frames = [pd.DataFrame.from_records(chunk) for chunk in rows.chunks()]
+        return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+    def export(self, path: str | Path) -> Path:
+        return export_results(self.store, self.name, path).path

@@ -1,0 +1,48 @@
+"""The `lowtide` command: one module per noun, registered here."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from lowtide import __version__
+from lowtide.cli import jobs, worker
+from lowtide.cli.common import state
+
+app = typer.Typer(
+    name="lowtide",
+    help="Turn LLM work that can wait into cheap, reliable offline jobs.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"lowtide {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    db: Annotated[
+        str | None,
+        typer.Option(
+            "--db",
+            envvar="LOWTIDE_DB",
+            help="The store: a SQLite file (default ./lowtide.db) or a PostgreSQL URL.",
+        ),
+    ] = None,
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")] = False,
+) -> None:
+    state.db = db
+
+
+for command in (jobs.run, jobs.submit, jobs.status, jobs.results, jobs.cancel, jobs.retry, worker.tick, worker.worker):
+    app.command()(command)
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,47 @@
+"""What every command shares: the store option, the console, exit codes, error printing."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import typer
+from rich.console import Console
+
+from lowtide.core.errors import InputError, JobNotFoundError, LowtideError
+from lowtide.store.db import Store
+
+console = Console(stderr=True, highlight=False)
+out = Console(highlight=False)
+
+# Exit codes: scripts and cron can tell these apart.
+EXIT_OK = 0  # done, every request succeeded
+EXIT_FAILURES = 1  # the job finished, some requests failed or were cancelled
+EXIT_USAGE = 2  # bad arguments or bad input; nothing was submitted
+EXIT_ERROR = 3  # the store or a route failed
+EXIT_INTERRUPTED = 130  # Ctrl-C; the job is resumable
+
+
+class State:
+    db: str | None = None
+
+
+state = State()
+
+
+@contextmanager
+def open_store() -> Iterator[Store]:
+    store = Store(state.db)
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+def fail(err: LowtideError) -> typer.Exit:
+    """Print a lowtide error the way users should see it and pick the exit code."""
+    # Plain print: rich would read "[...]" in a user's message as markup.
+    print(f"lowtide: {err}", file=sys.stderr)
+    code = EXIT_USAGE if isinstance(err, InputError | JobNotFoundError) else EXIT_ERROR
+    return typer.Exit(code)

@@ -1,0 +1,54 @@
+"""Rich renderings shared by commands: progress of a running job, status tables."""
+
+from __future__ import annotations
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from lowtide.core.states import RequestState
+from lowtide.engine.control import JobStatus
+
+DONE = (RequestState.SUCCEEDED, RequestState.FAILED, RequestState.CANCELLED)
+
+
+def job_progress() -> Progress:
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[detail]}"),
+        TimeElapsedColumn(),
+        transient=False,
+    )
+
+
+def progress_detail(status: JobStatus) -> str:
+    """Item counts, and apart from them the provider phase of live batches."""
+    parts = [f"[green]{status.count(RequestState.SUCCEEDED)} ok[/]"]
+    if status.count(RequestState.FAILED):
+        parts.append(f"[red]{status.count(RequestState.FAILED)} failed[/]")
+    waiting = status.count(RequestState.PENDING)
+    if waiting:
+        parts.append(f"{waiting} waiting")
+    if status.phases:
+        phases = ", ".join(f"{n} {p}" for p, n in sorted(status.phases.items()))
+        parts.append(f"[cyan]batches: {phases}[/]")
+    return "  ".join(parts)
+
+
+def done_count(status: JobStatus) -> int:
+    return sum(status.count(s) for s in DONE)
+
+
+def status_table(statuses: list[JobStatus]) -> Table:
+    table = Table(title="jobs")
+    for col in ("job", "state", "route", "total", "succeeded", "failed", "cancelled", "in flight", "batches"):
+        table.add_column(col, justify="right" if col not in ("job", "state", "route", "batches") else "left")
+    for s in statuses:
+        in_flight = s.count(RequestState.PENDING) + s.count(RequestState.DISPATCHED)
+        phases = ", ".join(f"{n} {p}" for p, n in sorted(s.phases.items())) or "-"
+        table.add_row(
+            s.name, s.state, s.route, str(s.total), str(s.count(RequestState.SUCCEEDED)),
+            str(s.count(RequestState.FAILED)), str(s.count(RequestState.CANCELLED)), str(in_flight), phases,
+        )  # fmt: skip
+    return table

@@ -1,0 +1,215 @@
+"""Commands about one job: run, submit, status, results, cancel, retry."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from lowtide.cli.common import (
+    EXIT_FAILURES,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    console,
+    fail,
+    open_store,
+    out,
+)
+from lowtide.cli.display import done_count, job_progress, progress_detail, status_table
+from lowtide.core.clock import SystemClock
+from lowtide.core.errors import LowtideError
+from lowtide.core.spec import JobSpec, load_spec
+from lowtide.engine.control import JobStatus, cancel_job, job_spec, job_status, retry_job
+from lowtide.engine.export import export_results
+from lowtide.engine.loader import load_job
+from lowtide.engine.runner import drive
+from lowtide.engine.tick import Engine
+from lowtide.store.db import Store
+from lowtide.store.queries import list_jobs
+
+SpecPath = Annotated[Path, typer.Argument(help="The job spec (YAML).", show_default=False)]
+JobName = Annotated[str, typer.Argument(help="The job's name (the `name:` of its spec).", show_default=False)]
+
+
+def _load(store: Store, spec_path: Path) -> JobSpec:
+    spec = load_spec(spec_path)
+    with job_progress() as progress:
+        task = progress.add_task(f"render {spec.name}", total=None, detail="")
+        report = load_job(store, spec, SystemClock(), str(spec_path), on_rows=lambda n: progress.update(task, completed=n))
+        progress.update(task, total=report.rows, completed=report.rows, detail=f"{report.new} new, {report.known} already stored")
+    return spec
+
+
+def run(
+    spec_path: SpecPath,
+    out_path: Annotated[Path | None, typer.Option("--out", help="Write results here (default: the spec's output.path).")] = None,
+) -> None:
+    """Submit a job and drive it to completion, then write its results.
+
+    Ctrl-C stops at once and leaves the job resumable: run the same command again.
+
+    Example: lowtide run examples/classify-tickets.yaml
+    """
+    try:
+        with open_store() as store:
+            spec = _load(store, spec_path)
+            status = _drive(store, spec.name)
+            target = out_path or (spec.resolve(spec.output.path) if spec.output else None)
+            if target is not None:
+                report = export_results(store, spec.name, target)
+                console.print(f"results: {report.path} ({report.rows} rows)")
+    except KeyboardInterrupt:
+        console.print("interrupted: the job is resumable; run the same command again to continue")
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    except LowtideError as err:
+        raise fail(err) from None
+    out.print(status_table([status]))
+    raise typer.Exit(EXIT_OK if status.all_succeeded else EXIT_FAILURES)
+
+
+def _drive(store: Store, name: str) -> JobStatus:
+    async def go() -> JobStatus:
+        with job_progress() as progress:
+            task = progress.add_task(f"run {name}", total=None, detail="")
+
+            def on_tick(status: JobStatus, _report) -> None:
+                progress.update(task, total=status.total, completed=done_count(status), detail=progress_detail(status))
+
+            async with Engine(store) as engine:
+                return await drive(engine, name, on_tick)
+
+    return asyncio.run(go())
+
+
+def submit(spec_path: SpecPath) -> None:
+    """Check a job and store its requests, without running anything (a worker or `tick` will).
+
+    Submitting the same spec again adds only rows not stored yet.
+
+    Example: lowtide submit examples/classify-tickets.yaml && lowtide worker --until-idle
+    """
+    try:
+        with open_store() as store:
+            spec = _load(store, spec_path)
+            console.print(f'job "{spec.name}" stored in {store.describe()}')
+    except LowtideError as err:
+        raise fail(err) from None
+
+
+def status(
+    job: Annotated[str | None, typer.Argument(help="A job name; all jobs when left out.", show_default=False)] = None,
+) -> None:
+    """Show how far jobs are: requests by state, live batches by provider phase, recent events.
+
+    Example: lowtide status classify-tickets
+    """
+    try:
+        with open_store() as store:
+            if job is None:
+                with store.begin() as conn:
+                    names = [r.name for r in list_jobs(conn)]
+                out.print(status_table([job_status(store, n) for n in names]))
+                return
+            s = job_status(store, job)
+    except LowtideError as err:
+        raise fail(err) from None
+    out.print(status_table([s]))
+    if s.failures:
+        out.print("failures: " + ", ".join(f"{code} × {n}" for code, n in sorted(s.failures.items())))
+    out.print(f"tokens: {s.tokens.get('input_tokens', 0)} in, {s.tokens.get('output_tokens', 0)} out over {s.tokens.get('attempts', 0)} attempts")
+    for event in s.events:
+        out.print(f"  {event}", markup=False)
+
+
+def results(
+    job: JobName,
+    out_path: Annotated[Path, typer.Option("--out", "-o", help="File to write: .csv, .jsonl or .parquet.")],
+    compare: Annotated[
+        str | None, typer.Option(help="A source column holding the expected answer: print the accuracy.")
+    ] = None,
+) -> None:
+    """Write a job's results joined to its source rows by custom_id.
+
+    Example: lowtide results classify-tickets --out results.parquet --compare gold
+    """
+    try:
+        with open_store() as store:
+            report = export_results(store, job, out_path)
+            spec = job_spec(store, job)
+    except LowtideError as err:
+        raise fail(err) from None
+    console.print(f"wrote {report.rows} rows to {report.path} ({', '.join(f'{n} {s}' for s, n in sorted(report.states.items()))})")
+    if compare:
+        _print_accuracy(report.path, compare, spec)
+
+
+def _print_accuracy(path: Path, column: str, spec: JobSpec) -> None:
+    """Share of rows whose answer equals the expected column, per expected value."""
+    import csv
+
+    from lowtide.core.sources import Source
+
+    source = Source(path)
+    if source.columns is not None and column not in source.columns:
+        console.print(f'lowtide: --compare: no column "{column}" in the results; columns are: {", ".join(source.columns)}')
+        raise typer.Exit(EXIT_USAGE)
+    answer_col = "lowtide_output" if "lowtide_output" in (source.columns or []) else "output"
+    per: dict[str, list[int]] = {}
+    for chunk in source.chunks():
+        for row in chunk:
+            gold = str(row.values.get(column, "")).strip()
+            got = str(row.values.get(answer_col) or "").strip()
+            hit = per.setdefault(gold, [0, 0])
+            hit[0] += got.lower() == gold.lower()
+            hit[1] += 1
+    table = Table(title=f"accuracy against {column} ({spec.model} on {spec.route})")
+    for col in ("expected", "rows", "correct", "accuracy"):
+        table.add_column(col, justify="left" if col == "expected" else "right")
+    for gold, (ok, n) in sorted(per.items()):
+        table.add_row(gold, str(n), str(ok), f"{ok / n:.0%}")
+    ok = sum(v[0] for v in per.values())
+    n = sum(v[1] for v in per.values())
+    table.add_row("[bold]all", str(n), str(ok), f"[bold]{ok / n:.1%}" if n else "-")
+    if spec.effective_choices:
+        table.caption = f"chance level with {len(spec.effective_choices)} choices: {1 / len(spec.effective_choices):.0%}"
+    out.print(table)
+    _ = csv  # results files of any format are read through Source
+
+
+def cancel(job: JobName) -> None:
+    """Cancel a job: unsent requests are cancelled, provider batches asked to stop.
+
+    Results a provider had already produced are still brought in (they are paid for).
+
+    Example: lowtide cancel classify-tickets
+    """
+    try:
+        with open_store() as store:
+            n = cancel_job(store, job, SystemClock())
+    except LowtideError as err:
+        raise fail(err) from None
+    console.print(f"cancelled {n} request(s) of {job}; run `lowtide tick` or a worker to collect batches in flight")
+
+
+def retry(
+    job: JobName,
+    failed: Annotated[bool, typer.Option("--failed", help="Retry the requests that failed.")] = False,
+    cancelled: Annotated[bool, typer.Option("--cancelled", help="Retry the requests that were cancelled.")] = False,
+) -> None:
+    """Queue failed (or cancelled) requests again with a fresh attempt budget.
+
+    Example: lowtide retry classify-tickets --failed && lowtide worker --until-idle
+    """
+    if not (failed or cancelled):
+        console.print("lowtide: say what to retry: --failed, --cancelled, or both")
+        raise typer.Exit(EXIT_USAGE)
+    try:
+        with open_store() as store:
+            n = retry_job(store, job, SystemClock(), failed=failed, cancelled=cancelled)
+    except LowtideError as err:
+        raise fail(err) from None
+    console.print(f"queued {n} request(s) of {job} again")

@@ -1,0 +1,143 @@
+"""Shared fixtures: real stores (a SQLite file, and a fresh PostgreSQL schema), an engine
+clock that only moves when told to, and small source files written per test."""
+
+from __future__ import annotations
+
+import csv
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from lowtide.core.clock import ManualClock
+from lowtide.core.spec import JobSpec, build_spec
+from lowtide.store.db import Store
+
+PG_ADMIN_URL = os.environ.get("LOWTIDE_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+
+
+def _pg_available() -> bool:
+    try:
+        engine = sa.create_engine(PG_ADMIN_URL)
+        with engine.connect():
+            pass
+        engine.dispose()
+        return True
+    except Exception:
+        return False
+
+
+@pytest.fixture(scope="session")
+def pg_schema_url() -> Iterator[str]:
+    """A PostgreSQL URL whose search_path is a schema made for this test run."""
+    if not _pg_available():
+        if os.environ.get("CI"):
+            pytest.fail(f"PostgreSQL is not reachable at {PG_ADMIN_URL}")
+        pytest.skip(f"PostgreSQL is not reachable at {PG_ADMIN_URL}")
+    schema = f"lowtide_test_{uuid.uuid4().hex[:10]}"
+    admin = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
+    yield f"{PG_ADMIN_URL}?options=-csearch_path%3D{schema}"
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'DROP SCHEMA "{schema}" CASCADE'))
+    admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def store(request, tmp_path) -> Iterator[Store]:
+    """A fresh, empty store on each backend."""
+    if request.param == "sqlite":
+        s = Store(str(tmp_path / "lowtide.db"))
+    else:
+        base = request.getfixturevalue("pg_schema_url")
+        s = Store(base)
+        # Each test gets empty tables: drop everything lowtide made in this run's schema.
+        with s.begin() as conn:
+            conn.execute(sa.text("DROP TABLE IF EXISTS attempts, events, requests, dispatches, jobs, lowtide_migrations, lowtide_meta CASCADE"))
+        s.close()
+        s = Store(base)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def sqlite_store(tmp_path) -> Iterator[Store]:
+    s = Store(str(tmp_path / "lowtide.db"))
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+def write_csv(path: Path, rows: list[dict], columns: list[str] | None = None) -> Path:
+    columns = columns or list(rows[0])
+    with path.open("w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+def ticket_rows(n: int, start: int = 1000) -> list[dict]:
+    labels = ["billing", "technical", "account", "shipping", "feedback"]
+    return [
+        {"ticket_id": f"T{start + i}", "channel": "email", "body": f"ticket {start + i} about {labels[i % 5]}", "gold": labels[i % 5]}
+        for i in range(n)
+    ]
+
+
+@pytest.fixture
+def tickets_csv(tmp_path) -> Path:
+    return write_csv(tmp_path / "tickets.csv", ticket_rows(40))
+
+
+def make_spec(source: Path, **overrides) -> JobSpec:
+    data = {
+        "name": "tickets",
+        "source": {"path": str(source), "id_column": "ticket_id"},
+        "template": {"system": "Classify the ticket.", "user": "Ticket: {{ body }}"},
+        "model": "test-model",
+        "route": "echo",
+        "retry": {"max_attempts": 3, "backoff_seconds": 10},
+    }
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(data.get(key), dict):
+            data[key] = {**data[key], **value}
+        else:
+            data[key] = value
+    return build_spec(data)
+
+
+def drive_to_end(store: Store, spec: JobSpec, clock: ManualClock, *, max_ticks: int = 200, step: float = 3600.0, engine=None):
+    """Load the job, then tick it (moving the engine clock on when idle) until it is done."""
+    import asyncio
+
+    from lowtide.engine.control import job_status
+    from lowtide.engine.loader import load_job
+    from lowtide.engine.tick import Engine
+
+    load_job(store, spec, clock)
+
+    async def go():
+        eng = engine or Engine(store, clock, seed=7)
+        try:
+            for _ in range(max_ticks):
+                report = await eng.tick(spec.name)
+                status = job_status(store, spec.name)
+                if status.done:
+                    return status
+                if not report.busy:
+                    clock.advance(step)
+            raise AssertionError(f"job {spec.name} did not finish in {max_ticks} ticks: {status}")
+        finally:
+            if engine is None:
+                await eng.aclose()
+
+    return asyncio.run(go())
