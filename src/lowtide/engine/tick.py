@@ -56,13 +56,24 @@ class TickReport:
 class Engine:
     """Moves work between the store and the routes. Use as `async with Engine(store) as e`."""
 
-    def __init__(self, store: Store, clock: Clock | None = None, *, lease: float = 120.0, seed: int | None = None):
+    def __init__(
+        self,
+        store: Store,
+        clock: Clock | None = None,
+        *,
+        lease: float = 120.0,
+        seed: int | None = None,
+        routes: dict[str, Route] | None = None,
+    ):
+        """`routes` gives ready-made route instances by route name (an embedding server's
+        own, or a probe in a test); other routes are built from the job spec."""
         self.store = store
         self.clock = clock or SystemClock()
         self.lease = lease
         self.rng = random.Random(seed)
         self.host = socket.gethostname()
         self.owner = f"{self.host}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._given = dict(routes or {})
         self._routes: dict[str, Route] = {}
 
     async def __aenter__(self) -> Engine:
@@ -77,6 +88,8 @@ class Engine:
             await route.aclose()
 
     def route_for(self, job: JobContext) -> Route:
+        if job.spec.route in self._given:
+            return self._given[job.spec.route]
         route = self._routes.get(job.route_key)
         if route is None:
             route = self._routes[job.route_key] = create_route(job.spec.route, job.spec.route_options)
