@@ -26,6 +26,7 @@ class _Part:
     name: str  # how errors name it: "classify.yaml template.user" or a file path
     template: jinja2.Template
     variables: dict[str, int]  # variable -> first line that uses it
+    constant: str | None = None  # the text, for a template that uses no variables
 
 
 class MessageTemplate:
@@ -69,16 +70,23 @@ class MessageTemplate:
             ]
             raise TemplateError.from_problems("template", problems)
 
-    def render(self, values: dict[str, Any], row: str) -> list[dict[str, str]]:
-        """Render the messages for one row; `row` names it in errors ("tickets.csv row 7")."""
+    def render(self, values: dict[str, Any], row: Any = None, where: Any = None) -> list[dict[str, str]]:
+        """Render the messages for one row. Errors name the row: `where(row)` if given,
+        else `row` itself ("tickets.csv row 7")."""
         messages = []
         for part in self.parts:
+            if part.constant is not None:  # no variables: rendered once, at compile time
+                messages.append({"role": part.role, "content": part.constant})
+                continue
             try:
                 text = part.template.render(values)
-            except jinja2.UndefinedError as err:
-                raise TemplateError(f"{row}: {part.name} line {_error_line(err, part)}: {err.message}; add the column or fix the template") from None
-            except Exception as err:  # a filter or expression that fails on this row's value
-                raise TemplateError(f"{row}: {part.name} line {_error_line(err, part)}: {type(err).__name__}: {err}") from None
+            except Exception as err:
+                name = where(row) if where is not None else row
+                line = _error_line(err, part)
+                if isinstance(err, jinja2.UndefinedError):
+                    raise TemplateError(f"{name}: {part.name} line {line}: {err.message}; add the column or fix the template") from None
+                # a filter or expression that fails on this row's value
+                raise TemplateError(f"{name}: {part.name} line {line}: {type(err).__name__}: {err}") from None
             messages.append({"role": part.role, "content": text})
         return messages
 
@@ -95,7 +103,8 @@ def _compile(role: str, name: str, source: str) -> _Part:
     for node in ast.find_all(nodes.Name):
         if node.ctx == "load" and node.name in declared:
             lines[node.name] = min(lines.get(node.name, node.lineno), node.lineno)
-    return _Part(role, name, template, lines)
+    constant = template.render() if not declared else None
+    return _Part(role, name, template, lines, constant)
 
 
 def _error_line(err: Exception, part: _Part) -> int | str:

@@ -23,7 +23,7 @@ from lowtide.store.queries import add_event
 from lowtide.store.schema import dispatches
 from lowtide.store.transitions import move_dispatch
 
-FLUSH_EVERY = 2000  # outcomes
+FLUSH_EVERY = 5000  # outcomes
 FLUSH_SECONDS = 1.0  # wall time between commits while a slow route runs
 
 

@@ -62,6 +62,7 @@ class ResultRows:
 
     def chunks(self) -> Iterator[list[dict[str, Any]]]:
         id_col = self.spec.source.id_column
+        want_parsed = bool(self.parsed_fields) or self.whole_parsed
         for chunk in self.source.chunks():
             if self.source_columns is None:  # JSONL: the first chunk's keys
                 self.source_columns = list(dict.fromkeys(k for r in chunk for k in r.values))
@@ -77,7 +78,7 @@ class ResultRows:
                     record[names["state"]] = "not_loaded"
                     out.append(record)
                     continue
-                parsed = json.loads(res.parsed) if res.parsed else None
+                parsed = json.loads(res.parsed) if res.parsed and want_parsed else None
                 record[names["state"]] = res.state
                 record[names["output"]] = res.output
                 for f in self.parsed_fields:
@@ -103,7 +104,7 @@ class ResultRows:
                     cols.custom_id, cols.state, cols.output, cols.parsed, cols.error_code, cols.error_message,
                     cols.input_tokens, cols.output_tokens, cols.attempts, cols.route,
                 ).where(cols.job_id == self.job_id, cols.custom_id.in_(ids[start : start + 900]))  # fmt: skip
-                found.update({r.custom_id: r for r in conn.execute(stmt)})
+                found.update({r.custom_id: r for r in conn.execute(stmt).all()})
         return found
 
 
@@ -119,9 +120,9 @@ def export_results(store: Store, job_name: str, out: str | Path, fmt: str | None
     try:
         writer = _WRITERS[fmt](tmp, rows)
         for chunk in rows.chunks():
+            state_col = rows.result_columns(rows.source_columns or [])["state"]
             for r in chunk:
-                state = r.get(rows.result_columns(rows.source_columns or [])["state"])
-                states[state] = states.get(state, 0) + 1
+                states[r[state_col]] = states.get(r[state_col], 0) + 1
             writer.write(chunk)
             count += len(chunk)
         writer.close()
@@ -171,40 +172,46 @@ class _ParquetWriter:
         self.writer = None
         self.schema = None
 
-    def write(self, chunk: list[dict[str, Any]]) -> None:
+    def _open(self) -> None:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
+        cols = self.rows.source_columns or []
+        if self.rows.source.format == "parquet":  # keep the source's own types
+            src = pq.ParquetFile(self.rows.source.path).schema_arrow
+            fields = [src.field(c) for c in cols]
+            self.native = set(cols)
+        else:
+            fields = [pa.field(c, pa.string()) for c in cols]
+            self.native = set()
+        for name, out in self.rows.result_columns(cols).items():
+            fields.append(pa.field(out, pa.int64() if name in _INT_COLUMNS else pa.string()))
+            if name in _INT_COLUMNS:
+                self.native.add(out)
+        self.schema = pa.schema(fields)
+        self.writer = pq.ParquetWriter(self.path, self.schema)
+
+    def write(self, chunk: list[dict[str, Any]]) -> None:
+        import pyarrow as pa
+
         if self.writer is None:
-            cols = self.rows.source_columns or []
-            if self.rows.source.format == "parquet":
-                src = pq.ParquetFile(self.rows.source.path).schema_arrow
-                fields = [src.field(c) for c in cols]
-            else:
-                fields = [pa.field(c, pa.string()) for c in cols]
-            for name, out in self.rows.result_columns(cols).items():
-                fields.append(pa.field(out, pa.int64() if name in _INT_COLUMNS else pa.string()))
-            self.schema = pa.schema(fields)
-            self.writer = pq.ParquetWriter(self.path, self.schema)
-        native = self.rows.source.format == "parquet"
-        int_cols = {f.name for f in self.schema if pa.types.is_integer(f.type)}
-        records = [
-            {
-                f.name: (v if native and f.name in (self.rows.source_columns or []) else
-                         v if f.name in int_cols or v is None or isinstance(v, str) else
-                         json.dumps(v, ensure_ascii=False) if isinstance(v, dict | list) else str(v))
-                for f in self.schema
-                for v in [r.get(f.name)]
-            }
-            for r in chunk
-        ]  # fmt: skip
-        self.writer.write_table(pa.Table.from_pylist(records, schema=self.schema))
+            self._open()
+        columns = {}
+        for f in self.schema:
+            values = [r.get(f.name) for r in chunk]
+            if f.name not in self.native:
+                values = [v if v is None or v.__class__ is str else _text(v) for v in values]
+            columns[f.name] = values
+        self.writer.write_table(pa.Table.from_pydict(columns, schema=self.schema))
 
     def close(self) -> None:
         if self.writer is None:  # an empty source still gets a valid file
-
-            self.write([])
+            self._open()
         self.writer.close()
+
+
+def _text(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False) if isinstance(value, dict | list) else str(value)
 
 
 _WRITERS = {"csv": _CsvWriter, "jsonl": _JsonlWriter, "parquet": _ParquetWriter}

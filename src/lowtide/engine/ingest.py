@@ -20,6 +20,7 @@ from lowtide.core.states import JobState, RequestState
 from lowtide.core.types import Outcome
 from lowtide.engine.context import JobContext
 from lowtide.engine.policy import retry_delay
+from lowtide.store.bulk import executemany
 from lowtide.store.schema import attempts, requests
 from lowtide.store.transitions import settle_dispatched
 
@@ -124,7 +125,7 @@ def apply_outcomes(
         settle_dispatched(conn, target, rows, _COLUMNS)
     if attempt_rows:
         insert = (postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert)(attempts)
-        conn.execute(insert.on_conflict_do_nothing(index_elements=["request_id", "dispatch_id"]), attempt_rows)
+        executemany(conn, insert.on_conflict_do_nothing(index_elements=["request_id", "dispatch_id"]), attempt_rows)
     return counts
 
 

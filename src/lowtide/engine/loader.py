@@ -22,12 +22,14 @@ from lowtide.core.spec import JobSpec
 from lowtide.core.states import JobState, RequestState
 from lowtide.core.templates import MessageTemplate
 from lowtide.routes import create_route
+from lowtide.store.bulk import executemany
 from lowtide.store.db import Store
 from lowtide.store.queries import add_event, save_job
 from lowtide.store.schema import jobs, requests
 from lowtide.store.transitions import move_job
 
 MAX_PROBLEMS = 1000
+_dumps = json.JSONEncoder(ensure_ascii=False).encode
 _staging = Table(
     "lowtide_load",
     MetaData(),
@@ -65,32 +67,35 @@ class _RowRenderer:
             self.base["response_schema"] = spec.response_schema
         if spec.effective_choices:
             self.base["choices"] = spec.effective_choices
+        self.prefix = _dumps(self.base)[:-1] + ', "messages": '
 
     def __call__(self, row: SourceRow) -> dict | str:
-        where = row.where(self.source.path)
-        key = row.values.get(self.id_column)
-        if key is None or str(key).strip() == "":
-            what = "is empty" if self.id_column in row.values else "is missing"
-            return f'{where}: id column "{self.id_column}" {what}; every row needs a unique id (source.id_column)'
-        key = str(key).strip()
+        values = row.values
+        key = values.get(self.id_column)
+        if key is None or (key := str(key).strip()) == "":
+            what = "is empty" if self.id_column in values else "is missing"
+            return f'{self.where(row)}: id column "{self.id_column}" {what}; every row needs a unique id (source.id_column)'
         for var, used_at in self.required.items():
-            value = row.values.get(var, ...)  # a missing key is the template's error to name
-            if value is None or (isinstance(value, str) and not value.strip()):
+            value = values.get(var, ...)  # a missing key is the template's error to name
+            if value is None or (value.__class__ is str and not value.strip()):
                 return (
-                    f'{where}: column "{var}" is empty; the template uses it ({used_at}). '
+                    f'{self.where(row)}: column "{var}" is empty; the template uses it ({used_at}). '
                     "Fill it in, or list it in source.optional_columns"
                 )
         try:
-            messages = self.template.render(row.values, where)
+            messages = self.template.render(values, row, self.where)
         except Exception as err:  # TemplateError already names row and line
             return str(err)
-        payload = dict(self.base, messages=messages)
         return {
             "custom_id": custom_id_for(key),
             "source_key": key,
             "source_row": row.number,
-            "payload": json.dumps(payload, ensure_ascii=False),
+            # The fixed part of the payload is serialised once per job, not once per row.
+            "payload": self.prefix + _dumps(messages) + "}",
         }
+
+    def where(self, row: SourceRow) -> str:
+        return row.where(self.source.path)
 
 
 def check_job(spec: JobSpec, where: str = "job spec") -> tuple[MessageTemplate, Source]:
@@ -138,8 +143,8 @@ def load_job(
                     good.append(item)
             total += len(chunk)
             if good and not problems:
-                conn.execute(insert_requests, good)
-                conn.execute(_staging.insert(), [{"custom_id": g["custom_id"], "row": g["source_row"]} for g in good])
+                executemany(conn, insert_requests, good)
+                executemany(conn, _staging.insert(), [{"custom_id": g["custom_id"], "row": g["source_row"]} for g in good])
             if on_rows:
                 on_rows(total)
             if len(problems) >= MAX_PROBLEMS:

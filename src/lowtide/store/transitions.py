@@ -18,6 +18,7 @@ from lowtide.core.states import (
     RequestState,
     check_transition,
 )
+from lowtide.store.bulk import executemany
 from lowtide.store.schema import dispatches, jobs, requests
 
 
@@ -71,7 +72,7 @@ def settle_dispatched(
         )
         .values(state=target.value, **{c: bindparam(c) for c in columns})
     )
-    conn.execute(stmt, list(rows))
+    executemany(conn, stmt, rows)
 
 
 def move_dispatch(

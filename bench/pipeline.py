@@ -1,0 +1,102 @@
+"""The whole pipeline on the `echo` route: render → persist → execute → ingest → export.
+
+    .venv/bin/python bench/pipeline.py            # 100,000 requests
+    .venv/bin/python bench/pipeline.py --big      # 1,000,000 requests
+    .venv/bin/python bench/pipeline.py --n 20000 --db postgresql://postgres@127.0.0.1/test
+
+Prints each phase's wall time, requests/s and the process's peak RSS. Runs in a temporary
+folder (SQLite store by default) that is removed afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import csv
+import resource
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from lowtide.core.clock import SystemClock
+from lowtide.core.spec import build_spec
+from lowtide.engine.export import export_results
+from lowtide.engine.loader import load_job
+from lowtide.engine.runner import drive
+from lowtide.engine.tick import Engine
+from lowtide.store.db import Store
+
+WORDS = "invoice refund login password delivery parcel crash error upgrade plan seat export".split()
+
+
+def make_source(path: Path, n: int) -> None:
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["ticket_id", "channel", "body"])
+        for i in range(n):
+            body = " ".join(WORDS[(i * 7 + k) % len(WORDS)] for k in range(12))
+            w.writerow([f"t{i:07d}", ("email", "chat", "web")[i % 3], f"Customer {i} writes: {body}."])
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--n", type=int, default=100_000)
+    parser.add_argument("--big", action="store_true", help="1,000,000 requests")
+    parser.add_argument("--db", help="store location (default: a SQLite file in the temp folder)")
+    args = parser.parse_args()
+    n = 1_000_000 if args.big else args.n
+
+    tmp = Path(tempfile.mkdtemp(prefix="lowtide-bench-"))
+    try:
+        source = tmp / "tickets.csv"
+        make_source(source, n)
+        rss_start = peak_rss_mb()
+        spec = build_spec(
+            {
+                "name": "bench",
+                "source": {"path": str(source), "id_column": "ticket_id"},
+                "template": {"system": "Classify the ticket.", "user": "Channel: {{ channel }}\n{{ body }}"},
+                "model": "echo",
+                "route": "echo",
+                "choices": ["billing", "technical", "account", "shipping", "feedback"],
+            }
+        )
+        store = Store(args.db or str(tmp / "bench.db"))
+        phases: dict[str, float] = {}
+
+        t = time.perf_counter()
+        report = load_job(store, spec, SystemClock())
+        phases["render + persist"] = time.perf_counter() - t
+
+        async def run() -> None:
+            async with Engine(store) as engine:
+                status = await drive(engine, "bench")
+            assert status.counts == {"succeeded": n}, status.counts
+
+        t = time.perf_counter()
+        asyncio.run(run())
+        phases["execute + ingest"] = time.perf_counter() - t
+
+        t = time.perf_counter()
+        exported = export_results(store, "bench", tmp / "results.parquet")
+        phases["export (parquet)"] = time.perf_counter() - t
+        assert exported.rows == n == report.new
+        store.close()
+
+        total = sum(phases.values())
+        print(f"pipeline on echo: {n:,} requests, store {args.db or 'SQLite file'}")
+        for name, secs in phases.items():
+            print(f"  {name:<18} {secs:7.2f} s  {n / secs:>10,.0f} req/s")
+        print(f"  {'total':<18} {total:7.2f} s  {n / total:>10,.0f} req/s")
+        print(f"  peak RSS {peak_rss_mb():.0f} MB (interpreter and imports before the run: {rss_start:.0f} MB)")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
