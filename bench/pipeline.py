@@ -27,7 +27,7 @@ from lowtide.engine.runner import drive
 from lowtide.engine.tick import Engine
 from lowtide.store.db import Store
 
-WORDS = "invoice refund login password delivery parcel crash error upgrade plan seat export".split()
+WORDS = ["invoice", "refund", "login", "password", "delivery", "parcel", "crash", "error", "upgrade", "plan", "seat", "export"]
 
 
 def make_source(path: Path, n: int) -> None:

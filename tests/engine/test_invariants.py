@@ -39,13 +39,13 @@ class StoreProbe:
         self.inner.check_model(model)
 
     def _assert_stored(self, batch, dispatch_states):
-        with Store(self.location) as other:  # another connection: sees only committed rows
-            with other.begin() as conn:
-                rows = conn.execute(
-                    sa.select(requests.c.custom_id, requests.c.state, dispatches.c.state)
-                    .join(dispatches, dispatches.c.id == requests.c.dispatch_id)
-                    .where(requests.c.custom_id.in_([r.custom_id for r in batch]))
-                ).all()
+        # Another connection: it sees only committed rows.
+        with Store(self.location) as other, other.begin() as conn:
+            rows = conn.execute(
+                sa.select(requests.c.custom_id, requests.c.state, dispatches.c.state)
+                .join(dispatches, dispatches.c.id == requests.c.dispatch_id)
+                .where(requests.c.custom_id.in_([r.custom_id for r in batch]))
+            ).all()
         assert len(rows) == len(batch)
         for _cid, state, dispatch_state in rows:
             assert state == RequestState.DISPATCHED

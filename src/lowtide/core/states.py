@@ -91,4 +91,4 @@ def check_transition(table: dict, current: str, target: str) -> None:
     """Raise ValueError if `current → target` is not in `table`."""
     allowed = table.get(current)
     if allowed is None or target not in allowed:
-        raise ValueError(f"illegal state transition {current!r} → {target!r}")
+        raise ValueError(f"illegal state transition '{current}' → '{target}'")

@@ -1,0 +1,58 @@
+# make demo  — set everything up and run examples/classify-tickets.yaml on the embedded model
+# make test  — set everything up (with test extras) and run the whole test suite
+#
+# The embedded model runs on llama-cpp-python, built here from source with flags that are
+# safe on every x86-64 CPU (the default native build crashes on CPUs with AMX). The wheel is
+# built once per flag set into ~/.cache/lowtide/wheels and reused; pip's own cache is never
+# used for it, so a wheel built with other flags cannot sneak back in. The first build takes
+# about 5-8 minutes on 2 cores.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+LLAMA_VERSION := 0.3.36
+LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
+LLAMA_KEY := $(shell printf '%s %s' '$(LLAMA_VERSION)' '$(LLAMA_CMAKE_ARGS)' | sha1sum | cut -c1-12)
+WHEELS := $(HOME)/.cache/lowtide/wheels/llama-cpp-python-$(LLAMA_KEY)
+LLAMA_STAMP := $(VENV)/.llama-$(LLAMA_KEY)
+
+.PHONY: demo test install install-test bench lint clean
+
+demo: install
+	$(BIN)/lowtide run examples/classify-tickets.yaml
+	$(BIN)/lowtide results classify-tickets --out examples/results/classify-tickets.csv --compare gold
+
+test: install-test
+	$(BIN)/python -m pytest
+
+bench: install
+	$(BIN)/python bench/pipeline.py
+	$(BIN)/python bench/local.py
+
+lint: install-test
+	$(BIN)/ruff check src tests bench
+	$(PYTHON) ../shared/tools/layers.py . || $(BIN)/python ../shared/tools/layers.py .
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+$(LLAMA_STAMP): | $(BIN)/python
+	@if ! ls $(WHEELS)/llama_cpp_python-$(LLAMA_VERSION)-*.whl >/dev/null 2>&1; then \
+		echo "building llama-cpp-python $(LLAMA_VERSION) (once, ~5-8 min on 2 cores)"; \
+		mkdir -p $(WHEELS).tmp && \
+		CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/pip wheel --no-cache-dir --no-deps \
+			--wheel-dir $(WHEELS).tmp llama-cpp-python==$(LLAMA_VERSION) && \
+		rm -rf $(WHEELS) && mv $(WHEELS).tmp $(WHEELS); \
+	fi
+	$(BIN)/pip install --quiet --force-reinstall --no-deps $(WHEELS)/llama_cpp_python-$(LLAMA_VERSION)-*.whl
+	touch $@
+
+install: $(LLAMA_STAMP)
+	$(BIN)/pip install --quiet -e ".[local,pandas]"
+
+install-test: $(LLAMA_STAMP)
+	$(BIN)/pip install --quiet -e ".[local,test]"
+
+clean:
+	rm -rf $(VENV) lowtide.db lowtide.db-wal lowtide.db-shm examples/results

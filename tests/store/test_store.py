@@ -1,0 +1,90 @@
+"""The store itself, on SQLite and PostgreSQL: migrations, transitions, refusal of newer stores."""
+
+from __future__ import annotations
+
+import pytest
+import sqlalchemy as sa
+
+from lowtide.core.errors import StoreError
+from lowtide.core.states import (
+    DISPATCH_TRANSITIONS,
+    REQUEST_TRANSITIONS,
+    TERMINAL_DISPATCH_STATES,
+    DispatchState,
+    RequestState,
+)
+from lowtide.store.db import Store, to_url
+from lowtide.store.migrations import MIGRATIONS
+from lowtide.store.schema import migrations, requests
+from lowtide.store.transitions import move_dispatch, move_requests, request_sources
+
+
+def test_migration_names_are_unique_and_ordered():
+    names = [name for name, _ in MIGRATIONS]
+    assert len(names) == len(set(names))
+    assert names == sorted(names)
+    assert all(name.startswith(f"m{i + 1:03d}_") for i, name in enumerate(names))
+
+
+def test_opening_applies_every_migration_once(store):
+    with store.begin() as conn:
+        applied = list(conn.scalars(sa.select(migrations.c.name)))
+    assert applied == [name for name, _ in MIGRATIONS]
+    reopened = Store(store.location)  # opening again applies nothing new
+    with reopened.begin() as conn:
+        assert list(conn.scalars(sa.select(migrations.c.name))) == applied
+    reopened.close()
+
+
+def test_a_store_from_a_newer_release_is_refused(sqlite_store):
+    with sqlite_store.begin() as conn:
+        conn.execute(migrations.insert().values(name="m999_from_the_future", applied_at=0.0))
+    with pytest.raises(StoreError, match="newer lowtide.*m999_from_the_future"):
+        Store(sqlite_store.location)
+
+
+def test_sqlite_store_uses_wal(sqlite_store):
+    with sqlite_store.begin() as conn:
+        assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+
+
+def test_urls_and_paths():
+    assert to_url("postgresql://u@h/db") == "postgresql+psycopg://u@h/db"
+    assert to_url("some/file.db").startswith("sqlite:////")
+    s = Store.__new__(Store)
+    s.location, s.is_sqlite = "postgresql://u:secret@h/db", False
+    assert "secret" not in s.describe()
+
+
+def test_an_unreachable_database_is_a_clear_error():
+    with pytest.raises(StoreError, match="cannot open the store"):
+        Store("postgresql://nobody@127.0.0.1:1/none")
+
+
+def test_transition_tables_are_closed_and_terminal_states_are_final():
+    for table, enum in ((REQUEST_TRANSITIONS, RequestState), (DISPATCH_TRANSITIONS, DispatchState)):
+        assert set(table) == set(enum)
+        for targets in table.values():
+            assert targets <= set(enum)
+    assert REQUEST_TRANSITIONS[RequestState.SUCCEEDED] == frozenset()
+    for state in TERMINAL_DISPATCH_STATES:
+        assert DISPATCH_TRANSITIONS[state] == frozenset()
+
+
+def test_illegal_transitions_are_refused(store):
+    with pytest.raises(ValueError, match="illegal state transition 'succeeded' → 'pending'"):
+        request_sources(RequestState.PENDING, only=[RequestState.SUCCEEDED])
+    with store.begin() as conn, pytest.raises(ValueError, match="'ended' → 'submitted'"):
+        move_dispatch(conn, 1, DispatchState.ENDED, DispatchState.SUBMITTED)
+
+
+def test_move_requests_only_touches_rows_in_a_legal_source_state(store, clock, tmp_path):
+    from lowtide.engine.loader import load_job
+    from tests.conftest import make_spec, ticket_rows, write_csv
+
+    load_job(store, make_spec(write_csv(tmp_path / "t.csv", ticket_rows(3))), clock)
+    with store.begin() as conn:
+        # pending -> succeeded is not a legal move: nothing changes.
+        assert move_requests(conn, RequestState.SUCCEEDED, requests.c.job_id == 1) == 0
+        assert move_requests(conn, RequestState.CANCELLED, requests.c.job_id == 1) == 3
+        assert set(conn.scalars(sa.select(requests.c.state))) == {"cancelled"}
