@@ -149,17 +149,16 @@ def results(
 
 def _print_accuracy(path: Path, column: str, spec: JobSpec) -> None:
     """Share of rows whose answer equals the expected column, per expected value."""
-    import csv
-
     from lowtide.core.sources import Source
 
     source = Source(path)
-    if source.columns is not None and column not in source.columns:
-        console.print(f'lowtide: --compare: no column "{column}" in the results; columns are: {", ".join(source.columns)}')
-        raise typer.Exit(EXIT_USAGE)
-    answer_col = "lowtide_output" if "lowtide_output" in (source.columns or []) else "output"
     per: dict[str, list[int]] = {}
     for chunk in source.chunks():
+        columns = source.columns or list(chunk[0].values)
+        if column not in columns:
+            console.print(f'lowtide: --compare: no column "{column}" in the results; columns are: {", ".join(columns)}')
+            raise typer.Exit(EXIT_USAGE)
+        answer_col = "lowtide_output" if "lowtide_output" in columns else "output"
         for row in chunk:
             gold = str(row.values.get(column, "")).strip()
             got = str(row.values.get(answer_col) or "").strip()
@@ -177,7 +176,6 @@ def _print_accuracy(path: Path, column: str, spec: JobSpec) -> None:
     if spec.effective_choices:
         table.caption = f"chance level with {len(spec.effective_choices)} choices: {1 / len(spec.effective_choices):.0%}"
     out.print(table)
-    _ = csv  # results files of any format are read through Source
 
 
 def cancel(job: JobName) -> None:
@@ -192,6 +190,9 @@ def cancel(job: JobName) -> None:
             n = cancel_job(store, job, SystemClock())
     except LowtideError as err:
         raise fail(err) from None
+    if n == 0:
+        console.print(f"nothing to cancel: {job} has no unfinished requests")
+        return
     console.print(f"cancelled {n} request(s) of {job}; run `lowtide tick` or a worker to collect batches in flight")
 
 

@@ -49,7 +49,12 @@ class Source:
                     header = next(csv.reader(f), None)
                 if not header:
                     raise SourceError(f"{self.path}: empty file; a CSV source needs a header row")
-                return [h.strip() for h in header]
+                columns = [h.strip() for h in header]
+                repeated = sorted({c for c in columns if columns.count(c) > 1})
+                if repeated:
+                    names = ", ".join(f'"{c}"' for c in repeated)
+                    raise SourceError(f"{self.path.name} line 1: the header names {names} more than once; give each column its own name")
+                return columns
             if self.format == "parquet":
                 import pyarrow.parquet as pq
 
@@ -72,7 +77,12 @@ class Source:
                 if len(chunk) >= size:
                     yield chunk
                     chunk = []
-        except (OSError, UnicodeDecodeError) as err:
+        except UnicodeDecodeError:
+            line, col = _first_bad_utf8(self.path)
+            raise SourceError(
+                f"{self.path.name} line {line}, column {col}: not UTF-8 text; save the file as UTF-8"
+            ) from None
+        except OSError as err:
             raise SourceError(f"{self.path}: cannot read ({_reason(err)})") from None
         if chunk:
             yield chunk
@@ -98,7 +108,7 @@ class Source:
                 line = reader.line_num + 1
 
     def _jsonl(self) -> Iterator[SourceRow]:
-        with self.path.open(encoding="utf-8") as f:
+        with self.path.open(encoding="utf-8-sig") as f:
             number = 0
             for lineno, text in enumerate(f, start=1):
                 if not text.strip():
@@ -120,6 +130,18 @@ class Source:
             for values in batch.to_pylist():
                 number += 1
                 yield SourceRow(number, None, values)
+
+
+def _first_bad_utf8(path: Path) -> tuple[int, int]:
+    """Line and column (1-based) of the first byte that is not UTF-8. The decoder reads in
+    blocks, so the error it raises does not say where in the file the bad byte is."""
+    with path.open("rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                return lineno, err.start + 1
+    return 0, 0
 
 
 def _reason(err: Exception) -> str:

@@ -154,7 +154,11 @@ def load_spec(path: str | Path) -> JobSpec:
     if not isinstance(data, dict):
         raise SpecError(f"{path}: a job spec is a YAML mapping with keys name, source, template, model, route")
     data.setdefault("base_dir", str(path.parent.resolve()))
-    return build_spec(data, where=str(path), lines=_key_lines(node))
+    try:
+        lines = _key_lines(node)
+    except SpecError as err:
+        raise SpecError(f"{path} {err}") from None
+    return build_spec(data, where=str(path), lines=lines)
 
 
 def build_spec(data: dict[str, Any], where: str = "job spec", lines: dict | None = None) -> JobSpec:
@@ -200,6 +204,11 @@ def _key_lines(node: yaml.Node | None, prefix: tuple[str, ...] = ()) -> dict[tup
     if isinstance(node, yaml.MappingNode):
         for key, value in node.value:
             path = (*prefix, str(key.value))
+            if path in lines:  # YAML would silently keep the last one
+                raise SpecError(
+                    f"line {key.start_mark.line + 1}: key `{'.'.join(path)}` is given twice "
+                    f"(first on line {lines[path]}); keep one"
+                )
             lines[path] = key.start_mark.line + 1
             lines.update(_key_lines(value, path))
     elif isinstance(node, yaml.SequenceNode):

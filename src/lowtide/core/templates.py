@@ -17,7 +17,13 @@ from jinja2 import meta, nodes
 from lowtide.core.errors import TemplateError
 from lowtide.core.spec import JobSpec
 
-_ENV = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=False)
+# finalize: a null value (JSONL, Parquet) renders as "", as an empty CSV cell does, not "None".
+_ENV = jinja2.Environment(
+    undefined=jinja2.StrictUndefined,
+    autoescape=False,
+    keep_trailing_newline=False,
+    finalize=lambda value: "" if value is None else value,
+)
 
 
 @dataclass(slots=True)

@@ -82,6 +82,8 @@ def cancel_job(store: Store, name: str, clock: Clock) -> int:
     now = clock.now()
     with store.begin() as conn:
         job = get_job(conn, name)
+        if job.state != JobState.ACTIVE:  # finished or already cancelled: nothing left to stop
+            return 0
         move_job(conn, job.id, JobState.CANCELLED, updated_at=now)
         values = {"error_code": "cancelled", "error_message": "cancelled by the user", "updated_at": now}
         n = move_requests(

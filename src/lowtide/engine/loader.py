@@ -15,7 +15,7 @@ from sqlalchemy import Column, Connection, Integer, MetaData, String, Table, fun
 from sqlalchemy.dialects import postgresql, sqlite
 
 from lowtide.core.clock import Clock
-from lowtide.core.errors import SourceError
+from lowtide.core.errors import RouteError, SourceError, SpecError, UnknownRouteError
 from lowtide.core.ids import custom_id_for
 from lowtide.core.sources import Source, SourceRow
 from lowtide.core.spec import JobSpec
@@ -60,6 +60,7 @@ class _RowRenderer:
         self.source = source
         self.id_column = spec.source.id_column
         self.required = {v: w for v, w in template.variables.items() if v not in spec.source.optional_columns}
+        self.optional = dict.fromkeys(spec.source.optional_columns)
         self.base = {"model": spec.model, "max_tokens": spec.params.max_tokens, "temperature": spec.params.temperature}
         if spec.params.stop:
             self.base["stop"] = spec.params.stop
@@ -75,6 +76,10 @@ class _RowRenderer:
         if key is None or (key := str(key).strip()) == "":
             what = "is empty" if self.id_column in values else "is missing"
             return f'{self.where(row)}: id column "{self.id_column}" {what}; every row needs a unique id (source.id_column)'
+        if not key.isascii() and not _is_utf8(key):
+            return f'{self.where(row)}: id {key!r} in column "{self.id_column}" is not valid Unicode (a lone surrogate); fix the id in the source'
+        if self.optional:  # a row (JSONL) may leave an optional column out altogether
+            values = {**self.optional, **values}
         for var, used_at in self.required.items():
             value = values.get(var, ...)  # a missing key is the template's error to name
             if value is None or (value.__class__ is str and not value.strip()):
@@ -98,10 +103,23 @@ class _RowRenderer:
         return row.where(self.source.path)
 
 
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def check_job(spec: JobSpec, where: str = "job spec") -> tuple[MessageTemplate, Source]:
     """Everything about a job that can be checked without reading its rows."""
     template = MessageTemplate.from_spec(spec, where)
-    create_route(spec.route, spec.route_options).check_model(spec.model)
+    try:
+        create_route(spec.route, spec.route_options).check_model(spec.model)
+    except UnknownRouteError:
+        raise
+    except RouteError as err:  # a wrong model or option is a problem with the spec
+        raise SpecError(f"{where}: {err}") from None
     source = Source(spec.resolve(spec.source.path), spec.source.format)
     if source.columns is not None:
         if spec.source.id_column not in source.columns:
@@ -142,14 +160,16 @@ def load_job(
                     item.update(job_id=job_id, state=RequestState.PENDING.value, attempts=0, not_before=0.0)
                     good.append(item)
             total += len(chunk)
-            if good and not problems:
-                executemany(conn, insert_requests, good)
+            if good:
+                # Ids are staged even after a problem, so duplicates are reported with the rest.
                 executemany(conn, _staging.insert(), [{"custom_id": g["custom_id"], "row": g["source_row"]} for g in good])
+                if not problems:
+                    executemany(conn, insert_requests, good)
             if on_rows:
                 on_rows(total)
             if len(problems) >= MAX_PROBLEMS:
                 break
-        problems.extend(_duplicates(conn, source, spec.source.id_column) if not problems else [])
+        problems.extend(_duplicates(conn, source, spec.source.id_column))
         if problems:
             raise SourceError.from_problems(f"{source.path}: refused, nothing was stored", problems)
         _staging.drop(conn)

@@ -1,0 +1,135 @@
+"""Templates: variables with their lines, strict undefined, system + user, file templates."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from lowtide.core.errors import InputError, TemplateError
+from lowtide.core.spec import build_spec
+from lowtide.core.templates import MessageTemplate, template_source_path
+
+
+def spec(template: dict[str, Any], base_dir: str = ".") -> Any:
+    return build_spec(
+        {
+            "name": "t",
+            "source": {"path": "t.csv", "id_column": "id"},
+            "template": template,
+            "model": "m",
+            "route": "echo",
+            "base_dir": base_dir,
+        }
+    )
+
+
+def test_variables_with_their_first_line():
+    t = MessageTemplate.from_spec(
+        spec({"system": "You sort {{ kind }} tickets.", "user": "Subject: {{ subject }}\n\n{{ body }}\n{{ subject }}"}),
+        where="job.yaml",
+    )
+    assert t.variables == {
+        "kind": "job.yaml template.system line 1",
+        "subject": "job.yaml template.user line 1",
+        "body": "job.yaml template.user line 3",
+    }
+
+
+def test_loop_and_set_variables_are_not_columns():
+    t = MessageTemplate.from_spec(
+        spec({"user": "{% set n = 2 %}{% for tag in tags.split(',') %}{{ loop.index }}{{ tag }}{{ n }}{% endfor %}\n{{ range(3) | list }}"})
+    )
+    assert set(t.variables) == {"tags"}
+
+
+def test_system_and_user_messages_in_order():
+    t = MessageTemplate.from_spec(spec({"system": "Sort {{ kind }}.", "user": "Ticket {{ id }}: {{ body }}"}))
+    assert t.render({"kind": "support", "id": "T1", "body": "hello"}, "t.csv row 1") == [
+        {"role": "system", "content": "Sort support."},
+        {"role": "user", "content": "Ticket T1: hello"},
+    ]
+
+
+def test_user_only_and_no_autoescape():
+    t = MessageTemplate.from_spec(spec({"user": "{{ body }}"}))
+    assert t.render({"body": "<b>&</b>"}, "r") == [{"role": "user", "content": "<b>&</b>"}]
+
+
+def test_undefined_variable_is_an_error_naming_row_template_and_line():
+    t = MessageTemplate.from_spec(spec({"user": "Ticket:\n\n{{ body }}"}), where="job.yaml")
+    with pytest.raises(TemplateError) as info:
+        t.render({"other": "x"}, "t.jsonl row 4 (line 6)")
+    msg = str(info.value)
+    assert msg.startswith("t.jsonl row 4 (line 6): job.yaml template.user line 3:")
+    assert "'body' is undefined" in msg and "add the column or fix the template" in msg
+
+
+def test_strict_undefined_also_refuses_tests_and_attributes():
+    t = MessageTemplate.from_spec(spec({"user": "{% if body %}{{ body }}{% endif %}"}))
+    with pytest.raises(TemplateError, match="'body' is undefined"):
+        t.render({}, "r")
+    t = MessageTemplate.from_spec(spec({"user": "{{ row.missing }}"}))
+    with pytest.raises(TemplateError, match="has no attribute 'missing'"):
+        t.render({"row": {"a": 1}}, "r")
+
+
+def test_a_filter_that_fails_on_a_value_names_row_and_line():
+    t = MessageTemplate.from_spec(spec({"user": "ok\n{{ n | int // zero }}"}))
+    with pytest.raises(TemplateError) as info:
+        t.render({"n": "4", "zero": 0}, "t.csv row 9")
+    assert str(info.value).startswith("t.csv row 9: job spec template.user line 2: ZeroDivisionError")
+
+
+def test_syntax_error_names_template_and_line():
+    with pytest.raises(TemplateError) as info:
+        MessageTemplate.from_spec(spec({"system": "fine", "user": "a\nb\n{% for x in xs %}{{ x }}"}), where="job.yaml")
+    err = info.value
+    assert isinstance(err, InputError)
+    assert str(err).startswith("job.yaml template.user line 3: template syntax error:")
+
+
+def test_check_columns_lists_every_missing_variable():
+    t = MessageTemplate.from_spec(spec({"system": "{{ kind }}", "user": "{{ body }}\n{{ subjet }}"}))
+    t.check_columns(["kind", "body", "subjet"], "t.csv")
+    with pytest.raises(TemplateError) as info:
+        t.check_columns(["id", "body"], "t.csv")
+    err = info.value
+    assert len(err.problems) == 2
+    assert 'template.system line 1 uses "kind", but t.csv has no such column; columns are: id, body' in str(err)
+    assert 'template.user line 2 uses "subjet", but t.csv has no such column' in str(err)
+
+
+def test_file_templates_resolve_against_base_dir(tmp_path):
+    (tmp_path / "prompts").mkdir()
+    (tmp_path / "prompts" / "user.j2").write_text("Ticket {{ id }}\n\n{{ body }}\n", encoding="utf-8")
+    (tmp_path / "prompts" / "system.j2").write_text("You are {{ role }}.", encoding="utf-8")
+    s = spec({"system_file": "prompts/system.j2", "user_file": "prompts/user.j2"}, base_dir=str(tmp_path))
+    t = MessageTemplate.from_spec(s)
+    assert template_source_path(s) == tmp_path / "prompts" / "user.j2"
+    user_path = str(tmp_path / "prompts" / "user.j2")
+    assert t.variables["body"] == f"{user_path} line 3"
+    assert t.variables["role"] == f"{tmp_path / 'prompts' / 'system.j2'} line 1"
+    messages = t.render({"id": "T1", "body": "hi", "role": "a sorter"}, "r")
+    assert messages == [
+        {"role": "system", "content": "You are a sorter."},
+        {"role": "user", "content": "Ticket T1\n\nhi"},  # the file's last newline is dropped
+    ]
+    with pytest.raises(TemplateError) as info:
+        t.render({"id": "T1", "role": "x"}, "r")
+    assert str(info.value).startswith(f"r: {user_path} line 3: 'body' is undefined")
+
+
+def test_missing_template_file_names_the_path_and_key(tmp_path):
+    s = spec({"user_file": "nope.j2"}, base_dir=str(tmp_path))
+    with pytest.raises(TemplateError) as info:
+        MessageTemplate.from_spec(s)
+    msg = str(info.value)
+    assert str(tmp_path / "nope.j2") in msg and "cannot read template" in msg and "template.user_file" in msg
+    assert template_source_path(spec({"user": "x"})) is None
+
+
+def test_inline_template_with_system_file(tmp_path):
+    (tmp_path / "sys.j2").write_text("S {{ a }}", encoding="utf-8")
+    t = MessageTemplate.from_spec(spec({"system_file": "sys.j2", "user": "U {{ b }}"}, base_dir=str(tmp_path)))
+    assert [m["content"] for m in t.render({"a": 1, "b": 2}, "r")] == ["S 1", "U 2"]

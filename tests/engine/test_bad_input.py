@@ -1,0 +1,492 @@
+"""DESIGN invariant 7: bad input is refused before anything is submitted, with a message that
+names the file, the row, the field and the fix; and nothing already in the store changes.
+
+The "nothing changes" tests first run a good job to the end, snapshot every row of the
+store's tables, then make a bad load of the *same* job raise and compare the snapshot.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from lowtide.core.errors import (
+    InputError,
+    SourceError,
+    SpecError,
+    TemplateError,
+    UnknownRouteError,
+)
+from lowtide.core.ids import custom_id_for
+from lowtide.core.spec import JobSpec, build_spec, load_spec
+from lowtide.engine.export import export_results
+from lowtide.engine.loader import load_job
+from lowtide.store.schema import attempts, dispatches, events, jobs, requests
+from tests.conftest import drive_to_end, ticket_rows, write_csv
+
+COLUMNS = ["ticket_id", "channel", "body", "gold"]
+TABLES = (jobs, requests, attempts, dispatches, events)
+
+
+def spec_for(path: Path, **overrides: Any) -> JobSpec:
+    """A job spec over `path`; dict overrides are merged one level deep (`source` too)."""
+    data: dict[str, Any] = {
+        "name": "tickets",
+        "source": {"path": str(path), "id_column": "ticket_id"},
+        "template": {"system": "Classify the ticket.", "user": "Ticket: {{ body }}"},
+        "model": "test-model",
+        "route": "echo",
+    }
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(data.get(key), dict):
+            data[key] = {**data[key], **value}
+        else:
+            data[key] = value
+    return build_spec(data)
+
+
+def snapshot(store) -> dict[str, list[tuple]]:
+    with store.begin() as conn:
+        return {t.name: [tuple(r) for r in conn.execute(sa.select(t).order_by(t.c.id))] for t in TABLES}
+
+
+@pytest.fixture
+def finished(store, clock, tmp_path):
+    """A store holding one finished job "tickets" (10 rows of t.csv); returns its snapshot."""
+    source = write_csv(tmp_path / "t.csv", ticket_rows(10))
+    status = drive_to_end(store, spec_for(source), clock)
+    assert status.counts == {"succeeded": 10}
+    before = snapshot(store)
+    assert len(before["requests"]) == 10 and len(before["attempts"]) == 10
+    return before
+
+
+def refused(store, spec: JobSpec, clock, error: type[Exception] = InputError) -> Exception:
+    with pytest.raises(error) as info:
+        load_job(store, spec, clock)
+    return info.value
+
+
+# 1. unreadable files --------------------------------------------------------------------
+
+
+def test_missing_source_file_is_refused_and_store_unchanged(store, clock, tmp_path, finished):
+    err = refused(store, spec_for(tmp_path / "nope.csv"), clock, SourceError)
+    msg = str(err)
+    assert "nope.csv" in msg and "no such file" in msg and "source.path" in msg
+    assert snapshot(store) == finished
+
+
+def test_directory_as_source_is_refused(sqlite_store, clock, tmp_path):
+    (tmp_path / "data.csv").mkdir()
+    msg = str(refused(sqlite_store, spec_for(tmp_path / "data.csv"), clock, SourceError))
+    assert "data.csv" in msg and "is a folder, not a file" in msg and "source.path" in msg
+
+
+def test_non_utf8_csv_is_refused_with_the_byte_and_the_fix(store, clock, tmp_path, finished):
+    data = b"ticket_id,channel,body,gold\nT1000,email,fine,billing\nT1001,email,caf\xe9,billing\n"
+    (tmp_path / "t.csv").write_bytes(data)  # the good job's own file, now in Latin-1
+    err = refused(store, spec_for(tmp_path / "t.csv"), clock, SourceError)
+    msg = str(err)
+    assert "t.csv" in msg and "not UTF-8" in msg and "save the file as UTF-8" in msg
+    bad = data.index(b"\xe9")
+    assert f"byte {bad}" in msg
+    assert snapshot(store) == finished
+
+
+def test_non_utf8_byte_deep_in_a_large_csv_is_located_correctly(sqlite_store, clock, tmp_path):
+    rows = "".join(f"T{i},email,{'x' * 50},billing\n" for i in range(400))
+    data = f"ticket_id,channel,body,gold\n{rows}".encode() + b"T9999,email,caf\xe9,billing\n"
+    (tmp_path / "t.csv").write_bytes(data)
+    msg = str(refused(sqlite_store, spec_for(tmp_path / "t.csv"), clock, SourceError))
+    # The decoder reads in blocks: its own offset would point into the block, not the file.
+    assert "t.csv line 402, column 16: not UTF-8 text; save the file as UTF-8" in msg
+
+
+# 2. unknown extension -------------------------------------------------------------------
+
+
+def test_unknown_source_extension_lists_the_known_ones(store, clock, tmp_path, finished):
+    (tmp_path / "tickets.xlsx").write_bytes(b"PK\x03\x04 not really a workbook")
+    err = refused(store, spec_for(tmp_path / "tickets.xlsx"), clock, SpecError)
+    msg = str(err)
+    assert "tickets.xlsx" in msg and '".xlsx"' in msg
+    assert ".csv, .jsonl, .ndjson, .parquet" in msg and "format" in msg
+    assert snapshot(store) == finished
+
+
+# 3. id column ---------------------------------------------------------------------------
+
+
+def test_missing_id_column_lists_the_columns(store, clock, tmp_path, finished):
+    rows = [{"id": r["ticket_id"], "channel": r["channel"], "body": r["body"]} for r in ticket_rows(10)]
+    write_csv(tmp_path / "t.csv", rows)
+    msg = str(refused(store, spec_for(tmp_path / "t.csv"), clock, SourceError))
+    assert 'no column "ticket_id"' in msg and "source.id_column" in msg
+    assert "columns are: id, channel, body" in msg
+    assert snapshot(store) == finished
+
+
+def test_empty_ids_report_every_offending_row(store, clock, tmp_path, finished):
+    rows = ticket_rows(12)  # rows 1-10 are the stored ones; 11 and 12 would be new
+    rows[1]["ticket_id"] = ""
+    rows[4]["ticket_id"] = "   "
+    write_csv(tmp_path / "t.csv", rows)
+    err = refused(store, spec_for(tmp_path / "t.csv"), clock, SourceError)
+    assert len(err.problems) == 2
+    msg = str(err)
+    assert "refused, nothing was stored" in msg and "2 problem(s)" in msg
+    assert 't.csv row 2 (line 3): id column "ticket_id" is empty' in msg
+    assert 't.csv row 5 (line 6): id column "ticket_id" is empty' in msg
+    assert "every row needs a unique id (source.id_column)" in msg
+    assert snapshot(store) == finished
+
+
+def test_duplicate_ids_report_every_row_that_shares_one(store, clock, tmp_path, finished):
+    rows = ticket_rows(12)
+    rows[3]["ticket_id"] = rows[6]["ticket_id"] = rows[0]["ticket_id"]  # rows 1, 4, 7
+    rows[9]["ticket_id"] = rows[10]["ticket_id"]  # rows 10, 11
+    write_csv(tmp_path / "t.csv", rows)
+    err = refused(store, spec_for(tmp_path / "t.csv"), clock, SourceError)
+    assert len(err.problems) == 2
+    msg = str(err)
+    assert 't.csv rows 1, 4, 7: duplicate id "T1000" in column "ticket_id"' in msg
+    assert 't.csv rows 10, 11: duplicate id "T1010" in column "ticket_id"' in msg
+    assert "ids must be unique" in msg
+    assert snapshot(store) == finished
+
+
+def test_duplicates_after_trimming_are_duplicates(sqlite_store, clock, tmp_path):
+    rows = ticket_rows(3)
+    rows[2]["ticket_id"] = f" {rows[0]['ticket_id']} "
+    write_csv(tmp_path / "t.csv", rows)
+    msg = str(refused(sqlite_store, spec_for(tmp_path / "t.csv"), clock, SourceError))
+    assert 'rows 1, 3: duplicate id "T1000"' in msg
+
+
+# 6. ids that are not valid custom_ids ---------------------------------------------------
+
+ODD_KEYS = [
+    "ticket 48213",
+    "#42",
+    "café #12",
+    "日本語",
+    "a/b\\c",
+    "x" * 70,
+    "y" * 64,  # valid as it is: the longest allowed
+    "T-1_ok",  # valid as it is
+]
+
+
+def test_odd_ids_are_mapped_and_the_original_key_is_kept(store, clock, tmp_path):
+    rows = [{"ticket_id": k, "channel": "web", "body": f"body {i}", "gold": "billing"} for i, k in enumerate(ODD_KEYS)]
+    source = write_csv(tmp_path / "t.csv", rows)
+    status = drive_to_end(store, spec_for(source), clock)
+    assert status.counts == {"succeeded": len(ODD_KEYS)}
+
+    with store.begin() as conn:
+        stored = dict(conn.execute(sa.select(requests.c.source_key, requests.c.custom_id)).all())
+    assert set(stored) == set(ODD_KEYS)
+    assert len(set(stored.values())) == len(ODD_KEYS)
+    for key, cid in stored.items():
+        assert re.fullmatch(r"[a-zA-Z0-9_-]{1,64}", cid), cid
+        assert cid == custom_id_for(key)
+    assert stored["T-1_ok"] == "T-1_ok" and stored["y" * 64] == "y" * 64
+    assert stored["café #12"].startswith("caf_12-")
+    assert stored["ticket 48213"].startswith("ticket_48213-")
+
+    export_results(store, "tickets", tmp_path / "out.csv")
+    with (tmp_path / "out.csv").open(encoding="utf-8", newline="") as f:
+        out = list(csv.DictReader(f))
+    assert [r["ticket_id"] for r in out] == ODD_KEYS  # unchanged, in source order
+    for r in out:
+        assert r["custom_id"] == stored[r["ticket_id"]]
+        assert r["state"] == "succeeded"
+        assert r["output"] == f"Ticket: {r['body']}"
+
+
+def test_odd_ids_in_jsonl_join_back_after_export(sqlite_store, clock, tmp_path):
+    keys = ["a b", "a_b", 7, "ünï", "a b "]  # "a b " trims to "a b": a duplicate
+    lines = [json.dumps({"ticket_id": k, "body": f"b{i}"}) for i, k in enumerate(keys)]
+    (tmp_path / "t.jsonl").write_text("\n".join(lines[:4]) + "\n", encoding="utf-8")
+    drive_to_end(sqlite_store, spec_for(tmp_path / "t.jsonl"), clock)
+    export_results(sqlite_store, "tickets", tmp_path / "out.jsonl")
+    out = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert [r["ticket_id"] for r in out] == keys[:4]
+    assert [r["output"] for r in out] == [f"Ticket: b{i}" for i in range(4)]
+    assert out[0]["custom_id"] != out[1]["custom_id"] == "a_b"
+
+    (tmp_path / "t.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    msg = str(refused(sqlite_store, spec_for(tmp_path / "t.jsonl"), clock, SourceError))
+    assert f'rows 1, 5: duplicate id "{custom_id_for("a b")}"' in msg
+
+
+def test_jsonl_id_with_a_lone_surrogate_is_refused_cleanly(sqlite_store, clock, tmp_path):
+    (tmp_path / "t.jsonl").write_text('{"ticket_id": "A\\ud800", "body": "x"}\n', encoding="utf-8")
+    msg = str(refused(sqlite_store, spec_for(tmp_path / "t.jsonl"), clock, SourceError))
+    assert "t.jsonl row 1" in msg and "ticket_id" in msg
+
+
+# 7-9. templates -------------------------------------------------------------------------
+
+
+def test_template_syntax_error_names_the_template_and_line(store, clock, tmp_path, finished):
+    spec = spec_for(tmp_path / "t.csv", template={"user": "Ticket:\n{{ body }}\n{% if channel %}web"})
+    with pytest.raises(TemplateError) as info:
+        load_job(store, spec, clock, where="classify.yaml")
+    msg = str(info.value)
+    assert "classify.yaml template.user line 3: template syntax error" in msg
+    assert "endif" in msg  # jinja says what it expected
+    assert snapshot(store) == finished
+
+
+def test_template_file_syntax_error_names_the_file(sqlite_store, clock, tmp_path):
+    write_csv(tmp_path / "t.csv", ticket_rows(3))
+    (tmp_path / "classify.j2").write_text("Ticket: {{ body }}\n\n{{ body | }}\n", encoding="utf-8")
+    spec = spec_for(tmp_path / "t.csv", template={"user": None, "user_file": str(tmp_path / "classify.j2")})
+    msg = str(refused(sqlite_store, spec, clock, TemplateError))
+    assert "classify.j2 line 3: template syntax error" in msg
+
+
+def test_template_variable_without_a_column(store, clock, tmp_path, finished):
+    spec = spec_for(tmp_path / "t.csv", template={"user": "Ticket:\n{{ body }} from {{ chanel }}"})
+    err = refused(store, spec, clock, TemplateError)
+    msg = str(err)
+    assert 'template.user line 2 uses "chanel", but t.csv has no such column' in msg
+    assert "columns are: ticket_id, channel, body, gold" in msg
+    assert snapshot(store) == finished
+
+
+def test_empty_value_in_a_template_column_names_row_column_and_hint(store, clock, tmp_path, finished):
+    rows = ticket_rows(12)
+    rows[2]["body"] = ""
+    rows[11]["body"] = "  "
+    source = write_csv(tmp_path / "t.csv", rows)
+    err = refused(store, spec_for(source), clock, SourceError)
+    assert len(err.problems) == 2
+    msg = str(err)
+    assert 't.csv row 3 (line 4): column "body" is empty; the template uses it' in msg
+    assert "template.user line 1" in msg
+    assert 't.csv row 12 (line 13): column "body" is empty' in msg
+    assert "source.optional_columns" in msg
+    assert snapshot(store) == finished
+
+    # Declaring the column optional makes the same file load, and only the new rows are added.
+    report = load_job(store, spec_for(source, source={"optional_columns": ["body"]}), clock)
+    assert (report.rows, report.new) == (12, 2)
+    with store.begin() as conn:
+        payload = conn.execute(sa.select(requests.c.payload).where(requests.c.custom_id == "T1011")).scalar_one()
+    assert json.loads(payload)["messages"][-1]["content"] == "Ticket:   "
+
+
+def test_jsonl_row_lacking_a_template_key_names_row_line_and_variable(store, clock, tmp_path, finished):
+    lines = [json.dumps({"ticket_id": f"J{i}", "body": f"b{i}"}) for i in range(4)]
+    lines[2] = json.dumps({"ticket_id": "J2", "text": "wrong key"})
+    (tmp_path / "t.jsonl").write_text(lines[0] + "\n\n" + "\n".join(lines[1:]) + "\n", encoding="utf-8")
+    err = refused(store, spec_for(tmp_path / "t.jsonl"), clock, SourceError)
+    assert len(err.problems) == 1
+    msg = str(err)
+    assert "t.jsonl row 3 (line 4)" in msg
+    assert "template.user line 1" in msg and "'body' is undefined" in msg
+    assert "add the column or fix the template" in msg
+    assert snapshot(store) == finished
+
+
+def test_null_optional_value_renders_like_an_empty_csv_cell(sqlite_store, clock, tmp_path):
+    (tmp_path / "t.jsonl").write_text(json.dumps({"ticket_id": "A", "body": "x", "note": None}) + "\n", encoding="utf-8")
+    spec = spec_for(
+        tmp_path / "t.jsonl", source={"optional_columns": ["note"]}, template={"user": "{{ body }}|{{ note }}"}
+    )
+    load_job(sqlite_store, spec, clock)
+    with sqlite_store.begin() as conn:
+        payload = json.loads(conn.execute(sa.select(requests.c.payload)).scalar_one())
+    assert payload["messages"][-1]["content"] == "x|"
+
+
+def test_optional_column_may_be_absent_from_a_jsonl_row(sqlite_store, clock, tmp_path):
+    lines = [json.dumps({"ticket_id": "A", "body": "x", "note": "n"}), json.dumps({"ticket_id": "B", "body": "y"})]
+    (tmp_path / "t.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    spec = spec_for(
+        tmp_path / "t.jsonl", source={"optional_columns": ["note"]}, template={"user": "{{ body }}|{{ note }}"}
+    )
+    assert load_job(sqlite_store, spec, clock).new == 2
+
+
+# 11-12. routes --------------------------------------------------------------------------
+
+
+def test_unknown_route_lists_the_known_routes(store, clock, tmp_path, finished):
+    err = refused(store, spec_for(tmp_path / "t.csv", route="ehco"), clock, UnknownRouteError)
+    assert isinstance(err, InputError)
+    msg = str(err)
+    assert 'unknown route "ehco"' in msg
+    assert "known routes: echo, echo-batch, local" in msg
+    assert "`route:`" in msg
+    assert snapshot(store) == finished
+
+
+def test_unknown_model_on_the_local_route_names_the_model_and_the_option(store, clock, tmp_path, finished):
+    # Building the local route and checking the model never loads llama.cpp.
+    spec = spec_for(tmp_path / "t.csv", route="local", model="gpt-9")
+    with pytest.raises(SpecError) as info:
+        load_job(store, spec, clock)
+    msg = str(info.value)
+    assert '"gpt-9"' in msg and "smollm2-135m-instruct" in msg and "route_options.model_path" in msg
+    assert snapshot(store) == finished
+
+
+def test_local_route_with_a_missing_model_file(sqlite_store, clock, tmp_path):
+    write_csv(tmp_path / "t.csv", ticket_rows(2))
+    spec = spec_for(tmp_path / "t.csv", route="local", model="gpt-9", route_options={"model_path": str(tmp_path / "m.gguf")})
+    with pytest.raises(SpecError, match=r"m\.gguf; fix route_options\.model_path"):
+        load_job(sqlite_store, spec, clock)
+
+
+def test_unknown_route_option_is_refused(sqlite_store, clock, tmp_path):
+    write_csv(tmp_path / "t.csv", ticket_rows(2))
+    with pytest.raises(SpecError, match=r"unknown route_options \['rejects'\]"):
+        load_job(sqlite_store, spec_for(tmp_path / "t.csv", route_options={"rejects": ["T1000"]}), clock)
+
+
+# 13. the spec file ----------------------------------------------------------------------
+
+SPEC_WITH_UNKNOWN_KEYS = """\
+name: tickets
+source:
+  path: t.csv
+  id_column: ticket_id
+  id_colum: ticket_id
+template:
+  user: "Ticket: {{ body }}"
+model: test-model
+route: echo
+retries: 3
+"""
+
+
+def test_spec_unknown_keys_name_file_line_and_known_keys(store, clock, tmp_path, finished):
+    (tmp_path / "job.yaml").write_text(SPEC_WITH_UNKNOWN_KEYS, encoding="utf-8")
+    with pytest.raises(SpecError) as info:
+        load_spec(tmp_path / "job.yaml")
+    err = info.value
+    assert len(err.problems) == 2
+    msg = str(err)
+    path = tmp_path / "job.yaml"
+    assert f"{path}: invalid job spec: 2 problem(s)" in msg
+    assert (
+        f"{path} line 10: unknown key `retries`; known keys here: name, source, template, model, "
+        "route, route_options, params, choices, response_schema, deadline, retry, output, chunk_size"
+    ) in msg
+    assert f"{path} line 5: unknown key `source.id_colum`; known keys here: path, id_column, format, optional_columns" in msg
+    assert "base_dir" not in msg
+    assert snapshot(store) == finished
+
+
+def test_spec_unknown_key_in_an_optional_section(tmp_path):
+    text = SPEC_WITH_UNKNOWN_KEYS.replace("retries: 3\n", "output:\n  path: out.csv\n  compress: true\n")
+    (tmp_path / "job.yaml").write_text(text, encoding="utf-8")
+    with pytest.raises(SpecError, match=r"line 12: unknown key `output.compress`; known keys here: path, format"):
+        load_spec(tmp_path / "job.yaml")
+
+
+def test_spec_missing_and_wrong_values_name_the_line(tmp_path):
+    text = SPEC_WITH_UNKNOWN_KEYS.replace("  id_colum: ticket_id\n", "").replace("retries: 3\n", "params:\n  temperature: 9\n")
+    text = text.replace("  id_column: ticket_id\n", "")
+    (tmp_path / "job.yaml").write_text(text, encoding="utf-8")
+    with pytest.raises(SpecError) as info:
+        load_spec(tmp_path / "job.yaml")
+    msg = str(info.value)
+    assert "line 2: `source.id_column` is required" in msg
+    assert "line 9: `params.temperature`: Input should be less than or equal to 2" in msg
+
+
+def test_spec_invalid_yaml_names_the_line(tmp_path):
+    (tmp_path / "job.yaml").write_text('name: tickets\nsource: {path: t.csv\nmodel: "m"\n', encoding="utf-8")
+    with pytest.raises(SpecError) as info:
+        load_spec(tmp_path / "job.yaml")
+    msg = str(info.value)
+    assert str(tmp_path / "job.yaml") in msg and "not valid YAML" in msg
+    assert re.search(r"job\.yaml line \d+:", msg)
+
+
+def test_spec_that_is_a_list_is_refused(tmp_path):
+    (tmp_path / "job.yaml").write_text("- name: tickets\n- route: echo\n", encoding="utf-8")
+    with pytest.raises(SpecError, match=r"job\.yaml: a job spec is a YAML mapping with keys name, source"):
+        load_spec(tmp_path / "job.yaml")
+
+
+def test_spec_file_missing(tmp_path):
+    with pytest.raises(SpecError, match=r"nope\.yaml: cannot read the job spec"):
+        load_spec(tmp_path / "nope.yaml")
+
+
+# 14-15. rows ----------------------------------------------------------------------------
+
+
+def test_csv_row_with_the_wrong_number_of_fields(store, clock, tmp_path, finished):
+    lines = ["ticket_id,channel,body,gold"] + [f"T{1000 + i},email,ticket {i},billing" for i in range(12)]
+    lines[3] = "T1002,email,refund, please,billing"  # an unquoted comma: 5 fields
+    (tmp_path / "t.csv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    err = refused(store, spec_for(tmp_path / "t.csv"), clock, SourceError)
+    msg = str(err)
+    assert "t.csv row 3 (line 4): has 5 fields, the header has 4" in msg
+    assert "quote values that contain commas" in msg
+    assert snapshot(store) == finished
+
+
+def test_many_bad_rows_are_all_reported(store, clock, tmp_path, finished):
+    rows = ticket_rows(80)
+    for i in (1, 4):
+        rows[i]["ticket_id"] = ""
+    for i in range(20, 80):
+        rows[i]["body"] = ""
+    write_csv(tmp_path / "t.csv", rows)
+    err = refused(store, spec_for(tmp_path / "t.csv"), clock, SourceError)
+    assert len(err.problems) == 62
+    assert sum("id column" in p for p in err.problems) == 2
+    assert sum('column "body" is empty' in p for p in err.problems) == 60
+    assert {int(re.search(r"row (\d+)", p).group(1)) for p in err.problems} == {2, 5, *range(21, 81)}
+    msg = str(err)
+    assert "62 problem(s)" in msg and "… and 12 more" in msg  # the message shows the first 50
+    assert snapshot(store) == finished
+
+
+def test_duplicates_are_reported_alongside_other_problems(sqlite_store, clock, tmp_path):
+    rows = ticket_rows(6)
+    rows[3]["ticket_id"] = rows[0]["ticket_id"]
+    rows[5]["body"] = ""
+    write_csv(tmp_path / "t.csv", rows)
+    err = refused(sqlite_store, spec_for(tmp_path / "t.csv"), clock, SourceError)
+    assert len(err.problems) == 2
+    assert 'rows 1, 4: duplicate id "T1000"' in str(err)
+
+
+def test_a_bad_row_after_a_full_chunk_rolls_back_the_stored_chunk(store, clock, tmp_path, finished):
+    from lowtide.core.sources import CHUNK_ROWS
+
+    rows = ticket_rows(CHUNK_ROWS + 3)  # the first chunk is inserted before the bad row is read
+    rows[-1]["body"] = ""
+    write_csv(tmp_path / "t.csv", rows)
+    err = refused(store, spec_for(tmp_path / "t.csv"), clock, SourceError)
+    assert err.problems == [
+        f't.csv row {CHUNK_ROWS + 3} (line {CHUNK_ROWS + 4}): column "body" is empty; the template uses it '
+        "(job spec template.user line 1). Fill it in, or list it in source.optional_columns"
+    ]
+    assert snapshot(store) == finished
+
+
+def test_bad_spec_change_to_a_stored_job_keeps_the_stored_spec(store, clock, tmp_path, finished):
+    # The job row's spec is rewritten inside the load transaction; a refusal rolls it back.
+    rows = ticket_rows(10)
+    rows[7]["channel"] = ""
+    write_csv(tmp_path / "t.csv", rows)
+    spec = spec_for(tmp_path / "t.csv", model="other-model", template={"user": "{{ channel }}: {{ body }}"})
+    err = refused(store, spec, clock, SourceError)
+    assert 't.csv row 8 (line 9): column "channel" is empty' in str(err)
+    assert snapshot(store) == finished
