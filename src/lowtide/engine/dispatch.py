@@ -65,7 +65,7 @@ def dispatched_requests(conn: Connection, dispatch_id: int) -> list[ChatRequest]
         select(requests.c.custom_id, requests.c.payload, requests.c.repair, requests.c.attempts)
         .where(requests.c.dispatch_id == dispatch_id, requests.c.state == RequestState.DISPATCHED.value)
         .order_by(requests.c.id)
-    )
+    ).all()
     out = []
     for cid, payload, repair, attempt in rows:
         body = json.loads(payload)

@@ -68,7 +68,7 @@ def apply_outcomes(
     ).where(requests.c.job_id == job.id, requests.c.custom_id.in_(ids))  # fmt: skip
     if conn.dialect.name == "postgresql":
         stmt = stmt.with_for_update()
-    current = {r.custom_id: r for r in conn.execute(stmt)}
+    current = {r.custom_id: r for r in conn.execute(stmt).all()}
     seen = set(
         conn.scalars(
             select(attempts.c.request_id).where(
