@@ -47,7 +47,7 @@ def plan(store: Store, job: JobContext, route: BatchRoute, clock: Clock) -> int:
                 requests.c.state == RequestState.PENDING.value,
                 requests.c.not_before <= now,
             )
-            .order_by(requests.c.id)
+            .order_by(requests.c.not_before, requests.c.id)
         )
         chunk: list[int] = []
         size = 0

@@ -11,6 +11,7 @@ from lowtide.core.spec import JobSpec
 from lowtide.core.states import DispatchState, JobState, RequestState
 from lowtide.store.db import Store
 from lowtide.store.queries import (
+    LIVE_DISPATCH_STATES,
     add_event,
     dispatch_phases,
     get_job,
@@ -69,6 +70,20 @@ def job_status(store: Store, name: str, events: int = 5) -> JobStatus:
             events=[f"{e.kind}: {e.message}" for e in recent_events(conn, job.id, events)],
             failures={k or "unknown": v for k, v in failures.items()},
         )
+
+
+def job_done(store: Store, name: str) -> bool:
+    """Cheaply: is the job no longer active, with no provider batch still to collect?"""
+    with store.begin() as conn:
+        job = get_job(conn, name)
+        if job.state == JobState.ACTIVE.value:
+            return False
+        live = conn.execute(
+            select(dispatches.c.id)
+            .where(dispatches.c.job_id == job.id, dispatches.c.state.in_(LIVE_DISPATCH_STATES))
+            .limit(1)
+        ).first()
+        return live is None
 
 
 def job_spec(store: Store, name: str) -> JobSpec:

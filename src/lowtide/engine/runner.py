@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 
-from lowtide.engine.control import JobStatus, job_status
+from lowtide.engine.control import JobStatus, job_done, job_status
 from lowtide.engine.tick import Engine, TickReport
 
 IDLE_WAIT_MAX = 2.0  # seconds a loop sleeps at most when nothing was due
+STATUS_EVERY = 0.5  # seconds between progress reports: counting a million rows is not free
 
 
 async def drive(
@@ -17,13 +19,15 @@ async def drive(
     on_tick: Callable[[JobStatus, TickReport], None] | None = None,
 ) -> JobStatus:
     """Tick one job until every request is terminal; return its final status."""
+    last_report = 0.0
     while True:
         report = await engine.tick(job_name)
-        status = job_status(engine.store, job_name)
-        if on_tick:
-            on_tick(status, report)
-        if status.done:
-            return status
+        done = job_done(engine.store, job_name)
+        if on_tick and (done or time.monotonic() - last_report >= STATUS_EVERY):
+            on_tick(job_status(engine.store, job_name), report)
+            last_report = time.monotonic()
+        if done:
+            return job_status(engine.store, job_name)
         if not report.busy:
             await asyncio.sleep(_idle_wait(engine, job_name))
 

@@ -195,9 +195,9 @@ class Engine:
         now = self.clock.now()
         with self.store.begin() as conn:
             live = conn.execute(
-                select(func.count()).where(requests.c.job_id == job.id, requests.c.state.in_(LIVE))
-            ).scalar_one()
-            if live:
+                select(requests.c.id).where(requests.c.job_id == job.id, requests.c.state.in_(LIVE)).limit(1)
+            ).first()
+            if live is not None:
                 return False
             if move_job(conn, job.id, JobState.FINISHED, finished_at=now, updated_at=now):
                 add_event(conn, job.id, "finished", "every request reached a terminal state", now)
@@ -210,7 +210,11 @@ class Engine:
             q_poll = select(func.min(dispatches.c.next_poll_at)).where(
                 dispatches.c.state == DispatchState.SUBMITTED.value
             )
-            q_retry = select(func.min(requests.c.not_before)).where(requests.c.state == RequestState.PENDING.value)
+            active = select(jobs.c.id).where(jobs.c.state == JobState.ACTIVE.value)
+            # Per job, so the (job_id, state, not_before) index answers it without a scan.
+            q_retry = select(func.min(requests.c.not_before)).where(
+                requests.c.job_id.in_(active), requests.c.state == RequestState.PENDING.value
+            )
             if job_name is not None:
                 job_id = select(jobs.c.id).where(jobs.c.name == job_name).scalar_subquery()
                 q_poll = q_poll.where(dispatches.c.job_id == job_id)

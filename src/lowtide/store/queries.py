@@ -50,11 +50,14 @@ def request_counts(conn: Connection, job_id: int) -> dict[str, int]:
     return {state: count for state, count in rows}
 
 
+LIVE_DISPATCH_STATES = ("planned", "submitting", "submitted", "running")
+
+
 def dispatch_phases(conn: Connection, job_id: int) -> dict[str, int]:
     """Live dispatches by phase (the provider's word), for progress displays."""
     rows = conn.execute(
         select(func.coalesce(dispatches.c.phase, dispatches.c.state), func.count())
-        .where(dispatches.c.job_id == job_id, dispatches.c.state.in_(["planned", "submitting", "submitted", "running"]))
+        .where(dispatches.c.job_id == job_id, dispatches.c.state.in_(LIVE_DISPATCH_STATES))
         .group_by(func.coalesce(dispatches.c.phase, dispatches.c.state))
     )
     return {phase: count for phase, count in rows}

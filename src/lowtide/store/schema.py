@@ -74,7 +74,8 @@ requests = Table(
     Column("reasoning_tokens", Integer),
     Column("updated_at", Float),
     UniqueConstraint("job_id", "custom_id", name="uq_requests_job_custom_id"),
-    Index("ix_requests_job_state", "job_id", "state", "not_before"),
+    # Claims read "due pending requests of a job, earliest first" straight off this index.
+    Index("ix_requests_job_state", "job_id", "state", "not_before", "id"),
     Index("ix_requests_dispatch", "dispatch_id"),
 )
 

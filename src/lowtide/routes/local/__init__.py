@@ -29,6 +29,7 @@ after the prompt and the likeliest is returned verbatim, with finish_reason "cho
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -124,10 +125,8 @@ class LocalRoute:
         queue: asyncio.Queue[Outcome] = asyncio.Queue()
 
         def deliver(outcome: Outcome) -> None:  # called on the engine's thread
-            try:
+            with contextlib.suppress(RuntimeError):  # a closed loop: nobody is waiting
                 loop.call_soon_threadsafe(queue.put_nowait, outcome)
-            except RuntimeError:  # the loop is closed: nobody is waiting any more
-                pass
 
         ticket = Ticket(deliver)
         engine.submit(runnable, ticket)
@@ -143,7 +142,7 @@ class LocalRoute:
         if self._opening is None:
             self._opening = asyncio.Lock()
         async with self._opening:
-            if self._engine is None:
+            if self._engine is None or not self._engine.alive:  # first use, or it died
                 self._engine = await asyncio.to_thread(self._start_engine)
         return self._engine
 
@@ -160,9 +159,7 @@ class LocalRoute:
         try:
             return Engine(model, self.slots, self.n_ctx, self.threads, self.seed)
         except MemoryError as exc:
-            raise RouteError(
-                f"{exc}; lower route_options.n_ctx or route_options.slots"
-            ) from exc
+            raise RouteError(f"{exc}; lower route_options.n_ctx or route_options.slots") from exc
 
     async def aclose(self) -> None:
         """Stop the engine and free its context; the loaded model stays cached."""

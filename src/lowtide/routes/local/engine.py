@@ -7,19 +7,24 @@ slot as soon as one frees (iteration-level scheduling), so slots stay full.
 
 The KV cache is unified, so sequences can share cells:
 
-- sequence 0 holds the current shared prefix (a system prompt), decoded once and copied
-  into each slot that starts with it (`llama_memory_seq_cp` only tags cells);
+- sequence 0 holds the current shared prefix, decoded once; a slot copies the part its
+  prompt starts with (`llama_memory_seq_cp` only tags cells) and decodes the rest;
 - sequences 1..slots are the slots;
 - the rest are scratch sequences on which a slot scores several choices in one step.
 
-Waiting requests are grouped by prefix, and a group runs to its end before the next starts,
-so a prefix is decoded about once per group. A request is admitted only when the cells it
-may hold (prompt suffix + output budget, or its choices) fit beside those already held,
-so a decode never runs out of cells.
+Waiting requests are grouped by the messages before their last one (system prompt, example
+turns), and a group runs to its end before the next starts. When a group starts, the shared
+prefix becomes the longest token prefix its waiting prompts have in common: the system
+prompt, and also whatever fixed text the user template puts before each row.
+
+A request is admitted only when the cells it may hold (its prompt past the shared part plus
+its output budget, or its choices) fit beside those already held, so a decode never runs
+out of cells.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import deque
 from dataclasses import dataclass, field
@@ -40,7 +45,9 @@ class Slot:
     job: Job | None = None
     pos: int = 0  # next position in the sequence
     todo: list[int] = field(default_factory=list)  # prompt tokens still to decode
-    cached: int = 0  # prompt tokens taken from the shared prefix without decoding
+    shared: int = 0  # prompt tokens copied from the shared prefix
+    gen: int = 0  # which shared prefix they came from (0: none)
+    cached: int = 0  # of those, how many were not decoded for this request
     out: list[int] = field(default_factory=list)
     scores: list[float] = field(default_factory=list)
     waiting: deque[int] = field(default_factory=deque)  # choices still to score
@@ -73,22 +80,34 @@ class Engine:
         self.mem = llm.llama_get_memory(self.ctx)
         self.batch = llm.llama_batch_init(n_batch, 0, 1)
         self.n = 0  # tokens in the batch being built
-        self.pending: dict[tuple[int, ...], deque[Job]] = {}
-        self.prefix: tuple[int, ...] = ()  # what PREFIX_SEQ holds
-        self.refs: dict[tuple[int, ...], int] = {}  # holders of each resident prefix
+        self.pending: dict[tuple[int, ...], deque[Job]] = {}  # by group
+        self.group: tuple[int, ...] = ()  # the group PREFIX_SEQ was filled for
+        self.prefix: list[int] = []  # what PREFIX_SEQ holds
+        self.gen = 0  # its generation: every prefix ever held gets a new number
+        self.gens: dict[int, list[int]] = {}  # live generations: [cells, holders]
+        self.gens_made = 0
         self.inbox: list[tuple[list[ChatRequest], Ticket]] = []
         self.cond = threading.Condition()
         self.stopping = False
+        self.why = "the local route was closed"
         self.purge = False
         self.thread = threading.Thread(target=self._run, name="lowtide-local", daemon=True)
         self.thread.start()
 
     # --- the thread-safe surface -------------------------------------------------------
 
+    @property
+    def alive(self) -> bool:
+        return not self.stopping
+
     def submit(self, requests: list[ChatRequest], ticket: Ticket) -> None:
         with self.cond:
-            self.inbox.append((requests, ticket))
-            self.cond.notify()
+            if not self.stopping:
+                self.inbox.append((requests, ticket))
+                self.cond.notify()
+                return
+        for r in requests:  # the loop has stopped: answer at once rather than never
+            ticket.deliver(Outcome.failure(r.custom_id, "engine_error", self.why, True))
 
     def cancel(self, ticket: Ticket) -> None:
         """Drop what is left of `ticket`: its queued requests, and its slots at the next step."""
@@ -119,11 +138,11 @@ class Engine:
                     self._intake(requests, ticket)
                 self._step()
         except Exception as exc:  # a bug or a fatal llama.cpp error: fail everything held
-            self._fail_all("engine_error", f"local engine stopped: {exc!r}", retryable=True)
             with self.cond:
                 self.stopping = True
+                self.why = f"the local engine stopped: {exc!r}"
         finally:
-            self._fail_all("cancelled", "the local route was closed", retryable=True)
+            self._fail_all("engine_error", self.why, retryable=True)
             llm.llama_batch_free(self.batch)
             llm.llama_free(self.ctx)
 
@@ -132,14 +151,19 @@ class Engine:
 
     def _intake(self, requests: list[ChatRequest], ticket: Ticket) -> None:
         for request in requests:
-            job = prepare(self.model, request, ticket, self.window, self.seed, self.n_batch // 2)
+            try:
+                job = prepare(
+                    self.model, request, ticket, self.window, self.seed, self.n_batch // 2
+                )
+            except Exception as exc:  # one bad request must not stop the others
+                job = Outcome.failure(request.custom_id, "invalid_request", repr(exc), False)
             if isinstance(job, Outcome):
                 ticket.deliver(job)
             elif job.candidates is None and job.budget == 0:
-                usage = Usage(input_tokens=job.n_prompt)
+                usage = Usage(input_tokens=len(job.tokens))
                 ticket.deliver(Outcome(request.custom_id, True, "", usage, "length"))
             else:
-                self.pending.setdefault(job.prefix, deque()).append(job)
+                self.pending.setdefault(job.group, deque()).append(job)
 
     def _step(self) -> None:
         if self.purge:
@@ -190,67 +214,75 @@ class Engine:
     # --- scheduling ----------------------------------------------------------------------
 
     def _held(self) -> int:
-        cells = sum(len(p) for p, n in self.refs.items() if n > 0)
-        return cells + sum(s.job.need for s in self.slots if s.job)
-
-    def _next_group(self) -> tuple[int, ...] | None:
-        groups = [p for p, q in self.pending.items() if q]
-        if not groups:
-            return None
-        resident = [p for p in groups if self.refs.get(p)]
-        return self.prefix if self.prefix in groups else (resident or groups)[0]
+        cells = sum(n for n, _ in self.gens.values())
+        return cells + sum(s.job.need(s.shared) for s in self.slots if s.job)
 
     def _admit(self) -> None:
         for slot in self.slots:
             if slot.job:
                 continue
-            key = self._next_group()
-            if key is None:
+            groups = [g for g, q in self.pending.items() if q]
+            if not groups:
                 return
+            key = self.group if self.group in groups else groups[0]
             job = self.pending[key][0]
-            extra = job.need + (0 if self.refs.get(key) else len(key))
+            prefix, shared = self.prefix, 0
+            if key:
+                if key != self.group:  # a new group: share what its prompts have in common
+                    prefix = os.path.commonprefix([j.tokens for j in self.pending[key]])
+                shared = min(len(os.path.commonprefix([prefix, job.tokens])), len(job.tokens) - 1)
+            extra = job.need(shared) + (len(prefix) if prefix is not self.prefix else 0)
             if self._held() + extra > self.n_ctx:
-                if any(s.job for s in self.slots) or not self.prefix:
+                if any(s.job for s in self.slots):
                     return  # wait for cells to free
-                self._set_prefix(())  # alone and still no room: drop the idle prefix
-                if self._held() + extra > self.n_ctx:
-                    return
+                self._set_prefix((), [])  # alone and still no room: run it without sharing
+                key, prefix, shared = (), self.prefix, 0
             self.pending[key].popleft()
-            self._start(slot, job)
+            self._start(slot, job, key, prefix, shared)
 
-    def _start(self, slot: Slot, job: Job) -> None:
-        slot.cached = len(job.prefix) if self.refs.get(job.prefix) else 0
-        if job.prefix:
-            if job.prefix != self.prefix:
-                self._set_prefix(job.prefix)  # before `slot` holds `job`: it is no donor
-            llm.llama_memory_seq_cp(self.mem, PREFIX_SEQ, slot.seq, -1, -1)
-            self.refs[job.prefix] += 1
-        slot.job, slot.out, slot.scores, slot.reads = job, [], [], []
-        slot.waiting = deque()
-        slot.pos = len(job.prefix)
-        slot.todo = list(job.suffix)
+    def _start(self, slot: Slot, job: Job, key: tuple, prefix: list[int], shared: int) -> None:
+        slot.cached = shared
+        if prefix is not self.prefix:
+            self._set_prefix(key, prefix)
+            slot.cached = 0
+        if shared:
+            llm.llama_memory_seq_cp(self.mem, PREFIX_SEQ, slot.seq, 0, shared)
+            slot.gen = self.gen
+            self.gens[self.gen][1] += 1
+        slot.job, slot.shared, slot.pos, slot.todo = job, shared, shared, job.tokens[shared:]
+        slot.out, slot.scores, slot.reads, slot.waiting = [], [], [], deque()
 
-    def _set_prefix(self, key: tuple[int, ...]) -> None:
-        """Make PREFIX_SEQ hold `key`: copied from a slot that has it, else decoded."""
-        if self.prefix:
+    def _set_prefix(self, key: tuple[int, ...], tokens: list[int]) -> None:
+        """Make PREFIX_SEQ hold `tokens`: copied from a slot that has them, else decoded."""
+        if self.gen:
             llm.llama_memory_seq_rm(self.mem, PREFIX_SEQ, -1, -1)
-            self.refs[self.prefix] -= 1
-        self.prefix = key
-        if not key:
+            self._unref(self.gen)
+        self.group, self.prefix, self.gen = key, tokens, 0
+        if not tokens:
             return
-        donor = next((s for s in self.slots if s.job and s.job.prefix == key), None)
+        self.gens_made += 1
+        self.gen = self.gens_made
+        self.gens[self.gen] = [len(tokens), 1]
+        n = len(tokens)
+        donor = next(
+            (s for s in self.slots if s.job and s.pos >= n and s.job.tokens[:n] == tokens), None
+        )
         if donor is not None:
-            llm.llama_memory_seq_cp(self.mem, donor.seq, PREFIX_SEQ, 0, len(key))
-        else:
-            for start in range(0, len(key), self.n_batch):
-                self.n = 0
-                for pos in range(start, min(start + self.n_batch, len(key))):
-                    self._add(key[pos], pos, PREFIX_SEQ, False)
-                self.batch.n_tokens = self.n
-                rc = llm.llama_decode(self.ctx, self.batch)
-                if rc != 0:
-                    raise RuntimeError(f"llama_decode returned {rc} on a shared prefix")
-        self.refs[key] = self.refs.get(key, 0) + 1
+            llm.llama_memory_seq_cp(self.mem, donor.seq, PREFIX_SEQ, 0, n)
+            return
+        for start in range(0, n, self.n_batch):
+            self.n = 0
+            for pos in range(start, min(start + self.n_batch, n)):
+                self._add(tokens[pos], pos, PREFIX_SEQ, False)
+            self.batch.n_tokens = self.n
+            rc = llm.llama_decode(self.ctx, self.batch)
+            if rc != 0:
+                raise RuntimeError(f"llama_decode returned {rc} on a shared prefix")
+
+    def _unref(self, gen: int) -> None:
+        self.gens[gen][1] -= 1
+        if self.gens[gen][1] == 0:
+            del self.gens[gen]
 
     def _add(self, token: int, pos: int, seq: int, logits: bool) -> int:
         i, b = self.n, self.batch
@@ -293,11 +325,12 @@ class Engine:
                     self.scratch.append(seq)
         if slot.job and job.candidates is not None and not slot.waiting and slot.scores:
             best = int(np.argmax(slot.scores))
-            usage = Usage(len(job.prefix) + len(job.suffix), slot.cached)
+            usage = Usage(len(job.tokens), slot.cached)
             usage.output_tokens = len(job.candidates[best])
-            self._finish(slot, Outcome(
-                job.request.custom_id, True, job.request.choices[best], usage, "choice"
-            ))
+            self._finish(
+                slot,
+                Outcome(job.request.custom_id, True, job.request.choices[best], usage, "choice"),
+            )
 
     def _feed_choices(self, slot: Slot) -> None:
         """Put the next choices of `slot` in the batch: one on its own sequence, the others
@@ -334,14 +367,14 @@ class Engine:
             slot.out.append(token)
         text = ""
         if job.stops or reason or len(slot.out) >= job.budget:
-            text = b"".join(self.model.piece(t) for t in slot.out).decode("utf-8", "replace")
+            text = b"".join(self.model.piece(t) for t in slot.out).decode("utf-8", "ignore")
             cut = [i for i in (text.find(s) for s in job.stops) if i >= 0]
             if cut:
                 text, reason = text[: min(cut)], "stop"
             elif reason is None and len(slot.out) >= job.budget:
                 reason = "length"
         if reason is not None:
-            usage = Usage(job.n_prompt, slot.cached, output_tokens=len(slot.out))
+            usage = Usage(len(job.tokens), slot.cached, output_tokens=len(slot.out))
             self._finish(slot, Outcome(job.request.custom_id, True, text, usage, reason))
 
     # --- ending ------------------------------------------------------------------------------
@@ -353,14 +386,14 @@ class Engine:
             ticket.deliver(outcome)
 
     def _release(self, slot: Slot) -> None:
-        job = slot.job
         for _, what in slot.reads:
             if what != "next" and what[2] != slot.seq:
                 llm.llama_memory_seq_rm(self.mem, what[2], -1, -1)
                 self.scratch.append(what[2])
         llm.llama_memory_seq_rm(self.mem, slot.seq, -1, -1)
-        if job.prefix:
-            self.refs[job.prefix] -= 1
+        if slot.gen:
+            self._unref(slot.gen)
+        slot.gen, slot.shared = 0, 0
         slot.job, slot.todo, slot.reads, slot.waiting = None, [], [], deque()
 
     def _fail_all(self, code: str, message: str, retryable: bool) -> None:

@@ -1,6 +1,6 @@
-"""What the engine needs to know about one request before it can be scheduled: its tokens,
-split into the shared prefix (the system prompt) and the rest, its output budget, the
-tokenised choices, and how many KV cells it will hold at most.
+"""What the engine needs to know about one request before it can be scheduled: its prompt
+tokens, the group of requests it can share a prefix with, its output budget, the tokenised
+choices, and how many KV cells it will hold at most.
 
 A request that cannot run (too long for the context) becomes a failed `Outcome` here,
 before it takes a slot.
@@ -32,23 +32,20 @@ class Ticket:
 class Job:
     request: ChatRequest
     ticket: Ticket
-    prefix: tuple[int, ...]  # shared with every request that has the same system prompt
-    suffix: list[int]  # the rest of the prompt, ending with the assistant header
+    tokens: list[int]  # the whole prompt, ending with the assistant header
+    # The tokens of every message before the last (system prompt, example turns): requests
+    # with the same `group` are run together and share the KV cells of their common prefix.
+    group: tuple[int, ...]
     budget: int  # new tokens it may generate
     candidates: list[list[int]] | None = None  # tokenised `request.choices`
     rng: np.random.Generator | None = None
     stops: list[str] = field(default_factory=list)
 
-    @property
-    def n_prompt(self) -> int:
-        return len(self.prefix) + len(self.suffix)
-
-    @property
-    def need(self) -> int:
-        """KV cells this job holds beyond its prefix, at most."""
+    def need(self, shared: int) -> int:
+        """KV cells this job holds at most, beyond the first `shared` prompt tokens."""
         if self.candidates is not None:  # every choice but its last token, side by side
-            return len(self.suffix) + sum(len(c) - 1 for c in self.candidates)
-        return len(self.suffix) + self.budget
+            return len(self.tokens) - shared + sum(len(c) - 1 for c in self.candidates)
+        return len(self.tokens) - shared + self.budget
 
 
 def prepare(
@@ -63,11 +60,11 @@ def prepare(
     messages = request.messages
     try:
         full = model.tokenize(model.render(messages))
-        prefix: list[int] = []
-        if len(messages) > 1 and messages[0].get("role") == "system":
-            head = model.tokenize(model.render(messages[:1], add_assistant=False))
+        group: list[int] = []
+        if len(messages) > 1:
+            head = model.tokenize(model.render(messages[:-1], add_assistant=False))
             if full[: len(head)] == head:
-                prefix = head[: len(full) - 1]  # leave at least one token to decode
+                group = head
     except UnicodeError as exc:
         return Outcome.failure(cid, "invalid_request", f"cannot encode the prompt: {exc}", False)
     except Exception as exc:  # the template, e.g. a role it does not know
@@ -75,7 +72,7 @@ def prepare(
     if not full:
         return Outcome.failure(cid, "invalid_request", "the prompt is empty", False)
 
-    job = Job(request, ticket, tuple(prefix), full[len(prefix) :], budget=0)
+    job = Job(request, ticket, full, tuple(group), budget=0)
     if request.choices:
         job.candidates = [_choice_tokens(model, full, messages, c) for c in request.choices]
         longest = max(len(c) for c in job.candidates)
@@ -83,7 +80,7 @@ def prepare(
             return Outcome.failure(
                 cid, "invalid_request", f"each choice must be 1 to {max_feed} tokens long", False
             )
-        over = len(job.prefix) + job.need - window
+        over = job.need(0) - window
     else:
         job.budget = min(max(request.max_tokens, 0), window - len(full))
         job.stops = [s for s in request.stop or [] if s]
