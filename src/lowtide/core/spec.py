@@ -50,11 +50,18 @@ class TemplateSpec(_Strict):
     user: str | None = None
     system_file: str | None = None
     user_file: str | None = None
+    # Rows that already are conversations: this column holds the chat messages (a list of
+    # {role, content}, or that list as JSON text). Such rows may also carry max_tokens,
+    # temperature and stop of their own.
+    messages_column: str | None = None
 
     @model_validator(mode="after")
     def _one_of_each(self) -> TemplateSpec:
-        if (self.user is None) == (self.user_file is None):
-            raise ValueError("give exactly one of `user` (inline) or `user_file` (a path)")
+        given = [k for k in ("user", "user_file", "messages_column") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(
+                "give exactly one of `user` (inline), `user_file` (a path) or `messages_column` (rows that are conversations)"
+            )
         if self.system is not None and self.system_file is not None:
             raise ValueError("give at most one of `system` or `system_file`")
         return self

@@ -6,6 +6,7 @@ never an empty string sent to a model and paid for.
 
 from __future__ import annotations
 
+import json
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,8 +39,9 @@ class _Part:
 class MessageTemplate:
     """The system and user templates of a job, compiled once."""
 
-    def __init__(self, parts: list[_Part]):
+    def __init__(self, parts: list[_Part], messages_column: str | None = None):
         self.parts = parts
+        self.messages_column = messages_column
 
     @classmethod
     def from_spec(cls, spec: JobSpec, where: str = "job spec") -> MessageTemplate:
@@ -55,12 +57,14 @@ class MessageTemplate:
                 parts.append(_compile(role, str(path), source))
             elif inline is not None:
                 parts.append(_compile(role, f"{where} template.{role}", inline))
-        return cls(parts)
+        return cls(parts, t.messages_column)
 
     @property
     def variables(self) -> dict[str, str]:
         """Every variable used, with where it is first used ("template.user line 3")."""
         found: dict[str, str] = {}
+        if self.messages_column:
+            found[self.messages_column] = "template.messages_column"
         for part in self.parts:
             for var, line in part.variables.items():
                 found.setdefault(var, f"{part.name} line {line}")
@@ -94,7 +98,30 @@ class MessageTemplate:
                 # a filter or expression that fails on this row's value
                 raise TemplateError(f"{name}: {part.name} line {line}: {type(err).__name__}: {err}") from None
             messages.append({"role": part.role, "content": text})
+        if self.messages_column:
+            name = where(row) if where is not None else row
+            messages.extend(_conversation(values.get(self.messages_column), name, self.messages_column))
         return messages
+
+
+_ROLES = ("system", "user", "assistant")
+
+
+def _conversation(value: Any, row: str, column: str) -> list[dict[str, str]]:
+    """A row's own messages, checked: a list of {role, content} with text content."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as err:
+            raise TemplateError(f'{row}: column "{column}" is not JSON ({err.msg}); it must hold a list of {{"role", "content"}} messages') from None
+    if not isinstance(value, list) or not value:
+        raise TemplateError(f'{row}: column "{column}" must be a non-empty list of {{"role", "content"}} messages')
+    for i, m in enumerate(value):
+        if not isinstance(m, dict) or m.get("role") not in _ROLES or not isinstance(m.get("content"), str):
+            raise TemplateError(
+                f'{row}: column "{column}" message {i + 1} must be {{"role": one of {", ".join(_ROLES)}, "content": text}}'
+            )
+    return [{"role": m["role"], "content": m["content"]} for m in value]
 
 
 def _compile(role: str, name: str, source: str) -> _Part:

@@ -30,6 +30,8 @@ from lowtide.store.transitions import move_job
 
 MAX_PROBLEMS = 1000
 _dumps = json.JSONEncoder(ensure_ascii=False).encode
+# Rows that carry their own conversation may also carry these generation parameters.
+ROW_PARAMS = ("max_tokens", "temperature", "stop")
 _staging = Table(
     "lowtide_load",
     MetaData(),
@@ -61,6 +63,7 @@ class _RowRenderer:
         self.id_column = spec.source.id_column
         self.required = {v: w for v, w in template.variables.items() if v not in spec.source.optional_columns}
         self.optional = dict.fromkeys(spec.source.optional_columns)
+        self.row_params = spec.template.messages_column is not None
         self.base = {"model": spec.model, "max_tokens": spec.params.max_tokens, "temperature": spec.params.temperature}
         if spec.params.stop:
             self.base["stop"] = spec.params.stop
@@ -91,13 +94,12 @@ class _RowRenderer:
             messages = self.template.render(values, row, self.where)
         except Exception as err:  # TemplateError already names row and line
             return str(err)
-        return {
-            "custom_id": custom_id_for(key),
-            "source_key": key,
-            "source_row": row.number,
-            # The fixed part of the payload is serialised once per job, not once per row.
-            "payload": self.prefix + _dumps(messages) + "}",
-        }
+        if self.row_params and any(values.get(k) is not None for k in ROW_PARAMS):
+            own = {k: values[k] for k in ROW_PARAMS if values.get(k) is not None}
+            payload = _dumps({**self.base, **own, "messages": messages})
+        else:  # the fixed part of the payload is serialised once per job, not once per row
+            payload = self.prefix + _dumps(messages) + "}"
+        return {"custom_id": custom_id_for(key), "source_key": key, "source_row": row.number, "payload": payload}
 
     def where(self, row: SourceRow) -> str:
         return row.where(self.source.path)

@@ -147,7 +147,7 @@ class Engine:
             llm.llama_free(self.ctx)
 
     def _busy(self) -> bool:
-        return any(s.job for s in self.slots) or any(self.pending.values())
+        return bool(self.pending) or any(s.job for s in self.slots)
 
     def _intake(self, requests: list[ChatRequest], ticket: Ticket) -> None:
         for request in requests:
@@ -168,8 +168,12 @@ class Engine:
     def _step(self) -> None:
         if self.purge:
             self.purge = False
-            for key, queue in self.pending.items():
-                self.pending[key] = deque(j for j in queue if not j.ticket.cancelled)
+            for key, queue in list(self.pending.items()):
+                kept = deque(j for j in queue if not j.ticket.cancelled)
+                if kept:
+                    self.pending[key] = kept
+                else:
+                    del self.pending[key]
         for slot in self.slots:
             if slot.job and slot.job.ticket.cancelled:
                 self._release(slot)
@@ -221,10 +225,9 @@ class Engine:
         for slot in self.slots:
             if slot.job:
                 continue
-            groups = [g for g, q in self.pending.items() if q]
-            if not groups:
+            if not self.pending:
                 return
-            key = self.group if self.group in groups else groups[0]
+            key = self.group if self.group in self.pending else next(iter(self.pending))
             job = self.pending[key][0]
             prefix, shared = self.prefix, 0
             if key:
@@ -237,7 +240,10 @@ class Engine:
                     return  # wait for cells to free
                 self._set_prefix((), [])  # alone and still no room: run it without sharing
                 key, prefix, shared = (), self.prefix, 0
-            self.pending[key].popleft()
+            queue = self.pending[job.group]
+            queue.popleft()
+            if not queue:
+                del self.pending[job.group]
             self._start(slot, job, key, prefix, shared)
 
     def _start(self, slot: Slot, job: Job, key: tuple, prefix: list[int], shared: int) -> None:
@@ -360,19 +366,10 @@ class Engine:
             x = logits.astype(np.float64) / job.request.temperature
             p = np.exp(x - x.max())
             token = int(job.rng.choice(len(p), p=p / p.sum()))
-        reason = None
-        if self.model.is_eog(token):
-            reason = "stop"
-        else:
+        eog = self.model.is_eog(token)
+        if not eog:
             slot.out.append(token)
-        text = ""
-        if job.stops or reason or len(slot.out) >= job.budget:
-            text = b"".join(self.model.piece(t) for t in slot.out).decode("utf-8", "ignore")
-            cut = [i for i in (text.find(s) for s in job.stops) if i >= 0]
-            if cut:
-                text, reason = text[: min(cut)], "stop"
-            elif reason is None and len(slot.out) >= job.budget:
-                reason = "length"
+        text, reason = job.ending(self.model, slot.out, eog)
         if reason is not None:
             usage = Usage(len(job.tokens), slot.cached, output_tokens=len(slot.out))
             self._finish(slot, Outcome(job.request.custom_id, True, text, usage, reason))
@@ -402,9 +399,9 @@ class Engine:
                 job = slot.job
                 self._release(slot)
                 job.ticket.deliver(Outcome.failure(job.request.custom_id, code, message, retryable))
-        for queue in self.pending.values():
-            while queue:
-                job = queue.popleft()
+        pending, self.pending = self.pending, {}
+        for queue in pending.values():
+            for job in queue:
                 job.ticket.deliver(Outcome.failure(job.request.custom_id, code, message, retryable))
         with self.cond:
             inbox, self.inbox = self.inbox, []

@@ -47,6 +47,19 @@ class Job:
             return len(self.tokens) - shared + sum(len(c) - 1 for c in self.candidates)
         return len(self.tokens) - shared + self.budget
 
+    def ending(self, model: Model, out: list[int], eog: bool) -> tuple[str, str | None]:
+        """The text so far and why generation ends now ("stop", "length"), or None."""
+        reason = "stop" if eog else None
+        if not (self.stops or reason or len(out) >= self.budget):
+            return "", None  # nothing to check: skip detokenising
+        text = b"".join(model.piece(t) for t in out).decode("utf-8", "ignore")
+        cut = [i for i in (text.find(s) for s in self.stops) if i >= 0]
+        if cut:
+            return text[: min(cut)], "stop"
+        if reason is None and len(out) >= self.budget:
+            reason = "length"
+        return text, reason
+
 
 def prepare(
     model: Model, request: ChatRequest, ticket: Ticket, window: int, seed: int, max_feed: int
