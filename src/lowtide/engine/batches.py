@@ -72,7 +72,7 @@ async def submit(store: Store, job: JobContext, route: BatchRoute, clock: Clock,
     with store.begin() as conn:
         todo = list(
             conn.execute(
-                select(dispatches.c.id, dispatches.c.key, dispatches.c.state).where(
+                select(dispatches.c.id, dispatches.c.key, dispatches.c.state, dispatches.c.size, dispatches.c.created_at).where(
                     dispatches.c.job_id == job.id,
                     dispatches.c.kind == "batch",
                     dispatches.c.state.in_([DispatchState.PLANNED.value, DispatchState.SUBMITTING.value]),
@@ -80,14 +80,14 @@ async def submit(store: Store, job: JobContext, route: BatchRoute, clock: Clock,
             )
         )
     sent = 0
-    for dispatch_id, key, state in todo:
+    for dispatch_id, key, state, size, created_at in todo:
         if state == DispatchState.PLANNED:
             with store.begin() as conn:  # intent is durable before any network call
                 if not move_dispatch(conn, dispatch_id, DispatchState.PLANNED, DispatchState.SUBMITTING):
                     continue
             provider_id = None
         else:
-            provider_id = await route.find(key)
+            provider_id = await route.find(key, size, created_at)
         with store.begin() as conn:
             batch = dispatched_requests(conn, dispatch_id)
         if not batch:

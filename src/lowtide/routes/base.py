@@ -64,8 +64,12 @@ class BatchRoute(Protocol):
         """Create a provider batch tagged with `key`; return the provider's batch id."""
         ...
 
-    async def find(self, key: str) -> str | None:
-        """The id of a batch already created with `key`, if the provider has one."""
+    async def find(self, key: str, size: int, not_before: float) -> str | None:
+        """The id of a batch this dispatch already created, if the provider has one.
+
+        `key` was attached to the batch where the provider keeps metadata; where it does
+        not, a route may match on `size` (requests) and creation after `not_before` (Unix
+        seconds), and must return None rather than guess between several candidates."""
         ...
 
     async def poll(self, batch_id: str) -> BatchStatus: ...

@@ -70,7 +70,7 @@ class EchoBatchRoute:
         self._write(batch_id, {"key": key, "polls": 0, "total": len(requests), "cancelled": False})
         return batch_id
 
-    async def find(self, key: str) -> str | None:
+    async def find(self, key: str, size: int, not_before: float) -> str | None:
         if not self.dir.exists():
             return None
         for meta in self.dir.glob("*/meta.json"):

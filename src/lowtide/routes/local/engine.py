@@ -13,9 +13,10 @@ The KV cache is unified, so sequences can share cells:
 - the rest are scratch sequences on which a slot scores several choices in one step.
 
 Waiting requests are grouped by the messages before their last one (system prompt, example
-turns), and a group runs to its end before the next starts. When a group starts, the shared
-prefix becomes the longest token prefix its waiting prompts have in common: the system
-prompt, and also whatever fixed text the user template puts before each row.
+turns), and a group runs until none of it waits (or, while other groups wait, for 8 x slots
+requests) before the next starts. When a group starts, the shared prefix becomes the
+longest token prefix its waiting prompts have in common: the system prompt, and also
+whatever fixed text the user template puts before each row.
 
 A request is admitted only when the cells it may hold (its prompt past the shared part plus
 its output budget, or its choices) fit beside those already held, so a decode never runs
@@ -86,6 +87,7 @@ class Engine:
         self.gen = 0  # its generation: every prefix ever held gets a new number
         self.gens: dict[int, list[int]] = {}  # live generations: [cells, holders]
         self.gens_made = 0
+        self.streak = 0  # requests admitted since the group last changed
         self.inbox: list[tuple[list[ChatRequest], Ticket]] = []
         self.cond = threading.Condition()
         self.stopping = False
@@ -228,6 +230,8 @@ class Engine:
             if not self.pending:
                 return
             key = self.group if self.group in self.pending else next(iter(self.pending))
+            if key == self.group and len(self.pending) > 1 and self.streak >= 8 * len(self.slots):
+                key = next(k for k in self.pending if k != self.group)  # let others have a turn
             job = self.pending[key][0]
             prefix, shared = self.prefix, 0
             if key:
@@ -245,6 +249,7 @@ class Engine:
             if not queue:
                 del self.pending[job.group]
             self._start(slot, job, key, prefix, shared)
+            self.streak += 1
 
     def _start(self, slot: Slot, job: Job, key: tuple, prefix: list[int], shared: int) -> None:
         slot.cached = shared
@@ -263,7 +268,7 @@ class Engine:
         if self.gen:
             llm.llama_memory_seq_rm(self.mem, PREFIX_SEQ, -1, -1)
             self._unref(self.gen)
-        self.group, self.prefix, self.gen = key, tokens, 0
+        self.group, self.prefix, self.gen, self.streak = key, tokens, 0, 0
         if not tokens:
             return
         self.gens_made += 1
