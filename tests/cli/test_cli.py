@@ -203,7 +203,7 @@ def test_unknown_route_and_missing_spec_exit_2(cli, tmp_path):
     write_job(tmp_path, route="echoo")
     (code, out), (code_missing, out_missing) = cli.many(("run", "job.yaml"), ("submit", "nope.yaml"))
     assert code == 2, out
-    assert 'unknown route "echoo"; known routes: echo, echo-batch, local' in out
+    assert 'unknown route "echoo"; known routes: anthropic-batch, echo, echo-batch, local, openai-batch' in out
     assert code_missing == 2
     assert "nope.yaml: cannot read the job spec" in out_missing
 

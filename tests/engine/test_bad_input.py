@@ -326,7 +326,7 @@ def test_unknown_route_lists_the_known_routes(store, clock, tmp_path, finished):
     assert isinstance(err, InputError)
     msg = str(err)
     assert 'unknown route "ehco"' in msg
-    assert "known routes: echo, echo-batch, local" in msg
+    assert "known routes: anthropic-batch, echo, echo-batch, local, openai-batch" in msg
     assert "`route:`" in msg
     assert snapshot(store) == finished
 

@@ -6,6 +6,7 @@
     │   ├── SourceError          the source file (unreadable, format, ids, columns)
     │   └── TemplateError        a template (syntax, undefined variables)
     ├── RouteError               a route failed or is misconfigured
+    │   ├── BatchRejected        a provider refused a batch for good (validation, 4xx)
     │   └── UnknownRouteError    no route of that name is registered
     ├── StoreError               the store cannot be opened or is from a newer release
     └── JobNotFoundError         a job name that is not in the store
@@ -53,6 +54,10 @@ class TemplateError(InputError):
 
 class RouteError(LowtideError):
     """A route is misconfigured or failed in a way the engine cannot retry."""
+
+
+class BatchRejected(RouteError):
+    """The provider refused a batch for good; sending it again as it is cannot help."""
 
 
 class UnknownRouteError(RouteError, InputError):

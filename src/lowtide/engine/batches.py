@@ -13,7 +13,7 @@ import random
 from sqlalchemy import func, select, update
 
 from lowtide.core.clock import Clock
-from lowtide.core.errors import RouteError
+from lowtide.core.errors import BatchRejected
 from lowtide.core.states import DispatchState, RequestState
 from lowtide.core.types import Outcome
 from lowtide.engine.context import JobContext
@@ -27,28 +27,30 @@ from lowtide.store.schema import dispatches, requests
 from lowtide.store.transitions import move_dispatch
 
 INGEST_CHUNK = 2000
+CHUNKS_PER_TICK = 10  # planning more waits for the next tick: memory stays bounded
+LINE_OVERHEAD = 200  # bytes a provider's line format adds around a request's payload
 DEFAULT_POLL_INTERVAL = (30.0, 600.0)
-
-
-class BatchRejected(RouteError):
-    """The provider refused a batch for good (e.g. validation); retrying it as is cannot help."""
 
 
 def plan(store: Store, job: JobContext, route: BatchRoute, clock: Clock) -> int:
     """Group due pending requests into dispatches within the route's and the job's limits."""
     limit = min(route.limits.max_requests, job.spec.chunk_size or route.limits.max_requests)
+    # Sorting by payload puts requests with the same model, parameters and leading messages
+    # (the system prompt) side by side, so each chunk shares a prefix the provider can cache.
+    order = (requests.c.payload,) if getattr(route, "group_by_prefix", False) else (requests.c.not_before, requests.c.id)
     now = clock.now()
     planned = 0
     with store.begin() as conn:
         rows = conn.execute(
-            select(requests.c.id, func.length(requests.c.payload))
+            select(requests.c.id, func.length(requests.c.payload) + LINE_OVERHEAD)
             .where(
                 requests.c.job_id == job.id,
                 requests.c.state == RequestState.PENDING.value,
                 requests.c.not_before <= now,
             )
-            .order_by(requests.c.not_before, requests.c.id)
-        )
+            .order_by(*order)
+            .limit(limit * CHUNKS_PER_TICK)
+        ).all()  # read whole before the updates below touch the same rows
         chunk: list[int] = []
         size = 0
         for rid, nbytes in rows:
@@ -170,7 +172,11 @@ async def poll(store: Store, job: JobContext, route: BatchRoute, clock: Clock, r
         if status.errors:
             _reject(store, job, route, dispatch_id, DispatchState.SUBMITTED, "; ".join(status.errors), clock, rng)
         elif status.ended:
-            counts.add(await _ingest(store, job, route, dispatch_id, provider_id, clock, rng))
+            try:
+                counts.add(await _ingest(store, job, route, dispatch_id, provider_id, clock, rng))
+            except Exception as err:  # a download broke off: what was applied stays, the rest comes next poll
+                with store.begin() as conn:
+                    add_event(conn, job.id, "ingest_error", f"{route.name} batch {provider_id}: {err}", clock.now())
     return counts
 
 

@@ -1,0 +1,46 @@
+"""What the provider batch routes share: options, keys from the environment, classification."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from lowtide.core.errors import RouteError
+
+# Provider error codes and types that may succeed when sent again.
+RETRYABLE_CODES = frozenset(
+    {
+        "rate_limit_exceeded", "rate_limit_error", "server_error", "api_error", "overloaded_error",
+        "timeout", "timeout_error", "request_timeout", "batch_expired", "batch_cancelled",
+        "expired", "canceled", "cancelled", "internal_error", "service_unavailable",
+    }
+)  # fmt: skip
+
+
+def retryable_status(status: int) -> bool:
+    return status in (408, 409, 429) or status >= 500
+
+
+def check_options(route: str, options: dict[str, Any], known: set[str]) -> None:
+    unknown = set(options) - known
+    if unknown:
+        raise RouteError(f"{route}: unknown route_options {sorted(unknown)}; known: {sorted(known)}")
+
+
+def api_key(route: str, options: dict[str, Any], default_env: str) -> str:
+    """The key, from the environment variable the spec names (never from the spec itself)."""
+    env = options.get("api_key_env", default_env)
+    key = os.environ.get(env)
+    if not key:
+        raise RouteError(
+            f"{route}: no API key: set the environment variable {env}"
+            + ("" if "api_key_env" in options else ", or name another one in route_options.api_key_env")
+        )
+    return key
+
+
+def poll_interval(options: dict[str, Any], default: tuple[float, float]) -> tuple[float, float]:
+    value = options.get("poll_interval", default)
+    if not (isinstance(value, list | tuple) and len(value) == 2 and 0 < value[0] <= value[1]):
+        raise RouteError(f"route_options.poll_interval must be [first, longest] seconds; got {value!r}")
+    return float(value[0]), float(value[1])

@@ -1,0 +1,150 @@
+"""`anthropic-batch`: Anthropic's Message Batches API (or any server speaking it).
+
+Anthropic keeps no metadata on a batch, so exactly-once submission cannot rely on a key.
+After a crash between "create sent" and "id recorded", `find` lists recent batches and adopts
+the one created within `find_window` seconds (default 600) after the dispatch was planned
+with exactly the dispatch's number of requests; if two batches match it refuses to guess
+(the dispatch stays `submitting` with an error event until a person resolves it), and if
+none match the chunk is submitted again.
+
+Options: `base_url`, `api_key_env` (default ANTHROPIC_API_KEY), `max_requests`
+(≤ 100,000), `max_bytes` (≤ 256 MB), `poll_interval`, `find_window`, `cache_prefix`
+(true: mark the system prompt `cache_control: ephemeral, ttl 1h`, the TTL that suits
+batches), `timeout`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, Literal
+
+import anthropic
+
+from lowtide.core.errors import BatchRejected, RouteError
+from lowtide.core.types import ChatRequest, Outcome, Usage
+from lowtide.routes._provider import RETRYABLE_CODES, api_key, check_options, poll_interval
+from lowtide.routes.base import BatchLimits, BatchStatus
+
+MAX_REQUESTS = 100_000
+MAX_BYTES = 256 * 2**20
+OPTIONS = {"base_url", "api_key_env", "max_requests", "max_bytes", "poll_interval", "find_window", "cache_prefix", "timeout"}
+
+
+def batch_request(request: ChatRequest, cache_prefix: bool) -> dict[str, Any]:
+    """One entry of `requests` in a create call: system apart, as Anthropic wants it."""
+    system = "\n\n".join(m["content"] for m in request.messages if m["role"] == "system")
+    params: dict[str, Any] = {
+        "model": request.model,
+        "max_tokens": request.max_tokens,
+        "temperature": request.temperature,
+        "messages": [m for m in request.messages if m["role"] != "system"],
+    }
+    if system:
+        block: dict[str, Any] = {"type": "text", "text": system}
+        if cache_prefix:
+            block["cache_control"] = {"type": "ephemeral", "ttl": "1h"}
+        params["system"] = [block]
+    if request.stop:
+        params["stop_sequences"] = request.stop
+    return {"custom_id": request.custom_id, "params": params}
+
+
+def parse_result(custom_id: str, result: Any) -> Outcome:
+    """One result line's `result` (SDK object or dict), as an Outcome."""
+    data = result.model_dump() if hasattr(result, "model_dump") else result
+    kind = data.get("type")
+    if kind == "succeeded":
+        message = data["message"]
+        usage = message.get("usage") or {}
+        text = "".join(b.get("text", "") for b in message.get("content", []) if b.get("type") == "text")
+        return Outcome(
+            custom_id,
+            True,
+            text=text,
+            finish_reason=message.get("stop_reason"),
+            usage=Usage(
+                input_tokens=usage.get("input_tokens") or 0,
+                cached_input_tokens=usage.get("cache_read_input_tokens") or 0,
+                cache_write_tokens=usage.get("cache_creation_input_tokens") or 0,
+                output_tokens=usage.get("output_tokens") or 0,
+            ),
+        )
+    if kind == "errored":
+        error = (data.get("error") or {}).get("error") or {}
+        code = error.get("type") or "api_error"
+        return Outcome.failure(custom_id, code, error.get("message") or code, code in RETRYABLE_CODES)
+    if kind in ("canceled", "expired"):
+        return Outcome.failure(custom_id, "batch_cancelled" if kind == "canceled" else "batch_expired", f"request {kind}", True)
+    return Outcome.failure(custom_id, "unknown_result", f"unknown result type {kind!r}", True)
+
+
+class AnthropicBatchRoute:
+    kind: Literal["batch"] = "batch"
+    name = "anthropic-batch"
+    group_by_prefix = True
+
+    def __init__(self, options: dict[str, Any]):
+        check_options(self.name, options, OPTIONS)
+        self.limits = BatchLimits(
+            max_requests=min(int(options.get("max_requests", MAX_REQUESTS)), MAX_REQUESTS),
+            max_bytes=min(int(options.get("max_bytes", MAX_BYTES)), MAX_BYTES),
+        )
+        self.poll_interval = poll_interval(options, (30.0, 600.0))
+        self.find_window = float(options.get("find_window", 600))
+        self.cache_prefix = bool(options.get("cache_prefix", False))
+        self.client = anthropic.AsyncAnthropic(
+            api_key=api_key(self.name, options, "ANTHROPIC_API_KEY"),
+            base_url=options.get("base_url"),
+            timeout=float(options.get("timeout", 600)),
+        )
+
+    def check_model(self, model: str) -> None:
+        """Unknown models come back as errored results, per request."""
+
+    async def submit(self, key: str, requests: Sequence[ChatRequest]) -> str:
+        body = [batch_request(r, self.cache_prefix) for r in requests]
+        try:
+            batch = await self.client.with_options(max_retries=0).messages.batches.create(requests=body)
+        except anthropic.APIStatusError as err:
+            message = f"{self.name}: HTTP {err.status_code}: {err.message}"
+            if err.status_code in (400, 401, 403, 404, 413, 422):
+                raise BatchRejected(message) from None
+            raise RouteError(message) from None
+        return batch.id
+
+    async def find(self, key: str, size: int, not_before: float) -> str | None:
+        found = []
+        async for batch in self.client.messages.batches.list(limit=100):
+            created = batch.created_at.timestamp()
+            if created < not_before - 60:  # newest first: everything further is older
+                break
+            counts = batch.request_counts
+            total = counts.processing + counts.succeeded + counts.errored + counts.canceled + counts.expired
+            if created <= not_before + self.find_window and total == size:
+                found.append(batch.id)
+        if len(found) > 1:
+            raise RouteError(
+                f"{self.name}: {len(found)} batches ({', '.join(found)}) match a dispatch of {size} requests "
+                "created in the same window; refusing to guess. Cancel the extra one at the provider, "
+                "then run `lowtide tick` again"
+            )
+        return found[0] if found else None
+
+    async def poll(self, batch_id: str) -> BatchStatus:
+        batch = await self.client.messages.batches.retrieve(batch_id)
+        counts = batch.request_counts.model_dump()
+        return BatchStatus(phase=batch.processing_status, ended=batch.processing_status == "ended", counts=counts)
+
+    async def results(self, batch_id: str) -> AsyncIterator[Outcome]:
+        async for line in await self.client.messages.batches.results(batch_id):
+            yield parse_result(line.custom_id, line.result)
+
+    async def cancel(self, batch_id: str) -> None:
+        await self.client.messages.batches.cancel(batch_id)
+
+    async def aclose(self) -> None:
+        await self.client.close()
+
+
+def create(options: dict[str, Any]) -> AnthropicBatchRoute:
+    return AnthropicBatchRoute(options)

@@ -1,0 +1,194 @@
+"""`openai-batch`: OpenAI's Batch API (or any server speaking it, like `lowtide serve`).
+
+One provider batch per dispatch: the requests are written as a JSONL file of
+`/v1/chat/completions` lines, uploaded, and a batch is created with the dispatch's key in its
+metadata (`lowtide_key`). The create call is made with SDK retries off, so a create is never
+silently repeated; after a crash `find` lists recent batches and adopts the one with the key.
+Output and error files are streamed line by line.
+
+Options: `base_url`, `api_key_env` (default OPENAI_API_KEY), `max_requests` (≤ 50,000),
+`max_bytes` (≤ 200 MB), `poll_interval` ([first, longest] seconds, default [30, 600]),
+`find_hours` (how far back `find` looks, default 48), `timeout` (seconds per call, 600).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, Literal
+
+import openai
+
+from lowtide.core.errors import BatchRejected, RouteError
+from lowtide.core.types import ChatRequest, Outcome, Usage
+from lowtide.routes._provider import (
+    RETRYABLE_CODES,
+    api_key,
+    check_options,
+    poll_interval,
+    retryable_status,
+)
+from lowtide.routes.base import BatchLimits, BatchStatus
+
+log = logging.getLogger(__name__)
+MAX_REQUESTS = 50_000
+MAX_BYTES = 200 * 2**20
+ENDPOINT = "/v1/chat/completions"
+TERMINAL = {"completed", "failed", "expired", "cancelled"}
+OPTIONS = {"base_url", "api_key_env", "max_requests", "max_bytes", "poll_interval", "find_hours", "timeout"}
+METADATA_KEY = "lowtide_key"
+
+
+def request_line(request: ChatRequest) -> dict[str, Any]:
+    """One input line of an OpenAI batch file."""
+    body: dict[str, Any] = {
+        "model": request.model,
+        "messages": request.messages,
+        "max_tokens": request.max_tokens,
+        "temperature": request.temperature,
+    }
+    if request.stop:
+        body["stop"] = request.stop
+    if request.response_schema is not None:
+        body["response_format"] = {
+            "type": "json_schema",
+            "json_schema": {"name": "output", "schema": request.response_schema},
+        }
+    return {"custom_id": request.custom_id, "method": "POST", "url": ENDPOINT, "body": body}
+
+
+def parse_result_line(line: dict[str, Any]) -> Outcome:
+    """One line of an output or error file, as an Outcome (see batch-apis.md for the shapes)."""
+    cid = line["custom_id"]
+    response = line.get("response")
+    if response is not None and response.get("status_code", 500) < 400:
+        body = response["body"]
+        choice = body["choices"][0]
+        usage = body.get("usage") or {}
+        return Outcome(
+            cid,
+            True,
+            text=choice["message"].get("content") or "",
+            finish_reason=choice.get("finish_reason"),
+            usage=Usage(
+                input_tokens=usage.get("prompt_tokens", 0),
+                cached_input_tokens=(usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0),
+                output_tokens=usage.get("completion_tokens", 0),
+                reasoning_tokens=(usage.get("completion_tokens_details") or {}).get("reasoning_tokens", 0),
+            ),
+        )
+    if response is not None:
+        status = response.get("status_code", 500)
+        error = (response.get("body") or {}).get("error") or {}
+        code = error.get("code") or error.get("type") or f"http_{status}"
+        message = error.get("message") or f"HTTP {status}"
+        return Outcome.failure(cid, str(code), f"HTTP {status}: {message}", retryable_status(status))
+    error = line.get("error") or {}
+    code = error.get("code") or "unknown_error"
+    return Outcome.failure(cid, code, error.get("message") or code, code in RETRYABLE_CODES)
+
+
+class OpenAIBatchRoute:
+    kind: Literal["batch"] = "batch"
+    name = "openai-batch"
+    group_by_prefix = True  # requests sharing a prompt prefix go together: cache hits
+
+    def __init__(self, options: dict[str, Any]):
+        check_options(self.name, options, OPTIONS)
+        self.limits = BatchLimits(
+            max_requests=min(int(options.get("max_requests", MAX_REQUESTS)), MAX_REQUESTS),
+            max_bytes=min(int(options.get("max_bytes", MAX_BYTES)), MAX_BYTES),
+            one_model_per_batch=True,
+        )
+        self.poll_interval = poll_interval(options, (30.0, 600.0))
+        self.find_seconds = float(options.get("find_hours", 48)) * 3600
+        self.client = openai.AsyncOpenAI(
+            api_key=api_key(self.name, options, "OPENAI_API_KEY"),
+            base_url=options.get("base_url"),
+            timeout=float(options.get("timeout", 600)),
+        )
+
+    def check_model(self, model: str) -> None:
+        """The provider says which models it has; an unknown one fails the batch at validation."""
+
+    async def submit(self, key: str, requests: Sequence[ChatRequest]) -> str:
+        models = {r.model for r in requests}
+        if len(models) != 1:
+            raise RouteError(f"{self.name}: one model per batch file, got {sorted(models)}")
+        # Spooled: small files stay in memory, big ones go to disk, never both whole.
+        with tempfile.SpooledTemporaryFile(max_size=16 * 2**20) as f:
+            for r in requests:
+                f.write(json.dumps(request_line(r), ensure_ascii=False).encode() + b"\n")
+            f.seek(0)
+            try:
+                uploaded = await self.client.files.create(file=(f"{key}.jsonl", f), purpose="batch")
+                batch = await self.client.with_options(max_retries=0).batches.create(
+                    input_file_id=uploaded.id,
+                    endpoint=ENDPOINT,
+                    completion_window="24h",
+                    metadata={METADATA_KEY: key},
+                )
+            except openai.APIStatusError as err:
+                raise translate_create_error(self.name, err) from None
+        return batch.id
+
+    async def find(self, key: str, size: int, not_before: float) -> str | None:
+        oldest = not_before - 3600  # clocks differ; look a little further back
+        async for batch in self.client.batches.list(limit=100):
+            if (batch.metadata or {}).get(METADATA_KEY) == key:
+                return batch.id
+            if batch.created_at < min(oldest, not_before - self.find_seconds):
+                break
+        return None
+
+    async def poll(self, batch_id: str) -> BatchStatus:
+        batch = await self.client.batches.retrieve(batch_id)
+        counts = batch.request_counts.model_dump() if batch.request_counts else {}
+        errors = []
+        if batch.status == "failed":
+            data = batch.errors.data if batch.errors and batch.errors.data else []
+            errors = [f"line {e.line}: {e.code}: {e.message}" if e.line else f"{e.code}: {e.message}" for e in data]
+            errors = errors or ["the provider failed the batch without saying why"]
+        return BatchStatus(phase=batch.status, ended=batch.status in TERMINAL, counts=counts, errors=errors)
+
+    async def results(self, batch_id: str) -> AsyncIterator[Outcome]:
+        batch = await self.client.batches.retrieve(batch_id)
+        for file_id in (batch.output_file_id, batch.error_file_id):
+            if not file_id:
+                continue
+            async with self.client.files.with_streaming_response.content(file_id) as response:
+                async for text in response.iter_lines():
+                    outcome = _parse(text) if text.strip() else None
+                    if outcome is not None:
+                        yield outcome
+
+    async def cancel(self, batch_id: str) -> None:
+        await self.client.batches.cancel(batch_id)
+
+    async def aclose(self) -> None:
+        await self.client.close()
+
+
+def _parse(text: str) -> Outcome | None:
+    """A corrupt line names no request we can trust: it is skipped (and logged), and the
+    request it was for counts as missing from the output, so it is retried."""
+    try:
+        return parse_result_line(json.loads(text))
+    except (json.JSONDecodeError, KeyError, IndexError, TypeError, AttributeError) as err:
+        log.warning("openai-batch: skipped an unreadable result line (%s): %.200s", err, text)
+        return None
+
+
+def translate_create_error(route: str, err: openai.APIStatusError) -> RouteError:
+    """A refusal that sending the same batch again cannot fix fails its requests; anything
+    else is transient and the next tick finds-or-submits again."""
+    message = f"{route}: HTTP {err.status_code}: {err.message}"
+    if err.status_code in (400, 401, 403, 404, 413, 422):
+        return BatchRejected(message)
+    return RouteError(message)
+
+
+def create(options: dict[str, Any]) -> OpenAIBatchRoute:
+    return OpenAIBatchRoute(options)
