@@ -16,14 +16,22 @@ Options (`route_options`), all optional:
                  one request may use up to min(n_ctx, the model's training context)
     threads      CPU threads (default: all, os.cpu_count())
     requantize   "q4_0": run a Q4_0 copy of the model, made once and cached under
-                 ~/.cache/lowtide/models (about 2x faster than Q4_1 on x86 CPUs);
+                 ~/.cache/lowtide/models (Q4_0 runs about 1.4x faster than Q4_1 on x86);
                  "none": run the file as it is. Default "q4_0" for the bundled model,
                  "none" for a model_path.
     seed         seed for sampling when temperature > 0 (default 0); each request draws
                  from its own generator, seeded by (seed, custom_id)
 
+Requests that share the messages before their last one (a system prompt, example turns)
+share the KV cells of their common prompt prefix, computed once; `Usage.cached_input_tokens`
+counts the prompt tokens a request took from it without decoding them.
+
 Requests with `choices` are not generated: every choice is scored by its log-likelihood
-after the prompt and the likeliest is returned verbatim, with finish_reason "choice".
+after the prompt (the sum of its tokens' log-probabilities) and the likeliest is returned
+verbatim, with finish_reason "choice" and output_tokens the length of that choice.
+
+A prompt too long for the context fails alone, as "context_length_exceeded" (not
+retryable); a model that cannot be loaded raises `RouteError` from `execute`.
 """
 
 from __future__ import annotations
