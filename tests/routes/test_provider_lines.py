@@ -29,12 +29,19 @@ def test_openai_success_line_carries_text_and_the_providers_usage():
 
 @pytest.mark.parametrize(
     ("status", "code", "retryable"),
-    [(429, "rate_limit_exceeded", True), (500, "server_error", True), (400, "invalid_request_error", False)],
+    [
+        (429, "rate_limit_exceeded", True),
+        (500, "server_error", True),
+        (400, "invalid_request_error", False),
+    ],
 )
 def test_openai_http_error_lines_are_classified(status, code, retryable):
     line = {
         "custom_id": "a",
-        "response": {"status_code": status, "body": {"error": {"message": "nope", "type": code, "param": None, "code": None}}},
+        "response": {
+            "status_code": status,
+            "body": {"error": {"message": "nope", "type": code, "param": None, "code": None}},
+        },
         "error": None,
     }
     o = parse_result_line(line)
@@ -43,10 +50,13 @@ def test_openai_http_error_lines_are_classified(status, code, retryable):
 
 
 @pytest.mark.parametrize(
-    ("code", "retryable"), [("batch_expired", True), ("batch_cancelled", True), ("request_timeout", True), ("bad", False)]
+    ("code", "retryable"),
+    [("batch_expired", True), ("batch_cancelled", True), ("request_timeout", True), ("bad", False)],
 )
 def test_openai_non_http_error_lines_are_classified(code, retryable):
-    o = parse_result_line({"custom_id": "a", "response": None, "error": {"code": code, "message": "m"}})
+    o = parse_result_line(
+        {"custom_id": "a", "response": None, "error": {"code": code, "message": "m"}}
+    )
     assert (o.ok, o.error_code, o.retryable) == (False, code, retryable)
 
 
@@ -57,9 +67,20 @@ def test_a_corrupt_openai_line_is_skipped_never_raised(text):
 
 
 def test_openai_request_line_shape():
-    r = ChatRequest("t-1", "gpt-x", [{"role": "user", "content": "hi"}], max_tokens=5, stop=["\n"], response_schema={"type": "object"})
+    r = ChatRequest(
+        "t-1",
+        "gpt-x",
+        [{"role": "user", "content": "hi"}],
+        max_tokens=5,
+        stop=["\n"],
+        response_schema={"type": "object"},
+    )
     line = request_line(r)
-    assert line["custom_id"] == "t-1" and line["method"] == "POST" and line["url"] == "/v1/chat/completions"
+    assert (
+        line["custom_id"] == "t-1"
+        and line["method"] == "POST"
+        and line["url"] == "/v1/chat/completions"
+    )
     assert line["body"]["response_format"]["json_schema"]["schema"] == {"type": "object"}
     assert line["body"]["stop"] == ["\n"]
 
@@ -72,23 +93,56 @@ def test_anthropic_results_map_to_outcomes():
             "message": {
                 "content": [{"type": "text", "text": "billing"}],
                 "stop_reason": "end_turn",
-                "usage": {"input_tokens": 11, "output_tokens": 3, "cache_creation_input_tokens": 4, "cache_read_input_tokens": 6},
+                "usage": {
+                    "input_tokens": 11,
+                    "output_tokens": 3,
+                    "cache_creation_input_tokens": 4,
+                    "cache_read_input_tokens": 6,
+                },
             },
         },
     )
-    assert (ok.ok, ok.text, ok.usage.input_tokens, ok.usage.cache_write_tokens, ok.usage.cached_input_tokens) == (True, "billing", 11, 4, 6)
-    bad = parse_result("b", {"type": "errored", "error": {"type": "error", "error": {"type": "invalid_request_error", "message": "max_tokens: …"}}})
+    assert (
+        ok.ok,
+        ok.text,
+        ok.usage.input_tokens,
+        ok.usage.cache_write_tokens,
+        ok.usage.cached_input_tokens,
+    ) == (True, "billing", 11, 4, 6)
+    bad = parse_result(
+        "b",
+        {
+            "type": "errored",
+            "error": {
+                "type": "error",
+                "error": {"type": "invalid_request_error", "message": "max_tokens: …"},
+            },
+        },
+    )
     assert (bad.ok, bad.error_code, bad.retryable) == (False, "invalid_request_error", False)
-    busy = parse_result("c", {"type": "errored", "error": {"type": "error", "error": {"type": "overloaded_error", "message": "x"}}})
+    busy = parse_result(
+        "c",
+        {
+            "type": "errored",
+            "error": {"type": "error", "error": {"type": "overloaded_error", "message": "x"}},
+        },
+    )
     assert busy.retryable
     assert parse_result("d", {"type": "canceled"}).error_code == "batch_cancelled"
     assert parse_result("e", {"type": "expired"}).retryable
 
 
 def test_anthropic_request_puts_system_apart_and_caches_it_when_asked():
-    r = ChatRequest("a", "claude-x", [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}], stop=["x"])
+    r = ChatRequest(
+        "a",
+        "claude-x",
+        [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}],
+        stop=["x"],
+    )
     body = batch_request(r, cache_prefix=True)
-    assert body["params"]["system"] == [{"type": "text", "text": "S", "cache_control": {"type": "ephemeral", "ttl": "1h"}}]
+    assert body["params"]["system"] == [
+        {"type": "text", "text": "S", "cache_control": {"type": "ephemeral", "ttl": "1h"}}
+    ]
     assert body["params"]["messages"] == [{"role": "user", "content": "U"}]
     assert body["params"]["stop_sequences"] == ["x"]
 
