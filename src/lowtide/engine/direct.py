@@ -10,7 +10,7 @@ from lowtide.core.states import DispatchState
 from lowtide.core.types import Outcome
 from lowtide.engine.context import JobContext
 from lowtide.engine.dispatch import (
-    assign,
+    claim_due,
     dispatched_requests,
     left_in_dispatch,
     new_dispatch,
@@ -33,13 +33,12 @@ async def run_direct(
     """Claim one dispatch of due requests and execute it. Returns what was applied."""
     now = clock.now()
     with store.begin() as conn:
-        ids = pending_ids(conn, job.id, now, route.dispatch_size)
-        if not ids:
+        if not pending_ids(conn, job.id, now, 1):
             return IngestCounts()
         dispatch_id = new_dispatch(
             conn, job.id, route.name, "direct", DispatchState.RUNNING, now, owner=owner, lease_until=now + lease
         )
-        assign(conn, dispatch_id, ids, route.name, now)
+        claim_due(conn, dispatch_id, job.id, now, route.dispatch_size, route.name)
         batch = dispatched_requests(conn, dispatch_id)
 
     counts = IngestCounts()
@@ -50,7 +49,7 @@ async def run_direct(
         nonlocal buffer, last_flush
         now = clock.now()
         with store.begin() as conn:
-            counts.add(apply_outcomes(conn, job, dispatch_id, route.name, buffer, now, rng))
+            counts.add(apply_outcomes(conn, job, dispatch_id, route.name, buffer, now, rng, whole_dispatch=True))
             if final:
                 # A route that returned nothing for a request: treat it as a retryable loss.
                 missing = left_in_dispatch(conn, dispatch_id)

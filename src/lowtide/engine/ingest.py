@@ -57,26 +57,15 @@ def apply_outcomes(
     outcomes: Sequence[Outcome],
     now: float,
     rng: random.Random,
+    *,
+    whole_dispatch: bool = False,
 ) -> IngestCounts:
+    """`whole_dispatch`: the dispatch is small (a direct route's), so its requests are read
+    by dispatch rather than looked up one custom_id at a time."""
     counts = IngestCounts()
     if not outcomes:
         return counts
-    ids = list({o.custom_id for o in outcomes})
-    stmt = select(
-        requests.c.id, requests.c.custom_id, requests.c.state, requests.c.dispatch_id,
-        requests.c.attempts, requests.c.repair,
-    ).where(requests.c.job_id == job.id, requests.c.custom_id.in_(ids))  # fmt: skip
-    if conn.dialect.name == "postgresql":
-        stmt = stmt.with_for_update()
-    current = {r.custom_id: r for r in conn.execute(stmt).all()}
-    seen = set(
-        conn.scalars(
-            select(attempts.c.request_id).where(
-                attempts.c.dispatch_id == dispatch_id,
-                attempts.c.request_id.in_([r.id for r in current.values()]),
-            )
-        )
-    )
+    current, seen = _lookup(conn, job.id, dispatch_id, outcomes, whole_dispatch)
     by_target: dict[RequestState, list[dict]] = {}
     attempt_rows = []
     spec = job.spec
@@ -127,6 +116,45 @@ def apply_outcomes(
         insert = (postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert)(attempts)
         executemany(conn, insert.on_conflict_do_nothing(index_elements=["request_id", "dispatch_id"]), attempt_rows)
     return counts
+
+
+_COLS = (
+    requests.c.id, requests.c.custom_id, requests.c.state, requests.c.dispatch_id,
+    requests.c.attempts, requests.c.repair,
+)  # fmt: skip
+
+
+def _lookup(conn: Connection, job_id: int, dispatch_id: int, outcomes, whole_dispatch: bool):
+    """The requests the outcomes are for, and which of them already have an attempt from
+    this dispatch. A request still waiting in this dispatch never has one (an attempt is
+    recorded in the same transaction that moves it on), so only the others are checked."""
+    current = {}
+    if whole_dispatch:
+        live = select(*_COLS).where(
+            requests.c.dispatch_id == dispatch_id, requests.c.state == RequestState.DISPATCHED.value
+        )
+        if conn.dialect.name == "postgresql":
+            live = live.with_for_update()
+        current = {r.custom_id: r for r in conn.execute(live).all()}
+    others = list({o.custom_id for o in outcomes if o.custom_id not in current})
+    if others:
+        stmt = select(*_COLS).where(requests.c.job_id == job_id, requests.c.custom_id.in_(others))
+        if conn.dialect.name == "postgresql":
+            stmt = stmt.with_for_update()
+        current.update({r.custom_id: r for r in conn.execute(stmt).all()})
+    moved_on = [
+        r.id for r in current.values() if not (r.state == RequestState.DISPATCHED and r.dispatch_id == dispatch_id)
+    ]
+    seen = set()
+    if moved_on:
+        seen = set(
+            conn.scalars(
+                select(attempts.c.request_id).where(
+                    attempts.c.dispatch_id == dispatch_id, attempts.c.request_id.in_(moved_on)
+                )
+            )
+        )
+    return current, seen
 
 
 def _decide(job: JobContext, req, outcome: Outcome, row: dict, choices, now: float, rng) -> RequestState:
