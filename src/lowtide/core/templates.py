@@ -89,8 +89,11 @@ class MessageTemplate:
                 messages.append({"role": part.role, "content": part.constant})
                 continue
             try:
-                text = part.template.render(values)
-            except Exception as err:
+                # shared=True: the row's dict is the context itself, not copied (we have no globals)
+                template = part.template
+                text = "".join(template.root_render_func(template.new_context(values, shared=True)))
+            except Exception:
+                err = _rewritten_error(part.template, values)
                 name = where(row) if where is not None else row
                 line = _error_line(err, part)
                 if isinstance(err, jinja2.UndefinedError):
@@ -138,6 +141,16 @@ def _compile(role: str, name: str, source: str) -> _Part:
             lines[node.name] = min(lines.get(node.name, node.lineno), node.lineno)
     constant = template.render() if not declared else None
     return _Part(role, name, template, lines, constant)
+
+
+def _rewritten_error(template: jinja2.Template, values: dict[str, Any]) -> Exception:
+    """The same failure through `render()`, whose traceback Jinja maps to template lines
+    (the fast path above skips that; errors are rare, so they pay for it)."""
+    try:
+        template.render(values)
+    except Exception as err:
+        return err
+    return RuntimeError("template failed once and then rendered")
 
 
 def _error_line(err: Exception, part: _Part) -> int | str:

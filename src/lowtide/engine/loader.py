@@ -8,10 +8,11 @@ is already stored are left as they are, so loading the same file twice adds noth
 from __future__ import annotations
 
 import json
+from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sqlalchemy import Column, Connection, Integer, MetaData, String, Table, func, select, text
+from sqlalchemy import Connection, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 
 from lowtide.core.clock import Clock
@@ -32,13 +33,6 @@ MAX_PROBLEMS = 1000
 _dumps = json.JSONEncoder(ensure_ascii=False).encode
 # Rows that carry their own conversation may also carry these generation parameters.
 ROW_PARAMS = ("max_tokens", "temperature", "stop")
-_staging = Table(
-    "lowtide_load",
-    MetaData(),
-    Column("custom_id", String(64), nullable=False),
-    Column("row", Integer, nullable=False),
-    prefixes=["TEMPORARY"],
-)
 
 
 @dataclass(slots=True)
@@ -149,7 +143,7 @@ def load_job(
     with store.begin() as conn:
         job_id, created = save_job(conn, spec.name, spec.model_dump_json(), spec.route, now)
         before = _count(conn, job_id)
-        _staging.create(conn)
+        ids = _IdWatch()
         problems: list[str] = []
         total = 0
         for chunk in source.chunks():
@@ -162,19 +156,18 @@ def load_job(
                     item.update(job_id=job_id, state=RequestState.PENDING.value, attempts=0, not_before=0.0)
                     good.append(item)
             total += len(chunk)
-            if good:
-                # Ids are staged even after a problem, so duplicates are reported with the rest.
-                executemany(conn, _staging.insert(), [{"custom_id": g["custom_id"], "row": g["source_row"]} for g in good])
-                if not problems:
-                    executemany(conn, insert_requests, good)
+            for g in good:  # ids are watched even after a problem: duplicates are reported with the rest
+                ids.add(g["custom_id"])
+            if good and not problems:
+                executemany(conn, insert_requests, good)
             if on_rows:
                 on_rows(total)
             if len(problems) >= MAX_PROBLEMS:
                 break
-        problems.extend(_duplicates(conn, source, spec.source.id_column))
+        if ids.has_repeats():
+            problems.extend(_duplicates(source, spec.source.id_column, ids))
         if problems:
             raise SourceError.from_problems(f"{source.path}: refused, nothing was stored", problems)
-        _staging.drop(conn)
         new = _count(conn, job_id) - before
         if new:
             conn.execute(jobs.update().where(jobs.c.id == job_id).values(updated_at=now))
@@ -187,19 +180,41 @@ def _count(conn: Connection, job_id: int) -> int:
     return conn.execute(select(func.count()).select_from(requests).where(requests.c.job_id == job_id)).scalar_one()
 
 
-def _duplicates(conn: Connection, source: Source, id_column: str) -> list[str]:
-    rows = conn.execute(
-        text(
-            "SELECT custom_id, row FROM lowtide_load WHERE custom_id IN "
-            "(SELECT custom_id FROM lowtide_load GROUP BY custom_id HAVING COUNT(*) > 1) "
-            "ORDER BY custom_id, row"
-        )
-    )
+class _IdWatch:
+    """Spots repeated custom_ids in a file of any size in 8 bytes a row: each id's hash goes
+    into a flat array; repeats of a hash are checked against the real ids afterwards."""
+
+    def __init__(self) -> None:
+        self.hashes = array("q")
+        self.repeated: set[int] = set()
+
+    def add(self, custom_id: str) -> None:
+        self.hashes.append(hash(custom_id))
+
+    def has_repeats(self) -> bool:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        counts = pc.value_counts(pa.array(self.hashes, type=pa.int64()))
+        many = pc.filter(counts, pc.greater(counts.field("counts"), 1))
+        self.repeated = set(many.field("values").to_pylist())
+        return bool(self.repeated)
+
+
+def _duplicates(source: Source, id_column: str, ids: _IdWatch) -> list[str]:
+    """Every row of every repeated id: a second pass over the source, only when needed."""
     groups: dict[str, list[int]] = {}
-    for cid, row in rows:
-        groups.setdefault(cid, []).append(row)
+    for chunk in source.chunks():
+        for row in chunk:
+            key = row.values.get(id_column)
+            if key is None or not (key := str(key).strip()):
+                continue
+            cid = custom_id_for(key) if key.isascii() or _is_utf8(key) else None
+            if cid is not None and hash(cid) in ids.repeated:
+                groups.setdefault(cid, []).append(row.number)
     return [
         f'{source.path.name} rows {", ".join(map(str, rows))}: duplicate id "{cid}" in column "{id_column}"; '
         "ids must be unique (remove or renumber the repeats)"
-        for cid, rows in groups.items()
+        for cid, rows in sorted(groups.items())
+        if len(rows) > 1
     ]
