@@ -15,6 +15,8 @@ batches), `timeout`.
 
 from __future__ import annotations
 
+import json
+import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, Literal
 
@@ -25,6 +27,7 @@ from lowtide.core.types import ChatRequest, Outcome, Usage
 from lowtide.routes._provider import RETRYABLE_CODES, api_key, check_options, poll_interval
 from lowtide.routes.base import BatchLimits, BatchStatus
 
+log = logging.getLogger(__name__)
 MAX_REQUESTS = 100_000
 MAX_BYTES = 256 * 2**20
 OPTIONS = {"base_url", "api_key_env", "max_requests", "max_bytes", "poll_interval", "find_window", "cache_prefix", "timeout"}
@@ -136,8 +139,19 @@ class AnthropicBatchRoute:
         return BatchStatus(phase=batch.processing_status, ended=batch.processing_status == "ended", counts=counts)
 
     async def results(self, batch_id: str) -> AsyncIterator[Outcome]:
-        async for line in await self.client.messages.batches.results(batch_id):
-            yield parse_result(line.custom_id, line.result)
+        # The raw stream, not the SDK's decoder: one corrupt line must not stop the rest. It
+        # is skipped (logged), and its request counts as missing, so it is retried.
+        async with self.client.messages.batches.with_streaming_response.results(batch_id) as response:
+            async for text in response.iter_lines():
+                if not text.strip():
+                    continue
+                try:
+                    line = json.loads(text)
+                    outcome = parse_result(line["custom_id"], line["result"])
+                except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as err:
+                    log.warning("anthropic-batch: skipped an unreadable result line (%s): %.200s", err, text)
+                    continue
+                yield outcome
 
     async def cancel(self, batch_id: str) -> None:
         await self.client.messages.batches.cancel(batch_id)
