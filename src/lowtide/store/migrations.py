@@ -47,3 +47,8 @@ def apply_migrations(conn: Connection) -> list[str]:
             conn.execute(schema.migrations.insert().values(name=name, applied_at=time.time()))
             applied.append(name)
     return applied
+
+
+@migration
+def m002_serve_batches(conn: Connection) -> None:
+    schema.metadata.create_all(conn, tables=[schema.serve_files, schema.serve_batches])

@@ -140,3 +140,50 @@ events = Table(
     Column("message", Text, nullable=False),
     Index("ix_events_job", "job_id", "at"),
 )
+
+# The Batch API server (`lowtide serve`). A file is uploaded input or produced output; its
+# bytes live under the server's data dir at `path`. An API batch runs as lowtide jobs (one
+# per model) named after it; `status` uses OpenAI's words for both APIs.
+serve_files = Table(
+    "serve_files",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("purpose", String(32), nullable=False),
+    Column("filename", Text, nullable=False),
+    Column("bytes", Integer, nullable=False),
+    Column("path", Text, nullable=False),  # relative to the data dir
+    Column("created_at", Float, nullable=False),
+    Column("expires_at", Float),
+)
+
+serve_batches = Table(
+    "serve_batches",
+    metadata,
+    Column("seq", Integer, primary_key=True),  # creation order: lists are newest first
+    Column("id", String(64), nullable=False, unique=True),
+    Column("api", String(16), nullable=False),  # openai | anthropic
+    Column("status", String(16), nullable=False),
+    Column("endpoint", String(64)),
+    Column("model", String(256)),
+    Column("input_file_id", String(64)),
+    Column("completion_window", String(16)),
+    Column("metadata", Text),  # JSON
+    Column("jobs", Text, nullable=False),  # JSON: [{"name", "model"}], empty until validated
+    Column("faults", Text, nullable=False),  # JSON: the fault plan's actions for this batch
+    Column("total", Integer, nullable=False),
+    Column("rejected", Integer, nullable=False),  # requests refused at the edge (bad params)
+    Column("counts", Text),  # JSON: final counts, once ended
+    Column("errors", Text),  # JSON: validation errors
+    Column("output_file_id", String(64)),
+    Column("error_file_id", String(64)),
+    Column("created_at", Float, nullable=False),
+    Column("expires_at", Float, nullable=False),
+    Column("in_progress_at", Float),
+    Column("finalizing_at", Float),
+    Column("completed_at", Float),
+    Column("failed_at", Float),
+    Column("expired_at", Float),
+    Column("cancelling_at", Float),
+    Column("cancelled_at", Float),
+    Index("ix_serve_batches_status", "status"),
+)

@@ -1,0 +1,118 @@
+"""100,000 requests through `openai-batch` against `lowtide serve` (echo backend, fast clock):
+render → persist → chunk → upload → poll → download → ingest → export.
+
+    .venv/bin/python bench/batch.py              # 100,000 requests
+    .venv/bin/python bench/batch.py --n 20000 --route anthropic-batch
+
+Prints the client's wall time per phase and its peak RSS (the server is another process and
+is not counted). Runs in a temporary folder that is removed afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import resource
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).parent))
+from lowtide.core.clock import SystemClock  # noqa: E402
+from lowtide.core.spec import build_spec  # noqa: E402
+from lowtide.engine.export import export_results  # noqa: E402
+from lowtide.engine.loader import load_job  # noqa: E402
+from lowtide.engine.runner import drive  # noqa: E402
+from lowtide.engine.tick import Engine  # noqa: E402
+from lowtide.store.db import Store  # noqa: E402
+from pipeline import make_source, peak_rss_mb  # noqa: E402
+
+
+def start_server(tmp: Path) -> tuple[subprocess.Popen, str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    lowtide = Path(sys.executable).with_name("lowtide")
+    proc = subprocess.Popen(
+        [str(lowtide), "serve", "--backend", "echo", "--port", str(port), "--time-scale", "3600",
+         "--db", str(tmp / "server.db"), "--data-dir", str(tmp / "server-data")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        try:
+            httpx.get(f"{url}/v1/batches", timeout=1)
+            return proc, url
+        except httpx.TransportError:
+            time.sleep(0.05)
+    proc.kill()
+    raise SystemExit("lowtide serve did not start")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--n", type=int, default=100_000)
+    parser.add_argument("--route", default="openai-batch", choices=["openai-batch", "anthropic-batch"])
+    args = parser.parse_args()
+    n = args.n
+
+    tmp = Path(tempfile.mkdtemp(prefix="lowtide-bench-batch-"))
+    server, url = start_server(tmp)
+    os.environ["LOWTIDE_BENCH_KEY"] = "bench"
+    try:
+        make_source(tmp / "tickets.csv", n)
+        base = f"{url}/v1" if args.route == "openai-batch" else url
+        options = {"base_url": base, "api_key_env": "LOWTIDE_BENCH_KEY", "poll_interval": [0.2, 0.5]}
+        if args.route == "anthropic-batch":
+            options["find_window"] = 10**7  # the server's clock runs fast
+        spec = build_spec(
+            {
+                "name": "bench",
+                "source": {"path": str(tmp / "tickets.csv"), "id_column": "ticket_id"},
+                "template": {"system": "Classify the ticket.", "user": "Channel: {{ channel }}\n{{ body }}"},
+                "model": "gpt-4o-mini",
+                "route": args.route,
+                "route_options": options,
+                "params": {"max_tokens": 64},
+            }
+        )
+        store = Store(str(tmp / "client.db"))
+        phases: dict[str, float] = {}
+        t = time.perf_counter()
+        load_job(store, spec, SystemClock())
+        phases["render + persist"] = time.perf_counter() - t
+
+        async def run():
+            async with Engine(store) as engine:
+                status = await drive(engine, "bench")
+            assert status.counts == {"succeeded": n}, (status.counts, status.failures, status.events)
+
+        t = time.perf_counter()
+        asyncio.run(run())
+        phases["chunk, upload, poll, download, ingest"] = time.perf_counter() - t
+        t = time.perf_counter()
+        assert export_results(store, "bench", tmp / "results.parquet").rows == n
+        phases["export (parquet)"] = time.perf_counter() - t
+        store.close()
+
+        total = sum(phases.values())
+        print(f"{args.route} against lowtide serve (echo backend): {n:,} requests")
+        for name, secs in phases.items():
+            print(f"  {name:<38} {secs:7.2f} s")
+        print(f"  {'total':<38} {total:7.2f} s  {n / total:,.0f} req/s")
+        print(f"  client peak RSS {peak_rss_mb():.0f} MB; client CPU {resource.getrusage(resource.RUSAGE_SELF).ru_utime:.1f} s")
+    finally:
+        server.terminate()
+        server.wait(30)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

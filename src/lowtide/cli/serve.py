@@ -1,0 +1,72 @@
+"""`lowtide serve`: the Batch API server (OpenAI and Anthropic protocols) over any route."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+import yaml
+
+from lowtide.cli.common import EXIT_USAGE, console, fail, state
+from lowtide.core.errors import LowtideError
+from lowtide.store.db import default_location
+
+KEYS_ENV = "LOWTIDE_SERVE_API_KEYS"
+
+
+def serve(
+    backend: Annotated[str, typer.Option(help="The route batches run on: echo, local, …")] = "echo",
+    port: Annotated[int, typer.Option(help="TCP port.")] = 8000,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    db: Annotated[str | None, typer.Option("--db", help="The store (default: lowtide --db, LOWTIDE_DB, ./lowtide.db).")] = None,
+    data_dir: Annotated[Path, typer.Option("--data-dir", help="Where uploaded and produced files live.")] = Path("lowtide-serve"),
+    model: Annotated[str | None, typer.Option(help="Run every batch on this model of the backend (default: the batch's own).")] = None,
+    api_key: Annotated[
+        list[str] | None,
+        typer.Option("--api-key", help=f"Accept this key (repeatable; or {KEYS_ENV}=k1,k2). None: any key."),
+    ] = None,
+    time_scale: Annotated[float, typer.Option("--time-scale", min=0.000001, help="Run the server's clock N times faster (testing).")] = 1.0,
+    complete_after: Annotated[float, typer.Option("--complete-after", min=0, help="Scaled seconds before a batch may finish (testing).")] = 0.0,
+    faults: Annotated[Path | None, typer.Option("--faults", help="A YAML fault plan (testing); see docs/serve.md.")] = None,
+    option: Annotated[
+        list[str] | None, typer.Option("--option", "-o", help="A route option of the backend, KEY=VALUE (repeatable).")
+    ] = None,
+) -> None:
+    """Serve the OpenAI Batch and Anthropic Message Batches APIs; batches run as lowtide jobs.
+
+    Point the official SDKs at it: OpenAI(base_url="http://127.0.0.1:8000/v1"),
+    Anthropic(base_url="http://127.0.0.1:8000").
+
+    Example: lowtide serve --backend echo --port 8000 --time-scale 3600
+    """
+    import uvicorn
+
+    from lowtide.server import ServeConfig, create_app
+
+    route_options = {}
+    for item in option or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            console.print(f"lowtide: --option {item!r}: write KEY=VALUE, e.g. --option slots=8")
+            raise typer.Exit(EXIT_USAGE)
+        route_options[key.strip()] = yaml.safe_load(value)
+    keys = list(api_key or []) + [k.strip() for k in os.environ.get(KEYS_ENV, "").split(",") if k.strip()]
+    config = ServeConfig(
+        backend=backend, route_options=route_options, model=model, data_dir=data_dir, db=db or state.db or default_location(),
+        time_scale=time_scale, complete_after=complete_after, faults=faults, api_keys=tuple(keys),
+    )  # fmt: skip
+    try:
+        app = create_app(config)
+    except LowtideError as err:
+        raise fail(err) from None
+    server = app.state.server
+    console.print(f"lowtide serve: backend {backend}, store {server.store.describe()}, files in {server.data_dir}")
+    console.print(f"  OpenAI:    OpenAI(base_url=\"http://{host}:{port}/v1\")")
+    console.print(f"  Anthropic: Anthropic(base_url=\"http://{host}:{port}\")")
+    if time_scale != 1.0 or complete_after or faults:
+        console.print(f"  testing: time scale {time_scale:g}, complete after {complete_after:g} s, faults {faults or 'none'}")
+    if keys:  # with none, the app itself warns that any key is accepted
+        console.print(f"  {len(keys)} API key(s) accepted")
+    uvicorn.run(app, host=host, port=port, log_level="warning")

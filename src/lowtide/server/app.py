@@ -1,0 +1,86 @@
+"""The Batch API server: OpenAI's Files and Batches and Anthropic's Message Batches,
+over any lowtide route. Each API batch runs as a lowtide job in the store.
+
+    app = create_app(ServeConfig(backend="echo", time_scale=3600))
+    uvicorn.run(app, port=8000)
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+
+from lowtide.routes import create_route
+from lowtide.server import anthropic_api, errors, faults, files, openai_api
+from lowtide.server.clock import ScaledClock
+from lowtide.server.context import ServeConfig, Server
+from lowtide.server.errors import ApiError, api_of
+from lowtide.server.faults import FaultPlan, Faults
+from lowtide.server.lifecycle import Worker
+from lowtide.store.db import Store
+
+log = logging.getLogger("lowtide.serve")
+
+
+def create_app(config: ServeConfig) -> FastAPI:
+    """Build the app; the store opens now, the worker starts with the app's lifespan."""
+    create_route(config.backend, config.route_options)  # an unknown backend fails here, listing the known ones
+    plan = FaultPlan.load(config.faults) if config.faults else FaultPlan()
+    data_dir = config.data_dir.expanduser().resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    store = Store(config.db)
+    server = Server(config, store, ScaledClock.open(store, config.time_scale), Faults(plan), data_dir)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if not config.api_keys:
+            log.warning("lowtide serve: no API keys configured; any key is accepted")
+        worker = Worker(server)
+        worker.start()
+        try:
+            yield
+        finally:
+            worker.stop()
+            store.close()
+
+    app = FastAPI(title="lowtide Batch API", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.server = server
+    errors.install(app)
+    faults.install(app, server.faults)  # inner: runs after the key check
+    _install_auth(app, config.api_keys)
+    for module in (files, openai_api, anthropic_api):
+        app.include_router(module.router)
+    return app
+
+
+def _install_auth(app: FastAPI, keys: tuple[str, ...]) -> None:
+    """With keys configured, every /v1 call must carry one (`Authorization: Bearer KEY` as
+    OpenAI's SDK sends it, or `x-api-key` as Anthropic's does). Keys are never logged."""
+    if not keys:
+        return
+    wanted = [k.encode() for k in keys]
+
+    def known(key: str | None) -> bool:
+        return key is not None and any(hmac.compare_digest(key.encode(), w) for w in wanted)
+
+    @app.middleware("http")
+    async def _auth(request: Request, call_next):
+        if not request.url.path.startswith("/v1/"):
+            return await call_next(request)
+        bearer = request.headers.get("authorization", "")
+        given = request.headers.get("x-api-key") or (bearer[7:].strip() if bearer.lower().startswith("bearer ") else None)
+        if known(given):
+            return await call_next(request)
+        api = api_of(request.url.path)
+        if api == "anthropic":
+            message = "x-api-key header is required" if given is None else "invalid x-api-key"
+            return ApiError(401, message, type="authentication_error").response(api)
+        if given is None:
+            message = ("You didn't provide an API key. You need to provide your API key in an Authorization "
+                       "header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY).")  # fmt: skip
+            return ApiError(401, message, type="invalid_request_error").response(api)
+        return ApiError(401, "Incorrect API key provided.", type="invalid_request_error", code="invalid_api_key").response(api)

@@ -1,0 +1,61 @@
+"""What the server is configured with, and what its parts share while it runs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from lowtide.store.db import Store
+
+if TYPE_CHECKING:
+    from lowtide.server.clock import ScaledClock
+    from lowtide.server.faults import Faults
+
+MB = 1024 * 1024
+DAY = 86400.0
+
+
+@dataclass(frozen=True, slots=True)
+class ServeConfig:
+    """Everything `lowtide serve` takes. The limits are the providers' own; tests lower them."""
+
+    backend: str = "echo"
+    route_options: dict[str, Any] = field(default_factory=dict)
+    # Run every batch on this model of the backend; default: the model each batch names.
+    model: str | None = None
+    data_dir: Path = Path("lowtide-serve")
+    db: str | None = None
+    time_scale: float = 1.0
+    complete_after: float = 0.0  # scaled seconds after creation before a batch may finish
+    faults: Path | None = None
+    api_keys: tuple[str, ...] = field(default=(), repr=False)  # never printed, never stored
+    max_file_bytes: int = 512 * MB
+    openai_max_bytes: int = 200 * MB
+    openai_max_requests: int = 50_000
+    anthropic_max_bytes: int = 256 * MB
+    anthropic_max_requests: int = 100_000
+    completion_window: float = DAY  # both APIs: a batch expires 24 h after creation
+    default_max_tokens: int = 4096  # OpenAI requests without max_tokens
+    # Ready-made route instances by route name, handed to the engine (an embedding
+    # program's own, or a probe in a test); other routes are built from the name.
+    routes: dict[str, Any] = field(default_factory=dict, repr=False)
+
+
+@dataclass(slots=True)
+class Server:
+    """The running server's shared parts; handlers reach it as `request.app.state.server`."""
+
+    config: ServeConfig
+    store: Store
+    clock: ScaledClock
+    faults: Faults
+    data_dir: Path
+    wake: Any = None  # callable: tell the worker there is news (a batch, a cancel)
+
+    def path(self, relative: str) -> Path:
+        return self.data_dir / relative
+
+    def notify(self) -> None:
+        if self.wake is not None:
+            self.wake()

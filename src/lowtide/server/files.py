@@ -1,0 +1,115 @@
+"""OpenAI's Files API: uploads are streamed to `files/` in the data dir, contents streamed back."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import FileResponse
+from sqlalchemy import Row
+from starlette.datastructures import UploadFile
+
+from lowtide.server import records
+from lowtide.server.context import Server
+from lowtide.server.errors import ApiError, not_found
+
+router = APIRouter(prefix="/v1/files")
+PURPOSES = ("batch", "assistants", "fine-tune", "vision", "user_data", "evals")
+CHUNK = 1024 * 1024
+
+
+def file_object(row: Row) -> dict[str, Any]:
+    return {
+        "id": row.id, "object": "file", "bytes": row.bytes, "created_at": int(row.created_at),
+        "expires_at": int(row.expires_at) if row.expires_at is not None else None, "filename": row.filename,
+        "purpose": row.purpose, "status": "processed", "status_details": None,
+    }  # fmt: skip
+
+
+def _server(request: Request) -> Server:
+    return request.app.state.server
+
+
+def _get(server: Server, file_id: str) -> Row:
+    with server.store.begin() as conn:
+        row = records.get_file(conn, file_id)
+    if row is None or not server.path(row.path).exists():
+        raise not_found("openai", "file", file_id)
+    return row
+
+
+@router.post("")
+async def upload(request: Request) -> dict[str, Any]:
+    server = _server(request)
+    form = await request.form()
+    file, purpose = form.get("file"), form.get("purpose")
+    if not isinstance(file, UploadFile):
+        raise ApiError(400, "Missing required parameter: 'file'.", param="file")
+    if purpose not in PURPOSES:
+        raise ApiError(400, f"'{purpose}' is not one of {list(PURPOSES)} - 'purpose'", param="purpose")
+    filename = file.filename or "upload"
+    if purpose == "batch" and not filename.endswith(".jsonl"):
+        raise ApiError(400, "Invalid file format for Batch API. Must be .jsonl", param="file")
+    now = server.clock.now()
+    expires_at = _expires_after(form, now)
+    file_id = records.new_id("file-")
+    relative = f"files/{file_id}.jsonl" if purpose == "batch" else f"files/{file_id}"
+    target = server.path(relative)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    size = 0
+    try:
+        with target.open("wb") as out:
+            while chunk := await file.read(CHUNK):
+                size += len(chunk)
+                if size > server.config.max_file_bytes:
+                    raise ApiError(413, f"File is too large: the limit is {server.config.max_file_bytes:,} bytes.", param="file")
+                out.write(chunk)
+    except BaseException:
+        target.unlink(missing_ok=True)
+        raise
+    finally:
+        await form.close()
+    values = {"id": file_id, "purpose": purpose, "filename": filename, "bytes": size, "path": relative,
+              "created_at": now, "expires_at": expires_at}  # fmt: skip
+    with server.store.begin() as conn:
+        records.insert_file(conn, **values)
+        return file_object(records.get_file(conn, file_id))
+
+
+def _expires_after(form, now: float) -> float | None:
+    anchor, seconds = form.get("expires_after[anchor]"), form.get("expires_after[seconds]")
+    if anchor is None and seconds is None:
+        return None
+    if anchor != "created_at":
+        raise ApiError(400, "expires_after[anchor] must be 'created_at'.", param="expires_after.anchor")
+    try:
+        value = int(str(seconds))
+    except ValueError:
+        value = -1
+    if not 3600 <= value <= 2_592_000:
+        raise ApiError(400, "expires_after[seconds] must be between 3600 and 2592000.", param="expires_after.seconds")
+    return now + value
+
+
+@router.get("/{file_id}")
+def retrieve(file_id: str, request: Request) -> dict[str, Any]:
+    return file_object(_get(_server(request), file_id))
+
+
+@router.get("/{file_id}/content")
+def content(file_id: str, request: Request) -> FileResponse:
+    server = _server(request)
+    row = _get(server, file_id)
+    return FileResponse(server.path(row.path), media_type="application/octet-stream")
+
+
+@router.delete("/{file_id}")
+def delete(file_id: str, request: Request) -> dict[str, Any]:
+    server = _server(request)
+    row = _get(server, file_id)
+    with server.store.begin() as conn:
+        records.delete_file(conn, file_id)
+    with contextlib.suppress(OSError):
+        server.path(row.path).unlink()
+    return {"id": file_id, "object": "file", "deleted": True}

@@ -1,0 +1,308 @@
+"""The server's worker: advances every live batch and ticks its jobs, on its own thread so
+that loading or running a big batch never stalls the HTTP side.
+
+One pass (`step`) over the live batches:
+
+    validating   check the input (fault: fail it), write source rows, load the jobs
+    in_progress  past expires_at: stop the jobs, then `expired`; a planned part-way expiry
+                 (expire_after) likewise once its requests ran; otherwise, once every job is
+                 done and --complete-after has passed: `finalizing`
+    finalizing   write the output, then `completed`
+    cancelling   cancel the jobs; once they stopped, write the partial output, `cancelled`
+
+then one engine tick for each job of a batch in progress or cancelling. Every move is
+checked against the status the batch had (a cancel may come in between); work before a
+move is redone after a crash, and is idempotent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import threading
+import time
+from typing import Any
+
+from sqlalchemy import Row, and_, select
+
+from lowtide.core.errors import InputError, RouteError, UnknownRouteError
+from lowtide.core.spec import JobSpec
+from lowtide.core.states import RequestState
+from lowtide.engine.control import cancel_job, job_done
+from lowtide.engine.loader import load_job
+from lowtide.engine.tick import Engine
+from lowtide.routes import create_route
+from lowtide.server import records
+from lowtide.server.context import Server
+from lowtide.server.finalize import batch_folder, build_anthropic, build_openai
+from lowtide.server.intake import Intake, check_size, take_openai_file
+from lowtide.server.records import BatchStatus as S
+from lowtide.server.translate import Rejection, decode_key
+from lowtide.store.schema import jobs, requests
+from lowtide.store.transitions import move_requests
+
+log = logging.getLogger("lowtide.serve")
+IDLE_MAX = 0.25  # real seconds between passes while batches are live
+QUIET_MAX = 2.0  # ... and while none is
+TROUBLE_WAIT = 5.0  # real seconds before a batch whose step failed is tried again
+
+
+class Worker:
+    def __init__(self, server: Server):
+        self.server = server
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task | None = None
+        self._stopping = False
+        self._trouble: dict[str, float] = {}  # batch id -> when to try it again (monotonic)
+
+    # Running ---------------------------------------------------------------------------
+    def start(self) -> None:
+        ready = threading.Event()
+        self._thread = threading.Thread(target=self._main, args=(ready,), name="lowtide-serve-worker", daemon=True)
+        self._thread.start()
+        ready.wait()
+        self.server.wake = self.wake
+
+    def stop(self, grace: float = 5.0) -> None:
+        """Stop after the current pass; a pass still busy after `grace` seconds (a slow
+        route) is cancelled: what it had not recorded is redone by the next server."""
+        self._stopping = True
+        self.wake()
+        if self._thread is None:
+            return
+        self._thread.join(grace)
+        if self._thread.is_alive() and self._loop is not None and self._task is not None:
+            with contextlib.suppress(RuntimeError):
+                self._loop.call_soon_threadsafe(self._task.cancel)
+            self._thread.join()
+
+    def wake(self) -> None:
+        loop, event = self._loop, self._wake
+        if loop is not None and event is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(event.set)
+
+    def _main(self, ready: threading.Event) -> None:
+        with contextlib.suppress(asyncio.CancelledError):
+            asyncio.run(self._run(ready))
+
+    async def _run(self, ready: threading.Event) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._task = asyncio.current_task()
+        self._wake = asyncio.Event()
+        ready.set()
+        clock = self.server.clock
+        routes = self.server.config.routes
+        async with Engine(self.server.store, clock, lease=120.0 * clock.scale, routes=routes) as engine:
+            while not self._stopping:
+                try:
+                    busy, wait = await self.step(engine)
+                except Exception:  # keep serving; the next pass retries from the store
+                    log.exception("lowtide serve: the worker's pass failed; retrying")
+                    busy, wait = False, 1.0
+                if busy or self._stopping:
+                    continue
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout=wait)
+                self._wake.clear()
+
+    async def step(self, engine: Engine) -> tuple[bool, float]:
+        """One pass; returns (whether anything moved, how long to wait if not)."""
+        with self.server.store.begin() as conn:
+            live = records.live_batches(conn)
+        busy = False
+        for row in live:
+            if self._trouble.get(row.id, 0.0) > time.monotonic():
+                continue
+            try:
+                busy |= self.advance(row)
+                self._trouble.pop(row.id, None)
+            except Exception:  # one batch in trouble must not hold up the others
+                log.exception("lowtide serve: batch %s could not move on; trying again in %g s", row.id, TROUBLE_WAIT)
+                self._trouble[row.id] = time.monotonic() + TROUBLE_WAIT
+        names = []
+        with self.server.store.begin() as conn:
+            for row in records.live_batches(conn):
+                if row.status in (S.IN_PROGRESS, S.CANCELLING):
+                    names += [j["name"] for j in records.jobs_of(row)]
+        for name in names:
+            if self._stopping:
+                break
+            report = await engine.tick(name)
+            busy |= report.busy
+        return busy, self._next_wait(live, engine)
+
+    def _next_wait(self, live: list[Row], engine: Engine) -> float:
+        if not live:
+            return QUIET_MAX
+        clock = self.server.clock
+        now = clock.now()
+        due = [engine.next_due()] + [r.expires_at for r in live]
+        due += [r.created_at + self.server.config.complete_after for r in live]
+        ahead = [d - now for d in due if d is not None and d > now]
+        return max(0.005, min([IDLE_MAX] + [clock.real_seconds(a) for a in ahead]))
+
+    # Advancing one batch ----------------------------------------------------------------
+    def advance(self, row: Row) -> bool:
+        status = S(row.status)
+        if status is S.VALIDATING:
+            return self.validate(row)
+        if status is S.IN_PROGRESS:
+            return self.progress(row)
+        if status is S.FINALIZING:
+            return self.end(row, S.FINALIZING, S.COMPLETED, "completed")
+        if status is S.CANCELLING:
+            for job in records.jobs_of(row):
+                if self._exists(job["name"]):
+                    cancel_job(self.server.store, job["name"], self.server.clock)
+            if self._all_done(row):
+                return self.end(row, S.CANCELLING, S.CANCELLED, "cancelled")
+        return False
+
+    def validate(self, row: Row) -> bool:
+        server = self.server
+        faults = records.faults_of(row)
+        now = server.clock.now()
+        if row.api == "openai":
+            fault = faults.get("fail_validation")
+            errors = [dict(fault, param=None, line=None)] if fault else self._take_openai(row)
+            if errors:
+                with server.store.begin() as conn:
+                    records.move_batch(conn, row.id, S.VALIDATING, S.FAILED, now,
+                                       errors=json.dumps({"object": "list", "data": errors}))  # fmt: skip
+                return True
+            with server.store.begin() as conn:
+                row = records.get_batch(conn, row.id)
+        self._load(row, faults)
+        with server.store.begin() as conn:
+            records.move_batch(conn, row.id, S.VALIDATING, S.IN_PROGRESS, server.clock.now())
+        return True
+
+    def _take_openai(self, row: Row) -> list[dict[str, Any]]:
+        """Check the input file and write the batch's folder; the errors, if it is refused."""
+        server, config = self.server, self.server.config
+        with server.store.begin() as conn:
+            file = records.get_file(conn, row.input_file_id)
+        if file is None:
+            return [{"code": "file_not_found", "message": f"The input file {row.input_file_id} was deleted.", "param": "input_file_id", "line": None}]
+        if errors := check_size(file.bytes, config.openai_max_bytes):
+            return errors
+        with Intake(batch_folder(server, row.id), row.id) as intake:
+            model, errors = take_openai_file(server.path(file.path), intake, row.endpoint, config.openai_max_requests, config.default_max_tokens)
+        if errors:
+            intake.discard()
+            return errors
+        jobs = [{"name": j["name"], "model": j["model"]} for j in intake.jobs.values()]
+        with server.store.begin() as conn:
+            records.set_batch(conn, row.id, model=model, jobs=json.dumps(jobs), total=intake.total, rejected=intake.rejected)
+        return []
+
+    def _load(self, row: Row, faults: dict[str, Any]) -> None:
+        """Load each job of the batch (idempotent: rows already stored stay as they are)."""
+        server = self.server
+        folder = batch_folder(server, row.id)
+        keep = faults.get("expire_after")
+        for job in records.jobs_of(row):
+            if row.api == "anthropic" and faults.get("fail_validation"):
+                self._reject_all(row, job, faults["fail_validation"]["message"])
+                continue
+            spec = JobSpec(
+                name=job["name"],
+                source={"path": str(folder / f"{job['name']}.jsonl"), "id_column": "custom_id"},
+                template={"messages_column": "messages"},
+                model=server.config.model or job["model"],
+                route=server.config.backend,
+                route_options=server.config.route_options,
+                params={"max_tokens": server.config.default_max_tokens, "temperature": 1.0},
+                retry={"max_attempts": 3, "backoff_seconds": 5.0},
+            )
+            try:
+                self._route(spec).check_model(spec.model)
+            except UnknownRouteError:
+                raise
+            except RouteError as err:  # the backend does not run this model
+                self._reject_all(row, job, str(err), status=404)
+                continue
+            try:
+                report = load_job(server.store, spec, server.clock, where=f"batch {row.id}")
+            except InputError as err:
+                self._reject_all(row, job, str(err))
+                continue
+            if keep is not None:
+                with server.store.begin() as conn:
+                    move_requests(
+                        conn, RequestState.CANCELLED,
+                        and_(requests.c.job_id == report.job_id, requests.c.source_row > keep,
+                             requests.c.state == RequestState.PENDING.value),
+                        values={"error_code": "batch_expired", "error_message": "expired (fault plan: expire_after)"},
+                    )  # fmt: skip
+                keep = max(0, keep - report.rows)
+
+    def _route(self, spec: JobSpec):
+        given = self.server.config.routes.get(spec.route)
+        return given if given is not None else create_route(spec.route, spec.route_options)
+
+    def _reject_all(self, row: Row, job: dict[str, str], message: str, status: int = 400) -> None:
+        """Every request of a job that cannot be loaded fails alone, with `message`."""
+        folder = batch_folder(self.server, row.id)
+        source = folder / f"{job['name']}.jsonl"
+        if not source.exists():
+            return
+        rejection = Rejection(message, status=status, code="model_not_found" if status == 404 else None)
+        with source.open(encoding="utf-8") as f, (folder / "rejected.jsonl").open("a", encoding="utf-8") as out:
+            n = 0
+            for line in f:
+                cid = decode_key(json.loads(line)["custom_id"])
+                out.write(json.dumps(rejection.to_json(cid) | {"model": job["model"]}) + "\n")
+                n += 1
+        source.unlink()
+        with self.server.store.begin() as conn:
+            current = records.get_batch(conn, row.id)
+            jobs = [j for j in records.jobs_of(current) if j["name"] != job["name"]]
+            records.set_batch(conn, row.id, jobs=json.dumps(jobs), rejected=current.rejected + n)
+
+    def progress(self, row: Row) -> bool:
+        server = self.server
+        now = server.clock.now()
+        expiring = now >= row.expires_at or "expire_after" in records.faults_of(row)
+        if now >= row.expires_at:
+            for job in records.jobs_of(row):
+                if self._exists(job["name"]):
+                    cancel_job(server.store, job["name"], server.clock)
+        if not self._all_done(row):
+            return False
+        if expiring:
+            return self.end(row, S.IN_PROGRESS, S.EXPIRED, "expired")
+        if now < row.created_at + server.config.complete_after:
+            return False
+        with server.store.begin() as conn:
+            moved = records.move_batch(conn, row.id, S.IN_PROGRESS, S.FINALIZING, now)
+        return moved and self.end(records_get(server, row.id), S.FINALIZING, S.COMPLETED, "completed")
+
+    def end(self, row: Row, current: S, target: S, ending: str) -> bool:
+        """Write the batch's output and move it to its final status, together."""
+        server = self.server
+        build = build_openai if row.api == "openai" else build_anthropic
+        built = build(server, row, ending)
+        with server.store.begin() as conn:
+            if not records.move_batch(conn, row.id, current, target, server.clock.now(), **built["values"]):
+                return False
+            for file in built["files"]:
+                records.insert_file(conn, **file)
+        return True
+
+    def _exists(self, name: str) -> bool:
+        with self.server.store.begin() as conn:
+            return conn.execute(select(jobs.c.id).where(jobs.c.name == name)).first() is not None
+
+    def _all_done(self, row: Row) -> bool:
+        return all(not self._exists(j["name"]) or job_done(self.server.store, j["name"]) for j in records.jobs_of(row))
+
+
+def records_get(server: Server, batch_id: str) -> Row:
+    with server.store.begin() as conn:
+        return records.get_batch(conn, batch_id)

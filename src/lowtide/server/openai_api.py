@@ -1,0 +1,148 @@
+"""OpenAI's Batch API: create, retrieve, list, cancel (`/v1/batches`)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, ConfigDict
+from sqlalchemy import Row
+
+from lowtide.server import records
+from lowtide.server.context import Server
+from lowtide.server.errors import ApiError, not_found
+from lowtide.server.finalize import Summary, live_summary
+from lowtide.server.records import TERMINAL
+from lowtide.server.records import BatchStatus as S
+
+router = APIRouter(prefix="/v1/batches")
+ENDPOINTS = ("/v1/responses", "/v1/chat/completions", "/v1/embeddings", "/v1/completions", "/v1/moderations",
+             "/v1/images/generations", "/v1/images/edits", "/v1/videos")  # fmt: skip
+SUPPORTED = "/v1/chat/completions"
+STAMPS = ("created_at", "in_progress_at", "expires_at", "finalizing_at", "completed_at", "failed_at",
+          "expired_at", "cancelling_at", "cancelled_at")  # fmt: skip
+
+
+class BatchCreate(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    input_file_id: str
+    endpoint: str
+    completion_window: str
+    metadata: dict[str, str] | None = None
+    output_expires_after: dict[str, Any] | None = None
+
+
+def batch_object(server: Server, row: Row) -> dict[str, Any]:
+    if row.counts is not None:
+        summary = Summary.from_json(row.counts)
+    else:
+        with server.store.begin() as conn:
+            summary = live_summary(conn, row)
+    c, u = summary.counts, summary.usage
+    ended = row.counts is not None
+    total = sum(c.values()) if ended else row.total
+    obj: dict[str, Any] = {
+        "id": row.id, "object": "batch", "endpoint": row.endpoint, "model": row.model,
+        "errors": json.loads(row.errors) if row.errors else None, "input_file_id": row.input_file_id,
+        "completion_window": row.completion_window, "status": row.status,
+        "output_file_id": row.output_file_id, "error_file_id": row.error_file_id,
+    }  # fmt: skip
+    obj.update({k: int(getattr(row, k)) if getattr(row, k) is not None else None for k in STAMPS})
+    failed = total - c["succeeded"] if ended else c["failed"]  # at the end: every line of the error file
+    obj["request_counts"] = {"total": total, "completed": c["succeeded"], "failed": failed}
+    obj["usage"] = {
+        "input_tokens": u["input_tokens"], "input_tokens_details": {"cached_tokens": u["cached_input_tokens"]},
+        "output_tokens": u["output_tokens"], "output_tokens_details": {"reasoning_tokens": u["reasoning_tokens"]},
+        "total_tokens": u["input_tokens"] + u["output_tokens"],
+    }  # fmt: skip
+    obj["metadata"] = json.loads(row.metadata) if row.metadata else None
+    return obj
+
+
+def _server(request: Request) -> Server:
+    return request.app.state.server
+
+
+def _get(server: Server, batch_id: str) -> Row:
+    with server.store.begin() as conn:
+        row = records.get_batch(conn, batch_id, "openai")
+    if row is None:
+        raise not_found("openai", "batch", batch_id)
+    return row
+
+
+def _check_metadata(metadata: dict[str, str] | None) -> None:
+    if metadata is None:
+        return
+    if len(metadata) > 16:
+        raise ApiError(400, "Invalid 'metadata': too many properties. Expected an object with at most 16 properties.", param="metadata")
+    for key, value in metadata.items():
+        if len(key) > 64:
+            raise ApiError(400, f"Invalid 'metadata': key '{key[:20]}…' is longer than 64 characters.", param="metadata")
+        if len(value) > 512:
+            raise ApiError(400, f"Invalid 'metadata.{key}': string too long (the maximum is 512 characters).", param="metadata")
+
+
+@router.post("")
+def create(body: BatchCreate, request: Request) -> dict[str, Any]:
+    server = _server(request)
+    if body.completion_window != "24h":
+        raise ApiError(400, f"Invalid completion_window '{body.completion_window}': only '24h' is supported.", param="completion_window")
+    if body.endpoint not in ENDPOINTS:
+        raise ApiError(400, f"Invalid endpoint '{body.endpoint}': use one of {', '.join(ENDPOINTS)}.", param="endpoint")
+    if body.endpoint != SUPPORTED:
+        raise ApiError(400, f"This server runs {SUPPORTED} batches only, not {body.endpoint}.", param="endpoint")
+    _check_metadata(body.metadata)
+    now = server.clock.now()
+    batch_id = records.new_id("batch_", 32)
+    with server.store.begin() as conn:
+        file = records.get_file(conn, body.input_file_id)
+        if file is None:
+            raise not_found("openai", "file", body.input_file_id)
+        if file.purpose != "batch":
+            raise ApiError(400, f"The file {file.id} has purpose '{file.purpose}'; a batch needs a file uploaded with purpose 'batch'.", param="input_file_id")
+        records.insert_batch(
+            conn, id=batch_id, api="openai", endpoint=body.endpoint, input_file_id=body.input_file_id,
+            completion_window=body.completion_window, metadata=json.dumps(body.metadata) if body.metadata else None,
+            jobs=[], faults=server.faults.for_batch("openai"), total=0, rejected=0, created_at=now,
+            expires_at=now + server.config.completion_window,
+        )  # fmt: skip
+        row = records.get_batch(conn, batch_id)
+    server.notify()
+    return batch_object(server, row)
+
+
+@router.get("/{batch_id}")
+def retrieve(batch_id: str, request: Request) -> dict[str, Any]:
+    server = _server(request)
+    return batch_object(server, _get(server, batch_id))
+
+
+@router.get("")
+def list_(request: Request, after: str | None = None, limit: int = 20) -> dict[str, Any]:
+    server = _server(request)
+    if not 1 <= limit <= 100:
+        raise ApiError(400, f"Invalid 'limit': {limit}; use 1 to 100.", param="limit")
+    with server.store.begin() as conn:
+        page = records.list_batches(conn, "openai", limit, after=after)
+    if page is None:
+        raise not_found("openai", "batch", after or "")
+    rows, more = page
+    data = [batch_object(server, r) for r in rows]
+    return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None, "has_more": more}  # fmt: skip
+
+
+@router.post("/{batch_id}/cancel")
+def cancel(batch_id: str, request: Request) -> dict[str, Any]:
+    server = _server(request)
+    while (status := S(_get(server, batch_id).status)) in (S.VALIDATING, S.IN_PROGRESS):
+        with server.store.begin() as conn:  # the worker may move it meanwhile: then look again
+            moved = records.move_batch(conn, batch_id, status, S.CANCELLING, server.clock.now())
+        if moved:
+            server.notify()
+            break
+    if status in TERMINAL or status is S.FINALIZING:
+        raise ApiError(400, f"Cannot cancel a batch with status '{status.value}'.")
+    return batch_object(server, _get(server, batch_id))

@@ -1,0 +1,179 @@
+"""What a batch produced, read from the `requests` rows of its jobs, written in each
+provider's line shapes: OpenAI's output and error files, Anthropic's results.
+
+Each request becomes one `Result`: succeeded, failed (an HTTP error for that request, or a
+timeout), cancelled or expired. Requests refused at the edge (`rejected.jsonl`) fail as
+HTTP 4xx. Files are streamed row page by row page; nothing is held whole.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Connection, Row, select
+
+from lowtide.core.states import RequestState
+from lowtide.server.translate import decode_key
+from lowtide.store.db import Store
+from lowtide.store.schema import jobs, requests
+
+PAGE = 5000
+_dumps = json.JSONEncoder(ensure_ascii=False).encode
+EXPIRED_CODES = ("deadline_passed", "batch_expired")
+TIMEOUT_CODES = ("timeout", "request_timeout")
+SUCCEEDED, FAILED = RequestState.SUCCEEDED.value, RequestState.FAILED.value  # plain str: compared per row
+# lowtide error codes as (HTTP status, OpenAI error type, OpenAI error code).
+HTTP_ERRORS = {
+    "invalid_request": (400, "invalid_request_error", None),
+    "context_length_exceeded": (400, "invalid_request_error", "context_length_exceeded"),
+    "model_not_found": (404, "invalid_request_error", "model_not_found"),
+    "rate_limit": (429, "requests", "rate_limit_exceeded"),
+    "rate_limited": (429, "requests", "rate_limit_exceeded"),
+}
+ANTHROPIC_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                         404: "not_found_error", 429: "rate_limit_error", 529: "overloaded_error"}  # fmt: skip
+
+
+@dataclass(slots=True)
+class Result:
+    custom_id: str
+    kind: str  # succeeded | failed | cancelled | expired
+    model: str
+    text: str = ""
+    finish: str = "stop"  # stop | length
+    usage: dict[str, int] = field(default_factory=dict)
+    status: int | None = None  # failed: the HTTP status of this request's failure (None: a timeout)
+    error_type: str = "server_error"
+    error_code: str | None = None
+    message: str = ""
+
+
+def results(store: Store, folder: Path, batch: Row, jobs_list: list[dict[str, Any]], ending: str) -> Iterator[Result]:
+    """Every request of the batch, once. `ending` is how the batch ends (completed,
+    cancelled, expired): it decides what a request that never ran becomes."""
+    unfinished = "expired" if ending == "expired" else "cancelled"
+    for job in jobs_list:
+        with store.begin() as conn:
+            job_id = conn.execute(select(jobs.c.id).where(jobs.c.name == job["name"])).scalar()
+        if job_id is None:  # never loaded (cancelled while validating): nothing of it ran
+            yield from _not_run(folder / f"{job['name']}.jsonl", job["model"], unfinished)
+            continue
+        last = 0
+        while True:
+            with store.begin() as conn:
+                page = _page(conn, job_id, last)
+            for r in page:
+                yield _result(r, job["model"], unfinished)
+            if len(page) < PAGE:
+                break
+            last = page[-1].id
+    rejected = folder / "rejected.jsonl"
+    if rejected.exists():
+        with rejected.open(encoding="utf-8") as f:
+            for line in f:
+                r = json.loads(line)
+                yield Result(r["custom_id"], "failed", r["model"], status=r["status"], error_type=r["type"],
+                             error_code=r["code"], message=r["message"])  # fmt: skip
+
+
+def _page(conn: Connection, job_id: int, after: int) -> list[Row]:
+    c = requests.c
+    return list(
+        conn.execute(
+            select(c.id, c.source_key, c.state, c.output, c.payload, c.error_code, c.error_message,
+                   c.input_tokens, c.cached_input_tokens, c.cache_write_tokens, c.output_tokens, c.reasoning_tokens)  # fmt: skip
+            .where(c.job_id == job_id, c.id > after)
+            .order_by(c.id)
+            .limit(PAGE)
+        )
+    )
+
+
+def _not_run(path: Path, model: str, kind: str) -> Iterator[Result]:
+    if path.exists():
+        with path.open(encoding="utf-8") as f:
+            for line in f:
+                yield Result(decode_key(json.loads(line)["custom_id"]), kind, model)
+
+
+def _result(r: Row, model: str, unfinished: str) -> Result:
+    custom_id = decode_key(r.source_key)
+    if r.state == SUCCEEDED:
+        usage = {
+            "input_tokens": r.input_tokens or 0, "cached_input_tokens": r.cached_input_tokens or 0,
+            "cache_write_tokens": r.cache_write_tokens or 0, "output_tokens": r.output_tokens or 0,
+            "reasoning_tokens": r.reasoning_tokens or 0,
+        }  # fmt: skip
+        max_tokens = json.loads(r.payload).get("max_tokens")
+        finish = "length" if max_tokens and usage["output_tokens"] >= max_tokens else "stop"
+        return Result(custom_id, "succeeded", model, text=r.output or "", finish=finish, usage=usage)
+    if r.error_code in EXPIRED_CODES:
+        return Result(custom_id, "expired", model)
+    if r.state == FAILED:
+        message = r.error_message or "the request failed"
+        if r.error_code in TIMEOUT_CODES:
+            return Result(custom_id, "failed", model, status=None, error_code="request_timeout", message=message)
+        status, kind, code = HTTP_ERRORS.get(r.error_code, (500, "server_error", r.error_code))
+        return Result(custom_id, "failed", model, status=status, error_type=kind, error_code=code, message=message)
+    return Result(custom_id, unfinished, model)  # cancelled, or never finished
+
+
+def _ids(batch_id: str, custom_id: str) -> str:
+    return hashlib.sha256(f"{batch_id}\x00{custom_id}".encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def openai_line(batch_id: str, r: Result, created: int) -> tuple[str, bool]:
+    """One output or error file line, and whether it belongs in the output file."""
+    h = _ids(batch_id, r.custom_id)
+    line: dict[str, Any] = {"id": f"batch_req_{h[:32]}", "custom_id": r.custom_id, "response": None, "error": None}
+    if r.kind == "succeeded":
+        u = r.usage
+        body = {
+            "id": f"chatcmpl-{h[32:56]}", "object": "chat.completion", "created": created, "model": r.model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": r.text, "refusal": None},
+                         "logprobs": None, "finish_reason": r.finish}],
+            "usage": {"prompt_tokens": u["input_tokens"], "completion_tokens": u["output_tokens"],
+                      "total_tokens": u["input_tokens"] + u["output_tokens"],
+                      "prompt_tokens_details": {"cached_tokens": u["cached_input_tokens"]},
+                      "completion_tokens_details": {"reasoning_tokens": u["reasoning_tokens"]}},
+            "system_fingerprint": None,
+        }  # fmt: skip
+        line["response"] = {"status_code": 200, "request_id": f"req_{h[:32]}", "body": body}
+        return _dumps(line), True
+    if r.kind == "failed" and r.status is not None:
+        error = {"message": r.message, "type": r.error_type, "param": None, "code": r.error_code}
+        line["response"] = {"status_code": r.status, "request_id": f"req_{h[:32]}", "body": {"error": error}}
+    elif r.kind == "failed":
+        line["error"] = {"code": "request_timeout", "message": r.message}
+    elif r.kind == "expired":
+        line["error"] = {"code": "batch_expired", "message": "This request could not be executed before the completion window expired."}
+    else:
+        line["error"] = {"code": "batch_cancelled", "message": "This request was not executed because the batch was cancelled."}
+    return _dumps(line), False
+
+
+def anthropic_line(batch_id: str, r: Result) -> str:
+    if r.kind == "succeeded":
+        u = r.usage
+        message = {
+            "id": f"msg_01{_ids(batch_id, r.custom_id)[:22]}", "type": "message", "role": "assistant", "model": r.model,
+            "content": [{"type": "text", "text": r.text}],
+            "stop_reason": "max_tokens" if r.finish == "length" else "end_turn", "stop_sequence": None,
+            "usage": {"input_tokens": u["input_tokens"], "output_tokens": u["output_tokens"],
+                      "cache_creation_input_tokens": u["cache_write_tokens"],
+                      "cache_read_input_tokens": u["cached_input_tokens"], "service_tier": "batch"},
+        }  # fmt: skip
+        result: dict[str, Any] = {"type": "succeeded", "message": message}
+    elif r.kind == "failed":
+        kind = "timeout_error" if r.status is None else ANTHROPIC_ERROR_TYPES.get(r.status, "api_error")
+        result = {"type": "errored", "error": {"type": "error", "error": {"type": kind, "message": r.message}, "request_id": None}}
+    elif r.kind == "cancelled":
+        result = {"type": "canceled"}
+    else:
+        result = {"type": "expired"}
+    return _dumps({"custom_id": r.custom_id, "result": result})

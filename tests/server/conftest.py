@@ -1,0 +1,170 @@
+"""A real `lowtide serve` app on a loopback port (uvicorn in a thread), and the official
+SDKs pointed at it. Batches finish fast: the server's clock runs sped up."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import openai
+import pytest
+import uvicorn
+import yaml
+
+from lowtide.core.types import ChatRequest
+from lowtide.routes.echo import EchoRoute
+from lowtide.server import ServeConfig, create_app
+
+FAST = 3600.0  # one scaled hour per real second
+OPENAI_ENDED = ("completed", "failed", "expired", "cancelled")
+
+
+@dataclass
+class Running:
+    port: int
+    app: Any
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def server(self):
+        return self.app.state.server
+
+    def openai(self, key: str = "k", **kw) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=key, max_retries=0, **kw)
+
+    def anthropic(self, key: str = "k", **kw) -> anthropic.Anthropic:
+        return anthropic.Anthropic(base_url=self.url, api_key=key, max_retries=0, **kw)
+
+
+@contextmanager
+def running(tmp_path: Path, **config: Any) -> Iterator[Running]:
+    config.setdefault("time_scale", FAST)
+    config.setdefault("data_dir", tmp_path / "data")
+    config.setdefault("db", str(tmp_path / "lowtide.db"))
+    app = create_app(ServeConfig(**config))
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    wait_until(lambda: server.started or not thread.is_alive(), what="the server to start")
+    assert thread.is_alive(), "the server did not start"
+    try:
+        yield Running(sock.getsockname()[1], app)
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        sock.close()
+
+
+@pytest.fixture
+def serve(tmp_path) -> Callable[..., Any]:
+    """`with serve(**ServeConfig fields) as s:` — a fresh server on this test's store."""
+    return lambda **config: running(tmp_path, **config)
+
+
+@pytest.fixture
+def server(serve) -> Iterator[Running]:
+    with serve() as s:
+        yield s
+
+
+@pytest.fixture
+def fault_plan(tmp_path) -> Callable[[dict], Path]:
+    def write(plan: dict) -> Path:
+        path = tmp_path / "faults.yaml"
+        path.write_text(yaml.safe_dump(plan))
+        return path
+
+    return write
+
+
+def wait_until(check: Callable[[], Any], timeout: float = 20.0, what: str = "a condition") -> Any:
+    """Poll `check` until it is truthy (a bounded loop; the timeout is only a safety net)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.01)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def chat_line(custom_id: str, content: str = "hello", model: str = "gpt-test", url: str = "/v1/chat/completions", **body) -> dict:
+    body = {"model": model, "messages": [{"role": "user", "content": content}], **body}
+    return {"custom_id": custom_id, "method": "POST", "url": url, "body": body}
+
+
+def jsonl(items: list[Any]) -> bytes:
+    return "".join((i if isinstance(i, str) else json.dumps(i)) + "\n" for i in items).encode()
+
+
+def upload(client: openai.OpenAI, items: list[Any] | bytes, name: str = "in.jsonl"):
+    data = items if isinstance(items, bytes) else jsonl(items)
+    return client.files.create(file=(name, data), purpose="batch")
+
+
+def create_batch(client: openai.OpenAI, items: list[Any] | bytes, **kw):
+    file = upload(client, items)
+    return client.batches.create(input_file_id=file.id, endpoint="/v1/chat/completions", completion_window="24h", **kw)
+
+
+def wait_openai(client: openai.OpenAI, batch_id: str, statuses: tuple[str, ...] = OPENAI_ENDED):
+    return wait_until(lambda: (b := client.batches.retrieve(batch_id)).status in statuses and b, what=f"batch {batch_id} to reach {statuses}")
+
+
+def wait_anthropic(client: anthropic.Anthropic, batch_id: str, status: str = "ended"):
+    return wait_until(
+        lambda: (b := client.messages.batches.retrieve(batch_id)).processing_status == status and b,
+        what=f"message batch {batch_id} to be {status}",
+    )
+
+
+def file_lines(client: openai.OpenAI, file_id: str | None) -> list[dict]:
+    if file_id is None:
+        return []
+    return [json.loads(line) for line in client.files.content(file_id).text.splitlines()]
+
+
+def message_request(custom_id: str, content: str = "hello", **params) -> dict:
+    params = {"model": "claude-test", "max_tokens": 64, "messages": [{"role": "user", "content": content}], **params}
+    return {"custom_id": custom_id, "params": params}
+
+
+class GatedEcho(EchoRoute):
+    """echo that answers one request per dispatch, and only as many as the test allows:
+    batches stay in flight exactly as long as a test needs."""
+
+    def __init__(self) -> None:
+        super().__init__({"dispatch_size": 1})
+        self.allowed = 0
+        self.served = 0
+
+    def release(self, n: int = 1_000_000) -> None:
+        self.allowed += n
+
+    async def execute(self, requests: list[ChatRequest]):
+        for request in requests:
+            while self.served >= self.allowed:
+                await asyncio.sleep(0.002)
+            self.served += 1
+            yield self.outcome(request)
+
+
+@pytest.fixture
+def gate() -> Iterator[GatedEcho]:
+    route = GatedEcho()
+    yield route
+    route.release()  # never leave a worker waiting on the gate

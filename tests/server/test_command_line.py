@@ -1,0 +1,26 @@
+"""`lowtide serve` as a command: help with an example, options checked before starting."""
+
+from __future__ import annotations
+
+from typer.testing import CliRunner
+
+from lowtide.cli import app
+
+
+def test_serve_has_help_with_an_example():
+    result = CliRunner().invoke(app, ["serve", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0
+    assert "Example: lowtide serve" in result.output
+    for option in ("--backend", "--port", "--data-dir", "--api-key", "--time-scale", "--complete-after", "--faults"):
+        assert option in result.output
+
+
+def test_bad_options_are_refused_before_starting(tmp_path):
+    runner = CliRunner()
+    result = runner.invoke(app, ["serve", "--option", "novalue", "--data-dir", str(tmp_path / "d")])
+    assert result.exit_code == 2 and "KEY=VALUE" in result.output
+    result = runner.invoke(app, ["--db", str(tmp_path / "x.db"), "serve", "--backend", "nope", "--data-dir", str(tmp_path / "d")])
+    assert result.exit_code == 2 and "known routes" in result.output
+    (tmp_path / "plan.yaml").write_text("http: [{match: '*'}]\n")
+    result = runner.invoke(app, ["--db", str(tmp_path / "x.db"), "serve", "--faults", str(tmp_path / "plan.yaml"), "--data-dir", str(tmp_path / "d")])
+    assert result.exit_code == 2 and "plan.yaml" in result.output and "status" in result.output

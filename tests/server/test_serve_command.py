@@ -1,0 +1,72 @@
+"""The real `lowtide serve` command: keys from the environment, and a batch that survives the
+server being killed (SIGKILL) and started again."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import openai
+import pytest
+
+from tests.server.conftest import chat_line, create_batch, file_lines, wait_openai, wait_until
+
+LOWTIDE = Path(sys.executable).with_name("lowtide")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not LOWTIDE.exists(), reason=f"no lowtide script at {LOWTIDE}")]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start(tmp_path: Path, port: int, *args: str) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOWTIDE_")}
+    env["LOWTIDE_SERVE_API_KEYS"] = "secret-1, secret-2"
+    cmd = [str(LOWTIDE), "serve", "--port", str(port), "--backend", "echo", "--db", str(tmp_path / "lt.db"),
+           "--data-dir", str(tmp_path / "data"), *args]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="secret-2", max_retries=0)
+
+    def up() -> bool:
+        assert proc.poll() is None, proc.stdout.read()
+        try:
+            client.batches.list()
+            return True
+        except openai.APIConnectionError:
+            return False
+
+    wait_until(up, timeout=30, what="lowtide serve to start")
+    return proc
+
+
+def test_a_batch_in_flight_survives_sigkill_and_a_restart(tmp_path):
+    port = _free_port()
+    first = _start(tmp_path, port, "--time-scale", "3600", "--complete-after", "360000")  # 100 s: held in progress
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="secret-1", max_retries=0)
+    try:
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="secret-3", max_retries=0).batches.list()
+        batch = create_batch(client, [chat_line(f"r{i}", f"text {i}") for i in range(3000)])
+        wait_openai(client, batch.id, ("in_progress",))
+    finally:
+        first.send_signal(signal.SIGKILL)
+        output = first.communicate(timeout=30)[0]
+    assert "2 API key(s) accepted" in output
+    assert "secret" not in output  # keys are never printed
+
+    second = _start(tmp_path, port, "--time-scale", "3600")
+    try:
+        done = wait_openai(client, batch.id)
+        assert done.status == "completed"
+        assert done.request_counts.model_dump() == {"total": 3000, "completed": 3000, "failed": 0}
+        ids = [line["custom_id"] for line in file_lines(client, done.output_file_id)]
+        assert len(ids) == 3000 and set(ids) == {f"r{i}" for i in range(3000)}
+    finally:
+        second.terminate()
+        second.communicate(timeout=30)
