@@ -88,6 +88,7 @@ def main() -> None:
         t = time.perf_counter()
         load_job(store, spec, SystemClock())
         phases["render + persist"] = time.perf_counter() - t
+        print(f"  (peak RSS after render + persist: {peak_rss_mb():.0f} MB)")
 
         async def run():
             async with Engine(store) as engine:

@@ -58,6 +58,7 @@ class StoreProbe:
             yield outcome
 
     async def submit(self, key, batch):
+        batch = list(batch)
         self._assert_stored(batch, {"submitting"})
         return await self.inner.submit(key, batch)
 

@@ -23,6 +23,7 @@ class ChatRequest:
     response_schema: dict[str, Any] | None = None
     choices: list[str] | None = None
     attempt: int = 1
+    row_id: int = 0  # the store's row, for paging; routes ignore it
 
     def to_payload(self) -> dict[str, Any]:
         """The JSON-able form stored with the request (everything but id and attempt)."""

@@ -17,7 +17,7 @@ from lowtide.core.errors import BatchRejected
 from lowtide.core.states import DispatchState, RequestState
 from lowtide.core.types import Outcome
 from lowtide.engine.context import JobContext
-from lowtide.engine.dispatch import assign, dispatched_requests, left_in_dispatch, new_dispatch
+from lowtide.engine.dispatch import assign, iter_dispatched, left_in_dispatch, new_dispatch
 from lowtide.engine.ingest import IngestCounts, apply_outcomes
 from lowtide.engine.policy import poll_delay
 from lowtide.routes.base import BatchRoute
@@ -91,14 +91,14 @@ async def submit(store: Store, job: JobContext, route: BatchRoute, clock: Clock,
         else:
             provider_id = await route.find(key, size, created_at)
         with store.begin() as conn:
-            batch = dispatched_requests(conn, dispatch_id)
-        if not batch:
+            waiting = len(left_in_dispatch(conn, dispatch_id))
+        if not waiting:
             with store.begin() as conn:
                 move_dispatch(conn, dispatch_id, DispatchState.SUBMITTING, DispatchState.CANCELLED, ended_at=clock.now())
             continue
         try:
             if provider_id is None:
-                provider_id = await route.submit(key, batch)
+                provider_id = await route.submit(key, iter_dispatched(store, dispatch_id))
         except BatchRejected as err:
             _reject(store, job, route, dispatch_id, DispatchState.SUBMITTING, str(err), clock, rng)
             continue
@@ -115,7 +115,7 @@ async def submit(store: Store, job: JobContext, route: BatchRoute, clock: Clock,
                 provider_id=provider_id, submitted_at=now, error=None,
                 next_poll_at=now + poll_delay(interval, 0, rng),
             )  # fmt: skip
-            add_event(conn, job.id, "submitted", f"{route.name} batch {provider_id}: {len(batch)} request(s)", now)
+            add_event(conn, job.id, "submitted", f"{route.name} batch {provider_id}: {waiting} request(s)", now)
         sent += 1
     return sent
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Iterator
 
 from sqlalchemy import Connection, insert, select, update
 
@@ -77,20 +78,40 @@ def assign(conn: Connection, dispatch_id: int, ids: list[int], route: str, now: 
     return moved
 
 
-def dispatched_requests(conn: Connection, dispatch_id: int) -> list[ChatRequest]:
-    """The requests still in a dispatch, as the route should see them."""
-    rows = conn.execute(
-        select(requests.c.custom_id, requests.c.payload, requests.c.repair, requests.c.attempts)
-        .where(requests.c.dispatch_id == dispatch_id, requests.c.state == RequestState.DISPATCHED.value)
+def dispatched_requests(conn: Connection, dispatch_id: int, after: int = 0, limit: int | None = None) -> list[ChatRequest]:
+    """The requests still in a dispatch (with ids above `after`), as the route should see them."""
+    stmt = (
+        select(requests.c.id, requests.c.custom_id, requests.c.payload, requests.c.repair, requests.c.attempts)
+        .where(
+            requests.c.dispatch_id == dispatch_id,
+            requests.c.state == RequestState.DISPATCHED.value,
+            requests.c.id > after,
+        )
         .order_by(requests.c.id)
-    ).all()
+        .limit(limit)
+    )
     out = []
-    for cid, payload, repair, attempt in rows:
+    for rid, cid, payload, repair, attempt in conn.execute(stmt).all():
         body = json.loads(payload)
         if repair:
             body["messages"] = body["messages"] + json.loads(repair)
-        out.append(ChatRequest.from_payload(cid, body, attempt))
+        request = ChatRequest.from_payload(cid, body, attempt)
+        request.row_id = rid
+        out.append(request)
     return out
+
+
+def iter_dispatched(store, dispatch_id: int, page: int = 1000) -> Iterator[ChatRequest]:
+    """The same, a page at a time, each page in its own short transaction: a 50,000-request
+    batch is written out without holding it in memory or the store's write lock."""
+    after = 0
+    while True:
+        with store.begin() as conn:
+            chunk = dispatched_requests(conn, dispatch_id, after, page)
+        yield from chunk
+        if len(chunk) < page:
+            return
+        after = chunk[-1].row_id
 
 
 def left_in_dispatch(conn: Connection, dispatch_id: int) -> list[str]:

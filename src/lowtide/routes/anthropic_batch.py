@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterable
 from typing import Any, Literal
 
 import anthropic
@@ -104,7 +104,9 @@ class AnthropicBatchRoute:
     def check_model(self, model: str) -> None:
         """Unknown models come back as errored results, per request."""
 
-    async def submit(self, key: str, requests: Sequence[ChatRequest]) -> str:
+    async def submit(self, key: str, requests: Iterable[ChatRequest]) -> str:
+        # The SDK sends one JSON body, so the batch is built whole here (Anthropic's limit
+        # is 256 MB a batch; chunk_size or route_options.max_requests keeps it smaller).
         body = [batch_request(r, self.cache_prefix) for r in requests]
         try:
             batch = await self.client.with_options(max_retries=0).messages.batches.create(requests=body)

@@ -9,7 +9,7 @@ return. Routes translate SDK objects and errors into `Outcome`s at the edge.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -60,8 +60,9 @@ class BatchRoute(Protocol):
 
     def check_model(self, model: str) -> None: ...
 
-    async def submit(self, key: str, requests: Sequence[ChatRequest]) -> str:
-        """Create a provider batch tagged with `key`; return the provider's batch id."""
+    async def submit(self, key: str, requests: Iterable[ChatRequest]) -> str:
+        """Create a provider batch tagged with `key`; return the provider's batch id.
+        `requests` is iterated once, lazily: write it out rather than keep it."""
         ...
 
     async def find(self, key: str, size: int, not_before: float) -> str | None:

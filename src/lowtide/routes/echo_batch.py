@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -60,14 +60,16 @@ class EchoBatchRoute:
         tmp.write_text(json.dumps(meta))
         tmp.replace(self._meta_path(batch_id))
 
-    async def submit(self, key: str, requests: Sequence[ChatRequest]) -> str:
+    async def submit(self, key: str, requests: Iterable[ChatRequest]) -> str:
         batch_id = f"ebatch_{uuid.uuid4().hex[:16]}"
         folder = self.dir / batch_id
         folder.mkdir(parents=True)
+        total = 0
         with (folder / "input.jsonl").open("w") as f:
             for r in requests:
+                total += 1
                 f.write(json.dumps({"custom_id": r.custom_id, "attempt": r.attempt, "body": r.to_payload()}) + "\n")
-        self._write(batch_id, {"key": key, "polls": 0, "total": len(requests), "cancelled": False})
+        self._write(batch_id, {"key": key, "polls": 0, "total": total, "cancelled": False})
         return batch_id
 
     async def find(self, key: str, size: int, not_before: float) -> str | None:

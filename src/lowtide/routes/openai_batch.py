@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import tempfile
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterable
 from typing import Any, Literal
 
 import openai
@@ -113,14 +113,15 @@ class OpenAIBatchRoute:
     def check_model(self, model: str) -> None:
         """The provider says which models it has; an unknown one fails the batch at validation."""
 
-    async def submit(self, key: str, requests: Sequence[ChatRequest]) -> str:
-        models = {r.model for r in requests}
-        if len(models) != 1:
-            raise RouteError(f"{self.name}: one model per batch file, got {sorted(models)}")
+    async def submit(self, key: str, requests: Iterable[ChatRequest]) -> str:
+        models = set()
         # Spooled: small files stay in memory, big ones go to disk, never both whole.
         with tempfile.SpooledTemporaryFile(max_size=16 * 2**20) as f:
             for r in requests:
+                models.add(r.model)
                 f.write(json.dumps(request_line(r), ensure_ascii=False).encode() + b"\n")
+            if len(models) != 1:
+                raise RouteError(f"{self.name}: one model per batch file, got {sorted(models)}")
             f.seek(0)
             try:
                 uploaded = await self.client.files.create(file=(f"{key}.jsonl", f), purpose="batch")
