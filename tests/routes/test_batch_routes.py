@@ -75,7 +75,7 @@ def _options(route: str, url: str, **more) -> dict:
     return {"base_url": url, "api_key_env": KEY_ENV, "poll_interval": [0.05, 0.2], "find_window": 10**7, **more}
 
 
-def _run(store: Store, name: str, timeout: float = 90):
+def _run(store: Store, name: str, timeout: float = 300):  # a safety net for a hung run, not a timing
     async def go():
         async with Engine(store) as engine:
             return await asyncio.wait_for(drive(engine, name), timeout)
@@ -190,7 +190,7 @@ FAULTS = {
     "create_rate_limited": ({"http": [{"match": "POST *", "first": 2, "status": 429}]}, {"succeeded": 12}),
     "poll_server_errors": ({"http": [{"match": "GET *", "every": 3, "status": 500}]}, {"succeeded": 12}),
     "download_times_out": (
-        {"http": [{"match": "GET /v1/files/*/content", "first": 1, "delay": 3}, {"match": "GET /v1/messages/batches/*/results", "first": 1, "delay": 3}]},
+        {"http": [{"match": "GET /v1/files/*/content", "first": 1, "delay": 6}, {"match": "GET /v1/messages/batches/*/results", "first": 1, "delay": 6}]},
         {"succeeded": 12},
     ),
     "validation_fails": ({"batches": [{"first": 1, "fail_validation": True}]}, None),  # per API, below
@@ -216,7 +216,8 @@ def test_every_fault_kind_converges_to_the_right_terminal_states(route, fault, s
     spec = make_spec(
         source,
         route=route,
-        route_options=_options(route, url, max_requests=6, timeout=1),
+        # A short client timeout only where the plan delays a download past it.
+        route_options=_options(route, url, max_requests=6, **({"timeout": 3} if fault == "download_times_out" else {})),
         retry={"max_attempts": 4, "backoff_seconds": 0},
     )
     store = Store(str(tmp_path / "client.db"))
