@@ -89,7 +89,13 @@ async def submit(store: Store, job: JobContext, route: BatchRoute, clock: Clock,
                     continue
             provider_id = None
         else:
-            provider_id = await route.find(key, size, created_at)
+            try:
+                provider_id = await route.find(key, size, created_at, _known_batches(store, route.name, created_at))
+            except Exception as err:  # cannot tell whether it was sent: wait, never guess
+                with store.begin() as conn:
+                    conn.execute(update(dispatches).where(dispatches.c.id == dispatch_id).values(error=str(err)[:2000]))
+                    add_event(conn, job.id, "find_error", f"{route.name}: {err}", clock.now())
+                continue
         with store.begin() as conn:
             waiting = len(left_in_dispatch(conn, dispatch_id))
         if not waiting:
@@ -118,6 +124,20 @@ async def submit(store: Store, job: JobContext, route: BatchRoute, clock: Clock,
             add_event(conn, job.id, "submitted", f"{route.name} batch {provider_id}: {waiting} request(s)", now)
         sent += 1
     return sent
+
+
+def _known_batches(store: Store, route: str, since: float) -> set[str]:
+    """Provider ids other dispatches already hold: never adopted a second time."""
+    with store.begin() as conn:
+        return set(
+            conn.scalars(
+                select(dispatches.c.provider_id).where(
+                    dispatches.c.route == route,
+                    dispatches.c.provider_id.is_not(None),
+                    dispatches.c.created_at >= since - 86400,
+                )
+            )
+        )
 
 
 def _reject(

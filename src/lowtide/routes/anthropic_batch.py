@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Collection, Iterable
 from typing import Any, Literal
 
 import anthropic
@@ -117,12 +117,14 @@ class AnthropicBatchRoute:
             raise RouteError(message) from None
         return batch.id
 
-    async def find(self, key: str, size: int, not_before: float) -> str | None:
+    async def find(self, key: str, size: int, not_before: float, known: Collection[str] = ()) -> str | None:
         found = []
         async for batch in self.client.messages.batches.list(limit=100):
             created = batch.created_at.timestamp()
             if created < not_before - 60:  # newest first: everything further is older
                 break
+            if batch.id in known:  # another dispatch's batch (chunks of a job often have one size)
+                continue
             counts = batch.request_counts
             total = counts.processing + counts.succeeded + counts.errored + counts.canceled + counts.expired
             if created <= not_before + self.find_window and total == size:

@@ -9,7 +9,7 @@ return. Routes translate SDK objects and errors into `Outcome`s at the edge.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -65,12 +65,13 @@ class BatchRoute(Protocol):
         `requests` is iterated once, lazily: write it out rather than keep it."""
         ...
 
-    async def find(self, key: str, size: int, not_before: float) -> str | None:
+    async def find(self, key: str, size: int, not_before: float, known: Collection[str] = ()) -> str | None:
         """The id of a batch this dispatch already created, if the provider has one.
 
         `key` was attached to the batch where the provider keeps metadata; where it does
         not, a route may match on `size` (requests) and creation after `not_before` (Unix
-        seconds), and must return None rather than guess between several candidates."""
+        seconds), skipping the batches in `known` (other dispatches hold them), and must
+        raise rather than guess between several candidates."""
         ...
 
     async def poll(self, batch_id: str) -> BatchStatus: ...

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 import uuid
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Collection, Iterable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -72,7 +72,7 @@ class EchoBatchRoute:
         self._write(batch_id, {"key": key, "polls": 0, "total": total, "cancelled": False})
         return batch_id
 
-    async def find(self, key: str, size: int, not_before: float) -> str | None:
+    async def find(self, key: str, size: int, not_before: float, known: Collection[str] = ()) -> str | None:
         if not self.dir.exists():
             return None
         for meta in self.dir.glob("*/meta.json"):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import tempfile
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Collection, Iterable
 from typing import Any, Literal
 
 import openai
@@ -135,7 +135,7 @@ class OpenAIBatchRoute:
                 raise translate_create_error(self.name, err) from None
         return batch.id
 
-    async def find(self, key: str, size: int, not_before: float) -> str | None:
+    async def find(self, key: str, size: int, not_before: float, known: Collection[str] = ()) -> str | None:
         oldest = not_before - 3600  # clocks differ; look a little further back
         async for batch in self.client.batches.list(limit=100):
             if (batch.metadata or {}).get(METADATA_KEY) == key:

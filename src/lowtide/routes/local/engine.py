@@ -34,6 +34,7 @@ import llama_cpp as llm
 import numpy as np
 
 from lowtide.core.types import ChatRequest, Outcome, Usage
+from lowtide.routes.local.calibrate import Calibrator, Scored, deliver, keys
 from lowtide.routes.local.jobs import Job, Ticket, prepare
 from lowtide.routes.local.model import Model
 
@@ -58,9 +59,8 @@ class Slot:
 
 
 class Engine:
-    def __init__(
-        self, model: Model, slots: int, n_ctx: int, threads: int, seed: int, n_batch: int = 512
-    ):
+    def __init__(self, model: Model, slots: int, n_ctx: int, threads: int, seed: int,
+                 calibrate: bool = True, n_batch: int = 512):  # fmt: skip
         self.model = model
         self.n_ctx = n_ctx
         self.seed = seed
@@ -68,6 +68,7 @@ class Engine:
         self.window = min(n_ctx, model.n_ctx_train)
         self.slots = [Slot(seq=i + 1) for i in range(slots)]
         self.scratch = list(range(slots + 1, 2 * slots + 1))
+        self.calibrator = Calibrator(calibrate, warmup=slots)
         params = llm.llama_context_default_params()
         params.n_ctx = n_ctx
         params.n_batch = params.n_ubatch = n_batch
@@ -168,6 +169,10 @@ class Engine:
                 self.pending.setdefault(job.group, deque()).append(job)
 
     def _step(self) -> None:
+        self._decode_step()
+        deliver(self.calibrator.flush(lambda: keys(self.slots, self.pending)))
+
+    def _decode_step(self) -> None:
         if self.purge:
             self.purge = False
             for key, queue in list(self.pending.items()):
@@ -335,13 +340,9 @@ class Engine:
                     llm.llama_memory_seq_rm(self.mem, seq, -1, -1)
                     self.scratch.append(seq)
         if slot.job and job.candidates is not None and not slot.waiting and slot.scores:
-            best = int(np.argmax(slot.scores))
-            usage = Usage(len(job.tokens), slot.cached)
-            usage.output_tokens = len(job.candidates[best])
-            self._finish(
-                slot,
-                Outcome(job.request.custom_id, True, job.request.choices[best], usage, "choice"),
-            )
+            scored = Scored(job, np.array(slot.scores), slot.cached)
+            self._release(slot)
+            deliver(self.calibrator.add(scored))
 
     def _feed_choices(self, slot: Slot) -> None:
         """Put the next choices of `slot` in the batch: one on its own sequence, the others
@@ -399,6 +400,7 @@ class Engine:
         slot.job, slot.todo, slot.reads, slot.waiting = None, [], [], deque()
 
     def _fail_all(self, code: str, message: str, retryable: bool) -> None:
+        deliver(self.calibrator.flush(set))  # scored already: answer them
         for slot in self.slots:
             if slot.job:
                 job = slot.job

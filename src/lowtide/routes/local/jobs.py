@@ -41,6 +41,11 @@ class Job:
     rng: np.random.Generator | None = None
     stops: list[str] = field(default_factory=list)
 
+    @property
+    def key(self) -> tuple:
+        """Requests calibrated together: same messages before the last, same choices."""
+        return (self.group, tuple(self.request.choices or ()))
+
     def need(self, shared: int) -> int:
         """KV cells this job holds at most, beyond the first `shared` prompt tokens."""
         if self.candidates is not None:  # every choice but its last token, side by side

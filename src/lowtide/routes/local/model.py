@@ -148,6 +148,21 @@ class Model:
         raise AssertionError("unreachable")
 
 
+def extra_bufts() -> bool:
+    """Whether to let llama.cpp use its extra CPU buffer types (weights repacked for the CPU).
+
+    History: with them on, a llama.cpp build with AMX support segfaulted on load on some
+    CPUs, so they were turned off everywhere, at about 20 % of prompt speed. The crash is in
+    the AMX buffer type; REPACK alone (AVX2 builds) is safe. So: on unless the build reports
+    AMX (`AMX_INT8 = 1` in llama_print_system_info). LOWTIDE_LLAMA_EXTRA_BUFTS=0 or 1 overrides.
+    """
+    forced = os.environ.get("LOWTIDE_LLAMA_EXTRA_BUFTS", "").strip()
+    if forced in ("0", "1"):
+        return forced == "1"
+    info = llm.llama_print_system_info() or b""
+    return b"AMX_INT8 = 1" not in info
+
+
 def _init_backend() -> None:
     global _backend_ready
     if not _backend_ready:
@@ -173,8 +188,7 @@ def load_model(path: Path, requantize: str, threads: int) -> Model:
         params = llm.llama_model_default_params()
         params.n_gpu_layers = 0
         if hasattr(params, "use_extra_bufts"):
-            # The extra (AMX/repacked) CPU buffer types crash on some CPUs; plain is as fast here.
-            params.use_extra_bufts = False
+            params.use_extra_bufts = extra_bufts()
         ptr = llm.llama_model_load_from_file(str(source).encode(), params)
         if not ptr:
             raise RouteError(
