@@ -32,6 +32,7 @@ TICKETS = [
     "Love the new design, great job!",
     "Please refund my last invoice.",
 ]
+GOLD = ["billing", "technical", "account", "shipping", "feedback", "billing"]
 
 
 def ask(cid: str, text: str, **fields) -> ChatRequest:
@@ -229,3 +230,47 @@ def test_a_file_that_is_not_a_model_is_a_route_error(tmp_path):
     route = create({"model_path": str(bogus)})
     with pytest.raises(RouteError, match="bogus.gguf"):
         run(route, [ChatRequest("x", "bogus", [{"role": "user", "content": "Hi"}])])
+
+
+def test_calibration_undoes_a_prior_for_one_label():
+    # Raw, SmolLM2-135M finds "billing" likeliest for every ticket; calibrated, each choice's
+    # mean score over the batch is subtracted first, so the answers spread over the labels.
+    tickets = TICKETS * 2
+    requests = [ask(f"t{i}", body, choices=LABELS) for i, body in enumerate(tickets)]
+    raw = run(create({"slots": 4, "calibrate": False}), requests)
+    calibrated = run(create({"slots": 4}), requests)
+    gold = dict(zip([r.custom_id for r in requests], GOLD * 2, strict=True))
+
+    def hits(outcomes: list[Outcome]) -> int:
+        return sum(o.text == gold[o.custom_id] for o in outcomes)
+
+    assert len({o.text for o in raw}) <= 2 < len({o.text for o in calibrated})
+    assert hits(calibrated) > hits(raw)
+    assert all(o.ok and o.finish_reason == "choice" for o in calibrated)
+    with pytest.raises(RouteError, match="calibrate"):
+        create({"calibrate": "yes"})
+
+
+def test_calibrator_answers_each_request_against_the_others():
+    import numpy as np
+
+    from lowtide.routes.local.calibrate import Calibrator, Scored
+    from lowtide.routes.local.jobs import Job, Ticket
+
+    def scored(cid: str, scores: list[float]) -> Scored:
+        request = ask(cid, "x", choices=["a", "b"])
+        job = Job(request, Ticket(lambda o: None), [1, 2, 3], (1,), 0, [[5], [6]])
+        return Scored(job, np.array(scores), 0)
+
+    cal = Calibrator(enabled=True, warmup=3)
+    # "a" is always likelier; what differs between requests is by how much.
+    assert cal.add(scored("p", [-1.0, -5.0])) == []
+    assert cal.add(scored("q", [-1.0, -2.0])) == []
+    out = {item.job.request.custom_id: o.text for item, o in cal.add(scored("r", [-1.0, -5.0]))}
+    assert out == {"p": "a", "q": "b", "r": "a"}
+    ((item, o),) = cal.add(scored("s", [-1.0, -2.5]))  # past the warm-up: answered at once
+    assert o.text == "b" and o.finish_reason == "choice"
+    alone = Calibrator(enabled=True, warmup=8)
+    assert alone.add(scored("z", [-1.0, -5.0])) == []
+    ((_, o),) = alone.flush(set)  # nothing else of its group will come: raw argmax
+    assert o.text == "a"
