@@ -82,14 +82,12 @@ def dispatched_requests(conn: Connection, dispatch_id: int, after: int = 0, limi
     """The requests still in a dispatch (with ids above `after`), as the route should see them."""
     stmt = (
         select(requests.c.id, requests.c.custom_id, requests.c.payload, requests.c.repair, requests.c.attempts)
-        .where(
-            requests.c.dispatch_id == dispatch_id,
-            requests.c.state == RequestState.DISPATCHED.value,
-            requests.c.id > after,
-        )
+        .where(requests.c.dispatch_id == dispatch_id, requests.c.state == RequestState.DISPATCHED.value)
         .order_by(requests.c.id)
         .limit(limit)
     )
+    if after:  # only when paging: a bare `id > 0` lets SQLite walk the whole table by id
+        stmt = stmt.where(requests.c.id > after)
     out = []
     for rid, cid, payload, repair, attempt in conn.execute(stmt).all():
         body = json.loads(payload)
