@@ -21,6 +21,8 @@ LLAMA_STAMP := $(VENV)/.llama-$(LLAMA_KEY)
 demo: install
 	$(BIN)/lowtide run examples/classify-tickets.yaml
 	$(BIN)/lowtide results classify-tickets --out examples/results/classify-tickets.csv --compare gold
+	@echo "SmolLM2-135M-Instruct is a tiny demo-quality model, run here with no key and no network."
+	@echo "Real work goes to a provider batch route (openai-batch, anthropic-batch) or a self-hosted server."
 
 test: install-test
 	$(BIN)/python -m pytest
