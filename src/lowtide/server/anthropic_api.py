@@ -151,12 +151,7 @@ def list_(request: Request, after_id: str | None = None, before_id: str | None =
 @router.post("/{batch_id}/cancel")
 def cancel(batch_id: str, request: Request) -> dict[str, Any]:
     server = _server(request)
-    while (status := S(_get(server, batch_id).status)) in (S.VALIDATING, S.IN_PROGRESS):
-        with server.store.begin() as conn:  # the worker may move it meanwhile: then look again
-            moved = records.move_batch(conn, batch_id, status, S.CANCELLING, server.clock.now())
-        if moved:
-            server.notify()
-            break
+    status = records.begin_cancel(server, batch_id, lambda: S(_get(server, batch_id).status))
     if status in TERMINAL:
         raise ApiError(400, f"Message batch {batch_id} has already ended; it cannot be canceled.")
     return message_batch(_get(server, batch_id), _base(request))

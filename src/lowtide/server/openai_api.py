@@ -137,12 +137,7 @@ def list_(request: Request, after: str | None = None, limit: int = 20) -> dict[s
 @router.post("/{batch_id}/cancel")
 def cancel(batch_id: str, request: Request) -> dict[str, Any]:
     server = _server(request)
-    while (status := S(_get(server, batch_id).status)) in (S.VALIDATING, S.IN_PROGRESS):
-        with server.store.begin() as conn:  # the worker may move it meanwhile: then look again
-            moved = records.move_batch(conn, batch_id, status, S.CANCELLING, server.clock.now())
-        if moved:
-            server.notify()
-            break
+    status = records.begin_cancel(server, batch_id, lambda: S(_get(server, batch_id).status))
     if status in TERMINAL or status is S.FINALIZING:
         raise ApiError(400, f"Cannot cancel a batch with status '{status.value}'.")
     return batch_object(server, _get(server, batch_id))

@@ -135,3 +135,15 @@ def jobs_of(row: Row) -> list[dict[str, str]]:
 
 def faults_of(row: Row) -> dict[str, Any]:
     return json.loads(row.faults)
+
+
+def begin_cancel(server: Any, batch_id: str, current: Any) -> BatchStatus:
+    """Move a validating or in-progress batch to cancelling (both APIs' cancel). The worker
+    may move it meanwhile: then look again. Returns the status the batch had."""
+    while (status := current()) in (S.VALIDATING, S.IN_PROGRESS):
+        with server.store.begin() as conn:
+            moved = move_batch(conn, batch_id, status, S.CANCELLING, server.clock.now())
+        if moved:
+            server.notify()
+            break
+    return status
