@@ -27,6 +27,7 @@ from lowtide.store.schema import requests
 
 _RESULT_COLUMNS = ("custom_id", "state", "output", "error", "input_tokens", "output_tokens", "attempts", "route")
 _INT_COLUMNS = {"input_tokens", "output_tokens", "attempts"}
+LOOKUP_CHUNK = 5000  # ids per query: under SQLite's 32,766 and PostgreSQL's 65,535 parameters
 
 
 @dataclass(slots=True)
@@ -99,11 +100,11 @@ class ResultRows:
         cols = requests.c
         found = {}
         with self.store.begin() as conn:
-            for start in range(0, len(ids), 900):
+            for start in range(0, len(ids), LOOKUP_CHUNK):
                 stmt = select(
                     cols.custom_id, cols.state, cols.output, cols.parsed, cols.error_code, cols.error_message,
                     cols.input_tokens, cols.output_tokens, cols.attempts, cols.route,
-                ).where(cols.job_id == self.job_id, cols.custom_id.in_(ids[start : start + 900]))  # fmt: skip
+                ).where(cols.job_id == self.job_id, cols.custom_id.in_(ids[start : start + LOOKUP_CHUNK]))  # fmt: skip
                 found.update({r.custom_id: r for r in conn.execute(stmt).all()})
         return found
 
