@@ -98,10 +98,11 @@ def tickets_csv(tmp_path) -> Path:
     return write_csv(tmp_path / "tickets.csv", ticket_rows(40))
 
 
-def make_spec(source: Path, **overrides) -> JobSpec:
+def make_spec(source_path: Path, /, **overrides) -> JobSpec:
+    """A job spec over `source_path`; dict overrides (`source` too) merge one level deep."""
     data = {
         "name": "tickets",
-        "source": {"path": str(source), "id_column": "ticket_id"},
+        "source": {"path": str(source_path), "id_column": "ticket_id"},
         "template": {"system": "Classify the ticket.", "user": "Ticket: {{ body }}"},
         "model": "test-model",
         "route": "echo",

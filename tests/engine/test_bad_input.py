@@ -24,31 +24,18 @@ from lowtide.core.errors import (
     UnknownRouteError,
 )
 from lowtide.core.ids import custom_id_for
-from lowtide.core.spec import JobSpec, build_spec, load_spec
+from lowtide.core.spec import JobSpec, load_spec
 from lowtide.engine.export import export_results
 from lowtide.engine.loader import load_job
 from lowtide.store.schema import attempts, dispatches, events, jobs, requests
-from tests.conftest import drive_to_end, ticket_rows, write_csv
+from tests.conftest import drive_to_end, make_spec, ticket_rows, write_csv
 
 COLUMNS = ["ticket_id", "channel", "body", "gold"]
 TABLES = (jobs, requests, attempts, dispatches, events)
 
 
 def spec_for(path: Path, **overrides: Any) -> JobSpec:
-    """A job spec over `path`; dict overrides are merged one level deep (`source` too)."""
-    data: dict[str, Any] = {
-        "name": "tickets",
-        "source": {"path": str(path), "id_column": "ticket_id"},
-        "template": {"system": "Classify the ticket.", "user": "Ticket: {{ body }}"},
-        "model": "test-model",
-        "route": "echo",
-    }
-    for key, value in overrides.items():
-        if isinstance(value, dict) and isinstance(data.get(key), dict):
-            data[key] = {**data[key], **value}
-        else:
-            data[key] = value
-    return build_spec(data)
+    return make_spec(path, **overrides)
 
 
 def snapshot(store) -> dict[str, list[tuple]]:
