@@ -31,7 +31,7 @@ def test_a_batch_sent_before_a_crash_is_adopted_not_sent_again(store, clock, tmp
     async def crash_after_create():
         async with Engine(store, clock) as engine:
             job = engine._jobs("tickets")[0]
-            route = engine.route_for(job)
+            route = engine.route_for(job.lanes[0])
             batches.plan(store, job, route, clock)
             with store.begin() as conn:
                 dispatch_id, key = conn.execute(sa.select(dispatches.c.id, dispatches.c.key)).one()

@@ -119,7 +119,7 @@ KILL_AFTER_CREATE = textwrap.dedent(
         store = Store(sys.argv[1])
         async with Engine(store) as engine:
             job = engine._jobs("tickets")[0]
-            route = engine.route_for(job)
+            route = engine.route_for(job.lanes[0])
             batches.plan(store, job, route, SystemClock())
             with store.begin() as conn:
                 dispatch_id, key = conn.execute(sa.select(dispatches.c.id, dispatches.c.key)).first()

@@ -52,3 +52,13 @@ def status_table(statuses: list[JobStatus]) -> Table:
             str(s.count(RequestState.FAILED)), str(s.count(RequestState.CANCELLED)), str(in_flight), phases,
         )  # fmt: skip
     return table
+
+
+def placement_table(status: JobStatus) -> Table:
+    """Where the job's requests ran, and why they moved to the fallback route."""
+    table = Table(title="where requests ran")
+    for col in ("route", "why there", "state", "requests"):
+        table.add_column(col, justify="right" if col == "requests" else "left")
+    for route, why, state, n in status.placement:
+        table.add_row(route, why or "the job's route" if route != "-" else "not sent yet", state, str(n))
+    return table

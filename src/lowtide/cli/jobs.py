@@ -19,7 +19,13 @@ from lowtide.cli.common import (
     open_store,
     out,
 )
-from lowtide.cli.display import done_count, job_progress, progress_detail, status_table
+from lowtide.cli.display import (
+    done_count,
+    job_progress,
+    placement_table,
+    progress_detail,
+    status_table,
+)
 from lowtide.core.clock import SystemClock
 from lowtide.core.errors import LowtideError
 from lowtide.core.spec import JobSpec, load_spec
@@ -118,6 +124,8 @@ def status(
     except LowtideError as err:
         raise fail(err) from None
     out.print(status_table([s]))
+    if len(s.placement) > 1 or any(why for _, why, _, _ in s.placement):
+        out.print(placement_table(s))
     if s.failures:
         out.print("failures: " + ", ".join(f"{code} × {n}" for code, n in sorted(s.failures.items())))
     out.print(f"tokens: {s.tokens.get('input_tokens', 0)} in, {s.tokens.get('output_tokens', 0)} out over {s.tokens.get('attempts', 0)} attempts")

@@ -79,6 +79,23 @@ class RetrySpec(_Strict):
     max_backoff_seconds: float = Field(3600.0, ge=0)
 
 
+class FallbackSpec(_Strict):
+    """Where requests go when the job's route cannot finish them: after it failed them
+    retryably more often than `retry` allows, when they expired, or when the deadline is
+    too close for the route (docs/fallback.md)."""
+
+    route: str
+    route_options: dict[str, Any] = Field(default_factory=dict)
+    # The model on the fallback route; default: the job's model.
+    model: str | None = None
+    # Seconds before the deadline at which in-flight batches are cancelled and what they
+    # have not finished goes to the fallback route.
+    safety_margin: float = Field(900.0, gt=0)
+    # Seconds a batch of the job's route is expected to take, until this store has seen
+    # enough of that route's batches to know better.
+    expected_turnaround: float = Field(3600.0, gt=0)
+
+
 class OutputSpec(_Strict):
     path: str
     format: Literal["csv", "jsonl", "parquet"] | None = None
@@ -96,6 +113,7 @@ class JobSpec(_Strict):
     response_schema: dict[str, Any] | None = None
     deadline: datetime | None = None
     retry: RetrySpec = Field(default_factory=RetrySpec)
+    fallback: FallbackSpec | None = None
     output: OutputSpec | None = None
     # Requests per provider batch, below the route's own limit (batch routes only).
     chunk_size: int | None = Field(None, ge=1)
@@ -130,6 +148,16 @@ class JobSpec(_Strict):
     @classmethod
     def _deadline(cls, v: datetime | None) -> datetime | None:
         return v.replace(tzinfo=UTC) if v is not None and v.tzinfo is None else v
+
+    @model_validator(mode="after")
+    def _fallback_elsewhere(self) -> JobSpec:
+        if self.fallback is not None and self.fallback.route == self.route:
+            raise ValueError(f"`fallback.route` must differ from `route` ({self.route}); retries on the same route are `retry:`")
+        return self
+
+    @property
+    def fallback_model(self) -> str:
+        return (self.fallback and self.fallback.model) or self.model
 
     def resolve(self, path: str) -> Path:
         p = Path(path).expanduser()

@@ -9,13 +9,14 @@ batch by that key and adopts it instead of submitting again (DESIGN invariant 3)
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 
 from sqlalchemy import func, select, update
 
 from lowtide.core.clock import Clock
 from lowtide.core.errors import BatchRejected
 from lowtide.core.states import DispatchState, RequestState
-from lowtide.core.types import Outcome
+from lowtide.core.types import ChatRequest, Outcome
 from lowtide.engine.context import JobContext
 from lowtide.engine.dispatch import assign, iter_dispatched, left_in_dispatch, new_dispatch
 from lowtide.engine.ingest import IngestCounts, apply_outcomes
@@ -32,25 +33,25 @@ LINE_OVERHEAD = 200  # bytes a provider's line format adds around a request's pa
 DEFAULT_POLL_INTERVAL = (30.0, 600.0)
 
 
-def plan(store: Store, job: JobContext, route: BatchRoute, clock: Clock) -> int:
-    """Group due pending requests into dispatches within the route's and the job's limits."""
+def plan(store: Store, job: JobContext, route: BatchRoute, clock: Clock, lane: str | None = None) -> int:
+    """Group due pending requests (of `lane`, for a job with a fallback route) into
+    dispatches within the route's and the job's limits."""
     limit = min(route.limits.max_requests, job.spec.chunk_size or route.limits.max_requests)
     # Sorting by payload puts requests with the same model, parameters and leading messages
     # (the system prompt) side by side, so each chunk shares a prefix the provider can cache.
     order = (requests.c.payload,) if getattr(route, "group_by_prefix", False) else (requests.c.not_before, requests.c.id)
     now = clock.now()
     planned = 0
+    due = select(requests.c.id, func.length(requests.c.payload) + LINE_OVERHEAD).where(
+        requests.c.job_id == job.id,
+        requests.c.state == RequestState.PENDING.value,
+        requests.c.not_before <= now,
+    )
+    if lane is not None:
+        due = due.where(requests.c.lane == lane)
     with store.begin() as conn:
-        rows = conn.execute(
-            select(requests.c.id, func.length(requests.c.payload) + LINE_OVERHEAD)
-            .where(
-                requests.c.job_id == job.id,
-                requests.c.state == RequestState.PENDING.value,
-                requests.c.not_before <= now,
-            )
-            .order_by(*order)
-            .limit(limit * CHUNKS_PER_TICK)
-        ).all()  # read whole before the updates below touch the same rows
+        # Read whole before the updates below touch the same rows.
+        rows = conn.execute(due.order_by(*order).limit(limit * CHUNKS_PER_TICK)).all()
         chunk: list[int] = []
         size = 0
         for rid, nbytes in rows:
@@ -69,13 +70,17 @@ def _plan_one(conn, job: JobContext, route: BatchRoute, ids: list[int], now: flo
     return assign(conn, dispatch_id, ids, route.name, now)
 
 
-async def submit(store: Store, job: JobContext, route: BatchRoute, clock: Clock, rng: random.Random) -> int:
-    """Submit every planned dispatch of the job; adopt any that a dead process had sent."""
+async def submit(
+    store: Store, job: JobContext, route: BatchRoute, clock: Clock, rng: random.Random, model: str | None = None
+) -> int:
+    """Submit every planned dispatch of the job on this route; adopt any that a dead
+    process had sent. `model` overrides the requests' model (a fallback route's)."""
     with store.begin() as conn:
         todo = list(
             conn.execute(
                 select(dispatches.c.id, dispatches.c.key, dispatches.c.state, dispatches.c.size, dispatches.c.created_at).where(
                     dispatches.c.job_id == job.id,
+                    dispatches.c.route == route.name,
                     dispatches.c.kind == "batch",
                     dispatches.c.state.in_([DispatchState.PLANNED.value, DispatchState.SUBMITTING.value]),
                 )
@@ -104,7 +109,7 @@ async def submit(store: Store, job: JobContext, route: BatchRoute, clock: Clock,
             continue
         try:
             if provider_id is None:
-                provider_id = await route.submit(key, iter_dispatched(store, dispatch_id))
+                provider_id = await route.submit(key, _with_model(iter_dispatched(store, dispatch_id), model))
         except BatchRejected as err:
             _reject(store, job, route, dispatch_id, DispatchState.SUBMITTING, str(err), clock, rng)
             continue
@@ -124,6 +129,13 @@ async def submit(store: Store, job: JobContext, route: BatchRoute, clock: Clock,
             add_event(conn, job.id, "submitted", f"{route.name} batch {provider_id}: {waiting} request(s)", now)
         sent += 1
     return sent
+
+
+def _with_model(requests: Iterator[ChatRequest], model: str | None) -> Iterator[ChatRequest]:
+    for request in requests:
+        if model:
+            request.model = model
+        yield request
 
 
 def _known_batches(store: Store, route: str, since: float) -> set[str]:
@@ -162,6 +174,7 @@ async def poll(store: Store, job: JobContext, route: BatchRoute, clock: Clock, r
             conn.execute(
                 select(dispatches.c.id, dispatches.c.provider_id, dispatches.c.polls, dispatches.c.cancel_requested).where(
                     dispatches.c.job_id == job.id,
+                    dispatches.c.route == route.name,
                     dispatches.c.state == DispatchState.SUBMITTED.value,
                     dispatches.c.next_poll_at <= now,
                 )

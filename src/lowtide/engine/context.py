@@ -22,6 +22,26 @@ class JobContext:
         return cls(row.id, row.name, JobState(row.state), JobSpec.model_validate_json(row.spec))
 
     @property
+    def lanes(self) -> list[Lane]:
+        """Where this job's requests run: its route; and its fallback route, if it has one."""
+        spec = self.spec
+        if spec.fallback is None:
+            return [Lane(None, spec.route, spec.route_options, None)]
+        fb = spec.fallback
+        return [Lane("main", spec.route, spec.route_options, None), Lane("fallback", fb.route, fb.route_options, fb.model)]
+
+
+@dataclass(frozen=True, slots=True)
+class Lane:
+    """One route of a job. `name` is the requests' lane ("main" or "fallback"), None for a
+    job with one route; `model` overrides the requests' model on this route."""
+
+    name: str | None
+    route: str
+    options: dict
+    model: str | None
+
+    @property
     def route_key(self) -> str:
-        """Jobs with the same route and options share one route instance."""
-        return self.spec.route + ":" + repr(sorted(self.spec.route_options.items()))
+        """Lanes with the same route and options share one route instance."""
+        return self.route + ":" + repr(sorted(self.options.items()))

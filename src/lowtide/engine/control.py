@@ -33,6 +33,8 @@ class JobStatus:
     tokens: dict[str, int] = field(default_factory=dict)
     events: list[str] = field(default_factory=list)
     failures: dict[str, int] = field(default_factory=dict)
+    # Where requests ran and why they moved there: (route, reason or None, state, count).
+    placement: list[tuple[str, str | None, str, int]] = field(default_factory=list)
 
     @property
     def total(self) -> int:
@@ -69,7 +71,19 @@ def job_status(store: Store, name: str, events: int = 5) -> JobStatus:
             tokens=token_totals(conn, job.id),
             events=[f"{e.kind}: {e.message}" for e in recent_events(conn, job.id, events)],
             failures={k or "unknown": v for k, v in failures.items()},
+            placement=_placement(conn, job.id),
         )
+
+
+def _placement(conn, job_id: int) -> list[tuple[str, str | None, str, int]]:
+    """Requests by the route they last ran on (or "-" if none yet), the reason they moved to
+    the fallback route, and state."""
+    rows = conn.execute(
+        select(requests.c.route, requests.c.lane_reason, requests.c.state, func.count())
+        .where(requests.c.job_id == job_id)
+        .group_by(requests.c.route, requests.c.lane_reason, requests.c.state)
+    ).all()
+    return sorted(((route or "-", why, state, n) for route, why, state, n in rows), key=lambda r: (r[0], r[1] or "", r[2]))
 
 
 def job_done(store: Store, name: str) -> bool:
@@ -80,7 +94,11 @@ def job_done(store: Store, name: str) -> bool:
             return False
         live = conn.execute(
             select(dispatches.c.id)
-            .where(dispatches.c.job_id == job.id, dispatches.c.state.in_(LIVE_DISPATCH_STATES))
+            .where(
+                dispatches.c.job_id == job.id,
+                dispatches.c.state.in_(LIVE_DISPATCH_STATES),
+                dispatches.c.cut_at.is_(None),
+            )
             .limit(1)
         ).first()
         return live is None
@@ -138,7 +156,10 @@ def retry_job(store: Store, name: str, clock: Clock, *, failed: bool = True, can
             RequestState.PENDING,
             and_(requests.c.job_id == job.id, requests.c.state.in_([s.value for s in states])),
             only=states,
-            values={"attempts": 0, "not_before": 0.0, "repair": None, "dispatch_id": None, "updated_at": now},
+            values={
+                "attempts": 0, "not_before": 0.0, "repair": None, "dispatch_id": None, "updated_at": now,
+                "lane": "main", "lane_reason": None, "lane_base_attempts": 0,
+            },  # fmt: skip
         )
         if n:
             move_job(conn, job.id, JobState.ACTIVE, finished_at=None, updated_at=now)

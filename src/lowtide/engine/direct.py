@@ -8,7 +8,7 @@ import time
 from lowtide.core.clock import Clock
 from lowtide.core.states import DispatchState
 from lowtide.core.types import Outcome
-from lowtide.engine.context import JobContext
+from lowtide.engine.context import JobContext, Lane
 from lowtide.engine.dispatch import (
     claim_due,
     dispatched_requests,
@@ -28,18 +28,30 @@ FLUSH_SECONDS = 1.0  # wall time between commits while a slow route runs
 
 
 async def run_direct(
-    store: Store, job: JobContext, route: DirectRoute, clock: Clock, owner: str, lease: float, rng: random.Random
+    store: Store,
+    job: JobContext,
+    route: DirectRoute,
+    clock: Clock,
+    owner: str,
+    lease: float,
+    rng: random.Random,
+    lane: Lane | None = None,
 ) -> IngestCounts:
-    """Claim one dispatch of due requests and execute it. Returns what was applied."""
+    """Claim one dispatch of due requests (of `lane`, for a job with a fallback route) and
+    execute it. Returns what was applied."""
     now = clock.now()
+    lane_name = lane.name if lane else None
     with store.begin() as conn:
-        if not pending_ids(conn, job.id, now, 1):
+        if not pending_ids(conn, job.id, now, 1, lane_name):
             return IngestCounts()
         dispatch_id = new_dispatch(
             conn, job.id, route.name, "direct", DispatchState.RUNNING, now, owner=owner, lease_until=now + lease
         )
-        claim_due(conn, dispatch_id, job.id, now, route.dispatch_size, route.name)
+        claim_due(conn, dispatch_id, job.id, now, route.dispatch_size, route.name, lane_name)
         batch = dispatched_requests(conn, dispatch_id)
+    if lane is not None and lane.model:
+        for request in batch:
+            request.model = lane.model
 
     counts = IngestCounts()
     buffer: list[Outcome] = []

@@ -14,19 +14,22 @@ from lowtide.store.schema import dispatches, requests
 from lowtide.store.transitions import move_requests
 
 
-def pending_ids(conn: Connection, job_id: int, now: float, limit: int) -> list[int]:
-    """Up to `limit` pending requests that are due, oldest first. On PostgreSQL rows another
-    worker is claiming are skipped rather than waited for."""
-    return list(conn.scalars(_due(conn, job_id, now, limit)))
+def pending_ids(conn: Connection, job_id: int, now: float, limit: int, lane: str | None = None) -> list[int]:
+    """Up to `limit` pending requests that are due, oldest first (of one lane, when the job
+    has a fallback route). On PostgreSQL rows another worker is claiming are skipped rather
+    than waited for."""
+    return list(conn.scalars(_due(conn, job_id, now, limit, lane)))
 
 
-def claim_due(conn: Connection, dispatch_id: int, job_id: int, now: float, limit: int, route: str) -> int:
+def claim_due(
+    conn: Connection, dispatch_id: int, job_id: int, now: float, limit: int, route: str, lane: str | None = None
+) -> int:
     """Move up to `limit` due pending requests into a dispatch in one statement (the ids
     never travel to Python and back)."""
     moved = move_requests(
         conn,
         RequestState.DISPATCHED,
-        requests.c.id.in_(_due(conn, job_id, now, limit)),
+        requests.c.id.in_(_due(conn, job_id, now, limit, lane)),
         only=[RequestState.PENDING],
         values={"dispatch_id": dispatch_id, "attempts": requests.c.attempts + 1, "route": route, "updated_at": now},
     )
@@ -34,7 +37,7 @@ def claim_due(conn: Connection, dispatch_id: int, job_id: int, now: float, limit
     return moved
 
 
-def _due(conn: Connection, job_id: int, now: float, limit: int):
+def _due(conn: Connection, job_id: int, now: float, limit: int, lane: str | None = None):
     stmt = (
         select(requests.c.id)
         .where(
@@ -45,6 +48,8 @@ def _due(conn: Connection, job_id: int, now: float, limit: int):
         .order_by(requests.c.not_before, requests.c.id)  # the index's order: no sort
         .limit(limit)
     )
+    if lane is not None:
+        stmt = stmt.where(requests.c.lane == lane)
     if conn.dialect.name == "postgresql":
         stmt = stmt.with_for_update(skip_locked=True)
     return stmt

@@ -27,8 +27,11 @@ from lowtide.store.transitions import settle_dispatched
 _COLUMNS = (
     "output", "parsed", "error_code", "error_message", "input_tokens", "cached_input_tokens",
     "cache_write_tokens", "output_tokens", "reasoning_tokens", "route", "updated_at",
-    "not_before", "repair",
+    "not_before", "repair", "lane", "lane_reason", "lane_base_attempts",
 )  # fmt: skip
+# Failures that say the batch ran out of time, not that the request is bad: with a fallback
+# route they go there at once instead of waiting for another batch.
+OUT_OF_TIME = frozenset({"expired", "batch_expired", "batch_cancelled", "canceled", "cancelled"})
 
 
 @dataclass(slots=True)
@@ -98,7 +101,8 @@ def apply_outcomes(
             "error_message": outcome.error_message, "input_tokens": u.input_tokens,
             "cached_input_tokens": u.cached_input_tokens, "cache_write_tokens": u.cache_write_tokens,
             "output_tokens": u.output_tokens, "reasoning_tokens": u.reasoning_tokens,
-            "not_before": 0.0, "repair": req.repair,
+            "not_before": 0.0, "repair": req.repair, "lane": req.lane,
+            "lane_reason": req.lane_reason, "lane_base_attempts": req.lane_base_attempts,
         }  # fmt: skip
         target = _decide(job, req, outcome, row, choices, now, rng)
         by_target.setdefault(target, []).append(row)
@@ -120,7 +124,8 @@ def apply_outcomes(
 
 _COLS = (
     requests.c.id, requests.c.custom_id, requests.c.state, requests.c.dispatch_id,
-    requests.c.attempts, requests.c.repair,
+    requests.c.attempts, requests.c.repair, requests.c.lane, requests.c.lane_reason,
+    requests.c.lane_base_attempts,
 )  # fmt: skip
 
 
@@ -178,8 +183,15 @@ def _decide(job: JobContext, req, outcome: Outcome, row: dict, choices, now: flo
         return RequestState.SUCCEEDED
     if job.state is JobState.CANCELLED:
         return RequestState.CANCELLED
-    if outcome.retryable and req.attempts < spec.retry.max_attempts:
-        row["not_before"] = now + retry_delay(spec.retry, req.attempts, rng)
+    tries = req.attempts - req.lane_base_attempts  # on this lane
+    if outcome.retryable and spec.fallback is not None and req.lane == "main":
+        out_of_time = outcome.error_code in OUT_OF_TIME
+        if out_of_time or tries >= spec.retry.max_attempts:
+            why = outcome.error_code if out_of_time else f"failed {tries} time(s), last: {outcome.error_code}"
+            row.update(lane="fallback", lane_base_attempts=req.attempts, lane_reason=f"{why} on {row['route']}")
+            return RequestState.PENDING
+    if outcome.retryable and tries < spec.retry.max_attempts:
+        row["not_before"] = now + retry_delay(spec.retry, tries, rng)
         return RequestState.PENDING
     if outcome.retryable:
         row["error_message"] = f"{outcome.error_message} (gave up after {req.attempts} attempts)"

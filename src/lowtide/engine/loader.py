@@ -112,6 +112,8 @@ def check_job(spec: JobSpec, where: str = "job spec") -> tuple[MessageTemplate, 
     template = MessageTemplate.from_spec(spec, where)
     try:
         create_route(spec.route, spec.route_options).check_model(spec.model)
+        if spec.fallback is not None:
+            create_route(spec.fallback.route, spec.fallback.route_options).check_model(spec.fallback_model)
     except UnknownRouteError:
         raise
     except RouteError as err:  # a wrong model or option is a problem with the spec

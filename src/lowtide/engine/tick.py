@@ -2,6 +2,7 @@
 
     reclaim   requests held by a dead worker or an expired lease go back to pending
     deadline  past a job's deadline, requests not yet sent fail with `deadline_passed`
+    cut-over  near a job's deadline, move what its route cannot finish to the fallback route
     plan      batch routes: group due pending requests into chunks
     submit    batch routes: send planned chunks (exactly once; adopt after a crash)
     poll      batch routes: poll what is due; ingest what ended
@@ -23,10 +24,12 @@ from datetime import datetime
 from sqlalchemy import and_, func, or_, select
 
 from lowtide.core.clock import Clock, SystemClock
+from lowtide.core.spec import JobSpec
 from lowtide.core.states import DispatchState, JobState, RequestState
 from lowtide.engine import batches
-from lowtide.engine.context import JobContext
+from lowtide.engine.context import JobContext, Lane
 from lowtide.engine.direct import run_direct
+from lowtide.engine.fallback import cut_over
 from lowtide.engine.ingest import IngestCounts
 from lowtide.routes import Route, create_route
 from lowtide.store.db import Store
@@ -43,6 +46,7 @@ class TickReport:
     deadline_failed: int = 0
     planned: int = 0
     submitted: int = 0
+    to_fallback: int = 0
     finished: list[str] = field(default_factory=list)
     ingested: IngestCounts = field(default_factory=IngestCounts)
 
@@ -50,7 +54,10 @@ class TickReport:
     def busy(self) -> bool:
         i = self.ingested
         applied = i.succeeded + i.retried + i.failed + i.cancelled + i.stale
-        return bool(self.reclaimed or self.deadline_failed or self.planned or self.submitted or self.finished or applied)
+        return bool(
+            self.reclaimed or self.deadline_failed or self.planned or self.submitted or self.to_fallback
+            or self.finished or applied
+        )  # fmt: skip
 
 
 class Engine:
@@ -87,12 +94,12 @@ class Engine:
         for route in routes.values():
             await route.aclose()
 
-    def route_for(self, job: JobContext) -> Route:
-        if job.spec.route in self._given:
-            return self._given[job.spec.route]
-        route = self._routes.get(job.route_key)
+    def route_for(self, lane: Lane) -> Route:
+        if lane.route in self._given:
+            return self._given[lane.route]
+        route = self._routes.get(lane.route_key)
         if route is None:
-            route = self._routes[job.route_key] = create_route(job.spec.route, job.spec.route_options)
+            route = self._routes[lane.route_key] = create_route(lane.route, lane.options)
         return route
 
     async def tick(self, job_name: str | None = None) -> TickReport:
@@ -100,31 +107,54 @@ class Engine:
         report.reclaimed = self.reclaim()
         for job in self._jobs(job_name):
             report.deadline_failed += self.enforce_deadline(job)
-            route = self.route_for(job)
-            if route.kind == "batch":
-                if job.state is JobState.ACTIVE:
-                    report.planned += batches.plan(self.store, job, route, self.clock)
-                report.submitted += await batches.submit(self.store, job, route, self.clock, self.rng)
-                report.ingested.add(await batches.poll(self.store, job, route, self.clock, self.rng))
-            elif job.state is JobState.ACTIVE:
-                report.ingested.add(
-                    await run_direct(self.store, job, route, self.clock, self.owner, self.lease, self.rng)
-                )
+            lanes = [(lane, self.route_for(lane)) for lane in job.lanes]
+            if job.spec.fallback is not None:
+                main = lanes[0][1]
+                report.to_fallback += cut_over(self.store, job, main.kind, main.name, self.clock).to_fallback
+            for lane, route in lanes:
+                await self._work(job, lane, route, report)
             if self.finish(job):
                 report.finished.append(job.name)
         return report
 
+    async def _work(self, job: JobContext, lane: Lane, route: Route, report: TickReport) -> None:
+        """The steps of one lane of a job: plan, submit and poll batches; or run directly."""
+        if route.kind == "batch":
+            if job.state is JobState.ACTIVE:
+                report.planned += batches.plan(self.store, job, route, self.clock, lane.name)
+            report.submitted += await batches.submit(self.store, job, route, self.clock, self.rng, lane.model)
+            report.ingested.add(await batches.poll(self.store, job, route, self.clock, self.rng))
+        elif job.state is JobState.ACTIVE:
+            if lane.name == "fallback" and job.spec.deadline is not None:
+                self._ask_for_speed(job, route)
+            report.ingested.add(
+                await run_direct(self.store, job, route, self.clock, self.owner, self.lease, self.rng, lane)
+            )
+
+    def _ask_for_speed(self, job: JobContext, route: Route) -> None:
+        """Tell a fallback route that can scale (`plan_for`) how much must finish by the deadline."""
+        plan_for = getattr(route, "plan_for", None)
+        if plan_for is None:
+            return
+        left = job.spec.deadline.timestamp() - self.clock.now()
+        with self.store.begin() as conn:
+            waiting = conn.execute(
+                select(func.count()).where(
+                    requests.c.job_id == job.id,
+                    requests.c.state == RequestState.PENDING.value,
+                    requests.c.lane == "fallback",
+                )
+            ).scalar_one()
+        if waiting and left > 0:
+            plan_for(waiting, left)
+
     def _jobs(self, job_name: str | None) -> list[JobContext]:
-        """Active jobs, and cancelled ones whose provider batches still have results to bring in."""
+        """Active jobs, and others whose provider batches still have results to bring in (a
+        cancelled job's, or a batch left behind at a deadline cut-over: they are paid for)."""
         live_batches = select(dispatches.c.id).where(
             dispatches.c.job_id == jobs.c.id, dispatches.c.state == DispatchState.SUBMITTED.value
         )
-        stmt = select(jobs).where(
-            or_(
-                jobs.c.state == JobState.ACTIVE.value,
-                and_(jobs.c.state == JobState.CANCELLED.value, live_batches.exists()),
-            )
-        )
+        stmt = select(jobs).where(or_(jobs.c.state == JobState.ACTIVE.value, live_batches.exists()))
         if job_name is not None:
             stmt = stmt.where(jobs.c.name == job_name)
         with self.store.begin() as conn:
@@ -220,5 +250,19 @@ class Engine:
                 q_poll = q_poll.where(dispatches.c.job_id == job_id)
                 q_retry = q_retry.where(requests.c.job_id == job_id)
             times = [conn.execute(q_poll).scalar(), conn.execute(q_retry).scalar()]
+            watched = select(jobs.c.spec).where(jobs.c.state == JobState.ACTIVE.value)
+            if job_name is not None:
+                watched = watched.where(jobs.c.name == job_name)
+            for spec_json in conn.scalars(watched):
+                times.append(_cut_over_time(spec_json, self.clock.now()))
         times = [t for t in times if t is not None]
         return min(times) if times else None
+
+
+def _cut_over_time(spec_json: str, now: float) -> float | None:
+    """When a job's deadline cut-over is still ahead, its time: a worker must wake for it."""
+    spec = JobSpec.model_validate_json(spec_json)
+    if spec.fallback is None or spec.deadline is None:
+        return None
+    cut_at = spec.deadline.timestamp() - spec.fallback.safety_margin
+    return cut_at if cut_at > now else None

@@ -24,7 +24,7 @@ from lowtide.core.types import ChatRequest, Outcome
 from lowtide.routes.base import BatchLimits, BatchStatus
 from lowtide.routes.echo import EchoRoute
 
-KNOWN_OPTIONS = {"dir", "polls_to_complete", "max_requests", "drop", "fail_attempts", "reject"}
+KNOWN_OPTIONS = {"dir", "polls_to_complete", "cancel_polls", "max_requests", "drop", "fail_attempts", "reject"}
 
 
 class EchoBatchRoute:
@@ -39,6 +39,7 @@ class EchoBatchRoute:
         default_dir = os.environ.get("LOWTIDE_ECHO_BATCH_DIR") or "~/.cache/lowtide/echo-batch"
         self.dir = Path(options.get("dir") or default_dir).expanduser()
         self.polls_to_complete = int(options.get("polls_to_complete", 1))
+        self.cancel_polls = int(options.get("cancel_polls", 1))
         self.drop = set(options.get("drop") or [])
         self.limits = BatchLimits(max_requests=int(options.get("max_requests", 1000)), max_bytes=100 * 2**20)
         self.echo = EchoRoute({k: options[k] for k in ("fail_attempts", "reject") if k in options})
@@ -69,7 +70,7 @@ class EchoBatchRoute:
             for r in requests:
                 total += 1
                 f.write(json.dumps({"custom_id": r.custom_id, "attempt": r.attempt, "body": r.to_payload()}) + "\n")
-        self._write(batch_id, {"key": key, "polls": 0, "total": total, "cancelled": False})
+        self._write(batch_id, {"key": key, "polls": 0, "total": total, "cancelled": False, "cancelled_at_poll": None})
         return batch_id
 
     async def find(self, key: str, size: int, not_before: float, known: Collection[str] = ()) -> str | None:
@@ -82,19 +83,32 @@ class EchoBatchRoute:
 
     async def poll(self, batch_id: str) -> BatchStatus:
         meta = self._read(batch_id)
+        if self._ended(meta):
+            return BatchStatus(phase="ended", ended=True, counts={"total": meta["total"]})
         meta["polls"] += 1
         self._write(batch_id, meta)
-        ended = meta["cancelled"] or meta["polls"] >= self.polls_to_complete
-        return BatchStatus(phase="ended" if ended else "in_progress", ended=ended, counts={"total": meta["total"]})
+        ended = self._ended(meta)
+        phase = "ended" if ended else "cancelling" if meta["cancelled"] else "in_progress"
+        return BatchStatus(phase=phase, ended=ended, counts={"total": meta["total"], "done": self._done(meta)})
+
+    def _ended(self, meta: dict[str, Any]) -> bool:
+        if meta["cancelled"]:
+            return meta["polls"] - meta["cancelled_at_poll"] >= self.cancel_polls
+        return meta["polls"] >= self.polls_to_complete
+
+    def _done(self, meta: dict[str, Any]) -> int:
+        """How many requests (in input order) are done after the polls so far."""
+        return min(meta["total"], meta["total"] * meta["polls"] // self.polls_to_complete)
 
     async def results(self, batch_id: str) -> AsyncIterator[Outcome]:
         meta = self._read(batch_id)
         lines = (self.dir / batch_id / "input.jsonl").read_text().splitlines()
-        for line in reversed(lines):
+        done = self._done(meta)
+        for i, line in reversed(list(enumerate(lines))):
             item = json.loads(line)
             if item["custom_id"] in self.drop:
                 continue
-            if meta["cancelled"]:
+            if i >= done:  # only a cancelled batch ends with requests not done
                 yield Outcome.failure(item["custom_id"], "batch_cancelled", "echo-batch: batch was cancelled", True)
                 continue
             request = ChatRequest.from_payload(item["custom_id"], item["body"], item["attempt"])
@@ -102,8 +116,10 @@ class EchoBatchRoute:
 
     async def cancel(self, batch_id: str) -> None:
         meta = self._read(batch_id)
-        meta["cancelled"] = True
-        self._write(batch_id, meta)
+        if not meta["cancelled"] and not self._ended(meta):
+            meta["cancelled"] = True
+            meta["cancelled_at_poll"] = meta["polls"]
+            self._write(batch_id, meta)
 
     async def aclose(self) -> None:
         pass

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from sqlalchemy import Connection, select
+from sqlalchemy import Connection, inspect, select, text
 
 from lowtide.core.errors import StoreError
 from lowtide.store import schema
@@ -52,3 +52,25 @@ def apply_migrations(conn: Connection) -> list[str]:
 @migration
 def m002_serve_batches(conn: Connection) -> None:
     schema.metadata.create_all(conn, tables=[schema.serve_files, schema.serve_batches])
+
+
+@migration
+def m003_fallback_lane(conn: Connection) -> None:
+    """Requests get a lane (main route or fallback route); batches remember a deadline cut."""
+    add_columns(conn, schema.requests, ["lane", "lane_reason", "lane_base_attempts"])
+    add_columns(conn, schema.dispatches, ["cut_at"])
+
+
+def add_columns(conn: Connection, table, names: list[str]) -> None:
+    """ALTER TABLE … ADD COLUMN for columns declared in schema.py after the table was made."""
+    present = {c["name"] for c in inspect(conn).get_columns(table.name)}
+    for name in names:
+        if name in present:  # a table created by m001 from the current schema has them already
+            continue
+        column = table.c[name]
+        ddl = f"ALTER TABLE {table.name} ADD COLUMN {name} {column.type.compile(conn.dialect)}"
+        if column.server_default is not None:
+            ddl += f" DEFAULT '{column.server_default.arg}'"
+        if not column.nullable:
+            ddl += " NOT NULL"
+        conn.execute(text(ddl))

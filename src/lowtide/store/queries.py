@@ -57,7 +57,11 @@ def dispatch_phases(conn: Connection, job_id: int) -> dict[str, int]:
     """Live dispatches by phase (the provider's word), for progress displays."""
     rows = conn.execute(
         select(func.coalesce(dispatches.c.phase, dispatches.c.state), func.count())
-        .where(dispatches.c.job_id == job_id, dispatches.c.state.in_(LIVE_DISPATCH_STATES))
+        .where(
+            dispatches.c.job_id == job_id,
+            dispatches.c.state.in_(LIVE_DISPATCH_STATES),
+            dispatches.c.cut_at.is_(None),  # left behind at a deadline cut-over: not waited for
+        )
         .group_by(func.coalesce(dispatches.c.phase, dispatches.c.state))
     )
     return {phase: count for phase, count in rows}

@@ -73,6 +73,11 @@ requests = Table(
     Column("output_tokens", Integer),
     Column("reasoning_tokens", Integer),
     Column("updated_at", Float),
+    # "main" (the job's route) or "fallback" (the spec's fallback route), and why it moved
+    # there; attempts made before the move do not count against the fallback's retries.
+    Column("lane", String(8), nullable=False, server_default="main"),
+    Column("lane_reason", Text),
+    Column("lane_base_attempts", Integer, nullable=False, server_default="0"),
     UniqueConstraint("job_id", "custom_id", name="uq_requests_job_custom_id"),
     # Claims read "due pending requests of a job, earliest first" straight off this index.
     Index("ix_requests_job_state", "job_id", "state", "not_before", "id"),
@@ -102,6 +107,8 @@ dispatches = Table(
     Column("submitted_at", Float),
     Column("ended_at", Float),
     Column("error", Text),
+    # When a deadline cut-over asked the provider to cancel this batch.
+    Column("cut_at", Float),
     Index("ix_dispatches_job_state", "job_id", "state"),
 )
 

@@ -1,0 +1,274 @@
+"""`lowtide estimate`: what a job would cost and take on each route, before anything is sent.
+
+Rows are streamed from the source and rendered exactly as `submit` renders them (the
+engine's own row renderer); nothing is stored and no route is contacted.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from decimal import Decimal
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.progress import Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from lowtide.cli.common import console, fail, out
+from lowtide.core.errors import LowtideError, SourceError
+from lowtide.core.pricing import (
+    PRICES_ENV,
+    PROVIDERS,
+    Catalog,
+    Cost,
+    Tier,
+    attempt_cost,
+    billing_of,
+    load_catalog,
+)
+from lowtide.core.sources import Source
+from lowtide.core.spec import JobSpec, load_spec
+from lowtide.core.templates import MessageTemplate
+from lowtide.core.tokens import TokenCounter, counter_for
+from lowtide.core.types import Usage
+from lowtide.engine.loader import _RowRenderer
+
+MAX_SHOWN_PROBLEMS = 5
+LATENCY = {
+    Tier.REALTIME: "seconds per request",
+    Tier.FLEX: "seconds to minutes per request",
+    Tier.BATCH: "up to 24 h",
+    Tier.FREE: "immediate",
+}
+
+
+@dataclass
+class Count:
+    """Tokens of the rows counted, and how many rows there are in all."""
+
+    rows: int = 0  # every data row of the source
+    counted: int = 0  # rows rendered and counted (all of them, or the --sample)
+    refused: int = 0  # counted rows `submit` would refuse
+    input_tokens: int = 0
+    output_tokens: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def extrapolated(self) -> bool:
+        return self.counted < self.rows
+
+    def scaled(self, tokens: int) -> int:
+        """Tokens of the counted rows, extrapolated to every row."""
+        if not self.extrapolated or self.counted == 0:
+            return tokens
+        return round(tokens * self.rows / self.counted)
+
+
+@dataclass(frozen=True, slots=True)
+class Line:
+    route: str
+    cost: Cost
+    duration_s: Decimal | None
+    latency: str
+    this_job: bool
+
+
+def estimate(
+    spec_path: Annotated[Path, typer.Argument(help="The job spec (YAML).", show_default=False)],
+    prices: Annotated[
+        Path | None, typer.Option("--prices", help=f"A price file merged over the shipped catalog (default: ${PRICES_ENV}).")
+    ] = None,
+    sample: Annotated[
+        int | None, typer.Option("--sample", min=1, help="Count only the first N rows and extrapolate to the rest.")
+    ] = None,
+    output_tokens: Annotated[
+        int | None,
+        typer.Option("--output-tokens", min=0, help="Assume this many output tokens per request (default: max_tokens)."),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the estimate as JSON.")] = False,
+) -> None:
+    """Estimate a job's tokens, cost and duration on each route, before submitting it.
+
+    Counts the input tokens of every rendered request (tiktoken for OpenAI models where its
+    files are cached, else characters / 4; the output says which) and assumes max_tokens of
+    output per request, an upper bound. Nothing is stored or sent.
+
+    Example: lowtide estimate examples/classify-tickets.yaml --sample 1000
+    """
+    try:
+        spec = load_spec(spec_path)
+        catalog = load_catalog(prices)
+        own = billing_of(spec.route, spec.route_options)
+        provider = (own.provider if own else None) or catalog.provider_of(spec.model)
+        counter = counter_for(spec.model, provider)
+        count = _count(spec, str(spec_path), counter, sample, output_tokens, show=not as_json)
+    except LowtideError as err:
+        raise fail(err) from None
+    usage = Usage(input_tokens=count.scaled(count.input_tokens), output_tokens=count.scaled(count.output_tokens))
+    lines = _lines(spec, provider, usage, catalog)
+    if as_json:
+        print(json.dumps(_as_json(spec, count, counter, usage, lines, catalog, output_tokens), indent=2))
+    else:
+        _print(spec, count, counter, usage, lines, catalog, output_tokens)
+
+
+def _count(spec: JobSpec, where: str, counter: TokenCounter, sample: int | None, output_tokens: int | None, show: bool) -> Count:
+    template = MessageTemplate.from_spec(spec, where)
+    source = Source(spec.resolve(spec.source.path), spec.source.format)
+    if source.columns is not None:
+        if spec.source.id_column not in source.columns:
+            raise SourceError(
+                f'{source.path}: no column "{spec.source.id_column}" (source.id_column); columns are: {", ".join(source.columns)}'
+            )
+        template.check_columns(source.columns, source.path.name)
+    render = _RowRenderer(spec, template, source)
+    count = Count()
+    progress = Progress(TextColumn("[bold]{task.description}"), TextColumn("{task.completed:,} rows"), TimeElapsedColumn(),
+                        console=console, transient=True, disable=not show)  # fmt: skip
+    with progress:
+        task = progress.add_task(f"count {spec.name}", total=None)
+        for chunk in source.chunks():
+            for row in chunk:
+                count.rows += 1
+                if sample is not None and count.counted >= sample:
+                    continue  # past the sample: only the rows are counted
+                count.counted += 1
+                item = render(row)
+                if isinstance(item, str):
+                    count.refused += 1
+                    if len(count.problems) < MAX_SHOWN_PROBLEMS:
+                        count.problems.append(item)
+                    continue
+                payload = json.loads(item["payload"])
+                count.input_tokens += counter.count_messages(payload["messages"])
+                count.output_tokens += payload["max_tokens"] if output_tokens is None else output_tokens
+            progress.update(task, completed=count.rows)
+    return count
+
+
+def _lines(spec: JobSpec, provider: str | None, usage: Usage, catalog: Catalog) -> list[Line]:
+    """One line per route the job could take: its provider's tiers, self-hosted, and its own
+    route where that is neither. A model no provider's price list has gets one unknown line
+    per provider tier."""
+    own = billing_of(spec.route, spec.route_options)
+    routes: list[tuple[str, dict[str, Any]]] = {
+        "openai": [("openai", {}), ("openai", {"service_tier": "flex"}), ("openai-batch", {})],
+        "anthropic": [("anthropic", {}), ("anthropic-batch", {})],
+    }.get(provider or "", [])
+    routes.append(("local" if spec.route == "local" else "openai-compatible", {}))
+    if own is None or own.tier is Tier.FREE:
+        routes.append((spec.route, spec.route_options))
+    lines = []
+    if provider is None:
+        unknown = f'no {" or ".join(PROVIDERS)} price for "{spec.model}"'
+        for label, tier in (("real time", Tier.REALTIME), ("batch", Tier.BATCH)):
+            lines.append(Line(label, Cost(None, None, tier, note=unknown), None, LATENCY[tier], False))
+    for route, options in routes:
+        billing = billing_of(route, options)
+        this_job = route == spec.route and billing == own
+        cost = attempt_cost(usage, spec.model, route, spec.route_options if this_job else options, catalog=catalog)
+        label = f"{route} (flex)" if billing and billing.tier is Tier.FLEX else route
+        duration, latency = _latency(billing.tier if billing else None, spec.model, usage, catalog)
+        lines.append(Line(label, cost, duration, latency, this_job))
+    return lines
+
+
+def _latency(tier: Tier | None, model: str, usage: Usage, catalog: Catalog) -> tuple[Decimal | None, str]:
+    if tier is Tier.SELF_HOSTED:
+        found = catalog.self_hosted_for(model)
+        seconds = found[1].seconds(usage) if found else None
+        if seconds is None:
+            return None, "unknown: no measured throughput (docs/costs.md)"
+        return seconds, f"about {_duration(seconds)} at the measured throughput"
+    return None, LATENCY.get(tier, "unknown") if tier else "unknown"
+
+
+def _duration(seconds: Decimal) -> str:
+    s = float(seconds)
+    if s < 90:
+        return f"{s:.0f} s"
+    if s < 5400:
+        return f"{s / 60:.0f} min"
+    return f"{s / 3600:.1f} h"
+
+
+def _money(usd: Decimal | None) -> str:
+    if usd is None:
+        return "unknown"
+    if usd == 0:
+        return "$0"
+    if usd < Decimal("0.01"):
+        return f"${usd:.6f}"
+    return f"${usd:,.4f}" if usd < 1 else f"${usd:,.2f}"
+
+
+def _saving(line: Line, baseline: Decimal | None) -> tuple[Decimal | None, int | None]:
+    if line.cost.usd is None or baseline is None or baseline == 0 or line.cost.tier in (Tier.REALTIME, Tier.FREE):
+        return None, None
+    saving = baseline - line.cost.usd
+    return saving, round(saving * 100 / baseline)
+
+
+def _baseline(lines: list[Line]) -> Decimal | None:
+    """What the job's tokens cost in real time at its provider (the saving's reference)."""
+    return next((ln.cost.usd for ln in lines if ln.cost.tier is Tier.REALTIME and ln.cost.known), None)
+
+
+def _output_basis(spec: JobSpec, output_tokens: int | None) -> str:
+    if output_tokens is not None:
+        return f"{output_tokens} per request (--output-tokens)"
+    return f"max_tokens ({spec.params.max_tokens}) per request: an upper bound; --output-tokens N to assume fewer"
+
+
+def _print(spec: JobSpec, count: Count, counter: TokenCounter, usage: Usage, lines: list[Line], catalog: Catalog, output_tokens: int | None) -> None:
+    rows = f"{count.rows:,} rows"
+    if count.extrapolated:
+        rows += f", extrapolated from the first {count.counted:,}"
+    out.print(f'estimate for job "{spec.name}": {rows}; model {spec.model}, route {spec.route}', markup=False)
+    out.print(f"  input:  {usage.input_tokens:,} tokens ({counter.method})", markup=False)
+    out.print(f"  output: {usage.output_tokens:,} tokens assumed ({_output_basis(spec, output_tokens)})", markup=False)
+    table = Table(box=None, pad_edge=False)
+    for col in ("route", "cost", "saving vs real time", "takes", "note"):
+        table.add_column(col, justify="right" if col in ("cost", "saving vs real time") else "left")
+    baseline = _baseline(lines)
+    for ln in lines:
+        saving, pct = _saving(ln, baseline)
+        shown = "-" if saving is None else f"{_money(saving)} ({pct}%)"
+        route = ln.route + (" ◀ this job" if ln.this_job else "")
+        table.add_row(route, _money(ln.cost.usd), shown, ln.latency, ln.cost.note)
+    out.print(table)
+    out.print(f"prices: {catalog.describe()}; no prompt-cache discount assumed", markup=False)
+    if count.refused:
+        print(f"lowtide: {count.refused} of the {count.counted:,} rows counted would be refused by `lowtide submit`; first:", file=sys.stderr)
+        for p in count.problems:
+            print(f"  - {p}", file=sys.stderr)
+
+
+def _as_json(spec: JobSpec, count: Count, counter: TokenCounter, usage: Usage, lines: list[Line], catalog: Catalog, output_tokens: int | None) -> dict[str, Any]:
+    def money(d: Decimal | None) -> str | None:
+        return None if d is None else str(d)
+
+    baseline = _baseline(lines)
+    routes = []
+    for ln in lines:
+        saving, pct = _saving(ln, baseline)
+        routes.append({
+            "route": ln.route, "tier": ln.cost.tier.value if ln.cost.tier else None, "this_job": ln.this_job,
+            "usd": money(ln.cost.usd), "realtime_usd": money(ln.cost.realtime_usd),
+            "saving_usd": money(saving), "saving_percent": pct,
+            "duration_seconds": None if ln.duration_s is None else float(ln.duration_s),
+            "latency": ln.latency, "price_entry": ln.cost.entry, "note": ln.cost.note,
+        })  # fmt: skip
+    return {
+        "job": spec.name, "model": spec.model, "route": spec.route,
+        "rows": count.rows, "counted_rows": count.counted, "extrapolated": count.extrapolated,
+        "refused_rows": count.refused, "problems": count.problems,
+        "input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens,
+        "token_count": {"method": counter.method, "exact": counter.exact},
+        "output_basis": _output_basis(spec, output_tokens),
+        "routes": routes,
+        "prices": {"catalog_date": str(catalog.date) if catalog.date else None, "overrides": list(catalog.overrides), "currency": "USD"},
+    }  # fmt: skip

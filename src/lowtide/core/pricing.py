@@ -1,0 +1,437 @@
+"""Prices and cost arithmetic: the one place that knows what tokens cost.
+
+    prices.yaml (shipped, dated) ─┐
+    $LOWTIDE_PRICES / --prices ───┴─► load_catalog() ─► Catalog
+    route, route_options ─► billing_of() ─► Billing(provider, tier, cache-write TTL)
+    Usage × Billing × Catalog ─► attempt_cost() ─► Cost(usd, realtime_usd)
+    Outcome ─► is_billed()
+
+Costs come from the provider's own usage figures (DESIGN invariant 6), in USD as `Decimal`.
+Each provider counts differently, and each rule is written out once, in `token_usd`:
+
+- OpenAI (and OpenAI-compatible servers): `input_tokens` (prompt_tokens) INCLUDES the
+  cached tokens; `cached_input_tokens` is the part of it billed at the cached rate.
+  `output_tokens` (completion_tokens) includes the reasoning tokens.
+- Anthropic: `input_tokens` EXCLUDES cache reads (`cached_input_tokens`) and cache writes
+  (`cache_write_tokens`); the three are billed separately, writes at 1.25x input for the
+  5-minute TTL and 2x for the 1-hour one. `output_tokens` includes thinking tokens.
+
+`reasoning_tokens` is therefore never added: it is already inside `output_tokens`.
+A model the catalog does not know has an unknown cost (`Cost.usd is None`), never a guess.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import date as Date
+from decimal import Decimal
+from enum import StrEnum
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from lowtide.core.errors import InputError
+from lowtide.core.spec import _key_lines
+from lowtide.core.types import Usage
+
+PRICES_ENV = "LOWTIDE_PRICES"
+PROVIDERS = ("openai", "anthropic")
+ZERO = Decimal(0)
+MILLION = Decimal(1_000_000)
+HOUR = Decimal(3600)
+
+
+class Tier(StrEnum):
+    REALTIME = "realtime"
+    FLEX = "flex"
+    BATCH = "batch"
+    SELF_HOSTED = "self_hosted"
+    FREE = "free"
+
+
+# ---- the catalog file ------------------------------------------------------------------
+
+Money = Annotated[Decimal, Field(ge=0)]
+Rate = Annotated[Decimal, Field(gt=0)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TierPrices(_Strict):
+    """USD per million tokens. A price left out costs what `input` costs."""
+
+    input: Money
+    output: Money
+    cached_input: Money | None = None
+    cache_write_5m: Money | None = None
+    cache_write_1h: Money | None = None
+
+
+class ModelPrices(_Strict):
+    realtime: TierPrices
+    batch: TierPrices | None = None
+    flex: TierPrices | None = None
+    aliases: list[str] = Field(default_factory=list)
+    note: str | None = None
+
+    def tier(self, tier: Tier) -> TierPrices | None:
+        return {Tier.REALTIME: self.realtime, Tier.BATCH: self.batch, Tier.FLEX: self.flex}.get(tier)
+
+
+class SelfHosted(_Strict):
+    """A model on your own hardware: the GPU's hourly rate and the server's measured
+    throughput over all requests in flight (continuous batching)."""
+
+    gpu_hourly_usd: Money
+    input_tokens_per_second: Rate | None = None
+    output_tokens_per_second: Rate | None = None
+    note: str | None = None
+
+    def seconds(self, usage: Usage) -> Decimal | None:
+        """Server time the tokens take; cached prompt tokens are not computed again."""
+        if self.input_tokens_per_second is None or self.output_tokens_per_second is None:
+            return None
+        prefill = max(usage.input_tokens - usage.cached_input_tokens, 0)
+        return prefill / self.input_tokens_per_second + usage.output_tokens / self.output_tokens_per_second
+
+
+class PriceFile(_Strict):
+    date: Date | None = None
+    source: str | None = None
+    openai: dict[str, ModelPrices] = Field(default_factory=dict)
+    anthropic: dict[str, ModelPrices] = Field(default_factory=dict)
+    self_hosted: dict[str, SelfHosted] = Field(default_factory=dict)
+
+
+_SNAPSHOT = re.compile(r"-(\d{4}-\d{2}-\d{2}|\d{8}|latest)$")
+
+
+@dataclass(frozen=True, slots=True)
+class Catalog:
+    """The shipped prices with the user's file merged over them (see `load_catalog`)."""
+
+    date: Date | None
+    source: str
+    overrides: tuple[str, ...]  # files merged over the shipped catalog
+    models: Mapping[str, Mapping[str, ModelPrices]]  # provider -> name -> prices
+    self_hosted: Mapping[str, SelfHosted]
+    aliases: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # provider -> alias -> name
+
+    def lookup(self, provider: str, model: str) -> tuple[str, ModelPrices] | None:
+        """The entry for `model`: by name or alias (case-insensitive), then again without a
+        trailing snapshot date (`-2024-07-18`, `-20250514`) or `-latest`. Nothing looser."""
+        names = self.models.get(provider, {})
+        aliases = self.aliases.get(provider, {})
+        wanted = model.strip().lower()
+        for candidate in dict.fromkeys((wanted, _SNAPSHOT.sub("", wanted))):
+            name = candidate if candidate in names else aliases.get(candidate)
+            if name is not None:
+                return name, names[name]
+        return None
+
+    def provider_of(self, model: str) -> str | None:
+        return next((p for p in PROVIDERS if self.lookup(p, model)), None)
+
+    def self_hosted_for(self, model: str) -> tuple[str, SelfHosted] | None:
+        wanted = model.strip().lower()
+        for candidate in dict.fromkeys((wanted, _SNAPSHOT.sub("", wanted))):
+            if candidate in self.self_hosted:
+                return candidate, self.self_hosted[candidate]
+        return None
+
+    def describe(self) -> str:
+        shipped = f"lowtide price catalog of {self.date or 'unknown date'}"
+        return shipped + "".join(f", overridden by {f}" for f in self.overrides)
+
+
+def _merge(files: list[tuple[str | None, PriceFile]]) -> Catalog:
+    """Entries of later files replace entries of the same name (tiers and aliases included)."""
+    models: dict[str, dict[str, ModelPrices]] = {p: {} for p in PROVIDERS}
+    self_hosted: dict[str, SelfHosted] = {}
+    for _, f in files:
+        for provider in PROVIDERS:
+            models[provider].update({k.lower(): v for k, v in getattr(f, provider).items()})
+        self_hosted.update({k.lower(): v for k, v in f.self_hosted.items()})
+    aliases = {
+        p: {a.lower(): name for name, entry in entries.items() for a in entry.aliases if a.lower() not in entries}
+        for p, entries in models.items()
+    }
+    shipped = files[0][1]
+    return Catalog(
+        date=shipped.date,
+        source=shipped.source or "",
+        overrides=tuple(name for name, _ in files[1:] if name),
+        models=models,
+        self_hosted=self_hosted,
+        aliases=aliases,
+    )
+
+
+@lru_cache(maxsize=1)
+def _shipped() -> PriceFile:
+    text = resources.files("lowtide.core").joinpath("prices.yaml").read_text(encoding="utf-8")
+    return parse_price_file(text, "lowtide/core/prices.yaml")
+
+
+@lru_cache(maxsize=8)
+def _load(path: str | None, _mtime: int) -> Catalog:
+    files: list[tuple[str | None, PriceFile]] = [(None, _shipped())]
+    if path:
+        files.append((path, read_price_file(path)))
+    return _merge(files)
+
+
+def load_catalog(prices: str | Path | None = None) -> Catalog:
+    """The shipped catalog with `prices` (else the file $LOWTIDE_PRICES names) merged over
+    it. Cached per file and modification time, so the ingest path may call it per attempt."""
+    path = str(prices) if prices else os.environ.get(PRICES_ENV) or None
+    mtime = 0
+    if path:
+        try:
+            mtime = Path(path).stat().st_mtime_ns
+        except OSError as err:
+            where = "--prices" if prices else f"${PRICES_ENV}"
+            raise InputError(f"{path}: cannot read the price file ({err.strerror or err}); fix {where}") from None
+    return _load(path, mtime)
+
+
+def read_price_file(path: str | Path) -> PriceFile:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise InputError(f"{path}: cannot read the price file ({getattr(err, 'strerror', None) or err})") from None
+    return parse_price_file(text, str(path))
+
+
+def parse_price_file(text: str, where: str) -> PriceFile:
+    """Validate a price file; every problem names the file, line and key, and the fix."""
+    try:
+        node = yaml.compose(text)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        line = f" line {mark.line + 1}" if mark else ""
+        raise InputError(f"{where}{line}: not valid YAML ({getattr(err, 'problem', err)})") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise InputError(f"{where}: a price file is a YAML mapping with keys {', '.join(PriceFile.model_fields)}")
+    try:
+        lines = _key_lines(node)
+    except InputError as err:
+        raise InputError(f"{where} {err}") from None
+    try:
+        return PriceFile.model_validate(data)
+    except ValidationError as err:
+        problems = [_describe(e, where, lines) for e in err.errors()]
+        raise InputError.from_problems(f"{where}: invalid price file", problems) from None
+
+
+def _describe(error: Any, where: str, lines: dict) -> str:
+    loc = tuple(str(p) for p in error["loc"])
+    key = ".".join(loc) or "(top level)"
+    line = lines.get(loc) or lines.get(loc[:-1])
+    at = f"{where} line {line}" if line else where
+    if error["type"] == "extra_forbidden":
+        return f"{at}: unknown key `{key}`; known keys here: {', '.join(_known_keys(loc[:-1]))}"
+    if error["type"] == "missing":
+        return f"{at}: `{key}` is required"
+    hint = ""
+    if loc and loc[-1] in TierPrices.model_fields:
+        hint = "; give USD per million tokens as a number, e.g. 2.50"
+    elif loc and loc[-1] in SelfHosted.model_fields and loc[-1] != "note":
+        hint = "; give a number (USD per hour, or tokens per second)"
+    return f"{at}: `{key}`: {error['msg'].removeprefix('Value error, ')}{hint}"
+
+
+def _known_keys(loc: tuple[str, ...]) -> list[str]:
+    """The keys allowed at `loc` (a path of keys into a price file)."""
+    kind: Any = PriceFile
+    for part in loc:
+        if isinstance(kind, type) and issubclass(kind, BaseModel):
+            kind = kind.model_fields[part].annotation if part in kind.model_fields else None
+        elif get_origin(kind) is dict:
+            kind = get_args(kind)[1]  # `part` is an entry's name
+        while get_origin(kind) in (Union, type(int | None)):  # Optional[Model]
+            kind = next(a for a in get_args(kind) if a is not type(None))
+    return list(kind.model_fields) if isinstance(kind, type) and issubclass(kind, BaseModel) else []
+
+
+# ---- routes to tiers -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Billing:
+    """How a route bills: the provider's price list, the tier, the cache-write TTL."""
+
+    provider: str | None  # "openai", "anthropic"; None for self-hosted and free routes
+    tier: Tier
+    cache_write_ttl: Literal["5m", "1h"] = "5m"
+
+
+_ROUTES: dict[str, tuple[str | None, Tier]] = {
+    "openai": ("openai", Tier.REALTIME),
+    "openai-batch": ("openai", Tier.BATCH),
+    "anthropic": ("anthropic", Tier.REALTIME),
+    "anthropic-batch": ("anthropic", Tier.BATCH),
+    "openai-compatible": (None, Tier.SELF_HOSTED),
+    "local": (None, Tier.SELF_HOSTED),
+    "echo": (None, Tier.FREE),
+    "echo-batch": (None, Tier.FREE),
+}
+
+
+def billing_of(route: str, route_options: Mapping[str, Any] | None = None) -> Billing | None:
+    """The tier a route bills at; None for a route lowtide has no price rule for (a plugin).
+
+    `openai` with `route_options.service_tier: flex` bills at flex. Anthropic routes with
+    `cache_prefix: true` write their cache with the 1-hour TTL (what anthropic-batch sends)."""
+    if route not in _ROUTES:
+        return None
+    options = route_options or {}
+    provider, tier = _ROUTES[route]
+    if route == "openai" and options.get("service_tier") == "flex":
+        tier = Tier.FLEX
+    ttl: Literal["5m", "1h"] = "1h" if provider == "anthropic" and options.get("cache_prefix") else "5m"
+    return Billing(provider, tier, ttl)
+
+
+# ---- arithmetic ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Cost:
+    """What one attempt (or a sum of them) cost, beside the same tokens at real-time prices.
+
+    `usd` None: unknown (an unknown model or route, or a missing throughput); `note` says why.
+    For self-hosted and free routes the real-time equivalent is the cost itself."""
+
+    usd: Decimal | None
+    realtime_usd: Decimal | None
+    tier: Tier | None
+    billed: bool = True
+    entry: str | None = None  # the catalog entry the price came from
+    note: str = ""
+
+    @property
+    def known(self) -> bool:
+        return self.usd is not None
+
+    @property
+    def saving_usd(self) -> Decimal | None:
+        if self.usd is None or self.realtime_usd is None:
+            return None
+        return self.realtime_usd - self.usd
+
+
+def token_usd(provider: str, usage: Usage, prices: TierPrices, cache_write_ttl: str = "5m") -> Decimal:
+    """USD for `usage` at `prices`, by the provider's rule (see the module doc)."""
+    cached_rate = prices.input if prices.cached_input is None else prices.cached_input
+    write_rate = prices.cache_write_1h if cache_write_ttl == "1h" else prices.cache_write_5m
+    write_rate = prices.input if write_rate is None else write_rate
+    if provider == "anthropic":  # input excludes cache reads and writes
+        uncached = usage.input_tokens
+    else:  # OpenAI: prompt_tokens includes cached_tokens
+        uncached = max(usage.input_tokens - usage.cached_input_tokens, 0)
+    total = (
+        uncached * prices.input
+        + usage.cached_input_tokens * cached_rate
+        + usage.cache_write_tokens * write_rate
+        + usage.output_tokens * prices.output  # reasoning tokens are inside output_tokens
+    )
+    return total / MILLION
+
+
+def self_hosted_usd(usage: Usage, entry: SelfHosted) -> Decimal | None:
+    """GPU time at the hourly rate; None when the throughput is not known (and the rate is not 0)."""
+    if entry.gpu_hourly_usd == 0:
+        return ZERO
+    seconds = entry.seconds(usage)
+    return None if seconds is None else entry.gpu_hourly_usd * seconds / HOUR
+
+
+def attempt_cost(
+    usage: Usage,
+    model: str,
+    route: str,
+    route_options: Mapping[str, Any] | None = None,
+    *,
+    billed: bool = True,
+    catalog: Catalog | None = None,
+) -> Cost:
+    """The cost of one attempt's `usage` on `route` at the tier it used, and its real-time
+    equivalent. `billed` False (see `is_billed`) costs nothing."""
+    billing = billing_of(route, route_options)
+    if billing is None:
+        return Cost(None, None, None, billed, note=f'no price rule for route "{route}"')
+    if not billed:
+        return Cost(ZERO, ZERO, billing.tier, False, note="not billed")
+    if billing.tier is Tier.FREE:
+        return Cost(ZERO, ZERO, Tier.FREE, note=f"{route} is not a model: free")
+    catalog = catalog or load_catalog()
+    if billing.tier is Tier.SELF_HOSTED:
+        found = catalog.self_hosted_for(model)
+        if found is None:
+            return Cost(None, None, Tier.SELF_HOSTED, note=f'no self_hosted price for "{model}"; add one to a price file (docs/costs.md)')
+        name, hosted = found
+        usd = self_hosted_usd(usage, hosted)
+        note = hosted.note or ("" if usd is not None else f"self_hosted.{name} has no throughput; add input_ and output_tokens_per_second")
+        return Cost(usd, usd, Tier.SELF_HOSTED, entry=name, note=note)
+    assert billing.provider is not None
+    found_model = catalog.lookup(billing.provider, model)
+    if found_model is None:
+        return Cost(
+            None, None, billing.tier,
+            note=f'{billing.provider} model "{model}" is not in the price catalog; add it to a price file (docs/costs.md)',
+        )  # fmt: skip
+    name, entry = found_model
+    realtime = token_usd(billing.provider, usage, entry.realtime, billing.cache_write_ttl)
+    prices = entry.tier(billing.tier)
+    if prices is None:
+        return Cost(None, realtime, billing.tier, entry=name, note=f"the catalog has no {billing.tier} price for {name} (not offered)")
+    usd = token_usd(billing.provider, usage, prices, billing.cache_write_ttl)
+    return Cost(usd, realtime, billing.tier, entry=name, note=entry.note or "")
+
+
+# ---- what is billed --------------------------------------------------------------------
+
+# Failures no provider bills, whatever usage they carry: the request expired or was
+# cancelled in its batch, was refused by a rate limit, or never left lowtide.
+NOT_BILLED = frozenset(
+    {
+        "batch_expired", "expired", "batch_cancelled", "cancelled", "canceled",
+        "rate_limit_exceeded", "rate_limit_error", "http_429",
+        "batch_rejected", "deadline_passed", "no_result",
+    }
+)  # fmt: skip
+
+
+def is_billed(ok: bool, error_code: str | None, usage: Usage) -> bool:
+    """Whether a provider bills an attempt:
+
+    1. a succeeded attempt is billed (at its usage, which may be 0);
+    2. an attempt failed with a code in `NOT_BILLED` is not;
+    3. any other failure is billed when the provider reported tokens for it (it processed
+       the request: e.g. an answer that then failed the schema), and not otherwise
+       (Anthropic's `errored` results and HTTP errors carry no usage).
+    """
+    if ok:
+        return True
+    if error_code in NOT_BILLED:
+        return False
+    return (usage.input_tokens + usage.cached_input_tokens + usage.cache_write_tokens + usage.output_tokens) > 0
+
+
+def outcome_cost(outcome: Any, model: str, route: str, route_options: Mapping[str, Any] | None = None, *, catalog: Catalog | None = None) -> Cost:
+    """`attempt_cost` of an `Outcome` (or anything with ok, error_code and usage)."""
+    billed = is_billed(outcome.ok, outcome.error_code, outcome.usage)
+    return attempt_cost(outcome.usage, model, route, route_options, billed=billed, catalog=catalog)
