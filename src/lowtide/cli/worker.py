@@ -9,8 +9,11 @@ import typer
 
 from lowtide.cli.common import EXIT_INTERRUPTED, console, fail, open_store
 from lowtide.core.errors import LowtideError
+from lowtide.core.spec import JobSpec
+from lowtide.core.states import JobState
 from lowtide.engine.runner import work
 from lowtide.engine.tick import Engine, TickReport
+from lowtide.store.queries import list_jobs
 
 
 def _describe(report: TickReport) -> str:
@@ -47,11 +50,27 @@ def tick(
 def worker(
     until_idle: Annotated[bool, typer.Option("--until-idle", help="Stop when nothing is left to do.")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Print every busy tick.")] = False,
+    ray: Annotated[
+        str | None,
+        typer.Option(
+            "--ray",
+            help="Run the routes named by --ray-route on Ray actors: `local` starts Ray on this machine; "
+            "`auto` or ray://HOST:10001 joins a cluster (docs/ray.md).",
+            show_default=False,
+        ),
+    ] = None,
+    ray_route: Annotated[list[str], typer.Option("--ray-route", help="A direct route to run on Ray (repeatable).")] = [],  # noqa: B006
+    ray_actors: Annotated[int, typer.Option(help="Actors (model engines) per route.", min=1)] = 2,
+    ray_cpus: Annotated[float, typer.Option(help="CPUs per actor.")] = 1.0,
+    ray_gpus: Annotated[float, typer.Option(help="GPUs per actor.")] = 0.0,
 ) -> None:
     """Tick every job in a loop. Stop it any time: the next worker continues from the store.
 
     Example: lowtide worker --until-idle
+    Example: lowtide worker --ray auto --ray-route local --ray-actors 8 --ray-cpus 2
     """
+    if ray_route and ray is None:
+        raise typer.BadParameter("--ray-route needs --ray (local, auto or a ray:// address)", param_hint="--ray-route")
 
     def on_tick(report: TickReport) -> None:
         if verbose and report.busy:
@@ -59,7 +78,8 @@ def worker(
 
     async def go() -> None:
         with open_store() as store:
-            async with Engine(store) as engine:
+            pools = _ray_pools(store, ray, ray_route, ray_actors, ray_cpus, ray_gpus) if ray else {}
+            async with Engine(store, routes=pools) as engine:
                 await work(engine, on_tick, stop_when_idle=until_idle)
 
     try:
@@ -69,3 +89,23 @@ def worker(
         raise typer.Exit(EXIT_INTERRUPTED) from None
     except LowtideError as err:
         raise fail(err) from None
+
+
+def _ray_pools(store, address: str, routes: list[str], actors: int, cpus: float, gpus: float) -> dict:
+    """One RayPool per named route, with the route options of the first active job using it."""
+    from lowtide.routes.ray_pool import RayPool
+
+    with store.begin() as conn:
+        specs = [JobSpec.model_validate_json(r.spec) for r in list_jobs(conn, [JobState.ACTIVE])]
+    options: dict[str, dict] = {}
+    for spec in specs:
+        options.setdefault(spec.route, spec.route_options)
+        if spec.fallback is not None:
+            options.setdefault(spec.fallback.route, spec.fallback.route_options)
+    return {
+        name: RayPool(
+            name, options.get(name, {}), actors=actors, num_cpus=cpus, num_gpus=gpus,
+            address=None if address == "local" else address,
+        )  # fmt: skip
+        for name in routes
+    }
