@@ -1,5 +1,6 @@
 """The Batch API server: OpenAI's Files and Batches and Anthropic's Message Batches,
-over any lowtide route. Each API batch runs as a lowtide job in the store.
+over any lowtide route. Each API batch runs as a lowtide job in the store. A direct
+backend also answers in real time (`/v1/chat/completions`, `/v1/messages`).
 
     app = create_app(ServeConfig(backend="echo", time_scale=3600))
     uvicorn.run(app, port=8000)
@@ -11,11 +12,13 @@ import hmac
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import replace
 
 from fastapi import FastAPI, Request
 
 from lowtide.routes import create_route
-from lowtide.server import anthropic_api, errors, faults, files, openai_api
+from lowtide.server import anthropic_api, errors, faults, files, openai_api, realtime_api
+from lowtide.server.backend import Backend
 from lowtide.server.clock import ScaledClock
 from lowtide.server.context import ServeConfig, Server
 from lowtide.server.errors import ApiError, api_of
@@ -28,7 +31,13 @@ log = logging.getLogger("lowtide.serve")
 
 def create_app(config: ServeConfig) -> FastAPI:
     """Build the app; the store opens now, the worker starts with the app's lifespan."""
-    create_route(config.backend, config.route_options)  # an unknown backend fails here, listing the known ones
+    # An unknown backend fails here, listing the known ones. A direct backend runs on its own
+    # thread, one instance shared by the worker and the real-time endpoints (server/backend.py).
+    route = config.routes.get(config.backend)
+    route = create_route(config.backend, config.route_options) if route is None else route
+    backend = Backend(route, owned=config.backend not in config.routes) if route.kind == "direct" else None
+    if backend is not None:
+        config = replace(config, routes={**config.routes, config.backend: backend.route})
     plan = FaultPlan.load(config.faults) if config.faults else FaultPlan()
     data_dir = config.data_dir.expanduser().resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -39,20 +48,25 @@ def create_app(config: ServeConfig) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if not config.api_keys:
             log.warning("lowtide serve: no API keys configured; any key is accepted")
+        if backend is not None:
+            backend.start()
         worker = Worker(server)
         worker.start()
         try:
             yield
         finally:
             worker.stop()
+            if backend is not None:
+                backend.stop()
             store.close()
 
     app = FastAPI(title="lowtide Batch API", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.server = server
+    app.state.backend = backend  # None for a batch backend: real time then answers 501
     errors.install(app)
     faults.install(app, server.faults)  # inner: runs after the key check
     _install_auth(app, config.api_keys)
-    for module in (files, openai_api, anthropic_api):
+    for module in (files, openai_api, anthropic_api, realtime_api):
         app.include_router(module.router)
     return app
 
