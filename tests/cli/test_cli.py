@@ -14,11 +14,12 @@ import pytest
 import sqlalchemy as sa
 import yaml
 
+from lowtide.routes import known_routes
 from lowtide.store.schema import attempts
 from tests.conftest import ticket_rows, write_csv
 
 LOWTIDE = Path(sys.executable).with_name("lowtide")
-COMMANDS = ["run", "submit", "status", "results", "cancel", "retry", "tick", "worker"]
+COMMANDS = ["run", "submit", "estimate", "status", "results", "cancel", "retry", "report", "tick", "worker"]
 LABELS = ["billing", "technical", "account", "shipping", "feedback"]
 
 pytestmark = pytest.mark.skipif(not LOWTIDE.exists(), reason=f"no lowtide script at {LOWTIDE}")
@@ -203,7 +204,7 @@ def test_unknown_route_and_missing_spec_exit_2(cli, tmp_path):
     write_job(tmp_path, route="echoo")
     (code, out), (code_missing, out_missing) = cli.many(("run", "job.yaml"), ("submit", "nope.yaml"))
     assert code == 2, out
-    assert 'unknown route "echoo"; known routes: anthropic-batch, echo, echo-batch, local, openai-batch' in out
+    assert f'unknown route "echoo"; known routes: {", ".join(known_routes())}' in out  # every registered route
     assert code_missing == 2
     assert "nope.yaml: cannot read the job spec" in out_missing
 

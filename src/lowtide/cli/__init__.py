@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from lowtide import __version__
-from lowtide.cli import estimate, jobs, serve, worker
+from lowtide.cli import estimate, jobs, report, serve, worker
 from lowtide.cli.common import state
 
 app = typer.Typer(
@@ -40,7 +40,7 @@ def _main(
     state.db = db
 
 
-for command in (jobs.run, jobs.submit, estimate.estimate, jobs.status, jobs.results, jobs.cancel, jobs.retry, worker.tick, worker.worker, serve.serve):
+for command in (jobs.run, jobs.submit, estimate.estimate, jobs.status, jobs.results, jobs.cancel, jobs.retry, report.report, worker.tick, worker.worker, serve.serve):
     app.command()(command)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from decimal import Decimal
+
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -40,16 +42,34 @@ def done_count(status: JobStatus) -> int:
     return sum(status.count(s) for s in DONE)
 
 
+def money(usd: Decimal) -> str:
+    if usd == 0:
+        return "$0"
+    if abs(usd) < Decimal("0.01"):
+        return f"${usd:.6f}"
+    return f"${usd:,.4f}" if abs(usd) < 1 else f"${usd:,.2f}"
+
+
+def spent(status: JobStatus) -> str:
+    """The job's known cost, "+ N unknown" where some is not known, and "/ budget"."""
+    text = money(status.spent_usd)
+    if status.unknown_costs:
+        text += f" + {status.unknown_costs} unknown"
+    if status.budget_usd is not None:
+        text += f" / {money(status.budget_usd)}"
+    return text
+
+
 def status_table(statuses: list[JobStatus]) -> Table:
     table = Table(title="jobs")
-    for col in ("job", "state", "route", "total", "succeeded", "failed", "cancelled", "in flight", "batches"):
+    for col in ("job", "state", "route", "total", "succeeded", "failed", "cancelled", "in flight", "batches", "spent"):
         table.add_column(col, justify="right" if col not in ("job", "state", "route", "batches") else "left")
     for s in statuses:
         in_flight = s.count(RequestState.PENDING) + s.count(RequestState.DISPATCHED)
         phases = ", ".join(f"{n} {p}" for p, n in sorted(s.phases.items())) or "-"
         table.add_row(
             s.name, s.state, s.route, str(s.total), str(s.count(RequestState.SUCCEEDED)),
-            str(s.count(RequestState.FAILED)), str(s.count(RequestState.CANCELLED)), str(in_flight), phases,
+            str(s.count(RequestState.FAILED)), str(s.count(RequestState.CANCELLED)), str(in_flight), phases, spent(s),
         )  # fmt: skip
     return table
 

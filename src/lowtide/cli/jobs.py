@@ -22,6 +22,7 @@ from lowtide.cli.common import (
 from lowtide.cli.display import (
     done_count,
     job_progress,
+    money,
     placement_table,
     progress_detail,
     status_table,
@@ -29,6 +30,7 @@ from lowtide.cli.display import (
 from lowtide.core.clock import SystemClock
 from lowtide.core.errors import LowtideError
 from lowtide.core.spec import JobSpec, load_spec
+from lowtide.core.states import JobState
 from lowtide.engine.control import JobStatus, cancel_job, job_spec, job_status, retry_job
 from lowtide.engine.export import export_results
 from lowtide.engine.loader import load_job
@@ -74,6 +76,8 @@ def run(
     except LowtideError as err:
         raise fail(err) from None
     out.print(status_table([status]))
+    if status.state == JobState.BUDGET_EXHAUSTED:
+        _print_budget(status)
     raise typer.Exit(EXIT_OK if status.all_succeeded else EXIT_FAILURES)
 
 
@@ -129,8 +133,21 @@ def status(
     if s.failures:
         out.print("failures: " + ", ".join(f"{code} × {n}" for code, n in sorted(s.failures.items())))
     out.print(f"tokens: {s.tokens.get('input_tokens', 0)} in, {s.tokens.get('output_tokens', 0)} out over {s.tokens.get('attempts', 0)} attempts")
+    _print_budget(s)
     for event in s.events:
         out.print(f"  {event}", markup=False)
+
+
+def _print_budget(s: JobStatus) -> None:
+    """Spent against the budget; how to go on when it ran out."""
+    if s.unknown_costs:
+        out.print(f"cost unknown for {s.unknown_costs} attempt(s): see `lowtide report --job {s.name}`", markup=False)
+    if s.budget_usd is None:
+        return
+    line = f"budget: {money(s.spent_usd)} spent, {money(s.reserved_usd)} reserved of {money(s.budget_usd)}"
+    if s.state == JobState.BUDGET_EXHAUSTED:
+        line += "; exhausted: raise budget_usd in the spec and run `lowtide submit` with it to resume"
+    out.print(line, markup=False)
 
 
 def results(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, Literal
 
@@ -117,6 +118,12 @@ class JobSpec(_Strict):
     output: OutputSpec | None = None
     # Requests per provider batch, below the route's own limit (batch routes only).
     chunk_size: int | None = Field(None, ge=1)
+    # USD the job may spend in all (docs/costs.md "Budgets"): each batch or direct dispatch
+    # reserves its estimated cost first, and the job stops sending (`budget_exhausted`)
+    # rather than go over.
+    budget_usd: Decimal | None = Field(None, gt=0, allow_inf_nan=False)
+    # Labels `lowtide report --by tag` groups costs by.
+    tags: list[str] = Field(default_factory=list)
     # Folder that relative paths are resolved against (the spec file's folder).
     base_dir: str = "."
 
@@ -133,6 +140,14 @@ class JobSpec(_Strict):
         if v is not None and (len(v) < 2 or len(set(v)) != len(v) or not all(c.strip() for c in v)):
             raise ValueError("give at least two distinct, non-empty choices")
         return v
+
+    @field_validator("tags")
+    @classmethod
+    def _tags(cls, v: list[str]) -> list[str]:
+        bad = [t for t in v if not JOB_NAME.match(t)]
+        if bad:
+            raise ValueError(f"tag {bad[0]!r}: use 1-64 letters, digits, '_', '-' or '.', starting with a letter or digit")
+        return list(dict.fromkeys(v))
 
     @field_validator("response_schema")
     @classmethod

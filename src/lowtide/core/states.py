@@ -78,12 +78,17 @@ class JobState(StrEnum):
     ACTIVE = "active"
     FINISHED = "finished"
     CANCELLED = "cancelled"
+    # The next batch or direct dispatch would have gone over the job's `budget_usd`: nothing
+    # more is sent; batches in flight are still collected. Submitting the spec again (with
+    # a bigger budget) makes it active.
+    BUDGET_EXHAUSTED = "budget_exhausted"
 
 
 JOB_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
-    JobState.ACTIVE: frozenset({JobState.FINISHED, JobState.CANCELLED}),
+    JobState.ACTIVE: frozenset({JobState.FINISHED, JobState.CANCELLED, JobState.BUDGET_EXHAUSTED}),
     JobState.FINISHED: frozenset({JobState.ACTIVE}),  # new rows, or a retry
     JobState.CANCELLED: frozenset({JobState.ACTIVE}),  # a retry of cancelled requests
+    JobState.BUDGET_EXHAUSTED: frozenset({JobState.ACTIVE, JobState.CANCELLED}),  # resubmitted, or cancelled
 }
 
 

@@ -17,6 +17,7 @@ from lowtide.core.clock import Clock
 from lowtide.core.errors import BatchRejected
 from lowtide.core.states import DispatchState, RequestState
 from lowtide.core.types import ChatRequest, Outcome
+from lowtide.engine import budget
 from lowtide.engine.context import JobContext
 from lowtide.engine.dispatch import assign, iter_dispatched, left_in_dispatch, new_dispatch
 from lowtide.engine.ingest import IngestCounts, apply_outcomes
@@ -89,7 +90,11 @@ async def submit(
     sent = 0
     for dispatch_id, key, state, size, created_at in todo:
         if state == DispatchState.PLANNED:
-            with store.begin() as conn:  # intent is durable before any network call
+            with store.begin() as conn:  # intent (and the budget's reservation) is durable before any network call
+                refused = budget.reserve(conn, job, dispatch_id, route.name)
+                if refused:
+                    budget.exhaust(conn, job.id, refused, clock.now())
+                    continue
                 if not move_dispatch(conn, dispatch_id, DispatchState.PLANNED, DispatchState.SUBMITTING):
                     continue
             provider_id = None

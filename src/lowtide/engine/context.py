@@ -30,6 +30,15 @@ class JobContext:
         fb = spec.fallback
         return [Lane("main", spec.route, spec.route_options, None), Lane("fallback", fb.route, fb.route_options, fb.model)]
 
+    def priced_as(self, route: str) -> tuple[str, dict]:
+        """The model and route options of the lane that runs on `route`: what its attempts
+        are priced by. The fallback route differs from the job's, so the route tells."""
+        spec = self.spec
+        fb = spec.fallback
+        if fb is not None and route == fb.route:
+            return spec.fallback_model, fb.route_options
+        return spec.model, spec.route_options
+
 
 @dataclass(frozen=True, slots=True)
 class Lane:

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from decimal import Decimal
 
 from sqlalchemy import and_, func, select, update
 
 from lowtide.core.clock import Clock
 from lowtide.core.spec import JobSpec
 from lowtide.core.states import DispatchState, JobState, RequestState
+from lowtide.engine.budget import position
 from lowtide.store.db import Store
+from lowtide.store.money import from_pico
 from lowtide.store.queries import (
     LIVE_DISPATCH_STATES,
     add_event,
@@ -35,6 +38,11 @@ class JobStatus:
     failures: dict[str, int] = field(default_factory=dict)
     # Where requests ran and why they moved there: (route, reason or None, state, count).
     placement: list[tuple[str, str | None, str, int]] = field(default_factory=list)
+    # The known cost of its attempts, how many have an unknown cost, and its budget.
+    spent_usd: Decimal = Decimal(0)
+    unknown_costs: int = 0
+    budget_usd: Decimal | None = None
+    reserved_usd: Decimal = Decimal(0)
 
     @property
     def total(self) -> int:
@@ -62,16 +70,22 @@ def job_status(store: Store, name: str, events: int = 5) -> JobStatus:
                 .group_by(requests.c.error_code)
             ).all()
         )
+        tokens = token_totals(conn, job.id)
+        budget = JobSpec.model_validate_json(job.spec).budget_usd
         return JobStatus(
             name=job.name,
             state=job.state,
             route=job.route,
             counts=request_counts(conn, job.id),
             phases=dispatch_phases(conn, job.id),
-            tokens=token_totals(conn, job.id),
+            tokens=tokens,
             events=[f"{e.kind}: {e.message}" for e in recent_events(conn, job.id, events)],
             failures={k or "unknown": v for k, v in failures.items()},
             placement=_placement(conn, job.id),
+            spent_usd=from_pico(tokens["cost_picousd"]),
+            unknown_costs=tokens["unknown_cost"],
+            budget_usd=budget,
+            reserved_usd=position(conn, job.id).reserved if budget is not None else Decimal(0),
         )
 
 
@@ -115,7 +129,7 @@ def cancel_job(store: Store, name: str, clock: Clock) -> int:
     now = clock.now()
     with store.begin() as conn:
         job = get_job(conn, name)
-        if job.state != JobState.ACTIVE:  # finished or already cancelled: nothing left to stop
+        if job.state not in (JobState.ACTIVE, JobState.BUDGET_EXHAUSTED):  # finished or already cancelled
             return 0
         move_job(conn, job.id, JobState.CANCELLED, updated_at=now)
         values = {"error_code": "cancelled", "error_message": "cancelled by the user", "updated_at": now}

@@ -8,6 +8,7 @@ import time
 from lowtide.core.clock import Clock
 from lowtide.core.states import DispatchState
 from lowtide.core.types import Outcome
+from lowtide.engine import budget
 from lowtide.engine.context import JobContext, Lane
 from lowtide.engine.dispatch import (
     claim_due,
@@ -22,6 +23,11 @@ from lowtide.store.db import Store
 from lowtide.store.queries import add_event
 from lowtide.store.schema import dispatches
 from lowtide.store.transitions import move_dispatch
+
+
+class _OverBudget(Exception):
+    pass
+
 
 FLUSH_EVERY = 5000  # outcomes
 FLUSH_SECONDS = 1.0  # wall time between commits while a slow route runs
@@ -41,14 +47,22 @@ async def run_direct(
     execute it. Returns what was applied."""
     now = clock.now()
     lane_name = lane.name if lane else None
-    with store.begin() as conn:
-        if not pending_ids(conn, job.id, now, 1, lane_name):
-            return IngestCounts()
-        dispatch_id = new_dispatch(
-            conn, job.id, route.name, "direct", DispatchState.RUNNING, now, owner=owner, lease_until=now + lease
-        )
-        claim_due(conn, dispatch_id, job.id, now, route.dispatch_size, route.name, lane_name)
-        batch = dispatched_requests(conn, dispatch_id)
+    try:
+        with store.begin() as conn:
+            if not pending_ids(conn, job.id, now, 1, lane_name):
+                return IngestCounts()
+            dispatch_id = new_dispatch(
+                conn, job.id, route.name, "direct", DispatchState.RUNNING, now, owner=owner, lease_until=now + lease
+            )
+            claim_due(conn, dispatch_id, job.id, now, route.dispatch_size, route.name, lane_name)
+            refused = budget.reserve(conn, job, dispatch_id, route.name)
+            if refused:
+                raise _OverBudget(refused)  # undoes the claim: nothing was sent
+            batch = dispatched_requests(conn, dispatch_id)
+    except _OverBudget as over:
+        with store.begin() as conn:
+            budget.exhaust(conn, job.id, str(over), now)
+        return IngestCounts()
     if lane is not None and lane.model:
         for request in batch:
             request.model = lane.model

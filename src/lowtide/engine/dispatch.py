@@ -24,12 +24,17 @@ def pending_ids(conn: Connection, job_id: int, now: float, limit: int, lane: str
 def claim_due(
     conn: Connection, dispatch_id: int, job_id: int, now: float, limit: int, route: str, lane: str | None = None
 ) -> int:
-    """Move up to `limit` due pending requests into a dispatch in one statement (the ids
-    never travel to Python and back)."""
+    """Move up to `limit` due pending requests into a dispatch: on SQLite in one statement
+    (the ids never travel to Python and back). On PostgreSQL the ids are read first: inside
+    an UPDATE the planner may run a `LIMIT … FOR UPDATE SKIP LOCKED` subquery once per row
+    (a semi-join), which claims every due request instead of `limit`."""
+    due = _due(conn, job_id, now, limit, lane)
+    if conn.dialect.name == "postgresql":
+        due = list(conn.scalars(due))
     moved = move_requests(
         conn,
         RequestState.DISPATCHED,
-        requests.c.id.in_(_due(conn, job_id, now, limit, lane)),
+        requests.c.id.in_(due),
         only=[RequestState.PENDING],
         values={"dispatch_id": dispatch_id, "attempts": requests.c.attempts + 1, "route": route, "updated_at": now},
     )

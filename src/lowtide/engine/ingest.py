@@ -1,8 +1,10 @@
 """Applying outcomes to requests: at most once per request, never from a stale dispatch.
 
 Each outcome is matched by custom_id alone (DESIGN invariant 5). It becomes an attempt row
-(with its usage, whether or not it is applied) and, if the request is still in the
-dispatch the outcome came from, the request's next state: succeeded, a retry, or failed.
+(with its usage, model, tier and cost, whether or not it is applied: a stale result is paid
+for too) and, if the request is still in the dispatch the outcome came from, the request's
+next state: succeeded, a retry, or failed. An attempt is recorded once per (request,
+dispatch), so ingesting the same results again never counts a cost twice.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from lowtide.core.outputs import InvalidOutput, parse_output, repair_messages
 from lowtide.core.states import JobState, RequestState
 from lowtide.core.types import Outcome
 from lowtide.engine.context import JobContext
+from lowtide.engine.ledger import current_ledger, note_once
 from lowtide.engine.policy import retry_delay
 from lowtide.store.bulk import executemany
 from lowtide.store.schema import attempts, requests
@@ -73,6 +76,11 @@ def apply_outcomes(
     attempt_rows = []
     spec = job.spec
     choices = spec.effective_choices
+    ledger = current_ledger()  # the catalog, loaded once per price-file version
+    model, options = job.priced_as(route)
+    rate = ledger.rate(route, options, model)
+    tier = rate.tier.value if rate.tier else None
+    unknown_costs = 0
     for outcome in outcomes:
         req = current.get(outcome.custom_id)
         if req is None:
@@ -83,6 +91,8 @@ def apply_outcomes(
         seen.add(req.id)
         live = req.state == RequestState.DISPATCHED and req.dispatch_id == dispatch_id
         u = outcome.usage
+        billed, cost, realtime = ledger.columns(outcome, rate)
+        unknown_costs += cost is None
         attempt_rows.append(
             {
                 "request_id": req.id, "job_id": job.id, "dispatch_id": dispatch_id, "route": route,
@@ -90,6 +100,7 @@ def apply_outcomes(
                 "error_message": outcome.error_message, "input_tokens": u.input_tokens,
                 "cached_input_tokens": u.cached_input_tokens, "cache_write_tokens": u.cache_write_tokens,
                 "output_tokens": u.output_tokens, "reasoning_tokens": u.reasoning_tokens, "at": now,
+                "model": model, "tier": tier, "billed": billed, "cost_picousd": cost, "realtime_picousd": realtime,
             }
         )  # fmt: skip
         if not live:
@@ -119,6 +130,8 @@ def apply_outcomes(
     if attempt_rows:
         insert = (postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert)(attempts)
         executemany(conn, insert.on_conflict_do_nothing(index_elements=["request_id", "dispatch_id"]), attempt_rows)
+    if unknown_costs:
+        note_once(conn, job.id, "cost_unknown", f"cost of attempts on {route} ({model}) is unknown: {rate.note}", now)
     return counts
 
 
@@ -170,7 +183,7 @@ def _decide(job: JobContext, req, outcome: Outcome, row: dict, choices, now: flo
             parsed = parse_output(outcome.text or "", spec.response_schema, choices)
         except InvalidOutput as err:
             row["error_code"] = "invalid_output"
-            if req.repair is None and job.state is JobState.ACTIVE:
+            if req.repair is None and job.state in (JobState.ACTIVE, JobState.BUDGET_EXHAUSTED):
                 # One more try, with the validation error in the conversation.
                 row["error_message"] = f"answer invalid, retrying once: {err}"
                 row["repair"] = json.dumps(repair_messages(outcome.text or "", str(err), spec.response_schema))

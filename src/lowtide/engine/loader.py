@@ -22,6 +22,7 @@ from lowtide.core.sources import Source, SourceRow
 from lowtide.core.spec import JobSpec
 from lowtide.core.states import JobState, RequestState
 from lowtide.core.templates import MessageTemplate
+from lowtide.engine import budget
 from lowtide.routes import create_route
 from lowtide.store.bulk import executemany
 from lowtide.store.db import Store
@@ -144,6 +145,7 @@ def load_job(
     now = clock.now()
     with store.begin() as conn:
         job_id, created = save_job(conn, spec.name, spec.model_dump_json(), spec.route, now)
+        budget.resume(conn, job_id, spec.budget_usd, now)  # a budget_exhausted job, submitted again
         before = _count(conn, job_id)
         ids = _IdWatch()
         problems: list[str] = []

@@ -4,7 +4,8 @@
     deadline  past a job's deadline, requests not yet sent fail with `deadline_passed`
     cut-over  near a job's deadline, move what its route cannot finish to the fallback route
     plan      batch routes: group due pending requests into chunks
-    submit    batch routes: send planned chunks (exactly once; adopt after a crash)
+    submit    batch routes: send planned chunks (exactly once; adopt after a crash), each
+              within the job's budget (engine/budget.py)
     poll      batch routes: poll what is due; ingest what ended
     execute   direct routes: claim one dispatch of due requests, run it, ingest
     finish    a job whose requests are all terminal is finished
@@ -228,6 +229,9 @@ class Engine:
                 select(requests.c.id).where(requests.c.job_id == job.id, requests.c.state.in_(LIVE)).limit(1)
             ).first()
             if live is not None:
+                return False
+            state = conn.execute(select(jobs.c.state).where(jobs.c.id == job.id)).scalar_one()
+            if state != JobState.ACTIVE.value:  # e.g. its budget ran out during this tick
                 return False
             if move_job(conn, job.id, JobState.FINISHED, finished_at=now, updated_at=now):
                 add_event(conn, job.id, "finished", "every request reached a terminal state", now)

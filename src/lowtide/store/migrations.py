@@ -61,6 +61,14 @@ def m003_fallback_lane(conn: Connection) -> None:
     add_columns(conn, schema.dispatches, ["cut_at"])
 
 
+@migration
+def m004_cost_ledger(conn: Connection) -> None:
+    """Attempts record model, tier, whether billed, cost and real-time equivalent; dispatches
+    the budget reservation. Attempts recorded before this keep a NULL (unknown) cost."""
+    add_columns(conn, schema.attempts, ["model", "tier", "billed", "cost_picousd", "realtime_picousd"])
+    add_columns(conn, schema.dispatches, ["reserved_picousd"])
+
+
 def add_columns(conn: Connection, table, names: list[str]) -> None:
     """ALTER TABLE … ADD COLUMN for columns declared in schema.py after the table was made."""
     present = {c["name"] for c in inspect(conn).get_columns(table.name)}
@@ -74,3 +82,11 @@ def add_columns(conn: Connection, table, names: list[str]) -> None:
         if not column.nullable:
             ddl += " NOT NULL"
         conn.execute(text(ddl))
+
+
+@migration
+def m005_gateway(conn: Connection) -> None:
+    """The peak-shaving gateway's deferred requests and flushes (store/gateway_schema.py)."""
+    from lowtide.store.gateway_schema import GATEWAY_TABLES
+
+    schema.metadata.create_all(conn, tables=GATEWAY_TABLES)

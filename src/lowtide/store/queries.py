@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Connection, Row, func, insert, select, update
+from sqlalchemy import Connection, Row, and_, case, func, insert, or_, select, update
 
 from lowtide.core.errors import JobNotFoundError
 from lowtide.core.states import JobState
@@ -77,13 +77,21 @@ def recent_events(conn: Connection, job_id: int, limit: int = 10) -> list[Row]:
 
 
 def token_totals(conn: Connection, job_id: int) -> dict[str, Any]:
+    """Attempts, tokens and cost of a job: `cost_picousd` sums the known costs,
+    `unknown_cost` counts the attempts whose cost is unknown (billed, or from before m004)."""
     from lowtide.store.schema import attempts
 
+    unknown = and_(attempts.c.cost_picousd.is_(None), or_(attempts.c.billed.is_(None), attempts.c.billed.is_(True)))
     row = conn.execute(
         select(
             func.count(),
             func.coalesce(func.sum(attempts.c.input_tokens), 0),
             func.coalesce(func.sum(attempts.c.output_tokens), 0),
+            func.coalesce(func.sum(attempts.c.cost_picousd), 0),
+            func.coalesce(func.sum(case((unknown, 1), else_=0)), 0),
         ).where(attempts.c.job_id == job_id)
     ).one()
-    return {"attempts": row[0], "input_tokens": row[1], "output_tokens": row[2]}
+    return {
+        "attempts": row[0], "input_tokens": row[1], "output_tokens": row[2],
+        "cost_picousd": int(row[3]), "unknown_cost": int(row[4]),
+    }  # fmt: skip

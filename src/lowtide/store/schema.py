@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from sqlalchemy import (
+    BigInteger,
     Boolean,
     Column,
     Float,
@@ -109,11 +110,17 @@ dispatches = Table(
     Column("error", Text),
     # When a deadline cut-over asked the provider to cancel this batch.
     Column("cut_at", Float),
+    # A budgeted job's estimate of this dispatch's cost, reserved before it was sent
+    # (picodollars, see `lowtide.store.money`); held while the dispatch is live, less what
+    # its attempts have cost so far.
+    Column("reserved_picousd", BigInteger),
     Index("ix_dispatches_job_state", "job_id", "state"),
 )
 
 # One try of one request. The ledger is the sum of attempts; `applied` is False for a result
 # that arrived after the request had moved on (it is kept, with its cost, but not used).
+# Money is in integer picodollars (10^-12 USD, `lowtide.store.money`); a NULL cost is
+# unknown (an unknown model or route, a bad price file, or recorded before m004).
 attempts = Table(
     "attempts",
     metadata,
@@ -132,6 +139,11 @@ attempts = Table(
     Column("output_tokens", Integer, nullable=False, default=0),
     Column("reasoning_tokens", Integer, nullable=False, default=0),
     Column("at", Float, nullable=False),
+    Column("model", String(256)),  # the model asked for (the job's, or its fallback's)
+    Column("tier", String(16)),  # what the route billed at: realtime, flex, batch, self_hosted, free
+    Column("billed", Boolean),  # whether the provider bills this attempt (pricing.is_billed)
+    Column("cost_picousd", BigInteger),
+    Column("realtime_picousd", BigInteger),  # the same tokens at real-time prices
     # Re-ingesting the same results file never records an attempt twice.
     UniqueConstraint("request_id", "dispatch_id", name="uq_attempts_request_dispatch"),
     Index("ix_attempts_job", "job_id"),

@@ -1,0 +1,181 @@
+"""Budgets: a job with `budget_usd` never sends work that its estimate says could take it
+over.
+
+    before a batch is submitted or a direct dispatch runs:
+        estimate = the dispatch's requests priced at the route's tier
+                   (input ≈ characters of the stored request / 4, output = max_tokens)
+        spent + reserved + estimate > budget ─► do not send; job → budget_exhausted
+        else reserve the estimate on the dispatch
+    as results come in: the dispatch's reservation shrinks by what its attempts cost, and
+    ends with the dispatch (settled to the actual cost, which the ledger holds)
+
+`spent` is the sum of the job's attempts (stale ones included: they are paid for). A price
+the catalog does not know refuses the dispatch rather than guessing, as does a job whose
+billed attempts have an unknown cost. Batches already in flight are still collected while
+the job is budget_exhausted; `lowtide submit` of the spec (with a bigger budget) resumes it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from decimal import Decimal
+
+from sqlalchemy import Connection, and_, case, func, select, update
+
+from lowtide.core.errors import InputError
+from lowtide.core.pricing import attempt_cost, load_catalog
+from lowtide.core.states import DispatchState, JobState, RequestState
+from lowtide.core.types import Usage
+from lowtide.engine.context import JobContext
+from lowtide.store.money import from_pico, to_pico
+from lowtide.store.queries import add_event
+from lowtide.store.schema import attempts, dispatches, jobs, requests
+from lowtide.store.transitions import move_dispatch, move_job, move_requests
+
+# A dispatch holds its reservation from the moment it may reach the provider.
+RESERVING_STATES = (DispatchState.SUBMITTING.value, DispatchState.SUBMITTED.value, DispatchState.RUNNING.value)
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    requests: int
+    input_tokens: int
+    output_tokens: int
+    usd: Decimal | None
+    note: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Position:
+    """Where a job stands against its budget, in USD."""
+
+    spent: Decimal  # the known cost of its attempts
+    reserved: Decimal  # estimates of live dispatches, less what their attempts cost so far
+    unknown: int  # billed attempts whose cost is unknown
+
+
+def usd(amount: Decimal) -> str:
+    """$0.000012345, $10: exact, without exponent or trailing zeros."""
+    return f"${amount.normalize():f}"
+
+
+def estimate(conn: Connection, job: JobContext, dispatch_id: int, route: str) -> Estimate:
+    """What the requests waiting in a dispatch may cost on `route`: the stored request's
+    characters / 4 (the approximation of `lowtide.core.tokens`, on the whole JSON: an
+    over-count) of input, and max_tokens of output, each."""
+    waiting = and_(requests.c.dispatch_id == dispatch_id, requests.c.state == RequestState.DISPATCHED.value)
+    n, chars = conn.execute(
+        select(
+            func.count(),
+            func.coalesce(func.sum(func.length(requests.c.payload) + func.coalesce(func.length(requests.c.repair), 0)), 0),
+        ).where(waiting)
+    ).one()
+    spec = job.spec
+    if spec.template.messages_column is None:
+        output = n * spec.params.max_tokens
+    else:  # conversation rows may carry their own max_tokens
+        output = sum(json.loads(p).get("max_tokens", spec.params.max_tokens) for p in conn.scalars(select(requests.c.payload).where(waiting)))
+    input_tokens = math.ceil(int(chars) / 4)
+    model, options = job.priced_as(route)
+    try:
+        catalog = load_catalog()
+    except InputError as err:
+        return Estimate(n, input_tokens, output, None, f"the price file did not load: {err}")
+    cost = attempt_cost(Usage(input_tokens=input_tokens, output_tokens=output), model, route, options, catalog=catalog)
+    return Estimate(n, input_tokens, output, cost.usd, cost.note)
+
+
+def position(conn: Connection, job_id: int) -> Position:
+    spent, unknown = conn.execute(
+        select(
+            func.coalesce(func.sum(attempts.c.cost_picousd), 0),
+            func.coalesce(func.sum(case((and_(attempts.c.billed.is_(True), attempts.c.cost_picousd.is_(None)), 1), else_=0)), 0),
+        ).where(attempts.c.job_id == job_id)
+    ).one()
+    live = dict(
+        conn.execute(
+            select(dispatches.c.id, dispatches.c.reserved_picousd).where(
+                dispatches.c.job_id == job_id,
+                dispatches.c.state.in_(RESERVING_STATES),
+                dispatches.c.reserved_picousd.is_not(None),
+            )
+        ).all()
+    )
+    reserved = 0
+    if live:
+        used = dict(
+            conn.execute(
+                select(attempts.c.dispatch_id, func.coalesce(func.sum(attempts.c.cost_picousd), 0))
+                .where(attempts.c.dispatch_id.in_(list(live)))
+                .group_by(attempts.c.dispatch_id)
+            ).all()
+        )
+        reserved = sum(max(int(r) - int(used.get(d, 0)), 0) for d, r in live.items())
+    return Position(from_pico(spent), from_pico(reserved), int(unknown))
+
+
+def reserve(conn: Connection, job: JobContext, dispatch_id: int, route: str) -> str | None:
+    """Reserve the dispatch's estimated cost against the job's budget; or, without writing
+    anything, say why it must not be sent. Nothing to do for a job without a budget."""
+    budget = job.spec.budget_usd
+    if budget is None:
+        return None
+    lock = select(jobs.c.state).where(jobs.c.id == job.id)
+    if conn.dialect.name == "postgresql":
+        lock = lock.with_for_update()  # one reservation at a time per job (SQLite: BEGIN IMMEDIATE)
+    if conn.execute(lock).scalar_one() == JobState.BUDGET_EXHAUSTED.value:
+        return "the job's budget is exhausted"
+    est = estimate(conn, job, dispatch_id, route)
+    if est.usd is None:
+        return (
+            f"the cost of {est.requests} request(s) on {route} cannot be estimated ({est.note}); "
+            "a budgeted job sends nothing it cannot price"
+        )
+    pos = position(conn, job.id)
+    if pos.unknown:
+        return f"the cost of {pos.unknown} billed attempt(s) is unknown, so what is left of the budget is unknown"
+    if est.usd > 0 and pos.spent + pos.reserved + est.usd > budget:
+        return (
+            f"{usd(pos.spent)} spent + {usd(pos.reserved)} reserved + {usd(est.usd)} estimated for the next "
+            f"{est.requests} request(s) on {route} would pass the budget of {usd(budget)}"
+        )
+    conn.execute(update(dispatches).where(dispatches.c.id == dispatch_id).values(reserved_picousd=to_pico(est.usd)))
+    return None
+
+
+def exhaust(conn: Connection, job_id: int, reason: str, now: float) -> None:
+    """Stop sending: the job becomes budget_exhausted and its unsent batches are taken apart
+    (their requests wait, pending, for the budget to be raised)."""
+    planned = conn.scalars(
+        select(dispatches.c.id).where(dispatches.c.job_id == job_id, dispatches.c.state == DispatchState.PLANNED.value)
+    ).all()
+    for dispatch_id in planned:
+        move_requests(
+            conn,
+            RequestState.PENDING,
+            and_(requests.c.dispatch_id == dispatch_id, requests.c.state == RequestState.DISPATCHED.value),
+            values={"dispatch_id": None, "attempts": requests.c.attempts - 1, "updated_at": now},
+        )  # an unsent batch was no attempt
+        move_dispatch(conn, dispatch_id, DispatchState.PLANNED, DispatchState.CANCELLED, ended_at=now)
+    state = conn.execute(select(jobs.c.state).where(jobs.c.id == job_id)).scalar_one()
+    if state == JobState.ACTIVE.value:
+        move_job(conn, job_id, JobState.BUDGET_EXHAUSTED, updated_at=now)
+        add_event(
+            conn, job_id, "budget_exhausted",
+            f"stopped sending: {reason}. Raise budget_usd in the spec and run `lowtide submit` with it to resume",
+            now,
+        )  # fmt: skip
+
+
+def resume(conn: Connection, job_id: int, budget: Decimal | None, now: float) -> bool:
+    """A budget_exhausted job whose spec was submitted again is active again (the next
+    dispatch checks the new budget). True if it was exhausted."""
+    state = conn.execute(select(jobs.c.state).where(jobs.c.id == job_id)).scalar_one()
+    if state != JobState.BUDGET_EXHAUSTED.value:
+        return False
+    move_job(conn, job_id, JobState.ACTIVE, updated_at=now)
+    limit = "no budget" if budget is None else f"a budget of {usd(budget)}"
+    add_event(conn, job_id, "budget_resumed", f"spec submitted again with {limit}: sending again", now)
+    return True

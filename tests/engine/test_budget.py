@@ -1,0 +1,199 @@
+"""Budgets: a job never sends a batch or a direct dispatch its estimate says could pass its
+`budget_usd`; it stops (`budget_exhausted`), still collects what is in flight, and resumes
+when its spec is submitted again with a bigger budget.
+
+The batch route is the real `openai-batch` route (the official SDK) against `lowtide serve`;
+the direct route is `echo` answering under the name of the `openai` route (this tree has no
+real-time OpenAI route to run offline), priced as OpenAI real time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from decimal import Decimal
+
+import sqlalchemy as sa
+
+from lowtide.core.clock import SystemClock
+from lowtide.core.states import DispatchState, JobState
+from lowtide.engine import budget
+from lowtide.engine.control import cancel_job, job_status
+from lowtide.engine.loader import load_job
+from lowtide.engine.tick import Engine
+from lowtide.routes.echo import EchoRoute
+from lowtide.store.money import from_pico
+from lowtide.store.queries import save_job
+from lowtide.store.schema import attempts, dispatches, events, jobs, requests
+from tests.conftest import make_spec, write_csv
+from tests.engine.ledger_helpers import NOW, stored_job
+from tests.routes.conftest import _options, _run, serve  # noqa: F401  (the `serve` fixture)
+
+D = Decimal
+MILLION = 1_000_000
+
+
+def _spent(store, name: str = "tickets") -> Decimal:
+    with store.begin() as conn:
+        total = conn.execute(
+            sa.select(sa.func.sum(attempts.c.cost_picousd)).join(jobs, jobs.c.id == attempts.c.job_id).where(jobs.c.name == name)
+        ).scalar()
+    return from_pico(total or 0)
+
+
+def _events(store, kind: str) -> list[str]:
+    with store.begin() as conn:
+        return list(conn.scalars(sa.select(events.c.message).where(events.c.kind == kind).order_by(events.c.id)))
+
+
+def _payload_chars(store) -> list[int]:
+    with store.begin() as conn:
+        return [len(p) for p in conn.scalars(sa.select(requests.c.payload))]
+
+
+def test_a_batch_job_stops_before_its_budget_collects_what_is_in_flight_and_resumes(serve, store, tmp_path):  # noqa: F811
+    url = serve()
+    rows = [{"ticket_id": f"T{1000 + i}", "body": f"ticket number {1000 + i}"} for i in range(20)]  # equal lengths
+    source = write_csv(tmp_path / "t.csv", rows)
+
+    def spec(budget_usd):
+        return make_spec(
+            source, model="gpt-4o-mini", route="openai-batch", route_options=_options("openai-batch", url),
+            chunk_size=5, params={"max_tokens": 100}, budget_usd=budget_usd,
+        )  # fmt: skip
+
+    # One batch of 5: input ≈ characters / 4 at 0.075, output 5 × max_tokens at 0.30 (per M).
+    load_job(store, spec("1"), SystemClock())
+    [chars] = set(_payload_chars(store))
+    chunk = (D(math.ceil(5 * chars / 4)) * D("0.075") + 500 * D("0.30")) / MILLION
+    allowed = chunk * D("2.5")  # two batches fit, a third does not
+    load_job(store, spec(str(allowed)), SystemClock())
+
+    status = _run(store, "tickets")
+    assert status.state == JobState.BUDGET_EXHAUSTED
+    assert status.counts == {"succeeded": 10, "pending": 10}  # both batches in flight were collected
+    with store.begin() as conn:
+        sent = conn.execute(sa.select(dispatches.c.state, dispatches.c.reserved_picousd).where(dispatches.c.provider_id.is_not(None))).all()
+        unsent = conn.execute(sa.select(sa.func.count()).where(dispatches.c.provider_id.is_(None))).scalar_one()
+        tries = set(conn.scalars(sa.select(requests.c.attempts).where(requests.c.state == "pending")))
+    assert [(s, from_pico(r)) for s, r in sent] == [(DispatchState.ENDED, chunk)] * 2
+    assert unsent >= 1 and tries == {0}  # planned batches were taken apart: no attempt counted
+    assert 0 < _spent(store) <= allowed
+    assert status.spent_usd == _spent(store) and status.reserved_usd == 0 and status.budget_usd == allowed
+    [why] = _events(store, "budget_exhausted")
+    assert f"+ ${chunk.normalize():f} estimated for the next 5 request(s) on openai-batch would pass the budget of ${allowed.normalize():f}" in why
+    assert why.endswith("Raise budget_usd in the spec and run `lowtide submit` with it to resume")
+
+    # Nothing moves while exhausted; submitting the spec with a bigger budget resumes it.
+    assert asyncio.run(_tick(store)) == 0
+    load_job(store, spec("1"), SystemClock())
+    assert _events(store, "budget_resumed") == ["spec submitted again with a budget of $1: sending again"]
+    status = _run(store, "tickets")
+    assert (status.state, status.counts) == (JobState.FINISHED, {"succeeded": 20})
+    assert status.spent_usd == _spent(store) < D(1)
+
+
+async def _tick(store) -> int:
+    async with Engine(store) as engine:
+        return (await engine.tick("tickets")).submitted
+
+
+class PricedEcho(EchoRoute):
+    """`echo`, answering as the `openai` route (and so priced as OpenAI real time)."""
+
+    name = "openai"
+
+
+def _drive(store, clock, budget_usd: Decimal | None = None, ticks: int = 20):
+    """Tick the job (a fresh engine each time); return, per tick, (spent, reserved) before
+    it and whether the tick sent anything."""
+    seen = []
+
+    async def go():
+        async with Engine(store, clock, routes={"openai": PricedEcho({"dispatch_size": 2})}) as engine:
+            for _ in range(ticks):
+                with store.begin() as conn:
+                    job_id = conn.execute(sa.select(jobs.c.id)).scalar_one()
+                    before = budget.position(conn, job_id)
+                report = await engine.tick("tickets")
+                seen.append((before.spent, report.ingested.succeeded))
+                clock.advance(1)
+
+    asyncio.run(go())
+    return seen
+
+
+def test_a_direct_dispatch_over_the_budget_is_never_run(store, tmp_path, clock):
+    job = stored_job(store, tmp_path, n=6, model="gpt-4o-mini", route="openai", params={"max_tokens": 16}, budget_usd="0.00001")
+    # Two requests per dispatch: input ≈ characters / 4 at 0.15, output 2 × 16 at 0.60 (per M).
+    chars = sum(sorted(_payload_chars(store))[:2])
+    estimate = (D(math.ceil(chars / 4)) * D("0.15") + 32 * D("0.60")) / MILLION
+    assert estimate > D("0.00001")
+
+    assert _drive(store, clock, ticks=2) == [(0, 0), (0, 0)]
+    with store.begin() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(attempts)).scalar_one() == 0
+        assert conn.execute(sa.select(sa.func.count()).select_from(dispatches)).scalar_one() == 0  # the claim was undone
+        assert set(conn.scalars(sa.select(requests.c.attempts))) == {0}
+    status = job_status(store, "tickets")
+    assert (status.state, status.counts) == (JobState.BUDGET_EXHAUSTED, {"pending": 6})
+    assert _events(store, "budget_exhausted") == [
+        f"stopped sending: $0 spent + $0 reserved + ${estimate.normalize():f} estimated for the next 2 request(s) on openai "
+        "would pass the budget of $0.00001. Raise budget_usd in the spec and run `lowtide submit` with it to resume"
+    ]
+
+    # Raised so that each dispatch's estimate fits only while what was spent leaves room.
+    raised = estimate * D("1.5")
+    spec = job.spec.model_copy(update={"budget_usd": raised})
+    with store.begin() as conn:
+        save_job(conn, spec.name, spec.model_dump_json(), spec.route, NOW)
+        assert budget.resume(conn, job.id, spec.budget_usd, NOW)
+    ticks = _drive(store, clock, ticks=6)
+    for spent, ran in ticks:  # a dispatch ran only where its estimate fitted beside what was spent
+        assert (spent + estimate <= raised) == bool(ran), ticks
+    assert _spent(store) <= raised
+    status = job_status(store, "tickets")
+    assert (status.state, status.counts) == (JobState.BUDGET_EXHAUSTED, {"succeeded": 4, "pending": 2})
+    # two dispatches of two requests; echo's usage: 40 characters / 4 in, the same 40 back out
+    assert status.spent_usd == 2 * 2 * (10 * D("0.15") + 10 * D("0.60")) / MILLION
+
+    assert cancel_job(store, "tickets", clock) == 2  # an exhausted job can still be cancelled
+    assert job_status(store, "tickets").state == JobState.CANCELLED
+
+
+def test_a_budgeted_job_sends_nothing_it_cannot_price(store, tmp_path):
+    job = stored_job(store, tmp_path, n=2, model="gpt-9-turbo", route="openai-batch", budget_usd="5")
+    with store.begin() as conn:
+        from lowtide.engine.dispatch import new_dispatch
+
+        d = new_dispatch(conn, job.id, "openai-batch", "batch", DispatchState.PLANNED, NOW)
+        conn.execute(requests.update().values(dispatch_id=d, state="dispatched", attempts=1))
+        refused = budget.reserve(conn, job, d, "openai-batch")
+        assert refused == (
+            'the cost of 2 request(s) on openai-batch cannot be estimated (openai model "gpt-9-turbo" is not in the price '
+            "catalog; add it to a price file (docs/costs.md)); a budgeted job sends nothing it cannot price"
+        )
+        budget.exhaust(conn, job.id, refused, NOW)
+        states = conn.execute(sa.select(dispatches.c.state)).scalars().all()
+        reqs = conn.execute(sa.select(requests.c.state, requests.c.attempts, requests.c.dispatch_id)).all()
+    assert states == [DispatchState.CANCELLED]
+    assert set(reqs) == {("pending", 0, None)}
+    assert job_status(store, "tickets").state == JobState.BUDGET_EXHAUSTED
+
+
+def test_a_job_without_a_budget_reserves_nothing(store, tmp_path):
+    job = stored_job(store, tmp_path, n=1, model="gpt-4o-mini", route="openai-batch")
+    with store.begin() as conn:
+        assert budget.reserve(conn, job, 12345, "openai-batch") is None
+
+
+def test_a_direct_claim_takes_at_most_the_routes_dispatch_size(store, tmp_path):
+    """What a dispatch's estimate covers is what it claimed; on PostgreSQL the claim once
+    took every due request (the planner ran its LIMIT subquery once per row)."""
+    from lowtide.engine.dispatch import claim_due, new_dispatch
+
+    job = stored_job(store, tmp_path, n=6, model="gpt-4o-mini", route="openai")
+    with store.begin() as conn:
+        d = new_dispatch(conn, job.id, "openai", "direct", DispatchState.RUNNING, NOW)
+        assert claim_due(conn, d, job.id, NOW, 2, "openai") == 2
+        assert conn.execute(sa.select(sa.func.count()).where(requests.c.dispatch_id == d)).scalar_one() == 2
