@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from lowtide import __version__
-from lowtide.cli import estimate, jobs, report, serve, worker
+from lowtide.cli import estimate, gateway, jobs, report, serve, worker
 from lowtide.cli.common import state
 
 app = typer.Typer(
@@ -42,6 +42,7 @@ def _main(
 
 for command in (jobs.run, jobs.submit, estimate.estimate, jobs.status, jobs.results, jobs.cancel, jobs.retry, report.report, worker.tick, worker.worker, serve.serve):
     app.command()(command)
+gateway.register(app)
 
 
 def main() -> None:

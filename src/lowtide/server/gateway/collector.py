@@ -1,0 +1,356 @@
+"""The collector: turns deferred requests into lowtide jobs, ticks them, records their
+results and delivers them. It runs on its own thread with its own event loop (as `lowtide
+serve`'s worker does), so flushing, loading and ticking never stall the HTTP side.
+
+One pass:
+
+    flush     accepted requests of one (api, model) become one flush (a lowtide job named
+              `gateway-<n>`, in the same transaction as the requests move to `queued`) when
+              flush_size of them wait, when the oldest has waited flush_age, or when the
+              earliest deadline among them leaves no more time to wait (a batch sent later
+              could not end before deadline − safety_margin)
+    load      each flush still `loading`: its requests are written as conversation rows
+              (`template.messages_column`) to <data_dir>/flushes/gateway-<n>.jsonl and
+              `load_job`ed — idempotent, so a restart redoes it without loading twice
+    tick      one engine tick per running flush's job: the engine submits, polls, ingests,
+              retries, and near a deadline cuts over to the fallback (real-time) route
+    collect   requests of a job that reached a terminal state are recorded on their
+              deferred rows, in the API's response shape, with the money saved; a flush
+              whose requests are all recorded is done
+
+Deliveries (webhooks.py) run beside the passes, as their own task in the same loop.
+Only one collector may run per store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import threading
+from collections import Counter
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import select
+
+from lowtide.core.errors import InputError
+from lowtide.core.pricing import attempt_cost
+from lowtide.core.spec import FallbackSpec, JobSpec
+from lowtide.core.types import Usage
+from lowtide.engine.fallback import expected_turnaround
+from lowtide.engine.loader import load_job
+from lowtide.engine.tick import Engine
+from lowtide.server.gateway import records
+from lowtide.server.gateway.records import DeferredState, FlushState
+from lowtide.server.gateway.shape import dumps, result_of
+from lowtide.server.gateway.webhooks import Deliverer
+from lowtide.store.gateway_schema import gateway_requests
+from lowtide.store.money import to_pico
+from lowtide.store.schema import jobs, requests
+
+if TYPE_CHECKING:
+    from lowtide.server.gateway.context import Gateway
+
+log = logging.getLogger("lowtide.gateway")
+IDLE_MAX = 0.25  # real seconds between passes
+TERMINAL = ("succeeded", "failed", "cancelled")
+
+
+def _warm_up() -> None:
+    """Import now what the first flush would import while holding the store's write lock."""
+    import pyarrow  # noqa: F401  (the loader's duplicate-id check)
+    import pyarrow.compute  # noqa: F401
+
+
+class Collector:
+    def __init__(self, gateway: Gateway):
+        self.gw = gateway
+        self.deliverer = Deliverer(gateway.store, gateway.config, gateway.clock, gateway.secret,
+                                   count=gateway.metrics.webhook, public_url=gateway.public_url)  # fmt: skip
+        self.turnaround: dict[str, float] = {}
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake: asyncio.Event | None = None
+        self._deliver_wake: asyncio.Event | None = None
+        self._task: asyncio.Task | None = None
+        self._stopping = False
+        self.passes = 0
+        for api, target in (("openai", gateway.config.batch.openai), ("anthropic", gateway.config.batch.anthropic)):
+            if target is not None:
+                self.turnaround[api] = target.expected_turnaround
+        self._refresh_turnaround()
+
+    # Running -------------------------------------------------------------------------
+    def start(self) -> None:
+        ready = threading.Event()
+        self._thread = threading.Thread(target=self._main, args=(ready,), name="lowtide-gateway-collector", daemon=True)
+        self._thread.start()
+        ready.wait()
+
+    def stop(self, grace: float = 10.0) -> None:
+        """Stop after the current pass; one still busy after `grace` seconds is cancelled
+        (what it had not committed is redone by the next gateway)."""
+        self._stopping = True
+        self.wake()
+        if self._thread is None:
+            return
+        self._thread.join(grace)
+        if self._thread.is_alive() and self._loop is not None and self._task is not None:
+            with contextlib.suppress(RuntimeError):
+                self._loop.call_soon_threadsafe(self._task.cancel)
+            self._thread.join()
+
+    def wake(self) -> None:
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        for event in (self._wake, self._deliver_wake):
+            if event is not None:
+                with contextlib.suppress(RuntimeError):
+                    loop.call_soon_threadsafe(event.set)
+
+    def _main(self, ready: threading.Event) -> None:
+        with contextlib.suppress(asyncio.CancelledError):
+            asyncio.run(self._run(ready))
+
+    async def _run(self, ready: threading.Event) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._task = asyncio.current_task()
+        self._wake, self._deliver_wake = asyncio.Event(), asyncio.Event()
+        ready.set()
+        _warm_up()
+        deliveries = asyncio.create_task(self._deliver_loop())
+        try:
+            async with Engine(self.gw.store, self.gw.clock, routes=self.gw.routes) as engine:
+                while not self._stopping:
+                    try:
+                        busy = await self.step(engine)
+                    except Exception:  # keep going; the next pass starts again from the store
+                        log.exception("gateway: the collector's pass failed; retrying")
+                        busy = False
+                    self.passes += 1
+                    if busy or self._stopping:
+                        continue
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._wake.wait(), timeout=self._idle(engine))
+                    self._wake.clear()
+        finally:
+            deliveries.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await deliveries
+            await self.deliverer.aclose()
+
+    def _idle(self, engine: Engine) -> float:
+        due = engine.next_due()
+        if due is None:
+            return IDLE_MAX
+        return max(0.005, min(IDLE_MAX, due - self.gw.clock.now()))
+
+    async def _deliver_loop(self) -> None:
+        assert self._deliver_wake is not None
+        while not self._stopping:
+            try:
+                n = await self.deliverer.run_due()
+            except Exception:
+                log.exception("gateway: a delivery pass failed; retrying")
+                n = 0
+            if n:
+                continue
+            due = self.deliverer.next_due()
+            wait = IDLE_MAX if due is None else max(0.005, min(IDLE_MAX, due - self.gw.clock.now()))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._deliver_wake.wait(), timeout=wait)
+            self._deliver_wake.clear()
+
+    # One pass ------------------------------------------------------------------------
+    async def step(self, engine: Engine) -> bool:
+        busy = self.flush()
+        busy |= self.load()
+        with self.gw.store.begin() as conn:
+            running = records.flushes_in(conn, FlushState.RUNNING)
+        for flush in running:
+            if self._stopping:
+                break
+            report = await engine.tick(flush.job_name)
+            busy |= report.busy
+        busy |= self.collect(running)
+        self._refresh_turnaround()
+        return busy
+
+    def flush(self) -> bool:
+        """Create the flushes that are due (see the module doc)."""
+        cfg = self.gw.config.collector
+        now = self.gw.clock.now()
+        made = False
+        with self.gw.store.begin() as conn:
+            groups = records.waiting_groups(conn)
+        for g in groups:
+            target = self.gw.target(g.api)
+            if target is None:
+                continue
+            last_send = g.deadline - target.safety_margin - self.turnaround.get(g.api, target.expected_turnaround)
+            if g.n >= cfg.flush_size or g.oldest + cfg.flush_age <= now or last_send <= now:
+                left = g.n
+                while left > 0:
+                    with self.gw.store.begin() as conn:
+                        flush = records.create_flush(conn, g.api, g.model, cfg.max_job_requests, now)
+                    if flush is None:
+                        break
+                    made = True
+                    left -= flush.size
+                    log.info("gateway: flush %s: %d deferred request(s) of %s %s", flush.job_name, flush.size, g.api, g.model)
+        return made
+
+    def load(self) -> bool:
+        with self.gw.store.begin() as conn:
+            loading = records.flushes_in(conn, FlushState.LOADING)
+        for flush in loading:
+            self._load(flush)
+        return bool(loading)
+
+    def _load(self, flush: Any) -> None:
+        gw = self.gw
+        folder = gw.data_dir / "flushes"
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{flush.job_name}.jsonl"
+        with gw.store.begin() as conn:
+            rows = records.flush_rows(conn, flush.id)
+        tmp = path.with_suffix(".tmp")
+        with tmp.open("w", encoding="utf-8") as f:
+            for row in rows:
+                f.write('{"custom_id": "' + row.id + '", ' + row.payload[1:] + "\n")
+        tmp.replace(path)
+        spec = self.job_spec(flush, path)
+        try:
+            load_job(gw.store, spec, gw.clock, where=f"gateway flush {flush.job_name}")
+        except InputError as err:  # cannot happen for bodies checked at the door; fail them, do not loop
+            log.error("gateway: flush %s could not be loaded: %s", flush.job_name, err)
+            self._fail_flush(flush, str(err))
+            return
+        with gw.store.begin() as conn:
+            records.move_flush(conn, flush.id, FlushState.LOADING, FlushState.RUNNING)
+
+    def job_spec(self, flush: Any, path: Any) -> JobSpec:
+        target = self.gw.target(flush.api)
+        assert target is not None
+        model = target.models.get(flush.model, flush.model) if target.models else flush.model
+        fallback = self.gw.fallback_for(flush.api)
+        fb = None
+        if fallback is not None and fallback[0] != target.route:
+            route, options, fb_model = fallback
+            fb = FallbackSpec(route=route, route_options=options, model=fb_model or flush.model,
+                              safety_margin=max(target.safety_margin, 0.001),
+                              expected_turnaround=max(target.expected_turnaround, 0.001))  # fmt: skip
+        return JobSpec(
+            name=flush.job_name,
+            source={"path": str(path), "id_column": "custom_id", "format": "jsonl"},
+            template={"messages_column": "messages"},
+            model=model,
+            route=target.route,
+            route_options=target.route_options,
+            params={"max_tokens": target.default_max_tokens, "temperature": 1.0},
+            retry={"max_attempts": target.max_attempts, "backoff_seconds": 5.0},
+            deadline=datetime.fromtimestamp(flush.deadline_at, UTC) if fb is not None else None,
+            fallback=fb,
+            tags=["gateway"],
+        )
+
+    def _fail_flush(self, flush: Any, message: str) -> None:
+        from lowtide.server.errors import ApiError
+
+        now = self.gw.clock.now()
+        body = dumps(ApiError(400, message).body(flush.api))
+        with self.gw.store.begin() as conn:
+            rows = list(conn.execute(select(gateway_requests.c.id, gateway_requests.c.tenant).where(
+                gateway_requests.c.flush_id == flush.id, gateway_requests.c.state == DeferredState.QUEUED.value)))  # fmt: skip
+            records.finish(conn, [{"gid": r.id, "target": "failed", "route": None, "result": body, "result_status": 400,
+                                   "input_tokens": None, "output_tokens": None, "saved_picousd": None,
+                                   "finished_at": now} for r in rows])  # fmt: skip
+            records.move_flush(conn, flush.id, FlushState.LOADING, FlushState.DONE, done_at=now)
+        for tenant, n in Counter(r.tenant for r in rows).items():
+            self.gw.tenants.release_pending(tenant, n)
+
+    def collect(self, running: list[Any]) -> bool:
+        """Record the results that landed; returns whether any did."""
+        any_done = False
+        for flush in running:
+            any_done |= self._collect(flush)
+        if any_done:
+            self.wake_deliveries()
+        return any_done
+
+    def _collect(self, flush: Any) -> bool:
+        gw = self.gw
+        g, r = gateway_requests.c, requests.c
+        now = gw.clock.now()
+        with gw.store.begin() as conn:
+            job_id = conn.execute(select(jobs.c.id).where(jobs.c.name == flush.job_name)).scalar()
+            if job_id is None:
+                return False
+            landed = list(
+                conn.execute(
+                    select(g.id.label("gid"), g.tenant, g.model.label("client_model"), g.accepted_at, g.callback_url,
+                           r.state, r.output, r.payload, r.error_code, r.error_message, r.route, r.input_tokens,
+                           r.cached_input_tokens, r.cache_write_tokens, r.output_tokens, r.reasoning_tokens)  # fmt: skip
+                    .join(requests, (r.custom_id == g.id) & (r.job_id == job_id))
+                    .where(g.flush_id == flush.id, g.state == DeferredState.QUEUED.value, r.state.in_(TERMINAL))
+                )
+            )
+            results = [self._result(flush, row, now) for row in landed]
+            records.finish(conn, results)
+            done = not records.queued_left(conn, flush.id)
+            if done:
+                records.move_flush(conn, flush.id, FlushState.RUNNING, FlushState.DONE, done_at=now)
+        for tenant, n in Counter(row.tenant for row in landed).items():
+            gw.tenants.release_pending(tenant, n)
+        for res in results:
+            gw.metrics.finished(res["target"], res["saved_picousd"])
+        return bool(landed)
+
+    def _result(self, flush: Any, row: Any, now: float) -> dict[str, Any]:
+        body, status = result_of(flush.api, row.gid, row.client_model, row, int(now))
+        return {
+            "gid": row.gid, "target": "succeeded" if row.state == "succeeded" else "failed", "route": row.route,
+            "result": dumps(body), "result_status": status, "input_tokens": row.input_tokens,
+            "output_tokens": row.output_tokens, "saved_picousd": self._saved(flush, row), "finished_at": now,
+        }  # fmt: skip
+
+    def _saved(self, flush: Any, row: Any) -> int | None:
+        """What the request would have cost in real time on the upstream, less what it cost."""
+        if row.state != "succeeded" or row.route is None:
+            return None
+        usage = Usage(row.input_tokens or 0, row.cached_input_tokens or 0, row.cache_write_tokens or 0,
+                      row.output_tokens or 0, row.reasoning_tokens or 0)  # fmt: skip
+        target = self.gw.target(flush.api)
+        upstream = self.gw.upstream_config(flush.api)
+        price_as = (upstream.price_as if upstream is not None else None) or flush.api
+        realtime = attempt_cost(usage, row.client_model, price_as).usd
+        payload = json.loads(row.payload)
+        if target is not None and row.route == target.route:
+            ran = attempt_cost(usage, payload.get("model", row.client_model), row.route, target.route_options).usd
+        else:
+            fallback = self.gw.fallback_for(flush.api)
+            options = fallback[1] if fallback is not None else {}
+            ran = attempt_cost(usage, row.client_model, row.route, options).usd
+        if realtime is None or ran is None:
+            return None
+        return to_pico(realtime - ran)
+
+    def wake_deliveries(self) -> None:
+        loop, event = self._loop, self._deliver_wake
+        if loop is not None and event is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(event.set)
+
+    def _refresh_turnaround(self) -> None:
+        for api in list(self.turnaround):
+            target = self.gw.target(api)
+            if target is None:
+                continue
+            if self.gw.route_kinds.get(api) == "direct":  # answers at once: no batch to wait for
+                self.turnaround[api] = 0.0
+                continue
+            with self.gw.store.begin() as conn:
+                self.turnaround[api] = expected_turnaround(conn, target.route, target.expected_turnaround)

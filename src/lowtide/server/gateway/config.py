@@ -1,0 +1,273 @@
+"""The gateway's configuration: one Pydantic model (unknown keys refused), loaded from YAML
+with every problem naming the file, the line and the key, as job specs are.
+
+    upstreams:                      # where urgent requests are forwarded, as they are
+      openai:    {base_url: https://api.openai.com/v1, api_key_env: OPENAI_API_KEY,
+                  limits: {max_in_flight: 200, rpm: 5000, tpm: 2000000, threshold: 0.8}}
+      anthropic: {base_url: https://api.anthropic.com, api_key_env: ANTHROPIC_API_KEY}
+    batch:                          # where deferred requests run, as lowtide jobs
+      openai:    {route: openai-batch, models: {gpt-4o-mini: gpt-4o-mini}}
+    collector: {flush_size: 1000, flush_age: 60s}
+    rules:
+      - {match: {tenant: analytics}, action: defer, max_wait: 6h}
+      - {match: {model: "gpt-4o*", tag: nightly}, action: prefer_realtime, max_wait: 2h}
+    classifier: mypkg.policy:classify
+    tenants:
+      - {name: acme, key_sha256: 9f86d0…, quotas: {max_pending: 100000, rpm: 6000}}
+    callbacks: {allowlist: ["*.acme.com"], allow_private: false, allow_loopback: false}
+    webhooks: {secret_env: LOWTIDE_WEBHOOK_SECRET, max_attempts: 8}
+
+Keys never appear in the file: upstream keys and the webhook secret are read from the
+environment variables it names; tenant keys are given as their SHA-256 (hex).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+
+from lowtide.core.errors import SpecError
+from lowtide.core.spec import _key_lines
+
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
+
+
+def parse_duration(value: Any) -> float:
+    """Seconds from `90`, `"90s"`, `"10m"`, `"2h"`, `"1d"`; ValueError otherwise."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected a duration such as 90s, 10m, 2h or 1d; got {value!r}")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    else:
+        m = _DURATION.match(str(value))
+        if m is None:
+            raise ValueError(f"expected a duration such as 90s, 10m, 2h or 1d; got {value!r}")
+        seconds = float(m.group(1)) * _UNITS[m.group(2) or "s"]
+    if seconds < 0:
+        raise ValueError(f"a duration cannot be negative; got {value!r}")
+    return seconds
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LoadLimits(_Strict):
+    """An upstream's real-time capacity. Load is the highest of in_flight / max_in_flight,
+    requests in the last minute / rpm, tokens in the last minute / tpm, and 1.0 for
+    `cooldown_after_429` after the upstream answered 429. Above `threshold`, requests that
+    may wait but prefer real time are deferred (shaved)."""
+
+    max_in_flight: int | None = Field(None, ge=1)
+    rpm: int | None = Field(None, ge=1)
+    tpm: int | None = Field(None, ge=1)
+    threshold: float = Field(0.8, gt=0, le=10)
+    cooldown_after_429: Duration = 30.0
+
+
+class Upstream(_Strict):
+    # OpenAI: the API root as the SDK's base_url has it (…/v1); Anthropic: the host (no /v1).
+    base_url: str
+    api_key_env: str | None = None  # None: the upstream takes no key (a self-hosted server)
+    timeout: Duration = 600.0
+    max_connections: int = Field(512, ge=1)  # requests forwarded at once; more wait their turn
+    limits: LoadLimits = Field(default_factory=LoadLimits)
+    # The route whose real-time prices "money saved" is measured against (default: the API's).
+    price_as: str | None = None
+
+    @field_validator("base_url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        if not v.startswith(("http://", "https://")):
+            raise ValueError("give an http:// or https:// URL")
+        return v.rstrip("/")
+
+
+class Upstreams(_Strict):
+    openai: Upstream | None = None
+    anthropic: Upstream | None = None
+
+
+class Fallback(_Strict):
+    route: str
+    route_options: dict[str, Any] = Field(default_factory=dict)
+    model: str | None = None
+
+
+class BatchTarget(_Strict):
+    """Where one API's deferred requests run: a lowtide route (a batch route such as
+    `openai-batch`, or any route), with a model mapping and the deadline policy."""
+
+    route: str
+    route_options: dict[str, Any] = Field(default_factory=dict)
+    # Client model → model on `route`. None: every model, under its own name; a mapping:
+    # only these models are deferred, the others always go real time.
+    models: dict[str, str] | None = None
+    # Seconds a batch of `route` takes, until the store has seen enough of them to know.
+    expected_turnaround: Duration = 3600.0
+    # Seconds before a request's deadline by which it must be on its way on the fallback.
+    safety_margin: Duration = 120.0
+    # Where requests go that the batch route cannot finish before their deadline. Default:
+    # the upstream itself, through lowtide's real-time route for that API; `none` for none.
+    fallback: Fallback | Literal["none"] | None = None
+    default_max_tokens: int = Field(4096, ge=1)  # OpenAI bodies without max_tokens
+    max_attempts: int = Field(3, ge=1, le=100)
+
+
+class BatchTargets(_Strict):
+    openai: BatchTarget | None = None
+    anthropic: BatchTarget | None = None
+
+
+class Collector(_Strict):
+    flush_size: int = Field(1000, ge=1)  # a flush as soon as this many wait for one (api, model)
+    flush_age: Duration = 60.0  # ... or when the oldest has waited this long
+    max_job_requests: int = Field(50_000, ge=1)
+
+
+class RuleMatch(_Strict):
+    """Every condition given must hold. `model` is a glob; `tag` is one of the request's
+    `X-Lowtide-Tag` values; `metadata` pairs must all be in the body's `metadata`."""
+
+    tenant: str | None = None
+    model: str | None = None
+    path: str | None = None
+    tag: str | None = None
+    metadata: dict[str, str] | None = None
+
+
+class Rule(_Strict):
+    match: RuleMatch = Field(default_factory=RuleMatch)
+    action: Literal["realtime", "defer", "prefer_realtime"]
+    max_wait: Duration | None = None  # default: `default_max_wait`
+
+
+class Quotas(_Strict):
+    max_pending: int | None = Field(None, ge=0)  # deferred requests not yet finished
+    rpm: int | None = Field(None, ge=1)  # requests per minute, real time and deferred
+
+
+class Tenant(_Strict):
+    name: str = Field(pattern=r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,63}$")
+    key_sha256: str = Field(pattern=r"^[0-9a-fA-F]{64}$")
+    quotas: Quotas = Field(default_factory=Quotas)
+
+
+class Callbacks(_Strict):
+    """Which callback URLs are accepted. A host must match the allowlist (globs; empty: any
+    host), and every address it resolves to must be public unless allowed here."""
+
+    allowlist: list[str] = Field(default_factory=list)
+    allow_private: bool = False  # 10/8, 172.16/12, 192.168/16, fc00::/7, 100.64/10, …
+    allow_loopback: bool = False  # 127/8, ::1
+    allow_link_local: bool = False  # 169.254/16 (cloud metadata), fe80::/10
+    schemes: list[Literal["http", "https"]] = Field(default_factory=lambda: ["https", "http"])
+
+
+class Webhooks(_Strict):
+    secret_env: str = "LOWTIDE_WEBHOOK_SECRET"
+    max_attempts: int = Field(8, ge=1, le=100)  # then the delivery is dead (dead letter)
+    backoff: Duration = 2.0  # seconds before the 2nd attempt; doubled each time, ±20 %
+    max_backoff: Duration = 600.0
+    timeout: Duration = 10.0
+    concurrency: int = Field(32, ge=1)
+
+
+class GatewayConfig(_Strict):
+    db: str | None = None  # default: `lowtide --db`, LOWTIDE_DB, ./lowtide.db
+    data_dir: str = "lowtide-gateway"  # the flushes' source files
+    public_url: str | None = None  # how clients reach the gateway (status URLs); default: as called
+    upstreams: Upstreams = Field(default_factory=Upstreams)
+    batch: BatchTargets = Field(default_factory=BatchTargets)
+    collector: Collector = Field(default_factory=Collector)
+    rules: list[Rule] = Field(default_factory=list)
+    classifier: str | None = Field(None, pattern=r"^[\w.]+:[\w.]+$")  # "module:function"
+    default_max_wait: Duration = 86400.0
+    tenants: list[Tenant] = Field(default_factory=list)  # none: any key, one tenant "default"
+    callbacks: Callbacks = Field(default_factory=Callbacks)
+    webhooks: Webhooks = Field(default_factory=Webhooks)
+    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
+    base_dir: str = "."  # relative paths are resolved against it (the config file's folder)
+
+    def resolve(self, path: str) -> Path:
+        p = Path(path).expanduser()
+        return p if p.is_absolute() else Path(self.base_dir) / p
+
+
+def load_gateway_config(path: str | Path) -> GatewayConfig:
+    """Read a gateway config file; every problem names the file, line and key."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as err:
+        raise SpecError(f"{path}: cannot read the gateway config ({err.strerror or err})") from None
+    try:
+        node = yaml.compose(text)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise SpecError(f"{path}{where}: not valid YAML ({getattr(err, 'problem', err)})") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise SpecError(f"{path}: a gateway config is a YAML mapping with keys such as upstreams, batch, tenants")
+    data.setdefault("base_dir", str(path.parent.resolve()))
+    try:
+        lines = _key_lines(node)
+    except SpecError as err:
+        raise SpecError(f"{path} {err}") from None
+    return build_gateway_config(data, where=str(path), lines=lines)
+
+
+def build_gateway_config(data: dict[str, Any], where: str = "gateway config", lines: dict | None = None) -> GatewayConfig:
+    try:
+        return GatewayConfig.model_validate(data)
+    except ValidationError as err:
+        problems = [_describe(e, where, lines or {}) for e in err.errors()]
+        raise SpecError.from_problems(f"{where}: invalid gateway config", problems) from None
+
+
+def _describe(error: Any, where: str, lines: dict) -> str:
+    loc = tuple(str(p) for p in error["loc"])
+    field = ".".join(loc) or "(top level)"
+    line = lines.get(loc) or lines.get(loc[:-1])
+    at = f"{where} line {line}" if line else where
+    if error["type"] == "extra_forbidden":
+        return f"{at}: unknown key `{field}`; known keys here: {', '.join(_known_keys(loc[:-1]))}"
+    if error["type"] == "missing":
+        return f"{at}: `{field}` is required"
+    return f"{at}: `{field}`: {error['msg'].removeprefix('Value error, ')}"
+
+
+def _known_keys(loc: tuple[str, ...]) -> list[str]:
+    """The keys allowed at `loc` (list indexes and union members are looked through)."""
+    model: Any = GatewayConfig
+    for part in loc:
+        if part.isdigit():
+            continue
+        field = model.model_fields.get(part) if isinstance(model, type) and issubclass(model, BaseModel) else None
+        if field is None:
+            return []
+        model = _model_in(field.annotation)
+        if model is None:
+            return []
+    return [k for k in model.model_fields if k != "base_dir"]
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None

@@ -1,0 +1,315 @@
+"""The gateway's endpoints.
+
+    POST /v1/chat/completions, POST /v1/messages   decide, then forward or defer
+    GET  /v1/deferred/{id}                          a deferred request's status (its tenant's only)
+    GET  /v1/deferred?limit=&after=                 the tenant's deferred requests, newest first
+    GET  /metrics                                   Prometheus text
+    GET  /healthz
+    *    /v1/…  (anything else)                     forwarded to the upstream as it is
+
+A deferrable request is deferred only if its API has a batch target, the target takes its
+model, and its body is one a batch can carry (plain-text chat; shape.py). Otherwise it goes
+real time and the answer's `X-Lowtide-Decision: realtime` says so (`X-Lowtide-Reason`).
+A request that prefers real time and meets a 429 from the upstream is shaved rather than
+answered 429.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+
+from lowtide.server.errors import ApiError, api_of
+from lowtide.server.gateway import records, shape
+from lowtide.server.gateway.context import Gateway
+from lowtide.server.gateway.policy import PolicyError, RequestInfo, Verdict, tags_of
+from lowtide.server.gateway.safety import CallbackRefused, check_callback
+from lowtide.server.gateway.tenants import CLIENT_HEADERS, QuotaExceeded
+from lowtide.server.gateway.views import deferred_view, status_url
+
+log = logging.getLogger("lowtide.gateway")
+router = APIRouter()
+_loads = json.JSONDecoder().decode
+
+
+def _gw(request: Request) -> Gateway:
+    return request.app.state.gateway
+
+
+def _tenant(gw: Gateway, request: Request, api: str) -> str:
+    tenant = gw.tenants.identify(request.headers)
+    if tenant is None:
+        gw.metrics.refuse(api, "auth")
+        if api == "anthropic":
+            raise ApiError(401, "invalid x-api-key", type="authentication_error")
+        raise ApiError(401, "Incorrect API key provided.", type="invalid_request_error", code="invalid_api_key")
+    if gw.seen_url is None:
+        gw.seen_url = str(request.base_url).rstrip("/")
+    return tenant
+
+
+def _admit(gw: Gateway, tenant: str, api: str) -> None:
+    try:
+        gw.tenants.admit(tenant)
+    except QuotaExceeded as err:
+        gw.metrics.refuse(api, "quota")
+        raise ApiError(429, str(err), headers={"retry-after": str(max(1, int(err.retry_after + 0.999)))}) from None
+
+
+async def _body(gw: Gateway, request: Request, api: str) -> bytes:
+    limit = gw.config.max_body_bytes
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        gw.metrics.refuse(api, "size")
+        raise ApiError(413, f"the request body is over the gateway's limit of {limit} bytes", type="request_too_large")
+    data = bytearray()
+    async for chunk in request.stream():
+        data += chunk
+        if len(data) > limit:
+            gw.metrics.refuse(api, "size")
+            raise ApiError(413, f"the request body is over the gateway's limit of {limit} bytes", type="request_too_large")
+    return bytes(data)
+
+
+# The two hot endpoints are served by `hot_path` below, ahead of FastAPI's routing and
+# middleware (which cost more than the rest of a deferred request's handling); these
+# registrations are what an app without that fast path would use.
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request) -> Response:
+    return await handle(_gw(request), request, "openai")
+
+
+@router.post("/v1/messages")
+async def messages(request: Request) -> Response:
+    return await handle(_gw(request), request, "anthropic")
+
+
+HOT = {("POST", "/v1/chat/completions"): "openai", ("POST", "/v1/messages"): "anthropic"}
+
+
+def hot_path(gw: Gateway, app: Any) -> Any:
+    """An ASGI app: `POST /v1/chat/completions` and `/v1/messages` straight to `handle`,
+    every other call (and the lifespan) to the FastAPI `app`."""
+
+    async def asgi(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        api = HOT.get((scope.get("method"), scope.get("path"))) if scope["type"] == "http" else None
+        if api is None:
+            await app(scope, receive, send)
+            return
+        try:
+            response = await handle(gw, Request(scope, receive), api)
+        except ApiError as err:
+            response = err.response(api)
+        except Exception as err:  # the body is not logged: it holds the prompt
+            log.exception("gateway: %s %s failed: %s", scope["method"], scope["path"], type(err).__name__)
+            response = ApiError(500, "The gateway had an error while processing your request.").response(api)
+        await response(scope, receive, send)
+
+    return asgi
+
+
+async def handle(gw: Gateway, request: Request, api: str) -> Response:
+    tenant = _tenant(gw, request, api)
+    _admit(gw, tenant, api)
+    raw = await _body(gw, request, api)
+    try:
+        body = _loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        gw.metrics.refuse(api, "invalid")
+        raise ApiError(400, "We could not parse the JSON body of your request.") from None
+    if not isinstance(body, dict):
+        gw.metrics.refuse(api, "invalid")
+        raise ApiError(400, "The request body must be a JSON object.")
+    headers = request.headers
+    model = body.get("model") if isinstance(body.get("model"), str) else ""
+    info = RequestInfo(tenant, api, request.url.path, model, body, _visible(headers), tags_of(headers))
+    try:
+        verdict = gw.policy.decide(info)
+    except PolicyError as err:
+        gw.metrics.refuse(api, "invalid")
+        raise ApiError(400, str(err)) from None
+    row: dict[str, Any] | str = "realtime by policy"
+    if verdict.mode != "realtime":
+        row = _batchable(gw, api, model, body)
+        if isinstance(row, dict):
+            load = gw.loads.get(api)
+            if verdict.mode == "defer":
+                return await _defer(gw, request, api, tenant, model, row, verdict, "deferred")
+            if load is not None and load.overloaded():
+                return await _defer(gw, request, api, tenant, model, row, verdict, "shaved")
+    return await _forward(gw, request, api, tenant, model, raw, body, verdict, row)
+
+
+def _visible(headers: Any) -> dict[str, str]:
+    return {k: v for k, v in headers.items() if k not in CLIENT_HEADERS}
+
+
+def _batchable(gw: Gateway, api: str, model: str, body: dict[str, Any]) -> dict[str, Any] | str:
+    """The source row if this request can be deferred, else why not."""
+    target = gw.target(api)
+    if target is None:
+        return f"no batch target for the {api} API"
+    if target.models is not None and model not in target.models:
+        return f"model {model!r} is not in batch.{api}.models"
+    return shape.to_row(api, body, target.default_max_tokens)
+
+
+async def _forward(gw: Gateway, request: Request, api: str, tenant: str, model: str, raw: bytes,
+                   body: dict[str, Any], verdict: Verdict, row: dict[str, Any] | str) -> Response:  # fmt: skip
+    upstream = gw.upstreams.get(api)
+    if upstream is None:
+        raise ApiError(503, f"the gateway has no upstream for the {api} API (upstreams.{api})")
+    load = gw.loads[api]
+    load.started(len(raw) // 4 + _max_tokens(body))
+    finished = False
+
+    def done(status: int | None) -> None:
+        nonlocal finished
+        if not finished:
+            finished = True
+            load.finished(status)
+
+    extra = {"x-lowtide-decision": "realtime"}
+    if isinstance(row, str) and verdict.mode != "realtime":
+        extra["x-lowtide-reason"] = row[:200]
+    response = await upstream.forward("POST", request.url.path, request.url.query, request.headers, raw, done, extra)
+    if response.status_code == 429 and verdict.mode == "prefer_realtime" and isinstance(row, dict):
+        await _discard(response)
+        return await _defer(gw, request, api, tenant, model, row, verdict, "shaved")
+    gw.metrics.decided(api, "realtime")
+    log.debug("gateway: %s %s tenant=%s model=%s → realtime %d", api, request.url.path, tenant, model, response.status_code)
+    return response
+
+
+async def _discard(response: Response) -> None:
+    iterator = getattr(response, "body_iterator", None)
+    if iterator is not None:
+        await iterator.aclose()
+
+
+def _max_tokens(body: dict[str, Any]) -> int:
+    asked = body.get("max_completion_tokens", body.get("max_tokens"))
+    return asked if isinstance(asked, int) and not isinstance(asked, bool) and asked > 0 else 0
+
+
+async def _defer(gw: Gateway, request: Request, api: str, tenant: str, model: str, row: dict[str, Any],
+                 verdict: Verdict, decision: str) -> Response:  # fmt: skip
+    callback = request.headers.get("x-lowtide-callback")
+    if callback:
+        if gw.secret is None:
+            gw.metrics.refuse(api, "callback")
+            raise ApiError(400, f"X-Lowtide-Callback: webhooks are off on this gateway ({gw.config.webhooks.secret_env} is not set)")
+        try:
+            await check_callback(callback, gw.config.callbacks)
+        except CallbackRefused as err:
+            gw.metrics.refuse(api, "callback")
+            raise ApiError(400, f"X-Lowtide-Callback: {err}") from None
+    try:
+        gw.tenants.reserve_pending(tenant)
+    except QuotaExceeded as err:
+        gw.metrics.refuse(api, "quota")
+        raise ApiError(429, str(err), headers={"retry-after": str(int(err.retry_after))}) from None
+    now = gw.clock.now()
+    deadline = now + gw.policy.max_wait(verdict)
+    expected, urgent = gw.expected_completion(api, now, deadline)
+    gid = records.new_deferred_id()
+    values = records.accepted_row(id=gid, tenant=tenant, api=api, model=model, payload=shape.dumps(row), decision=decision,
+                                  callback_url=callback or None, accepted_at=now, deadline_at=deadline, expected_at=expected)  # fmt: skip
+    assert gw.writer is not None
+    try:
+        await gw.writer.write(values)
+    except Exception:
+        gw.tenants.release_pending(tenant)
+        raise ApiError(503, "the gateway could not store the request; try again", headers={"retry-after": "1"}) from None
+    if urgent and gw.collector is not None:
+        gw.collector.wake()
+    gw.metrics.decided(api, decision)
+    log.debug("gateway: %s tenant=%s model=%s → %s %s", api, tenant, model, decision, gid)
+    url = status_url(gw.public_url(), gid)
+    answer = {"id": gid, "object": "lowtide.deferred", "status": "accepted", "decision": decision, "status_url": url,
+              "created_at": now, "deadline_at": deadline, "expected_completion_at": expected}  # fmt: skip
+    return JSONResponse(answer, status_code=202, headers={"location": url, "x-lowtide-decision": decision})
+
+
+def committed(gw: Gateway) -> Callable[[int], None]:
+    """The writer's hook: wake the collector once a flush's worth has arrived."""
+    pending = 0
+    size = gw.config.collector.flush_size
+
+    def on_commit(n: int) -> None:
+        nonlocal pending
+        pending += n
+        if (pending >= size or gw.config.collector.flush_age == 0) and gw.collector is not None:
+            pending = 0
+            gw.collector.wake()
+
+    return on_commit
+
+
+# Status -------------------------------------------------------------------------------
+@router.get("/v1/deferred/{gid}")
+async def get_deferred(gid: str, request: Request) -> JSONResponse:
+    gw = _gw(request)
+    tenant = _tenant(gw, request, "openai")
+    row = await asyncio.to_thread(_read, gw, gid)
+    if row is None or row.tenant != tenant:  # another tenant's id is as unknown as a wrong one
+        raise ApiError(404, f"No deferred request found with id '{gid}'.")
+    return JSONResponse(deferred_view(row, gw.public_url()))
+
+
+def _read(gw: Gateway, gid: str) -> Any:
+    with gw.store.begin() as conn:
+        return records.get_deferred(conn, gid)
+
+
+@router.get("/v1/deferred")
+async def list_deferred(request: Request, limit: int = 20, after: str | None = None) -> JSONResponse:
+    gw = _gw(request)
+    tenant = _tenant(gw, request, "openai")
+    limit = max(1, min(limit, 100))
+
+    def read() -> list[Any]:
+        with gw.store.begin() as conn:
+            return records.list_deferred(conn, tenant, limit + 1, after)
+
+    rows = await asyncio.to_thread(read)
+    data = [deferred_view(r, gw.public_url()) for r in rows[:limit]]
+    return JSONResponse({"object": "list", "data": data, "has_more": len(rows) > limit,
+                         "first_id": data[0]["id"] if data else None, "last_id": data[-1]["id"] if data else None})  # fmt: skip
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> PlainTextResponse:
+    gw = _gw(request)
+
+    def read() -> dict[str, Any]:
+        with gw.store.begin() as conn:
+            return records.summary(conn)
+
+    summary = await asyncio.to_thread(read)
+    return PlainTextResponse(gw.metrics.render(summary, gw.loads), media_type="text/plain; version=0.0.4")
+
+
+@router.get("/healthz")
+async def healthz() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@router.api_route("/v1/{rest:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
+async def passthrough(rest: str, request: Request) -> Response:
+    """Any other API call (models, embeddings, token counting, …) goes to the upstream as it is."""
+    gw = _gw(request)
+    api = api_of(request.url.path)
+    tenant = _tenant(gw, request, api)
+    _admit(gw, tenant, api)
+    upstream = gw.upstreams.get(api)
+    if upstream is None:
+        raise ApiError(404, f"Unknown path {request.method} {request.url.path}")
+    raw = await _body(gw, request, api)
+    return await upstream.forward(request.method, request.url.path, request.url.query, request.headers, raw, lambda status: None)

@@ -1,0 +1,126 @@
+"""Real-time passthrough: the client's request, forwarded as it is, to the upstream.
+
+A proxy forwards bytes; it does not rebuild requests. So this is one `httpx.AsyncClient`
+per upstream (a connection pool of `max_connections`, shared by every request) rather than the provider SDKs that lowtide's routes
+use: the raw body goes up unchanged, the upstream's status, headers and body come back
+unchanged, and a streamed answer (Server-Sent Events) is passed on chunk by chunk as it
+arrives. Only the credentials change: the client's gateway key (`Authorization`,
+`x-api-key`) is dropped and the upstream's key, from the environment variable the config
+names, is set in the header that API uses. Hop-by-hop headers and lowtide's own
+`X-Lowtide-*` headers are not forwarded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator, Callable, Mapping
+
+import httpx
+from starlette.responses import Response, StreamingResponse
+
+from lowtide.server.errors import ApiError
+from lowtide.server.gateway.config import Upstream
+
+HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
+                        "trailers", "transfer-encoding", "upgrade", "host", "content-length"})  # fmt: skip
+CLIENT_AUTH = frozenset({"authorization", "x-api-key"})
+OWN = frozenset({"date", "server"})  # the gateway's server sets its own
+
+
+class UpstreamClient:
+    """One upstream (an API's base URL and key) over the shared client."""
+
+    def __init__(self, api: str, config: Upstream, client: httpx.AsyncClient):
+        self.api = api
+        self.config = config
+        self.client = client
+        key = os.environ.get(config.api_key_env) if config.api_key_env else None
+        if config.api_key_env and not key:
+            raise ValueError(f"upstreams.{api}.api_key_env: the environment variable {config.api_key_env} is not set")
+        if key is None:
+            self._auth: dict[str, str] = {}
+        elif api == "anthropic":
+            self._auth = {"x-api-key": key}
+        else:
+            self._auth = {"authorization": f"Bearer {key}"}
+        self.timeout = httpx.Timeout(config.timeout, connect=min(config.timeout, 10.0))
+        # At most this many requests reach httpx's pool at once: its bookkeeping grows with
+        # the square of what it holds, so the rest wait here, in a plain FIFO.
+        self.gate = asyncio.Semaphore(config.max_connections)
+
+    def url(self, path: str) -> str:
+        """`/v1/chat/completions` → `<base_url>/chat/completions` for OpenAI (whose base URL
+        ends in /v1, as the SDK's does); Anthropic's base URL is the host: path kept."""
+        if self.api == "openai" and path.startswith("/v1/"):
+            return self.config.base_url + path[3:]
+        return self.config.base_url + path
+
+    def headers(self, incoming: Mapping[str, str]) -> list[tuple[str, str]]:
+        out = [(k, v) for k, v in incoming.items() if k not in HOP_BY_HOP and k not in CLIENT_AUTH and not k.startswith("x-lowtide-")]
+        out.extend(self._auth.items())
+        return out
+
+    async def forward(
+        self, method: str, path: str, query: str, headers: Mapping[str, str], body: bytes,
+        done: Callable[[int | None], None], extra: Mapping[str, str] | None = None,
+    ) -> Response:  # fmt: skip
+        """Send and answer with the upstream's own response; `done(status)` is called once
+        the answer is over (streamed or not; None if the upstream could not be reached)."""
+        url = self.url(path) + (f"?{query}" if query else "")
+        request = self.client.build_request(method, url, headers=self.headers(headers), content=body, timeout=self.timeout)
+        await self.gate.acquire()
+        released = False
+        report = done
+
+        def finished(status: int | None) -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self.gate.release()
+                report(status)
+
+        try:
+            upstream = await self.client.send(request, stream=True)
+        except BaseException as err:
+            finished(None)
+            if isinstance(err, httpx.HTTPError):
+                raise ApiError(502, f"the upstream could not be reached ({type(err).__name__})", type="api_error") from None
+            raise
+        done = finished
+        out_headers = [(k, v) for k, v in upstream.headers.multi_items() if k.lower() not in HOP_BY_HOP and k.lower() not in OWN]
+        out_headers.extend((extra or {}).items())
+        if upstream.headers.get("content-type", "").startswith("text/event-stream"):
+            return _Streamed(_relay(upstream, done), upstream.status_code, out_headers)
+        try:
+            content = await upstream.aread()
+        except httpx.HTTPError as err:
+            done(None)
+            raise ApiError(502, f"the upstream's answer broke off ({type(err).__name__})", type="api_error") from None
+        finally:
+            await upstream.aclose()
+        done(upstream.status_code)
+        response = Response(content, status_code=upstream.status_code)
+        response.raw_headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in out_headers] + [
+            (b"content-length", str(len(content)).encode())
+        ]
+        return response
+
+
+async def _relay(upstream: httpx.Response, done: Callable[[int | None], None]) -> AsyncIterator[bytes]:
+    """The upstream's bytes as they come; closed (and counted done) however the stream ends,
+    a client that goes away included."""
+    try:
+        async for chunk in upstream.aiter_raw():
+            yield chunk
+    finally:
+        await upstream.aclose()
+        done(upstream.status_code)
+
+
+class _Streamed(StreamingResponse):
+    """A StreamingResponse whose headers are exactly the upstream's (no media type added)."""
+
+    def __init__(self, content: AsyncIterator[bytes], status: int, headers: list[tuple[str, str]]):
+        super().__init__(content, status_code=status)
+        self.raw_headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers]

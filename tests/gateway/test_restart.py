@@ -1,0 +1,70 @@
+"""A gateway restarted with deferred requests pending — some not flushed yet, some in
+batches in flight — loses none and delivers none twice. And a deadline the batch route
+cannot meet is served by the real-time route instead."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from sqlalchemy import select
+
+from lowtide.store.db import Store
+from lowtide.store.gateway_schema import gateway_flushes, gateway_requests
+
+from .conftest import UPSTREAM_KEY, base_config, running_gateway, wait_until
+
+CHAT = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "n"}]}
+
+
+def _rows(tmp_path):
+    with Store(str(tmp_path / "lowtide.db")) as store, store.begin() as conn:
+        return list(conn.execute(select(gateway_requests))), list(conn.execute(select(gateway_flushes)))
+
+
+def test_a_restart_with_deferred_requests_pending_loses_nothing_and_delivers_nothing_twice(tmp_path, upstream, receiver):
+    batch = {"openai": {"route": "echo-batch", "route_options": {"dir": str(tmp_path / "provider"), "polls_to_complete": 2},
+                        "expected_turnaround": 1}}
+    hold = base_config(tmp_path, upstream, batch=batch, collector={"flush_size": 10, "flush_age": 3600})
+    ids = []
+    with running_gateway(tmp_path, hold) as g, g.client() as c:
+        for i in range(25):
+            body = {**CHAT, "messages": [{"role": "user", "content": f"request {i}"}]}
+            r = c.post("/v1/chat/completions", json=body, headers={"X-Lowtide-Defer": "1h", "X-Lowtide-Callback": f"{receiver.url}/hook"})
+            assert r.status_code == 202
+            ids.append(r.json()["id"])
+        # Two flushes of 10 go out as batches; 5 requests wait for a third.
+        wait_until(lambda: sum(f.state == "running" for f in _rows(tmp_path)[1]) == 2, what="two flushes running")
+    rows, flushes = _rows(tmp_path)
+    assert Counter(r.state for r in rows) == {"queued": 20, "accepted": 5}
+    assert receiver.deliveries == []  # the batches were still in flight
+
+    go = base_config(tmp_path, upstream, batch=batch, collector={"flush_size": 10, "flush_age": 0})
+    with running_gateway(tmp_path, go) as g:
+        wait_until(lambda: len(receiver.deliveries) >= 25, timeout=60, what="every webhook")
+        wait_until(lambda: all(r.delivery == "delivered" for r in _rows(tmp_path)[0]), what="every delivery recorded")
+        with g.client() as c:
+            for i, gid in enumerate(ids):
+                status = c.get(f"/v1/deferred/{gid}").json()
+                assert status["status"] == "succeeded"
+                assert status["response"]["choices"][0]["message"]["content"] == f"request {i}"
+    delivered = Counter(d["headers"]["x-lowtide-delivery"] for d in receiver.deliveries)
+    assert set(delivered) == set(ids) and set(delivered.values()) == {1}  # each once
+    rows, flushes = _rows(tmp_path)
+    assert len(rows) == 25 and {f.state for f in flushes} == {"done"} and len(flushes) == 3
+    assert {r.route for r in rows} == {"echo-batch"}
+
+
+def test_a_deadline_the_batch_route_cannot_meet_is_served_in_real_time(tmp_path, upstream, gateway):
+    # The batch route takes an hour (as far as the store knows); the client can wait 10 minutes.
+    batch = {"openai": {"route": "echo-batch", "route_options": {"dir": str(tmp_path / "provider")},
+                        "expected_turnaround": "1h", "safety_margin": "2m"}}
+    with gateway(batch=batch, collector={"flush_age": "5m", "flush_size": 1000}) as g, g.client() as c:
+        r = c.post("/v1/chat/completions", json=CHAT, headers={"X-Lowtide-Defer": "10m"})
+        assert r.status_code == 202
+        accepted = r.json()
+        assert accepted["expected_completion_at"] <= accepted["deadline_at"]
+        done = g.wait_done(accepted["id"])
+    assert done["status"] == "succeeded" and done["route"] == "openai"  # lowtide's real-time route, to the upstream
+    assert done["response"]["choices"][0]["message"]["content"] == "upstream: n"
+    assert upstream.calls[-1]["headers"]["authorization"] == f"Bearer {UPSTREAM_KEY}"
+    assert not list((tmp_path / "provider").glob("*/meta.json"))  # no batch was ever sent

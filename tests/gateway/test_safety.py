@@ -1,0 +1,94 @@
+"""Safety: callback URLs refused for loopback, link-local and private addresses (host names
+resolving there too) unless allowed; an allowlist; a request size limit; nothing secret or
+prompt-like in the logs."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+
+import pytest
+
+from lowtide.server.gateway.config import Callbacks
+from lowtide.server.gateway.safety import CallbackRefused, check_callback
+
+from .conftest import KEYS, SECRET, UPSTREAM_KEY, wait_until
+
+CHAT = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "PROMPT-SHOULD-NOT-BE-LOGGED"}]}
+
+
+def _with_callback(c, url):
+    return c.post("/v1/chat/completions", json=CHAT, headers={"X-Lowtide-Defer": "1h", "X-Lowtide-Callback": url})
+
+
+def test_loopback_private_and_link_local_callbacks_are_refused_by_default(gateway, receiver):
+    with gateway(callbacks={"allow_loopback": False}) as g, g.client() as c:
+        for url in (f"{receiver.url}/hook", "http://localhost:9/hook", "http://10.1.2.3/hook", "http://192.168.0.7/hook",
+                    "http://169.254.169.254/latest/meta-data", "http://[::1]:9/hook", "http://[fe80::1]/x",
+                    "http://0.0.0.0/x", "http://100.64.0.1/x", "http://[::ffff:127.0.0.1]/x"):
+            r = _with_callback(c, url)
+            assert r.status_code == 400, url
+            assert "X-Lowtide-Callback" in r.json()["error"]["message"]
+        assert c.get("/v1/deferred").json()["data"] == []  # nothing was stored
+    assert receiver.deliveries == []
+
+
+def test_loopback_is_allowed_only_when_the_config_says_so(gateway, receiver):
+    with gateway(callbacks={"allow_loopback": True}) as g, g.client() as c:
+        assert _with_callback(c, f"{receiver.url}/hook").status_code == 202
+        assert _with_callback(c, "http://10.1.2.3/hook").status_code == 400  # private is still refused
+        wait_until(lambda: receiver.deliveries, what="the webhook")
+
+
+def test_allowlist_scheme_and_credentials(gateway, receiver):
+    with gateway(callbacks={"allow_loopback": True, "allowlist": ["hooks.example.com"]}) as g, g.client() as c:
+        assert "allowlist" in _with_callback(c, f"{receiver.url}/hook").json()["error"]["message"]
+        assert "scheme" in _with_callback(c, "ftp://hooks.example.com/x").json()["error"]["message"]
+        assert "credentials" in _with_callback(c, "https://u:p@hooks.example.com/x").json()["error"]["message"]
+
+
+@pytest.mark.parametrize("address, refused", [("10.0.0.8", True), ("172.20.1.1", True), ("127.0.0.1", True),
+                                              ("169.254.169.254", True), ("fd00::1", True), ("93.184.216.34", False)])
+def test_a_host_name_is_checked_by_every_address_it_resolves_to(monkeypatch, address, refused):
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+
+    def resolve(host, port, *args, **kwargs):  # the DNS answer for a name we own (no network in tests)
+        assert host == "hooks.internal.example"
+        public = (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("93.184.216.34", port))
+        return [public, (family, socket.SOCK_STREAM, 6, "", (address, port))]
+
+    monkeypatch.setattr(socket, "getaddrinfo", resolve)
+    check = check_callback("https://hooks.internal.example/cb", Callbacks())
+    if refused:
+        with pytest.raises(CallbackRefused, match="resolves to"):
+            asyncio.run(check)
+    else:
+        asyncio.run(check)
+
+
+def test_a_body_over_the_size_limit_is_refused_in_each_apis_shape(gateway, upstream):
+    big = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "x" * 5000}]}
+    with gateway(max_body_bytes=4096) as g, g.client() as c:
+        openai_style = c.post("/v1/chat/completions", json=big)
+        anthropic_style = c.post("/v1/messages", json=big)
+        chunked = c.post("/v1/chat/completions", content=iter([b"{" + b" " * 3000, b" " * 3000 + b"}"]))
+        fine = c.post("/v1/chat/completions", json=CHAT)
+    assert openai_style.status_code == 413 and "4096" in openai_style.json()["error"]["message"]
+    assert anthropic_style.status_code == 413 and anthropic_style.json()["error"]["type"] == "request_too_large"
+    assert chunked.status_code == 413
+    assert fine.status_code == 200 and len(upstream.calls) == 1
+
+
+def test_no_key_secret_or_prompt_in_the_logs(gateway, receiver, caplog):
+    caplog.set_level(logging.DEBUG, logger="lowtide")
+    caplog.set_level(logging.INFO)
+    with gateway() as g, g.client() as c:
+        gid = _with_callback(c, f"{receiver.url}/hook?token=CALLBACK-TOKEN").json()["id"]
+        c.post("/v1/chat/completions", json=CHAT)
+        c.post("/v1/chat/completions", json=CHAT, headers={"authorization": "Bearer WRONG-KEY-XYZ"})
+        g.wait_done(gid)
+        wait_until(lambda: receiver.deliveries, what="the webhook")
+    assert "gateway" in caplog.text  # it did log (flushes, warnings) ...
+    for secret in (*KEYS.values(), UPSTREAM_KEY, SECRET, "WRONG-KEY-XYZ", "PROMPT-SHOULD-NOT-BE-LOGGED", "CALLBACK-TOKEN"):
+        assert secret not in caplog.text  # ... but none of these
