@@ -23,8 +23,9 @@ from typing import Any, Literal
 import anthropic
 
 from lowtide.core.errors import BatchRejected, RouteError
-from lowtide.core.types import ChatRequest, Outcome, Usage
+from lowtide.core.types import ChatRequest, Outcome
 from lowtide.routes._provider import RETRYABLE_CODES, api_key, check_options, poll_interval
+from lowtide.routes._wire import anthropic_params, anthropic_text, anthropic_usage
 from lowtide.routes.base import BatchLimits, BatchStatus
 
 log = logging.getLogger(__name__)
@@ -35,21 +36,7 @@ OPTIONS = {"base_url", "api_key_env", "max_requests", "max_bytes", "poll_interva
 
 def batch_request(request: ChatRequest, cache_prefix: bool) -> dict[str, Any]:
     """One entry of `requests` in a create call: system apart, as Anthropic wants it."""
-    system = "\n\n".join(m["content"] for m in request.messages if m["role"] == "system")
-    params: dict[str, Any] = {
-        "model": request.model,
-        "max_tokens": request.max_tokens,
-        "temperature": request.temperature,
-        "messages": [m for m in request.messages if m["role"] != "system"],
-    }
-    if system:
-        block: dict[str, Any] = {"type": "text", "text": system}
-        if cache_prefix:
-            block["cache_control"] = {"type": "ephemeral", "ttl": "1h"}
-        params["system"] = [block]
-    if request.stop:
-        params["stop_sequences"] = request.stop
-    return {"custom_id": request.custom_id, "params": params}
+    return {"custom_id": request.custom_id, "params": anthropic_params(request, "1h" if cache_prefix else None)}
 
 
 def parse_result(custom_id: str, result: Any) -> Outcome:
@@ -58,19 +45,12 @@ def parse_result(custom_id: str, result: Any) -> Outcome:
     kind = data.get("type")
     if kind == "succeeded":
         message = data["message"]
-        usage = message.get("usage") or {}
-        text = "".join(b.get("text", "") for b in message.get("content", []) if b.get("type") == "text")
         return Outcome(
             custom_id,
             True,
-            text=text,
+            text=anthropic_text(message),
             finish_reason=message.get("stop_reason"),
-            usage=Usage(
-                input_tokens=usage.get("input_tokens") or 0,
-                cached_input_tokens=usage.get("cache_read_input_tokens") or 0,
-                cache_write_tokens=usage.get("cache_creation_input_tokens") or 0,
-                output_tokens=usage.get("output_tokens") or 0,
-            ),
+            usage=anthropic_usage(message.get("usage")),
         )
     if kind == "errored":
         error = (data.get("error") or {}).get("error") or {}

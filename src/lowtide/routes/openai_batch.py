@@ -22,7 +22,7 @@ from typing import Any, Literal
 import openai
 
 from lowtide.core.errors import BatchRejected, RouteError
-from lowtide.core.types import ChatRequest, Outcome, Usage
+from lowtide.core.types import ChatRequest, Outcome
 from lowtide.routes._provider import (
     RETRYABLE_CODES,
     api_key,
@@ -30,6 +30,7 @@ from lowtide.routes._provider import (
     poll_interval,
     retryable_status,
 )
+from lowtide.routes._wire import openai_body, openai_usage
 from lowtide.routes.base import BatchLimits, BatchStatus
 
 log = logging.getLogger(__name__)
@@ -43,20 +44,7 @@ METADATA_KEY = "lowtide_key"
 
 def request_line(request: ChatRequest) -> dict[str, Any]:
     """One input line of an OpenAI batch file."""
-    body: dict[str, Any] = {
-        "model": request.model,
-        "messages": request.messages,
-        "max_tokens": request.max_tokens,
-        "temperature": request.temperature,
-    }
-    if request.stop:
-        body["stop"] = request.stop
-    if request.response_schema is not None:
-        body["response_format"] = {
-            "type": "json_schema",
-            "json_schema": {"name": "output", "schema": request.response_schema},
-        }
-    return {"custom_id": request.custom_id, "method": "POST", "url": ENDPOINT, "body": body}
+    return {"custom_id": request.custom_id, "method": "POST", "url": ENDPOINT, "body": openai_body(request)}
 
 
 def parse_result_line(line: dict[str, Any]) -> Outcome:
@@ -66,18 +54,12 @@ def parse_result_line(line: dict[str, Any]) -> Outcome:
     if response is not None and response.get("status_code", 500) < 400:
         body = response["body"]
         choice = body["choices"][0]
-        usage = body.get("usage") or {}
         return Outcome(
             cid,
             True,
             text=choice["message"].get("content") or "",
             finish_reason=choice.get("finish_reason"),
-            usage=Usage(
-                input_tokens=usage.get("prompt_tokens", 0),
-                cached_input_tokens=(usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0),
-                output_tokens=usage.get("completion_tokens", 0),
-                reasoning_tokens=(usage.get("completion_tokens_details") or {}).get("reasoning_tokens", 0),
-            ),
+            usage=openai_usage(body.get("usage")),
         )
     if response is not None:
         status = response.get("status_code", 500)

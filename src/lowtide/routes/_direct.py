@@ -1,0 +1,326 @@
+"""What the real-time routes share: a pool that keeps requests in flight, retries in the
+route, rate limits, and SDK errors turned into outcomes at the edge.
+
+A route built on `PooledRoute` only says how one request is sent (`send`: return an
+`Outcome`, or raise `CallFailed`). The pool does the rest, for the whole `execute` call:
+
+- a fixed set of worker coroutines pulls requests from the list, each with at most one in
+  flight; there are as many workers as the controller's `limit` (grown and shrunk as it
+  moves, see `_adaptive.py`), not one task per request;
+- before each send a worker waits out a Retry-After pause (global to the route) and the
+  `rpm` / `tpm` token buckets (`_ratelimit.py`);
+- a retryable failure (429, 408, 409, 5xx, timeout, dropped connection) is sent again up to
+  `max_retries` times, after the Retry-After the server asked for, or else after an
+  exponential backoff with jitter; then it becomes a retryable `Outcome`, and the engine's
+  retry policy takes over. Anything else becomes a non-retryable `Outcome` at once;
+- outcomes are yielded in the order they finish.
+
+The API key never appears in an outcome: messages are scrubbed of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import importlib
+import math
+import random
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from types import ModuleType
+from typing import Any, Literal
+
+from lowtide.core.errors import RouteError
+from lowtide.core.types import ChatRequest, Outcome
+from lowtide.routes._adaptive import Controller
+from lowtide.routes._provider import retryable_status
+from lowtide.routes._ratelimit import Pacer
+
+POOL_OPTIONS = {
+    "concurrency", "min_concurrency", "max_concurrency", "adaptive", "rpm", "tpm", "timeout",
+    "max_retries", "retry_backoff", "dispatch_size", "expected_latency",
+}  # fmt: skip
+MAX_PAUSE = 120.0  # seconds: a longer Retry-After is cut to this
+OVERLOAD_STATUSES = (429, 503, 529)
+
+# lowtide's code for an HTTP error the provider gave no code for.
+STATUS_CODES = {
+    400: "invalid_request", 401: "authentication_error", 403: "permission_denied",
+    404: "model_not_found", 408: "timeout", 409: "conflict", 413: "request_too_large",
+    422: "invalid_request", 429: "rate_limit_exceeded", 503: "service_unavailable",
+    529: "overloaded_error",
+}  # fmt: skip
+
+
+class CallFailed(Exception):
+    """One call that brought no answer, as lowtide sees it. Raised by a route's `send`;
+    the pool retries it or turns it into an `Outcome`. It never leaves the route."""
+
+    def __init__(
+        self,
+        code: str,
+        message: str,
+        *,
+        retryable: bool,
+        overload: bool = False,
+        retry_after: float | None = None,
+    ):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.retryable = retryable
+        self.overload = overload
+        self.retry_after = retry_after
+
+
+def http_failure(status: int, body: object, headers: Mapping[str, str], code_keys: tuple[str, ...]) -> CallFailed:
+    """An HTTP error reply, from its status, its body (as the SDK decoded it: the provider's
+    error object, or the whole body) and headers. The code is the first of `code_keys` the
+    provider filled in with a word (a number, as some servers put there, does not count);
+    the message is the provider's own."""
+    error = body
+    if isinstance(error, dict) and isinstance(error.get("error"), dict):
+        error = error["error"]
+    if isinstance(error, dict):
+        code = next((error[k] for k in code_keys if isinstance(error.get(k), str) and error[k]), None)
+        message = str(error.get("message") or error.get("detail") or error)[:2000]
+    else:
+        code, message = None, (str(body)[:2000] if body else "no message")
+    if code is None or code.isdigit():
+        code = STATUS_CODES.get(status, "server_error" if status >= 500 else f"http_{status}")
+    hint = " (check the model name and route_options.base_url)" if status == 404 else ""
+    return CallFailed(
+        code,
+        f"HTTP {status}: {message}{hint}",
+        retryable=retryable_status(status),
+        overload=status in OVERLOAD_STATUSES,
+        retry_after=retry_after(headers) if retryable_status(status) else None,
+    )
+
+
+def connection_failure(err: Exception, timeout: float, timed_out: bool) -> CallFailed:
+    """A call that got no HTTP reply: it timed out, or the connection failed or dropped."""
+    if timed_out:
+        return CallFailed("timeout", f"no answer within {timeout:g} s (route_options.timeout)", retryable=True)
+    cause = err.__cause__ or err.__context__
+    detail = f"{type(cause).__name__}: {cause}" if cause else str(err)
+    return CallFailed("connection_error", f"connection failed or dropped: {detail}", retryable=True)
+
+
+def http_library(client_class: type) -> ModuleType:
+    """The HTTP library an SDK's default client is built on (`httpx`, or `httpx2` in newer
+    SDKs), for its `Limits`."""
+    base = next(c for c in client_class.__mro__[1:] if c.__name__ == "AsyncClient")
+    return importlib.import_module(base.__module__.partition(".")[0])
+
+
+def retry_after(headers: Mapping[str, str]) -> float | None:
+    """Seconds the server asked us to wait: `retry-after-ms`, or `retry-after` as seconds or
+    an HTTP date. None when it did not ask."""
+    try:
+        if (ms := headers.get("retry-after-ms")) is not None:
+            return max(0.0, float(ms) / 1000)
+        value = headers.get("retry-after")
+        if value is None:
+            return None
+        try:
+            return max(0.0, float(value))
+        except ValueError:
+            when = email.utils.parsedate_to_datetime(value)
+            return max(0.0, when.timestamp() - time.time())
+    except (TypeError, ValueError, OverflowError):
+        return None
+
+
+def _number(route: str, options: dict[str, Any], key: str, default: Any, kind: type, minimum: float) -> Any:
+    value = options.get(key, default)
+    if value is None:
+        return None
+    try:
+        number = kind(value)
+    except (TypeError, ValueError):
+        raise RouteError(f"{route}: route_options.{key} must be a number; got {value!r}") from None
+    if isinstance(value, bool) or number < minimum:
+        raise RouteError(f"{route}: route_options.{key} must be a number ≥ {minimum}; got {value!r}")
+    return number
+
+
+class PooledRoute:
+    """Base of the real-time routes. Subclasses set `name`, implement `send`, and may
+    override `prepare` (runs once, before the first send)."""
+
+    kind: Literal["direct"] = "direct"
+    name = "direct"
+
+    def __init__(
+        self,
+        options: dict[str, Any],
+        *,
+        concurrency: int,
+        max_concurrency: int | None = None,
+        timeout: float = 600.0,
+        expected_latency: float = 10.0,
+        secret: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ):
+        """The keyword arguments are the route's defaults; `options` (the job spec's
+        route_options) override them. `secret` is scrubbed from every message."""
+        n = self.name
+        initial = _number(n, options, "concurrency", concurrency, int, 1)
+        maximum = _number(n, options, "max_concurrency", max_concurrency or max(initial, 2 * initial), int, 1)
+        minimum = _number(n, options, "min_concurrency", 1, int, 1)
+        if minimum > maximum:
+            raise RouteError(f"{n}: route_options.min_concurrency ({minimum}) is above max_concurrency ({maximum})")
+        self.controller = Controller(
+            initial, minimum, max(maximum, initial), adaptive=bool(options.get("adaptive", True)), clock=clock
+        )
+        self.pacer = Pacer(
+            _number(n, options, "rpm", None, float, 1e-9), _number(n, options, "tpm", None, float, 1e-9), clock, sleep
+        )
+        self.timeout = _number(n, options, "timeout", timeout, float, 1e-3)
+        self.max_retries = _number(n, options, "max_retries", 3, int, 0)
+        self.expected_latency = _number(n, options, "expected_latency", expected_latency, float, 1e-6)
+        self.dispatch_size = _number(n, options, "dispatch_size", 2000, int, 1)
+        backoff = options.get("retry_backoff", (0.5, 8.0))
+        if not (isinstance(backoff, list | tuple) and len(backoff) == 2 and 0 <= backoff[0] <= backoff[1]):
+            raise RouteError(f"{n}: route_options.retry_backoff must be [first, longest] seconds; got {backoff!r}")
+        self.backoff = (float(backoff[0]), float(backoff[1]))
+        self.clock = clock
+        self.sleep = sleep
+        self.secret = secret if secret and len(secret) >= 8 else None
+        self.rng = random.Random()
+        self._prepared = False
+
+    # -- what a provider module supplies ----------------------------------------------------
+
+    async def send(self, request: ChatRequest) -> Outcome:
+        """One call for one request: its outcome, or `CallFailed`."""
+        raise NotImplementedError
+
+    async def prepare(self) -> None:
+        """Runs once before the first send (e.g. to ask a server how many slots it has)."""
+
+    def check_model(self, model: str) -> None:
+        """The server says which models it serves: an unknown one fails with `model_not_found`."""
+
+    async def aclose(self) -> None:
+        pass
+
+    # -- the DirectRoute contract -------------------------------------------------------------
+
+    def plan_for(self, count: int, seconds: float) -> None:
+        """`count` requests must finish within `seconds`: raise the concurrency floor (up to
+        max_concurrency) so that, at the latency seen so far (or `expected_latency`), they can.
+        The floor holds for the next `execute` call."""
+        self.controller.plan(count, seconds, self.expected_latency)
+
+    async def execute(self, requests: Sequence[ChatRequest]) -> AsyncIterator[Outcome]:
+        if not requests:
+            return
+        if not self._prepared:
+            await self.prepare()
+            self._prepared = True
+        run = _Run(self, requests)
+        self.pacer.renew()  # its lock belongs to this call's event loop
+        try:
+            run.fill()
+            while run.yielded < run.total:
+                if not run.out:
+                    run.ready.clear()
+                    await run.ready.wait()
+                out, run.out = run.out, []
+                run.yielded += len(out)
+                for outcome in out:
+                    yield outcome
+        finally:
+            tasks = list(run.tasks)
+            for task in tasks:
+                task.cancel()
+            if tasks:
+                await asyncio.gather(*tasks, return_exceptions=True)
+            self.controller.clear_plan()
+
+    # -- one request, with its in-route retries --------------------------------------------------
+
+    async def complete(self, request: ChatRequest) -> Outcome:
+        ctl, pacer = self.controller, self.pacer
+        estimate = _estimate(request) if pacer.tokens is not None else 0
+        tries = 0
+        while True:
+            tries += 1
+            while (pause := ctl.delay()) > 0:
+                await self.sleep(min(pause, MAX_PAUSE))
+            if pacer.active:
+                await pacer.acquire(estimate)
+            ctl.sent()
+            started = self.clock()
+            try:
+                outcome = await self.send(request)
+            except CallFailed as failed:
+                pause = None if failed.retry_after is None else min(failed.retry_after, MAX_PAUSE)
+                ctl.done(self.clock() - started, ok=False, overload=failed.overload, retry_after=pause)
+                if failed.retryable and tries <= self.max_retries:
+                    if pause is None:
+                        await self.sleep(self._backoff(tries))
+                    continue
+                after = f" (after {tries} tries)" if tries > 1 else ""
+                return Outcome.failure(request.custom_id, failed.code, self.scrub(failed.message + after), failed.retryable)
+            except Exception as err:  # a bug or a reply nobody expected: this request, not the pool
+                ctl.done(self.clock() - started, ok=False)
+                message = self.scrub(f"{self.name}: {type(err).__name__}: {err}")
+                return Outcome.failure(request.custom_id, "route_error", message, True)
+            ctl.done(self.clock() - started)
+            if pacer.tokens is not None:
+                pacer.settle(estimate, outcome.usage.input_tokens + outcome.usage.output_tokens)
+            return outcome
+
+    def _backoff(self, tries: int) -> float:
+        first, longest = self.backoff
+        return min(longest, first * 2 ** (tries - 1)) * self.rng.uniform(0.5, 1.0)
+
+    def scrub(self, text: str) -> str:
+        return text.replace(self.secret, "[api key]") if self.secret else text
+
+
+def _estimate(request: ChatRequest) -> int:
+    """Tokens a request may use, before the provider says: characters / 4 plus max_tokens."""
+    return math.ceil(sum(len(m.get("content") or "") for m in request.messages) / 4) + request.max_tokens
+
+
+class _Run:
+    """One `execute` call: the requests left, the workers pulling them, the outcomes ready."""
+
+    def __init__(self, route: PooledRoute, requests: Sequence[ChatRequest]):
+        self.route = route
+        self.requests = requests
+        self.total = len(requests)
+        self.next_index = 0
+        self.workers = 0
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.out: list[Outcome] = []
+        self.yielded = 0
+        self.ready = asyncio.Event()
+
+    def fill(self) -> None:
+        """Start workers until the limit is met (or every request has one)."""
+        want = min(self.route.controller.limit, self.total - self.next_index + self.workers)
+        while self.workers < want:
+            self.workers += 1
+            task = asyncio.get_running_loop().create_task(self._work())
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+
+    async def _work(self) -> None:
+        route = self.route
+        try:
+            while self.next_index < self.total and self.workers <= route.controller.limit:
+                request = self.requests[self.next_index]
+                self.next_index += 1
+                outcome = await route.complete(request)
+                self.out.append(outcome)  # after the await: `out` is swapped while it runs
+                self.ready.set()
+                if self.workers < route.controller.limit:
+                    self.fill()
+        finally:
+            self.workers -= 1

@@ -1,0 +1,85 @@
+"""`anthropic`: Anthropic's Messages API in real time, through the official `anthropic` SDK.
+
+The key comes from ANTHROPIC_API_KEY (or `api_key_env`); `base_url` points it elsewhere
+(any server speaking `/v1/messages`). `cache_prefix: true` marks the system prompt
+`cache_control: ephemeral` (the 5-minute TTL, which suits requests sent back to back).
+Requests are built and usage is read exactly as the `anthropic-batch` route does
+(`_wire.py`): input, cache read, cache creation and output tokens.
+
+It shares the pool of `_direct.py` (concurrency, rate limits, retries; see
+docs/direct-routes.md). The SDK's own retries are off: the pool retries, honouring
+Retry-After, and 429 / 529 (overloaded) make it send less.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import anthropic
+
+from lowtide.core.types import ChatRequest, Outcome
+from lowtide.routes._direct import (
+    POOL_OPTIONS,
+    CallFailed,
+    PooledRoute,
+    connection_failure,
+    http_failure,
+    http_library,
+)
+from lowtide.routes._provider import api_key, check_options
+from lowtide.routes._wire import anthropic_params, anthropic_text, anthropic_usage
+
+OPTIONS = POOL_OPTIONS | {"base_url", "api_key_env", "cache_prefix"}
+
+
+class AnthropicMessagesRoute(PooledRoute):
+    name = "anthropic"
+
+    def __init__(self, options: dict[str, Any], **pool: Any):
+        check_options(self.name, options, OPTIONS)
+        key = api_key(self.name, options, "ANTHROPIC_API_KEY")
+        self.cache_ttl = "5m" if options.get("cache_prefix") else None
+        super().__init__(options, concurrency=16, max_concurrency=256, secret=key, **pool)
+        http = http_library(anthropic.DefaultAsyncHttpxClient)
+        self._response = http.Response
+        size = self.controller.maximum + 8
+        self.client = anthropic.AsyncAnthropic(
+            api_key=key,
+            base_url=options.get("base_url"),
+            max_retries=0,
+            timeout=self.timeout,
+            http_client=anthropic.DefaultAsyncHttpxClient(
+                limits=http.Limits(max_connections=size, max_keepalive_connections=size),
+                timeout=self.timeout,
+            ),
+        )
+
+    async def send(self, request: ChatRequest) -> Outcome:
+        params = anthropic_params(request, self.cache_ttl)
+        try:
+            response = await self.client.post("/v1/messages", body=params, cast_to=self._response)
+        except anthropic.APIStatusError as err:
+            raise http_failure(err.status_code, err.body, err.response.headers, ("type",)) from None
+        except anthropic.APIConnectionError as err:
+            raise connection_failure(err, self.timeout, isinstance(err, anthropic.APITimeoutError)) from None
+        try:
+            message = json.loads(response.content)
+            return Outcome(
+                request.custom_id,
+                True,
+                text=anthropic_text(message),
+                finish_reason=message.get("stop_reason"),
+                usage=anthropic_usage(message.get("usage")),
+            )
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            raise CallFailed(
+                "bad_response", f"unreadable answer ({type(err).__name__}: {err}): {response.content[:200]!r}", retryable=True
+            ) from None
+
+    async def aclose(self) -> None:
+        await self.client.close()
+
+
+def create(options: dict[str, Any]) -> AnthropicMessagesRoute:
+    return AnthropicMessagesRoute(options)

@@ -1,0 +1,131 @@
+"""`openai` and `openai-compatible`: chat completions in real time, through the official
+`openai` SDK.
+
+`openai-compatible` talks to any server speaking `/v1/chat/completions` (vLLM, SGLang,
+llama.cpp's server, Ollama, OpenAI itself): `base_url` is required, and a key is only sent
+if `api_key_env` names one (self-hosted servers mostly want none; a placeholder goes
+instead). Its concurrency starts at the server's batch size: `concurrency`, else
+`max_num_seqs` (say what the server was started with), else the `total_slots` a llama.cpp
+server reports at `GET /props`, else 256.
+
+`openai` is OpenAI's own API: the key comes from OPENAI_API_KEY (or `api_key_env`), and
+`service_tier` is passed through. `service_tier: flex` is OpenAI's half-price tier for work
+that can wait: answers take longer, so its default `timeout` is 900 s instead of 600 s.
+
+Both share the pool of `_direct.py` (concurrency, rate limits, retries; see
+docs/direct-routes.md for every option). The SDK's own retries are off: the pool retries.
+Requests are sent with the SDK's raw-response call and the JSON is read here, which is
+several times cheaper than building the SDK's models for each answer.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import openai
+
+from lowtide.core.errors import RouteError
+from lowtide.core.types import ChatRequest, Outcome
+from lowtide.routes._direct import (
+    POOL_OPTIONS,
+    CallFailed,
+    PooledRoute,
+    connection_failure,
+    http_failure,
+    http_library,
+)
+from lowtide.routes._provider import api_key, check_options
+from lowtide.routes._wire import openai_body, openai_usage
+
+COMPATIBLE_OPTIONS = POOL_OPTIONS | {"base_url", "api_key_env", "max_num_seqs", "service_tier"}
+OPENAI_OPTIONS = POOL_OPTIONS | {"base_url", "api_key_env", "service_tier"}
+NO_KEY = "no-key"  # what a self-hosted server without keys is sent
+
+
+class OpenAIChatRoute(PooledRoute):
+    def __init__(self, name: str, options: dict[str, Any], **pool: Any):
+        self.name = name
+        compatible = name == "openai-compatible"
+        check_options(name, options, COMPATIBLE_OPTIONS if compatible else OPENAI_OPTIONS)
+        self.service_tier = options.get("service_tier")
+        if compatible:
+            if not options.get("base_url"):
+                raise RouteError(
+                    f"{name}: route_options.base_url is required: the server's OpenAI-compatible "
+                    "root, e.g. http://127.0.0.1:8000/v1"
+                )
+            key = api_key(name, options, "") if options.get("api_key_env") else NO_KEY
+            seqs = options.get("max_num_seqs")
+            self.probe_slots = seqs is None and "concurrency" not in options
+            defaults = {"concurrency": int(seqs or 256), "expected_latency": 30.0}
+        else:
+            key = api_key(name, options, "OPENAI_API_KEY")
+            self.probe_slots = False
+            defaults = {"concurrency": 32, "max_concurrency": 512, "expected_latency": 10.0}
+        timeout = 900.0 if self.service_tier == "flex" else 600.0
+        super().__init__(options, timeout=timeout, secret=key, **defaults, **pool)
+        http = http_library(openai.DefaultAsyncHttpxClient)
+        self._response = http.Response
+        size = self.controller.maximum + 8
+        self.client = openai.AsyncOpenAI(
+            api_key=key,
+            base_url=options.get("base_url"),
+            max_retries=0,
+            timeout=self.timeout,
+            http_client=openai.DefaultAsyncHttpxClient(
+                limits=http.Limits(max_connections=size, max_keepalive_connections=size),
+                timeout=self.timeout,
+            ),
+        )
+
+    async def prepare(self) -> None:
+        """Ask a llama.cpp server how many slots it has; any other answer changes nothing."""
+        if not self.probe_slots:
+            return
+        root = str(self.client.base_url).rstrip("/").removesuffix("/v1")
+        try:
+            response = await self.client.with_options(timeout=5.0).get(f"{root}/props", cast_to=self._response)
+            slots = int(json.loads(response.content)["total_slots"])
+        except Exception:  # not llama.cpp, or no such endpoint: keep the default
+            return
+        if slots > 0:
+            self.controller.maximum = max(self.controller.maximum, 2 * slots)
+            self.controller.set_limit(slots)
+
+    async def send(self, request: ChatRequest) -> Outcome:
+        body = openai_body(request)
+        if self.service_tier:
+            body["service_tier"] = self.service_tier
+        try:
+            response = await self.client.post("/chat/completions", body=body, cast_to=self._response)
+        except openai.APIStatusError as err:
+            raise http_failure(err.status_code, err.body, err.response.headers, ("code", "type")) from None
+        except openai.APIConnectionError as err:
+            raise connection_failure(err, self.timeout, isinstance(err, openai.APITimeoutError)) from None
+        try:
+            data = json.loads(response.content)
+            choice = data["choices"][0]
+            text = choice["message"].get("content") or ""
+            return Outcome(
+                request.custom_id,
+                True,
+                text=text,
+                finish_reason=choice.get("finish_reason"),
+                usage=openai_usage(data.get("usage")),
+            )
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError) as err:
+            raise CallFailed(
+                "bad_response", f"unreadable answer ({type(err).__name__}: {err}): {response.content[:200]!r}", retryable=True
+            ) from None
+
+    async def aclose(self) -> None:
+        await self.client.close()
+
+
+def create_compatible(options: dict[str, Any]) -> OpenAIChatRoute:
+    return OpenAIChatRoute("openai-compatible", options)
+
+
+def create(options: dict[str, Any]) -> OpenAIChatRoute:
+    return OpenAIChatRoute("openai", options)
