@@ -73,6 +73,7 @@ def test_four_workers_one_killed_every_row_once_no_chunk_twice(pg_url, tmp_path)
     while _done_count(store) < 500 and time.monotonic() < deadline:
         time.sleep(0.05)
     procs[0].send_signal(signal.SIGKILL)
+    procs[0].wait()  # reaped, as its supervisor would: a zombie's pid still looks alive
     for proc in procs[1:]:
         proc.wait(300)
         assert proc.returncode == 0, proc.stderr.read().decode()[-2000:]

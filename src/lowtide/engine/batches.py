@@ -9,7 +9,8 @@ batch by that key and adopts it instead of submitting again (DESIGN invariant 3)
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 from sqlalchemy import func, select, update
 
@@ -71,15 +72,32 @@ def _plan_one(conn, job: JobContext, route: BatchRoute, ids: list[int], now: flo
     return assign(conn, dispatch_id, ids, route.name, now)
 
 
+@dataclass(frozen=True, slots=True)
+class Worker:
+    """Who is ticking: several workers on one store claim what they send and poll, so that
+    no chunk is sent twice and no batch is polled by two at once."""
+
+    owner: str
+    alive: Callable[[str | None], bool]  # is that owner's process still running?
+
+
+SUBMIT_LEASE = 900.0  # seconds an upload and create may take before another worker may adopt it
+POLL_LEASE = 600.0  # seconds a poll and its ingest hold a batch before another worker may
+
+
 async def submit(
-    store: Store, job: JobContext, route: BatchRoute, clock: Clock, rng: random.Random, model: str | None = None
-) -> int:
+    store: Store, job: JobContext, route: BatchRoute, clock: Clock, rng: random.Random, worker: Worker,
+    model: str | None = None,
+) -> int:  # fmt: skip
     """Submit every planned dispatch of the job on this route; adopt any that a dead
     process had sent. `model` overrides the requests' model (a fallback route's)."""
     with store.begin() as conn:
         todo = list(
             conn.execute(
-                select(dispatches.c.id, dispatches.c.key, dispatches.c.state, dispatches.c.size, dispatches.c.created_at).where(
+                select(
+                    dispatches.c.id, dispatches.c.key, dispatches.c.state, dispatches.c.size, dispatches.c.created_at,
+                    dispatches.c.owner, dispatches.c.lease_until,
+                ).where(
                     dispatches.c.job_id == job.id,
                     dispatches.c.route == route.name,
                     dispatches.c.kind == "batch",
@@ -88,17 +106,22 @@ async def submit(
             )
         )
     sent = 0
-    for dispatch_id, key, state, size, created_at in todo:
+    for dispatch_id, key, state, size, created_at, owner, lease_until in todo:
         if state == DispatchState.PLANNED:
             with store.begin() as conn:  # intent (and the budget's reservation) is durable before any network call
                 refused = budget.reserve(conn, job, dispatch_id, route.name)
                 if refused:
                     budget.exhaust(conn, job.id, refused, clock.now())
                     continue
-                if not move_dispatch(conn, dispatch_id, DispatchState.PLANNED, DispatchState.SUBMITTING):
+                if not move_dispatch(
+                    conn, dispatch_id, DispatchState.PLANNED, DispatchState.SUBMITTING,
+                    owner=worker.owner, lease_until=clock.now() + SUBMIT_LEASE,
+                ):  # fmt: skip
                     continue
             provider_id = None
         else:
+            if not _claim(store, dispatch_id, owner, lease_until, worker, clock.now(), SUBMIT_LEASE):
+                continue  # another worker is sending it right now
             try:
                 provider_id = await route.find(key, size, created_at, _known_batches(store, route.name, created_at))
             except Exception as err:  # cannot tell whether it was sent: wait, never guess
@@ -128,12 +151,33 @@ async def submit(
         with store.begin() as conn:
             move_dispatch(
                 conn, dispatch_id, DispatchState.SUBMITTING, DispatchState.SUBMITTED,
-                provider_id=provider_id, submitted_at=now, error=None,
+                provider_id=provider_id, submitted_at=now, error=None, lease_until=0.0,
                 next_poll_at=now + poll_delay(interval, 0, rng),
             )  # fmt: skip
             add_event(conn, job.id, "submitted", f"{route.name} batch {provider_id}: {waiting} request(s)", now)
         sent += 1
     return sent
+
+
+def _claim(store: Store, dispatch_id: int, owner, lease_until, worker: Worker, now: float, lease: float) -> bool:
+    """May this worker work on a dispatch (find-or-send one left in `submitting`, poll one
+    submitted)? Yes if it holds it already, or nobody does: no owner, a lease run out, or an
+    owner whose process is gone. Taking it is a compare-and-set: only one worker wins."""
+    if owner == worker.owner:
+        return True
+    if owner is not None and lease_until is not None and lease_until > now and worker.alive(owner):
+        return False
+    with store.begin() as conn:
+        taken = conn.execute(
+            update(dispatches)
+            .where(
+                dispatches.c.id == dispatch_id,
+                dispatches.c.owner.is_(None) if owner is None else dispatches.c.owner == owner,
+                dispatches.c.lease_until.is_(None) if lease_until is None else dispatches.c.lease_until == lease_until,
+            )
+            .values(owner=worker.owner, lease_until=now + lease)
+        ).rowcount
+    return taken == 1
 
 
 def _with_model(requests: Iterator[ChatRequest], model: str | None) -> Iterator[ChatRequest]:
@@ -170,14 +214,20 @@ def _reject(
         add_event(conn, job.id, "batch_rejected", f"{route.name}: {reason}", now)
 
 
-async def poll(store: Store, job: JobContext, route: BatchRoute, clock: Clock, rng: random.Random) -> IngestCounts:
-    """Poll every submitted dispatch that is due; ingest the ones that ended."""
+async def poll(
+    store: Store, job: JobContext, route: BatchRoute, clock: Clock, rng: random.Random, worker: Worker
+) -> IngestCounts:
+    """Poll every submitted dispatch that is due and no other live worker holds; ingest the
+    ones that ended."""
     counts = IngestCounts()
     now = clock.now()
     with store.begin() as conn:
         due = list(
             conn.execute(
-                select(dispatches.c.id, dispatches.c.provider_id, dispatches.c.polls, dispatches.c.cancel_requested).where(
+                select(
+                    dispatches.c.id, dispatches.c.provider_id, dispatches.c.polls, dispatches.c.cancel_requested,
+                    dispatches.c.owner, dispatches.c.lease_until,
+                ).where(
                     dispatches.c.job_id == job.id,
                     dispatches.c.route == route.name,
                     dispatches.c.state == DispatchState.SUBMITTED.value,
@@ -186,7 +236,9 @@ async def poll(store: Store, job: JobContext, route: BatchRoute, clock: Clock, r
             )
         )
     interval = getattr(route, "poll_interval", DEFAULT_POLL_INTERVAL)
-    for dispatch_id, provider_id, polls, cancel_requested in due:
+    for dispatch_id, provider_id, polls, cancel_requested, owner, lease_until in due:
+        if not _claim(store, dispatch_id, owner, lease_until, worker, now, POLL_LEASE):
+            continue  # another worker is polling or ingesting it
         try:
             if cancel_requested:
                 await route.cancel(provider_id)
@@ -195,7 +247,8 @@ async def poll(store: Store, job: JobContext, route: BatchRoute, clock: Clock, r
             with store.begin() as conn:
                 conn.execute(
                     update(dispatches).where(dispatches.c.id == dispatch_id).values(
-                        polls=polls + 1, error=str(err)[:2000], next_poll_at=clock.now() + poll_delay(interval, polls, rng)
+                        polls=polls + 1, error=str(err)[:2000], next_poll_at=clock.now() + poll_delay(interval, polls, rng),
+                        lease_until=0.0,
                     )
                 )
                 add_event(conn, job.id, "poll_error", f"{route.name} batch {provider_id}: {err}", clock.now())
@@ -205,6 +258,8 @@ async def poll(store: Store, job: JobContext, route: BatchRoute, clock: Clock, r
                 update(dispatches).where(dispatches.c.id == dispatch_id).values(
                     polls=polls + 1, phase=status.phase, error=None, cancel_requested=False,
                     next_poll_at=clock.now() + poll_delay(interval, polls + 1, rng),
+                    # Held while an ended batch is ingested; let go otherwise.
+                    lease_until=clock.now() + POLL_LEASE if status.ended else 0.0,
                 )
             )  # fmt: skip
         if status.errors:
@@ -214,6 +269,7 @@ async def poll(store: Store, job: JobContext, route: BatchRoute, clock: Clock, r
                 counts.add(await _ingest(store, job, route, dispatch_id, provider_id, clock, rng))
             except Exception as err:  # a download broke off: what was applied stays, the rest comes next poll
                 with store.begin() as conn:
+                    conn.execute(update(dispatches).where(dispatches.c.id == dispatch_id).values(lease_until=0.0))
                     add_event(conn, job.id, "ingest_error", f"{route.name} batch {provider_id}: {err}", clock.now())
     return counts
 

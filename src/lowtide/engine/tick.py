@@ -123,8 +123,9 @@ class Engine:
         if route.kind == "batch":
             if job.state is JobState.ACTIVE:
                 report.planned += batches.plan(self.store, job, route, self.clock, lane.name)
-            report.submitted += await batches.submit(self.store, job, route, self.clock, self.rng, lane.model)
-            report.ingested.add(await batches.poll(self.store, job, route, self.clock, self.rng))
+            worker = batches.Worker(self.owner, self._owner_alive)
+            report.submitted += await batches.submit(self.store, job, route, self.clock, self.rng, worker, lane.model)
+            report.ingested.add(await batches.poll(self.store, job, route, self.clock, self.rng, worker))
         elif job.state is JobState.ACTIVE:
             if lane.name == "fallback" and job.spec.deadline is not None:
                 self._ask_for_speed(job, route)
