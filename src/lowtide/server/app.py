@@ -1,6 +1,7 @@
 """The Batch API server: OpenAI's Files and Batches and Anthropic's Message Batches,
 over any lowtide route. Each API batch runs as a lowtide job in the store. A direct
-backend also answers in real time (`/v1/chat/completions`, `/v1/messages`).
+backend also answers in real time (`/v1/chat/completions`, `/v1/messages`). Every job of the
+store is shown at `/dashboard` and counted at `/metrics` (server/dashboard.py, metrics.py).
 
     app = create_app(ServeConfig(backend="echo", time_scale=3600))
     uvicorn.run(app, port=8000)
@@ -17,7 +18,16 @@ from dataclasses import replace
 from fastapi import FastAPI, Request
 
 from lowtide.routes import create_route
-from lowtide.server import anthropic_api, errors, faults, files, openai_api, realtime_api
+from lowtide.server import (
+    anthropic_api,
+    dashboard,
+    errors,
+    faults,
+    files,
+    metrics,
+    openai_api,
+    realtime_api,
+)
 from lowtide.server.backend import Backend
 from lowtide.server.clock import ScaledClock
 from lowtide.server.context import ServeConfig, Server
@@ -66,7 +76,7 @@ def create_app(config: ServeConfig) -> FastAPI:
     errors.install(app)
     faults.install(app, server.faults)  # inner: runs after the key check
     _install_auth(app, config.api_keys)
-    for module in (files, openai_api, anthropic_api, realtime_api):
+    for module in (files, openai_api, anthropic_api, realtime_api, dashboard, metrics):
         app.include_router(module.router)
     return app
 

@@ -1,0 +1,246 @@
+// The lowtide dashboard: polls /dashboard/api/... and draws what it gets. Amounts arrive as
+// decimal strings (cost_report's own) and are shown with 2-6 decimals; the exact string is
+// kept in each figure's data-value (and title). An unknown cost is shown as "unknown".
+"use strict";
+
+const REFRESH_MS = Number(document.body.dataset.refresh) || 2000;
+const SVG = "http://www.w3.org/2000/svg";
+let selected = decodeURIComponent(location.hash.slice(1)) || null;
+let timer = null;
+
+// Formatting ------------------------------------------------------------------------------
+function plain(s) {
+  // "1E-9" -> "0.000000001" (Python's Decimal writes tiny amounts with an exponent)
+  const m = /^(-?)(\d+)(?:\.(\d+))?[eE]([+-]?\d+)$/.exec(s);
+  if (!m) return s;
+  const digits = m[2] + (m[3] || ""), exp = Number(m[4]) - (m[3] || "").length;
+  if (exp >= 0) return m[1] + digits + "0".repeat(exp);
+  const padded = digits.padStart(-exp + 1, "0");
+  return m[1] + padded.slice(0, exp) + "." + padded.slice(exp);
+}
+
+function usd(s) {
+  if (s === null || s === undefined) return "unknown";
+  let text = plain(String(s)), sign = "";
+  if (text.startsWith("-")) { sign = "-"; text = text.slice(1); }
+  let [whole, frac = ""] = text.split(".");
+  if (frac.length > 6) {  // round half up at six decimals, on the digits (no floats)
+    const up = Number(frac[6]) >= 5 ? 1n : 0n;
+    const n = (BigInt(whole + frac.slice(0, 6)) + up).toString().padStart(7, "0");
+    whole = n.slice(0, -6); frac = n.slice(-6).replace(/0+$/, "");
+  }
+  frac = frac.padEnd(2, "0");
+  if (/^0+$/.test(whole + frac)) sign = "";
+  return sign + "$" + whole.replace(/\B(?=(\d{3})+(?!\d))/g, ",") + "." + frac;
+}
+
+function cost(fig) {
+  // the known cost, and how many attempts have none; nothing known: "unknown", never $0
+  if (fig.unknown_cost_attempts && /^[0.]+$/.test(plain(fig.cost_usd))) return "unknown";
+  return usd(fig.cost_usd) + (fig.unknown_cost_attempts ? ` + ${fig.unknown_cost_attempts} unknown` : "");
+}
+
+const count = (n) => (n === null || n === undefined ? "-" : Number(n).toLocaleString("en-US"));
+const percent = (s) => (s === null || s === undefined ? "-" : `${s}%`);
+const when = (t) => (t ? new Date(t * 1000).toISOString().replace("T", " ").slice(0, 16) : "-");
+
+// DOM helpers ----------------------------------------------------------------------------
+function el(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (v !== undefined && v !== null) node.setAttribute(k, v);
+  }
+  for (const c of children) node.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  return node;
+}
+
+function field(name, value, text, attrs = {}) {
+  // one figure: its text, and the exact value it was made from
+  const raw = value === null || value === undefined ? "" : String(value);
+  return el("span", { "data-field": name, "data-value": raw, title: raw, ...attrs }, text);
+}
+
+function rows(table, header, items) {
+  const head = header ? [el("tr", {}, ...header.map((h, i) => el("th", { class: i ? "num" : "" }, h)))] : [];
+  const body = items.length ? items : [el("tr", {}, el("td", { class: "muted" }, "none"))];
+  table.replaceChildren(...head, ...body);
+}
+
+const cell = (child, cls) => el("td", { class: cls }, child);
+
+// Rendering ------------------------------------------------------------------------------
+function renderTotals(data) {
+  const t = data.total;
+  const tiles = [
+    ["cost", field("cost_usd", t.cost_usd, cost(t))],
+    ["real-time equivalent", field("realtime_usd", t.realtime_usd, usd(t.realtime_usd))],
+    ["saving", field("saving_usd", t.saving_usd, `${usd(t.saving_usd)} (${percent(t.saving_percent)})`)],
+    ["tokens in / out", el("span", {}, field("input_tokens", t.input_tokens, count(t.input_tokens)), " / ",
+      field("output_tokens", t.output_tokens, count(t.output_tokens)))],
+    ["attempts", field("attempts", t.attempts, count(t.attempts))],
+    ["failed attempts", field("failures", t.failures, count(t.failures))],
+    ["API batches", field("api_batches", JSON.stringify(data.api_batches),
+      Object.entries(data.api_batches).map(([s, n]) => `${n} ${s}`).join(", ") || "none")],
+  ];
+  document.querySelector("#totals .tiles").replaceChildren(
+    ...tiles.map(([label, value]) => el("div", { class: "tile" }, el("div", { class: "label" }, label), el("div", { class: "value" }, value))),
+  );
+}
+
+function renderJobs(data) {
+  document.getElementById("job-count").textContent =
+    data.job_count > data.jobs.length ? `(newest ${data.jobs.length} of ${data.job_count})` : `(${data.job_count})`;
+  const items = data.jobs.map((job) => {
+    const c = job.cost, share = job.total ? (100 * job.done) / job.total : 0;
+    const row = el("tr", { "data-job": job.name, class: job.name === selected ? "selected" : "" },
+      cell(job.name), cell(field("state", job.state, job.state)), cell(job.route),
+      cell(el("span", {}, el("span", { class: "bar" }, el("span", { style: `width:${share.toFixed(1)}%` })),
+        field("done", job.done, count(job.done)), " / ", field("total", job.total, count(job.total)))),
+      cell(field("failed", job.counts.failed || 0, count(job.counts.failed || 0)), "num"),
+      cell(field("cost_usd", c.cost_usd, cost(c)), "num"),
+      cell(field("realtime_usd", c.realtime_usd, usd(c.realtime_usd)), "num"),
+      cell(field("saving_usd", c.saving_usd, `${usd(c.saving_usd)} (${percent(c.saving_percent)})`), "num"),
+      cell(el("span", {}, field("input_tokens", c.input_tokens, count(c.input_tokens)), " / ",
+        field("output_tokens", c.output_tokens, count(c.output_tokens))), "num"));
+    row.addEventListener("click", () => select(job.name));
+    return row;
+  });
+  const body = document.querySelector("#jobs tbody");
+  body.replaceChildren(...(items.length ? items : [el("tr", {}, el("td", { colspan: 9, class: "muted" }, "no jobs in this store yet"))]));
+}
+
+function renderFailures(failures) {
+  const entries = Object.entries(failures);
+  const most = Math.max(1, ...entries.map(([, n]) => n));
+  const box = document.getElementById("failures");
+  box.replaceChildren(...(entries.length ? entries.map(([reason, n]) => el("div", { class: "hbar", "data-reason": reason },
+    el("span", {}, reason), el("div", { class: "fill", style: `width:${(100 * n) / most}%` }), el("span", { class: "num" }, count(n))))
+    : [el("p", { class: "muted" }, "no failed requests")]));
+}
+
+function renderSeries(data) {
+  // grouped bars per time bucket: cost and saving, scaled to the largest
+  document.getElementById("series-title").textContent = `Cost and saving over time: ${data.job ? `job ${data.job}` : "all jobs"}`;
+  document.getElementById("series-bucket").textContent = `per ${data.bucket}`;
+  const svg = document.getElementById("series-chart");
+  const width = svg.clientWidth || 600, height = 180, left = 60, bottom = 20, top = 8;
+  const points = data.points;
+  const shapes = [];
+  const line = (x1, y1, x2, y2) => svgEl("line", { x1, y1, x2, y2, stroke: "#dde3ea" });
+  if (!points.length) {
+    shapes.push(svgEl("text", { x: left, y: height / 2 }, "no attempts yet"));
+  } else {
+    const most = Math.max(...points.flatMap((p) => [Number(plain(p.cost_usd)), Number(plain(p.saving_usd))]), 1e-12);
+    const slot = (width - left) / points.length, bar = Math.max(1, Math.min(24, slot / 2 - 1));
+    const y = (v) => height - bottom - ((height - bottom - top) * Math.max(0, v)) / most;
+    shapes.push(line(left, height - bottom, width, height - bottom), line(left, top, width, top));
+    shapes.push(svgEl("text", { x: 0, y: top + 8 }, usd(most.toFixed(6))), svgEl("text", { x: 0, y: height - bottom }, "$0"));
+    points.forEach((p, i) => {
+      const x = left + i * slot + slot / 2 - bar;
+      for (const [k, color, dx] of [["cost_usd", "var(--cost)", 0], ["saving_usd", "var(--saving)", bar]]) {
+        const v = Number(plain(p[k]));
+        const rect = svgEl("rect", { x: x + dx, y: y(v), width: bar, height: height - bottom - y(v), fill: color });
+        rect.append(svgEl("title", {}, `${when(p.t)}: ${k === "cost_usd" ? "cost" : "saving"} ${usd(p[k])}` +
+          (p.unknown_cost_attempts ? `, ${p.unknown_cost_attempts} attempt(s) of unknown cost` : "")));
+        shapes.push(rect);
+      }
+    });
+    shapes.push(svgEl("text", { x: left, y: height - 4 }, when(points[0].t)));
+    if (points.length > 1) shapes.push(svgEl("text", { x: width, y: height - 4, "text-anchor": "end" }, when(points.at(-1).t)));
+  }
+  svg.replaceChildren(...shapes);
+}
+
+function svgEl(tag, attrs, text) {
+  const node = document.createElementNS(SVG, tag);
+  for (const [k, v] of Object.entries(attrs)) node.setAttribute(k, v);
+  if (text !== undefined) node.textContent = text;
+  return node;
+}
+
+function renderDetail(job) {
+  const box = document.getElementById("detail");
+  box.hidden = false;
+  box.dataset.job = job.name;
+  document.getElementById("detail-name").textContent = job.name;
+  document.getElementById("detail-state").replaceChildren(
+    field("state", job.state, job.state), ` on ${job.route}, `, field("done", job.done, count(job.done)), " of ",
+    field("total", job.total, count(job.total)), " done");
+  const c = job.cost;
+  const figures = [
+    ["cost", field("cost_usd", c.cost_usd, cost(c))],
+    ["real-time equivalent", field("realtime_usd", c.realtime_usd, usd(c.realtime_usd))],
+    ["saving", field("saving_usd", c.saving_usd, usd(c.saving_usd))],
+    ["saving %", field("saving_percent", c.saving_percent, percent(c.saving_percent))],
+    ["unknown-cost attempts", field("unknown_cost_attempts", c.unknown_cost_attempts, count(c.unknown_cost_attempts))],
+    ["input tokens", field("input_tokens", c.input_tokens, count(c.input_tokens))],
+    ["cached input", field("cached_input_tokens", c.cached_input_tokens, count(c.cached_input_tokens))],
+    ["cache writes", field("cache_write_tokens", c.cache_write_tokens, count(c.cache_write_tokens))],
+    ["output tokens", field("output_tokens", c.output_tokens, count(c.output_tokens))],
+    ["reasoning tokens", field("reasoning_tokens", c.reasoning_tokens, count(c.reasoning_tokens))],
+    ["cache hits", field("cache_hit_share", c.cache_hit_share, c.cache_hit_share === null ? "-" : `${(100 * Number(c.cache_hit_share)).toFixed(1)}%`)],
+    ["attempts", field("attempts", c.attempts, count(c.attempts))],
+    ["failed attempts", field("failures", c.failures, `${count(c.failures)} (${count(c.billed_failures)} billed)`)],
+    ["stale results", field("stale_attempts", c.stale_attempts, `${count(c.stale_attempts)} (${usd(c.stale_usd)})`)],
+  ];
+  if (job.budget_usd !== null) figures.push(["budget", field("budget_usd", job.budget_usd, `${usd(job.budget_usd)} (${usd(job.reserved_usd)} reserved)`)]);
+  rows(document.getElementById("detail-figures"), null, figures.map(([k, v]) => el("tr", {}, cell(k, "muted"), cell(v, "num"))));
+  const pairs = (obj) => Object.entries(obj).map(([k, n]) => el("tr", { "data-key": k }, cell(k), cell(count(n), "num")));
+  rows(document.getElementById("detail-counts"), null, pairs(job.counts));
+  rows(document.getElementById("detail-phases"), null, pairs(job.phases));
+  rows(document.getElementById("detail-failures"), null, pairs(job.failures));
+  rows(document.getElementById("detail-placement"), ["route", "moved because", "state", "requests"],
+    job.placement.map((p) => el("tr", {}, cell(p.route), cell(p.reason || "-", "num"), cell(p.state, "num"), cell(count(p.count), "num"))));
+  rows(document.getElementById("detail-routes"), ["route", "tier", "cost", "saving"],
+    job.routes.map((g) => el("tr", { "data-route": g.group }, cell(g.group), cell(g.tiers.join(", ") || "-", "num"),
+      cell(cost(g), "num"), cell(`${usd(g.saving_usd)} (${percent(g.saving_percent)})`, "num"))));
+  document.getElementById("detail-events").replaceChildren(...job.events.map((e) => el("li", {}, e)));
+}
+
+// Polling --------------------------------------------------------------------------------
+async function get(path) {
+  const response = await fetch(path, { cache: "no-store", credentials: "same-origin" });
+  if (!response.ok) {
+    const body = await response.json().catch(() => ({}));
+    throw Object.assign(new Error(body.error || `${path}: HTTP ${response.status}`), { status: response.status });
+  }
+  return response.json();
+}
+
+function select(name) {
+  selected = name;
+  history.replaceState(null, "", `#${encodeURIComponent(name)}`);
+  refresh();
+}
+
+async function refresh() {
+  clearTimeout(timer);
+  const status = document.getElementById("status");
+  try {
+    const jobsQuery = get("dashboard/api/jobs");
+    const seriesQuery = get(`dashboard/api/series${selected ? `?job=${encodeURIComponent(selected)}` : ""}`);
+    const detailQuery = selected ? get(`dashboard/api/jobs/${encodeURIComponent(selected)}`) : null;
+    const data = await jobsQuery;
+    renderTotals(data);
+    renderJobs(data);
+    renderFailures(data.failures);
+    try {
+      renderSeries(await seriesQuery);
+      if (detailQuery) renderDetail(await detailQuery);
+    } catch (err) {
+      if (err.status !== 404) throw err;
+      selected = null;  // the job is gone (or never was): back to all jobs
+      document.getElementById("detail").hidden = true;
+      history.replaceState(null, "", location.pathname + location.search);
+    }
+    status.className = "";
+    status.textContent = `updated ${new Date().toLocaleTimeString()} · every ${REFRESH_MS / 1000} s`;
+  } catch (err) {
+    status.className = "error";
+    status.textContent = `could not refresh: ${err.message}`;
+  } finally {
+    timer = setTimeout(refresh, REFRESH_MS);
+  }
+}
+
+refresh();
