@@ -215,14 +215,6 @@ def test_source_and_template_corpus(case: Load, tmp_path, monkeypatch):
         store.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: a byte that is not UTF-8 within the first 8 KiB of a CSV is found by the header peek "
-    "(src/lowtide/core/sources.py Source._read_columns, message from _reason): it is reported as "
-    "'cannot read (not UTF-8 text at byte N ...)', where N is the decoder's offset, 3 short when the file starts "
-    "with a UTF-8 BOM (utf-8-sig strips it before counting), and without the line and column that the same "
-    "byte later in the file gets (sources.py line 83). Fix: locate it as chunks() does",
-)
 @pytest.mark.parametrize("bom", [b"", b"\xef\xbb\xbf"], ids=["plain", "with a BOM"])
 def test_a_byte_that_is_not_utf8_early_in_a_csv_is_named_by_line_and_column(tmp_path, bom):
     (tmp_path / "t.csv").write_bytes(bom + b"ticket_id,body\nT1,caf\xe9\n")

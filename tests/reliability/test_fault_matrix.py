@@ -144,7 +144,7 @@ def test_http_faults_on_every_endpoint_converge(route, endpoint, serve, tmp_path
         scenario_find_after_a_crash(route, url, tmp_path)
     elif endpoint == "cancel":
         # Twenty scaled hours (20 s): the batches are still in progress when the faulted cancel calls
-        # get through (a batch that completes first is a bug: see the xfail at the end).
+        # get through.
         url = start(serve, tmp_path, match, "--complete-after", str(20 * 3600))
         scenario_cancel(route, url, tmp_path)
     else:
@@ -212,16 +212,6 @@ def scenario_cancel(route: str, url: str, tmp_path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: src/lowtide/engine/batches.py poll() calls route.cancel() before route.poll() in one try block and "
-    "clears cancel_requested only after a successful poll. A batch that ended at the provider before the cancel "
-    "reached it (the user cancelled while it completed, or the first cancel calls failed) answers every cancel with "
-    "400 (OpenAI: 'Cannot cancel a batch with status completed'; Anthropic: 'has already ended; it cannot be "
-    "canceled'), so every poll fails, the batch is never ingested, its "
-    "requests stay dispatched and the job never converges. Fix: poll first and cancel only a live batch, or treat a "
-    "refused cancel as done and poll anyway",
-)
 @pytest.mark.parametrize("route", list(ENDPOINTS))
 def test_a_job_cancelled_after_its_batch_completed_still_converges(route, serve, tmp_path):
     url = serve()

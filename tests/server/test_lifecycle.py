@@ -30,7 +30,7 @@ def test_each_batch_is_a_lowtide_job_named_after_it(server):
 
 
 def test_complete_after_holds_a_finished_batch_in_progress(serve):
-    with serve(time_scale=3600, complete_after=1800) as s:  # half a scaled hour: about 0.5 s
+    with serve(time_scale=3600, complete_after=7200) as s:  # two scaled hours: about 2 s
         client = s.openai()
         batch = create_batch(client, [chat_line("a"), chat_line("b")])
         seen = wait_openai(client, batch.id, ("in_progress", "completed"))

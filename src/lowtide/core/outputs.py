@@ -31,7 +31,10 @@ def parse_output(text: str, schema: dict[str, Any] | None, choices: list[str] | 
         value = json.loads(body)
     except json.JSONDecodeError as err:
         raise InvalidOutput(f"not valid JSON ({err.msg} at line {err.lineno} column {err.colno})") from None
-    errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(value), key=lambda e: list(e.path))
+    try:
+        errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(value), key=lambda e: list(e.path))
+    except Exception as err:  # a schema the spec check let through (a stored job's, say): never crash ingest
+        raise InvalidOutput(f"the schema could not be applied: {type(err).__name__}: {err}") from None
     if errors:
         first = errors[0]
         where = "/".join(str(p) for p in first.path) or "(root)"

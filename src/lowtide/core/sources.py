@@ -59,7 +59,12 @@ class Source:
                 import pyarrow.parquet as pq
 
                 return list(pq.ParquetFile(self.path).schema_arrow.names)
-        except (OSError, UnicodeDecodeError) as err:
+        except UnicodeDecodeError:
+            line, col = _first_bad_utf8(self.path)
+            raise SourceError(
+                f"{self.path.name} line {line}, column {col}: not UTF-8 text; save the file as UTF-8"
+            ) from None
+        except OSError as err:
             raise SourceError(f"{self.path}: cannot read ({_reason(err)})") from None
         except SourceError:
             raise

@@ -12,6 +12,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import jsonschema
+import referencing
+import referencing.exceptions
+import referencing.jsonschema
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -157,6 +160,7 @@ class JobSpec(_Strict):
                 jsonschema.Draft202012Validator.check_schema(v)
             except jsonschema.SchemaError as err:
                 raise ValueError(f"not a valid JSON Schema: {err.message}") from None
+            _check_refs(v)
         return v
 
     @field_validator("deadline")
@@ -187,6 +191,32 @@ class JobSpec(_Strict):
         return [str(e) for e in enum] if enum else None
 
 
+def _check_refs(schema: dict[str, Any]) -> None:
+    """Every `$ref` must resolve inside the schema itself: one that does not would only show
+    when the first answer is checked, and a remote one would be fetched at that moment."""
+    resolver = referencing.Registry().resolver_with_root(
+        referencing.Resource.from_contents(schema, default_specification=referencing.jsonschema.DRAFT202012)
+    )
+
+    def refs(node: Any):
+        if isinstance(node, dict):
+            if isinstance(node.get("$ref"), str):
+                yield node["$ref"]
+            for value in node.values():
+                yield from refs(value)
+        elif isinstance(node, list):
+            for value in node:
+                yield from refs(value)
+
+    for ref in refs(schema):
+        if not ref.startswith("#"):
+            raise ValueError(f'$ref "{ref}" points outside the schema; put what it names under "$defs" and use "#/$defs/…"')
+        try:
+            resolver.lookup(ref)
+        except referencing.exceptions.Unresolvable:
+            raise ValueError(f'$ref "{ref}" does not resolve: nothing at that place in the schema') from None
+
+
 def load_spec(path: str | Path) -> JobSpec:
     """Read a job spec file; every problem names the file, line and key, and the fix."""
     path = Path(path)
@@ -194,6 +224,9 @@ def load_spec(path: str | Path) -> JobSpec:
         text = path.read_text(encoding="utf-8")
     except OSError as err:
         raise SpecError(f"{path}: cannot read the job spec ({err.strerror or err})") from None
+    except UnicodeDecodeError as err:
+        line = path.read_bytes()[: err.start].count(b"\n") + 1
+        raise SpecError(f"{path} line {line}: not UTF-8 text (byte 0x{err.object[err.start]:02x}); save the file as UTF-8") from None
     try:
         node = yaml.compose(text)
         data = yaml.safe_load(text)

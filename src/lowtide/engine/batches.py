@@ -240,9 +240,13 @@ async def poll(
         if not _claim(store, dispatch_id, owner, lease_until, worker, now, POLL_LEASE):
             continue  # another worker is polling or ingesting it
         try:
-            if cancel_requested:
-                await route.cancel(provider_id)
             status = await route.poll(provider_id)
+            # Cancel only a batch still running: one that ended first has nothing to stop, and
+            # the provider refuses the cancel. A cancel that fails is asked again next poll.
+            if cancel_requested and not status.ended:
+                cancel_requested = not await _cancel(store, job, route, provider_id, clock)
+                if not cancel_requested:
+                    status = await route.poll(provider_id)
         except Exception as err:
             with store.begin() as conn:
                 conn.execute(
@@ -256,7 +260,8 @@ async def poll(
         with store.begin() as conn:
             conn.execute(
                 update(dispatches).where(dispatches.c.id == dispatch_id).values(
-                    polls=polls + 1, phase=status.phase, error=None, cancel_requested=False,
+                    polls=polls + 1, phase=status.phase, error=None,
+                    cancel_requested=cancel_requested and not status.ended,
                     next_poll_at=clock.now() + poll_delay(interval, polls + 1, rng),
                     # Held while an ended batch is ingested; let go otherwise.
                     lease_until=clock.now() + POLL_LEASE if status.ended else 0.0,
@@ -272,6 +277,16 @@ async def poll(
                     conn.execute(update(dispatches).where(dispatches.c.id == dispatch_id).values(lease_until=0.0))
                     add_event(conn, job.id, "ingest_error", f"{route.name} batch {provider_id}: {err}", clock.now())
     return counts
+
+
+async def _cancel(store: Store, job: JobContext, route: BatchRoute, provider_id: str, clock: Clock) -> bool:
+    try:
+        await route.cancel(provider_id)
+        return True
+    except Exception as err:
+        with store.begin() as conn:
+            add_event(conn, job.id, "cancel_error", f"{route.name} batch {provider_id}: {err}", clock.now())
+        return False
 
 
 async def _ingest(store, job: JobContext, route: BatchRoute, dispatch_id: int, provider_id: str, clock, rng) -> IngestCounts:

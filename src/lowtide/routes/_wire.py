@@ -8,6 +8,7 @@ choices in the prompt text, and the engine validates the answer.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from lowtide.core.types import ChatRequest, Usage
@@ -31,14 +32,40 @@ def openai_body(request: ChatRequest) -> dict[str, Any]:
     return body
 
 
+def count(value: Any) -> int:
+    """A token count as a provider reported it: a non-negative integer (or an integral number
+    or digits in a string); anything else is 0, never carried into the ledger as it is."""
+    if isinstance(value, bool):
+        return 0
+    if isinstance(value, int):
+        return max(value, 0)
+    if isinstance(value, float) and value.is_integer():
+        return max(int(value), 0)
+    if isinstance(value, str) and value.isdigit():
+        return int(value)
+    return 0
+
+
+def text_or_none(value: Any) -> str | None:
+    """A code, reason or message as text (a provider's odd object, serialised)."""
+    if value is None or isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False)[:2000]
+
+
+def _details(usage: dict[str, Any], key: str) -> dict[str, Any]:
+    value = usage.get(key)
+    return value if isinstance(value, dict) else {}
+
+
 def openai_usage(usage: dict[str, Any] | None) -> Usage:
     """A chat completion's `usage`, as reported (prompt, cached prompt, completion, reasoning)."""
-    usage = usage or {}
+    usage = usage if isinstance(usage, dict) else {}
     return Usage(
-        input_tokens=usage.get("prompt_tokens") or 0,
-        cached_input_tokens=(usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0,
-        output_tokens=usage.get("completion_tokens") or 0,
-        reasoning_tokens=(usage.get("completion_tokens_details") or {}).get("reasoning_tokens") or 0,
+        input_tokens=count(usage.get("prompt_tokens")),
+        cached_input_tokens=count(_details(usage, "prompt_tokens_details").get("cached_tokens")),
+        output_tokens=count(usage.get("completion_tokens")),
+        reasoning_tokens=count(_details(usage, "completion_tokens_details").get("reasoning_tokens")),
     )
 
 
@@ -68,10 +95,10 @@ def anthropic_text(message: dict[str, Any]) -> str:
 
 def anthropic_usage(usage: dict[str, Any] | None) -> Usage:
     """A message's `usage`: input, cache read, cache creation, output."""
-    usage = usage or {}
+    usage = usage if isinstance(usage, dict) else {}
     return Usage(
-        input_tokens=usage.get("input_tokens") or 0,
-        cached_input_tokens=usage.get("cache_read_input_tokens") or 0,
-        cache_write_tokens=usage.get("cache_creation_input_tokens") or 0,
-        output_tokens=usage.get("output_tokens") or 0,
+        input_tokens=count(usage.get("input_tokens")),
+        cached_input_tokens=count(usage.get("cache_read_input_tokens")),
+        cache_write_tokens=count(usage.get("cache_creation_input_tokens")),
+        output_tokens=count(usage.get("output_tokens")),
     )

@@ -25,7 +25,7 @@ import anthropic
 from lowtide.core.errors import BatchRejected, RouteError
 from lowtide.core.types import ChatRequest, Outcome
 from lowtide.routes._provider import RETRYABLE_CODES, api_key, check_options, poll_interval
-from lowtide.routes._wire import anthropic_params, anthropic_text, anthropic_usage
+from lowtide.routes._wire import anthropic_params, anthropic_text, anthropic_usage, text_or_none
 from lowtide.routes.base import BatchLimits, BatchStatus
 
 log = logging.getLogger(__name__)
@@ -49,13 +49,13 @@ def parse_result(custom_id: str, result: Any) -> Outcome:
             custom_id,
             True,
             text=anthropic_text(message),
-            finish_reason=message.get("stop_reason"),
+            finish_reason=text_or_none(message.get("stop_reason")),
             usage=anthropic_usage(message.get("usage")),
         )
     if kind == "errored":
         error = (data.get("error") or {}).get("error") or {}
-        code = error.get("type") or "api_error"
-        return Outcome.failure(custom_id, code, error.get("message") or code, code in RETRYABLE_CODES)
+        code = text_or_none(error.get("type")) or "api_error"
+        return Outcome.failure(custom_id, code, text_or_none(error.get("message")) or code, code in RETRYABLE_CODES)
     if kind in ("canceled", "expired"):
         return Outcome.failure(custom_id, "batch_cancelled" if kind == "canceled" else "batch_expired", f"request {kind}", True)
     return Outcome.failure(custom_id, "unknown_result", f"unknown result type {kind!r}", True)

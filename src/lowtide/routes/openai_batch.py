@@ -30,7 +30,7 @@ from lowtide.routes._provider import (
     poll_interval,
     retryable_status,
 )
-from lowtide.routes._wire import openai_body, openai_usage
+from lowtide.routes._wire import openai_body, openai_usage, text_or_none
 from lowtide.routes.base import BatchLimits, BatchStatus
 
 log = logging.getLogger(__name__)
@@ -48,28 +48,32 @@ def request_line(request: ChatRequest) -> dict[str, Any]:
 
 
 def parse_result_line(line: dict[str, Any]) -> Outcome:
-    """One line of an output or error file, as an Outcome (see batch-apis.md for the shapes)."""
+    """One line of an output or error file, as an Outcome (see batch-apis.md for the shapes).
+    A line whose custom_id is not text names no request: TypeError (the line is skipped)."""
     cid = line["custom_id"]
+    if not isinstance(cid, str):
+        raise TypeError(f"custom_id is {type(cid).__name__}, not text")
     response = line.get("response")
     if response is not None and response.get("status_code", 500) < 400:
         body = response["body"]
         choice = body["choices"][0]
+        content = choice["message"].get("content")
         return Outcome(
             cid,
             True,
-            text=choice["message"].get("content") or "",
-            finish_reason=choice.get("finish_reason"),
+            text=content if isinstance(content, str) else text_or_none(content) or "",
+            finish_reason=text_or_none(choice.get("finish_reason")),
             usage=openai_usage(body.get("usage")),
         )
     if response is not None:
         status = response.get("status_code", 500)
         error = (response.get("body") or {}).get("error") or {}
-        code = error.get("code") or error.get("type") or f"http_{status}"
-        message = error.get("message") or f"HTTP {status}"
-        return Outcome.failure(cid, str(code), f"HTTP {status}: {message}", retryable_status(status))
+        code = text_or_none(error.get("code") or error.get("type")) or f"http_{status}"
+        message = text_or_none(error.get("message")) or f"HTTP {status}"
+        return Outcome.failure(cid, code, f"HTTP {status}: {message}", retryable_status(status))
     error = line.get("error") or {}
-    code = error.get("code") or "unknown_error"
-    return Outcome.failure(cid, code, error.get("message") or code, code in RETRYABLE_CODES)
+    code = text_or_none(error.get("code")) or "unknown_error"
+    return Outcome.failure(cid, code, text_or_none(error.get("message")) or code, code in RETRYABLE_CODES)
 
 
 class OpenAIBatchRoute:
