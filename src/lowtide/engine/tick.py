@@ -197,7 +197,11 @@ class Engine:
             return False
         except PermissionError:
             pass
-        return True
+        try:  # a killed process its parent has not reaped yet still has a pid: a zombie
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                return f.read().rpartition(b")")[2].split()[0] != b"Z"
+        except (OSError, IndexError):
+            return True
 
     def enforce_deadline(self, job: JobContext) -> int:
         deadline = job.spec.deadline

@@ -78,7 +78,8 @@ class AnthropicBatchRoute:
         self.client = anthropic.AsyncAnthropic(
             api_key=api_key(self.name, options, "ANTHROPIC_API_KEY"),
             base_url=options.get("base_url"),
-            timeout=float(options.get("timeout", 600)),
+            # Per read or write, not per call: a stalled download gives up and the next poll resumes.
+            timeout=float(options.get("timeout", 120)),
         )
 
     def check_model(self, model: str) -> None:

@@ -8,7 +8,8 @@ Output and error files are streamed line by line.
 
 Options: `base_url`, `api_key_env` (default OPENAI_API_KEY), `max_requests` (≤ 50,000),
 `max_bytes` (≤ 200 MB), `poll_interval` ([first, longest] seconds, default [30, 600]),
-`find_hours` (how far back `find` looks, default 48), `timeout` (seconds per call, 600).
+`find_hours` (how far back `find` looks, default 48), `timeout` (seconds a connect, read or
+write may stall, 120).
 """
 
 from __future__ import annotations
@@ -93,7 +94,8 @@ class OpenAIBatchRoute:
         self.client = openai.AsyncOpenAI(
             api_key=api_key(self.name, options, "OPENAI_API_KEY"),
             base_url=options.get("base_url"),
-            timeout=float(options.get("timeout", 600)),
+            # Per read or write, not per call: a stalled download gives up and the next poll resumes.
+            timeout=float(options.get("timeout", 120)),
         )
 
     def check_model(self, model: str) -> None:
