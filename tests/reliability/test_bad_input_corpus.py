@@ -1,13 +1,15 @@
 """The bad-input corpus (DESIGN invariant 7): one row = one bad input + the exact message
-lowtide answers with. Job specs, sources, templates, response schemas and answers, and
-provider result lines.
+lowtide answers with. Job specs, sources, templates, response schemas and answers,
+provider result lines, gateway requests (status and whole answer body) and gateway config files.
 
 Every message is compared whole, so a change of wording is a visible change of this table.
 `{dir}` stands for the test's folder. Source and template rows load into a fresh store and
 check that nothing was stored; tests/engine/test_bad_input.py checks, for the same kinds of
 input, that a store already holding a finished job is left exactly as it was.
 
-Gateway requests are not in the corpus: the gateway does not exist yet.
+Gateway requests are the gateway's own refusals. A body without `model` or `messages` is not
+one: the gateway forwards it in real time (`X-Lowtide-Reason` says why it was not deferred)
+and the upstream answers it, so it is tested in tests/gateway/, not here.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import sqlalchemy as sa
 
@@ -28,9 +31,12 @@ from lowtide.engine.loader import load_job
 from lowtide.routes import known_routes
 from lowtide.routes.anthropic_batch import parse_result
 from lowtide.routes.openai_batch import _parse
+from lowtide.server.gateway import create_gateway_app, load_gateway_config
+from lowtide.server.gateway.tenants import sha256_hex
 from lowtide.store.db import Store
 from lowtide.store.schema import jobs, requests
 from tests.conftest import make_spec
+from tests.gateway.conftest import KEYS, running_gateway
 
 # -- job specs: YAML text → SpecError ----------------------------------------------------------
 
@@ -297,6 +303,205 @@ def test_anthropic_result_corpus(result, expected):
     assert (outcome.custom_id, outcome.ok, outcome.error_code, outcome.error_message, outcome.retryable) == expected
 
 
-@pytest.mark.skip(reason="the gateway does not exist yet: its bad requests join the corpus when it does")
-def test_gateway_request_corpus():
-    """Placeholder, so the gap shows in every test run."""
+# -- gateway requests: one request → the gateway's status and whole answer ------------------
+# One gateway for every row (no upstream: nothing here is forwarded), tenants as in
+# tests/gateway: acme and globex; `capped` has used its one request a minute (the clock does
+# not move); `full` may have no deferred request waiting. `{other}` is globex's deferred id.
+
+OPENAI_401 = {"error": {"message": "Incorrect API key provided.", "type": "invalid_request_error", "param": None, "code": "invalid_api_key"}}
+TOO_LARGE = "the request body is over the gateway's limit of 1024 bytes"
+CHAT = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hello"}]}
+DEFER = {"x-lowtide-defer": "1h"}
+
+
+def _openai(status: int, message: str, type: str = "invalid_request_error", code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": type, "param": None, "code": code}}
+
+
+def _anthropic(type: str, message: str) -> dict:
+    return {"type": "error", "error": {"type": type, "message": message}}
+
+
+def _callback(url: str) -> dict[str, str]:
+    return {**DEFER, "x-lowtide-callback": url}
+
+
+@dataclass
+class Call:
+    name: str
+    status: int
+    answer: dict
+    path: str = "/v1/chat/completions"
+    method: str = "POST"
+    tenant: str | None = "acme"  # whose key is sent; None: no key at all
+    headers: dict[str, str] = field(default_factory=dict)
+    body: bytes | Any = field(default_factory=lambda: CHAT)  # bytes as they are, else JSON
+    chunked: bool = False  # sent without a Content-Length
+    answer_headers: dict[str, str] = field(default_factory=dict)
+
+
+GATEWAY_CALLS: list[Call] = [
+    Call("no key", 401, OPENAI_401, tenant=None),
+    Call("an unknown key", 401, OPENAI_401, tenant=None, headers={"authorization": "Bearer sk-nobody"}),
+    Call("a key that is not a bearer token", 401, OPENAI_401, tenant=None, headers={"authorization": "Basic c2stYWNtZQ=="}),
+    Call("an unknown key, Anthropic's API", 401, _anthropic("authentication_error", "invalid x-api-key"),
+         path="/v1/messages", tenant=None, headers={"x-api-key": "sk-nobody"}),
+    Call("no key for a status", 401, OPENAI_401, method="GET", path="/v1/deferred/{other}", tenant=None),
+    Call("over the tenant's requests per minute", 429,
+         _openai(429, "tenant capped: over its quota of 1 requests per minute", "requests", "rate_limit_exceeded"),
+         tenant="capped", answer_headers={"retry-after": "60"}),
+    Call("body over the size limit", 413, _openai(413, TOO_LARGE, "request_too_large"),
+         body={**CHAT, "messages": [{"role": "user", "content": "x" * 2000}]}),
+    Call("body over the size limit, chunked", 413, _openai(413, TOO_LARGE, "request_too_large"),
+         body=b"{" + b" " * 2000 + b"}", chunked=True),
+    Call("body over the size limit, Anthropic's API", 413, _anthropic("request_too_large", TOO_LARGE),
+         path="/v1/messages", body={**CHAT, "messages": [{"role": "user", "content": "x" * 2000}]}),
+    Call("body not JSON", 400, _openai(400, "We could not parse the JSON body of your request."),
+         body=b'{"model": "gpt-4o-mini", messages: []}'),
+    Call("body not UTF-8", 400, _openai(400, "We could not parse the JSON body of your request."),
+         body=b'{"model": "caf\xe9"}'),
+    Call("empty body", 400, _openai(400, "We could not parse the JSON body of your request."), body=b""),
+    Call("body a JSON list", 400, _openai(400, "The request body must be a JSON object."), body=[CHAT]),
+    Call("body not JSON, Anthropic's API", 400,
+         _anthropic("invalid_request_error", "We could not parse the JSON body of your request."),
+         path="/v1/messages", body=b"model=claude"),
+    Call("X-Lowtide-Defer not a duration", 400,
+         _openai(400, "X-Lowtide-Defer: expected a duration such as 90s, 10m, 2h or 1d; got 'tomorrow'"),
+         headers={"x-lowtide-defer": "tomorrow"}),
+    Call("X-Lowtide-Defer negative", 400,
+         _openai(400, "X-Lowtide-Defer: expected a duration such as 90s, 10m, 2h or 1d; got '-5m'"),
+         headers={"x-lowtide-defer": "-5m"}),
+    Call("X-Lowtide-Prefer unknown", 400,
+         _openai(400, "X-Lowtide-Prefer: give 'realtime' (or 'batch', the default); got 'fast'"),
+         headers={**DEFER, "x-lowtide-prefer": "fast"}),
+    Call("X-Lowtide-Priority unknown", 400,
+         _openai(400, "X-Lowtide-Priority: the only value is 'realtime'; got 'high'"),
+         headers={"x-lowtide-priority": "high"}),
+    Call("callback on loopback", 400,
+         _openai(400, "X-Lowtide-Callback: callback URL: host 127.0.0.1 resolves to a loopback address (127.0.0.1); callbacks there are not allowed"),
+         headers=_callback("http://127.0.0.1:9/hook")),
+    Call("callback on IPv6 loopback", 400,
+         _openai(400, "X-Lowtide-Callback: callback URL: host ::1 resolves to a loopback address (::1); callbacks there are not allowed"),
+         headers=_callback("http://[::1]:9/hook")),
+    Call("callback on a private address", 400,
+         _openai(400, "X-Lowtide-Callback: callback URL: host 10.1.2.3 resolves to a private address (10.1.2.3); callbacks there are not allowed"),
+         headers=_callback("http://10.1.2.3/hook")),
+    Call("callback on the cloud metadata address", 400,
+         _openai(400, "X-Lowtide-Callback: callback URL: host 169.254.169.254 resolves to a link-local address (169.254.169.254); callbacks there are not allowed"),
+         headers=_callback("http://169.254.169.254/latest/meta-data")),
+    Call("callback on loopback, Anthropic's API", 400,
+         _anthropic("invalid_request_error", "X-Lowtide-Callback: callback URL: host 127.0.0.1 resolves to a loopback address (127.0.0.1); callbacks there are not allowed"),
+         path="/v1/messages", body={**CHAT, "max_tokens": 16}, headers=_callback("http://127.0.0.1:9/hook")),
+    Call("callback with a scheme not allowed", 400,
+         _openai(400, "X-Lowtide-Callback: callback URL: scheme 'ftp' is not allowed; use https or http"),
+         headers=_callback("ftp://hooks.example.com/x")),
+    Call("callback with credentials", 400,
+         _openai(400, "X-Lowtide-Callback: callback URL: credentials in the URL are not allowed"),
+         headers=_callback("https://user:pw@hooks.example.com/x")),
+    Call("callback with no host", 400, _openai(400, "X-Lowtide-Callback: callback URL: no host"),
+         headers=_callback("https:///hook")),
+    Call("deferred over the tenant's pending quota", 429,
+         _openai(429, "tenant full: 0 deferred requests are still waiting, its quota is 0", "requests", "rate_limit_exceeded"),
+         tenant="full", headers=DEFER, answer_headers={"retry-after": "60"}),
+    Call("another tenant's deferred id", 404, _openai(404, "No deferred request found with id '{other}'."),
+         method="GET", path="/v1/deferred/{other}"),
+    Call("an unknown deferred id", 404, _openai(404, "No deferred request found with id 'dfr_doesnotexist'."),
+         method="GET", path="/v1/deferred/dfr_doesnotexist"),
+    Call("another API path, with no upstream", 404, _openai(404, "Unknown path POST /v1/embeddings"),
+         path="/v1/embeddings", body={"model": "text-embedding-3-small", "input": "hi"}),
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def corpus_gateway(tmp_path_factory):
+    """One gateway on loopback for every row: (its URL, globex's deferred id)."""
+    tmp_path = tmp_path_factory.mktemp("gateway")
+    tenants = [{"name": name, "key_sha256": sha256_hex(key)} for name, key in KEYS.items()]
+    tenants += [{"name": "capped", "key_sha256": sha256_hex("sk-capped"), "quotas": {"rpm": 1}},
+                {"name": "full", "key_sha256": sha256_hex("sk-full"), "quotas": {"max_pending": 0}}]  # fmt: skip
+    config = {
+        "data_dir": str(tmp_path / "gateway-data"),
+        "batch": {"openai": {"route": "echo"}, "anthropic": {"route": "echo"}},
+        "collector": {"flush_size": 1000, "flush_age": 3600},  # nothing runs while we look
+        "tenants": tenants,
+        "webhooks": {"secret_env": "LOWTIDE_CORPUS_WEBHOOK_SECRET"},
+        "max_body_bytes": 1024,
+    }
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("LOWTIDE_CORPUS_WEBHOOK_SECRET", "whsec-corpus")  # else every callback is refused alike
+        with running_gateway(tmp_path, config, clock=ManualClock()) as g:
+            with httpx.Client(base_url=g.url, timeout=30) as c:
+                other = c.post("/v1/chat/completions", json=CHAT, headers={**DEFER, "authorization": f"Bearer {KEYS['globex']}"})
+                assert other.status_code == 202, other.text
+                capped = c.post("/v1/chat/completions", json=CHAT, headers={**DEFER, "authorization": "Bearer sk-capped"})
+                assert capped.status_code == 202, capped.text  # its one request this minute
+            yield g.url, other.json()["id"]
+
+
+_KEYS = {**KEYS, "capped": "sk-capped", "full": "sk-full"}
+
+
+@pytest.mark.parametrize("case", GATEWAY_CALLS, ids=[c.name for c in GATEWAY_CALLS])
+def test_gateway_request_corpus(case: Call, corpus_gateway):
+    url, other = corpus_gateway
+    headers = dict(case.headers)
+    if case.tenant is not None:
+        headers["authorization"] = f"Bearer {_KEYS[case.tenant]}"
+    body = case.body if isinstance(case.body, bytes) else json.dumps(case.body).encode()
+    content = iter([body]) if case.chunked else body
+    with httpx.Client(base_url=url, timeout=30) as c:
+        if case.method == "GET":
+            answer = c.get(case.path.replace("{other}", other), headers=headers)
+        else:
+            answer = c.request(case.method, case.path, content=content, headers={"content-type": "application/json", **headers})
+    expected = json.loads(json.dumps(case.answer).replace("{other}", other))
+    assert (answer.status_code, answer.json()) == (case.status, expected)
+    for name, value in case.answer_headers.items():
+        assert answer.headers.get(name) == value
+
+
+# -- gateway config files: YAML text → SpecError, from loading or from starting the gateway --
+
+GATEWAY_KNOWN_TOP = (
+    "db, data_dir, public_url, upstreams, batch, collector, rules, classifier, default_max_wait, tenants, "
+    "callbacks, webhooks, max_body_bytes"
+)
+
+GATEWAY_CONFIGS: list[tuple[str, str, str]] = [
+    ("unknown top-level key", "max_body: 4096\n",
+     "{cfg}: invalid gateway config: 1 problem(s)\n  - {cfg} line 1: unknown key `max_body`; known keys here: " + GATEWAY_KNOWN_TOP),
+    ("an upstream key in the file", "upstreams:\n  openai:\n    base_url: http://x/v1\n    api_key: sk-in-the-file\n",
+     "{cfg}: invalid gateway config: 1 problem(s)\n  - {cfg} line 4: unknown key `upstreams.openai.api_key`; "
+     "known keys here: base_url, api_key_env, timeout, max_connections, limits, price_as"),
+    ("an upstream URL without a scheme", "upstreams:\n  openai: {base_url: api.openai.com/v1}\n",
+     "{cfg}: invalid gateway config: 1 problem(s)\n  - {cfg} line 2: `upstreams.openai.base_url`: give an http:// or https:// URL"),
+    ("flush_age not a duration", "collector:\n  flush_age: soon\n",
+     "{cfg}: invalid gateway config: 1 problem(s)\n  - {cfg} line 2: `collector.flush_age`: expected a duration such as 90s, 10m, 2h or 1d; got 'soon'"),
+    ("tenant key not a SHA-256", "tenants:\n  - {name: acme, key_sha256: sk-acme-raw-key}\n",
+     "{cfg}: invalid gateway config: 1 problem(s)\n  - {cfg} line 2: `tenants.0.key_sha256`: String should match pattern '^[0-9a-fA-F]{64}$'"),
+    ("a rule with an unknown action", "rules:\n  - {match: {tenant: acme}, action: later}\n",
+     "{cfg}: invalid gateway config: 1 problem(s)\n  - {cfg} line 2: `rules.0.action`: Input should be 'realtime', 'defer' or 'prefer_realtime'"),
+    ("size limit below 1024", "max_body_bytes: 10\n",
+     "{cfg}: invalid gateway config: 1 problem(s)\n  - {cfg} line 1: `max_body_bytes`: Input should be greater than or equal to 1024"),
+    ("a key given twice", "data_dir: a\ndata_dir: b\n",
+     "{cfg} line 2: key `data_dir` is given twice (first on line 1); keep one"),
+    ("a list, not a mapping", "- upstreams\n",
+     "{cfg}: a gateway config is a YAML mapping with keys such as upstreams, batch, tenants"),
+    ("not YAML", "data_dir: d\ncallbacks: {allow_loopback: true\nbatch: b\n",
+     "{cfg} line 3: not valid YAML (expected ',' or '}', but got ':')"),
+    ("an unknown batch route", "batch:\n  openai: {route: ehco}\n",
+     'gateway config: batch.openai: unknown route "ehco"; known routes: {routes}. '
+     "Fix the `route:` key of the job spec, or install the plugin that provides it."),
+    ("an upstream key variable not set", "upstreams:\n  openai: {base_url: http://x/v1, api_key_env: LOWTIDE_CORPUS_UNSET_KEY}\n",
+     "gateway config: upstreams.openai.api_key_env: set the environment variable LOWTIDE_CORPUS_UNSET_KEY"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("text", "expected"), [c[1:] for c in GATEWAY_CONFIGS], ids=[c[0] for c in GATEWAY_CONFIGS])
+def test_gateway_config_corpus(tmp_path, monkeypatch, text, expected):
+    monkeypatch.delenv("LOWTIDE_CORPUS_UNSET_KEY", raising=False)
+    path = tmp_path / "gateway.yaml"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(SpecError) as info:
+        create_gateway_app(load_gateway_config(path), db=str(tmp_path / "lowtide.db"))
+    assert str(info.value) == expected.replace("{cfg}", str(path)).replace("{routes}", ", ".join(known_routes()))
