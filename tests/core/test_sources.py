@@ -148,7 +148,7 @@ def test_missing_file_and_folder(tmp_path):
 
 def test_non_utf8_header(tmp_path):
     (tmp_path / "t.csv").write_bytes(b"id,b\xf6dy\nA,x\n")
-    with pytest.raises(SourceError, match=r"t\.csv: cannot read \(not UTF-8 text at byte 4; save the file as UTF-8\)"):
+    with pytest.raises(SourceError, match=r"t\.csv line 1, column 5: not UTF-8 text; save the file as UTF-8"):
         Source(tmp_path / "t.csv")
 
 

@@ -32,14 +32,13 @@ from enum import StrEnum
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from lowtide.core.errors import InputError
-from lowtide.core.spec import _key_lines
 from lowtide.core.types import Usage
+from lowtide.core.yamlfile import parse_mapping, read_text, validate
 
 PRICES_ENV = "LOWTIDE_PRICES"
 PROVIDERS = ("openai", "anthropic")
@@ -205,65 +204,22 @@ def load_catalog(prices: str | Path | None = None) -> Catalog:
 
 
 def read_price_file(path: str | Path) -> PriceFile:
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise InputError(f"{path}: cannot read the price file ({getattr(err, 'strerror', None) or err})") from None
-    return parse_price_file(text, str(path))
+    return parse_price_file(read_text(Path(path), "price file", InputError), str(path))
 
 
 def parse_price_file(text: str, where: str) -> PriceFile:
     """Validate a price file; every problem names the file, line and key, and the fix."""
-    try:
-        node = yaml.compose(text)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        line = f" line {mark.line + 1}" if mark else ""
-        raise InputError(f"{where}{line}: not valid YAML ({getattr(err, 'problem', err)})") from None
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise InputError(f"{where}: a price file is a YAML mapping with keys {', '.join(PriceFile.model_fields)}")
-    try:
-        lines = _key_lines(node)
-    except InputError as err:
-        raise InputError(f"{where} {err}") from None
-    try:
-        return PriceFile.model_validate(data)
-    except ValidationError as err:
-        problems = [_describe(e, where, lines) for e in err.errors()]
-        raise InputError.from_problems(f"{where}: invalid price file", problems) from None
+    not_a_mapping = f"a price file is a YAML mapping with keys {', '.join(PriceFile.model_fields)}"
+    data, lines = parse_mapping(text, where, not_a_mapping, InputError, empty_ok=True)
+    return validate(PriceFile, data, where, "price file", lines, InputError, _price_hint)
 
 
-def _describe(error: Any, where: str, lines: dict) -> str:
-    loc = tuple(str(p) for p in error["loc"])
-    key = ".".join(loc) or "(top level)"
-    line = lines.get(loc) or lines.get(loc[:-1])
-    at = f"{where} line {line}" if line else where
-    if error["type"] == "extra_forbidden":
-        return f"{at}: unknown key `{key}`; known keys here: {', '.join(_known_keys(loc[:-1]))}"
-    if error["type"] == "missing":
-        return f"{at}: `{key}` is required"
-    hint = ""
+def _price_hint(loc: tuple[str, ...]) -> str:
     if loc and loc[-1] in TierPrices.model_fields:
-        hint = "; give USD per million tokens as a number, e.g. 2.50"
-    elif loc and loc[-1] in SelfHosted.model_fields and loc[-1] != "note":
-        hint = "; give a number (USD per hour, or tokens per second)"
-    return f"{at}: `{key}`: {error['msg'].removeprefix('Value error, ')}{hint}"
-
-
-def _known_keys(loc: tuple[str, ...]) -> list[str]:
-    """The keys allowed at `loc` (a path of keys into a price file)."""
-    kind: Any = PriceFile
-    for part in loc:
-        if isinstance(kind, type) and issubclass(kind, BaseModel):
-            kind = kind.model_fields[part].annotation if part in kind.model_fields else None
-        elif get_origin(kind) is dict:
-            kind = get_args(kind)[1]  # `part` is an entry's name
-        while get_origin(kind) in (Union, type(int | None)):  # Optional[Model]
-            kind = next(a for a in get_args(kind) if a is not type(None))
-    return list(kind.model_fields) if isinstance(kind, type) and issubclass(kind, BaseModel) else []
+        return "; give USD per million tokens as a number, e.g. 2.50"
+    if loc and loc[-1] in SelfHosted.model_fields and loc[-1] != "note":
+        return "; give a number (USD per hour, or tokens per second)"
+    return ""
 
 
 # ---- routes to tiers -------------------------------------------------------------------

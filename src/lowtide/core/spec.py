@@ -15,10 +15,10 @@ import jsonschema
 import referencing
 import referencing.exceptions
 import referencing.jsonschema
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from lowtide.core.errors import SpecError
+from lowtide.core.yamlfile import parse_mapping, read_text, validate
 
 FORMATS = {".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet"}
 JOB_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,63}$")
@@ -220,83 +220,11 @@ def _check_refs(schema: dict[str, Any]) -> None:
 def load_spec(path: str | Path) -> JobSpec:
     """Read a job spec file; every problem names the file, line and key, and the fix."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as err:
-        raise SpecError(f"{path}: cannot read the job spec ({err.strerror or err})") from None
-    except UnicodeDecodeError as err:
-        line = path.read_bytes()[: err.start].count(b"\n") + 1
-        raise SpecError(f"{path} line {line}: not UTF-8 text (byte 0x{err.object[err.start]:02x}); save the file as UTF-8") from None
-    try:
-        node = yaml.compose(text)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark else ""
-        raise SpecError(f"{path}{where}: not valid YAML ({getattr(err, 'problem', err)})") from None
-    if not isinstance(data, dict):
-        raise SpecError(f"{path}: a job spec is a YAML mapping with keys name, source, template, model, route")
+    text = read_text(path, "job spec")
+    data, lines = parse_mapping(text, str(path), "a job spec is a YAML mapping with keys name, source, template, model, route")
     data.setdefault("base_dir", str(path.parent.resolve()))
-    try:
-        lines = _key_lines(node)
-    except SpecError as err:
-        raise SpecError(f"{path} {err}") from None
     return build_spec(data, where=str(path), lines=lines)
 
 
 def build_spec(data: dict[str, Any], where: str = "job spec", lines: dict | None = None) -> JobSpec:
-    try:
-        return JobSpec.model_validate(data)
-    except ValidationError as err:
-        problems = [_describe(e, where, lines or {}) for e in err.errors()]
-        raise SpecError.from_problems(f"{where}: invalid job spec", problems) from None
-
-
-def _describe(error: dict[str, Any], where: str, lines: dict) -> str:
-    loc = tuple(str(p) for p in error["loc"])
-    field = ".".join(loc) or "(top level)"
-    line = lines.get(loc) or lines.get(loc[:-1])
-    at = f"{where} line {line}" if line else where
-    if error["type"] == "extra_forbidden":
-        known = _known_keys(loc[:-1])
-        return f"{at}: unknown key `{field}`; known keys here: {', '.join(known)}"
-    if error["type"] == "missing":
-        return f"{at}: `{field}` is required"
-    msg = error["msg"].removeprefix("Value error, ")
-    return f"{at}: `{field}`: {msg}"
-
-
-def _known_keys(loc: tuple[str, ...]) -> list[str]:
-    model: Any = JobSpec
-    for part in loc:
-        field = model.model_fields.get(part)
-        if field is None or not isinstance(field.annotation, type) or not issubclass(field.annotation, BaseModel):
-            # Optional[Model] annotations: take the model out of the union.
-            args = getattr(field.annotation, "__args__", ()) if field else ()
-            model = next((a for a in args if isinstance(a, type) and issubclass(a, BaseModel)), None)
-            if model is None:
-                return []
-        else:
-            model = field.annotation
-    return [k for k in model.model_fields if k != "base_dir"]
-
-
-def _key_lines(node: yaml.Node | None, prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], int]:
-    """Map each key path of a YAML document to its 1-based line number."""
-    lines: dict[tuple[str, ...], int] = {}
-    if isinstance(node, yaml.MappingNode):
-        for key, value in node.value:
-            path = (*prefix, str(key.value))
-            if path in lines:  # YAML would silently keep the last one
-                raise SpecError(
-                    f"line {key.start_mark.line + 1}: key `{'.'.join(path)}` is given twice "
-                    f"(first on line {lines[path]}); keep one"
-                )
-            lines[path] = key.start_mark.line + 1
-            lines.update(_key_lines(value, path))
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            path = (*prefix, str(i))
-            lines[path] = item.start_mark.line + 1
-            lines.update(_key_lines(item, path))
-    return lines
+    return validate(JobSpec, data, where, "job spec", lines)

@@ -27,11 +27,9 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
-from lowtide.core.errors import SpecError
-from lowtide.core.spec import _key_lines
+from lowtide.core.yamlfile import parse_mapping, read_text, validate
 
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
@@ -205,69 +203,14 @@ class GatewayConfig(_Strict):
 def load_gateway_config(path: str | Path) -> GatewayConfig:
     """Read a gateway config file; every problem names the file, line and key."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as err:
-        raise SpecError(f"{path}: cannot read the gateway config ({err.strerror or err})") from None
-    try:
-        node = yaml.compose(text)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark else ""
-        raise SpecError(f"{path}{where}: not valid YAML ({getattr(err, 'problem', err)})") from None
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise SpecError(f"{path}: a gateway config is a YAML mapping with keys such as upstreams, batch, tenants")
+    text = read_text(path, "gateway config")
+    data, lines = parse_mapping(
+        text, str(path), "a gateway config is a YAML mapping with keys such as upstreams, batch, tenants", empty_ok=True
+    )
     data.setdefault("base_dir", str(path.parent.resolve()))
-    try:
-        lines = _key_lines(node)
-    except SpecError as err:
-        raise SpecError(f"{path} {err}") from None
     return build_gateway_config(data, where=str(path), lines=lines)
 
 
 def build_gateway_config(data: dict[str, Any], where: str = "gateway config", lines: dict | None = None) -> GatewayConfig:
-    try:
-        return GatewayConfig.model_validate(data)
-    except ValidationError as err:
-        problems = [_describe(e, where, lines or {}) for e in err.errors()]
-        raise SpecError.from_problems(f"{where}: invalid gateway config", problems) from None
+    return validate(GatewayConfig, data, where, "gateway config", lines)
 
-
-def _describe(error: Any, where: str, lines: dict) -> str:
-    loc = tuple(str(p) for p in error["loc"])
-    field = ".".join(loc) or "(top level)"
-    line = lines.get(loc) or lines.get(loc[:-1])
-    at = f"{where} line {line}" if line else where
-    if error["type"] == "extra_forbidden":
-        return f"{at}: unknown key `{field}`; known keys here: {', '.join(_known_keys(loc[:-1]))}"
-    if error["type"] == "missing":
-        return f"{at}: `{field}` is required"
-    return f"{at}: `{field}`: {error['msg'].removeprefix('Value error, ')}"
-
-
-def _known_keys(loc: tuple[str, ...]) -> list[str]:
-    """The keys allowed at `loc` (list indexes and union members are looked through)."""
-    model: Any = GatewayConfig
-    for part in loc:
-        if part.isdigit():
-            continue
-        field = model.model_fields.get(part) if isinstance(model, type) and issubclass(model, BaseModel) else None
-        if field is None:
-            return []
-        model = _model_in(field.annotation)
-        if model is None:
-            return []
-    return [k for k in model.model_fields if k != "base_dir"]
-
-
-def _model_in(annotation: Any) -> type[BaseModel] | None:
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for arg in getattr(annotation, "__args__", ()):
-        found = _model_in(arg)
-        if found is not None:
-            return found
-    return None
