@@ -7,6 +7,7 @@ import csv
 import os
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -37,14 +38,23 @@ def pg_schema_url() -> Iterator[str]:
         if os.environ.get("CI"):
             pytest.fail(f"PostgreSQL is not reachable at {PG_ADMIN_URL}")
         pytest.skip(f"PostgreSQL is not reachable at {PG_ADMIN_URL}")
-    schema = f"lowtide_test_{uuid.uuid4().hex[:10]}"
+    with fresh_pg_schema("lowtide_test") as url:
+        yield url
+
+
+@contextmanager
+def fresh_pg_schema(prefix: str) -> Iterator[str]:
+    """A PostgreSQL URL whose search_path is a new, empty schema, dropped afterwards."""
+    schema = f"{prefix}_{uuid.uuid4().hex[:10]}"
     admin = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
         conn.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
-    yield f"{PG_ADMIN_URL}?options=-csearch_path%3D{schema}"
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'DROP SCHEMA "{schema}" CASCADE'))
-    admin.dispose()
+    try:
+        yield f"{PG_ADMIN_URL}?options=-csearch_path%3D{schema}"
+    finally:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'DROP SCHEMA "{schema}" CASCADE'))
+        admin.dispose()
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])

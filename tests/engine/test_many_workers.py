@@ -9,8 +9,8 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,7 +20,7 @@ from lowtide.core.clock import SystemClock
 from lowtide.engine.loader import load_job
 from lowtide.store.db import Store
 from lowtide.store.schema import attempts, requests
-from tests.conftest import PG_ADMIN_URL, make_spec, ticket_rows, write_csv
+from tests.conftest import fresh_pg_schema, make_spec, ticket_rows, write_csv
 
 LOWTIDE = str(Path(sys.executable).with_name("lowtide"))
 
@@ -28,16 +28,10 @@ pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
 
 @pytest.fixture
-def pg_url(pg_schema_url) -> str:
+def pg_url(pg_schema_url) -> Iterator[str]:
     """A schema of its own: these workers must see no other test's jobs."""
-    schema = f"lowtide_workers_{uuid.uuid4().hex[:8]}"
-    admin = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
-    yield f"{PG_ADMIN_URL}?options=-csearch_path%3D{schema}"
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'DROP SCHEMA "{schema}" CASCADE'))
-    admin.dispose()
+    with fresh_pg_schema("lowtide_workers") as url:
+        yield url
 
 
 def _workers(url: str, n: int) -> list[subprocess.Popen]:
