@@ -198,6 +198,22 @@ class PooledRoute:
         """One call for one request: its outcome, or `CallFailed`."""
         raise NotImplementedError
 
+    def sdk_client(self, client_class: type, http_client_class: type, key: str, base_url: str | None) -> Any:
+        """The provider SDK's async client with retries off (the pool retries) and a
+        connection pool as large as the concurrency may grow."""
+        http = http_library(http_client_class)
+        self._response = http.Response
+        size = self.controller.maximum + 8
+        return client_class(
+            api_key=key,
+            base_url=base_url,
+            max_retries=0,
+            timeout=self.timeout,
+            http_client=http_client_class(
+                limits=http.Limits(max_connections=size, max_keepalive_connections=size), timeout=self.timeout
+            ),
+        )
+
     async def prepare(self) -> None:
         """Runs once before the first send (e.g. to ask a server how many slots it has)."""
 

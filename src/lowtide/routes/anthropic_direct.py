@@ -25,7 +25,6 @@ from lowtide.routes._direct import (
     PooledRoute,
     connection_failure,
     http_failure,
-    http_library,
 )
 from lowtide.routes._provider import api_key, check_options
 from lowtide.routes._wire import anthropic_params, anthropic_text, anthropic_usage
@@ -41,19 +40,7 @@ class AnthropicMessagesRoute(PooledRoute):
         key = api_key(self.name, options, "ANTHROPIC_API_KEY")
         self.cache_ttl = "5m" if options.get("cache_prefix") else None
         super().__init__(options, concurrency=16, max_concurrency=256, secret=key, **pool)
-        http = http_library(anthropic.DefaultAsyncHttpxClient)
-        self._response = http.Response
-        size = self.controller.maximum + 8
-        self.client = anthropic.AsyncAnthropic(
-            api_key=key,
-            base_url=options.get("base_url"),
-            max_retries=0,
-            timeout=self.timeout,
-            http_client=anthropic.DefaultAsyncHttpxClient(
-                limits=http.Limits(max_connections=size, max_keepalive_connections=size),
-                timeout=self.timeout,
-            ),
-        )
+        self.client = self.sdk_client(anthropic.AsyncAnthropic, anthropic.DefaultAsyncHttpxClient, key, options.get("base_url"))
 
     async def send(self, request: ChatRequest) -> Outcome:
         params = anthropic_params(request, self.cache_ttl)

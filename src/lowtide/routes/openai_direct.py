@@ -33,7 +33,6 @@ from lowtide.routes._direct import (
     PooledRoute,
     connection_failure,
     http_failure,
-    http_library,
 )
 from lowtide.routes._provider import api_key, check_options
 from lowtide.routes._wire import openai_body, openai_usage
@@ -65,19 +64,7 @@ class OpenAIChatRoute(PooledRoute):
             defaults = {"concurrency": 32, "max_concurrency": 512, "expected_latency": 10.0}
         timeout = 900.0 if self.service_tier == "flex" else 600.0
         super().__init__(options, timeout=timeout, secret=key, **defaults, **pool)
-        http = http_library(openai.DefaultAsyncHttpxClient)
-        self._response = http.Response
-        size = self.controller.maximum + 8
-        self.client = openai.AsyncOpenAI(
-            api_key=key,
-            base_url=options.get("base_url"),
-            max_retries=0,
-            timeout=self.timeout,
-            http_client=openai.DefaultAsyncHttpxClient(
-                limits=http.Limits(max_connections=size, max_keepalive_connections=size),
-                timeout=self.timeout,
-            ),
-        )
+        self.client = self.sdk_client(openai.AsyncOpenAI, openai.DefaultAsyncHttpxClient, key, options.get("base_url"))
 
     async def prepare(self) -> None:
         """Ask a llama.cpp server how many slots it has; any other answer changes nothing."""
