@@ -242,3 +242,25 @@ def test_retry_of_failed_requests_starts_them_again_on_the_main_route(store, clo
     with store.begin() as conn:
         lane = conn.execute(sa.select(requests.c.lane).where(requests.c.custom_id == "T1003")).scalar_one()
     assert lane == "main"
+
+
+def test_a_scalable_fallback_route_is_told_how_much_must_finish_by_the_deadline(store, clock, tmp_path):
+    from lowtide.routes.echo import EchoRoute
+
+    class Scalable(EchoRoute):
+        asked: list[tuple[int, float]] = []
+
+        def plan_for(self, count: int, seconds: float) -> None:
+            self.asked.append((count, seconds))
+
+    spec = _spec(tmp_path, deadline_in=HOUR, clock=clock)  # too close for a batch: all go to echo
+    load_job(store, spec, clock)
+    route = Scalable({})
+
+    async def run():
+        async with Engine(store, clock, routes={"echo": route}) as engine:
+            await engine.tick("tickets")
+
+    asyncio.run(run())
+    assert route.asked == [(10, HOUR)]
+    assert job_status(store, "tickets").counts == {"succeeded": 10}
