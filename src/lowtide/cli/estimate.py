@@ -34,7 +34,7 @@ from lowtide.core.spec import JobSpec, load_spec
 from lowtide.core.templates import MessageTemplate
 from lowtide.core.tokens import TokenCounter, counter_for
 from lowtide.core.types import Usage
-from lowtide.engine.loader import _RowRenderer
+from lowtide.engine.loader import RowRenderer
 
 MAX_SHOWN_PROBLEMS = 5
 LATENCY = {
@@ -124,7 +124,7 @@ def _count(spec: JobSpec, where: str, counter: TokenCounter, sample: int | None,
                 f'{source.path}: no column "{spec.source.id_column}" (source.id_column); columns are: {", ".join(source.columns)}'
             )
         template.check_columns(source.columns, source.path.name)
-    render = _RowRenderer(spec, template, source)
+    render = RowRenderer(spec, template, source)
     count = Count()
     progress = Progress(TextColumn("[bold]{task.description}"), TextColumn("{task.completed:,} rows"), TimeElapsedColumn(),
                         console=console, transient=True, disable=not show)  # fmt: skip

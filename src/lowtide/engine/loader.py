@@ -48,7 +48,7 @@ class LoadReport:
         return self.rows - self.new
 
 
-class _RowRenderer:
+class RowRenderer:
     """Turns one source row into a request row, or a problem description."""
 
     def __init__(self, spec: JobSpec, template: MessageTemplate, source: Source):
@@ -139,7 +139,7 @@ def load_job(
 ) -> LoadReport:
     """Validate, render and persist every row of the job's source; see the module doc."""
     template, source = check_job(spec, where)
-    render = _RowRenderer(spec, template, source)
+    render = RowRenderer(spec, template, source)
     insert_requests = (postgresql.insert if not store.is_sqlite else sqlite.insert)(requests)
     insert_requests = insert_requests.on_conflict_do_nothing(index_elements=["job_id", "custom_id"])
     now = clock.now()
