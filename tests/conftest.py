@@ -5,17 +5,21 @@ from __future__ import annotations
 
 import csv
 import os
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
 
+import lowtide.store.gateway_schema  # noqa: F401  (its tables join the shared metadata)
 from lowtide.core.clock import ManualClock
 from lowtide.core.spec import JobSpec, build_spec
 from lowtide.store.db import Store
+from lowtide.store.schema import metadata
 
 PG_ADMIN_URL = os.environ.get("LOWTIDE_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 
@@ -67,7 +71,7 @@ def store(request, tmp_path) -> Iterator[Store]:
         s = Store(base)
         # Each test gets empty tables: drop everything lowtide made in this run's schema.
         with s.begin() as conn:
-            conn.execute(sa.text("DROP TABLE IF EXISTS attempts, events, requests, dispatches, jobs, lowtide_migrations, lowtide_meta CASCADE"))
+            metadata.drop_all(conn)  # every table lowtide makes, the serve and gateway ones too
         s.close()
         s = Store(base)
     yield s
@@ -84,6 +88,17 @@ def sqlite_store(tmp_path) -> Iterator[Store]:
 @pytest.fixture
 def clock() -> ManualClock:
     return ManualClock()
+
+
+def wait_until(check: Callable[[], Any], timeout: float = 20.0, what: str = "a condition") -> Any:
+    """Poll `check` until it is truthy (a bounded loop; the timeout is only a safety net)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.01)
+    raise AssertionError(f"timed out waiting for {what}")
 
 
 def write_csv(path: Path, rows: list[dict], columns: list[str] | None = None) -> Path:

@@ -24,21 +24,11 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from lowtide.core.clock import ManualClock
 from lowtide.server.gateway import build_gateway_config, create_gateway_app
 from lowtide.server.gateway.tenants import sha256_hex
+from tests.conftest import wait_until
 
 KEYS = {"acme": "sk-acme-raw-key-0001", "globex": "sk-globex-raw-key-0002"}
 UPSTREAM_KEY = "sk-upstream-secret-9999"
 SECRET = "whsec-test-secret-4242"
-
-
-def wait_until(check: Callable[[], Any], timeout: float = 20.0, what: str = "a condition") -> Any:
-    """Poll `check` until truthy (a bounded loop; the timeout is only a safety net)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.01)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @contextmanager

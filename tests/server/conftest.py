@@ -7,7 +7,6 @@ import asyncio
 import json
 import socket
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ import yaml
 from lowtide.core.types import ChatRequest
 from lowtide.routes.echo import EchoRoute
 from lowtide.server import ServeConfig, create_app
+from tests.conftest import wait_until
 
 FAST = 3600.0  # one scaled hour per real second
 OPENAI_ENDED = ("completed", "failed", "expired", "cancelled")
@@ -89,17 +89,6 @@ def fault_plan(tmp_path) -> Callable[[dict], Path]:
         return path
 
     return write
-
-
-def wait_until(check: Callable[[], Any], timeout: float = 20.0, what: str = "a condition") -> Any:
-    """Poll `check` until it is truthy (a bounded loop; the timeout is only a safety net)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.01)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def chat_line(custom_id: str, content: str = "hello", model: str = "gpt-test", url: str = "/v1/chat/completions", **body) -> dict:

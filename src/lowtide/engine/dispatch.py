@@ -31,13 +31,7 @@ def claim_due(
     due = _due(conn, job_id, now, limit, lane)
     if conn.dialect.name == "postgresql":
         due = list(conn.scalars(due))
-    moved = move_requests(
-        conn,
-        RequestState.DISPATCHED,
-        requests.c.id.in_(due),
-        only=[RequestState.PENDING],
-        values={"dispatch_id": dispatch_id, "attempts": requests.c.attempts + 1, "route": route, "updated_at": now},
-    )
+    moved = _move_into(conn, dispatch_id, due, route, now)
     conn.execute(update(dispatches).where(dispatches.c.id == dispatch_id).values(size=moved))
     return moved
 
@@ -74,18 +68,20 @@ def new_dispatch(
 
 def assign(conn: Connection, dispatch_id: int, ids: list[int], route: str, now: float) -> int:
     """Move pending requests into a dispatch; each move counts as an attempt."""
-    moved = 0
-    for start in range(0, len(ids), 5000):
-        part = ids[start : start + 5000]
-        moved += move_requests(
-            conn,
-            RequestState.DISPATCHED,
-            requests.c.id.in_(part),
-            only=[RequestState.PENDING],
-            values={"dispatch_id": dispatch_id, "attempts": requests.c.attempts + 1, "route": route, "updated_at": now},
-        )
+    moved = sum(_move_into(conn, dispatch_id, ids[i : i + 5000], route, now) for i in range(0, len(ids), 5000))
     conn.execute(update(dispatches).where(dispatches.c.id == dispatch_id).values(size=moved))
     return moved
+
+
+def _move_into(conn: Connection, dispatch_id: int, ids, route: str, now: float) -> int:
+    """Pending requests among `ids` (a list or a subquery) join the dispatch: one attempt each."""
+    return move_requests(
+        conn,
+        RequestState.DISPATCHED,
+        requests.c.id.in_(ids),
+        only=[RequestState.PENDING],
+        values={"dispatch_id": dispatch_id, "attempts": requests.c.attempts + 1, "route": route, "updated_at": now},
+    )
 
 
 def dispatched_requests(conn: Connection, dispatch_id: int, after: int = 0, limit: int | None = None) -> list[ChatRequest]:
