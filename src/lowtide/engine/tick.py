@@ -173,7 +173,8 @@ class Engine:
             ).all()
             reclaimed = 0
             for dispatch_id, job_id, owner, lease_until in running:
-                if owner == self.owner or (lease_until > now and self._owner_alive(owner)):
+                held = lease_until is not None and lease_until > now  # no lease: nobody holds it
+                if owner == self.owner or (held and self._owner_alive(owner)):
                     continue
                 n = move_requests(
                     conn,
