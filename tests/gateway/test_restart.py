@@ -27,13 +27,19 @@ def test_a_restart_with_deferred_requests_pending_loses_nothing_and_delivers_not
     hold = base_config(tmp_path, upstream, batch=batch, collector={"flush_size": 10, "flush_age": 3600})
     ids = []
     with running_gateway(tmp_path, hold) as g, g.client() as c:
-        for i in range(25):
-            body = {**CHAT, "messages": [{"role": "user", "content": f"request {i}"}]}
-            r = c.post("/v1/chat/completions", json=body, headers={"X-Lowtide-Defer": "1h", "X-Lowtide-Callback": f"{receiver.url}/hook"})
-            assert r.status_code == 202
-            ids.append(r.json()["id"])
-        # Two flushes of 10 go out as batches; 5 requests wait for a third.
-        wait_until(lambda: sum(f.state == "running" for f in _rows(tmp_path)[1]) == 2, what="two flushes running")
+        def send(first: int, last: int) -> None:
+            for i in range(first, last):
+                body = {**CHAT, "messages": [{"role": "user", "content": f"request {i}"}]}
+                r = c.post("/v1/chat/completions", json=body, headers={"X-Lowtide-Defer": "1h", "X-Lowtide-Callback": f"{receiver.url}/hook"})
+                assert r.status_code == 202
+                ids.append(r.json()["id"])
+
+        # Two flushes of 10 go out as batches; 5 requests wait for a third. (Sent in steps: a
+        # flush takes every request waiting when the collector looks, which may be more than 10.)
+        for n, (first, last) in enumerate([(0, 10), (10, 20)], start=1):
+            send(first, last)
+            wait_until(lambda n=n: sum(f.state == "running" for f in _rows(tmp_path)[1]) == n, what=f"{n} flush(es) running")
+        send(20, 25)
     rows, flushes = _rows(tmp_path)
     assert Counter(r.state for r in rows) == {"queued": 20, "accepted": 5}
     assert receiver.deliveries == []  # the batches were still in flight

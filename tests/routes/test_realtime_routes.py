@@ -191,6 +191,13 @@ def test_a_dropped_connection_is_retried(upstream):
     assert len(upstream.arrivals("r0")) == 2
 
 
+def test_a_dropped_connection_is_named_as_such_not_as_a_timeout(upstream):
+    upstream.plan("r0", Reply(drop=True))
+    out = run(compatible(upstream, max_retries=0), reqs(1))
+    assert (out["r0"].ok, out["r0"].retryable, out["r0"].error_code) == (False, True, "connection_error")
+    assert out["r0"].error_message.startswith("connection failed or dropped")
+
+
 def test_a_timeout_is_retried_then_given_back_as_retryable(upstream):
     upstream.plan("r0", Reply(delay=2.0))  # answered after the route gave up: retried
     upstream.plan("r1", *[Reply(delay=2.0)] * 2)

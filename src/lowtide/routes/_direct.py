@@ -99,12 +99,25 @@ def http_failure(status: int, body: object, headers: Mapping[str, str], code_key
 
 
 def connection_failure(err: Exception, timeout: float, timed_out: bool) -> CallFailed:
-    """A call that got no HTTP reply: it timed out, or the connection failed or dropped."""
+    """A call that got no HTTP reply: it timed out, or the connection failed or dropped.
+    `timed_out` is what the SDK says; the first cause decides when there is one, because
+    the SDKs' aiohttp transport reports any connection error (a dropped one too) as a timeout."""
+    cause = _root_cause(err)
+    if cause is not None:
+        timed_out = isinstance(cause, TimeoutError)
     if timed_out:
         return CallFailed("timeout", f"no answer within {timeout:g} s (route_options.timeout)", retryable=True)
-    cause = err.__cause__ or err.__context__
-    detail = f"{type(cause).__name__}: {cause}" if cause else str(err)
+    detail = f"{type(cause).__name__}: {cause}" if cause is not None else str(err)
     return CallFailed("connection_error", f"connection failed or dropped: {detail}", retryable=True)
+
+
+def _root_cause(err: BaseException) -> BaseException | None:
+    """The exception at the bottom of a chain of re-raises (None if `err` has no cause)."""
+    cause, seen = None, 0
+    while (nxt := (err.__cause__ or err.__context__)) is not None and seen < 20:
+        cause = err = nxt
+        seen += 1
+    return cause
 
 
 def http_library(client_class: type) -> ModuleType:

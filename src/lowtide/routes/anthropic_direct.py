@@ -40,7 +40,7 @@ class AnthropicMessagesRoute(PooledRoute):
         key = api_key(self.name, options, "ANTHROPIC_API_KEY")
         self.cache_ttl = "5m" if options.get("cache_prefix") else None
         super().__init__(options, concurrency=16, max_concurrency=256, secret=key, **pool)
-        self.client = self.sdk_client(anthropic.AsyncAnthropic, anthropic.DefaultAsyncHttpxClient, key, options.get("base_url"))
+        self.client = self.sdk_client(anthropic.AsyncAnthropic, anthropic.DefaultAioHttpClient, key, options.get("base_url"))
 
     async def send(self, request: ChatRequest) -> Outcome:
         params = anthropic_params(request, self.cache_ttl)

@@ -39,7 +39,8 @@ from lowtide.routes._wire import openai_body, openai_usage
 
 COMPATIBLE_OPTIONS = POOL_OPTIONS | {"base_url", "api_key_env", "max_num_seqs", "service_tier"}
 OPENAI_OPTIONS = POOL_OPTIONS | {"base_url", "api_key_env", "service_tier"}
-NO_KEY = "no-key"  # what a self-hosted server without keys is sent
+NO_KEY = "no-key"
+_dumps = json.JSONEncoder(ensure_ascii=False).encode  # what a self-hosted server without keys is sent
 
 
 class OpenAIChatRoute(PooledRoute):
@@ -64,7 +65,7 @@ class OpenAIChatRoute(PooledRoute):
             defaults = {"concurrency": 32, "max_concurrency": 512, "expected_latency": 10.0}
         timeout = 900.0 if self.service_tier == "flex" else 600.0
         super().__init__(options, timeout=timeout, secret=key, **defaults, **pool)
-        self.client = self.sdk_client(openai.AsyncOpenAI, openai.DefaultAsyncHttpxClient, key, options.get("base_url"))
+        self.client = self.sdk_client(openai.AsyncOpenAI, openai.DefaultAioHttpClient, key, options.get("base_url"))
 
     async def prepare(self) -> None:
         """Ask a llama.cpp server how many slots it has; any other answer changes nothing."""
@@ -85,7 +86,9 @@ class OpenAIChatRoute(PooledRoute):
         if self.service_tier:
             body["service_tier"] = self.service_tier
         try:
-            response = await self.client.post("/chat/completions", body=body, cast_to=self._response)
+            # Serialised here: the SDK sends bytes as they are, instead of deep-copying a dict body.
+            content = _dumps(body).encode()
+            response = await self.client.post("/chat/completions", content=content, cast_to=self._response)
         except openai.APIStatusError as err:
             raise http_failure(err.status_code, err.body, err.response.headers, ("code", "type")) from None
         except openai.APIConnectionError as err:
