@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lowtide.core import fastjson
 from lowtide.core.errors import SourceError
 from lowtide.core.spec import format_of
 
@@ -120,7 +121,7 @@ class Source:
                     continue
                 number += 1
                 try:
-                    values = json.loads(text)
+                    values = fastjson.loads(text)
                 except json.JSONDecodeError as err:
                     raise SourceError(f"{self.path.name} line {lineno}: not valid JSON ({err.msg}, column {err.colno})") from None
                 if not isinstance(values, dict):

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Iterator
 
 from sqlalchemy import Connection, insert, select, update
 
+from lowtide.core import fastjson
 from lowtide.core.states import DispatchState, RequestState
 from lowtide.core.types import ChatRequest
 from lowtide.store.schema import dispatches, requests
@@ -96,9 +96,9 @@ def dispatched_requests(conn: Connection, dispatch_id: int, after: int = 0, limi
         stmt = stmt.where(requests.c.id > after)
     out = []
     for rid, cid, payload, repair, attempt in conn.execute(stmt).all():
-        body = json.loads(payload)
+        body = fastjson.loads(payload)
         if repair:
-            body["messages"] = body["messages"] + json.loads(repair)
+            body["messages"] = body["messages"] + fastjson.loads(repair)
         request = ChatRequest.from_payload(cid, body, attempt)
         request.row_id = rid
         out.append(request)

@@ -7,7 +7,6 @@ is already stored are left as they are, so loading the same file twice adds noth
 
 from __future__ import annotations
 
-import json
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,6 +14,7 @@ from dataclasses import dataclass
 from sqlalchemy import Connection, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 
+from lowtide.core import fastjson
 from lowtide.core.clock import Clock
 from lowtide.core.errors import RouteError, SourceError, SpecError, UnknownRouteError
 from lowtide.core.ids import custom_id_for
@@ -31,7 +31,7 @@ from lowtide.store.schema import jobs, requests
 from lowtide.store.transitions import move_job
 
 MAX_PROBLEMS = 1000
-_dumps = json.JSONEncoder(ensure_ascii=False).encode
+_dumps = fastjson.dumps
 # Rows that carry their own conversation may also carry these generation parameters.
 ROW_PARAMS = ("max_tokens", "temperature", "stop")
 

@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 import anthropic
 
+from lowtide.core import fastjson
 from lowtide.core.errors import BatchRejected, RouteError
 from lowtide.core.types import ChatRequest, Outcome
 from lowtide.routes._provider import RETRYABLE_CODES, api_key, check_options, poll_interval
@@ -131,7 +132,7 @@ class AnthropicBatchRoute:
                 if not text.strip():
                     continue
                 try:
-                    line = json.loads(text)
+                    line = fastjson.loads(text)
                     outcome = parse_result(line["custom_id"], line["result"])
                 except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as err:
                     log.warning("anthropic-batch: skipped an unreadable result line (%s): %.200s", err, text)

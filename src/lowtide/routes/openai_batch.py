@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 import openai
 
+from lowtide.core import fastjson
 from lowtide.core.errors import BatchRejected, RouteError
 from lowtide.core.types import ChatRequest, Outcome
 from lowtide.routes._provider import (
@@ -107,7 +108,7 @@ class OpenAIBatchRoute:
         with tempfile.SpooledTemporaryFile(max_size=16 * 2**20) as f:
             for r in requests:
                 models.add(r.model)
-                f.write(json.dumps(request_line(r), ensure_ascii=False).encode() + b"\n")
+                f.write(fastjson.dumpb(request_line(r)) + b"\n")
             if len(models) != 1:
                 raise RouteError(f"{self.name}: one model per batch file, got {sorted(models)}")
             f.seek(0)
@@ -164,7 +165,7 @@ def _parse(text: str) -> Outcome | None:
     """A corrupt line names no request we can trust: it is skipped (and logged), and the
     request it was for counts as missing from the output, so it is retried."""
     try:
-        return parse_result_line(json.loads(text))
+        return parse_result_line(fastjson.loads(text))
     except (json.JSONDecodeError, KeyError, IndexError, TypeError, AttributeError) as err:
         log.warning("openai-batch: skipped an unreadable result line (%s): %.200s", err, text)
         return None

@@ -52,6 +52,9 @@ class Server:
     faults: Faults
     data_dir: Path
     wake: Any = None  # callable: tell the worker there is news (a batch, a cancel)
+    # Live counts of running batches, by id: (when read, monotonic; the summary). Counting
+    # a 50,000-request batch takes a scan; clients polling several times a second share one.
+    live_counts: dict[str, tuple[float, Any]] = field(default_factory=dict)
 
     def path(self, relative: str) -> Path:
         return self.data_dir / relative

@@ -56,11 +56,11 @@ def build_openai(server: Server, row: Row, ending: str) -> dict[str, Any]:
             yield openai_line(row.id, r, created)
 
     sizes = {True: 0, False: 0}
-    with open(server.path(paths[True]), "w", encoding="utf-8") as out, open(server.path(paths[False]), "w", encoding="utf-8") as err:
+    with open(server.path(paths[True]), "wb") as out, open(server.path(paths[False]), "wb") as err:
         for line, is_output in apply_line_faults(lines(), records.faults_of(row)):
-            data = line + "\n"
+            data = (line + "\n").encode()
             (out if is_output else err).write(data)
-            sizes[is_output] += len(data.encode("utf-8", "surrogatepass"))
+            sizes[is_output] += len(data)
     now = server.clock.now()
     values: dict[str, Any] = {"counts": summary.to_json(), "output_file_id": None, "error_file_id": None}
     new_files = []

@@ -15,10 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from lowtide.core import fastjson
 from lowtide.server.translate import Rejection, encode_key, openai_chat
 
 MAX_ERRORS = 100  # validation errors reported for one file
-_dumps = json.JSONEncoder(ensure_ascii=False).encode
+_dumps = fastjson.dumps
 
 
 @dataclass(slots=True)
@@ -115,7 +116,7 @@ def take_openai_file(
 
 def _check_line(raw: bytes, lineno: int, endpoint: str) -> tuple[str, dict] | dict[str, Any]:
     try:
-        item = json.loads(raw)
+        item = fastjson.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError):
         return _error("invalid_json_line", "This line is not parseable as valid JSON.", lineno)
     if not isinstance(item, dict):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -20,6 +21,7 @@ router = APIRouter(prefix="/v1/batches")
 ENDPOINTS = ("/v1/responses", "/v1/chat/completions", "/v1/embeddings", "/v1/completions", "/v1/moderations",
              "/v1/images/generations", "/v1/images/edits", "/v1/videos")  # fmt: skip
 SUPPORTED = "/v1/chat/completions"
+LIVE_COUNTS_AGE = 1.0  # real seconds
 STAMPS = ("created_at", "in_progress_at", "expires_at", "finalizing_at", "completed_at", "failed_at",
           "expired_at", "cancelling_at", "cancelled_at")  # fmt: skip
 
@@ -35,10 +37,10 @@ class BatchCreate(BaseModel):
 
 def batch_object(server: Server, row: Row) -> dict[str, Any]:
     if row.counts is not None:
+        server.live_counts.pop(row.id, None)
         summary = Summary.from_json(row.counts)
     else:
-        with server.store.begin() as conn:
-            summary = live_summary(conn, row)
+        summary = _live_summary(server, row)
     c, u = summary.counts, summary.usage
     ended = row.counts is not None
     total = sum(c.values()) if ended else row.total
@@ -58,6 +60,19 @@ def batch_object(server: Server, row: Row) -> dict[str, Any]:
     }  # fmt: skip
     obj["metadata"] = json.loads(row.metadata) if row.metadata else None
     return obj
+
+
+def _live_summary(server: Server, row: Row) -> Summary:
+    """A running batch's counts, at most LIVE_COUNTS_AGE real seconds old (as OpenAI's are
+    too: its request_counts lag the work)."""
+    now = time.monotonic()
+    cached = server.live_counts.get(row.id)
+    if cached is not None and now - cached[0] < LIVE_COUNTS_AGE:
+        return cached[1]
+    with server.store.begin() as conn:
+        summary = live_summary(conn, row)
+    server.live_counts[row.id] = (now, summary)
+    return summary
 
 
 def _server(request: Request) -> Server:

@@ -17,13 +17,14 @@ from typing import Any
 
 from sqlalchemy import Connection, Row, select
 
+from lowtide.core import fastjson
 from lowtide.core.states import RequestState
 from lowtide.server.translate import decode_key
 from lowtide.store.db import Store
 from lowtide.store.schema import jobs, requests
 
 PAGE = 5000
-_dumps = json.JSONEncoder(ensure_ascii=False).encode
+_dumps = fastjson.dumps
 EXPIRED_CODES = ("deadline_passed", "batch_expired")
 TIMEOUT_CODES = ("timeout", "request_timeout")
 SUCCEEDED, FAILED = RequestState.SUCCEEDED.value, RequestState.FAILED.value  # plain str: compared per row
@@ -109,7 +110,7 @@ def _result(r: Row, model: str, unfinished: str) -> Result:
             "cache_write_tokens": r.cache_write_tokens or 0, "output_tokens": r.output_tokens or 0,
             "reasoning_tokens": r.reasoning_tokens or 0,
         }  # fmt: skip
-        max_tokens = json.loads(r.payload).get("max_tokens")
+        max_tokens = fastjson.loads(r.payload).get("max_tokens")
         finish = "length" if max_tokens and usage["output_tokens"] >= max_tokens else "stop"
         return Result(custom_id, "succeeded", model, text=r.output or "", finish=finish, usage=usage)
     if r.error_code in EXPIRED_CODES:

@@ -1,0 +1,49 @@
+"""JSON for the hot paths (every request is written and read as JSON several times on its
+way through a batch): orjson where it can, the standard library where orjson refuses.
+
+Reading gives the same values as `json.loads` for every input: what orjson refuses (NaN,
+lone surrogates) is read by `json`, and so is any text with a run of 19 or more digits,
+because orjson reads an integer beyond 64 bits as a float (a long numeric id would change). Writing differs from
+`json.dumps(..., ensure_ascii=False)` only in spacing (no spaces after `:` and `,`) and in
+NaN and ±Infinity, written as `null` instead of tokens that are not JSON; what orjson
+refuses (integers beyond 64 bits, lone surrogates, non-text dict keys) is written by `json`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import orjson
+
+_encode = json.JSONEncoder(ensure_ascii=False).encode
+_LONG_NUMBER = re.compile(r"\d{19}")
+_LONG_NUMBER_BYTES = re.compile(rb"\d{19}")
+
+
+def dumps(value: Any) -> str:
+    """`value` as compact JSON text, non-ASCII kept as it is."""
+    try:
+        return orjson.dumps(value).decode()
+    except (TypeError, orjson.JSONEncodeError, UnicodeDecodeError):
+        return _encode(value)
+
+
+def dumpb(value: Any) -> bytes:
+    """The same as UTF-8 bytes (lone surrogates passed through, as the server's files do)."""
+    try:
+        return orjson.dumps(value)
+    except (TypeError, orjson.JSONEncodeError):
+        return _encode(value).encode("utf-8", "surrogatepass")
+
+
+def loads(text: str | bytes) -> Any:
+    """The value of a JSON document; `json.JSONDecodeError` (a ValueError) if it is none."""
+    long_number = (_LONG_NUMBER_BYTES if isinstance(text, bytes) else _LONG_NUMBER).search(text)
+    if long_number is None:
+        try:
+            return orjson.loads(text)
+        except orjson.JSONDecodeError:
+            pass
+    return json.loads(text)
