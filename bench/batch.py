@@ -56,6 +56,12 @@ def start_server(tmp: Path) -> tuple[subprocess.Popen, str]:
     raise SystemExit("lowtide serve did not start")
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process has used so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--n", type=int, default=100_000)
@@ -108,7 +114,9 @@ def main() -> None:
         for name, secs in phases.items():
             print(f"  {name:<38} {secs:7.2f} s")
         print(f"  {'total':<38} {total:7.2f} s  {n / total:,.0f} req/s")
-        print(f"  client peak RSS {peak_rss_mb():.0f} MB; client CPU {resource.getrusage(resource.RUSAGE_SELF).ru_utime:.1f} s")
+        client_cpu = resource.getrusage(resource.RUSAGE_SELF)
+        print(f"  client peak RSS {peak_rss_mb():.0f} MB; CPU: client {client_cpu.ru_utime + client_cpu.ru_stime:.1f} s, "
+              f"server {cpu_seconds(server.pid):.1f} s (on {os.cpu_count()} CPUs)")
     finally:
         server.terminate()
         server.wait(30)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -102,7 +103,7 @@ class MessageTemplate:
                 raise TemplateError(f"{name}: {part.name} line {line}: {type(err).__name__}: {err}") from None
             messages.append({"role": part.role, "content": text})
         if self.messages_column:
-            name = where(row) if where is not None else row
+            name = (lambda: where(row)) if where is not None else (lambda: row)  # named only on error
             messages.extend(_conversation(values.get(self.messages_column), name, self.messages_column))
         return messages
 
@@ -110,19 +111,20 @@ class MessageTemplate:
 _ROLES = ("system", "user", "assistant")
 
 
-def _conversation(value: Any, row: str, column: str) -> list[dict[str, str]]:
-    """A row's own messages, checked: a list of {role, content} with text content."""
+def _conversation(value: Any, name: Callable[[], str], column: str) -> list[dict[str, str]]:
+    """A row's own messages, checked: a list of {role, content} with text content. `name()`
+    says which row it is, for an error."""
     if isinstance(value, str):
         try:
             value = json.loads(value)
         except json.JSONDecodeError as err:
-            raise TemplateError(f'{row}: column "{column}" is not JSON ({err.msg}); it must hold a list of {{"role", "content"}} messages') from None
+            raise TemplateError(f'{name()}: column "{column}" is not JSON ({err.msg}); it must hold a list of {{"role", "content"}} messages') from None
     if not isinstance(value, list) or not value:
-        raise TemplateError(f'{row}: column "{column}" must be a non-empty list of {{"role", "content"}} messages')
+        raise TemplateError(f'{name()}: column "{column}" must be a non-empty list of {{"role", "content"}} messages')
     for i, m in enumerate(value):
         if not isinstance(m, dict) or m.get("role") not in _ROLES or not isinstance(m.get("content"), str):
             raise TemplateError(
-                f'{row}: column "{column}" message {i + 1} must be {{"role": one of {", ".join(_ROLES)}, "content": text}}'
+                f'{name()}: column "{column}" message {i + 1} must be {{"role": one of {", ".join(_ROLES)}, "content": text}}'
             )
     return [{"role": m["role"], "content": m["content"]} for m in value]
 

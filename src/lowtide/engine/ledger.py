@@ -38,6 +38,7 @@ from lowtide.store.queries import add_event
 from lowtide.store.schema import events
 
 ZERO = Decimal(0)
+MAX_MEMO = 100_000  # remembered attempt costs (a few MB)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +80,9 @@ class Ledger:
         self.catalog = catalog
         self.problem = problem
         self._rates: dict[tuple[str, str, str], Rate] = {}
+        # Costs by (rate, billed, token counts): attempts of one job repeat the same few
+        # counts, and Decimal arithmetic costs more than the rest of ingesting an outcome.
+        self._costs: dict[tuple, tuple[int | None, int | None]] = {}
 
     def rate(self, route: str, options: Mapping[str, Any] | None, model: str) -> Rate:
         key = (route, repr(sorted((options or {}).items())), model)
@@ -118,8 +122,15 @@ class Ledger:
         billed = is_billed(outcome.ok, outcome.error_code, outcome.usage)
         if rate.free or (not billed and rate.tier is not None):
             return billed, 0, 0  # the hot path of `echo`: no Decimal arithmetic
-        usd, realtime = rate.usd(outcome.usage, billed)
-        return billed, to_pico(usd), to_pico(realtime)
+        u = outcome.usage
+        key = (id(rate), billed, u.input_tokens, u.cached_input_tokens, u.cache_write_tokens, u.output_tokens, u.reasoning_tokens)
+        costs = self._costs.get(key)
+        if costs is None:
+            if len(self._costs) >= MAX_MEMO:
+                self._costs.clear()
+            usd, realtime = rate.usd(u, billed)
+            costs = self._costs[key] = (to_pico(usd), to_pico(realtime))
+        return billed, *costs
 
 
 _cached: Ledger | None = None

@@ -35,6 +35,8 @@ def openai_body(request: ChatRequest) -> dict[str, Any]:
 def count(value: Any) -> int:
     """A token count as a provider reported it: a non-negative integer (or an integral number
     or digits in a string); anything else is 0, never carried into the ledger as it is."""
+    if type(value) is int:  # the usual case first: ingest reads four counts per result
+        return value if value > 0 else 0
     if isinstance(value, bool):
         return 0
     if isinstance(value, int):
