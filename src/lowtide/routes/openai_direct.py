@@ -25,6 +25,7 @@ from typing import Any
 
 import openai
 
+from lowtide.core import fastjson
 from lowtide.core.errors import RouteError
 from lowtide.core.types import ChatRequest, Outcome
 from lowtide.routes._direct import (
@@ -39,8 +40,7 @@ from lowtide.routes._wire import openai_body, openai_usage
 
 COMPATIBLE_OPTIONS = POOL_OPTIONS | {"base_url", "api_key_env", "max_num_seqs", "service_tier"}
 OPENAI_OPTIONS = POOL_OPTIONS | {"base_url", "api_key_env", "service_tier"}
-NO_KEY = "no-key"
-_dumps = json.JSONEncoder(ensure_ascii=False).encode  # what a self-hosted server without keys is sent
+NO_KEY = "no-key"  # what a self-hosted server without keys is sent
 
 
 class OpenAIChatRoute(PooledRoute):
@@ -87,14 +87,14 @@ class OpenAIChatRoute(PooledRoute):
             body["service_tier"] = self.service_tier
         try:
             # Serialised here: the SDK sends bytes as they are, instead of deep-copying a dict body.
-            content = _dumps(body).encode()
+            content = fastjson.dumpb(body)
             response = await self.client.post("/chat/completions", content=content, cast_to=self._response)
         except openai.APIStatusError as err:
             raise http_failure(err.status_code, err.body, err.response.headers, ("code", "type")) from None
         except openai.APIConnectionError as err:
             raise connection_failure(err, self.timeout, isinstance(err, openai.APITimeoutError)) from None
         try:
-            data = json.loads(response.content)
+            data = fastjson.loads(response.content)
             choice = data["choices"][0]
             text = choice["message"].get("content") or ""
             return Outcome(
