@@ -30,11 +30,12 @@ def simulate(
     *,
     noise: float = 0.0,
     overload_above: int | None = None,
+    seed: int = 5,
 ) -> list[tuple[float, int]]:
     """Run a pool that keeps `ctl.limit` requests in flight against a server whose latency
     is `latency(in flight)` (429 at once above `overload_above`). Returns (time, limit) at
     each successful completion."""
-    rng = random.Random(5)
+    rng = random.Random(seed)
     pending: list[tuple[float, int, float, bool]] = []
     seq, trace = 0, []
     while clock.now < seconds:
@@ -81,6 +82,17 @@ def test_it_finds_the_peak_of_a_server_whose_throughput_falls_past_it(start, noi
     trace = simulate(ctl, clock, model, 60.0, noise=noise)
     assert throughput(trace, 30.0) >= 0.9 * best_fixed(model)
     assert 20 <= ctl.limit <= 100
+
+
+@pytest.mark.parametrize("seed", range(1, 6))
+def test_noise_does_not_walk_the_limit_away_from_the_peak(seed):
+    # Each move is judged against the best window found, not the last one: a noisy window
+    # sends the limit back to the best point instead of drifting on from wherever it is.
+    clock = FakeClock()
+    ctl = Controller(8, 1, 512, clock=clock)
+    model = superlinear(0.04, 48)
+    trace = simulate(ctl, clock, model, 60.0, noise=0.3, seed=seed)
+    assert throughput(trace, 30.0) >= 0.95 * best_fixed(model)
 
 
 @pytest.mark.parametrize("start", [4, 256])

@@ -23,13 +23,18 @@ The algorithm (AIMD-style hill climbing on completed requests per second):
   at least 80 % of the limit. A pool held back by rate limits, a Retry-After pause or the
   end of the work says nothing about the server, so such a window changes nothing.
 - After each saturated window the limit moves one step, multiplicatively (`× (1 + step)`
-  up, `÷ (1 + step)` down), in a direction chosen by comparing with the previous window:
-  throughput higher by more than `tolerance` (2 %): keep the direction and lengthen the
-  step (× 1.5, at most 1.0: doubling); lower by more than `tolerance`: reverse and halve the
-  step (at least 0.1); within `tolerance`: go down, because the extra requests only added
-  latency (this is the "latency rose without a throughput gain" back-off, and it is what
-  holds the limit at the knee of a server whose throughput is flat past its slot count).
-  The first window has nothing to compare with and probes upwards.
+  up, `÷ (1 + step)` down), in a direction chosen by comparing with the reference window
+  (the best one since the last move that did not lose throughput):
+  throughput higher by more than `tolerance` (2 %): it becomes the reference; keep the
+  direction and lengthen the step (× 1.5, at most 1.0: doubling); lower by more than
+  `tolerance`: go back to the reference's limit, reverse and halve the step (at least 0.1),
+  so that noise or a bad move cannot walk the limit away from the best point found (the
+  reference counts 2 % less each time it is returned to, so a server that changed is
+  followed); within `tolerance`: it becomes the reference and the limit goes down, because
+  the extra requests only added latency (this is the "latency rose without a throughput
+  gain" back-off, and it is what holds the limit at the knee of a server whose throughput
+  is flat past its slot count). The first window has nothing to compare with and probes
+  upwards.
 - Overload (HTTP 429, 503, 529): the limit is cut to 70 % at once (multiplicative decrease,
   down to `minimum`, not to a planned floor), the step resets to 0.1 and the window
   restarts; overloads of requests sent before that cut count as the same event. Growing
@@ -60,6 +65,7 @@ STEP_GROWTH = 1.5
 OVERLOAD_FACTOR = 0.7
 SATURATED = 0.8
 HEADROOM = 1.25
+DECAY = 0.98  # a best throughput that is returned to counts a little less each time (the server may change)
 
 
 @dataclass(slots=True)
@@ -97,7 +103,7 @@ class Controller:
         self.in_flight = 0
         self.direction = 1
         self.step = FIRST_STEP
-        self.previous: Window | None = None
+        self.previous: Window | None = None  # the reference window (see the module doc)
         self.last: Window | None = None
         self.latency_ewma: float | None = None
         self.pause_until = 0.0
@@ -194,17 +200,23 @@ class Controller:
         self._open_window(now)
         if not (self.adaptive and window.saturated):
             return
-        previous, self.previous = self.previous, window
-        if previous is not None and previous.limit != window.limit:
-            change = window.throughput / previous.throughput - 1 if previous.throughput > 0 else 1.0
-            if change > self.tolerance:
+        best = self.previous
+        if best is not None and best.limit != window.limit:
+            change = window.throughput / best.throughput - 1 if best.throughput > 0 else 1.0
+            if change > self.tolerance:  # a new best: keep going, faster
+                self.previous = window
                 self.step = min(self.step * STEP_GROWTH, MAX_STEP)
-            elif change < -self.tolerance:
+            elif change < -self.tolerance:  # worse than the best: back to it, then the other way
+                self._limit = float(best.limit)
+                self.previous = Window(best.limit, best.throughput * DECAY, best.latency, True)
                 self.direction = -self.direction
                 self.step = max(self.step / 2, MIN_STEP)
-            else:
+            else:  # no better: fewer in flight do as well
+                self.previous = window
                 self.direction = -1
                 self.step = max(self.step / 2, MIN_STEP)
+        else:
+            self.previous = window
         self._move()
 
     def _move(self) -> None:
