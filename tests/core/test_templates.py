@@ -5,10 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from lowtide.core.errors import InputError, TemplateError
 from lowtide.core.spec import build_spec
-from lowtide.core.templates import MessageTemplate, template_source_path
+from lowtide.core.templates import _ENV, MessageTemplate, template_source_path
 
 
 def spec(template: dict[str, Any], base_dir: str = ".") -> Any:
@@ -133,3 +135,29 @@ def test_inline_template_with_system_file(tmp_path):
     (tmp_path / "sys.j2").write_text("S {{ a }}", encoding="utf-8")
     t = MessageTemplate.from_spec(spec({"system_file": "sys.j2", "user": "U {{ b }}"}, base_dir=str(tmp_path)))
     assert [m["content"] for m in t.render({"a": 1, "b": 2}, "r")] == ["S 1", "U 2"]
+
+
+VALUES = st.none() | st.booleans() | st.integers() | st.floats() | st.text() | st.lists(st.integers(), max_size=3)
+NAMES = st.sampled_from(["a", "b", "body"])
+PIECES = st.lists(st.tuples(st.text(alphabet="xy \n{}%#-", max_size=5), NAMES), min_size=1, max_size=4)
+
+
+@given(PIECES, st.dictionaries(NAMES, VALUES, min_size=3, max_size=3), st.text(alphabet="xy \n", max_size=3))
+def test_a_plain_template_renders_exactly_as_jinja_renders_it(pieces, values, tail):
+    # Plain text and bare variables skip Jinja's machinery; the text must not change.
+    source = "".join(f"{text.replace('{', '(').replace('}', ')').replace('%', 'p').replace('#', 'h')}{{{{ {name} }}}}" for text, name in pieces) + tail
+    template = MessageTemplate.from_spec(spec({"user": source}))
+    assert template.parts[0].pieces is not None
+    assert template.render(values)[0]["content"] == _ENV.from_string(source).render(values)
+
+
+def test_a_template_with_more_than_variables_is_left_to_jinja():
+    template = MessageTemplate.from_spec(spec({"user": "{{ body|upper }} {% if a %}x{% endif %}"}))
+    assert template.parts[0].pieces is None
+    assert template.render({"body": "hi", "a": 1})[0]["content"] == "HI x"
+
+
+def test_a_plain_template_still_names_a_missing_variable():
+    template = MessageTemplate.from_spec(spec({"user": "one\n{{ body }}"}))
+    with pytest.raises(TemplateError, match=r"row 3: .*template.user line 2: 'body' is undefined"):
+        template.render({}, "tickets.csv row 3")

@@ -33,7 +33,7 @@ def answer(request: ChatRequest) -> str:
     last_user = next((m["content"] for m in reversed(request.messages) if m["role"] == "user"), "")
     if request.choices:
         lowered = last_user.lower()
-        hits = [(lowered.find(c.lower()), c) for c in request.choices if c.lower() in lowered]
+        hits = [(at, c) for c in request.choices if (at := lowered.find(c.lower())) >= 0]
         if hits:
             return min(hits)[1]
         return request.choices[zlib.crc32(request.custom_id.encode()) % len(request.choices)]

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, bindparam, select, update
+from sqlalchemy import ColumnElement, Connection, bindparam, literal_column, select, update
 
 from lowtide.core.states import (
     DISPATCH_TRANSITIONS,
@@ -63,14 +63,15 @@ def settle_dispatched(
     if not rows:
         return
     check_transition(REQUEST_TRANSITIONS, RequestState.DISPATCHED, target)
+    # The states are written into the SQL, not bound: no per-row parameters to add to 100,000 rows.
     stmt = (
         update(requests)
         .where(
             requests.c.id == bindparam("_id"),
             requests.c.dispatch_id == bindparam("_dispatch"),
-            requests.c.state == RequestState.DISPATCHED.value,
+            requests.c.state == literal_column(f"'{RequestState.DISPATCHED.value}'"),
         )
-        .values(state=target.value, **{c: bindparam(c) for c in columns})
+        .values(state=literal_column(f"'{target.value}'"), **{c: bindparam(c) for c in columns})
     )
     executemany(conn, stmt, rows)
 
