@@ -38,7 +38,7 @@ from lowtide.store.queries import add_event
 from lowtide.store.schema import events
 
 ZERO = Decimal(0)
-MAX_MEMO = 100_000  # remembered attempt costs (a few MB)
+MAX_MEMO = 20_000  # remembered attempt costs (about 5 MB at most)
 
 
 @dataclass(frozen=True, slots=True)

@@ -100,7 +100,7 @@ def http_failure(status: int, body: object, headers: Mapping[str, str], code_key
 
 def connection_failure(err: Exception, timeout: float, timed_out: bool) -> CallFailed:
     """A call that got no HTTP reply: it timed out, or the connection failed or dropped.
-    `timed_out` is what the SDK says; the first cause decides when there is one, because
+    `timed_out` is what the SDK says; the root cause decides when there is one, because
     the SDKs' aiohttp transport reports any connection error (a dropped one too) as a timeout."""
     cause = _root_cause(err)
     if cause is not None:
