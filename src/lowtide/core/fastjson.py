@@ -3,10 +3,12 @@ way through a batch): orjson where it can, the standard library where orjson ref
 
 Reading gives the same values as `json.loads` for every input: what orjson refuses (NaN,
 lone surrogates) is read by `json`, and so is any text with a run of 19 or more digits,
-because orjson reads an integer beyond 64 bits as a float (a long numeric id would change). Writing differs from
-`json.dumps(..., ensure_ascii=False)` only in spacing (no spaces after `:` and `,`) and in
-NaN and ±Infinity, written as `null` instead of tokens that are not JSON; what orjson
-refuses (integers beyond 64 bits, lone surrogates, non-text dict keys) is written by `json`.
+because orjson reads an integer beyond 64 bits as a float (a long numeric id would change).
+
+Writing differs from `json.dumps(..., ensure_ascii=False)` only in spacing (no spaces after
+`:` and `,`) and in NaN and ±Infinity, written as `null` instead of tokens that are not
+JSON; what orjson refuses (integers beyond 64 bits, lone surrogates, non-text dict keys) is
+written by `json`.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ def dumps(value: Any) -> str:
     """`value` as compact JSON text, non-ASCII kept as it is."""
     try:
         return orjson.dumps(value).decode()
-    except (TypeError, orjson.JSONEncodeError, UnicodeDecodeError):
+    except TypeError:  # orjson.JSONEncodeError is a TypeError
         return _encode(value)
 
 
@@ -35,7 +37,7 @@ def dumpb(value: Any) -> bytes:
     """The same as UTF-8 bytes (lone surrogates passed through, as the server's files do)."""
     try:
         return orjson.dumps(value)
-    except (TypeError, orjson.JSONEncodeError):
+    except TypeError:
         return _encode(value).encode("utf-8", "surrogatepass")
 
 
@@ -44,7 +46,7 @@ def loads(text: str | bytes) -> Any:
     raw = text if isinstance(text, bytes) else text.encode("utf-8", "surrogatepass")
     if _LONG_RUN not in raw.translate(_DIGITS):
         try:
-            return orjson.loads(text)
+            return orjson.loads(raw)
         except orjson.JSONDecodeError:
             pass
     return json.loads(text)

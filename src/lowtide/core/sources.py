@@ -61,10 +61,7 @@ class Source:
 
                 return list(pq.ParquetFile(self.path).schema_arrow.names)
         except UnicodeDecodeError:
-            line, col = _first_bad_utf8(self.path)
-            raise SourceError(
-                f"{self.path.name} line {line}, column {col}: not UTF-8 text; save the file as UTF-8"
-            ) from None
+            raise self._not_utf8() from None
         except OSError as err:
             raise SourceError(f"{self.path}: cannot read ({_reason(err)})") from None
         except SourceError:
@@ -72,6 +69,10 @@ class Source:
         except Exception as err:  # pyarrow raises its own errors for corrupt files
             raise SourceError(f"{self.path}: cannot read as {self.format} ({err})") from None
         return None
+
+    def _not_utf8(self) -> SourceError:
+        line, col = _first_bad_utf8(self.path)
+        return SourceError(f"{self.path.name} line {line}, column {col}: not UTF-8 text; save the file as UTF-8")
 
     def chunks(self, size: int = CHUNK_ROWS) -> Iterator[list[SourceRow]]:
         """Yield the rows in chunks of at most `size`."""
@@ -84,10 +85,7 @@ class Source:
                     yield chunk
                     chunk = []
         except UnicodeDecodeError:
-            line, col = _first_bad_utf8(self.path)
-            raise SourceError(
-                f"{self.path.name} line {line}, column {col}: not UTF-8 text; save the file as UTF-8"
-            ) from None
+            raise self._not_utf8() from None
         except OSError as err:
             raise SourceError(f"{self.path}: cannot read ({_reason(err)})") from None
         if chunk:
