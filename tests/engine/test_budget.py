@@ -52,7 +52,9 @@ def _payload_chars(store) -> list[int]:
 
 
 def test_a_batch_job_stops_before_its_budget_collects_what_is_in_flight_and_resumes(serve, store, tmp_path):  # noqa: F811
-    url = serve()
+    # Batches take 2 real seconds: the third chunk is due while the first two are still in
+    # flight at their reserved (not yet their real, smaller) cost.
+    url = serve("--complete-after", "7200")
     rows = [{"ticket_id": f"T{1000 + i}", "body": f"ticket number {1000 + i}"} for i in range(20)]  # equal lengths
     source = write_csv(tmp_path / "t.csv", rows)
 

@@ -31,6 +31,11 @@ from lowtide.store.transitions import move_dispatch
 
 INGEST_CHUNK = 2000
 CHUNKS_PER_TICK = 10  # planning more waits for the next tick: memory stays bounded
+# Requests per provider batch unless the job says (`chunk_size`): well below the providers'
+# 50,000 and 100,000, so that the first results come back while later chunks are still
+# being sent, and an expired or failed batch takes less work down with it.
+DEFAULT_CHUNK = 10_000
+SUBMITS_PER_TICK = 2  # then the tick polls and ingests before sending more
 LINE_OVERHEAD = 200  # bytes a provider's line format adds around a request's payload
 DEFAULT_POLL_INTERVAL = (30.0, 600.0)
 
@@ -38,7 +43,7 @@ DEFAULT_POLL_INTERVAL = (30.0, 600.0)
 def plan(store: Store, job: JobContext, route: BatchRoute, clock: Clock, lane: str | None = None) -> int:
     """Group due pending requests (of `lane`, for a job with a fallback route) into
     dispatches within the route's and the job's limits."""
-    limit = min(route.limits.max_requests, job.spec.chunk_size or route.limits.max_requests)
+    limit = min(route.limits.max_requests, job.spec.chunk_size or DEFAULT_CHUNK)
     # Sorting by payload puts requests with the same model, parameters and leading messages
     # (the system prompt) side by side, so each chunk shares a prefix the provider can cache.
     order = (requests.c.payload,) if getattr(route, "group_by_prefix", False) else (requests.c.not_before, requests.c.id)
@@ -89,8 +94,9 @@ async def submit(
     store: Store, job: JobContext, route: BatchRoute, clock: Clock, rng: random.Random, worker: Worker,
     model: str | None = None,
 ) -> int:  # fmt: skip
-    """Submit every planned dispatch of the job on this route; adopt any that a dead
-    process had sent. `model` overrides the requests' model (a fallback route's)."""
+    """Submit planned dispatches of the job on this route (up to SUBMITS_PER_TICK); adopt
+    any that a dead process had sent. `model` overrides the requests' model (a fallback
+    route's)."""
     with store.begin() as conn:
         todo = list(
             conn.execute(
@@ -102,11 +108,13 @@ async def submit(
                     dispatches.c.route == route.name,
                     dispatches.c.kind == "batch",
                     dispatches.c.state.in_([DispatchState.PLANNED.value, DispatchState.SUBMITTING.value]),
-                )
+                ).order_by(dispatches.c.id)
             )
         )
     sent = 0
     for dispatch_id, key, state, size, created_at, owner, lease_until in todo:
+        if sent >= SUBMITS_PER_TICK:
+            break
         if state == DispatchState.PLANNED:
             with store.begin() as conn:  # intent (and the budget's reservation) is durable before any network call
                 refused = budget.reserve(conn, job, dispatch_id, route.name)

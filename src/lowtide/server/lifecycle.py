@@ -1,7 +1,7 @@
 """The server's worker: advances every live batch and ticks its jobs, on its own thread so
 that loading or running a big batch never stalls the HTTP side.
 
-One pass (`step`) over the live batches:
+One pass (`step`) over the live batches, oldest first:
 
     validating   check the input (fault: fail it), write source rows, load the jobs
     in_progress  past expires_at: stop the jobs, then `expired`; a planned part-way expiry
@@ -10,9 +10,10 @@ One pass (`step`) over the live batches:
     finalizing   write the output, then `completed`
     cancelling   cancel the jobs; once they stopped, write the partial output, `cancelled`
 
-then one engine tick for each job of a batch in progress or cancelling. Every move is
-checked against the status the batch had (a cancel may come in between); work before a
-move is redone after a crash, and is idempotent.
+then engine ticks for the jobs of batches in progress or cancelling, oldest first, until
+one of them has work, and last the validation of at most one new batch (see `step`). Every
+move is checked against the status the batch had (a cancel may come in between); work
+before a move is redone after a crash, and is idempotent.
 """
 
 from __future__ import annotations
@@ -111,30 +112,46 @@ class Worker:
                 self._wake.clear()
 
     async def step(self, engine: Engine) -> tuple[bool, float]:
-        """One pass; returns (whether anything moved, how long to wait if not)."""
+        """One pass; returns (whether anything moved, how long to wait if not).
+
+        Batches are served in the order they were created, like a queue: the oldest batch
+        whose job has work gets this pass's tick, and at most one new batch is validated
+        after it. A batch's results are ready as early as they can be, and a new batch still
+        gets its validation (and its errors) within one pass."""
         with self.server.store.begin() as conn:
             live = records.live_batches(conn)
         busy = False
+        waiting = [row for row in live if row.status == S.VALIDATING.value]
         for row in live:
-            if self._trouble.get(row.id, 0.0) > time.monotonic():
-                continue
-            try:
-                busy |= self.advance(row)
-                self._trouble.pop(row.id, None)
-            except Exception:  # one batch in trouble must not hold up the others
-                log.exception("lowtide serve: batch %s could not move on; trying again in %g s", row.id, TROUBLE_WAIT)
-                self._trouble[row.id] = time.monotonic() + TROUBLE_WAIT
-        names = []
+            if row.status != S.VALIDATING.value:
+                busy |= self._advance_safely(row)
         with self.server.store.begin() as conn:
-            for row in records.live_batches(conn):
-                if row.status in (S.IN_PROGRESS, S.CANCELLING):
-                    names += [j["name"] for j in records.jobs_of(row)]
-        for name in names:
+            running = [r for r in records.live_batches(conn) if r.status in (S.IN_PROGRESS, S.CANCELLING)]
+        for name in [j["name"] for row in running for j in records.jobs_of(row)]:
             if self._stopping:
                 break
             report = await engine.tick(name)
-            busy |= report.busy
+            if report.busy:
+                busy = True
+                break
+        for row in waiting:
+            if self._trouble.get(row.id, 0.0) <= time.monotonic():
+                busy |= self._advance_safely(row)
+                break
         return busy, self._next_wait(live, engine)
+
+    def _advance_safely(self, row: Row) -> bool:
+        """Advance one batch; one batch in trouble must not hold up the others."""
+        if self._trouble.get(row.id, 0.0) > time.monotonic():
+            return False
+        try:
+            moved = self.advance(row)
+        except Exception:
+            log.exception("lowtide serve: batch %s could not move on; trying again in %g s", row.id, TROUBLE_WAIT)
+            self._trouble[row.id] = time.monotonic() + TROUBLE_WAIT
+            return False
+        self._trouble.pop(row.id, None)
+        return moved
 
     def _next_wait(self, live: list[Row], engine: Engine) -> float:
         if not live:
