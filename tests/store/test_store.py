@@ -88,3 +88,26 @@ def test_move_requests_only_touches_rows_in_a_legal_source_state(store, clock, t
         assert move_requests(conn, RequestState.SUCCEEDED, requests.c.job_id == 1) == 0
         assert move_requests(conn, RequestState.CANCELLED, requests.c.job_id == 1) == 3
         assert set(conn.scalars(sa.select(requests.c.state))) == {"cancelled"}
+
+
+def test_a_read_transaction_neither_waits_for_a_writer_nor_sees_its_uncommitted_rows(sqlite_store):
+    with sqlite_store.begin() as writer:
+        writer.execute(migrations.insert().values(name="m_uncommitted", applied_at=0.0))
+        # A second BEGIN IMMEDIATE would wait here for the writer (busy_timeout, then "locked").
+        with sqlite_store.read() as reader:
+            names = set(reader.scalars(sa.select(migrations.c.name)))
+        assert "m_uncommitted" not in names and names == {name for name, _ in MIGRATIONS}
+
+
+def test_among_matches_more_values_than_a_statement_may_bind(store, clock, tmp_path):
+    from lowtide.engine.loader import load_job
+    from lowtide.store.bulk import among
+    from tests.conftest import make_spec, ticket_rows, write_csv
+
+    load_job(store, make_spec(write_csv(tmp_path / "t.csv", ticket_rows(5))), clock)
+    with store.begin() as conn:
+        wanted = [cid for cid, in conn.execute(sa.select(requests.c.custom_id).order_by(requests.c.id).limit(3))]
+        many = wanted + [f"absent-{i}" for i in range(40_000)]  # SQLite binds at most 32,766
+        assert sorted(conn.scalars(sa.select(requests.c.custom_id).where(among(conn, requests.c.custom_id, many)))) == sorted(wanted)
+        ids = list(conn.scalars(sa.select(requests.c.id).where(among(conn, requests.c.custom_id, wanted))))
+        assert sorted(conn.scalars(sa.select(requests.c.custom_id).where(among(conn, requests.c.id, ids)))) == sorted(wanted)

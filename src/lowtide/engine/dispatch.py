@@ -5,11 +5,12 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 
-from sqlalchemy import Connection, insert, select, update
+from sqlalchemy import ColumnElement, Connection, insert, select, update
 
 from lowtide.core import fastjson
 from lowtide.core.states import DispatchState, RequestState
 from lowtide.core.types import ChatRequest
+from lowtide.store.bulk import among
 from lowtide.store.schema import dispatches, requests
 from lowtide.store.transitions import move_requests
 
@@ -31,7 +32,7 @@ def claim_due(
     due = _due(conn, job_id, now, limit, lane)
     if conn.dialect.name == "postgresql":
         due = list(conn.scalars(due))
-    moved = _move_into(conn, dispatch_id, due, route, now)
+    moved = _move_into(conn, dispatch_id, requests.c.id.in_(due), route, now)
     conn.execute(update(dispatches).where(dispatches.c.id == dispatch_id).values(size=moved))
     return moved
 
@@ -68,17 +69,17 @@ def new_dispatch(
 
 def assign(conn: Connection, dispatch_id: int, ids: list[int], route: str, now: float) -> int:
     """Move pending requests into a dispatch; each move counts as an attempt."""
-    moved = sum(_move_into(conn, dispatch_id, ids[i : i + 5000], route, now) for i in range(0, len(ids), 5000))
+    moved = _move_into(conn, dispatch_id, among(conn, requests.c.id, ids), route, now)
     conn.execute(update(dispatches).where(dispatches.c.id == dispatch_id).values(size=moved))
     return moved
 
 
-def _move_into(conn: Connection, dispatch_id: int, ids, route: str, now: float) -> int:
-    """Pending requests among `ids` (a list or a subquery) join the dispatch: one attempt each."""
+def _move_into(conn: Connection, dispatch_id: int, which: ColumnElement[bool], route: str, now: float) -> int:
+    """The pending requests `which` selects join the dispatch: one attempt each."""
     return move_requests(
         conn,
         RequestState.DISPATCHED,
-        requests.c.id.in_(ids),
+        which,
         only=[RequestState.PENDING],
         values={"dispatch_id": dispatch_id, "attempts": requests.c.attempts + 1, "route": route, "updated_at": now},
     )

@@ -21,13 +21,13 @@ from lowtide.core.errors import LowtideError
 from lowtide.core.ids import custom_id_for
 from lowtide.core.sources import Source
 from lowtide.core.spec import JobSpec, format_of
+from lowtide.store.bulk import among
 from lowtide.store.db import Store
 from lowtide.store.queries import get_job
 from lowtide.store.schema import requests
 
 _RESULT_COLUMNS = ("custom_id", "state", "output", "error", "input_tokens", "output_tokens", "attempts", "route")
 _INT_COLUMNS = {"input_tokens", "output_tokens", "attempts"}
-LOOKUP_CHUNK = 5000  # ids per query: under SQLite's 32,766 and PostgreSQL's 65,535 parameters
 
 
 @dataclass(slots=True)
@@ -79,34 +79,32 @@ class ResultRows:
                     record[names["state"]] = "not_loaded"
                     out.append(record)
                     continue
-                parsed = json.loads(res.parsed) if res.parsed and want_parsed else None
-                record[names["state"]] = res.state
-                record[names["output"]] = res.output
+                state, output, parsed, error_code, error_message, input_tokens, output_tokens, tries, route = res
+                parsed = json.loads(parsed) if parsed and want_parsed else None
+                record[names["state"]] = state
+                record[names["output"]] = output
                 for f in self.parsed_fields:
                     record[names[f]] = parsed.get(f) if isinstance(parsed, dict) else None
                 if self.whole_parsed:
                     record[names["parsed"]] = parsed
-                record[names["error"]] = (
-                    f"{res.error_code}: {res.error_message}" if res.state != "succeeded" and res.error_code else None
-                )
-                record[names["input_tokens"]] = res.input_tokens
-                record[names["output_tokens"]] = res.output_tokens
-                record[names["attempts"]] = res.attempts
-                record[names["route"]] = res.route
+                record[names["error"]] = f"{error_code}: {error_message}" if state != "succeeded" and error_code else None
+                record[names["input_tokens"]] = input_tokens
+                record[names["output_tokens"]] = output_tokens
+                record[names["attempts"]] = tries
+                record[names["route"]] = route
                 out.append(record)
             yield out
 
-    def _lookup(self, ids: list[str]) -> dict[str, Any]:
+    def _lookup(self, ids: list[str]) -> dict[str, tuple]:
+        """custom_id -> (state, output, parsed, error_code, error_message, input_tokens,
+        output_tokens, attempts, route) of the job's requests among `ids`."""
         cols = requests.c
-        found = {}
         with self.store.begin() as conn:
-            for start in range(0, len(ids), LOOKUP_CHUNK):
-                stmt = select(
-                    cols.custom_id, cols.state, cols.output, cols.parsed, cols.error_code, cols.error_message,
-                    cols.input_tokens, cols.output_tokens, cols.attempts, cols.route,
-                ).where(cols.job_id == self.job_id, cols.custom_id.in_(ids[start : start + LOOKUP_CHUNK]))  # fmt: skip
-                found.update({r.custom_id: r for r in conn.execute(stmt).all()})
-        return found
+            stmt = select(
+                cols.custom_id, cols.state, cols.output, cols.parsed, cols.error_code, cols.error_message,
+                cols.input_tokens, cols.output_tokens, cols.attempts, cols.route,
+            ).where(cols.job_id == self.job_id, among(conn, cols.custom_id, ids))  # fmt: skip
+            return {r[0]: tuple(r[1:]) for r in conn.execute(stmt)}
 
 
 def export_results(store: Store, job_name: str, out: str | Path, fmt: str | None = None) -> ExportReport:

@@ -23,7 +23,7 @@ from lowtide.core.types import Outcome
 from lowtide.engine.context import JobContext
 from lowtide.engine.ledger import current_ledger, note_once
 from lowtide.engine.policy import retry_delay
-from lowtide.store.bulk import executemany
+from lowtide.store.bulk import among, executemany
 from lowtide.store.schema import attempts, requests
 from lowtide.store.transitions import settle_dispatched
 
@@ -156,7 +156,7 @@ def _lookup(conn: Connection, job_id: int, dispatch_id: int, outcomes, whole_dis
         current = {r.custom_id: r for r in conn.execute(live).all()}
     others = list({o.custom_id for o in outcomes if o.custom_id not in current})
     if others:
-        stmt = select(*_COLS).where(requests.c.job_id == job_id, requests.c.custom_id.in_(others))
+        stmt = select(*_COLS).where(requests.c.job_id == job_id, among(conn, requests.c.custom_id, others))
         if conn.dialect.name == "postgresql":
             stmt = stmt.with_for_update()
         current.update({r.custom_id: r for r in conn.execute(stmt).all()})

@@ -75,7 +75,7 @@ def _base(request: Request) -> str:
 
 
 def _get(server: Server, batch_id: str) -> Row:
-    with server.store.begin() as conn:
+    with server.store.read() as conn:
         row = records.get_batch(conn, batch_id, "anthropic")
     if row is None:
         raise not_found("anthropic", "message batch", batch_id)
@@ -138,7 +138,7 @@ def list_(request: Request, after_id: str | None = None, before_id: str | None =
         raise ApiError(400, f"limit: Input should be between 1 and 1000; got {limit}")
     if after_id and before_id:
         raise ApiError(400, "give at most one of after_id and before_id")
-    with server.store.begin() as conn:
+    with server.store.read() as conn:
         page = records.list_batches(conn, "anthropic", limit, after=after_id, before=before_id)
     if page is None:
         raise not_found("anthropic", "message batch", after_id or before_id or "")

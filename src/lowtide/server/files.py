@@ -32,7 +32,7 @@ def _server(request: Request) -> Server:
 
 
 def _get(server: Server, file_id: str) -> Row:
-    with server.store.begin() as conn:
+    with server.store.read() as conn:
         row = records.get_file(conn, file_id)
     if row is None or not server.path(row.path).exists():
         raise not_found("openai", "file", file_id)

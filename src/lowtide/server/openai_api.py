@@ -69,7 +69,7 @@ def _live_summary(server: Server, row: Row) -> Summary:
     cached = server.live_counts.get(row.id)
     if cached is not None and now - cached[0] < LIVE_COUNTS_AGE:
         return cached[1]
-    with server.store.begin() as conn:
+    with server.store.read() as conn:
         summary = live_summary(conn, row)
     server.live_counts[row.id] = (now, summary)
     return summary
@@ -80,7 +80,7 @@ def _server(request: Request) -> Server:
 
 
 def _get(server: Server, batch_id: str) -> Row:
-    with server.store.begin() as conn:
+    with server.store.read() as conn:
         row = records.get_batch(conn, batch_id, "openai")
     if row is None:
         raise not_found("openai", "batch", batch_id)
@@ -139,7 +139,7 @@ def list_(request: Request, after: str | None = None, limit: int = 20) -> dict[s
     server = _server(request)
     if not 1 <= limit <= 100:
         raise ApiError(400, f"Invalid 'limit': {limit}; use 1 to 100.", param="limit")
-    with server.store.begin() as conn:
+    with server.store.read() as conn:
         page = records.list_batches(conn, "openai", limit, after=after)
     if page is None:
         raise not_found("openai", "batch", after or "")

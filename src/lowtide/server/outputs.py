@@ -59,14 +59,14 @@ def results(store: Store, folder: Path, batch: Row, jobs_list: list[dict[str, An
     cancelled, expired): it decides what a request that never ran becomes."""
     unfinished = "expired" if ending == "expired" else "cancelled"
     for job in jobs_list:
-        with store.begin() as conn:
+        with store.read() as conn:
             job_id = conn.execute(select(jobs.c.id).where(jobs.c.name == job["name"])).scalar()
         if job_id is None:  # never loaded (cancelled while validating): nothing of it ran
             yield from _not_run(folder / f"{job['name']}.jsonl", job["model"], unfinished)
             continue
         last = 0
         while True:
-            with store.begin() as conn:
+            with store.read() as conn:
                 page = _page(conn, job_id, last)
             for r in page:
                 yield _result(r, job["model"], unfinished)

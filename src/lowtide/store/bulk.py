@@ -11,9 +11,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Connection
-from sqlalchemy.dialects import sqlite
+from sqlalchemy import ColumnElement, Connection, any_, bindparam, func, select
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.sql import Executable, Insert
+
+from lowtide.core import fastjson
 
 _SQLITE_NAMED = sqlite.dialect(paramstyle="named")
 
@@ -32,3 +34,13 @@ def executemany(conn: Connection, stmt: Executable, rows: Sequence[dict[str, Any
     constant = {k: v for k, v in compiled.params.items() if k not in rows[0]}
     params = [{**constant, **r} for r in rows] if constant else list(rows)
     conn.exec_driver_sql(str(compiled), params)
+
+
+def among(conn: Connection, column: ColumnElement[Any], values: Sequence[Any]) -> ColumnElement[bool]:
+    """`column IN values` for thousands of values, sent as one parameter (a JSON array on
+    SQLite, an array on PostgreSQL) rather than one bound parameter each, which SQLAlchemy
+    renders into the SQL text on every call."""
+    if conn.dialect.name == "sqlite":
+        listed = func.json_each(fastjson.dumps(list(values))).table_valued("value")
+        return column.in_(select(listed.c.value))
+    return column == any_(bindparam(None, list(values), type_=postgresql.ARRAY(column.type)))

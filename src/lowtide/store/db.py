@@ -31,6 +31,9 @@ def to_url(location: str) -> str:
     return f"sqlite:///{Path(location).expanduser().resolve()}"
 
 
+_READ_ONLY = "lowtide_read_only"
+
+
 class Store:
     """The durable state of every job. Cheap to open; call `close()` when done."""
 
@@ -64,8 +67,9 @@ class Store:
         @event.listens_for(engine, "begin")
         def _on_begin(conn):
             # IMMEDIATE: take the write lock up front, so two writers queue instead of
-            # failing with "database is locked" when a reader upgrades.
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
+            # failing with "database is locked" when a reader upgrades. A read-only
+            # transaction (`read`) takes none: under WAL it never waits for a writer.
+            conn.exec_driver_sql("BEGIN" if conn.get_execution_options().get(_READ_ONLY) else "BEGIN IMMEDIATE")
 
         return engine
 
@@ -80,6 +84,15 @@ class Store:
         """One transaction: everything in it commits together or not at all."""
         with self.engine.begin() as conn:
             yield conn
+
+    @contextmanager
+    def read(self) -> Iterator[Connection]:
+        """A transaction for reading only: one consistent snapshot that, on SQLite, neither
+        waits for a writer nor holds one up (a write in it may fail as "database is locked")."""
+        with self.engine.connect() as conn:
+            conn.execution_options(**{_READ_ONLY: True})
+            with conn.begin():
+                yield conn
 
     def close(self) -> None:
         self.engine.dispose()
