@@ -14,7 +14,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from sqlalchemy import Connection, select
+from sqlalchemy import Connection, bindparam, select
 from sqlalchemy.dialects import postgresql, sqlite
 
 from lowtide.core.outputs import InvalidOutput, parse_output, repair_messages
@@ -23,15 +23,16 @@ from lowtide.core.types import Outcome
 from lowtide.engine.context import JobContext
 from lowtide.engine.ledger import current_ledger, note_once
 from lowtide.engine.policy import retry_delay
-from lowtide.store.bulk import among, executemany
+from lowtide.store.bulk import among, executemany, fixed
 from lowtide.store.schema import attempts, requests
 from lowtide.store.transitions import settle_dispatched
 
-_COLUMNS = (
-    "output", "parsed", "error_code", "error_message", "input_tokens", "cached_input_tokens",
-    "cache_write_tokens", "output_tokens", "reasoning_tokens", "route", "updated_at",
-    "not_before", "repair", "lane", "lane_reason", "lane_base_attempts",
-)  # fmt: skip
+TOKENS = ("input_tokens", "cached_input_tokens", "cache_write_tokens", "output_tokens", "reasoning_tokens")
+# What an outcome writes on its request: a success only these (its error columns are
+# cleared); any other outcome these and more (see `_not_succeeded`).
+SUCCEEDED_COLUMNS = ("output", "parsed", *TOKENS)
+OTHER_COLUMNS = (*SUCCEEDED_COLUMNS, "error_code", "error_message", "not_before", "repair", "lane", "lane_reason", "lane_base_attempts")
+ATTEMPT_COLUMNS = ("request_id", "ok", "applied", "error_code", "error_message", *TOKENS, "billed", "cost_picousd", "realtime_picousd")
 # Failures that say the batch ran out of time, not that the request is bad: with a fallback
 # route they go there at once instead of waiting for another batch.
 OUT_OF_TIME = frozenset({"expired", "batch_expired", "batch_cancelled", "canceled", "cancelled"})
@@ -95,27 +96,22 @@ def apply_outcomes(
         unknown_costs += cost is None
         attempt_rows.append(
             {
-                "request_id": req.id, "job_id": job.id, "dispatch_id": dispatch_id, "route": route,
-                "ok": outcome.ok, "applied": live, "error_code": outcome.error_code,
+                "request_id": req.id, "ok": outcome.ok, "applied": live, "error_code": outcome.error_code,
                 "error_message": outcome.error_message, "input_tokens": u.input_tokens,
                 "cached_input_tokens": u.cached_input_tokens, "cache_write_tokens": u.cache_write_tokens,
-                "output_tokens": u.output_tokens, "reasoning_tokens": u.reasoning_tokens, "at": now,
-                "model": model, "tier": tier, "billed": billed, "cost_picousd": cost, "realtime_picousd": realtime,
+                "output_tokens": u.output_tokens, "reasoning_tokens": u.reasoning_tokens,
+                "billed": billed, "cost_picousd": cost, "realtime_picousd": realtime,
             }
         )  # fmt: skip
         if not live:
             counts.stale += 1
             continue
         row = {
-            "_id": req.id, "_dispatch": dispatch_id, "route": route, "updated_at": now,
-            "output": outcome.text, "parsed": None, "error_code": outcome.error_code,
-            "error_message": outcome.error_message, "input_tokens": u.input_tokens,
+            "_id": req.id, "output": outcome.text, "parsed": None, "input_tokens": u.input_tokens,
             "cached_input_tokens": u.cached_input_tokens, "cache_write_tokens": u.cache_write_tokens,
             "output_tokens": u.output_tokens, "reasoning_tokens": u.reasoning_tokens,
-            "not_before": 0.0, "repair": req.repair, "lane": req.lane,
-            "lane_reason": req.lane_reason, "lane_base_attempts": req.lane_base_attempts,
         }  # fmt: skip
-        target = _decide(job, req, outcome, row, choices, now, rng)
+        target = _decide(job, req, outcome, row, route, choices, now, rng)
         by_target.setdefault(target, []).append(row)
         if target is RequestState.SUCCEEDED:
             counts.succeeded += 1
@@ -125,10 +121,16 @@ def apply_outcomes(
             counts.cancelled += 1
         else:
             counts.failed += 1
+    shared = {"route": route, "updated_at": now}
     for target, rows in by_target.items():
-        settle_dispatched(conn, target, rows, _COLUMNS)
+        if target is RequestState.SUCCEEDED:
+            settle_dispatched(conn, target, dispatch_id, rows, SUCCEEDED_COLUMNS, shared | {"error_code": None, "error_message": None})
+        else:
+            settle_dispatched(conn, target, dispatch_id, rows, OTHER_COLUMNS, shared)
     if attempt_rows:
         insert = (postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert)(attempts)
+        each = {c: fixed(conn, v) for c, v in {"job_id": job.id, "dispatch_id": dispatch_id, "route": route, "at": now, "model": model, "tier": tier}.items()}
+        insert = insert.values(**each, **{c: bindparam(c) for c in ATTEMPT_COLUMNS})
         executemany(conn, insert.on_conflict_do_nothing(index_elements=["request_id", "dispatch_id"]), attempt_rows)
     if unknown_costs:
         note_once(conn, job.id, "cost_unknown", f"cost of attempts on {route} ({model}) is unknown: {rate.note}", now)
@@ -175,13 +177,15 @@ def _lookup(conn: Connection, job_id: int, dispatch_id: int, outcomes, whole_dis
     return current, seen
 
 
-def _decide(job: JobContext, req, outcome: Outcome, row: dict, choices, now: float, rng) -> RequestState:
-    """The request's next state after this outcome; fills in `row` to match."""
+def _decide(job: JobContext, req, outcome: Outcome, row: dict, route: str, choices, now: float, rng) -> RequestState:
+    """The request's next state after this outcome; fills in `row` to match (SUCCEEDED_COLUMNS
+    for a success, OTHER_COLUMNS otherwise)."""
     spec = job.spec
     if outcome.ok:
         try:
             parsed = parse_output(outcome.text or "", spec.response_schema, choices)
         except InvalidOutput as err:
+            _not_succeeded(row, req, outcome)
             row["error_code"] = "invalid_output"
             if req.repair is None and job.state in (JobState.ACTIVE, JobState.BUDGET_EXHAUSTED):
                 # One more try, with the validation error in the conversation.
@@ -192,8 +196,8 @@ def _decide(job: JobContext, req, outcome: Outcome, row: dict, choices, now: flo
             return RequestState.FAILED
         if parsed is not None:
             row["parsed"] = json.dumps(parsed, ensure_ascii=False)
-        row["error_code"] = row["error_message"] = None
         return RequestState.SUCCEEDED
+    _not_succeeded(row, req, outcome)
     if job.state is JobState.CANCELLED:
         return RequestState.CANCELLED
     tries = req.attempts - req.lane_base_attempts  # on this lane
@@ -201,7 +205,7 @@ def _decide(job: JobContext, req, outcome: Outcome, row: dict, choices, now: flo
         out_of_time = outcome.error_code in OUT_OF_TIME
         if out_of_time or tries >= spec.retry.max_attempts:
             why = outcome.error_code if out_of_time else f"failed {tries} time(s), last: {outcome.error_code}"
-            row.update(lane="fallback", lane_base_attempts=req.attempts, lane_reason=f"{why} on {row['route']}")
+            row.update(lane="fallback", lane_base_attempts=req.attempts, lane_reason=f"{why} on {route}")
             return RequestState.PENDING
     if outcome.retryable and tries < spec.retry.max_attempts:
         row["not_before"] = now + retry_delay(spec.retry, tries, rng)
@@ -209,3 +213,11 @@ def _decide(job: JobContext, req, outcome: Outcome, row: dict, choices, now: flo
     if outcome.retryable:
         row["error_message"] = f"{outcome.error_message} (gave up after {req.attempts} attempts)"
     return RequestState.FAILED
+
+
+def _not_succeeded(row: dict, req, outcome: Outcome) -> None:
+    """The columns beyond a success's, as they stay unless `_decide` changes them."""
+    row.update(
+        error_code=outcome.error_code, error_message=outcome.error_message, not_before=0.0, repair=req.repair,
+        lane=req.lane, lane_reason=req.lane_reason, lane_base_attempts=req.lane_base_attempts,
+    )  # fmt: skip

@@ -11,7 +11,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, any_, bindparam, func, select
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    any_,
+    bindparam,
+    func,
+    literal,
+    literal_column,
+    select,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.sql import Executable, Insert
 
@@ -44,3 +53,11 @@ def among(conn: Connection, column: ColumnElement[Any], values: Sequence[Any]) -
         listed = func.json_each(fastjson.dumps(list(values))).table_valued("value")
         return column.in_(select(listed.c.value))
     return column == any_(bindparam(None, list(values), type_=postgresql.ARRAY(column.type)))
+
+
+def fixed(conn: Connection, value: Any) -> ColumnElement[Any]:
+    """`value` written into the SQL text instead of bound once per row: for what every row
+    of an executemany shares (the job, the dispatch, the time), so that each row's dict
+    holds, and the driver binds, only what differs."""
+    sql = literal(value).compile(dialect=conn.dialect, compile_kwargs={"literal_binds": True})
+    return literal_column(str(sql))

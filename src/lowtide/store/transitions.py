@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, bindparam, literal_column, select, update
+from sqlalchemy import ColumnElement, Connection, bindparam, select, update
 
 from lowtide.core.states import (
     DISPATCH_TRANSITIONS,
@@ -18,7 +18,7 @@ from lowtide.core.states import (
     RequestState,
     check_transition,
 )
-from lowtide.store.bulk import executemany
+from lowtide.store.bulk import executemany, fixed
 from lowtide.store.schema import dispatches, jobs, requests
 
 
@@ -52,26 +52,35 @@ def move_requests(
 
 
 def settle_dispatched(
-    conn: Connection, target: RequestState, rows: Sequence[dict[str, Any]], columns: Sequence[str]
+    conn: Connection,
+    target: RequestState,
+    dispatch_id: int,
+    rows: Sequence[dict[str, Any]],
+    columns: Sequence[str],
+    shared: dict[str, Any] | None = None,
 ) -> None:
-    """Apply per-request results to requests still in their dispatch.
+    """Apply per-request results to requests still in dispatch `dispatch_id`.
 
-    Each row has `_id`, `_dispatch` and a value for every name in `columns`. The guard
-    `state = dispatched AND dispatch_id = _dispatch` makes a stale result a no-op even if the
-    caller's read was out of date (DESIGN invariant 2).
+    Each row has `_id` and a value for every name in `columns`; `shared` gives the values
+    every row gets. The guard `state = dispatched AND dispatch_id = …` makes a stale result
+    a no-op even if the caller's read was out of date (DESIGN invariant 2).
     """
     if not rows:
         return
     check_transition(REQUEST_TRANSITIONS, RequestState.DISPATCHED, target)
-    # The states are written into the SQL, not bound: no per-row parameters to add to 100,000 rows.
+    # What all rows share is written into the SQL, not bound: less to bind for 100,000 rows.
     stmt = (
         update(requests)
         .where(
             requests.c.id == bindparam("_id"),
-            requests.c.dispatch_id == bindparam("_dispatch"),
-            requests.c.state == literal_column(f"'{RequestState.DISPATCHED.value}'"),
+            requests.c.dispatch_id == fixed(conn, dispatch_id),
+            requests.c.state == fixed(conn, RequestState.DISPATCHED.value),
         )
-        .values(state=literal_column(f"'{target.value}'"), **{c: bindparam(c) for c in columns})
+        .values(
+            state=fixed(conn, target.value),
+            **{c: fixed(conn, v) for c, v in (shared or {}).items()},
+            **{c: bindparam(c) for c in columns},
+        )
     )
     executemany(conn, stmt, rows)
 
