@@ -26,6 +26,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
 from lowtide.core.clock import SystemClock  # noqa: E402
+from lowtide.core.runtime import tune_gc  # noqa: E402
 from lowtide.core.spec import build_spec  # noqa: E402
 from lowtide.engine.export import export_results  # noqa: E402
 from lowtide.engine.loader import load_job  # noqa: E402
@@ -67,6 +68,7 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=100_000)
     parser.add_argument("--route", default="openai-batch", choices=["openai-batch", "anthropic-batch"])
     args = parser.parse_args()
+    tune_gc()  # as lowtide's commands do (core/runtime.py)
     n = args.n
 
     tmp = Path(tempfile.mkdtemp(prefix="lowtide-bench-batch-"))

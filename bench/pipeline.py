@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from lowtide.core.clock import SystemClock
+from lowtide.core.runtime import tune_gc
 from lowtide.core.spec import build_spec
 from lowtide.engine.export import export_results
 from lowtide.engine.loader import load_job
@@ -49,6 +50,7 @@ def main() -> None:
     parser.add_argument("--big", action="store_true", help="1,000,000 requests")
     parser.add_argument("--db", help="store location (default: a SQLite file in the temp folder)")
     args = parser.parse_args()
+    tune_gc()  # as lowtide's commands do (core/runtime.py)
     n = 1_000_000 if args.big else args.n
 
     tmp = Path(tempfile.mkdtemp(prefix="lowtide-bench-"))

@@ -9,6 +9,7 @@ import typer
 from lowtide import __version__
 from lowtide.cli import estimate, gateway, jobs, report, serve, worker
 from lowtide.cli.common import state
+from lowtide.core.runtime import tune_gc
 
 app = typer.Typer(
     name="lowtide",
@@ -38,6 +39,7 @@ def _main(
     version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")] = False,
 ) -> None:
     state.db = db
+    tune_gc()  # this process is lowtide's own: collect garbage less often (core/runtime.py)
 
 
 for command in (jobs.run, jobs.submit, estimate.estimate, jobs.status, jobs.results, jobs.cancel, jobs.retry, report.report, worker.tick, worker.worker, serve.serve):
