@@ -92,6 +92,9 @@ def test_openai_sends_the_key_from_the_environment_and_the_service_tier(upstream
     seen = upstream.arrivals("r0")[0]
     assert seen.headers["authorization"] == f"Bearer {KEY}"
     assert seen.body["service_tier"] == "flex"
+    # The SDK's telemetry headers are left out (each header costs on every request).
+    assert seen.headers["content-type"] == "application/json"
+    assert not [h for h in seen.headers if h.startswith("x-stainless")]
 
 
 def test_openai_without_a_key_says_which_variable_to_set(monkeypatch):
@@ -115,6 +118,7 @@ def test_anthropic_answers_with_cache_usage_and_the_system_prompt_apart(upstream
     seen = upstream.arrivals("r2")[0]
     assert seen.path == "/v1/messages"
     assert KEY in (seen.headers.get("x-api-key"), seen.headers.get("authorization", "").removeprefix("Bearer "))
+    assert seen.headers["anthropic-version"] and not [h for h in seen.headers if h.startswith("x-stainless")]
     assert seen.body["system"] == [{"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral", "ttl": "5m"}}]
     assert [m["role"] for m in seen.body["messages"]] == ["user"]
 

@@ -41,6 +41,12 @@ POOL_OPTIONS = {
     "max_retries", "retry_backoff", "dispatch_size", "expected_latency",
 }  # fmt: skip
 MAX_PAUSE = 120.0  # seconds: a longer Retry-After is cut to this
+# What the openai and anthropic SDKs send about themselves; no server needs it.
+TELEMETRY_HEADERS = (
+    "X-Stainless-Lang", "X-Stainless-Package-Version", "X-Stainless-OS", "X-Stainless-Arch",
+    "X-Stainless-Runtime", "X-Stainless-Runtime-Version", "X-Stainless-Async",
+)  # fmt: skip
+PER_REQUEST_TELEMETRY = ("X-Stainless-Retry-Count", "X-Stainless-Read-Timeout", "X-Stainless-Timeout")
 OVERLOAD_STATUSES = (429, 503, 529)
 
 # lowtide's code for an HTTP error the provider gave no code for.
@@ -211,17 +217,22 @@ class PooledRoute:
         """One call for one request: its outcome, or `CallFailed`."""
         raise NotImplementedError
 
-    def sdk_client(self, client_class: type, http_client_class: type, key: str, base_url: str | None) -> Any:
-        """The provider SDK's async client with retries off (the pool retries) and a
-        connection pool as large as the concurrency may grow."""
+    def sdk_client(self, client_class: type, http_client_class: type, key: str, base_url: str | None, omit: Any) -> Any:
+        """The provider SDK's async client with retries off (the pool retries), a connection
+        pool as large as the concurrency may grow, and without the SDK's telemetry headers
+        (`omit` is the SDK's `Omit()`): the HTTP library looks each header up case-blind, so
+        every header sent costs on every request; `request_headers` drops the two the SDK
+        adds per request."""
         http = http_library(http_client_class)
         self._response = http.Response
+        self.request_headers = dict.fromkeys(PER_REQUEST_TELEMETRY, omit)
         size = self.controller.maximum + 8
         return client_class(
             api_key=key,
             base_url=base_url,
             max_retries=0,
             timeout=self.timeout,
+            default_headers=dict.fromkeys(TELEMETRY_HEADERS, omit),
             http_client=http_client_class(
                 limits=http.Limits(max_connections=size, max_keepalive_connections=size), timeout=self.timeout
             ),

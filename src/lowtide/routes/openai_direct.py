@@ -65,7 +65,7 @@ class OpenAIChatRoute(PooledRoute):
             defaults = {"concurrency": 32, "max_concurrency": 512, "expected_latency": 10.0}
         timeout = 900.0 if self.service_tier == "flex" else 600.0
         super().__init__(options, timeout=timeout, secret=key, **defaults, **pool)
-        self.client = self.sdk_client(openai.AsyncOpenAI, openai.DefaultAioHttpClient, key, options.get("base_url"))
+        self.client = self.sdk_client(openai.AsyncOpenAI, openai.DefaultAioHttpClient, key, options.get("base_url"), openai.Omit())
 
     async def prepare(self) -> None:
         """Ask a llama.cpp server how many slots it has; any other answer changes nothing."""
@@ -88,7 +88,9 @@ class OpenAIChatRoute(PooledRoute):
         try:
             # Serialised here: the SDK sends bytes as they are, instead of deep-copying a dict body.
             content = fastjson.dumpb(body)
-            response = await self.client.post("/chat/completions", content=content, cast_to=self._response)
+            response = await self.client.post(
+                "/chat/completions", content=content, cast_to=self._response, options={"headers": self.request_headers}
+            )
         except openai.APIStatusError as err:
             raise http_failure(err.status_code, err.body, err.response.headers, ("code", "type")) from None
         except openai.APIConnectionError as err:
