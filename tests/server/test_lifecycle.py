@@ -65,6 +65,20 @@ def test_the_24h_window_expires_with_what_ran_in_the_output(serve, gate):
         assert results == {"m0": "succeeded", "m1": "expired"}
 
 
+def test_batches_run_in_the_order_they_were_created(serve, gate):
+    with serve(routes={"echo": gate}) as s:
+        client = s.openai()
+        first = create_batch(client, [chat_line(f"a{i}") for i in range(3)])
+        second = create_batch(client, [chat_line(f"b{i}") for i in range(3)])
+        gate.release(3)  # room for three requests: all of them the first batch's
+        done = wait_openai(client, first.id)
+        assert done.status == "completed" and done.request_counts.completed == 3
+        later = client.batches.retrieve(second.id)
+        assert later.status in ("validating", "in_progress") and later.request_counts.completed == 0
+        gate.release()
+        assert wait_openai(client, second.id).request_counts.completed == 3
+
+
 def test_a_batch_survives_a_server_restart(serve):
     with serve(time_scale=3600, complete_after=3600 * 24 * 7) as s:  # would take a week
         client = s.openai()
