@@ -104,3 +104,25 @@ def test_status_reports_counts(store, clock, tmp_path):
     spec = make_spec(source)
     load_job(store, spec, clock)
     assert job_status(store, "tickets").counts == {"pending": 5}
+
+
+def test_batches_default_to_10000_requests_and_a_tick_sends_two(store, clock, tmp_path):
+    import asyncio
+
+    from lowtide.engine.tick import Engine
+    from lowtide.store.schema import dispatches
+
+    source = write_csv(tmp_path / "t.csv", ticket_rows(25_000))
+    spec = make_spec(source, route="echo-batch", route_options={"dir": str(tmp_path / "provider"), "max_requests": 50_000})
+    load_job(store, spec, clock)
+
+    async def one_tick():
+        async with Engine(store, clock) as engine:
+            return await engine.tick("tickets")
+
+    report = asyncio.run(one_tick())
+    assert (report.planned, report.submitted) == (25_000, 2)  # the third waits for the next tick
+    with store.begin() as conn:
+        rows = conn.execute(sa.select(dispatches.c.size, dispatches.c.provider_id).order_by(dispatches.c.id)).all()
+    assert [size for size, _ in rows] == [10_000, 10_000, 5_000]
+    assert [provider is not None for _, provider in rows] == [True, True, False]
