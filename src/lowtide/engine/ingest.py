@@ -129,8 +129,10 @@ def apply_outcomes(
             settle_dispatched(conn, target, dispatch_id, rows, OTHER_COLUMNS, shared)
     if attempt_rows:
         insert = (postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert)(attempts)
-        each = {c: fixed(conn, v) for c, v in {"job_id": job.id, "dispatch_id": dispatch_id, "route": route, "at": now, "model": model, "tier": tier}.items()}
-        insert = insert.values(**each, **{c: bindparam(c) for c in ATTEMPT_COLUMNS})
+        # Numbers and lowtide's own names go into the SQL; the model name, which comes from
+        # the spec, stays a bound parameter.
+        each = {c: fixed(conn, v) for c, v in {"job_id": job.id, "dispatch_id": dispatch_id, "route": route, "at": now, "tier": tier}.items()}
+        insert = insert.values(**each, model=bindparam("model", model), **{c: bindparam(c) for c in ATTEMPT_COLUMNS})
         executemany(conn, insert.on_conflict_do_nothing(index_elements=["request_id", "dispatch_id"]), attempt_rows)
     if unknown_costs:
         note_once(conn, job.id, "cost_unknown", f"cost of attempts on {route} ({model}) is unknown: {rate.note}", now)

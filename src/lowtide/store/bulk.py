@@ -58,6 +58,7 @@ def among(conn: Connection, column: ColumnElement[Any], values: Sequence[Any]) -
 def fixed(conn: Connection, value: Any) -> ColumnElement[Any]:
     """`value` written into the SQL text instead of bound once per row: for what every row
     of an executemany shares (the job, the dispatch, the time), so that each row's dict
-    holds, and the driver binds, only what differs."""
+    holds, and the driver binds, only what differs. For numbers and lowtide's own names:
+    text from a user's spec or a provider stays a bound parameter."""
     sql = literal(value).compile(dialect=conn.dialect, compile_kwargs={"literal_binds": True})
     return literal_column(str(sql))
