@@ -199,10 +199,16 @@ class _IdWatch:
         import pyarrow as pa
         import pyarrow.compute as pc
 
-        counts = pc.value_counts(pa.array(self.hashes, type=pa.int64()))
+        # Straight from the array's buffer, and a max before any filter: `pa.array(...)` and
+        # comparing with a Python number first import pandas (about 0.4 s), needed only when
+        # some id does repeat.
+        hashes = pa.Array.from_buffers(pa.int64(), len(self.hashes), [None, pa.py_buffer(self.hashes)])
+        counts = pc.value_counts(hashes)
+        if len(counts) == 0 or pc.max(counts.field("counts")).as_py() < 2:
+            return False
         many = pc.filter(counts, pc.greater(counts.field("counts"), 1))
         self.repeated = set(many.field("values").to_pylist())
-        return bool(self.repeated)
+        return True
 
 
 def _duplicates(source: Source, id_column: str, ids: _IdWatch) -> list[str]:
