@@ -41,13 +41,15 @@ class AnthropicMessagesRoute(PooledRoute):
         self.cache_ttl = "5m" if options.get("cache_prefix") else None
         super().__init__(options, concurrency=16, max_concurrency=256, secret=key, **pool)
         self.client = self.sdk_client(anthropic.AsyncAnthropic, anthropic.DefaultAioHttpClient, key, options.get("base_url"), anthropic.Omit())
+        # Absolute: the SDK would otherwise join a relative path to its base URL on every call.
+        self.url = f"{str(self.client.base_url).rstrip('/')}/v1/messages"
 
     async def send(self, request: ChatRequest) -> Outcome:
         params = anthropic_params(request, self.cache_ttl)
         try:
             # Serialised here: the SDK sends bytes as they are, instead of deep-copying a dict body.
             response = await self.client.post(
-                "/v1/messages", content=fastjson.dumpb(params), cast_to=self._response, options={"headers": self.request_headers}
+                self.url, content=fastjson.dumpb(params), cast_to=self._response, options={"headers": self.request_headers}
             )
         except anthropic.APIStatusError as err:
             raise http_failure(err.status_code, err.body, err.response.headers, ("type",)) from None

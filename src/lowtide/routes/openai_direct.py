@@ -66,6 +66,8 @@ class OpenAIChatRoute(PooledRoute):
         timeout = 900.0 if self.service_tier == "flex" else 600.0
         super().__init__(options, timeout=timeout, secret=key, **defaults, **pool)
         self.client = self.sdk_client(openai.AsyncOpenAI, openai.DefaultAioHttpClient, key, options.get("base_url"), openai.Omit())
+        # Absolute: the SDK would otherwise join a relative path to its base URL on every call.
+        self.url = f"{str(self.client.base_url).rstrip('/')}/chat/completions"
 
     async def prepare(self) -> None:
         """Ask a llama.cpp server how many slots it has; any other answer changes nothing."""
@@ -89,7 +91,7 @@ class OpenAIChatRoute(PooledRoute):
             # Serialised here: the SDK sends bytes as they are, instead of deep-copying a dict body.
             content = fastjson.dumpb(body)
             response = await self.client.post(
-                "/chat/completions", content=content, cast_to=self._response, options={"headers": self.request_headers}
+                self.url, content=content, cast_to=self._response, options={"headers": self.request_headers}
             )
         except openai.APIStatusError as err:
             raise http_failure(err.status_code, err.body, err.response.headers, ("code", "type")) from None
