@@ -200,7 +200,7 @@ class _IdWatch:
         import pyarrow.compute as pc
 
         # Straight from the array's buffer, and a max before any filter: `pa.array(...)` and
-        # comparing with a Python number first import pandas (about 0.4 s), needed only when
+        # comparing with a Python number first import pandas (about 0.3 s), needed only when
         # some id does repeat.
         hashes = pa.Array.from_buffers(pa.int64(), len(self.hashes), [None, pa.py_buffer(self.hashes)])
         counts = pc.value_counts(hashes)
