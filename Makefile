@@ -4,7 +4,7 @@
 # The embedded model runs on llama-cpp-python, built here from source with explicit flags
 # (the default native build crashes on CPUs with AMX): AVX2, plus AVX-512 with VNNI, VBMI
 # and BF16 when this machine's CPU has all four (they double the int8 dot products the
-# quantised model runs on: the local route's engine ran 1.4x more prompts/s). The wheel is
+# quantised model runs on: the local route's engine ran 1.2-1.4x more prompts/s). The wheel is
 # built once per flag set into ~/.cache/lowtide/wheels and reused; pip's own cache is never
 # used for it, so a wheel built with other flags (or for another CPU) cannot sneak back in.
 # The first build takes about 5-8 minutes on 2 cores.
