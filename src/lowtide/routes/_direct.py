@@ -221,8 +221,8 @@ class PooledRoute:
         """The provider SDK's async client with retries off (the pool retries), a connection
         pool as large as the concurrency may grow, and without the SDK's telemetry headers
         (`omit` is the SDK's `Omit()`): the HTTP library looks each header up case-blind, so
-        every header sent costs on every request; `request_headers` drops the two the SDK
-        adds per request."""
+        every header sent costs on every request; `request_headers` drops those the SDK adds
+        per request."""
         http = http_library(http_client_class)
         self._response = http.Response
         self.request_headers = dict.fromkeys(PER_REQUEST_TELEMETRY, omit)
@@ -237,6 +237,11 @@ class PooledRoute:
                 limits=http.Limits(max_connections=size, max_keepalive_connections=size), timeout=self.timeout
             ),
         )
+
+    def endpoint(self, path: str) -> str:
+        """The absolute URL of `path` under the SDK client's base URL: given whole, the SDK
+        does not join a relative path to its base URL on every call."""
+        return f"{str(self.client.base_url).rstrip('/')}/{path}"
 
     async def prepare(self) -> None:
         """Runs once before the first send (e.g. to ask a server how many slots it has)."""

@@ -41,8 +41,7 @@ class AnthropicMessagesRoute(PooledRoute):
         self.cache_ttl = "5m" if options.get("cache_prefix") else None
         super().__init__(options, concurrency=16, max_concurrency=256, secret=key, **pool)
         self.client = self.sdk_client(anthropic.AsyncAnthropic, anthropic.DefaultAioHttpClient, key, options.get("base_url"), anthropic.Omit())
-        # Absolute: the SDK would otherwise join a relative path to its base URL on every call.
-        self.url = f"{str(self.client.base_url).rstrip('/')}/v1/messages"
+        self.url = self.endpoint("v1/messages")
 
     async def send(self, request: ChatRequest) -> Outcome:
         params = anthropic_params(request, self.cache_ttl)

@@ -66,8 +66,7 @@ class OpenAIChatRoute(PooledRoute):
         timeout = 900.0 if self.service_tier == "flex" else 600.0
         super().__init__(options, timeout=timeout, secret=key, **defaults, **pool)
         self.client = self.sdk_client(openai.AsyncOpenAI, openai.DefaultAioHttpClient, key, options.get("base_url"), openai.Omit())
-        # Absolute: the SDK would otherwise join a relative path to its base URL on every call.
-        self.url = f"{str(self.client.base_url).rstrip('/')}/chat/completions"
+        self.url = self.endpoint("chat/completions")
 
     async def prepare(self) -> None:
         """Ask a llama.cpp server how many slots it has; any other answer changes nothing."""
