@@ -264,7 +264,7 @@ def terminal_share(store: ClientStore, rows: int) -> float:
 class Server:
     """`lowtide serve --backend echo`, fast clock, its own store; never killed."""
 
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Path, extra: tuple[str, ...] = ()):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
@@ -273,7 +273,7 @@ class Server:
         self.log = (folder / "server.log").open("wb")
         self.proc = subprocess.Popen(
             [LOWTIDE, "serve", "--backend", "echo", "--port", str(self.port), "--time-scale", "3600",
-             "--db", str(self.db), "--data-dir", str(folder / "server-data")],
+             "--db", str(self.db), "--data-dir", str(folder / "server-data"), *extra],
             stdout=self.log, stderr=subprocess.STDOUT,
         )  # fmt: skip
         deadline = time.monotonic() + 60  # a safety net for a server that never comes up

@@ -50,3 +50,31 @@ def test_sigkill_at_random_moments_loses_and_repeats_nothing(argv):
     )
     if args.route == "openai-batch":
         assert figures["provider_batches"] >= args.trials * (args.rows // args.chunk)
+
+
+def _chaos_harness():
+    _harness()  # bench/chaostest.py builds on the kill test's pieces
+    spec = importlib.util.spec_from_file_location("chaostest", HARNESS.with_name("chaostest.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["chaostest"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+def test_three_workers_kills_cancels_appends_budget_and_spec_change_on_postgres(pg_schema_url):
+    """bench/chaostest.py, short: three workers on one PostgreSQL job, SIGKILLed at random,
+    while the job is cancelled and retried, rows are appended, the budget binds and is raised,
+    and a spec with another model is submitted under the same name."""
+    chaostest = _chaos_harness()
+    base = pg_schema_url.split("?", 1)[0]  # each trial makes its own schema in this database
+    args = chaostest.parser().parse_args(["--trials", "2", "--rows", "200", "--append", "20", "--chunk", "40",
+                                          "--seed", "1", "--db", base, "--timeout", "300"])  # fmt: skip
+    lines: list[str] = []
+    summary = chaostest.run_trials(args, echo=lines.append)
+    figures = summary.to_json()
+    assert figures["trials_run"] == args.trials, lines
+    assert figures["kills"] > 0 and figures["cancels"] > 0 and figures["appended"] > 0, lines
+    worst = ("lost", "duplicated", "double_submitted", "double_billed", "not_converged", "crashes")
+    assert [figures[k] for k in worst] == [0] * len(worst), (figures["failed_trials"], lines)
