@@ -42,7 +42,6 @@ class Gateway:
     upstreams: dict[str, UpstreamClient] = field(default_factory=dict)
     writer: GroupWriter | None = None
     collector: Collector | None = None
-    seen_url: str | None = None  # the base URL the first client called, when public_url is not set
 
     def target(self, api: str) -> BatchTarget | None:
         return getattr(self.config.batch, api)
@@ -51,7 +50,9 @@ class Gateway:
         return getattr(self.config.upstreams, api)
 
     def public_url(self) -> str | None:
-        return self.config.public_url or self.seen_url
+        """How clients reach the gateway: from the config only, never from a request's
+        `Host` (a caller could name its own host and receive others' status URLs)."""
+        return self.config.public_url
 
     def fallback_for(self, api: str) -> tuple[str, dict[str, Any], str | None] | None:
         """(route, route_options, model) that a flush of `api` cuts over to near a deadline:

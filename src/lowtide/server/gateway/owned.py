@@ -1,0 +1,89 @@
+"""Who owns which upstream object (`gateway_objects`): the only code that reads or writes it.
+
+The upstream knows one key, the gateway's, so it cannot tell tenants apart; the gateway
+records each file and batch a tenant creates (and each output file it is shown) and lets
+only that tenant reach it. An object nobody recorded is nobody's: 404 for every tenant.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sqlalchemy import Connection, and_, delete, or_, select
+from sqlalchemy.dialects import postgresql, sqlite
+
+from lowtide.store.db import Store
+from lowtide.store.gateway_schema import gateway_objects
+
+OBJ = gateway_objects.c
+
+
+def record(
+    store: Store, tenant: str, api: str, kind: str, object_ids: Sequence[str], now: float
+) -> None:
+    """`tenant` owns these objects; one already recorded keeps its first owner."""
+    ids = [i for i in dict.fromkeys(object_ids) if i]
+    if not ids:
+        return
+    insert = (sqlite.insert if store.is_sqlite else postgresql.insert)(gateway_objects)
+    stmt = insert.on_conflict_do_nothing(index_elements=["api", "kind", "object_id"])
+    with store.begin() as conn:
+        conn.execute(
+            stmt,
+            [
+                {"api": api, "kind": kind, "object_id": i, "tenant": tenant, "created_at": now}
+                for i in ids
+            ],
+        )
+
+
+def owner(store: Store, api: str, kind: str, object_id: str) -> str | None:
+    with store.read() as conn:
+        return conn.execute(
+            select(OBJ.tenant).where(OBJ.api == api, OBJ.kind == kind, OBJ.object_id == object_id)
+        ).scalar()
+
+
+def forget(store: Store, api: str, kind: str, object_id: str) -> None:
+    with store.begin() as conn:
+        conn.execute(
+            delete(gateway_objects).where(
+                OBJ.api == api, OBJ.kind == kind, OBJ.object_id == object_id
+            )
+        )
+
+
+def page(store: Store, tenant: str, api: str, kind: str, limit: int, after: str | None = None,
+         before: str | None = None) -> list[str]:  # fmt: skip
+    """The tenant's object ids, newest first: up to `limit` older than `after`, or (with
+    `before`) the `limit` just newer than it. An unknown cursor reads as no cursor."""
+    mine = and_(OBJ.tenant == tenant, OBJ.api == api, OBJ.kind == kind)
+    with store.read() as conn:
+        anchor_id = after if after is not None else before
+        anchor = _created(conn, mine, anchor_id) if anchor_id is not None else None
+        stmt = select(OBJ.object_id).where(mine)
+        if anchor is not None and after is not None:
+            stmt = stmt.where(
+                or_(OBJ.created_at < anchor, and_(OBJ.created_at == anchor, OBJ.object_id < after))
+            )
+            return list(
+                conn.scalars(
+                    stmt.order_by(OBJ.created_at.desc(), OBJ.object_id.desc()).limit(limit)
+                )
+            )
+        if anchor is not None and before is not None:
+            stmt = stmt.where(
+                or_(OBJ.created_at > anchor, and_(OBJ.created_at == anchor, OBJ.object_id > before))
+            )
+            return list(
+                reversed(
+                    conn.scalars(stmt.order_by(OBJ.created_at, OBJ.object_id).limit(limit)).all()
+                )
+            )
+        return list(
+            conn.scalars(stmt.order_by(OBJ.created_at.desc(), OBJ.object_id.desc()).limit(limit))
+        )
+
+
+def _created(conn: Connection, mine, object_id: str) -> float | None:
+    return conn.execute(select(OBJ.created_at).where(mine, OBJ.object_id == object_id)).scalar()
