@@ -112,7 +112,8 @@ def create_gateway_app(
                 await client.aclose()
             store.close()
 
-    app = FastAPI(title="lowtide gateway", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    # /openapi.json: the gateway's own endpoints (the passthrough's are the providers' own).
+    app = FastAPI(title="lowtide gateway", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url="/openapi.json")
     app.state.gateway = gateway
     errors.install(app)
     app.include_router(handlers.router)

@@ -30,7 +30,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from lowtide.server.errors import ApiError, api_of
-from lowtide.server.gateway import records, scoped, shape, upstream_api
+from lowtide.server.gateway import openapi, records, scoped, shape, upstream_api
 from lowtide.server.gateway.context import Gateway
 from lowtide.server.gateway.paths import PathRefused, canonical_path
 from lowtide.server.gateway.policy import PolicyError, RequestInfo, Verdict, tags_of
@@ -83,12 +83,12 @@ async def _body(gw: Gateway, request: Request, api: str) -> bytes:
 # The two hot endpoints are served by `hot_path` below, ahead of FastAPI's routing and
 # middleware (which cost more than the rest of a deferred request's handling); these
 # registrations are what an app without that fast path would use.
-@router.post("/v1/chat/completions")
+@router.post("/v1/chat/completions", openapi_extra=openapi.CHAT_COMPLETION)
 async def chat_completions(request: Request) -> Response:
     return await handle(_gw(request), request, "openai")
 
 
-@router.post("/v1/messages")
+@router.post("/v1/messages", openapi_extra=openapi.MESSAGE)
 async def messages(request: Request) -> Response:
     return await handle(_gw(request), request, "anthropic")
 

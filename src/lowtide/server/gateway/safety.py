@@ -8,7 +8,9 @@ A callback URL must
   cloud metadata service — fe80::/10), private (10/8, 172.16/12, 192.168/16, fc00::/7),
   carrier-grade NAT (100.64/10), unspecified, multicast and reserved addresses are refused
   unless `allow_loopback` / `allow_link_local` / `allow_private` says otherwise. A host name
-  is resolved and *every* address it has is checked.
+  is resolved and *every* address it has is checked; an IPv6 address that carries an IPv4
+  one (IPv4-mapped, -compatible or -translated, 6to4, Teredo, NAT64) is judged by that
+  IPv4 address too (`embedded_ipv4`).
 
 The check runs when the request is accepted and again before each delivery (a name may
 resolve elsewhere by then); delivery never follows redirects. What remains is the window
@@ -74,16 +76,17 @@ def embedded_ipv4(ip: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
 
 
 def _address_problem(ip: ipaddress.IPv4Address | ipaddress.IPv6Address, rules: Callbacks) -> str | None:
-    """Why `ip` may not receive callbacks, or None. An IPv6 address that embeds IPv4
-    addresses is judged by each of them first, then by itself."""
+    """Why `ip` may not receive callbacks ("a loopback address (127.0.0.1)"), or None. An
+    IPv6 address that embeds IPv4 addresses is judged by each of them first, then by itself."""
     if isinstance(ip, ipaddress.IPv6Address):
         for inner in embedded_ipv4(ip):
             problem = _one_address_problem(inner, rules)
             if problem is not None:
-                return problem
+                return f"{problem} ({inner}, embedded in {ip})"
         if ip.ipv4_mapped is not None:  # ::ffff:a.b.c.d is that IPv4 address, nothing more
             return None
-    return _one_address_problem(ip, rules)
+    problem = _one_address_problem(ip, rules)
+    return None if problem is None else f"{problem} ({ip})"
 
 
 def _one_address_problem(ip: ipaddress.IPv4Address | ipaddress.IPv6Address, rules: Callbacks) -> str | None:
@@ -131,4 +134,4 @@ async def check_callback(url: str, rules: Callbacks) -> None:
     for ip in addresses:
         problem = _address_problem(ip, rules)
         if problem is not None:
-            raise CallbackRefused(f"callback URL: host {host} resolves to {problem} ({ip}); callbacks there are not allowed")
+            raise CallbackRefused(f"callback URL: host {host} resolves to {problem}; callbacks there are not allowed")
