@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sqlalchemy import Connection, and_, delete, or_, select
+from sqlalchemy import ColumnElement, and_, delete, or_, select
 from sqlalchemy.dialects import postgresql, sqlite
 
 from lowtide.store.db import Store
@@ -18,9 +18,7 @@ from lowtide.store.gateway_schema import gateway_objects
 OBJ = gateway_objects.c
 
 
-def record(
-    store: Store, tenant: str, api: str, kind: str, object_ids: Sequence[str], now: float
-) -> None:
+def record(store: Store, tenant: str, api: str, kind: str, object_ids: Sequence[str], now: float) -> None:
     """`tenant` owns these objects; one already recorded keeps its first owner."""
     ids = [i for i in dict.fromkeys(object_ids) if i]
     if not ids:
@@ -28,29 +26,21 @@ def record(
     insert = (sqlite.insert if store.is_sqlite else postgresql.insert)(gateway_objects)
     stmt = insert.on_conflict_do_nothing(index_elements=["api", "kind", "object_id"])
     with store.begin() as conn:
-        conn.execute(
-            stmt,
-            [
-                {"api": api, "kind": kind, "object_id": i, "tenant": tenant, "created_at": now}
-                for i in ids
-            ],
-        )
+        conn.execute(stmt, [{"api": api, "kind": kind, "object_id": i, "tenant": tenant, "created_at": now} for i in ids])
+
+
+def _this(api: str, kind: str, object_id: str) -> ColumnElement[bool]:
+    return and_(OBJ.api == api, OBJ.kind == kind, OBJ.object_id == object_id)
 
 
 def owner(store: Store, api: str, kind: str, object_id: str) -> str | None:
     with store.read() as conn:
-        return conn.execute(
-            select(OBJ.tenant).where(OBJ.api == api, OBJ.kind == kind, OBJ.object_id == object_id)
-        ).scalar()
+        return conn.execute(select(OBJ.tenant).where(_this(api, kind, object_id))).scalar()
 
 
 def forget(store: Store, api: str, kind: str, object_id: str) -> None:
     with store.begin() as conn:
-        conn.execute(
-            delete(gateway_objects).where(
-                OBJ.api == api, OBJ.kind == kind, OBJ.object_id == object_id
-            )
-        )
+        conn.execute(delete(gateway_objects).where(_this(api, kind, object_id)))
 
 
 def page(store: Store, tenant: str, api: str, kind: str, limit: int, after: str | None = None,
@@ -58,32 +48,15 @@ def page(store: Store, tenant: str, api: str, kind: str, limit: int, after: str 
     """The tenant's object ids, newest first: up to `limit` older than `after`, or (with
     `before`) the `limit` just newer than it. An unknown cursor reads as no cursor."""
     mine = and_(OBJ.tenant == tenant, OBJ.api == api, OBJ.kind == kind)
+    newest_first = (OBJ.created_at.desc(), OBJ.object_id.desc())
     with store.read() as conn:
-        anchor_id = after if after is not None else before
-        anchor = _created(conn, mine, anchor_id) if anchor_id is not None else None
+        cursor = after if after is not None else before
+        anchor = conn.execute(select(OBJ.created_at).where(mine, OBJ.object_id == cursor)).scalar() if cursor else None
         stmt = select(OBJ.object_id).where(mine)
-        if anchor is not None and after is not None:
-            stmt = stmt.where(
-                or_(OBJ.created_at < anchor, and_(OBJ.created_at == anchor, OBJ.object_id < after))
-            )
-            return list(
-                conn.scalars(
-                    stmt.order_by(OBJ.created_at.desc(), OBJ.object_id.desc()).limit(limit)
-                )
-            )
-        if anchor is not None and before is not None:
-            stmt = stmt.where(
-                or_(OBJ.created_at > anchor, and_(OBJ.created_at == anchor, OBJ.object_id > before))
-            )
-            return list(
-                reversed(
-                    conn.scalars(stmt.order_by(OBJ.created_at, OBJ.object_id).limit(limit)).all()
-                )
-            )
-        return list(
-            conn.scalars(stmt.order_by(OBJ.created_at.desc(), OBJ.object_id.desc()).limit(limit))
-        )
-
-
-def _created(conn: Connection, mine, object_id: str) -> float | None:
-    return conn.execute(select(OBJ.created_at).where(mine, OBJ.object_id == object_id)).scalar()
+        if anchor is None:
+            return list(conn.scalars(stmt.order_by(*newest_first).limit(limit)))
+        if after is not None:
+            older = or_(OBJ.created_at < anchor, and_(OBJ.created_at == anchor, OBJ.object_id < cursor))
+            return list(conn.scalars(stmt.where(older).order_by(*newest_first).limit(limit)))
+        newer = or_(OBJ.created_at > anchor, and_(OBJ.created_at == anchor, OBJ.object_id > cursor))
+        return list(reversed(conn.scalars(stmt.where(newer).order_by(OBJ.created_at, OBJ.object_id).limit(limit)).all()))

@@ -32,14 +32,12 @@ class Endpoint:
     path: re.Pattern[str]
     api: str  # openai | anthropic: which upstream, and the error shape
     scope: Scope
-    kind: str | None = None  # file | batch | message_batch: the owned object's kind
-    action: str = ""  # what the scoped handler does beyond forwarding (see scoped.py)
+    kind: str | None = None  # file | batch | message_batch: the object's kind
+    shows: bool = False  # the answer is a batch object, looked at on its way back (scoped.py)
 
 
-def _e(
-    method: str, path: str, api: str, scope: Scope, kind: str | None = None, action: str = ""
-) -> Endpoint:
-    return Endpoint(method, re.compile(path + r"\Z"), api, scope, kind, action)
+def _e(method: str, path: str, api: str, scope: Scope, kind: str | None = None, shows: bool = False) -> Endpoint:
+    return Endpoint(method, re.compile(path + r"\Z"), api, scope, kind, shows)
 
 
 ENDPOINTS: tuple[Endpoint, ...] = (
@@ -54,34 +52,20 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     _e("GET", r"/v1/files", "openai", "list", "file"),
     _e("GET", rf"/v1/files/{_ID}", "openai", "owned", "file"),
     _e("GET", rf"/v1/files/{_ID}/content", "openai", "owned", "file"),
-    _e("DELETE", rf"/v1/files/{_ID}", "openai", "owned", "file", "forget"),
-    _e("POST", r"/v1/batches", "openai", "create", "batch", "batch"),
-    _e("GET", r"/v1/batches", "openai", "list", "batch", "batch"),
-    _e("GET", rf"/v1/batches/{_ID}", "openai", "owned", "batch", "batch"),
-    _e("POST", rf"/v1/batches/{_ID}/cancel", "openai", "owned", "batch", "batch"),
+    _e("DELETE", rf"/v1/files/{_ID}", "openai", "owned", "file"),
+    _e("POST", r"/v1/batches", "openai", "create", "batch", shows=True),
+    _e("GET", r"/v1/batches", "openai", "list", "batch", shows=True),
+    _e("GET", rf"/v1/batches/{_ID}", "openai", "owned", "batch", shows=True),
+    _e("POST", rf"/v1/batches/{_ID}/cancel", "openai", "owned", "batch", shows=True),
     # Anthropic
     _e("POST", r"/v1/messages/count_tokens", "anthropic", "shared"),
-    _e("POST", r"/v1/messages/batches", "anthropic", "create", "message_batch", "message_batch"),
-    _e("GET", r"/v1/messages/batches", "anthropic", "list", "message_batch", "message_batch"),
-    _e(
-        "GET",
-        rf"/v1/messages/batches/{_ID}",
-        "anthropic",
-        "owned",
-        "message_batch",
-        "message_batch",
-    ),
+    _e("POST", r"/v1/messages/batches", "anthropic", "create", "message_batch", shows=True),
+    _e("GET", r"/v1/messages/batches", "anthropic", "list", "message_batch", shows=True),
+    _e("GET", rf"/v1/messages/batches/{_ID}", "anthropic", "owned", "message_batch", shows=True),
     _e("GET", rf"/v1/messages/batches/{_ID}/results", "anthropic", "owned", "message_batch"),
-    _e(
-        "POST",
-        rf"/v1/messages/batches/{_ID}/cancel",
-        "anthropic",
-        "owned",
-        "message_batch",
-        "message_batch",
-    ),
-    _e("DELETE", rf"/v1/messages/batches/{_ID}", "anthropic", "owned", "message_batch", "forget"),
-)
+    _e("POST", rf"/v1/messages/batches/{_ID}/cancel", "anthropic", "owned", "message_batch", shows=True),
+    _e("DELETE", rf"/v1/messages/batches/{_ID}", "anthropic", "owned", "message_batch"),
+)  # fmt: skip
 
 
 def match(method: str, path: str) -> tuple[Endpoint, str | None] | None:
