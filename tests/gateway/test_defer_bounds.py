@@ -1,10 +1,13 @@
 """`X-Lowtide-Defer` is a finite duration no longer than `max_defer` (24 h unless the config
 says otherwise); anything else is a 400 in the API's shape and nothing is stored. A row
-stored with an infinite time by an older gateway still reads back (as null), never a 500."""
+stored with an infinite time by an older gateway still reads back (as null), never a 500,
+and still runs without stalling the collector."""
 
 from __future__ import annotations
 
+import json
 import math
+import time
 
 import pytest
 
@@ -74,3 +77,18 @@ def test_a_stored_infinite_time_does_not_break_the_status_or_the_list(gateway, c
         listed = c.get("/v1/deferred")
     assert one.status_code == 200 and one.json()["deadline_at"] is None and one.json()["expected_completion_at"] is None
     assert listed.status_code == 200 and [d["id"] for d in listed.json()["data"]] == [gid]
+
+
+def test_a_stored_infinite_deadline_still_runs_and_does_not_stall_the_collector(gateway):
+    with gateway() as g, g.client() as c:
+        gid = new_deferred_id()
+        now = time.time()
+        row = accepted_row(id=gid, tenant="acme", api="openai", model="gpt-4o-mini", decision="deferred",
+                           payload=json.dumps({"messages": CHAT["messages"], "max_tokens": 16}),
+                           callback_url=None, accepted_at=now, deadline_at=math.inf, expected_at=math.inf)  # fmt: skip
+        with g.gw.store.begin() as conn:
+            insert_accepted(conn, [row])
+        g.gw.collector.wake()
+        assert g.wait_done(gid)["status"] == "succeeded"  # alone in its flush: the deadline is infinite
+        later = c.post("/v1/chat/completions", json=CHAT, headers={"X-Lowtide-Defer": "1h"}).json()["id"]
+        assert g.wait_done(later)["status"] == "succeeded"

@@ -2,7 +2,8 @@
 
 1. **headers** — `X-Lowtide-Priority: realtime` (must not be deferred; it wins over
    everything else), or `X-Lowtide-Defer: <max wait>` (`90s`, `10m`, `2h`, `1d`, seconds;
-   finite and at most the config's `max_defer`, 24 h by default, else 400), with `X-Lowtide-Prefer: realtime` meaning "may wait, but prefers real time";
+   finite and at most the config's `max_defer`, 24 h by default, else 400), with
+   `X-Lowtide-Prefer: realtime` meaning "may wait, but prefers real time";
 2. **rules** of the gateway config, in order: the first whose `match` holds (tenant, model
    glob, path, `X-Lowtide-Tag` value, body `metadata` pairs);
 3. **the classifier hook** (`classifier: "module:function"`): called with a `RequestInfo`,
