@@ -58,3 +58,13 @@ def test_a_store_made_before_the_table_gains_it(tmp_path):
     with Store(path) as s:
         owned.record(s, "acme", "anthropic", "message_batch", ["msgbatch_1"], 1.0)
         assert owned.owner(s, "anthropic", "message_batch", "msgbatch_1") == "acme"
+
+
+def test_the_owner_cache_remembers_only_known_owners(store):
+    owners = owned.Owners(store)
+    assert owners.owner("openai", "batch", "batch_1") is None
+    owned.record(store, "acme", "openai", "batch", ["batch_1"], 1.0)  # recorded after it was asked for
+    assert owners.cached("openai", "batch", "batch_1") is None and owners.owner("openai", "batch", "batch_1") == "acme"
+    assert owners.cached("openai", "batch", "batch_1") == "acme"
+    owners.forget("openai", "batch", "batch_1")
+    assert owners.cached("openai", "batch", "batch_1") is None and owners.owner("openai", "batch", "batch_1") is None

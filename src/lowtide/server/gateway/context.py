@@ -17,6 +17,7 @@ from lowtide.store.db import Store
 
 if TYPE_CHECKING:
     from lowtide.server.gateway.collector import Collector
+    from lowtide.server.gateway.owned import Owners
     from lowtide.server.gateway.proxy import UpstreamClient
     from lowtide.server.gateway.writer import GroupWriter
 
@@ -40,6 +41,7 @@ class Gateway:
     route_kinds: dict[str, str] = field(default_factory=dict)  # api → kind of its batch target's route
     loads: dict[str, LoadTracker] = field(default_factory=dict)
     upstreams: dict[str, UpstreamClient] = field(default_factory=dict)
+    owners: Owners | None = None  # who owns which upstream object (scoped.py)
     writer: GroupWriter | None = None
     collector: Collector | None = None
 

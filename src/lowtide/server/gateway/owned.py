@@ -60,3 +60,33 @@ def page(store: Store, tenant: str, api: str, kind: str, limit: int, after: str 
             return list(conn.scalars(stmt.where(older).order_by(*newest_first).limit(limit)))
         newer = or_(OBJ.created_at > anchor, and_(OBJ.created_at == anchor, OBJ.object_id > cursor))
         return list(reversed(conn.scalars(stmt.where(newer).order_by(OBJ.created_at, OBJ.object_id).limit(limit)).all()))
+
+
+class Owners:
+    """`owner` through a cache, for the passthrough's hot checks (a batch being polled). An
+    owner never changes once recorded — the first claim wins and nothing updates it — so a
+    known owner is remembered; an unknown object is asked again every time (it may be
+    recorded later), and `forget` drops it here too."""
+
+    def __init__(self, store: Store, size: int = 100_000):
+        self.store = store
+        self.size = size
+        self._known: dict[tuple[str, str, str], str] = {}
+
+    def cached(self, api: str, kind: str, object_id: str) -> str | None:
+        return self._known.get((api, kind, object_id))
+
+    def owner(self, api: str, kind: str, object_id: str) -> str | None:
+        key = (api, kind, object_id)
+        found = self._known.get(key)
+        if found is None:
+            found = owner(self.store, api, kind, object_id)
+            if found is not None:
+                if len(self._known) >= self.size:
+                    self._known.clear()  # rare and harmless: the store still knows
+                self._known[key] = found
+        return found
+
+    def forget(self, api: str, kind: str, object_id: str) -> None:
+        self._known.pop((api, kind, object_id), None)
+        forget(self.store, api, kind, object_id)

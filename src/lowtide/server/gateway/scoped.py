@@ -53,13 +53,13 @@ async def serve(gw: Gateway, request: Request, endpoint: Endpoint, object_id: st
         return await _list(gw, upstream, endpoint, tenant, request)
     if endpoint.scope == "owned":
         assert object_id is not None
-        if await asyncio.to_thread(owned.owner, gw.store, endpoint.api, kind, object_id) != tenant:
+        if await _owner(gw, endpoint.api, kind, object_id) != tenant:
             raise not_found(endpoint.api, kind, object_id)  # the same answer as for an id that is not there
         if endpoint.shows:
             return await _shown(gw, tenant, endpoint, await upstream.call(method, path, query, headers, raw))
         response = await upstream.forward(method, path, query, headers, raw, lambda status: None)
         if method == "DELETE" and 200 <= response.status_code < 300:
-            await asyncio.to_thread(owned.forget, gw.store, endpoint.api, kind, object_id)
+            await asyncio.to_thread(_owners(gw).forget, endpoint.api, kind, object_id)
         return response
     if kind == "batch":  # create
         await _check_input_file(gw, tenant, raw)
@@ -79,7 +79,7 @@ async def _check_input_file(gw: Gateway, tenant: str, raw: bytes) -> None:
     file_id = body.get("input_file_id") if isinstance(body, dict) else None
     if not isinstance(file_id, str) or not file_id:
         raise ApiError(400, "input_file_id: give the id of a file you uploaded (purpose 'batch')", param="input_file_id")
-    if await asyncio.to_thread(owned.owner, gw.store, "openai", "file", file_id) != tenant:
+    if await _owner(gw, "openai", "file", file_id) != tenant:
         raise not_found("openai", "file", file_id, param="input_file_id")
 
 
@@ -104,6 +104,7 @@ async def _looked_at(gw: Gateway, tenant: str, kind: str, obj: dict[str, Any]) -
     """A batch object as the caller may see it; its output files recorded as the caller's."""
     if kind == "batch":
         files = [obj[k] for k in OUTPUT_FILES if isinstance(obj.get(k), str) and obj[k]]
+        files = [f for f in files if _owners(gw).cached("openai", "file", f) is None]
         if files:
             await asyncio.to_thread(_adopt_files, gw, tenant, files)
     elif kind == "message_batch" and obj.get("results_url") and isinstance(obj.get("id"), str):
@@ -111,8 +112,18 @@ async def _looked_at(gw: Gateway, tenant: str, kind: str, obj: dict[str, Any]) -
     return obj
 
 
+def _owners(gw: Gateway) -> owned.Owners:
+    assert gw.owners is not None
+    return gw.owners
+
+
+async def _owner(gw: Gateway, api: str, kind: str, object_id: str) -> str | None:
+    known = _owners(gw).cached(api, kind, object_id)  # a batch being polled: no store read
+    return known if known is not None else await asyncio.to_thread(_owners(gw).owner, api, kind, object_id)
+
+
 def _adopt_files(gw: Gateway, tenant: str, files: list[str]) -> None:
-    new = [f for f in files if owned.owner(gw.store, "openai", "file", f) is None]  # read first: polls stay reads
+    new = [f for f in files if _owners(gw).owner("openai", "file", f) is None]  # read first: polls stay reads
     if new:
         owned.record(gw.store, tenant, "openai", "file", new, gw.clock.now())
 
