@@ -54,6 +54,10 @@ def test_a_tenants_files_and_batches_are_its_own(behind_serve):
         with pytest.raises(openai.NotFoundError):
             attempt()
     assert globex.files.list().data == [] and globex.batches.list().data == []
+    with g.client("globex") as c:  # word for word the answer for an id that does not exist
+        theirs, none = c.get(f"/v1/files/{file.id}"), c.get("/v1/files/file-doesnotexist")
+    assert theirs.status_code == none.status_code == 404
+    assert theirs.json()["error"]["message"].replace(file.id, "ID") == none.json()["error"]["message"].replace("file-doesnotexist", "ID")
 
     assert [f.id for f in acme.files.list().data] == [file.id]  # globex's delete did not happen
     assert [b.id for b in acme.batches.list().data] == [batch.id]
@@ -91,6 +95,10 @@ def test_a_tenants_message_batches_are_its_own(behind_serve):
         with pytest.raises(anthropic.NotFoundError):
             attempt()
     assert list(globex.messages.batches.list()) == []
+    with g.client("globex", headers={"x-api-key": KEYS["globex"], "anthropic-version": "2023-06-01"}) as c:
+        theirs = c.get(f"/v1/messages/batches/{batch.id}")
+    assert theirs.status_code == 404 and theirs.json() == {
+        "type": "error", "error": {"type": "not_found_error", "message": f"message batch not found: {batch.id}"}}
     assert [b.id for b in acme.messages.batches.list()] == [batch.id]
     ended = wait_until(lambda: (b := acme.messages.batches.retrieve(batch.id)).processing_status == "ended" and b, what="the batch")
     assert ended.results_url == f"/v1/messages/batches/{batch.id}/results"  # the gateway's, not the upstream's
