@@ -6,7 +6,8 @@ receiver, each its own process on loopback, driven by this one.
 
 1. passthrough: sequential chat completions straight to the upstream and through the
    gateway, interleaved, on one keep-alive connection each: p50/p99 of each and the
-   overhead the gateway adds (target: p50 ≤ 2 ms);
+   overhead the gateway adds (target: p50 ≤ 2 ms); 1b: the same for two allow-listed
+   calls, `GET /v1/models` (shared) and `GET /v1/batches/{id}` (owned: checked in the store);
 2. deferred: concurrent clients send deferrable requests as fast as they are answered;
    how many are durably accepted (202 after their commit) per second (target ≥ 1,000);
 3. mixed: 500 concurrent clients for --seconds, a share of them deferrable (some of those
@@ -168,6 +169,35 @@ async def passthrough(up: int, gw: int, n: int) -> dict[str, float]:
     return out
 
 
+async def scoped(up: int, gw: int, n: int) -> dict[str, float]:
+    """The allow-listed passthrough: `GET /v1/models` (shared: routing only) and `GET
+    /v1/batches/{id}` (owned: an ownership read in the store first), against the upstream
+    called directly. The stub upstream answers every call with one JSON object whose id the
+    gateway records as the tenant's file, then batch."""
+    direct, via = Conn(up), Conn(gw)
+    auth = {"authorization": f"Bearer {KEY}"}
+    oid = json.loads(UPSTREAM_ANSWER)["id"]
+    assert (await via.request("/v1/files", b"{}", auth))[0] == 200
+    assert (await via.request("/v1/batches", json.dumps({"input_file_id": oid}).encode(), auth))[0] == 200
+    times: dict[str, list[float]] = {}
+    for path in ("/v1/models", f"/v1/batches/{oid}"):
+        for i in range(n + 100):
+            for name, conn, headers in (("direct", direct, {}), ("gateway", via, auth)):
+                t = time.perf_counter()
+                status, _ = await conn.request(path, b"", headers, method="GET")
+                took = (time.perf_counter() - t) * 1000
+                assert status == 200, (path, status)
+                if i >= 100:
+                    times.setdefault(f"{path.split('/')[2]} {name}", []).append(took)
+    direct.close()
+    via.close()
+    out = {f"{k} p{p}": pct(v, p) for k, v in times.items() for p in (50, 99)}
+    for what in ("models", "batches"):
+        for p in (50, 99):
+            out[f"{what} overhead p{p}"] = out[f"{what} gateway p{p}"] - out[f"{what} direct p{p}"]
+    return out
+
+
 async def deferred_rate(gw: int, clients: int, seconds: float) -> tuple[int, float, int]:
     headers = {"authorization": f"Bearer {KEY}", "x-lowtide-defer": "1h"}
     accepted = errors = 0
@@ -258,6 +288,7 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=500)
     parser.add_argument("--share", type=float, default=0.4, help="deferrable share of the mixed phase")
     parser.add_argument("--latency-n", type=int, default=2000, help="sequential requests per path in phase 1")
+    parser.add_argument("--scoped-n", type=int, default=500, help="sequential GETs per path in phase 1b (0: skip it)")
     parser.add_argument("--deferred-seconds", type=float, default=10.0)
     parser.add_argument("--deferred-clients", type=int, default=64)
     parser.add_argument("--upstream-connections", type=int, default=64, help="the gateway's upstreams.openai.max_connections")
@@ -304,6 +335,12 @@ def main() -> None:
         print(f"   overhead p50 {lat['overhead_p50']:.2f}  p99 {lat['overhead_p99']:.2f}   "
               f"(target p50 ≤ 2 ms: {lat['overhead_p50'] / 2:.2f}× the budget)")  # fmt: skip
         print(f"   gateway CPU {used * 1000 / args.latency_n:.2f} ms per forwarded request")
+        if args.scoped_n:
+            sc = asyncio.run(scoped(up, gw, args.scoped_n))
+            cpu = cpu_seconds(gateway.pid)
+            print(f"1b. allow-listed passthrough, {args.scoped_n} sequential GETs each way (ms overhead over direct):")
+            print(f"   /v1/models (shared)        p50 {sc['models overhead p50']:.2f}  p99 {sc['models overhead p99']:.2f}")
+            print(f"   /v1/batches/{{id}} (owned)   p50 {sc['batches overhead p50']:.2f}  p99 {sc['batches overhead p99']:.2f}")
 
         n, wall, errors = asyncio.run(deferred_rate(gw, args.deferred_clients, args.deferred_seconds))
         cpu, used = cpu_seconds(gateway.pid), cpu_seconds(gateway.pid) - cpu

@@ -54,9 +54,15 @@ class Upstream:
     url: str = ""
     calls: list[dict[str, Any]] = field(default_factory=list)
     rate_limited: int = 0  # answer this many next calls with 429
+    seen: list[str] = field(default_factory=list)  # "METHOD raw-path" of every request that arrived, any path
 
     def app(self) -> FastAPI:
         app = FastAPI()
+
+        @app.middleware("http")
+        async def everything(request: Request, call_next):
+            self.seen.append(f"{request.method} {request.scope.get('raw_path', b'').decode('latin-1')}")
+            return await call_next(request)
 
         def record(request: Request, body: dict[str, Any]) -> JSONResponse | None:
             self.calls.append({"path": request.url.path, "headers": dict(request.headers), "body": body})
@@ -171,8 +177,9 @@ class Running:
     def gw(self):
         return self.app.state.gateway
 
-    def client(self, tenant: str = "acme", **kw) -> httpx.Client:
-        return httpx.Client(base_url=self.url, headers={"authorization": f"Bearer {KEYS[tenant]}"}, timeout=30, **kw)
+    def client(self, tenant: str = "acme", headers: dict[str, str] | None = None, **kw) -> httpx.Client:
+        headers = {"authorization": f"Bearer {KEYS[tenant]}", **(headers or {})}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=30, **kw)
 
     def status(self, gid: str, tenant: str = "acme") -> httpx.Response:
         with self.client(tenant) as c:

@@ -3,13 +3,17 @@ Decided by header, by rule, by the classifier hook — in that order."""
 
 from __future__ import annotations
 
+import gzip
+import json
+from types import SimpleNamespace
+
 import anthropic
 import openai
 import pytest
 
 from lowtide.server.gateway import RequestInfo, Verdict
 
-from .conftest import KEYS, UPSTREAM_KEY, wait_until
+from .conftest import KEYS, UPSTREAM_KEY, base_config, running_gateway, serving, wait_until
 
 CHAT = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hello there"}]}
 MESSAGE = {"model": "claude-haiku-4-5", "max_tokens": 64, "messages": [{"role": "user", "content": "hello there"}]}
@@ -42,7 +46,7 @@ def test_defer_header_answers_202_and_the_result_comes_in_the_apis_shape(gateway
         assert r.status_code == 202
         accepted = r.json()
         assert accepted["decision"] == "deferred" and accepted["status"] == "accepted"
-        assert r.headers["location"] == accepted["status_url"] == f"{g.url}/v1/deferred/{accepted['id']}"
+        assert r.headers["location"] == accepted["status_url"] == f"/v1/deferred/{accepted['id']}"  # no public_url: relative
         assert accepted["deadline_at"] == pytest.approx(accepted["created_at"] + 600)
         assert accepted["created_at"] <= accepted["expected_completion_at"] <= accepted["deadline_at"]
         done = g.wait_done(accepted["id"])
@@ -169,3 +173,21 @@ def test_an_unreachable_upstream_is_a_502(gateway, tmp_path):
         r = c.post("/v1/chat/completions", json=CHAT)
         assert r.status_code == 502
         assert g.gw.loads["openai"].in_flight == 0
+
+
+def test_an_encoded_upstream_answer_reaches_the_client_readable(tmp_path):
+    """httpx hands the gateway a gzip answer decoded; it must not go on saying it is gzip."""
+    models = json.dumps({"object": "list", "data": [{"id": "gpt-4o-mini", "object": "model"}]}).encode()
+
+    async def gzipping(scope, receive, send):
+        if scope["type"] != "http":
+            return
+        body = gzip.compress(models)
+        await send({"type": "http.response.start", "status": 200, "headers": [
+            (b"content-type", b"application/json"), (b"content-encoding", b"gzip"), (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+    with serving(gzipping) as up, running_gateway(tmp_path, base_config(tmp_path, SimpleNamespace(url=up))) as g:
+        client = openai.OpenAI(base_url=f"{g.url}/v1", api_key=KEYS["acme"], max_retries=0)
+        assert [m.id for m in client.models.list()] == ["gpt-4o-mini"]
+        assert client.chat.completions.with_raw_response.create(**CHAT).http_response.headers.get("content-encoding") is None

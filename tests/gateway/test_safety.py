@@ -1,10 +1,12 @@
 """Safety: callback URLs refused for loopback, link-local and private addresses (host names
-resolving there too) unless allowed; an allowlist; a request size limit; nothing secret or
-prompt-like in the logs."""
+resolving there too, and every IPv6 form that embeds such an IPv4 address) unless allowed;
+an allowlist; a request size limit; nothing secret or prompt-like in the logs; status URLs
+from `public_url`, never from a request's Host."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import socket
 
@@ -92,3 +94,75 @@ def test_no_key_secret_or_prompt_in_the_logs(gateway, receiver, caplog):
     assert "gateway" in caplog.text  # it did log (flushes, warnings) ...
     for secret in (*KEYS.values(), UPSTREAM_KEY, SECRET, "WRONG-KEY-XYZ", "PROMPT-SHOULD-NOT-BE-LOGGED", "CALLBACK-TOKEN"):
         assert secret not in caplog.text  # ... but none of these
+
+
+# Every way an IPv6 address can carry an IPv4 one, and plain forms a resolver turns into one.
+EMBEDDED = [
+    ("2002:7f00:1::", "loopback"),  # 6to4 of 127.0.0.1
+    ("2002:a9fe:a9fe::", "link-local"),  # 6to4 of 169.254.169.254 (cloud metadata)
+    ("2002:a00:1::1", "private"),  # 6to4 of 10.0.0.1
+    ("2002:c0a8:101::", "private"),  # 6to4 of 192.168.1.1
+    ("2001:0:4136:e378:8000:63bf:80ff:fffe", "loopback"),  # Teredo (server 65.54.227.120, client 127.0.0.1)
+    ("2001:0:7f00:1::1", "loopback"),  # Teredo, server 127.0.0.1
+    ("::ffff:127.0.0.1", "loopback"),  # IPv4-mapped
+    ("::ffff:a9fe:a9fe", "link-local"),  # IPv4-mapped, hex
+    ("::127.0.0.1", "loopback"),  # IPv4-compatible
+    ("::ffff:0:127.0.0.1", "loopback"),  # IPv4-translated
+    ("64:ff9b::7f00:1", "loopback"),  # NAT64 well-known prefix
+    ("64:ff9b::a9fe:a9fe", "link-local"),  # NAT64 of the metadata address
+    ("64:ff9b:1:7f00:0:100::", "loopback"),  # NAT64 local-use prefix, /48 embedding of 127.0.0.1
+    ("64:ff9b:1::a9fe:a9fe", "reserved"),  # NAT64 local-use prefix, /96 embedding
+    ("::", "unspecified"),
+    ("fe80::1", "link-local"),
+    ("fc00::1", "private"),
+]
+PUBLIC = ["2002:5db8:d822::1", "::ffff:93.184.216.34", "2606:4700:4700::1111", "93.184.216.34"]
+
+
+@pytest.mark.parametrize("address, why", EMBEDDED)
+def test_every_ipv6_embedding_of_an_inner_address_is_refused(address, why):
+    with pytest.raises(CallbackRefused, match="resolves to") as err:
+        asyncio.run(check_callback(f"https://[{address}]/hook", Callbacks()))
+    assert why in str(err.value) or "reserved" in str(err.value)
+
+
+@pytest.mark.parametrize("address", PUBLIC)
+def test_public_addresses_in_any_form_are_accepted(address):
+    host = f"[{address}]" if ":" in address else address
+    asyncio.run(check_callback(f"https://{host}/hook", Callbacks()))
+
+
+@pytest.mark.parametrize("address", ["2002:7f00:1::", "::ffff:7f00:1", "64:ff9b::7f00:1"])
+def test_a_name_resolving_to_an_embedded_loopback_is_refused(monkeypatch, address):
+    def resolve(host, port, *args, **kwargs):  # the DNS answer for a name we own (no network in tests)
+        return [(socket.AF_INET6, socket.SOCK_STREAM, 6, "", (address, port, 0, 0))]
+
+    monkeypatch.setattr(socket, "getaddrinfo", resolve)
+    with pytest.raises(CallbackRefused, match="loopback|reserved"):
+        asyncio.run(check_callback("https://hooks.example.com/cb", Callbacks()))
+
+
+def test_6to4_callbacks_are_refused_by_the_gateway(gateway, receiver):
+    with gateway(callbacks={"allow_loopback": False}) as g, g.client() as c:
+        for url in ("http://[2002:7f00:1::]/hook", "http://[2002:a9fe:a9fe::]/latest/meta-data"):
+            r = _with_callback(c, url)
+            assert r.status_code == 400 and "X-Lowtide-Callback" in r.json()["error"]["message"], url
+        assert c.get("/v1/deferred").json()["data"] == []
+
+
+def test_the_host_header_never_becomes_a_status_url(gateway, receiver):
+    with gateway() as g, g.client(headers={"host": "attacker.example:8443"}) as evil, g.client("globex") as globex:
+        first = _with_callback(evil, f"{receiver.url}/hook")  # the first caller names its own host
+        later = globex.post("/v1/chat/completions", json=CHAT, headers={"X-Lowtide-Defer": "1h"})
+        for r in (first, later):
+            assert r.status_code == 202
+            assert r.headers["location"] == r.json()["status_url"] == f"/v1/deferred/{r.json()['id']}"
+        assert globex.get("/v1/deferred").json()["data"][0]["status_url"].startswith("/v1/deferred/")
+        wait_until(lambda: receiver.deliveries, what="the webhook")
+    assert "attacker" not in json.dumps(receiver.deliveries[0]["body"])
+
+
+def test_status_urls_come_from_public_url(gateway):
+    with gateway(public_url="https://gw.example.com/") as g, g.client(headers={"host": "attacker.example"}) as c:
+        r = c.post("/v1/chat/completions", json=CHAT, headers={"X-Lowtide-Defer": "1h"})
+    assert r.headers["location"] == r.json()["status_url"] == f"https://gw.example.com/v1/deferred/{r.json()['id']}"

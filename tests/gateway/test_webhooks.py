@@ -4,11 +4,12 @@ dead-lettered after max_attempts, visible in the status document and in the CLI.
 from __future__ import annotations
 
 import json
+import time
 
 from typer.testing import CliRunner
 
 from lowtide.cli import app as cli
-from lowtide.server.gateway import verify
+from lowtide.server.gateway import sign, verify
 
 from .conftest import SECRET, wait_until
 
@@ -95,3 +96,22 @@ def test_the_delivered_body_is_the_status_document(gateway, receiver):
         status = g.status(gid).json()
     status.pop("delivery")
     assert json.loads(receiver.deliveries[0]["raw"]) == status
+
+
+def test_verify_is_false_for_malformed_headers_and_never_raises():
+    body, now = b'{"id":"dfr_x"}', time.time()
+    stamp = str(int(now))
+    good = sign(SECRET.encode(), stamp, body)
+    assert verify(SECRET.encode(), stamp, body, good)
+    for timestamp, signature in [(stamp, "sha256=é" + good[8:]), (stamp, "sha256=" + "☃" * 64), (stamp, good.encode()[:-1] + b"\xff"),
+                                 ("１７００", good), ("nan", good), ("inf", good), ("", good), (stamp, "")]:  # fmt: skip
+        assert verify(SECRET.encode(), timestamp, body, signature) is False
+
+
+def test_verify_refuses_a_replay_even_when_the_caller_gives_no_clock():
+    body = b'{"id":"dfr_x"}'
+    old = str(int(time.time()) - 3600)  # an hour-old delivery, signed correctly, sent again
+    signature = sign(SECRET.encode(), old, body)
+    assert verify(SECRET.encode(), old, body, signature) is False
+    assert verify(SECRET.encode(), old, body, signature, tolerance=7200) is True
+    assert verify(SECRET.encode(), old, body, signature, now=float(old) + 1) is True

@@ -463,7 +463,7 @@ def test_gateway_request_corpus(case: Call, corpus_gateway):
 # -- gateway config files: YAML text → SpecError, from loading or from starting the gateway --
 
 GATEWAY_KNOWN_TOP = (
-    "db, data_dir, public_url, upstreams, batch, collector, rules, classifier, default_max_wait, tenants, "
+    "db, data_dir, public_url, upstreams, batch, collector, rules, classifier, default_max_wait, max_defer, tenants, "
     "callbacks, webhooks, max_body_bytes"
 )
 

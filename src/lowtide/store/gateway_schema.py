@@ -7,6 +7,10 @@ result recorded here in the API's own response shape, and delivered by webhook.
     state:     accepted → queued → succeeded | failed
     delivery:  none (no callback) | pending → delivered | dead   (pending → pending: a retry)
 
+An **owned object** is a file or batch a tenant created at the upstream through the
+gateway's passthrough (or a batch's output file it was shown): only that tenant may read,
+list, cancel or delete it (`gateway_objects`, written by `lowtide.server.gateway.owned`).
+
 Only `lowtide.server.gateway.records` writes `state`, `delivery` and a flush's `state`,
 checking each move against its transition table. API keys are never stored: tenants live in
 the gateway's config, as SHA-256 hashes; rows carry only the tenant's name.
@@ -15,6 +19,7 @@ the gateway's config, as SHA-256 hashes; rows carry only the tenant's name.
 from __future__ import annotations
 
 from sqlalchemy import BigInteger, Column, Float, Index, Integer, String, Table, Text
+from sqlalchemy.schema import PrimaryKeyConstraint
 
 from lowtide.store.schema import metadata
 
@@ -68,3 +73,19 @@ gateway_flushes = Table(
 )
 
 GATEWAY_TABLES = [gateway_requests, gateway_flushes]
+
+# Upstream objects by owner: the upstream has one key for every tenant, so this table is
+# what keeps tenants apart (migration m006_gateway_objects).
+gateway_objects = Table(
+    "gateway_objects",
+    metadata,
+    Column("api", String(16), nullable=False),  # openai | anthropic
+    Column("kind", String(16), nullable=False),  # file | batch | message_batch
+    Column("object_id", String(256), nullable=False),  # the upstream's id
+    Column("tenant", String(64), nullable=False),
+    Column("created_at", Float, nullable=False),  # when the gateway first saw it
+    PrimaryKeyConstraint("api", "kind", "object_id"),
+    Index("ix_gateway_objects_tenant", "tenant", "api", "kind", "created_at"),
+)
+
+GATEWAY_OBJECT_TABLES = [gateway_objects]

@@ -90,3 +90,11 @@ def m005_gateway(conn: Connection) -> None:
     from lowtide.store.gateway_schema import GATEWAY_TABLES
 
     schema.metadata.create_all(conn, tables=GATEWAY_TABLES)
+
+
+@migration
+def m006_gateway_objects(conn: Connection) -> None:
+    """Which tenant owns each upstream file and batch made through the gateway."""
+    from lowtide.store.gateway_schema import GATEWAY_OBJECT_TABLES
+
+    schema.metadata.create_all(conn, tables=GATEWAY_OBJECT_TABLES)

@@ -37,6 +37,7 @@ from lowtide.server.gateway.config import GatewayConfig
 from lowtide.server.gateway.context import APIS, Gateway
 from lowtide.server.gateway.load import LoadTracker
 from lowtide.server.gateway.metrics import Metrics
+from lowtide.server.gateway.owned import Owners
 from lowtide.server.gateway.policy import Policy, RequestInfo
 from lowtide.server.gateway.proxy import UpstreamClient
 from lowtide.server.gateway.tenants import Tenants
@@ -70,6 +71,7 @@ def create_gateway_app(
     gateway = Gateway(
         config=config, store=store, clock=clock, data_dir=data_dir, tenants=Tenants(config, clock), policy=policy,
         metrics=Metrics(), secret=secret.encode() if secret else None, routes=dict(routes or {}), route_kinds=kinds,
+        owners=Owners(store),
     )  # fmt: skip
     for api in APIS:
         up = gateway.upstream_config(api)
@@ -112,7 +114,8 @@ def create_gateway_app(
                 await client.aclose()
             store.close()
 
-    app = FastAPI(title="lowtide gateway", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    # /openapi.json: the gateway's own endpoints (the passthrough's are the providers' own).
+    app = FastAPI(title="lowtide gateway", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url="/openapi.json")
     app.state.gateway = gateway
     errors.install(app)
     app.include_router(handlers.router)

@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import threading
 from collections import Counter
 from datetime import UTC, datetime
@@ -252,10 +253,17 @@ class Collector:
             route_options=target.route_options,
             params={"max_tokens": target.default_max_tokens, "temperature": 1.0},
             retry={"max_attempts": target.max_attempts, "backoff_seconds": 5.0},
-            deadline=datetime.fromtimestamp(flush.deadline_at, UTC) if fb is not None else None,
+            deadline=datetime.fromtimestamp(self._deadline(flush), UTC) if fb is not None else None,
             fallback=fb,
             tags=["gateway"],
         )
+
+    def _deadline(self, flush: Any) -> float:
+        """The flush's deadline; one stored infinite (by a gateway before defer durations were
+        bounded) is read as the longest wait allowed now, so it cannot stall every flush."""
+        if math.isfinite(flush.deadline_at):
+            return flush.deadline_at
+        return flush.created_at + self.gw.config.max_defer
 
     def _fail_flush(self, flush: Any, message: str) -> None:
         from lowtide.server.errors import ApiError

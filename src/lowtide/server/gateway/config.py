@@ -23,11 +23,12 @@ environment variables it names; tenant keys are given as their SHA-256 (hex).
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from lowtide.core.yamlfile import parse_mapping, read_text, validate
 
@@ -35,20 +36,45 @@ _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
 
 
+_DURATION_DIGITS = 18  # more than any real duration needs; float() of 400 digits is inf
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:40] + "…"
+
+
 def parse_duration(value: Any) -> float:
-    """Seconds from `90`, `"90s"`, `"10m"`, `"2h"`, `"1d"`; ValueError otherwise."""
+    """Seconds from `90`, `"90s"`, `"10m"`, `"2h"`, `"1d"`; ValueError otherwise (an
+    infinite, NaN or absurdly long one included)."""
     if isinstance(value, bool):
-        raise ValueError(f"expected a duration such as 90s, 10m, 2h or 1d; got {value!r}")
+        raise ValueError(f"expected a duration such as 90s, 10m, 2h or 1d; got {_shown(value)}")
     if isinstance(value, int | float):
-        seconds = float(value)
+        try:
+            seconds = float(value)
+        except OverflowError:
+            seconds = math.inf
     else:
         m = _DURATION.match(str(value))
         if m is None:
-            raise ValueError(f"expected a duration such as 90s, 10m, 2h or 1d; got {value!r}")
+            raise ValueError(f"expected a duration such as 90s, 10m, 2h or 1d; got {_shown(value)}")
+        if len(m.group(1).partition(".")[0]) > _DURATION_DIGITS:
+            raise ValueError(f"a duration has at most {_DURATION_DIGITS} digits; got {_shown(value)}")
         seconds = float(m.group(1)) * _UNITS[m.group(2) or "s"]
+    if not math.isfinite(seconds):
+        raise ValueError(f"a duration must be finite; got {_shown(value)}")
     if seconds < 0:
-        raise ValueError(f"a duration cannot be negative; got {value!r}")
+        raise ValueError(f"a duration cannot be negative; got {_shown(value)}")
     return seconds
+
+
+def describe_duration(seconds: float) -> str:
+    """`86400` → `24h`, `5400` → `90m`, `45` → `45s` (for messages)."""
+    if seconds >= 3600 and seconds % 3600 == 0:
+        return f"{int(seconds // 3600)}h"
+    if seconds >= 60 and seconds % 60 == 0:
+        return f"{int(seconds // 60)}m"
+    return f"{seconds:g}s"
 
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]
@@ -182,18 +208,40 @@ class Webhooks(_Strict):
 class GatewayConfig(_Strict):
     db: str | None = None  # default: `lowtide --db`, LOWTIDE_DB, ./lowtide.db
     data_dir: str = "lowtide-gateway"  # the flushes' source files
-    public_url: str | None = None  # how clients reach the gateway (status URLs); default: as called
+    # How clients reach the gateway (status URLs, webhook `status_url`); None: relative URLs.
+    public_url: str | None = None
     upstreams: Upstreams = Field(default_factory=Upstreams)
     batch: BatchTargets = Field(default_factory=BatchTargets)
     collector: Collector = Field(default_factory=Collector)
     rules: list[Rule] = Field(default_factory=list)
     classifier: str | None = Field(None, pattern=r"^[\w.]+:[\w.]+$")  # "module:function"
     default_max_wait: Duration = 86400.0
+    # The longest wait a client may ask for (X-Lowtide-Defer) and a rule may give: the
+    # providers' batch window. A longer header is refused (400); see docs/gateway.md.
+    max_defer: Duration = Field(86400.0, gt=0)
     tenants: list[Tenant] = Field(default_factory=list)  # none: any key, one tenant "default"
     callbacks: Callbacks = Field(default_factory=Callbacks)
     webhooks: Webhooks = Field(default_factory=Webhooks)
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
     base_dir: str = "."  # relative paths are resolved against it (the config file's folder)
+
+    @field_validator("public_url")
+    @classmethod
+    def _public_url(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith(("http://", "https://")):
+            raise ValueError("give the http:// or https:// URL clients reach the gateway at")
+        return v.rstrip("/") if v is not None else None
+
+    @model_validator(mode="after")
+    def _waits_within_max_defer(self) -> GatewayConfig:
+        if self.default_max_wait > self.max_defer:
+            raise ValueError(f"default_max_wait ({describe_duration(self.default_max_wait)}) is over max_defer "
+                             f"({describe_duration(self.max_defer)}); lower it or raise max_defer")  # fmt: skip
+        for i, rule in enumerate(self.rules):
+            if rule.max_wait is not None and rule.max_wait > self.max_defer:
+                raise ValueError(f"rules.{i}.max_wait ({describe_duration(rule.max_wait)}) is over max_defer "
+                                 f"({describe_duration(self.max_defer)}); lower it or raise max_defer")  # fmt: skip
+        return self
 
     def resolve(self, path: str) -> Path:
         p = Path(path).expanduser()

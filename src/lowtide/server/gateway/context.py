@@ -17,6 +17,7 @@ from lowtide.store.db import Store
 
 if TYPE_CHECKING:
     from lowtide.server.gateway.collector import Collector
+    from lowtide.server.gateway.owned import Owners
     from lowtide.server.gateway.proxy import UpstreamClient
     from lowtide.server.gateway.writer import GroupWriter
 
@@ -40,9 +41,9 @@ class Gateway:
     route_kinds: dict[str, str] = field(default_factory=dict)  # api → kind of its batch target's route
     loads: dict[str, LoadTracker] = field(default_factory=dict)
     upstreams: dict[str, UpstreamClient] = field(default_factory=dict)
+    owners: Owners | None = None  # who owns which upstream object (scoped.py)
     writer: GroupWriter | None = None
     collector: Collector | None = None
-    seen_url: str | None = None  # the base URL the first client called, when public_url is not set
 
     def target(self, api: str) -> BatchTarget | None:
         return getattr(self.config.batch, api)
@@ -51,7 +52,9 @@ class Gateway:
         return getattr(self.config.upstreams, api)
 
     def public_url(self) -> str | None:
-        return self.config.public_url or self.seen_url
+        """How clients reach the gateway: from the config only, never from a request's
+        `Host` (a caller could name its own host and receive others' status URLs)."""
+        return self.config.public_url
 
     def fallback_for(self, api: str) -> tuple[str, dict[str, Any], str | None] | None:
         """(route, route_options, model) that a flush of `api` cuts over to near a deadline:

@@ -5,7 +5,11 @@
     GET  /v1/deferred?limit=&after=                 the tenant's deferred requests, newest first
     GET  /metrics                                   Prometheus text
     GET  /healthz
-    *    /v1/…  (anything else)                     forwarded to the upstream as it is
+    GET  /openapi.json                              the schema (request bodies declared)
+    *    /v1/…  (the allow-list, upstream_api.py)   forwarded in its tenant scope (scoped.py)
+
+Every path is made canonical first (paths.py): one with `..`, `//` or double encoding is
+refused (400) before anything else looks at it. Anything not on the allow-list is 404.
 
 A deferrable request is deferred only if its API has a batch target, the target takes its
 model, and its body is one a batch can carry (plain-text chat; shape.py). Otherwise it goes
@@ -26,8 +30,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from lowtide.server.errors import ApiError, api_of
-from lowtide.server.gateway import records, shape
+from lowtide.server.gateway import openapi, records, scoped, shape, upstream_api
 from lowtide.server.gateway.context import Gateway
+from lowtide.server.gateway.paths import PathRefused, canonical_path
 from lowtide.server.gateway.policy import PolicyError, RequestInfo, Verdict, tags_of
 from lowtide.server.gateway.safety import CallbackRefused, check_callback
 from lowtide.server.gateway.tenants import CLIENT_HEADERS, QuotaExceeded
@@ -49,8 +54,6 @@ def _tenant(gw: Gateway, request: Request, api: str) -> str:
         if api == "anthropic":
             raise ApiError(401, "invalid x-api-key", type="authentication_error")
         raise ApiError(401, "Incorrect API key provided.", type="invalid_request_error", code="invalid_api_key")
-    if gw.seen_url is None:
-        gw.seen_url = str(request.base_url).rstrip("/")
     return tenant
 
 
@@ -80,12 +83,12 @@ async def _body(gw: Gateway, request: Request, api: str) -> bytes:
 # The two hot endpoints are served by `hot_path` below, ahead of FastAPI's routing and
 # middleware (which cost more than the rest of a deferred request's handling); these
 # registrations are what an app without that fast path would use.
-@router.post("/v1/chat/completions")
+@router.post("/v1/chat/completions", openapi_extra=openapi.CHAT_COMPLETION)
 async def chat_completions(request: Request) -> Response:
     return await handle(_gw(request), request, "openai")
 
 
-@router.post("/v1/messages")
+@router.post("/v1/messages", openapi_extra=openapi.MESSAGE)
 async def messages(request: Request) -> Response:
     return await handle(_gw(request), request, "anthropic")
 
@@ -98,7 +101,18 @@ def hot_path(gw: Gateway, app: Any) -> Any:
     every other call (and the lifespan) to the FastAPI `app`."""
 
     async def asgi(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        api = HOT.get((scope.get("method"), scope.get("path"))) if scope["type"] == "http" else None
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+        try:
+            path = canonical_path(scope.get("raw_path") or scope["path"].encode("utf-8", "surrogateescape"))
+        except PathRefused as err:
+            method = str(scope.get("method", ""))[:16]
+            await ApiError(400, f"Invalid URL ({method} …): {err}.").response(api_of(scope["path"]))(scope, receive, send)
+            return
+        if path != scope["path"]:
+            scope = {**scope, "path": path, "raw_path": path.encode("utf-8")}
+        api = HOT.get((scope.get("method"), path))
         if api is None:
             await app(scope, receive, send)
             return
@@ -301,15 +315,16 @@ async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.api_route("/v1/{rest:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
+@router.api_route("/v1/{rest:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"], include_in_schema=False)
 async def passthrough(rest: str, request: Request) -> Response:
-    """Any other API call (models, embeddings, token counting, …) goes to the upstream as it is."""
+    """The allow-listed upstream endpoints (upstream_api.py), each in its tenant scope."""
     gw = _gw(request)
-    api = api_of(request.url.path)
-    tenant = _tenant(gw, request, api)
-    _admit(gw, tenant, api)
-    upstream = gw.upstreams.get(api)
-    if upstream is None:
-        raise ApiError(404, f"Unknown path {request.method} {request.url.path}")
-    raw = await _body(gw, request, api)
-    return await upstream.forward(request.method, request.url.path, request.url.query, request.headers, raw, lambda status: None)
+    path = request.url.path
+    tenant = _tenant(gw, request, api_of(path))
+    found = upstream_api.match(request.method, path)
+    if found is None or found[0].api not in gw.upstreams:
+        raise ApiError(404, f"Unknown path {request.method} {path}")
+    endpoint, object_id = found
+    _admit(gw, tenant, endpoint.api)
+    raw = await _body(gw, request, endpoint.api)
+    return await scoped.serve(gw, request, endpoint, object_id, tenant, raw)

@@ -1,8 +1,9 @@
 """Policy: may this request wait, and for how long? Decided per request, first answer wins:
 
 1. **headers** — `X-Lowtide-Priority: realtime` (must not be deferred; it wins over
-   everything else), or `X-Lowtide-Defer: <max wait>` (`90s`, `10m`, `2h`, `1d`, seconds),
-   with `X-Lowtide-Prefer: realtime` meaning "may wait, but prefers real time";
+   everything else), or `X-Lowtide-Defer: <max wait>` (`90s`, `10m`, `2h`, `1d`, seconds;
+   finite and at most the config's `max_defer`, 24 h by default, else 400), with
+   `X-Lowtide-Prefer: realtime` meaning "may wait, but prefers real time";
 2. **rules** of the gateway config, in order: the first whose `match` holds (tenant, model
    glob, path, `X-Lowtide-Tag` value, body `metadata` pairs);
 3. **the classifier hook** (`classifier: "module:function"`): called with a `RequestInfo`,
@@ -24,7 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from lowtide.server.gateway.config import GatewayConfig, Rule, parse_duration
+from lowtide.server.gateway.config import GatewayConfig, Rule, describe_duration, parse_duration
 
 log = logging.getLogger("lowtide.gateway")
 Mode = Literal["realtime", "defer", "prefer_realtime"]
@@ -78,10 +79,11 @@ class Policy:
     def __init__(self, config: GatewayConfig, hook: Callable[[RequestInfo], Any] | None = None):
         self.rules = list(config.rules)
         self.default_max_wait = config.default_max_wait
+        self.max_defer = config.max_defer
         self.hook = hook if hook is not None else load_hook(config.classifier)
 
     def decide(self, info: RequestInfo) -> Verdict:
-        verdict = from_headers(info.headers)
+        verdict = from_headers(info.headers, self.max_defer)
         if verdict is not None:
             return verdict
         for i, rule in enumerate(self.rules, 1):
@@ -96,7 +98,18 @@ class Policy:
     def max_wait(self, verdict: Verdict) -> float:
         return self.default_max_wait if verdict.max_wait is None else verdict.max_wait
 
+    def _bounded(self, wait: float) -> float:
+        """The operator's hook may not promise more than the operator's own bound."""
+        return min(wait, self.max_defer)
+
     def _ask_hook(self, info: RequestInfo) -> Verdict | None:
+        try:
+            return self._verdict_of_hook(info)
+        except ValueError as err:  # a max_wait that is no duration
+            log.warning("gateway: the classifier answered a bad max_wait (%s); request treated as if it had no opinion", err)
+            return None
+
+    def _verdict_of_hook(self, info: RequestInfo) -> Verdict | None:
         try:
             answer = self.hook(info)  # type: ignore[misc]
         except Exception as err:  # the request goes on; the hook's bug is logged, not the prompt
@@ -105,17 +118,18 @@ class Policy:
         if answer is None:
             return None
         if isinstance(answer, Verdict):
-            return Verdict(answer.mode, answer.max_wait, "classifier")
+            wait = None if answer.max_wait is None else self._bounded(parse_duration(answer.max_wait))
+            return Verdict(answer.mode, wait, "classifier")
         if isinstance(answer, str):
             answer = {"mode": answer}
         if isinstance(answer, Mapping) and answer.get("mode") in MODES:
             wait = answer.get("max_wait")
-            return Verdict(answer["mode"], None if wait is None else parse_duration(wait), "classifier")
+            return Verdict(answer["mode"], None if wait is None else self._bounded(parse_duration(wait)), "classifier")
         log.warning("gateway: the classifier answered %s, not a Verdict, a mode or None; ignored", type(answer).__name__)
         return None
 
 
-def from_headers(headers: Mapping[str, str]) -> Verdict | None:
+def from_headers(headers: Mapping[str, str], max_defer: float = 86400.0) -> Verdict | None:
     """The client's own say (header names are lower-case here, as Starlette gives them)."""
     priority = headers.get("x-lowtide-priority")
     if priority is not None:
@@ -129,6 +143,9 @@ def from_headers(headers: Mapping[str, str]) -> Verdict | None:
         wait = parse_duration(defer)
     except ValueError as err:
         raise PolicyError(f"X-Lowtide-Defer: {err}") from None
+    if wait > max_defer:
+        raise PolicyError(f"X-Lowtide-Defer: at most {describe_duration(max_defer)} on this gateway (max_defer); "
+                          f"got {defer[:40]!r}")  # fmt: skip
     prefer = headers.get("x-lowtide-prefer")
     if prefer is not None and prefer.strip().lower() not in ("realtime", "batch"):
         raise PolicyError(f"X-Lowtide-Prefer: give 'realtime' (or 'batch', the default); got {prefer!r}")

@@ -7,7 +7,11 @@ unchanged, and a streamed answer (Server-Sent Events) is passed on chunk by chun
 arrives. Only the credentials change: the client's gateway key (`Authorization`,
 `x-api-key`) is dropped and the upstream's key, from the environment variable the config
 names, is set in the header that API uses. Hop-by-hop headers and lowtide's own
-`X-Lowtide-*` headers are not forwarded.
+`X-Lowtide-*` headers are not forwarded. Which paths may be forwarded at all is
+upstream_api.py's allow-list; the path is canonical by then (paths.py).
+
+`call` is the same trip for the scoped endpoints (scoped.py), read whole so the gateway can
+see which object the answer is about.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy
                         "trailers", "transfer-encoding", "upgrade", "host", "content-length"})  # fmt: skip
 CLIENT_AUTH = frozenset({"authorization", "x-api-key"})
 OWN = frozenset({"date", "server"})  # the gateway's server sets its own
+# A body read through httpx comes decoded, so the encoding header no longer describes it.
+DECODED = frozenset({"content-encoding"})
 
 
 class UpstreamClient:
@@ -100,11 +106,33 @@ class UpstreamClient:
         finally:
             await upstream.aclose()
         done(upstream.status_code)
-        response = Response(content, status_code=upstream.status_code)
-        response.raw_headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in out_headers] + [
-            (b"content-length", str(len(content)).encode())
-        ]
-        return response
+        return answer(upstream.status_code, [(k, v) for k, v in out_headers if k.lower() not in DECODED], content)
+
+    async def call(self, method: str, path: str, query: str, headers: Mapping[str, str], body: bytes = b"") -> httpx.Response:
+        """One request, its answer read whole (decoded): for the scoped endpoints."""
+        url = self.url(path) + (f"?{query}" if query else "")
+        request = self.client.build_request(method, url, headers=self.headers(headers), content=body, timeout=self.timeout)
+        async with self.gate:
+            try:
+                return await self.client.send(request)
+            except httpx.HTTPError as err:
+                raise ApiError(502, f"the upstream could not be reached ({type(err).__name__})", type="api_error") from None
+
+
+def answer(status: int, headers: list[tuple[str, str]], content: bytes) -> Response:
+    """A response with exactly these headers and a Content-Length for `content`."""
+    response = Response(content, status_code=status)
+    response.raw_headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers] + [
+        (b"content-length", str(len(content)).encode())
+    ]
+    return response
+
+
+def relayed(upstream: httpx.Response, content: bytes | None = None) -> Response:
+    """The upstream's read answer as ours (its headers, `content` in place of its body if given)."""
+    skip = HOP_BY_HOP | OWN | DECODED
+    headers = [(k, v) for k, v in upstream.headers.multi_items() if k.lower() not in skip]
+    return answer(upstream.status_code, headers, upstream.content if content is None else content)
 
 
 async def _relay(upstream: httpx.Response, done: Callable[[int | None], None]) -> AsyncIterator[bytes]:

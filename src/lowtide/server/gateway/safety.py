@@ -8,7 +8,9 @@ A callback URL must
   cloud metadata service — fe80::/10), private (10/8, 172.16/12, 192.168/16, fc00::/7),
   carrier-grade NAT (100.64/10), unspecified, multicast and reserved addresses are refused
   unless `allow_loopback` / `allow_link_local` / `allow_private` says otherwise. A host name
-  is resolved and *every* address it has is checked.
+  is resolved and *every* address it has is checked; an IPv6 address that carries an IPv4
+  one (IPv4-mapped, -compatible or -translated, 6to4, Teredo, NAT64) is judged by that
+  IPv4 address too (`embedded_ipv4`).
 
 The check runs when the request is accepted and again before each delivery (a name may
 resolve elsewhere by then); delivery never follows redirects. What remains is the window
@@ -32,16 +34,69 @@ class CallbackRefused(ValueError):
     """The callback URL may not be used; the message says why (and never echoes a query)."""
 
 
+_NAT64_WELL_KNOWN = ipaddress.ip_network("64:ff9b::/96")
+_NAT64_LOCAL = ipaddress.ip_network("64:ff9b:1::/48")
+# RFC 6052: where an IPv4 address sits in a NAT64 address, by prefix length (bit ranges,
+# MSB = bit 0; bits 64-71 are the zero "u" octet and never carry it).
+_RFC6052 = {32: ((32, 63),), 40: ((40, 63), (72, 79)), 48: ((48, 63), (72, 87)),
+            56: ((56, 63), (72, 95)), 64: ((72, 103),), 96: ((96, 127),)}  # fmt: skip
+
+
+def _bits(n: int, first: int, last: int) -> int:
+    return (n >> (127 - last)) & ((1 << (last - first + 1)) - 1)
+
+
+def _nat64(n: int, prefix: int) -> ipaddress.IPv4Address:
+    value = 0
+    for first, last in _RFC6052[prefix]:
+        value = (value << (last - first + 1)) | _bits(n, first, last)
+    return ipaddress.IPv4Address(value)
+
+
+def embedded_ipv4(ip: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
+    """Every IPv4 address an IPv6 address carries, by each standard embedding: IPv4-mapped
+    (::ffff:0:0/96), IPv4-translated (::ffff:0:0:0/96), IPv4-compatible (::/96), 6to4
+    (2002::/16), Teredo (2001::/32: server and client) and NAT64 (64:ff9b::/96, and the
+    local-use 64:ff9b:1::/48 at every RFC 6052 prefix length, since its length is not known)."""
+    n = int(ip)
+    found: list[ipaddress.IPv4Address] = []
+    if ip.ipv4_mapped is not None:
+        found.append(ip.ipv4_mapped)
+    if n >> 32 == 0xFFFF0000 or (n >> 32 == 0 and n > 1):  # ::ffff:0:a.b.c.d, ::a.b.c.d
+        found.append(ipaddress.IPv4Address(n & 0xFFFFFFFF))
+    if ip.sixtofour is not None:
+        found.append(ip.sixtofour)
+    if ip.teredo is not None:
+        found.extend(ip.teredo)
+    if ip in _NAT64_WELL_KNOWN:
+        found.append(_nat64(n, 96))
+    elif ip in _NAT64_LOCAL:
+        found.extend(_nat64(n, prefix) for prefix in (48, 56, 64, 96))
+    return found
+
+
 def _address_problem(ip: ipaddress.IPv4Address | ipaddress.IPv6Address, rules: Callbacks) -> str | None:
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
+    """Why `ip` may not receive callbacks ("a loopback address (127.0.0.1)"), or None. An
+    IPv6 address that embeds IPv4 addresses is judged by each of them first, then by itself."""
+    if isinstance(ip, ipaddress.IPv6Address):
+        for inner in embedded_ipv4(ip):
+            problem = _one_address_problem(inner, rules)
+            if problem is not None:
+                return f"{problem} ({inner}, embedded in {ip})"
+        if ip.ipv4_mapped is not None:  # ::ffff:a.b.c.d is that IPv4 address, nothing more
+            return None
+    problem = _one_address_problem(ip, rules)
+    return None if problem is None else f"{problem} ({ip})"
+
+
+def _one_address_problem(ip: ipaddress.IPv4Address | ipaddress.IPv6Address, rules: Callbacks) -> str | None:
     if ip.is_loopback:
         return None if rules.allow_loopback else "a loopback address"
     if ip.is_link_local:
         return None if rules.allow_link_local else "a link-local address"
     if ip.is_unspecified or ip.is_multicast or ip.is_reserved:
         return "an unspecified, multicast or reserved address"
-    if ip.is_private or ip in _CGNAT:
+    if ip.is_private or ip in _CGNAT or not ip.is_global:
         return None if rules.allow_private else "a private address"
     return None
 
@@ -79,4 +134,4 @@ async def check_callback(url: str, rules: Callbacks) -> None:
     for ip in addresses:
         problem = _address_problem(ip, rules)
         if problem is not None:
-            raise CallbackRefused(f"callback URL: host {host} resolves to {problem} ({ip}); callbacks there are not allowed")
+            raise CallbackRefused(f"callback URL: host {host} resolves to {problem}; callbacks there are not allowed")

@@ -14,11 +14,19 @@ what a webhook delivers (without the `delivery` part).
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 
 def status_url(public_url: str | None, gid: str) -> str:
+    """Absolute under the configured `public_url`, else relative (`/v1/deferred/…`)."""
     return f"{(public_url or '').rstrip('/')}/v1/deferred/{gid}"
+
+
+def _time(value: Any) -> float | None:
+    """A stored time as JSON can carry it: a row written before durations were bounded may
+    hold infinity, which would make the whole answer fail to serialise."""
+    return value if isinstance(value, int | float) and math.isfinite(value) else None
 
 
 def deferred_view(row: Any, public_url: str | None, delivery: bool = True) -> dict[str, Any]:
@@ -29,10 +37,10 @@ def deferred_view(row: Any, public_url: str | None, delivery: bool = True) -> di
         "decision": row.decision,
         "api": row.api,
         "model": row.model,
-        "created_at": row.accepted_at,
-        "deadline_at": row.deadline_at,
-        "expected_completion_at": row.expected_at,
-        "completed_at": row.finished_at,
+        "created_at": _time(row.accepted_at),
+        "deadline_at": _time(row.deadline_at),
+        "expected_completion_at": _time(row.expected_at),
+        "completed_at": _time(row.finished_at),
         "status_url": status_url(public_url, row.id),
         "route": row.route,
         "response_status": row.result_status,
@@ -43,6 +51,6 @@ def deferred_view(row: Any, public_url: str | None, delivery: bool = True) -> di
             "state": row.delivery,
             "attempts": row.delivery_attempts,
             "last_error": row.delivery_error,
-            "delivered_at": row.delivered_at,
+            "delivered_at": _time(row.delivered_at),
         }
     return view

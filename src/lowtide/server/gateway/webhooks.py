@@ -29,7 +29,9 @@ import hashlib
 import hmac
 import json
 import logging
+import math
 import random
+import time
 from collections.abc import Callable
 
 import httpx
@@ -50,15 +52,22 @@ def sign(secret: bytes, timestamp: str, body: bytes) -> str:
     return "sha256=" + hmac.new(secret, timestamp.encode("ascii") + b"." + body, hashlib.sha256).hexdigest()
 
 
-def verify(secret: bytes, timestamp: str, body: bytes, signature: str, now: float | None = None, tolerance: float = 300.0) -> bool:
-    """For receivers: the signature matches, and (given `now`) the timestamp is recent."""
-    if now is not None:
-        try:
-            if abs(now - float(timestamp)) > tolerance:
-                return False
-        except ValueError:
-            return False
-    return hmac.compare_digest(sign(secret, timestamp, body), signature)
+def verify(secret: bytes, timestamp: str, body: bytes, signature: str | bytes, now: float | None = None,
+           tolerance: float = 300.0) -> bool:  # fmt: skip
+    """For receivers: the signature matches and the timestamp is within `tolerance` seconds
+    of `now` (default: this machine's clock) — a replayed old delivery is refused. Any
+    header that is malformed (not ASCII, not a number) is simply False, never an error."""
+    now = time.time() if now is None else now
+    try:
+        stamp = timestamp.encode("ascii") if isinstance(timestamp, str) else bytes(timestamp)
+        sent = float(stamp)
+        given = signature.encode("utf-8", "surrogateescape") if isinstance(signature, str) else bytes(signature)
+    except (ValueError, TypeError):  # UnicodeEncodeError is a ValueError
+        return False
+    if not math.isfinite(sent) or abs(now - sent) > tolerance:
+        return False
+    expected = ("sha256=" + hmac.new(secret, stamp + b"." + body, hashlib.sha256).hexdigest()).encode("ascii")
+    return hmac.compare_digest(expected, given)
 
 
 class Deliverer:
