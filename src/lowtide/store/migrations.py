@@ -90,3 +90,10 @@ def m005_gateway(conn: Connection) -> None:
     from lowtide.store.gateway_schema import GATEWAY_TABLES
 
     schema.metadata.create_all(conn, tables=GATEWAY_TABLES)
+
+
+@migration
+def m006_dispatch_submit_started(conn: Connection) -> None:
+    """Dispatches remember when their create began (`find` adopts by that time, not by when
+    the chunk was planned). Dispatches from before keep NULL: `find` falls back to created_at."""
+    add_columns(conn, schema.dispatches, ["submit_started_at"])
