@@ -128,7 +128,9 @@ async def submit(
                 provider_id = await route.find(key, size, started_at, _known_batches(store, route.name, started_at))
             except Exception as err:  # cannot tell whether it was sent: wait, never guess
                 with store.begin() as conn:
-                    conn.execute(update(dispatches).where(dispatches.c.id == dispatch_id).values(error=str(err)[:2000]))
+                    conn.execute(
+                        update(dispatches).where(dispatches.c.id == dispatch_id).values(error=str(err)[:2000], lease_until=0.0)
+                    )
                     add_event(conn, job.id, "find_error", f"{route.name}: {err}", clock.now())
                 continue
         with store.begin() as conn:
@@ -155,9 +157,11 @@ async def submit(
         except BatchRejected as err:
             _reject(store, job, route, dispatch_id, DispatchState.SUBMITTING, str(err), clock, rng)
             continue
-        except Exception as err:  # transient: the next tick finds-or-submits again
+        except Exception as err:  # transient: the next tick (this worker's or another's) finds-or-submits again
             with store.begin() as conn:
-                conn.execute(update(dispatches).where(dispatches.c.id == dispatch_id).values(error=str(err)[:2000]))
+                conn.execute(
+                    update(dispatches).where(dispatches.c.id == dispatch_id).values(error=str(err)[:2000], lease_until=0.0)
+                )  # nobody is inside the create now
                 add_event(conn, job.id, "submit_error", f"{route.name}: {err}", clock.now())
             continue
         now = clock.now()
