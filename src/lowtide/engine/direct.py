@@ -24,7 +24,7 @@ from lowtide.routes.base import DirectRoute
 from lowtide.store.db import Store
 from lowtide.store.queries import add_event
 from lowtide.store.schema import dispatches
-from lowtide.store.transitions import move_dispatch
+from lowtide.store.transitions import lock_job, move_dispatch
 
 
 class _OverBudget(Exception):
@@ -53,6 +53,8 @@ async def run_direct(
     lane_name = lane.name if lane else None
     try:
         with store.begin() as conn:
+            if job.spec.budget_usd is not None:
+                lock_job(conn, job.id)  # the job before its requests, in the order cancel takes them
             if not pending_ids(conn, job.id, now, 1, lane_name):
                 return IngestCounts()
             dispatch_id = new_dispatch(
