@@ -3,6 +3,7 @@ another runs, on a second Store (its own connections) in a thread."""
 
 from __future__ import annotations
 
+import sys
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -68,11 +69,12 @@ def second_store(store: Store) -> tuple[Store, str | None]:
 
 
 def ran_or_waits(store: Store, app_name: str | None, thread: Background) -> None:
-    """Wait until `thread` has either ended or (PostgreSQL) is blocked on a row lock. On
-    SQLite a second writer waits inside BEGIN IMMEDIATE, which no view shows: there the
-    order of the two transactions is whatever it turns out to be (both orders must be right)."""
+    """Wait until `thread` has either ended or is blocked behind the held transaction: on
+    PostgreSQL, its session waits for a lock (pg_stat_activity); on SQLite, it is inside its
+    BEGIN IMMEDIATE (store/db.py `_on_begin`), which cannot return while another writer holds
+    the store."""
     if app_name is None:
-        thread.join(0.5)  # not a timing assertion: either order must end right on SQLite
+        wait_until(lambda: not thread.is_alive() or _inside(thread, "_on_begin"), what="the second transaction to begin")
         return
     query = sa.text(
         "SELECT count(*) FROM pg_stat_activity WHERE application_name = :name AND wait_event_type = 'Lock'"
@@ -85,3 +87,13 @@ def ran_or_waits(store: Store, app_name: str | None, thread: Background) -> None
             return conn.execute(query, {"name": app_name}).scalar_one() > 0
 
     wait_until(settled, what="the second transaction to end or to wait for the lock")
+
+
+def _inside(thread: threading.Thread, function: str) -> bool:
+    """Is `thread` running `function` right now (anywhere on its stack)?"""
+    frame = sys._current_frames().get(thread.ident)
+    while frame is not None:
+        if frame.f_code.co_name == function:
+            return True
+        frame = frame.f_back
+    return False
