@@ -3,7 +3,14 @@
 Submission records its intent before the provider call (dispatch state `submitting`, with a
 key the route attaches to the batch). A process that dies between the call and recording the
 provider's id leaves the dispatch in `submitting`; the next tick asks the route to `find` the
-batch by that key and adopts it instead of submitting again (DESIGN invariant 3).
+batch by that key and adopts it instead of submitting again (DESIGN invariant 3). `find`
+looks around `submit_started_at`, the time recorded as the create began, not when the chunk
+was planned.
+
+A cancel reaches every state: a `submitting` dispatch it flagged is adopted and cancelled at
+the provider (its results still brought in), or, never sent, ends here with its requests
+cancelled; a worker inside the create keeps the flag when it records the id, and the
+next poll cancels the batch.
 """
 
 from __future__ import annotations
@@ -137,16 +144,7 @@ async def submit(
             waiting = len(left_in_dispatch(conn, dispatch_id))
             cancelled = conn.execute(select(dispatches.c.cancel_requested).where(dispatches.c.id == dispatch_id)).scalar_one()
             if provider_id is None and (cancelled or not waiting):
-                # Never sent (nothing found at the provider), and now not wanted: done here.
-                now = clock.now()
-                n = move_requests(
-                    conn, RequestState.CANCELLED,
-                    and_(requests.c.dispatch_id == dispatch_id, requests.c.state == RequestState.DISPATCHED.value),
-                    values=cancelled_values(now),
-                )  # fmt: skip
-                move_dispatch(conn, dispatch_id, DispatchState.SUBMITTING, DispatchState.CANCELLED, ended_at=now)
-                if n:
-                    add_event(conn, job.id, "cancelled", f"{n} request(s) of a batch never sent to {route.name} cancelled", now)
+                _cancel_unsent(conn, job, route, dispatch_id, clock.now())
                 continue
             if provider_id is None and state == DispatchState.SUBMITTING:
                 # Found nothing from the last try: this create is the one `find` must match next.
@@ -176,6 +174,19 @@ async def submit(
             add_event(conn, job.id, "submitted", f"{route.name} batch {provider_id}: {waiting} request(s)", now)
         sent += 1
     return sent
+
+
+def _cancel_unsent(conn, job: JobContext, route: BatchRoute, dispatch_id: int, now: float) -> None:
+    """A `submitting` dispatch the provider has no batch for (never sent), now not wanted
+    (cancelled, or nothing left in it): it ends here, and what it held is cancelled."""
+    n = move_requests(
+        conn, RequestState.CANCELLED,
+        and_(requests.c.dispatch_id == dispatch_id, requests.c.state == RequestState.DISPATCHED.value),
+        values=cancelled_values(now),
+    )  # fmt: skip
+    move_dispatch(conn, dispatch_id, DispatchState.SUBMITTING, DispatchState.CANCELLED, ended_at=now)
+    if n:
+        add_event(conn, job.id, "cancelled", f"{n} request(s) of a batch never sent to {route.name} cancelled", now)
 
 
 class _Refused(Exception):
