@@ -174,3 +174,58 @@ def test_every_fault_kind_converges_to_the_right_terminal_states(route, fault, s
             sa.text("SELECT request_id FROM attempts WHERE applied AND ok GROUP BY request_id HAVING COUNT(*) > 1")
         ).all()
     assert dup == []
+
+
+def test_anthropic_adoption_is_anchored_at_the_create_not_at_planning(serve, store, tmp_path):
+    """A chunk planned long before it is sent (its first create got a 500; ticks send a few
+    chunks at a time) whose next create reached Anthropic but whose answer was lost is
+    adopted, not created again: `find` looks around the time recorded when that create
+    began (`submit_started_at`), not around the time the chunk was planned."""
+    import time
+
+    import yaml
+
+    from lowtide.core.clock import ManualClock
+    from lowtide.core.errors import RouteError
+    from lowtide.routes.anthropic_batch import AnthropicBatchRoute
+
+    plan = tmp_path / "faults.yaml"
+    plan.write_text(yaml.safe_dump({"http": [{"match": "POST /v1/messages/batches", "first": 1, "status": 500}]}))
+    url = serve("--time-scale", "1", "--faults", str(plan))  # real time: the provider's creation times are ours
+    window = 600
+    options = _options("anthropic-batch", url, find_window=window)
+
+    class LostAnswer(AnthropicBatchRoute):
+        """The first create the provider takes: its answer never reaches us."""
+
+        lost = False
+
+        async def submit(self, key, requests):
+            batch_id = await super().submit(key, requests)
+            if not self.lost:
+                self.lost = True
+                raise RouteError(f"{self.name}: connection reset while reading the answer")
+            return batch_id
+
+    source = write_csv(tmp_path / "t.csv", ticket_rows(4))
+    spec = make_spec(source, route="anthropic-batch", route_options=options)
+    clock = ManualClock(time.time() - 2 * window)  # planned twenty minutes ago
+    load_job(store, spec, clock)
+
+    async def ticks():
+        route = LostAnswer(options)
+        try:
+            async with Engine(store, clock, routes={"anthropic-batch": route}) as engine:
+                assert (await engine.tick("tickets")).submitted == 0  # planned; the create got a 500
+                clock.advance(2 * window)  # now: the create is tried again, and taken
+                assert (await engine.tick("tickets")).submitted == 0  # ... its answer lost
+                return (await engine.tick("tickets")).submitted  # find-or-create
+        finally:
+            await route.aclose()
+
+    assert asyncio.run(ticks()) == 1
+    assert _provider_batch_count("anthropic-batch", url) == 1  # adopted, not created again
+    with store.begin() as conn:
+        created_at, started_at = conn.execute(sa.select(dispatches.c.created_at, dispatches.c.submit_started_at)).one()
+    assert started_at - created_at == 2 * window
+    assert _run(store, "tickets").counts == {"succeeded": 4}

@@ -111,3 +111,23 @@ def test_among_matches_more_values_than_a_statement_may_bind(store, clock, tmp_p
         assert sorted(conn.scalars(sa.select(requests.c.custom_id).where(among(conn, requests.c.custom_id, many)))) == sorted(wanted)
         ids = list(conn.scalars(sa.select(requests.c.id).where(among(conn, requests.c.custom_id, wanted))))
         assert sorted(conn.scalars(sa.select(requests.c.custom_id).where(among(conn, requests.c.id, ids)))) == sorted(wanted)
+
+
+def test_m007_gives_dispatches_of_an_older_store_a_submit_started_at(store):
+    """A store from before m007: the column is added; its dispatches keep NULL there, and
+    `find` is anchored at their created_at as before (engine/batches.py)."""
+    from lowtide.store.queries import save_job
+    from lowtide.store.schema import dispatches
+
+    with store.begin() as conn:
+        job_id, _ = save_job(conn, "old", "{}", "echo-batch", 1.0)
+        conn.execute(dispatches.insert().values(job_id=job_id, route="echo-batch", kind="batch", key="k", state="submitting", size=1, created_at=5.0))
+        conn.exec_driver_sql("ALTER TABLE dispatches DROP COLUMN submit_started_at")
+        conn.execute(migrations.delete().where(migrations.c.name == "m007_dispatch_submit_started"))
+    reopened = Store(store.location)
+    try:
+        with reopened.begin() as conn:
+            assert "m007_dispatch_submit_started" in set(conn.scalars(sa.select(migrations.c.name)))
+            assert conn.execute(sa.select(dispatches.c.created_at, dispatches.c.submit_started_at)).one() == (5.0, None)
+    finally:
+        reopened.close()

@@ -88,7 +88,8 @@ JOB_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     JobState.ACTIVE: frozenset({JobState.FINISHED, JobState.CANCELLED, JobState.BUDGET_EXHAUSTED}),
     JobState.FINISHED: frozenset({JobState.ACTIVE}),  # new rows, or a retry
     JobState.CANCELLED: frozenset({JobState.ACTIVE}),  # a retry of cancelled requests
-    JobState.BUDGET_EXHAUSTED: frozenset({JobState.ACTIVE, JobState.CANCELLED}),  # resubmitted, or cancelled
+    # resubmitted, cancelled, or every request ended anyway (what was in flight came back)
+    JobState.BUDGET_EXHAUSTED: frozenset({JobState.ACTIVE, JobState.CANCELLED, JobState.FINISHED}),
 }
 
 

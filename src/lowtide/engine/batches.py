@@ -3,7 +3,14 @@
 Submission records its intent before the provider call (dispatch state `submitting`, with a
 key the route attaches to the batch). A process that dies between the call and recording the
 provider's id leaves the dispatch in `submitting`; the next tick asks the route to `find` the
-batch by that key and adopts it instead of submitting again (DESIGN invariant 3).
+batch by that key and adopts it instead of submitting again (DESIGN invariant 3). `find`
+looks around `submit_started_at`, the time recorded as the create began, not when the chunk
+was planned.
+
+A cancel reaches every state: a `submitting` dispatch it flagged is adopted and cancelled at
+the provider (its results still brought in), or, never sent, ends here with its requests
+cancelled; a worker inside the create keeps the flag when it records the id, and the
+next poll cancels the batch.
 """
 
 from __future__ import annotations
@@ -12,7 +19,7 @@ import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from sqlalchemy import func, select, update
+from sqlalchemy import and_, case, func, select, update
 
 from lowtide.core.clock import Clock
 from lowtide.core.errors import BatchRejected
@@ -20,6 +27,7 @@ from lowtide.core.states import DispatchState, RequestState
 from lowtide.core.types import ChatRequest, Outcome
 from lowtide.engine import budget
 from lowtide.engine.context import JobContext
+from lowtide.engine.control import cancelled_values
 from lowtide.engine.dispatch import assign, iter_dispatched, left_in_dispatch, new_dispatch
 from lowtide.engine.ingest import IngestCounts, apply_outcomes
 from lowtide.engine.policy import poll_delay
@@ -27,7 +35,7 @@ from lowtide.routes.base import BatchRoute
 from lowtide.store.db import Store
 from lowtide.store.queries import add_event
 from lowtide.store.schema import dispatches, requests
-from lowtide.store.transitions import move_dispatch
+from lowtide.store.transitions import lock_job, move_dispatch, move_requests
 
 INGEST_CHUNK = 2000
 CHUNKS_PER_TICK = 10  # planning more waits for the next tick: memory stays bounded
@@ -95,13 +103,14 @@ async def submit(
     model: str | None = None,
 ) -> int:  # fmt: skip
     """Submit planned dispatches of the job on this route (up to SUBMITS_PER_TICK); adopt
-    any that a dead process had sent. `model` overrides the requests' model (a fallback
-    route's)."""
+    any that a dead process had sent; resolve those a cancel flagged while `submitting`.
+    `model` overrides the requests' model (a fallback route's)."""
     with store.begin() as conn:
         todo = list(
             conn.execute(
                 select(
-                    dispatches.c.id, dispatches.c.key, dispatches.c.state, dispatches.c.size, dispatches.c.created_at,
+                    dispatches.c.id, dispatches.c.key, dispatches.c.state, dispatches.c.size,
+                    func.coalesce(dispatches.c.submit_started_at, dispatches.c.created_at),
                     dispatches.c.owner, dispatches.c.lease_until,
                 ).where(
                     dispatches.c.job_id == job.id,
@@ -112,46 +121,45 @@ async def submit(
             )
         )
     sent = 0
-    for dispatch_id, key, state, size, created_at, owner, lease_until in todo:
+    for dispatch_id, key, state, size, started_at, owner, lease_until in todo:
         if sent >= SUBMITS_PER_TICK:
             break
         if state == DispatchState.PLANNED:
-            with store.begin() as conn:  # intent (and the budget's reservation) is durable before any network call
-                refused = budget.reserve(conn, job, dispatch_id, route.name)
-                if refused:
-                    budget.exhaust(conn, job.id, refused, clock.now())
-                    continue
-                if not move_dispatch(
-                    conn, dispatch_id, DispatchState.PLANNED, DispatchState.SUBMITTING,
-                    owner=worker.owner, lease_until=clock.now() + SUBMIT_LEASE,
-                ):  # fmt: skip
-                    continue
+            if not _begin_submit(store, job, route, dispatch_id, worker, clock):
+                continue
             provider_id = None
         else:
             if not _claim(store, dispatch_id, owner, lease_until, worker, clock.now(), SUBMIT_LEASE):
                 continue  # another worker is sending it right now
             try:
-                provider_id = await route.find(key, size, created_at, _known_batches(store, route.name, created_at))
+                provider_id = await route.find(key, size, started_at, _known_batches(store, route.name, started_at))
             except Exception as err:  # cannot tell whether it was sent: wait, never guess
                 with store.begin() as conn:
-                    conn.execute(update(dispatches).where(dispatches.c.id == dispatch_id).values(error=str(err)[:2000]))
+                    conn.execute(
+                        update(dispatches).where(dispatches.c.id == dispatch_id).values(error=str(err)[:2000], lease_until=0.0)
+                    )
                     add_event(conn, job.id, "find_error", f"{route.name}: {err}", clock.now())
                 continue
         with store.begin() as conn:
             waiting = len(left_in_dispatch(conn, dispatch_id))
-        if not waiting:
-            with store.begin() as conn:
-                move_dispatch(conn, dispatch_id, DispatchState.SUBMITTING, DispatchState.CANCELLED, ended_at=clock.now())
-            continue
+            cancelled = conn.execute(select(dispatches.c.cancel_requested).where(dispatches.c.id == dispatch_id)).scalar_one()
+            if provider_id is None and (cancelled or not waiting):
+                _cancel_unsent(conn, job, route, dispatch_id, clock.now())
+                continue
+            if provider_id is None and state == DispatchState.SUBMITTING:
+                # Found nothing from the last try: this create is the one `find` must match next.
+                conn.execute(update(dispatches).where(dispatches.c.id == dispatch_id).values(submit_started_at=clock.now()))
         try:
             if provider_id is None:
                 provider_id = await route.submit(key, _with_model(iter_dispatched(store, dispatch_id), model))
         except BatchRejected as err:
             _reject(store, job, route, dispatch_id, DispatchState.SUBMITTING, str(err), clock, rng)
             continue
-        except Exception as err:  # transient: the next tick finds-or-submits again
+        except Exception as err:  # transient: the next tick (this worker's or another's) finds-or-submits again
             with store.begin() as conn:
-                conn.execute(update(dispatches).where(dispatches.c.id == dispatch_id).values(error=str(err)[:2000]))
+                conn.execute(
+                    update(dispatches).where(dispatches.c.id == dispatch_id).values(error=str(err)[:2000], lease_until=0.0)
+                )  # nobody is inside the create now
                 add_event(conn, job.id, "submit_error", f"{route.name}: {err}", clock.now())
             continue
         now = clock.now()
@@ -160,11 +168,54 @@ async def submit(
             move_dispatch(
                 conn, dispatch_id, DispatchState.SUBMITTING, DispatchState.SUBMITTED,
                 provider_id=provider_id, submitted_at=now, error=None, lease_until=0.0,
-                next_poll_at=now + poll_delay(interval, 0, rng),
+                # A cancel that came while the create was on its way: poll (and cancel) at once.
+                next_poll_at=case((dispatches.c.cancel_requested.is_(True), now), else_=now + poll_delay(interval, 0, rng)),
             )  # fmt: skip
             add_event(conn, job.id, "submitted", f"{route.name} batch {provider_id}: {waiting} request(s)", now)
         sent += 1
     return sent
+
+
+def _cancel_unsent(conn, job: JobContext, route: BatchRoute, dispatch_id: int, now: float) -> None:
+    """A `submitting` dispatch the provider has no batch for (never sent), now not wanted
+    (cancelled, or nothing left in it): it ends here, and what it held is cancelled."""
+    n = move_requests(
+        conn, RequestState.CANCELLED,
+        and_(requests.c.dispatch_id == dispatch_id, requests.c.state == RequestState.DISPATCHED.value),
+        values=cancelled_values(now),
+    )  # fmt: skip
+    move_dispatch(conn, dispatch_id, DispatchState.SUBMITTING, DispatchState.CANCELLED, ended_at=now)
+    if n:
+        add_event(conn, job.id, "cancelled", f"{n} request(s) of a batch never sent to {route.name} cancelled", now)
+
+
+class _Refused(Exception):
+    pass
+
+
+def _begin_submit(store: Store, job: JobContext, route: BatchRoute, dispatch_id: int, worker: Worker, clock: Clock) -> bool:
+    """Take a planned dispatch (planned → submitting, a compare-and-set: one worker wins) and
+    reserve its budget, in one transaction, before any network call. A worker that read the
+    dispatch before another took it loses the compare-and-set and reserves nothing. False if
+    it must not be sent by this worker now."""
+    now = clock.now()
+    try:
+        with store.begin() as conn:
+            if job.spec.budget_usd is not None:
+                lock_job(conn, job.id)  # the job before the dispatch, in the order cancel takes them
+            if not move_dispatch(
+                conn, dispatch_id, DispatchState.PLANNED, DispatchState.SUBMITTING,
+                owner=worker.owner, lease_until=now + SUBMIT_LEASE, submit_started_at=now,
+            ):  # fmt: skip
+                return False  # another worker took it, or it was cancelled
+            refused = budget.reserve(conn, job, dispatch_id, route.name)
+            if refused:
+                raise _Refused(refused)  # undoes the compare-and-set: nothing was sent
+    except _Refused as refused:
+        with store.begin() as conn:
+            budget.exhaust(conn, job.id, str(refused), now)
+        return False
+    return True
 
 
 def _claim(store: Store, dispatch_id: int, owner, lease_until, worker: Worker, now: float, lease: float) -> bool:
@@ -247,6 +298,7 @@ async def poll(
     for dispatch_id, provider_id, polls, cancel_requested, owner, lease_until in due:
         if not _claim(store, dispatch_id, owner, lease_until, worker, now, POLL_LEASE):
             continue  # another worker is polling or ingesting it
+        asked = bool(cancel_requested)
         try:
             status = await route.poll(provider_id)
             # Cancel only a batch still running: one that ended first has nothing to stop, and
@@ -265,11 +317,12 @@ async def poll(
                 )
                 add_event(conn, job.id, "poll_error", f"{route.name} batch {provider_id}: {err}", clock.now())
             continue
+        # The flag is cleared only once acted on: a cancel that arrived during this poll stays.
+        settled = {"cancel_requested": False} if status.ended or (asked and not cancel_requested) else {}
         with store.begin() as conn:
             conn.execute(
                 update(dispatches).where(dispatches.c.id == dispatch_id).values(
-                    polls=polls + 1, phase=status.phase, error=None,
-                    cancel_requested=cancel_requested and not status.ended,
+                    polls=polls + 1, phase=status.phase, error=None, **settled,
                     next_poll_at=clock.now() + poll_delay(interval, polls + 1, rng),
                     # Held while an ended batch is ingested; let go otherwise.
                     lease_until=clock.now() + POLL_LEASE if status.ended else 0.0,

@@ -32,7 +32,7 @@ from lowtide.engine.context import JobContext
 from lowtide.store.money import from_pico, to_pico
 from lowtide.store.queries import add_event
 from lowtide.store.schema import attempts, dispatches, jobs, requests
-from lowtide.store.transitions import move_dispatch, move_job, move_requests
+from lowtide.store.transitions import lock_job, move_dispatch, move_job, move_requests
 
 # A dispatch holds its reservation from the moment it may reach the provider.
 RESERVING_STATES = (DispatchState.SUBMITTING.value, DispatchState.SUBMITTED.value, DispatchState.RUNNING.value)
@@ -122,10 +122,7 @@ def reserve(conn: Connection, job: JobContext, dispatch_id: int, route: str) -> 
     budget = job.spec.budget_usd
     if budget is None:
         return None
-    lock = select(jobs.c.state).where(jobs.c.id == job.id)
-    if conn.dialect.name == "postgresql":
-        lock = lock.with_for_update()  # one reservation at a time per job (SQLite: BEGIN IMMEDIATE)
-    if conn.execute(lock).scalar_one() == JobState.BUDGET_EXHAUSTED.value:
+    if lock_job(conn, job.id) == JobState.BUDGET_EXHAUSTED.value:  # one reservation at a time per job
         return "the job's budget is exhausted"
     est = estimate(conn, job, dispatch_id, route)
     if est.usd is None:
@@ -147,19 +144,22 @@ def reserve(conn: Connection, job: JobContext, dispatch_id: int, route: str) -> 
 
 def exhaust(conn: Connection, job_id: int, reason: str, now: float) -> None:
     """Stop sending: the job becomes budget_exhausted and its unsent batches are taken apart
-    (their requests wait, pending, for the budget to be raised)."""
+    (their requests wait, pending, for the budget to be raised). The job's row is locked
+    first, as `reserve` and `cancel` lock it, so that none of them waits on the other."""
+    state = lock_job(conn, job_id)
     planned = conn.scalars(
         select(dispatches.c.id).where(dispatches.c.job_id == job_id, dispatches.c.state == DispatchState.PLANNED.value)
     ).all()
     for dispatch_id in planned:
+        # The dispatch first: one another worker has just begun to send is not taken apart.
+        if not move_dispatch(conn, dispatch_id, DispatchState.PLANNED, DispatchState.CANCELLED, ended_at=now):
+            continue
         move_requests(
             conn,
             RequestState.PENDING,
             and_(requests.c.dispatch_id == dispatch_id, requests.c.state == RequestState.DISPATCHED.value),
             values={"dispatch_id": None, "attempts": requests.c.attempts - 1, "updated_at": now},
         )  # an unsent batch was no attempt
-        move_dispatch(conn, dispatch_id, DispatchState.PLANNED, DispatchState.CANCELLED, ended_at=now)
-    state = conn.execute(select(jobs.c.state).where(jobs.c.id == job_id)).scalar_one()
     if state == JobState.ACTIVE.value:
         move_job(conn, job_id, JobState.BUDGET_EXHAUSTED, updated_at=now)
         add_event(

@@ -23,7 +23,7 @@ from lowtide.store.queries import (
     token_totals,
 )
 from lowtide.store.schema import dispatches, requests
-from lowtide.store.transitions import move_dispatch, move_job, move_requests
+from lowtide.store.transitions import lock_job, move_dispatch, move_job, move_requests
 
 
 @dataclass(slots=True)
@@ -125,14 +125,17 @@ def job_spec(store: Store, name: str) -> JobSpec:
 
 def cancel_job(store: Store, name: str, clock: Clock) -> int:
     """Cancel what has not finished. Provider batches already sent are asked to cancel and
-    their partial results are still brought in (they are paid for)."""
+    their partial results are still brought in (they are paid for). A batch whose create may
+    or may not have reached the provider (`submitting`) is flagged: the next tick adopts it
+    through the route's `find` and cancels it there, or, if it was never sent, cancels its
+    requests; a worker inside that create right now finds the flag when it records the id."""
     now = clock.now()
     with store.begin() as conn:
         job = get_job(conn, name)
-        if job.state not in (JobState.ACTIVE, JobState.BUDGET_EXHAUSTED):  # finished or already cancelled
+        if lock_job(conn, job.id) not in (JobState.ACTIVE, JobState.BUDGET_EXHAUSTED):  # finished or already cancelled
             return 0
         move_job(conn, job.id, JobState.CANCELLED, updated_at=now)
-        values = {"error_code": "cancelled", "error_message": "cancelled by the user", "updated_at": now}
+        values = cancelled_values(now)
         n = move_requests(
             conn, RequestState.CANCELLED, and_(requests.c.job_id == job.id, requests.c.state == RequestState.PENDING.value), values=values
         )
@@ -148,13 +151,22 @@ def cancel_job(store: Store, name: str, clock: Clock) -> int:
             select(dispatches.c.id).where(dispatches.c.job_id == job.id, dispatches.c.state == DispatchState.PLANNED.value)
         ).all():
             move_dispatch(conn, dispatch_id, DispatchState.PLANNED, DispatchState.CANCELLED, ended_at=now)
+        # One statement for both: a create that records `submitted` meanwhile keeps the flag.
         conn.execute(
             update(dispatches)
-            .where(dispatches.c.job_id == job.id, dispatches.c.state == DispatchState.SUBMITTED.value)
+            .where(
+                dispatches.c.job_id == job.id,
+                dispatches.c.state.in_([DispatchState.SUBMITTED.value, DispatchState.SUBMITTING.value]),
+            )
             .values(cancel_requested=True, next_poll_at=now)
         )
         add_event(conn, job.id, "cancelled", f"{n} request(s) cancelled by the user", now)
     return n
+
+
+def cancelled_values(now: float) -> dict:
+    """What a request cancelled by the user carries."""
+    return {"error_code": "cancelled", "error_message": "cancelled by the user", "updated_at": now}
 
 
 def retry_job(store: Store, name: str, clock: Clock, *, failed: bool = True, cancelled: bool = False) -> int:
@@ -165,6 +177,7 @@ def retry_job(store: Store, name: str, clock: Clock, *, failed: bool = True, can
     now = clock.now()
     with store.begin() as conn:
         job = get_job(conn, name)
+        lock_job(conn, job.id)  # before the requests: a concurrent finish() waits, then sees them
         n = move_requests(
             conn,
             RequestState.PENDING,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import random
 import time
 
@@ -22,7 +24,7 @@ from lowtide.routes.base import DirectRoute
 from lowtide.store.db import Store
 from lowtide.store.queries import add_event
 from lowtide.store.schema import dispatches
-from lowtide.store.transitions import move_dispatch
+from lowtide.store.transitions import lock_job, move_dispatch
 
 
 class _OverBudget(Exception):
@@ -31,6 +33,8 @@ class _OverBudget(Exception):
 
 FLUSH_EVERY = 5000  # outcomes
 FLUSH_SECONDS = 1.0  # wall time between commits while a slow route runs
+HEARTBEAT_LOOK = 0.2  # real seconds between looks at the engine clock for a lease renewal
+log = logging.getLogger(__name__)
 
 
 async def run_direct(
@@ -49,6 +53,8 @@ async def run_direct(
     lane_name = lane.name if lane else None
     try:
         with store.begin() as conn:
+            if job.spec.budget_usd is not None:
+                lock_job(conn, job.id)  # the job before its requests, in the order cancel takes them
             if not pending_ids(conn, job.id, now, 1, lane_name):
                 return IngestCounts()
             dispatch_id = new_dispatch(
@@ -87,6 +93,7 @@ async def run_direct(
         buffer = []
         last_flush = time.monotonic()
 
+    heartbeat = asyncio.create_task(_heartbeat(store, dispatch_id, owner, clock, lease))
     try:
         async for outcome in route.execute(batch):
             buffer.append(outcome)
@@ -101,5 +108,39 @@ async def run_direct(
         )
         with store.begin() as conn:
             add_event(conn, job.id, "route_error", f"{route.name}: {type(err).__name__}: {err}", clock.now())
+    finally:
+        heartbeat.cancel()
+        await asyncio.gather(heartbeat, return_exceptions=True)
     flush(final=True)
     return counts
+
+
+async def _heartbeat(store: Store, dispatch_id: int, owner: str, clock: Clock, lease: float) -> None:
+    """Renew the dispatch's lease every lease/3 of the engine clock while the route works,
+    whether or not answers arrive: one slow call (a 900 s timeout against a 120 s lease)
+    must not let another worker reclaim the requests and pay for them again. The clock is
+    read every HEARTBEAT_LOOK real seconds (a test's ManualClock moves when it is told)."""
+    every = lease / 3
+    renewed = clock.now()
+    while True:
+        await asyncio.sleep(min(HEARTBEAT_LOOK, every))
+        now = clock.now()
+        if now - renewed < every:
+            continue
+        try:
+            with store.begin() as conn:
+                held = conn.execute(
+                    dispatches.update()
+                    .where(
+                        dispatches.c.id == dispatch_id,
+                        dispatches.c.owner == owner,
+                        dispatches.c.state == DispatchState.RUNNING.value,
+                    )
+                    .values(lease_until=now + lease)
+                ).rowcount
+        except Exception as err:  # the store is busy or away: try again at the next look
+            log.warning("lease renewal of dispatch %s failed: %s", dispatch_id, err)
+            continue
+        if not held:  # reclaimed or ended: nothing left to hold
+            return
+        renewed = now

@@ -36,7 +36,7 @@ from lowtide.routes import Route, create_route
 from lowtide.store.db import Store
 from lowtide.store.queries import add_event
 from lowtide.store.schema import dispatches, jobs, requests
-from lowtide.store.transitions import move_dispatch, move_job, move_requests
+from lowtide.store.transitions import lock_job, move_dispatch, move_job, move_requests
 
 LIVE = (RequestState.PENDING.value, RequestState.DISPATCHED.value)
 
@@ -151,12 +151,16 @@ class Engine:
             plan_for(waiting, left)
 
     def _jobs(self, job_name: str | None) -> list[JobContext]:
-        """Active jobs, and others whose provider batches still have results to bring in (a
-        cancelled job's, or a batch left behind at a deadline cut-over: they are paid for)."""
+        """Active jobs, budget_exhausted ones (they finish when what was in flight is back),
+        and others whose provider batches still have results to bring in or a create still
+        to resolve (a cancelled job's, or a batch left behind at a deadline cut-over: they
+        are paid for)."""
         live_batches = select(dispatches.c.id).where(
-            dispatches.c.job_id == jobs.c.id, dispatches.c.state == DispatchState.SUBMITTED.value
+            dispatches.c.job_id == jobs.c.id,
+            dispatches.c.state.in_([DispatchState.SUBMITTED.value, DispatchState.SUBMITTING.value]),
         )
-        stmt = select(jobs).where(or_(jobs.c.state == JobState.ACTIVE.value, live_batches.exists()))
+        ticked = [JobState.ACTIVE.value, JobState.BUDGET_EXHAUSTED.value]
+        stmt = select(jobs).where(or_(jobs.c.state.in_(ticked), live_batches.exists()))
         if job_name is not None:
             stmt = stmt.where(jobs.c.name == job_name)
         with self.store.begin() as conn:
@@ -227,17 +231,19 @@ class Engine:
         return n
 
     def finish(self, job: JobContext) -> bool:
-        if job.state is not JobState.ACTIVE:
-            return False
+        """An active (or budget_exhausted) job whose requests are all terminal is finished.
+        The job's row is locked first (`lock_job`): a load or retry that adds live requests
+        takes the same lock, so it commits either wholly before this check or after the
+        job is finished (and makes it active again), never in between."""
         now = self.clock.now()
         with self.store.begin() as conn:
+            state = lock_job(conn, job.id)
+            if state not in (JobState.ACTIVE.value, JobState.BUDGET_EXHAUSTED.value):
+                return False
             live = conn.execute(
                 select(requests.c.id).where(requests.c.job_id == job.id, requests.c.state.in_(LIVE)).limit(1)
             ).first()
             if live is not None:
-                return False
-            state = conn.execute(select(jobs.c.state).where(jobs.c.id == job.id)).scalar_one()
-            if state != JobState.ACTIVE.value:  # e.g. its budget ran out during this tick
                 return False
             if move_job(conn, job.id, JobState.FINISHED, finished_at=now, updated_at=now):
                 add_event(conn, job.id, "finished", "every request reached a terminal state", now)

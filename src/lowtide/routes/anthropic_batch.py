@@ -2,8 +2,9 @@
 
 Anthropic keeps no metadata on a batch, so exactly-once submission cannot rely on a key.
 After a crash between "create sent" and "id recorded", `find` lists recent batches and adopts
-the one created within `find_window` seconds (default 600) after the dispatch was planned
-with exactly the dispatch's number of requests; if two batches match it refuses to guess
+the one created within `find_window` seconds (default 600) after its create began (the
+engine passes the dispatch's `submit_started_at`, recorded just before the call, not the
+time it was planned) with exactly the dispatch's number of requests; if two batches match it refuses to guess
 (the dispatch stays `submitting` with an error event until a person resolves it), and if
 none match the chunk is submitted again.
 

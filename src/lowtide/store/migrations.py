@@ -98,3 +98,10 @@ def m006_gateway_objects(conn: Connection) -> None:
     from lowtide.store.gateway_schema import GATEWAY_OBJECT_TABLES
 
     schema.metadata.create_all(conn, tables=GATEWAY_OBJECT_TABLES)
+
+
+@migration
+def m007_dispatch_submit_started(conn: Connection) -> None:
+    """Dispatches remember when their create began (`find` adopts by that time, not by when
+    the chunk was planned). Dispatches from before keep NULL: `find` falls back to created_at."""
+    add_columns(conn, schema.dispatches, ["submit_started_at"])

@@ -114,6 +114,10 @@ dispatches = Table(
     # (picodollars, see `lowtide.store.money`); held while the dispatch is live, less what
     # its attempts have cost so far.
     Column("reserved_picousd", BigInteger),
+    # When the worker that won planned → submitting began this create (or the create it
+    # retried): the anchor of a route's `find` window, which planning time is not (a chunk
+    # may wait many ticks, or many transient errors, between being planned and being sent).
+    Column("submit_started_at", Float),
     Index("ix_dispatches_job_state", "job_id", "state"),
 )
 

@@ -98,9 +98,21 @@ def move_dispatch(
     return conn.execute(stmt).rowcount == 1
 
 
+def lock_job(conn: Connection, job_id: int) -> str:
+    """The job's state, its row held until the caller's transaction ends: whoever changes a
+    job's requests or state takes it first, so that "no live request, so finished" and "new
+    requests, so active" never interleave. PostgreSQL: `SELECT … FOR UPDATE`; SQLite: every
+    writing transaction already holds the whole store (BEGIN IMMEDIATE, store/db.py)."""
+    stmt = select(jobs.c.state).where(jobs.c.id == job_id)
+    if conn.dialect.name == "postgresql":
+        stmt = stmt.with_for_update()
+    return conn.execute(stmt).scalar_one()
+
+
 def move_job(conn: Connection, job_id: int, target: JobState, **values: Any) -> bool:
-    """Move a job to `target` if that is legal from where it is; False if it already was there."""
-    current = conn.execute(select(jobs.c.state).where(jobs.c.id == job_id)).scalar_one()
+    """Move a job to `target` if that is legal from where it is; False if it already was there.
+    Either way the job's row is locked (`lock_job`) until the caller's transaction ends."""
+    current = lock_job(conn, job_id)
     if current == target.value:
         return False
     check_transition(JOB_TRANSITIONS, JobState(current), target)
