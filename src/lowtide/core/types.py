@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any
+
+
+def fingerprint_of(payload: str) -> str:
+    """What a stored request was rendered as, in 32 hex digits: BLAKE2b of its payload (the
+    JSON text the loader has already built, so this costs one hash of bytes at hand)."""
+    return hashlib.blake2b(payload.encode(), digest_size=16).hexdigest()
 
 
 @dataclass(slots=True)
@@ -83,6 +90,10 @@ class Outcome:
     error_code: str | None = None
     error_message: str | None = None
     retryable: bool = False
+    # The tier the provider says it served the request at, in lowtide's words ("realtime",
+    # "flex", "priority", "batch"); None when the response does not say. Routes translate
+    # the provider's own field (OpenAI `service_tier`, Anthropic `usage.service_tier`).
+    tier: str | None = None
 
     @classmethod
     def failure(cls, custom_id: str, code: str, message: str, retryable: bool) -> Outcome:

@@ -90,3 +90,12 @@ def m005_gateway(conn: Connection) -> None:
     from lowtide.store.gateway_schema import GATEWAY_TABLES
 
     schema.metadata.create_all(conn, tables=GATEWAY_TABLES)
+
+
+@migration
+def m006_request_fingerprints(conn: Connection) -> None:
+    """Requests record the model and a fingerprint of what they were rendered with, and a
+    version; earlier versions of re-rendered requests are kept (DESIGN invariant 9). Rows
+    stored before keep NULLs, read from their payload when needed."""
+    add_columns(conn, schema.requests, ["model", "fingerprint", "version"])
+    schema.metadata.create_all(conn, tables=[schema.request_versions])
