@@ -50,6 +50,7 @@ HOUR = Decimal(3600)
 class Tier(StrEnum):
     REALTIME = "realtime"
     FLEX = "flex"
+    PRIORITY = "priority"  # OpenAI's and Anthropic's faster, dearer real-time tier
     BATCH = "batch"
     SELF_HOSTED = "self_hosted"
     FREE = "free"
@@ -79,11 +80,12 @@ class ModelPrices(_Strict):
     realtime: TierPrices
     batch: TierPrices | None = None
     flex: TierPrices | None = None
+    priority: TierPrices | None = None
     aliases: list[str] = Field(default_factory=list)
     note: str | None = None
 
     def tier(self, tier: Tier) -> TierPrices | None:
-        return {Tier.REALTIME: self.realtime, Tier.BATCH: self.batch, Tier.FLEX: self.flex}.get(tier)
+        return {Tier.REALTIME: self.realtime, Tier.BATCH: self.batch, Tier.FLEX: self.flex, Tier.PRIORITY: self.priority}.get(tier)
 
 
 class SelfHosted(_Strict):

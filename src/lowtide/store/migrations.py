@@ -99,3 +99,26 @@ def m006_request_fingerprints(conn: Connection) -> None:
     stored before keep NULLs, read from their payload when needed."""
     add_columns(conn, schema.requests, ["model", "fingerprint", "version"])
     schema.metadata.create_all(conn, tables=[schema.request_versions])
+    _backfill_rendered(conn)
+
+
+def _backfill_rendered(conn: Connection, page: int = 5000) -> None:
+    """Requests stored before m006: model and fingerprint from their own payload (what was
+    rendered then), so pricing and change detection treat them as any other."""
+    from sqlalchemy import bindparam
+
+    from lowtide.core import fastjson
+    from lowtide.core.types import fingerprint_of
+
+    r = schema.requests.c
+    stmt = schema.requests.update().where(r.id == bindparam("_id")).values(model=bindparam("m"), fingerprint=bindparam("f"))
+    after = 0
+    while True:
+        rows = conn.execute(
+            select(r.id, r.payload).where(r.fingerprint.is_(None), r.id > after).order_by(r.id).limit(page)
+        ).all()
+        if not rows:
+            return
+        params = [{"_id": rid, "m": str(fastjson.loads(p).get("model", "")), "f": fingerprint_of(p)} for rid, p in rows]
+        conn.execute(stmt, params)
+        after = rows[-1][0]
