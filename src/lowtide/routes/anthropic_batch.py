@@ -26,7 +26,13 @@ from lowtide.core import fastjson
 from lowtide.core.errors import BatchRejected, RouteError
 from lowtide.core.types import ChatRequest, Outcome
 from lowtide.routes._provider import RETRYABLE_CODES, api_key, check_options, poll_interval
-from lowtide.routes._wire import anthropic_params, anthropic_text, anthropic_tier, anthropic_usage, text_or_none
+from lowtide.routes._wire import (
+    anthropic_params,
+    anthropic_text,
+    anthropic_tier,
+    anthropic_usage,
+    text_or_none,
+)
 from lowtide.routes.base import BatchLimits, BatchStatus
 
 log = logging.getLogger(__name__)
