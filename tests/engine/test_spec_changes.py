@@ -16,7 +16,7 @@ from lowtide.core.errors import SourceError, SpecError
 from lowtide.core.ids import custom_id_for
 from lowtide.engine.export import export_results
 from lowtide.engine.loader import load_job
-from lowtide.store.schema import attempts, jobs, request_versions, requests
+from lowtide.store.schema import attempts, jobs, requests
 from tests.conftest import drive_to_end, make_spec, ticket_rows, write_csv
 
 
@@ -80,6 +80,8 @@ def test_requeue_changed_re_renders_succeeded_requests_as_new_versions(store, cl
     assert {r.state for r in now.values()} == {"pending"}
     assert {r.model for r in now.values()} == {"other-model"}
     assert all(json.loads(r.payload)["model"] == "other-model" and r.version == 2 for r in now.values())
+    from lowtide.store.schema import request_versions
+
     with store.begin() as conn:
         kept = {r.request_id: r for r in conn.execute(sa.select(request_versions))}
     assert {k.request_id: (k.version, k.state, k.output) for k in kept.values()} == {
@@ -107,7 +109,8 @@ def test_the_openai_batch_planner_never_puts_two_models_in_one_chunk(store, cloc
     with store.begin() as conn:
         for r in conn.execute(sa.select(requests.c.id, requests.c.payload).where(requests.c.id % 2 == 0)).all():
             payload = json.loads(r.payload) | {"model": "gpt-4o"}
-            conn.execute(requests.update().where(requests.c.id == r.id).values(payload=json.dumps(payload), model="gpt-4o"))
+            other = {"payload": json.dumps(payload)} | ({"model": "gpt-4o"} if "model" in requests.c else {})
+            conn.execute(requests.update().where(requests.c.id == r.id).values(**other))
         job = JobContext.from_row(conn.execute(sa.select(jobs)).one())
     assert batches.plan(store, job, create_route("openai-batch", {}), clock) == 6
     with store.begin() as conn:
@@ -191,7 +194,8 @@ def test_an_id_column_from_float_to_int_names_the_same_requests(store, clock, tm
     with store.begin() as conn:
         conn.execute(requests.update().where(requests.c.custom_id == "3").values(custom_id=custom_id_for("3.0")))
     report = load_job(store, make_spec(write([1, 2, 3]), source={"id_column": "id"}), clock)
-    assert (report.new, report.changed) == (0, 0)  # nothing re-run, nothing billed again
+    assert report.new == 0  # nothing re-run, nothing billed again
+    assert report.changed == 0
     assert set(_requests(store)) == {"1", "2", custom_id_for("3.0")}
     table = pq.read_table(export_results(store, "tickets", tmp_path / "out.parquet").path).to_pylist()
     assert [r["state"] for r in table] == ["succeeded"] * 3
@@ -204,3 +208,50 @@ def test_a_source_without_rows_is_refused(store, clock, tmp_path):
         load_job(store, make_spec(empty), clock)
     with store.begin() as conn:
         assert conn.execute(sa.select(sa.func.count()).select_from(jobs)).scalar_one() == 0
+
+
+def test_requeue_changed_refuses_while_a_changed_request_is_in_a_sent_batch(store, clock, tmp_path):
+    # The batch at the provider answers the old payload: re-rendering under it would pair
+    # that answer with the new one. Refused, nothing changed; so is a route change then.
+    import asyncio
+
+    from lowtide.engine.tick import Engine
+
+    source = write_csv(tmp_path / "t.csv", ticket_rows(4))
+    spec = make_spec(source, route="echo-batch", route_options={"dir": str(tmp_path / "provider"), "polls_to_complete": 5})
+    load_job(store, spec, clock)
+
+    async def one_tick():
+        async with Engine(store, clock, seed=7) as engine:
+            await engine.tick("tickets")
+
+    asyncio.run(one_tick())
+    before = _requests(store)
+    assert {r.state for r in before.values()} == {"dispatched"}
+    with pytest.raises(SpecError, match=r"4 changed request\(s\) are in batches or calls already sent"):
+        load_job(store, make_spec(source, **{**spec.model_dump(), "model": "other-model"}), clock, requeue_changed=True)
+    with pytest.raises(SpecError, match="has batches in flight on echo-batch"):
+        load_job(store, make_spec(source, **{**spec.model_dump(), "route": "echo", "route_options": {}}), clock, requeue_changed=True)
+    assert _requests(store) == before and _stored_spec(store)["model"] == "test-model"
+
+
+def test_requeue_changed_takes_a_planned_batch_apart(store, clock, tmp_path):
+    from lowtide.core.states import DispatchState
+    from lowtide.engine import batches
+    from lowtide.engine.context import JobContext
+    from lowtide.routes import create_route
+    from lowtide.store.schema import dispatches
+
+    source = write_csv(tmp_path / "t.csv", ticket_rows(4))
+    options = {"dir": str(tmp_path / "provider")}
+    spec = make_spec(source, route="echo-batch", route_options=options)
+    load_job(store, spec, clock)
+    with store.begin() as conn:
+        job = JobContext.from_row(conn.execute(sa.select(jobs)).one())
+    assert batches.plan(store, job, create_route("echo-batch", options), clock) == 4
+    report = load_job(store, make_spec(source, **{**spec.model_dump(), "model": "other-model"}), clock, requeue_changed=True)
+    assert report.requeued == 4
+    with store.begin() as conn:
+        assert conn.execute(sa.select(dispatches.c.state)).scalars().all() == [DispatchState.CANCELLED.value]
+    now = _requests(store)
+    assert {(r.state, r.attempts, r.model, r.version) for r in now.values()} == {("pending", 0, "other-model", 1)}
