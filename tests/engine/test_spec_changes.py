@@ -255,3 +255,20 @@ def test_requeue_changed_takes_a_planned_batch_apart(store, clock, tmp_path):
         assert conn.execute(sa.select(dispatches.c.state)).scalars().all() == [DispatchState.CANCELLED.value]
     now = _requests(store)
     assert {(r.state, r.attempts, r.model, r.version) for r in now.values()} == {("pending", 0, "other-model", 1)}
+
+
+def test_requests_stored_before_fingerprints_are_compared_by_payload(store, clock, tmp_path, done):
+    # As m006 leaves them: no fingerprint; the model is read back from the payload.
+    from lowtide.store.migrations import _backfill_rendered
+
+    with store.begin() as conn:
+        conn.execute(requests.update().values(fingerprint=None, model=None))
+        _backfill_rendered(conn)
+    assert {r.model for r in _requests(store).values()} == {"test-model"}
+    assert load_job(store, make_spec(done), clock).changed == 0
+    rows = ticket_rows(5)
+    rows[4]["body"] = "changed"
+    write_csv(done, rows)
+    assert load_job(store, make_spec(done), clock).changed == 1
+    table = pq.read_table(export_results(store, "tickets", tmp_path / "out.parquet").path).to_pylist()
+    assert [r["source_changed"] for r in table] == [False, False, False, False, True]

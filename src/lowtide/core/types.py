@@ -2,15 +2,8 @@
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 from typing import Any
-
-
-def fingerprint_of(payload: str) -> str:
-    """What a stored request was rendered as, in 32 hex digits: BLAKE2b of its payload (the
-    JSON text the loader has already built, so this costs one hash of bytes at hand)."""
-    return hashlib.blake2b(payload.encode(), digest_size=16).hexdigest()
 
 
 @dataclass(slots=True)

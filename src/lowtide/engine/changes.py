@@ -3,7 +3,8 @@ re-queuing those on `--requeue-changed` (docs/jobs.md "Changing a job").
 
 A stored request is matched to a source row by custom_id (also by the id it had before
 integral floats were normalised, `lowtide.core.ids`), and is *changed* when the row renders
-to a payload with another fingerprint: the row's text, the template or the spec changed.
+with another fingerprint (`RowRenderer.fingerprint`): the row's text, the template or the
+spec changed. A request stored before fingerprints (m006) is compared by its payload.
 A changed request is kept as it was unless asked; asked, it is re-rendered and queued again:
 
 - pending: its payload is replaced;
@@ -23,7 +24,6 @@ from sqlalchemy import Connection, bindparam, case, select, update
 from lowtide.core.errors import SpecError
 from lowtide.core.ids import legacy_custom_ids
 from lowtide.core.states import DispatchState, RequestState
-from lowtide.core.types import fingerprint_of
 from lowtide.store.bulk import among, executemany
 from lowtide.store.schema import dispatches, request_versions, requests
 from lowtide.store.transitions import move_dispatch, move_requests, start_new_version
@@ -35,9 +35,15 @@ SENT = (DispatchState.SUBMITTING.value, DispatchState.SUBMITTED.value, DispatchS
 class Stored:
     id: int
     state: str
-    fingerprint: str
+    fingerprint: str | None
     dispatch_id: int | None
     dispatch_state: str | None
+    payload: str | None  # only for a request stored before fingerprints
+
+    def differs(self, item: dict) -> bool:
+        if self.fingerprint is None:
+            return self.payload != item["payload"]
+        return self.fingerprint != item["fingerprint"]
 
 
 @dataclass(slots=True)
@@ -78,15 +84,14 @@ def _stored(conn: Connection, job_id: int, ids: list[str]) -> dict[str, Stored]:
         .where(r.job_id == job_id, among(conn, r.custom_id, ids))
     )
     return {
-        cid: Stored(rid, state, fp or fingerprint_of(payload), did, dstate)
-        for cid, rid, state, fp, payload, did, dstate in conn.execute(stmt)
+        cid: Stored(rid, state, fp, did, dstate, payload) for cid, rid, state, fp, payload, did, dstate in conn.execute(stmt)
     }
 
 
 def note_changed(changes: Changes, stored: dict[str, Stored], items: list[dict], keep_pairs: bool, where) -> None:
     for item in items:
         s = stored.get(item["custom_id"])
-        if s is None or s.fingerprint == item["fingerprint"]:
+        if s is None or not s.differs(item):
             continue
         changes.count += 1
         if len(changes.examples) < 3:
@@ -154,7 +159,7 @@ def _keep_versions(conn: Connection, job_id: int, ids: list[int], now: float) ->
         r.id, r.job_id, r.version, r.payload, r.fingerprint, r.state, r.output, r.parsed, r.route
     ).where(among(conn, r.id, ids))
     rows = [
-        {"request_id": rid, "job_id": jid, "version": v, "payload": p, "fingerprint": fp or fingerprint_of(p),
+        {"request_id": rid, "job_id": jid, "version": v, "payload": p, "fingerprint": fp,
          "state": st, "output": out, "parsed": parsed, "route": route, "replaced_at": now}
         for rid, jid, v, p, fp, st, out, parsed, route in conn.execute(old)
     ]  # fmt: skip

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import case, select
 
 from lowtide.core.errors import LowtideError
 from lowtide.core.ids import custom_id_for, key_of, legacy_custom_ids
@@ -83,9 +83,9 @@ class ResultRows:
             keys = [str(r.values.get(id_col, "")).strip() for r in chunk]
             ids = [custom_id_for(key_of(k)) for k in keys]
             found = self._lookup(ids, keys)
-            now = [self.render(r) for r in chunk] if self.render is not None else None
+            render = self.render
             out = []
-            for i, (row, cid) in enumerate(zip(chunk, ids, strict=True)):
+            for row, cid in zip(chunk, ids, strict=True):
                 record = dict(row.values)
                 res = found.get(cid)
                 record[names["custom_id"]] = cid
@@ -93,11 +93,10 @@ class ResultRows:
                     record[names["state"]] = "not_loaded"
                     out.append(record)
                     continue
-                cid, state, output, parsed, error_code, error_message, input_tokens, output_tokens, tries, route, fp = res
+                cid, state, output, parsed, error_code, error_message, input_tokens, output_tokens, tries, route, fp, payload = res
                 record[names["custom_id"]] = cid
-                if now is not None:  # a row that no longer renders (str: its problem) has changed too
-                    item = now[i]
-                    record[names["source_changed"]] = item.__class__ is str or item["fingerprint"] != fp
+                if render is not None:
+                    record[names["source_changed"]] = _changed(render, row, fp, payload)
                 parsed = json.loads(parsed) if parsed and want_parsed else None
                 record[names["state"]] = state
                 record[names["output"]] = output
@@ -115,7 +114,7 @@ class ResultRows:
 
     def _lookup(self, ids: list[str], keys: list[str]) -> dict[str, tuple]:
         """custom_id -> (stored custom_id, state, output, parsed, error_code, error_message,
-        input_tokens, output_tokens, attempts, route, fingerprint) of the job's requests
+        input_tokens, output_tokens, attempts, route, fingerprint, payload if no fingerprint) of the job's requests
         among `ids`; an id not found is looked for under its legacy custom_ids too."""
         cols = requests.c
         with self.store.begin() as conn:
@@ -124,6 +123,7 @@ class ResultRows:
                 stmt = select(
                     cols.custom_id, cols.state, cols.output, cols.parsed, cols.error_code, cols.error_message,
                     cols.input_tokens, cols.output_tokens, cols.attempts, cols.route, cols.fingerprint,
+                    case((cols.fingerprint.is_(None), cols.payload), else_=None),  # stored before fingerprints
                 ).where(cols.job_id == self.job_id, among(conn, cols.custom_id, wanted))  # fmt: skip
                 return {r[0]: tuple(r) for r in conn.execute(stmt)}
 
@@ -133,6 +133,16 @@ class ResultRows:
                 for old, res in fetch(list(legacy)).items():
                     found.setdefault(legacy[old], res)
             return found
+
+
+def _changed(render: RowRenderer, row, fingerprint: str | None, payload: str | None) -> bool:
+    """Does the row, as it is now, render otherwise than its stored request? Without a
+    stored fingerprint it is rendered and the payloads compared; a row that no longer
+    renders at all (a problem: str) has changed too."""
+    if fingerprint is not None:
+        return render.fingerprint(render.values_of(row)) != fingerprint
+    item = render(row)
+    return item.__class__ is str or item["payload"] != payload
 
 
 def export_results(store: Store, job_name: str, out: str | Path, fmt: str | None = None) -> ExportReport:

@@ -13,10 +13,13 @@ request whose row now renders differently (its fingerprint) is counted and kept,
 
 from __future__ import annotations
 
+import hashlib
+import json
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import orjson
 from sqlalchemy import Connection, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 
@@ -28,7 +31,6 @@ from lowtide.core.sources import Source, SourceRow
 from lowtide.core.spec import JobSpec, SpecChanges, spec_changes
 from lowtide.core.states import JobState, RequestState
 from lowtide.core.templates import MessageTemplate
-from lowtide.core.types import fingerprint_of
 from lowtide.engine import budget
 from lowtide.engine.changes import Changes, note_changed, requeue, split_known
 from lowtide.routes import create_route
@@ -88,6 +90,12 @@ class RowRenderer:
         if spec.effective_choices:
             self.base["choices"] = spec.effective_choices
         self.prefix = _dumps(self.base)[:-1] + ', "messages": '
+        # The fingerprint of a request: what every request of the job is rendered with (the
+        # payload's fixed part, the templates' text), then the values of the row it uses.
+        # Hashing those, not the payload, lets the results check a row without rendering it.
+        self.used = list(template.variables) + (list(ROW_PARAMS) if self.row_params else [])
+        self.fp_base = hashlib.blake2b(digest_size=16)
+        self.fp_base.update(_canonical([self.prefix, template.sources, spec.template.messages_column, self.used]))
 
     def __call__(self, row: SourceRow) -> dict | str:
         values = row.values
@@ -117,11 +125,30 @@ class RowRenderer:
             payload = self.prefix + _dumps(messages) + "}"
         return {
             "custom_id": custom_id_for(key_of(key)), "source_key": key, "source_row": row.number,
-            "payload": payload, "model": self.model, "fingerprint": fingerprint_of(payload),
+            "payload": payload, "model": self.model, "fingerprint": self.fingerprint(values),
         }  # fmt: skip
+
+    def fingerprint(self, values: dict) -> str:
+        """32 hex digits for what a row with these values renders as (see __init__);
+        `values` with the optional columns filled in, as `__call__` has them."""
+        h = self.fp_base.copy()
+        h.update(_canonical([values.get(k) for k in self.used]))
+        return h.hexdigest()
+
+    def values_of(self, row: SourceRow) -> dict:
+        return {**self.optional, **row.values} if self.optional else row.values
 
     def where(self, row: SourceRow) -> str:
         return row.where(self.source.path)
+
+
+def _canonical(value) -> bytes:
+    """Stable bytes for hashing: JSON, anything JSON has no type for (a Decimal, a
+    timestamp of a Parquet column) as its text."""
+    try:
+        return orjson.dumps(value, default=str)
+    except TypeError:  # an integer beyond 64 bits, a lone surrogate
+        return json.dumps(value, ensure_ascii=False, default=str).encode("utf-8", "surrogatepass")
 
 
 def _is_utf8(text: str) -> bool:

@@ -95,30 +95,26 @@ def m005_gateway(conn: Connection) -> None:
 @migration
 def m006_request_fingerprints(conn: Connection) -> None:
     """Requests record the model and a fingerprint of what they were rendered with, and a
-    version; earlier versions of re-rendered requests are kept (DESIGN invariant 9). Rows
-    stored before keep NULLs, read from their payload when needed."""
+    version; earlier versions of re-rendered requests are kept (DESIGN invariant 9)."""
     add_columns(conn, schema.requests, ["model", "fingerprint", "version"])
     schema.metadata.create_all(conn, tables=[schema.request_versions])
     _backfill_rendered(conn)
 
 
 def _backfill_rendered(conn: Connection, page: int = 5000) -> None:
-    """Requests stored before m006: model and fingerprint from their own payload (what was
-    rendered then), so pricing and change detection treat them as any other."""
+    """Requests stored before m006: their model from their own payload (what was sent), so
+    pricing and planning read it as any other's. Their fingerprint stays NULL: the row
+    values it covers were not kept; such a request is compared by its payload."""
     from sqlalchemy import bindparam
 
     from lowtide.core import fastjson
-    from lowtide.core.types import fingerprint_of
 
     r = schema.requests.c
-    stmt = schema.requests.update().where(r.id == bindparam("_id")).values(model=bindparam("m"), fingerprint=bindparam("f"))
+    stmt = schema.requests.update().where(r.id == bindparam("_id")).values(model=bindparam("m"))
     after = 0
     while True:
-        rows = conn.execute(
-            select(r.id, r.payload).where(r.fingerprint.is_(None), r.id > after).order_by(r.id).limit(page)
-        ).all()
+        rows = conn.execute(select(r.id, r.payload).where(r.model.is_(None), r.id > after).order_by(r.id).limit(page)).all()
         if not rows:
             return
-        params = [{"_id": rid, "m": str(fastjson.loads(p).get("model", "")), "f": fingerprint_of(p)} for rid, p in rows]
-        conn.execute(stmt, params)
+        conn.execute(stmt, [{"_id": rid, "m": str(fastjson.loads(p).get("model", ""))} for rid, p in rows])
         after = rows[-1][0]

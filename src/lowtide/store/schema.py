@@ -80,9 +80,9 @@ requests = Table(
     Column("lane_reason", Text),
     Column("lane_base_attempts", Integer, nullable=False, server_default="0"),
     # What the request was rendered with (DESIGN invariant 9): the payload's model, and a
-    # fingerprint (BLAKE2b of the payload, which is a function of the source-row values the
-    # template used and of the spec) that tells a changed row or spec from an unchanged one.
-    # NULL in rows stored before m006: read from the payload instead.
+    # fingerprint (BLAKE2b of the payload's fixed part, the templates' text and the values
+    # of the source row the template used: engine/loader.py) that tells a changed row or
+    # spec from an unchanged one. A NULL fingerprint (stored before m006): compare payloads.
     Column("model", String(256)),
     Column("fingerprint", String(32)),
     # 1, plus one each time `--requeue-changed` made a succeeded request a new version (the
