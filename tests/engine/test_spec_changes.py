@@ -56,7 +56,10 @@ def test_a_spec_with_another_model_is_refused_naming_the_fix(store, clock, tmp_p
 
 @pytest.mark.parametrize(
     "change",
-    [{"params": {"max_tokens": 99}}, {"template": {"user": "Say: {{ body }}"}}, {"choices": ["a", "b"]}, {"route": "echo-batch"}],
+    [
+        {"params": {"max_tokens": 99}}, {"template": {"user": "Say: {{ body }}"}}, {"choices": ["a", "b"]},
+        {"route": "echo-batch"}, {"fallback": {"route": "echo-batch"}},
+    ],
 )
 def test_every_change_that_alters_requests_is_refused(store, clock, tmp_path, done, change):
     with pytest.raises(SpecError, match="was stored with"):
@@ -272,3 +275,14 @@ def test_requests_stored_before_fingerprints_are_compared_by_payload(store, cloc
     assert load_job(store, make_spec(done), clock).changed == 1
     table = pq.read_table(export_results(store, "tickets", tmp_path / "out.parquet").path).to_pylist()
     assert [r["source_changed"] for r in table] == [False, False, False, False, True]
+
+
+def test_requeue_changed_queues_a_failed_request_again_with_a_fresh_attempt_budget(store, clock, tmp_path):
+    source = write_csv(tmp_path / "t.csv", ticket_rows(3))
+    status = drive_to_end(store, make_spec(source, route_options={"reject": ["T1001"]}), clock)
+    assert status.counts == {"succeeded": 2, "failed": 1}
+    report = load_job(store, make_spec(source, model="other-model"), clock, requeue_changed=True)
+    assert report.requeued == 3 and "model test-model → other-model" in report.applied
+    failed = _requests(store)["T1001"]
+    assert (failed.state, failed.attempts, failed.model, failed.version, failed.error_code) == ("pending", 0, "other-model", 1, None)
+    assert drive_to_end(store, make_spec(source, model="other-model"), clock).counts == {"succeeded": 3}

@@ -131,12 +131,11 @@ def requeue(conn: Connection, job_id: int, pairs: list[tuple[Stored, dict]], now
         elif state == RequestState.SUCCEEDED:
             _keep_versions(conn, job_id, [row["_id"] for row in rows], now)
             start_new_version(conn, rows, {**fresh, **new_payload})
-        else:  # failed, cancelled: the retry transition, with the new payload
-            for row in rows:
-                move_requests(
-                    conn, RequestState.PENDING, r.id == row["_id"], only=[RequestState(state)],
-                    values={**fresh, **{k: row[k] for k in rendered}},
-                )  # fmt: skip
+        else:  # failed, cancelled: the new payload, then the retry transition
+            stmt = update(requests).where(r.id == bindparam("_id"), r.state == state).values(**new_payload)
+            executemany(conn, stmt, rows)
+            ids = [row["_id"] for row in rows]
+            move_requests(conn, RequestState.PENDING, among(conn, r.id, ids), only=[RequestState(state)], values=fresh)
     return len(pairs)
 
 

@@ -251,7 +251,7 @@ def load_job(
             add_event(conn, job_id, "rows_changed", f"{changed.count} row(s) changed since stored ({examples}): {what}", now)
     return LoadReport(
         job_id=job_id, created=created, rows=total, new=new, changed=changed.count, requeued=requeued,
-        applied=changes.applied,
+        applied=changes.applied + (changes.altering if requeue_changed else []),
     )  # fmt: skip
 
 
@@ -272,13 +272,14 @@ def _check_spec_change(
     be left unpolled, or their answers priced as another model's)."""
     first = (changes.rendering or changes.sending)[0]
     key, _, values = first.partition(" ")
+    was, _, now = values.partition(" → ")
     if not requeue_changed:
         more = len(changes.altering) - 1
         also = f" (and {more} more change(s): {'; '.join(changes.altering[1:])})" if more else ""
+        stored_as = f"{key} {was}; this spec says {now}" if key != "fallback" else f"{'a' if was == 'set' else 'no'} fallback; this spec has {'one' if now == 'set' else 'none'}"
         raise SpecError(
-            f'{where}: job "{spec.name}" was stored with {key} {values.split(" → ")[0]}; this spec says '
-            f"{values.split(' → ')[-1]}{also}. Use a new job name, or pass --requeue-changed to re-render "
-            "and re-queue the requests it changes"
+            f'{where}: job "{spec.name}" was stored with {stored_as}{also}. Use a new job name, or pass '
+            "--requeue-changed to re-render and re-queue the requests it changes"
         )
     if changes.sending:
         job_id = conn.execute(select(jobs.c.id).where(jobs.c.name == spec.name)).scalar_one()
