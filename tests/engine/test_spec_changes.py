@@ -286,3 +286,8 @@ def test_requeue_changed_queues_a_failed_request_again_with_a_fresh_attempt_budg
     failed = _requests(store)["T1001"]
     assert (failed.state, failed.attempts, failed.model, failed.version, failed.error_code) == ("pending", 0, "other-model", 1, None)
     assert drive_to_end(store, make_spec(source, model="other-model"), clock).counts == {"succeeded": 3}
+
+
+def test_a_new_id_column_is_refused_even_with_requeue_changed(store, clock, tmp_path, done):
+    with pytest.raises(SpecError, match='stored with ids from column "ticket_id"; this spec takes them from "body".*new job name'):
+        load_job(store, make_spec(done, source={"id_column": "body"}), clock, requeue_changed=True)

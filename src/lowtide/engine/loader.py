@@ -54,7 +54,7 @@ class LoadReport:
     new: int
     changed: int = 0  # stored requests whose row or spec renders differently now
     requeued: int = 0  # of those, re-rendered and queued again (`requeue_changed`)
-    applied: list[str] = field(default_factory=list)  # spec changes that alter no request
+    applied: list[str] = field(default_factory=list)  # spec changes applied to the stored job
 
     @property
     def known(self) -> int:
@@ -199,7 +199,7 @@ def load_job(
         stored_spec = _stored_spec(conn, spec.name)
         changes = spec_changes(stored_spec, spec) if stored_spec is not None else SpecChanges()
         if changes.altering:
-            _check_spec_change(conn, spec, stored_spec, changes, where, requeue_changed)
+            _check_spec_change(conn, spec, changes, where, requeue_changed)
         job_id, created = save_job(conn, spec.name, spec.model_dump_json(), spec.route, now)
         budget.resume(conn, job_id, spec.budget_usd, now)  # a budget_exhausted job, submitted again
         before = _count(conn, job_id)
@@ -264,15 +264,18 @@ def _stored_spec(conn: Connection, name: str) -> JobSpec | None:
     return None if spec_json is None else JobSpec.model_validate_json(spec_json)
 
 
-def _check_spec_change(
-    conn: Connection, spec: JobSpec, stored: JobSpec, changes: SpecChanges, where: str, requeue_changed: bool
-) -> None:
+def _check_spec_change(conn: Connection, spec: JobSpec, changes: SpecChanges, where: str, requeue_changed: bool) -> None:
     """Refuse a spec change that alters requests, naming the fix; with `requeue_changed`,
     refuse only a change of route or lane while batches are in flight on them (they would
-    be left unpolled, or their answers priced as another model's)."""
+    be left unpolled, or their answers priced as another model's), and a new id column."""
     first = (changes.rendering or changes.sending)[0]
     key, _, values = first.partition(" ")
     was, _, now = values.partition(" → ")
+    if key == "source.id_column":  # other ids name other requests: no version of the stored ones
+        raise SpecError(
+            f'{where}: job "{spec.name}" was stored with ids from column "{was}"; this spec takes them from "{now}". '
+            "Ids name the requests: use a new job name"
+        )
     if not requeue_changed:
         more = len(changes.altering) - 1
         also = f" (and {more} more change(s): {'; '.join(changes.altering[1:])})" if more else ""
