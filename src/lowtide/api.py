@@ -81,9 +81,10 @@ class Job:
     def name(self) -> str:
         return self.spec.name
 
-    def submit(self) -> LoadReport:
-        """Check and store the job's rows; rows already stored are left alone."""
-        return load_job(self.store, self.spec, SystemClock(), f"job {self.name!r}")
+    def submit(self, requeue_changed: bool = False) -> LoadReport:
+        """Check and store the job's rows; rows already stored are left alone. A spec change
+        that alters stored requests is refused unless `requeue_changed` (docs/jobs.md)."""
+        return load_job(self.store, self.spec, SystemClock(), f"job {self.name!r}", requeue_changed=requeue_changed)
 
     def run(self) -> JobStatus:
         """Submit and drive the job to the end, blocking."""

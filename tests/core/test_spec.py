@@ -89,14 +89,21 @@ def test_valid_object_schema_is_kept():
     assert build_spec(minimal(response_schema=schema)).response_schema == schema
 
 
-def test_naive_deadline_is_taken_as_utc_and_aware_is_kept():
-    naive = build_spec(minimal(deadline="2030-05-01T12:00:00")).deadline
-    assert naive == datetime(2030, 5, 1, 12, tzinfo=UTC) and naive.tzinfo is UTC
+@pytest.mark.parametrize("naive", ["2030-05-01T12:00:00", "2030-05-01 12:00", datetime(2030, 5, 1, 12)])
+def test_a_deadline_without_utc_offset_is_refused_with_the_fix(naive):
+    # Read as UTC it would be hours off for anyone not in UTC, silently (issue 15 item 7).
+    with pytest.raises(SpecError) as info:
+        build_spec(minimal(deadline=naive))
+    msg = str(info.value)
+    assert "deadline" in msg and "2030-05-01T12:00:00 has no UTC offset" in msg
+    assert "add `Z` for UTC (e.g. 2030-05-01T12:00:00Z) or an offset such as +02:00" in msg
+
+
+def test_an_aware_deadline_is_kept_with_its_offset():
+    assert build_spec(minimal(deadline="2030-05-01T12:00:00Z")).deadline == datetime(2030, 5, 1, 12, tzinfo=UTC)
     aware = build_spec(minimal(deadline="2030-05-01T12:00:00+02:00")).deadline
     assert aware.utcoffset() == timedelta(hours=2)
     assert aware == datetime(2030, 5, 1, 10, tzinfo=UTC)
-    as_object = build_spec(minimal(deadline=datetime(2030, 5, 1, 12))).deadline
-    assert as_object.tzinfo is UTC
     tz = timezone(timedelta(hours=-5))
     assert build_spec(minimal(deadline=datetime(2030, 5, 1, 12, tzinfo=tz))).deadline.tzinfo == tz
 
@@ -158,7 +165,7 @@ def test_load_spec_sets_base_dir_to_the_spec_folder(tmp_path, monkeypatch):
         "source: {path: data/t.csv, id_column: ticket_id}\n"
         "template:\n  user: 'Ticket: {{ body }}'\n"
         "model: m\nroute: echo\n"
-        "deadline: 2030-05-01 12:00:00\n"
+        "deadline: 2030-05-01 12:00:00Z\n"
         "response_schema: {enum: [a, b]}\n",
         encoding="utf-8",
     )

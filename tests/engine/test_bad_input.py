@@ -475,6 +475,10 @@ def test_bad_spec_change_to_a_stored_job_keeps_the_stored_spec(store, clock, tmp
     rows[7]["channel"] = ""
     write_csv(tmp_path / "t.csv", rows)
     spec = spec_for(tmp_path / "t.csv", model="other-model", template={"user": "{{ channel }}: {{ body }}"})
-    err = refused(store, spec, clock, SourceError)
-    assert 't.csv row 8 (line 9): column "channel" is empty' in str(err)
+    # Without --requeue-changed the spec change itself is refused; with it, the bad row is.
+    err = refused(store, spec, clock, SpecError)
+    assert "was stored with model test-model; this spec says other-model" in str(err)
+    with pytest.raises(SourceError) as info:
+        load_job(store, spec, clock, requeue_changed=True)
+    assert 't.csv row 8 (line 9): column "channel" is empty' in str(info.value)
     assert snapshot(store) == finished

@@ -189,3 +189,65 @@ def test_the_ledgers_cached_rates_price_exactly_as_the_catalogs_arithmetic(model
             billed, usd, realtime = ledger.columns(outcome, rate)
             assert billed == cost.billed
             assert (from_pico(usd), from_pico(realtime)) == (cost.usd, cost.realtime_usd), (model, route, usage)
+
+
+# issue 15 items 3, 8, 9 ----------------------------------------------------------------
+
+
+def test_an_attempt_is_priced_as_the_model_its_request_was_sent_with(store, tmp_path):
+    # Sent as gpt-4o-mini; the job's spec was replaced by one saying gpt-4o afterwards (what
+    # a store from before refused spec changes holds). gpt-4o-mini batch: 1000 × 0.075 +
+    # 200 × 0.30 = 135 per M; gpt-4o would have been 1000 × 1.25 + 200 × 5 = 2250 (~16×).
+    from lowtide.engine.context import JobContext
+    from lowtide.store.schema import jobs
+
+    job = stored_job(store, tmp_path, model="gpt-4o-mini", route="openai-batch")
+    d = dispatch(store, job, "openai-batch", ["r0"])
+    with store.begin() as conn:
+        spec = job.spec.model_copy(update={"model": "gpt-4o"})
+        conn.execute(jobs.update().where(jobs.c.id == job.id).values(spec=spec.model_dump_json()))
+        job = JobContext.from_row(conn.execute(sa.select(jobs).where(jobs.c.id == job.id)).one())
+    ingest(store, job, d, "openai-batch", [ok("r0", input_tokens=1000, output_tokens=200)])
+    row = attempt_rows(store)[("r0", d)]
+    assert row.model == "gpt-4o-mini"
+    assert _cost(row) == (D("0.000135"), D("0.00027"))
+
+
+@pytest.mark.parametrize(
+    ("route", "options", "reported", "tier", "usd"),
+    [
+        # gpt-5-mini, 2000 input, 500 output. Asked for auto; the provider served flex:
+        # 2000 × 0.125 + 500 × 1.00 = 750 per M, not real time's 1500.
+        ("openai", {"service_tier": "auto"}, "flex", "flex", D("0.00075")),
+        # Asked for flex; served at the standard tier: real time, 2000 × 0.25 + 500 × 2 = 1500.
+        ("openai", {"service_tier": "flex"}, "realtime", "realtime", D("0.0015")),
+        # Served at priority: the shipped catalog has no priority prices, so unknown, never a guess.
+        ("openai", {"service_tier": "priority"}, "priority", "priority", None),
+        # Nothing reported: the configured tier.
+        ("openai", {"service_tier": "flex"}, None, "flex", D("0.00075")),
+    ],
+)
+def test_the_tier_the_provider_reports_is_the_tier_priced(store, tmp_path, route, options, reported, tier, usd):
+    job = stored_job(store, tmp_path, model="gpt-5-mini", route=route, route_options=options)
+    d = dispatch(store, job, route, ["r0"], kind="direct")
+    outcome = Outcome("r0", True, text="billing", usage=Usage(input_tokens=2000, output_tokens=500), tier=reported)
+    ingest(store, job, d, route, [outcome])
+    row = attempt_rows(store)[("r0", d)]
+    assert row.tier == tier
+    assert _cost(row)[0] == usd
+
+
+def test_an_answer_that_fails_validation_is_a_failed_attempt_still_billed(store, tmp_path):
+    # gpt-4o-mini batch, choices billing/technical: "no idea" is invalid, then invalid again.
+    job = stored_job(store, tmp_path, model="gpt-4o-mini", route="openai-batch", choices=["billing", "technical"])
+    first = dispatch(store, job, "openai-batch", ["r0"])
+    bad = Outcome("r0", True, text="no idea", usage=Usage(input_tokens=1000, output_tokens=200))
+    ingest(store, job, first, "openai-batch", [bad])
+    second = dispatch(store, job, "openai-batch", ["r0"])
+    ingest(store, job, second, "openai-batch", [bad])
+    rows = attempt_rows(store)
+    for d in (first, second):
+        row = rows[("r0", d)]
+        assert (row.ok, row.error_code, row.billed) == (False, "invalid_output", True)
+        assert _cost(row)[0] == D("0.000135")
+    assert "after one repair attempt" in rows[("r0", second)].error_message

@@ -114,3 +114,14 @@ def test_attempts_from_before_the_ledger_have_an_unknown_cost(sqlite_store, tmp_
     total = cost_report(reopened).total
     reopened.close()
     assert (total.attempts, total.unknown, total.unknown_models, total.usd) == (1, 1, {"(not recorded)"}, 0)
+
+
+def test_answers_that_failed_validation_are_failures_in_the_report(store, tmp_path):
+    # Issue 15 item 9: every answer invalid (twice, with the repair retry): all attempts failed.
+    job = stored_job(store, tmp_path, n=2, model="gpt-4o-mini", route="openai-batch", choices=["billing", "technical"])
+    for _ in range(2):
+        d = dispatch(store, job, "openai-batch", ["r0", "r1"])
+        ingest(store, job, d, "openai-batch", [Outcome(c, True, text="no idea", usage=Usage(100, 0, 0, 10)) for c in ("r0", "r1")])
+    total = cost_report(store, job="tickets").total
+    assert (total.attempts, total.failures, total.billed_failures) == (4, 4, 4)
+    assert total.as_dict()["failures"] == 4

@@ -189,6 +189,8 @@ def _openai_ok(body: dict[str, Any], key: str) -> dict[str, Any]:
         "model": body.get("model"),
         "choices": [{"index": 0, "message": {"role": "assistant", "content": f"ok {key}"}, "finish_reason": "stop"}],
         "usage": OPENAI_USAGE,
+        # The tier it served at, as OpenAI reports it: the one asked for, "auto" (or none) as "default".
+        "service_tier": "default" if body.get("service_tier") in (None, "auto") else body["service_tier"],
     }
 
 
@@ -201,5 +203,5 @@ def _anthropic_ok(body: dict[str, Any], key: str) -> dict[str, Any]:
         "content": [{"type": "text", "text": f"ok {key}"}],
         "stop_reason": "end_turn",
         "stop_sequence": None,
-        "usage": ANTHROPIC_USAGE,
+        "usage": {**ANTHROPIC_USAGE, "service_tier": "standard"},
     }

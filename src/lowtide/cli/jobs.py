@@ -43,18 +43,37 @@ SpecPath = Annotated[Path, typer.Argument(help="The job spec (YAML).", show_defa
 JobName = Annotated[str, typer.Argument(help="The job's name (the `name:` of its spec).", show_default=False)]
 
 
-def _load(store: Store, spec_path: Path) -> JobSpec:
+RequeueChanged = Annotated[
+    bool,
+    typer.Option(
+        "--requeue-changed",
+        help="Re-render and queue again the stored requests that the spec or the source rows now "
+        "render differently (docs/jobs.md 'Changing a job'); without it a spec change that alters "
+        "requests is refused and changed rows are kept.",
+    ),
+]
+
+
+def _load(store: Store, spec_path: Path, requeue_changed: bool = False) -> JobSpec:
     spec = load_spec(spec_path)
     with job_progress() as progress:
         task = progress.add_task(f"render {spec.name}", total=None, detail="")
-        report = load_job(store, spec, SystemClock(), str(spec_path), on_rows=lambda n: progress.update(task, completed=n))
+        report = load_job(
+            store, spec, SystemClock(), str(spec_path), on_rows=lambda n: progress.update(task, completed=n),
+            requeue_changed=requeue_changed,
+        )  # fmt: skip
         progress.update(task, total=report.rows, completed=report.rows, detail=f"{report.new} new, {report.known} already stored")
+    for change in report.applied:
+        console.print(f"spec change applied: {change}", markup=False)
+    if line := report.changed_line():
+        console.print(line, markup=False)
     return spec
 
 
 def run(
     spec_path: SpecPath,
     out_path: Annotated[Path | None, typer.Option("--out", help="Write results here (default: the spec's output.path).")] = None,
+    requeue_changed: RequeueChanged = False,
 ) -> None:
     """Submit a job and drive it to completion, then write its results.
 
@@ -64,7 +83,7 @@ def run(
     """
     try:
         with open_store() as store:
-            spec = _load(store, spec_path)
+            spec = _load(store, spec_path, requeue_changed)
             status = _drive(store, spec.name)
             target = out_path or (spec.resolve(spec.output.path) if spec.output else None)
             if target is not None:
@@ -95,7 +114,7 @@ def _drive(store: Store, name: str) -> JobStatus:
     return asyncio.run(go())
 
 
-def submit(spec_path: SpecPath) -> None:
+def submit(spec_path: SpecPath, requeue_changed: RequeueChanged = False) -> None:
     """Check a job and store its requests, without running anything (a worker or `tick` will).
 
     Submitting the same spec again adds only rows not stored yet.
@@ -104,7 +123,7 @@ def submit(spec_path: SpecPath) -> None:
     """
     try:
         with open_store() as store:
-            spec = _load(store, spec_path)
+            spec = _load(store, spec_path, requeue_changed)
             console.print(f'job "{spec.name}" stored in {store.describe()}')
     except LowtideError as err:
         raise fail(err) from None

@@ -5,6 +5,12 @@ fits is used as it is. Any other key is mapped deterministically: characters out
 become `_`, the result is cut to 55 characters, and `-` plus the first 8 hex digits of the
 key's SHA-1 is appended, so `"café #12"` becomes `caf_12-<hash>`. The original key is kept
 beside the custom_id in the store and in the results.
+
+An integral number written as a float (`1.0`, what a float column or pandas' CSV gives) is
+the same key as the integer (`1`): `key_of` writes it as the integer, so an id column that
+goes from float to int names the same requests. Stores written before that rule hold such
+keys as `1_0-<hash>`; `legacy_custom_ids` names those, and loading and exporting fall back
+to them, so such a job is neither re-run nor re-billed.
 """
 
 from __future__ import annotations
@@ -14,6 +20,8 @@ import re
 
 CUSTOM_ID_PATTERN = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 _UNSAFE = re.compile(r"[^a-zA-Z0-9_-]+")
+_INTEGRAL_FLOAT = re.compile(r"^([+-]?\d+)\.0+$")
+_INTEGER = re.compile(r"^[+-]?\d+$")
 
 
 def custom_id_for(key: str) -> str:
@@ -22,3 +30,22 @@ def custom_id_for(key: str) -> str:
     safe = _UNSAFE.sub("_", key).strip("_")[:55] or "id"
     digest = hashlib.sha1(key.encode("utf-8")).hexdigest()[:8]
     return f"{safe}-{digest}"
+
+
+def key_of(text: str) -> str:
+    """The business key of an id cell's text (already stripped): `1.0` → `1`."""
+    if "." in text:  # the usual key has none: one `in` per row, no regex
+        m = _INTEGRAL_FLOAT.match(text)
+        if m:
+            return m.group(1)
+    return text
+
+
+def legacy_custom_ids(text: str) -> list[str]:
+    """custom_ids lowtide derived for this key before `key_of` (the float spelling of an
+    integral key), where they differ from today's; empty for any other key."""
+    key = key_of(text)
+    if not _INTEGER.match(key):
+        return []
+    today = custom_id_for(key)
+    return [c for c in dict.fromkeys((custom_id_for(key + ".0"), custom_id_for(text))) if c != today]

@@ -50,6 +50,7 @@ HOUR = Decimal(3600)
 class Tier(StrEnum):
     REALTIME = "realtime"
     FLEX = "flex"
+    PRIORITY = "priority"  # OpenAI's and Anthropic's faster, dearer real-time tier
     BATCH = "batch"
     SELF_HOSTED = "self_hosted"
     FREE = "free"
@@ -79,11 +80,12 @@ class ModelPrices(_Strict):
     realtime: TierPrices
     batch: TierPrices | None = None
     flex: TierPrices | None = None
+    priority: TierPrices | None = None
     aliases: list[str] = Field(default_factory=list)
     note: str | None = None
 
     def tier(self, tier: Tier) -> TierPrices | None:
-        return {Tier.REALTIME: self.realtime, Tier.BATCH: self.batch, Tier.FLEX: self.flex}.get(tier)
+        return {Tier.REALTIME: self.realtime, Tier.BATCH: self.batch, Tier.FLEX: self.flex, Tier.PRIORITY: self.priority}.get(tier)
 
 
 class SelfHosted(_Strict):
@@ -249,14 +251,15 @@ _ROUTES: dict[str, tuple[str | None, Tier]] = {
 def billing_of(route: str, route_options: Mapping[str, Any] | None = None) -> Billing | None:
     """The tier a route bills at; None for a route lowtide has no price rule for (a plugin).
 
-    `openai` with `route_options.service_tier: flex` bills at flex. Anthropic routes with
+    `openai` with `route_options.service_tier: flex` (or `priority`) bills at that tier,
+    until a response says otherwise (`Outcome.tier`, engine/ledger.py). Anthropic routes with
     `cache_prefix: true` write their cache with the 1-hour TTL (what anthropic-batch sends)."""
     if route not in _ROUTES:
         return None
     options = route_options or {}
     provider, tier = _ROUTES[route]
-    if route == "openai" and options.get("service_tier") == "flex":
-        tier = Tier.FLEX
+    if route == "openai" and options.get("service_tier") in (Tier.FLEX, Tier.PRIORITY):
+        tier = Tier(options["service_tier"])
     ttl: Literal["5m", "1h"] = "1h" if provider == "anthropic" and options.get("cache_prefix") else "5m"
     return Billing(provider, tier, ttl)
 

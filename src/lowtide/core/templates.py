@@ -38,6 +38,7 @@ class _Part:
     # A template of plain text and `{{ name }}` only, as (text, None) and (None, name) pieces:
     # rendered by joining strings, as Jinja would, at a fraction of its cost per row.
     pieces: tuple[tuple[str | None, str | None], ...] | None = None
+    source: str = ""  # the template text itself: part of what a request was rendered from
 
 
 class MessageTemplate:
@@ -62,6 +63,11 @@ class MessageTemplate:
             elif inline is not None:
                 parts.append(_compile(role, f"{where} template.{role}", inline))
         return cls(parts, t.messages_column)
+
+    @property
+    def sources(self) -> list[tuple[str, str]]:
+        """(role, template text) of each part, in order."""
+        return [(p.role, p.source) for p in self.parts]
 
     @property
     def variables(self) -> dict[str, str]:
@@ -147,7 +153,7 @@ def _compile(role: str, name: str, source: str) -> _Part:
         if node.ctx == "load" and node.name in declared:
             lines[node.name] = min(lines.get(node.name, node.lineno), node.lineno)
     constant = template.render() if not declared else None
-    return _Part(role, name, template, lines, constant, _plain_pieces(ast) if declared else None)
+    return _Part(role, name, template, lines, constant, _plain_pieces(ast) if declared else None, source)
 
 
 def _plain_pieces(ast: nodes.Template) -> tuple[tuple[str | None, str | None], ...] | None:

@@ -83,6 +83,10 @@ class Outcome:
     error_code: str | None = None
     error_message: str | None = None
     retryable: bool = False
+    # The tier the provider says it served the request at, in lowtide's words ("realtime",
+    # "flex", "priority", "batch"); None when the response does not say. Routes translate
+    # the provider's own field (OpenAI `service_tier`, Anthropic `usage.service_tier`).
+    tier: str | None = None
 
     @classmethod
     def failure(cls, custom_id: str, code: str, message: str, retryable: bool) -> Outcome:

@@ -55,9 +55,11 @@ def plan(store: Store, job: JobContext, route: BatchRoute, clock: Clock, lane: s
     # Sorting by payload puts requests with the same model, parameters and leading messages
     # (the system prompt) side by side, so each chunk shares a prefix the provider can cache.
     order = (requests.c.payload,) if getattr(route, "group_by_prefix", False) else (requests.c.not_before, requests.c.id)
+    if route.limits.one_model_per_batch:  # each model's requests side by side: one chunk per model
+        order = (requests.c.model, *order)
     now = clock.now()
     planned = 0
-    due = select(requests.c.id, func.length(requests.c.payload) + LINE_OVERHEAD).where(
+    due = select(requests.c.id, func.length(requests.c.payload) + LINE_OVERHEAD, requests.c.model).where(
         requests.c.job_id == job.id,
         requests.c.state == RequestState.PENDING.value,
         requests.c.not_before <= now,
@@ -69,11 +71,16 @@ def plan(store: Store, job: JobContext, route: BatchRoute, clock: Clock, lane: s
         rows = conn.execute(due.order_by(*order).limit(limit * CHUNKS_PER_TICK)).all()
         chunk: list[int] = []
         size = 0
-        for rid, nbytes in rows:
-            if chunk and (len(chunk) >= limit or size + nbytes > route.limits.max_bytes):
+        one_model = route.limits.one_model_per_batch
+        chunk_model = None
+        for rid, nbytes, model in rows:
+            if chunk and (
+                len(chunk) >= limit or size + nbytes > route.limits.max_bytes or (one_model and model != chunk_model)
+            ):  # a provider that takes one model per batch never gets two in a chunk
                 planned += _plan_one(conn, job, route, chunk, now)
                 chunk, size = [], 0
             chunk.append(rid)
+            chunk_model = model
             size += nbytes
         if chunk:
             planned += _plan_one(conn, job, route, chunk, now)

@@ -31,13 +31,24 @@ class JobContext:
         return [Lane("main", spec.route, spec.route_options, None), Lane("fallback", fb.route, fb.route_options, fb.model)]
 
     def priced_as(self, route: str) -> tuple[str, dict]:
-        """The model and route options of the lane that runs on `route`: what its attempts
-        are priced by. The fallback route differs from the job's, so the route tells."""
+        """The model and route options of the lane that runs on `route`, as the spec says
+        now: what a budget estimates with. The fallback route differs from the job's, so
+        the route tells. (Attempts are priced by `sent_as`.)"""
         spec = self.spec
         fb = spec.fallback
         if fb is not None and route == fb.route:
             return spec.fallback_model, fb.route_options
         return spec.model, spec.route_options
+
+    def sent_as(self, route: str) -> tuple[dict, str | None]:
+        """The route options of the lane that runs on `route`, and the model that lane sends
+        instead of each request's own (the fallback's `model`), if any. Without one, an
+        attempt is priced as its request's stored model, never the spec's, which may have
+        changed since the request was rendered."""
+        fb = self.spec.fallback
+        if fb is not None and route == fb.route:
+            return fb.route_options, fb.model
+        return self.spec.route_options, None
 
 
 @dataclass(frozen=True, slots=True)

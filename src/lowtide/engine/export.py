@@ -1,8 +1,13 @@
 """Results joined to the source rows by custom_id (never by position), streamed chunk by chunk.
 
 Each output row is the source row plus: custom_id, state, output, one column per property of
-an object response schema (or `parsed` for any other schema), error, tokens, attempts, route.
-A lowtide column whose name the source already uses is prefixed with `lowtide_`.
+an object response schema (or `parsed` for any other schema), error, tokens, attempts, route,
+source_changed. A lowtide column whose name the source already uses is prefixed with
+`lowtide_`.
+
+`source_changed` is true where the row, rendered now, is not what the stored request was
+rendered from (its text, the template or the spec changed since): the answer beside it is
+for the row as it was, and is never passed off as an answer to the row as it is.
 """
 
 from __future__ import annotations
@@ -15,19 +20,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import case, select
 
 from lowtide.core.errors import LowtideError
-from lowtide.core.ids import custom_id_for
+from lowtide.core.ids import custom_id_for, key_of, legacy_custom_ids
 from lowtide.core.sources import Source
 from lowtide.core.spec import JobSpec, format_of
+from lowtide.core.templates import MessageTemplate
+from lowtide.engine.loader import RowRenderer
 from lowtide.store.bulk import among
 from lowtide.store.db import Store
 from lowtide.store.queries import get_job
 from lowtide.store.schema import requests
 
-_RESULT_COLUMNS = ("custom_id", "state", "output", "error", "input_tokens", "output_tokens", "attempts", "route")
+_RESULT_COLUMNS = ("custom_id", "state", "output", "error", "input_tokens", "output_tokens", "attempts", "route", "source_changed")
 _INT_COLUMNS = {"input_tokens", "output_tokens", "attempts"}
+_BOOL_COLUMNS = {"source_changed"}
 
 
 @dataclass(slots=True)
@@ -54,6 +62,10 @@ class ResultRows:
         self.parsed_fields: list[str] = list(props) if isinstance(props, dict) else []
         self.whole_parsed = self.spec.response_schema is not None and not self.parsed_fields
         self.source_columns: list[str] | None = self.source.columns
+        try:  # the loader's own rendering, for the fingerprints
+            self.render: RowRenderer | None = RowRenderer(self.spec, MessageTemplate.from_spec(self.spec), self.source)
+        except LowtideError:  # a template file gone since: changes cannot be told (source_changed empty)
+            self.render = None
 
     def result_columns(self, source_columns: list[str]) -> dict[str, str]:
         """lowtide's column names, renamed where the source already has them."""
@@ -68,8 +80,10 @@ class ResultRows:
             if self.source_columns is None:  # JSONL: the first chunk's keys
                 self.source_columns = list(dict.fromkeys(k for r in chunk for k in r.values))
             names = self.result_columns(self.source_columns)
-            ids = [custom_id_for(str(r.values.get(id_col, "")).strip()) for r in chunk]
-            found = self._lookup(ids)
+            keys = [str(r.values.get(id_col, "")).strip() for r in chunk]
+            ids = [custom_id_for(key_of(k)) for k in keys]
+            found = self._lookup(ids, keys)
+            render = self.render
             out = []
             for row, cid in zip(chunk, ids, strict=True):
                 record = dict(row.values)
@@ -79,7 +93,10 @@ class ResultRows:
                     record[names["state"]] = "not_loaded"
                     out.append(record)
                     continue
-                state, output, parsed, error_code, error_message, input_tokens, output_tokens, tries, route = res
+                cid, state, output, parsed, error_code, error_message, input_tokens, output_tokens, tries, route, fp, payload = res
+                record[names["custom_id"]] = cid
+                if render is not None:
+                    record[names["source_changed"]] = _changed(render, row, fp, payload)
                 parsed = json.loads(parsed) if parsed and want_parsed else None
                 record[names["state"]] = state
                 record[names["output"]] = output
@@ -95,16 +112,37 @@ class ResultRows:
                 out.append(record)
             yield out
 
-    def _lookup(self, ids: list[str]) -> dict[str, tuple]:
-        """custom_id -> (state, output, parsed, error_code, error_message, input_tokens,
-        output_tokens, attempts, route) of the job's requests among `ids`."""
+    def _lookup(self, ids: list[str], keys: list[str]) -> dict[str, tuple]:
+        """custom_id -> (stored custom_id, state, output, parsed, error_code, error_message,
+        input_tokens, output_tokens, attempts, route, fingerprint, payload if no fingerprint) of the job's requests
+        among `ids`; an id not found is looked for under its legacy custom_ids too."""
         cols = requests.c
         with self.store.begin() as conn:
-            stmt = select(
-                cols.custom_id, cols.state, cols.output, cols.parsed, cols.error_code, cols.error_message,
-                cols.input_tokens, cols.output_tokens, cols.attempts, cols.route,
-            ).where(cols.job_id == self.job_id, among(conn, cols.custom_id, ids))  # fmt: skip
-            return {r[0]: tuple(r[1:]) for r in conn.execute(stmt)}
+
+            def fetch(wanted: list[str]) -> dict[str, tuple]:
+                stmt = select(
+                    cols.custom_id, cols.state, cols.output, cols.parsed, cols.error_code, cols.error_message,
+                    cols.input_tokens, cols.output_tokens, cols.attempts, cols.route, cols.fingerprint,
+                    case((cols.fingerprint.is_(None), cols.payload), else_=None),  # stored before fingerprints
+                ).where(cols.job_id == self.job_id, among(conn, cols.custom_id, wanted))  # fmt: skip
+                return {r[0]: tuple(r) for r in conn.execute(stmt)}
+
+            found = fetch(ids)
+            legacy = {old: cid for cid, key in zip(ids, keys, strict=True) if cid not in found for old in legacy_custom_ids(key)}
+            if legacy:
+                for old, res in fetch(list(legacy)).items():
+                    found.setdefault(legacy[old], res)
+            return found
+
+
+def _changed(render: RowRenderer, row, fingerprint: str | None, payload: str | None) -> bool:
+    """Does the row, as it is now, render otherwise than its stored request? Without a
+    stored fingerprint it is rendered and the payloads compared; a row that no longer
+    renders at all (a problem: str) has changed too."""
+    if fingerprint is not None:
+        return render.fingerprint(render.values_of(row)) != fingerprint
+    item = render(row)
+    return item.__class__ is str or item["payload"] != payload
 
 
 def export_results(store: Store, job_name: str, out: str | Path, fmt: str | None = None) -> ExportReport:
@@ -184,8 +222,9 @@ class _ParquetWriter:
             fields = [pa.field(c, pa.string()) for c in cols]
             self.native = set()
         for name, out in self.rows.result_columns(cols).items():
-            fields.append(pa.field(out, pa.int64() if name in _INT_COLUMNS else pa.string()))
-            if name in _INT_COLUMNS:
+            kind = pa.int64() if name in _INT_COLUMNS else pa.bool_() if name in _BOOL_COLUMNS else pa.string()
+            fields.append(pa.field(out, kind))
+            if name in _INT_COLUMNS or name in _BOOL_COLUMNS:
                 self.native.add(out)
         self.schema = pa.schema(fields)
         self.writer = pq.ParquetWriter(self.path, self.schema)

@@ -14,14 +14,15 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from sqlalchemy import Connection, bindparam, select
+from sqlalchemy import Connection, bindparam, case, select
 from sqlalchemy.dialects import postgresql, sqlite
 
+from lowtide.core import fastjson
 from lowtide.core.outputs import InvalidOutput, parse_output, repair_messages
 from lowtide.core.states import JobState, RequestState
 from lowtide.core.types import Outcome
 from lowtide.engine.context import JobContext
-from lowtide.engine.ledger import current_ledger, note_once
+from lowtide.engine.ledger import Rate, current_ledger, note_once
 from lowtide.engine.policy import retry_delay
 from lowtide.store.bulk import among, executemany, fixed
 from lowtide.store.schema import attempts, requests
@@ -32,7 +33,10 @@ TOKENS = ("input_tokens", "cached_input_tokens", "cache_write_tokens", "output_t
 # cleared); any other outcome these and more (see `_not_succeeded`).
 SUCCEEDED_COLUMNS = ("output", "parsed", *TOKENS)
 OTHER_COLUMNS = (*SUCCEEDED_COLUMNS, "error_code", "error_message", "not_before", "repair", "lane", "lane_reason", "lane_base_attempts")
-ATTEMPT_COLUMNS = ("request_id", "ok", "applied", "error_code", "error_message", *TOKENS, "billed", "cost_picousd", "realtime_picousd")
+ATTEMPT_COLUMNS = (
+    "request_id", "ok", "applied", "error_code", "error_message", *TOKENS, "billed", "cost_picousd", "realtime_picousd",
+    "model", "tier",
+)  # fmt: skip
 # Failures that say the batch ran out of time, not that the request is bad: with a fallback
 # route they go there at once instead of waiting for another batch.
 OUT_OF_TIME = frozenset({"expired", "batch_expired", "batch_cancelled", "canceled", "cancelled"})
@@ -78,10 +82,9 @@ def apply_outcomes(
     spec = job.spec
     choices = spec.effective_choices
     ledger = current_ledger()  # the catalog, loaded once per price-file version
-    model, options = job.priced_as(route)
-    rate = ledger.rate(route, options, model)
-    tier = rate.tier.value if rate.tier else None
-    unknown_costs = 0
+    options, lane_model = job.sent_as(route)
+    rates: dict[tuple[str, str | None], Rate] = {}  # (model, reported tier) -> rate, looked up once
+    unknown_costs: dict[str, str] = {}  # model -> why its cost is unknown
     for outcome in outcomes:
         req = current.get(outcome.custom_id)
         if req is None:
@@ -92,17 +95,24 @@ def apply_outcomes(
         seen.add(req.id)
         live = req.state == RequestState.DISPATCHED and req.dispatch_id == dispatch_id
         u = outcome.usage
+        # Priced as what was sent: the request's own model (a fallback lane's where it ran
+        # there), at the tier the provider reports, else the route's.
+        model = lane_model or req.model or _payload_model(req.payload)
+        rate = rates.get((model, outcome.tier))
+        if rate is None:
+            rate = rates[(model, outcome.tier)] = ledger.rate(route, options, model, outcome.tier)
         billed, cost, realtime = ledger.columns(outcome, rate)
-        unknown_costs += cost is None
-        attempt_rows.append(
-            {
-                "request_id": req.id, "ok": outcome.ok, "applied": live, "error_code": outcome.error_code,
-                "error_message": outcome.error_message, "input_tokens": u.input_tokens,
-                "cached_input_tokens": u.cached_input_tokens, "cache_write_tokens": u.cache_write_tokens,
-                "output_tokens": u.output_tokens, "reasoning_tokens": u.reasoning_tokens,
-                "billed": billed, "cost_picousd": cost, "realtime_picousd": realtime,
-            }
-        )  # fmt: skip
+        if cost is None:
+            unknown_costs[model] = rate.note
+        attempt = {
+            "request_id": req.id, "ok": outcome.ok, "applied": live, "error_code": outcome.error_code,
+            "error_message": outcome.error_message, "input_tokens": u.input_tokens,
+            "cached_input_tokens": u.cached_input_tokens, "cache_write_tokens": u.cache_write_tokens,
+            "output_tokens": u.output_tokens, "reasoning_tokens": u.reasoning_tokens,
+            "billed": billed, "cost_picousd": cost, "realtime_picousd": realtime,
+            "model": model, "tier": rate.tier.value if rate.tier else None,
+        }  # fmt: skip
+        attempt_rows.append(attempt)
         if not live:
             counts.stale += 1
             continue
@@ -112,6 +122,8 @@ def apply_outcomes(
             "output_tokens": u.output_tokens, "reasoning_tokens": u.reasoning_tokens,
         }  # fmt: skip
         target = _decide(job, req, outcome, row, route, choices, now, rng)
+        if row.get("error_code") == "invalid_output":  # an answer that failed validation is a failure, still billed
+            attempt.update(ok=False, error_code="invalid_output", error_message=row["error_message"])
         by_target.setdefault(target, []).append(row)
         if target is RequestState.SUCCEEDED:
             counts.succeeded += 1
@@ -131,18 +143,25 @@ def apply_outcomes(
         insert = (postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert)(attempts)
         # Numbers and lowtide's own names go into the SQL; the model name, which comes from
         # the spec, stays a bound parameter.
-        each = {c: fixed(conn, v) for c, v in {"job_id": job.id, "dispatch_id": dispatch_id, "route": route, "at": now, "tier": tier}.items()}
-        insert = insert.values(**each, model=bindparam("model", model), **{c: bindparam(c) for c in ATTEMPT_COLUMNS})
+        each = {c: fixed(conn, v) for c, v in {"job_id": job.id, "dispatch_id": dispatch_id, "route": route, "at": now}.items()}
+        insert = insert.values(**each, **{c: bindparam(c) for c in ATTEMPT_COLUMNS})
         executemany(conn, insert.on_conflict_do_nothing(index_elements=["request_id", "dispatch_id"]), attempt_rows)
-    if unknown_costs:
-        note_once(conn, job.id, "cost_unknown", f"cost of attempts on {route} ({model}) is unknown: {rate.note}", now)
+    for model, why in unknown_costs.items():
+        note_once(conn, job.id, "cost_unknown", f"cost of attempts on {route} ({model}) is unknown: {why}", now)
     return counts
+
+
+def _payload_model(payload: str | None) -> str:
+    """The model of a request stored before m008 (no `model` column yet)."""
+    return str(fastjson.loads(payload or "{}").get("model", ""))
 
 
 _COLS = (
     requests.c.id, requests.c.custom_id, requests.c.state, requests.c.dispatch_id,
     requests.c.attempts, requests.c.repair, requests.c.lane, requests.c.lane_reason,
-    requests.c.lane_base_attempts,
+    requests.c.lane_base_attempts, requests.c.model,
+    # Only rows stored before m008 (no model recorded) send their payload along.
+    case((requests.c.model.is_(None), requests.c.payload), else_=None).label("payload"),
 )  # fmt: skip
 
 

@@ -14,7 +14,7 @@ arithmetic runs per attempt.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import Decimal
 from typing import Any
 
@@ -38,6 +38,8 @@ from lowtide.store.queries import add_event
 from lowtide.store.schema import events
 
 ZERO = Decimal(0)
+# Tiers a provider may report serving a request at (Outcome.tier).
+PROVIDER_TIERS = frozenset({Tier.REALTIME.value, Tier.FLEX.value, Tier.PRIORITY.value, Tier.BATCH.value})
 MAX_MEMO = 20_000  # remembered attempt costs (about 5 MB at most)
 
 
@@ -79,22 +81,26 @@ class Ledger:
     def __init__(self, catalog: Catalog | None, problem: str | None = None):
         self.catalog = catalog
         self.problem = problem
-        self._rates: dict[tuple[str, str, str], Rate] = {}
+        self._rates: dict[tuple[str, str, str, str | None], Rate] = {}
         # Costs by (rate, billed, token counts): attempts of one job repeat the same few
         # counts, and Decimal arithmetic costs more than the rest of ingesting an outcome.
         self._costs: dict[tuple, tuple[int | None, int | None]] = {}
 
-    def rate(self, route: str, options: Mapping[str, Any] | None, model: str) -> Rate:
-        key = (route, repr(sorted((options or {}).items())), model)
+    def rate(self, route: str, options: Mapping[str, Any] | None, model: str, reported: str | None = None) -> Rate:
+        """`reported`: the tier the provider said it served at (`Outcome.tier`); it wins
+        over the one the route's options imply, on a route a provider bills."""
+        key = (route, repr(sorted((options or {}).items())), model, reported)
         rate = self._rates.get(key)
         if rate is None:
-            rate = self._rates[key] = self._resolve(route, options, model)
+            rate = self._rates[key] = self._resolve(route, options, model, reported)
         return rate
 
-    def _resolve(self, route: str, options: Mapping[str, Any] | None, model: str) -> Rate:
+    def _resolve(self, route: str, options: Mapping[str, Any] | None, model: str, reported: str | None = None) -> Rate:
         billing = billing_of(route, options)
         if billing is None:
             return Rate(None, note=f'no price rule for route "{route}"')
+        if reported in PROVIDER_TIERS and billing.provider is not None:
+            billing = replace(billing, tier=Tier(reported))
         if billing.tier is Tier.FREE:
             return Rate(Tier.FREE, free=True)
         if self.catalog is None:

@@ -3,31 +3,41 @@
 Everything happens in one transaction: if any row is bad, every problem is reported (file,
 row, field, fix) and nothing in the store changes (DESIGN invariant 7). Rows whose custom_id
 is already stored are left as they are, so loading the same file twice adds nothing.
+
+Loading a job that is stored already compares (docs/jobs.md "Changing a job"): a spec
+change that alters requests (model, params, template, choices, schema, route, fallback lane)
+is refused unless `requeue_changed`; other spec changes are applied and listed. A stored
+request whose row now renders differently (its fingerprint) is counted and kept, or, with
+`requeue_changed`, re-rendered and queued again (engine/changes.py).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from array import array
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import orjson
 from sqlalchemy import Connection, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 
 from lowtide.core import fastjson
 from lowtide.core.clock import Clock
 from lowtide.core.errors import RouteError, SourceError, SpecError, UnknownRouteError
-from lowtide.core.ids import custom_id_for
+from lowtide.core.ids import custom_id_for, key_of
 from lowtide.core.sources import Source, SourceRow
-from lowtide.core.spec import JobSpec
+from lowtide.core.spec import JobSpec, SpecChanges, spec_changes
 from lowtide.core.states import JobState, RequestState
 from lowtide.core.templates import MessageTemplate
 from lowtide.engine import budget
+from lowtide.engine.changes import Changes, note_changed, requeue, split_known
 from lowtide.routes import create_route
 from lowtide.store.bulk import executemany
 from lowtide.store.db import Store
-from lowtide.store.queries import add_event, save_job
-from lowtide.store.schema import jobs, requests
+from lowtide.store.queries import LIVE_DISPATCH_STATES, add_event, save_job
+from lowtide.store.schema import dispatches, jobs, requests
 from lowtide.store.transitions import move_job
 
 MAX_PROBLEMS = 1000
@@ -42,10 +52,22 @@ class LoadReport:
     created: bool
     rows: int
     new: int
+    changed: int = 0  # stored requests whose row or spec renders differently now
+    requeued: int = 0  # of those, re-rendered and queued again (`requeue_changed`)
+    applied: list[str] = field(default_factory=list)  # spec changes applied to the stored job
 
     @property
     def known(self) -> int:
         return self.rows - self.new
+
+    def changed_line(self) -> str | None:
+        """What happened to changed rows, for `lowtide run` / `submit` to print."""
+        if not self.changed:
+            return None
+        said = f"{self.changed} row(s) changed since they were stored: "
+        if self.requeued:
+            return said + f"re-queued {self.requeued} (their earlier answers are kept as earlier versions)"
+        return said + "kept, with their earlier answers (pass --requeue-changed to re-run them)"
 
 
 class RowRenderer:
@@ -59,6 +81,7 @@ class RowRenderer:
         self.required = {v: w for v, w in template.variables.items() if v not in spec.source.optional_columns}
         self.optional = dict.fromkeys(spec.source.optional_columns)
         self.row_params = spec.template.messages_column is not None
+        self.model = spec.model
         self.base = {"model": spec.model, "max_tokens": spec.params.max_tokens, "temperature": spec.params.temperature}
         if spec.params.stop:
             self.base["stop"] = spec.params.stop
@@ -67,6 +90,12 @@ class RowRenderer:
         if spec.effective_choices:
             self.base["choices"] = spec.effective_choices
         self.prefix = _dumps(self.base)[:-1] + ', "messages": '
+        # The fingerprint of a request: what every request of the job is rendered with (the
+        # payload's fixed part, the templates' text), then the values of the row it uses.
+        # Hashing those, not the payload, lets the results check a row without rendering it.
+        self.used = list(template.variables) + (list(ROW_PARAMS) if self.row_params else [])
+        # The job's part is the key of a keyed BLAKE2b: one hash call per row, no state to copy.
+        self.fp_key = hashlib.blake2b(_canonical([self.prefix, template.sources, spec.template.messages_column, self.used])).digest()
 
     def __call__(self, row: SourceRow) -> dict | str:
         values = row.values
@@ -94,10 +123,30 @@ class RowRenderer:
             payload = _dumps({**self.base, **own, "messages": messages})
         else:  # the fixed part of the payload is serialised once per job, not once per row
             payload = self.prefix + _dumps(messages) + "}"
-        return {"custom_id": custom_id_for(key), "source_key": key, "source_row": row.number, "payload": payload}
+        return {
+            "custom_id": custom_id_for(key_of(key)), "source_key": key, "source_row": row.number,
+            "payload": payload, "model": self.model, "fingerprint": self.fingerprint(values),
+        }  # fmt: skip
+
+    def fingerprint(self, values: dict) -> str:
+        """32 hex digits for what a row with these values renders as (see __init__);
+        `values` with the optional columns filled in, as `__call__` has them."""
+        return hashlib.blake2b(_canonical([values.get(k) for k in self.used]), digest_size=16, key=self.fp_key).hexdigest()
+
+    def values_of(self, row: SourceRow) -> dict:
+        return {**self.optional, **row.values} if self.optional else row.values
 
     def where(self, row: SourceRow) -> str:
         return row.where(self.source.path)
+
+
+def _canonical(value) -> bytes:
+    """Stable bytes for hashing: JSON, anything JSON has no type for (a Decimal, a
+    timestamp of a Parquet column) as its text."""
+    try:
+        return orjson.dumps(value, default=str)
+    except TypeError:  # an integer beyond 64 bits, a lone surrogate
+        return json.dumps(value, ensure_ascii=False, default=str).encode("utf-8", "surrogatepass")
 
 
 def _is_utf8(text: str) -> bool:
@@ -136,6 +185,7 @@ def load_job(
     clock: Clock,
     where: str = "job spec",
     on_rows: Callable[[int], None] | None = None,
+    requeue_changed: bool = False,
 ) -> LoadReport:
     """Validate, render and persist every row of the job's source; see the module doc."""
     template, source = check_job(spec, where)
@@ -144,11 +194,16 @@ def load_job(
     insert_requests = insert_requests.on_conflict_do_nothing(index_elements=["job_id", "custom_id"])
     now = clock.now()
     with store.begin() as conn:
+        stored_spec = _stored_spec(conn, spec.name)
+        changes = spec_changes(stored_spec, spec) if stored_spec is not None else SpecChanges()
+        if changes.altering:
+            _check_spec_change(conn, spec, changes, where, requeue_changed)
         job_id, created = save_job(conn, spec.name, spec.model_dump_json(), spec.route, now)
         budget.resume(conn, job_id, spec.budget_usd, now)  # a budget_exhausted job, submitted again
         before = _count(conn, job_id)
         ids = _IdWatch()
         problems: list[str] = []
+        changed = Changes()
         total = 0
         for chunk in source.chunks():
             good = []
@@ -162,6 +217,9 @@ def load_job(
             total += len(chunk)
             for g in good:  # ids are watched even after a problem: duplicates are reported with the rest
                 ids.add(g["custom_id"])
+            if good and not created:  # a new job has nothing stored to compare with
+                good, known, stored = split_known(conn, job_id, good)
+                note_changed(changed, stored, known, requeue_changed, _row_name(source))
             if good and not problems:
                 executemany(conn, insert_requests, good)
             if on_rows:
@@ -172,12 +230,70 @@ def load_job(
             problems.extend(_duplicates(source, spec.source.id_column, ids))
         if problems:
             raise SourceError.from_problems(f"{source.path}: refused, nothing was stored", problems)
+        if total == 0:
+            raise SourceError(
+                f"source {source.path} has no rows; nothing was stored. Fill the file, or point source.path at the right one"
+            )
+        requeued = requeue(conn, job_id, changed.pairs, now, where) if changed.pairs else 0
         new = _count(conn, job_id) - before
-        if new:
+        if new or requeued:
             conn.execute(jobs.update().where(jobs.c.id == job_id).values(updated_at=now))
             move_job(conn, job_id, JobState.ACTIVE, finished_at=None)
+        if new:
             add_event(conn, job_id, "loaded", f"{new} new request(s) from {source.path.name} ({total} rows)", now)
-    return LoadReport(job_id=job_id, created=created, rows=total, new=new)
+        if changes.applied or changes.altering:
+            add_event(conn, job_id, "spec_changed", "; ".join(changes.altering + changes.applied)[:2000], now)
+        if changed.count:
+            what = f"re-queued {requeued}" if requeued else "kept"
+            examples = ", ".join(changed.examples)
+            add_event(conn, job_id, "rows_changed", f"{changed.count} row(s) changed since stored ({examples}): {what}", now)
+    return LoadReport(
+        job_id=job_id, created=created, rows=total, new=new, changed=changed.count, requeued=requeued,
+        applied=changes.applied + (changes.altering if requeue_changed else []),
+    )  # fmt: skip
+
+
+def _row_name(source: Source) -> Callable[[int], str]:
+    return lambda number: f"{source.path.name} row {number}"
+
+
+def _stored_spec(conn: Connection, name: str) -> JobSpec | None:
+    spec_json = conn.execute(select(jobs.c.spec).where(jobs.c.name == name)).scalar()
+    return None if spec_json is None else JobSpec.model_validate_json(spec_json)
+
+
+def _check_spec_change(conn: Connection, spec: JobSpec, changes: SpecChanges, where: str, requeue_changed: bool) -> None:
+    """Refuse a spec change that alters requests, naming the fix; with `requeue_changed`,
+    refuse only a change of route or lane while batches are in flight on them (they would
+    be left unpolled, or their answers priced as another model's), and a new id column."""
+    first = (changes.rendering or changes.sending)[0]
+    key, _, values = first.partition(" ")
+    was, _, now = values.partition(" → ")
+    if key == "source.id_column":  # other ids name other requests: no version of the stored ones
+        raise SpecError(
+            f'{where}: job "{spec.name}" was stored with ids from column "{was}"; this spec takes them from "{now}". '
+            "Ids name the requests: use a new job name"
+        )
+    if not requeue_changed:
+        more = len(changes.altering) - 1
+        also = f" (and {more} more change(s): {'; '.join(changes.altering[1:])})" if more else ""
+        stored_as = f"{key} {was}; this spec says {now}" if key != "fallback" else f"{'a' if was == 'set' else 'no'} fallback; this spec has {'one' if now == 'set' else 'none'}"
+        raise SpecError(
+            f'{where}: job "{spec.name}" was stored with {stored_as}{also}. Use a new job name, or pass '
+            "--requeue-changed to re-render and re-queue the requests it changes"
+        )
+    if changes.sending:
+        job_id = conn.execute(select(jobs.c.id).where(jobs.c.name == spec.name)).scalar_one()
+        live = conn.execute(
+            select(dispatches.c.route).where(
+                dispatches.c.job_id == job_id, dispatches.c.state.in_(LIVE_DISPATCH_STATES)
+            ).limit(1)
+        ).scalar()
+        if live is not None:
+            raise SpecError(
+                f'{where}: job "{spec.name}" has batches in flight on {live}; a change of {key} now would '
+                "leave them unfinished. Wait until they end (`lowtide status`), or use a new job name"
+            )
 
 
 def _count(conn: Connection, job_id: int) -> int:
@@ -219,7 +335,7 @@ def _duplicates(source: Source, id_column: str, ids: _IdWatch) -> list[str]:
             key = row.values.get(id_column)
             if key is None or not (key := str(key).strip()):
                 continue
-            cid = custom_id_for(key) if key.isascii() or _is_utf8(key) else None
+            cid = custom_id_for(key_of(key)) if key.isascii() or _is_utf8(key) else None
             if cid is not None and hash(cid) in ids.repeated:
                 groups.setdefault(cid, []).append(row.number)
     return [

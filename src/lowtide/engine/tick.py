@@ -20,7 +20,7 @@ import random
 import socket
 import uuid
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 
 from sqlalchemy import and_, func, or_, select
 
@@ -213,7 +213,7 @@ class Engine:
         now = self.clock.now()
         if deadline is None or now < deadline.timestamp() or job.state is not JobState.ACTIVE:
             return 0
-        when = datetime.fromtimestamp(deadline.timestamp()).isoformat(timespec="seconds")
+        when = datetime.fromtimestamp(deadline.timestamp(), UTC).isoformat(timespec="seconds")  # with its offset: +00:00
         with self.store.begin() as conn:
             n = move_requests(
                 conn,

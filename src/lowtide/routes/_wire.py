@@ -4,6 +4,18 @@ over a real-time call.
 
 `ChatRequest.choices` is never sent as a provider field: the template already puts the
 choices in the prompt text, and the engine validates the answer.
+
+The tier a response says it was served at is translated here into lowtide's words
+(`Outcome.tier`, priced by the ledger):
+
+| provider field | value | real-time route | batch route |
+|---|---|---|---|
+| OpenAI body `service_tier` | `default`, `auto`, `standard`, `scale` | realtime | batch |
+| | `flex` / `priority` | flex / priority | flex / priority |
+| Anthropic `usage.service_tier` | `standard` | realtime | batch |
+| | `priority` / `batch` | priority / batch | priority / batch |
+
+Anything else, or no field, is None: the route's configured tier is used.
 """
 
 from __future__ import annotations
@@ -104,3 +116,26 @@ def anthropic_usage(usage: dict[str, Any] | None) -> Usage:
         cache_write_tokens=count(usage.get("cache_creation_input_tokens")),
         output_tokens=count(usage.get("output_tokens")),
     )
+
+
+_OPENAI_STANDARD = frozenset({"default", "auto", "standard", "scale"})
+_OWN_WORDS = frozenset({"flex", "priority", "batch"})
+
+
+def openai_tier(value: Any, batch: bool) -> str | None:
+    """A chat completion's `service_tier`, in lowtide's words (see the module doc)."""
+    if not isinstance(value, str):
+        return None
+    if value in _OPENAI_STANDARD:
+        return "batch" if batch else "realtime"
+    return value if value in _OWN_WORDS else None
+
+
+def anthropic_tier(usage: Any, batch: bool) -> str | None:
+    """A message's `usage.service_tier`, in lowtide's words (see the module doc)."""
+    value = usage.get("service_tier") if isinstance(usage, dict) else None
+    if not isinstance(value, str):
+        return None
+    if value == "standard":
+        return "batch" if batch else "realtime"
+    return value if value in _OWN_WORDS else None

@@ -27,7 +27,13 @@ from lowtide.core import fastjson
 from lowtide.core.errors import BatchRejected, RouteError
 from lowtide.core.types import ChatRequest, Outcome
 from lowtide.routes._provider import RETRYABLE_CODES, api_key, check_options, poll_interval
-from lowtide.routes._wire import anthropic_params, anthropic_text, anthropic_usage, text_or_none
+from lowtide.routes._wire import (
+    anthropic_params,
+    anthropic_text,
+    anthropic_tier,
+    anthropic_usage,
+    text_or_none,
+)
 from lowtide.routes.base import BatchLimits, BatchStatus
 
 log = logging.getLogger(__name__)
@@ -53,6 +59,7 @@ def parse_result(custom_id: str, result: Any) -> Outcome:
             text=anthropic_text(message),
             finish_reason=text_or_none(message.get("stop_reason")),
             usage=anthropic_usage(message.get("usage")),
+            tier=anthropic_tier(message.get("usage"), batch=True),
         )
     if kind == "errored":
         error = (data.get("error") or {}).get("error") or {}

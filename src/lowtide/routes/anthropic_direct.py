@@ -27,7 +27,7 @@ from lowtide.routes._direct import (
     http_failure,
 )
 from lowtide.routes._provider import api_key, check_options
-from lowtide.routes._wire import anthropic_params, anthropic_text, anthropic_usage
+from lowtide.routes._wire import anthropic_params, anthropic_text, anthropic_tier, anthropic_usage
 
 OPTIONS = POOL_OPTIONS | {"base_url", "api_key_env", "cache_prefix"}
 
@@ -62,6 +62,7 @@ class AnthropicMessagesRoute(PooledRoute):
                 text=anthropic_text(message),
                 finish_reason=message.get("stop_reason"),
                 usage=anthropic_usage(message.get("usage")),
+                tier=anthropic_tier(message.get("usage"), batch=False),
             )
         except (ValueError, KeyError, TypeError, AttributeError) as err:
             raise CallFailed(

@@ -32,7 +32,7 @@ from lowtide.routes._provider import (
     poll_interval,
     retryable_status,
 )
-from lowtide.routes._wire import openai_body, openai_usage, text_or_none
+from lowtide.routes._wire import openai_body, openai_tier, openai_usage, text_or_none
 from lowtide.routes.base import BatchLimits, BatchStatus
 
 log = logging.getLogger(__name__)
@@ -66,6 +66,7 @@ def parse_result_line(line: dict[str, Any]) -> Outcome:
             text=content if isinstance(content, str) else text_or_none(content) or "",
             finish_reason=text_or_none(choice.get("finish_reason")),
             usage=openai_usage(body.get("usage")),
+            tier=openai_tier(body.get("service_tier"), batch=True),
         )
     if response is not None:
         status = response.get("status_code", 500)
@@ -109,8 +110,8 @@ class OpenAIBatchRoute:
             for r in requests:
                 models.add(r.model)
                 f.write(fastjson.dumpb(request_line(r)) + b"\n")
-            if len(models) != 1:
-                raise RouteError(f"{self.name}: one model per batch file, got {sorted(models)}")
+            if len(models) != 1:  # sending it again cannot help: permanent, never retried
+                raise BatchRejected(f"{self.name}: one model per batch file, got {sorted(models)}")
             f.seek(0)
             try:
                 uploaded = await self.client.files.create(file=(f"{key}.jsonl", f), purpose="batch")

@@ -36,7 +36,7 @@ from lowtide.routes._direct import (
     http_failure,
 )
 from lowtide.routes._provider import api_key, check_options
-from lowtide.routes._wire import openai_body, openai_usage
+from lowtide.routes._wire import openai_body, openai_tier, openai_usage
 
 COMPATIBLE_OPTIONS = POOL_OPTIONS | {"base_url", "api_key_env", "max_num_seqs", "service_tier"}
 OPENAI_OPTIONS = POOL_OPTIONS | {"base_url", "api_key_env", "service_tier"}
@@ -106,6 +106,7 @@ class OpenAIChatRoute(PooledRoute):
                 text=text,
                 finish_reason=choice.get("finish_reason"),
                 usage=openai_usage(data.get("usage")),
+                tier=openai_tier(data.get("service_tier"), batch=False),
             )
         except (ValueError, KeyError, IndexError, TypeError, AttributeError) as err:
             raise CallFailed(

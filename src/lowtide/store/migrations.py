@@ -105,3 +105,31 @@ def m007_dispatch_submit_started(conn: Connection) -> None:
     """Dispatches remember when their create began (`find` adopts by that time, not by when
     the chunk was planned). Dispatches from before keep NULL: `find` falls back to created_at."""
     add_columns(conn, schema.dispatches, ["submit_started_at"])
+
+
+@migration
+def m008_request_fingerprints(conn: Connection) -> None:
+    """Requests record the model and a fingerprint of what they were rendered with, and a
+    version; earlier versions of re-rendered requests are kept (DESIGN invariant 9)."""
+    add_columns(conn, schema.requests, ["model", "fingerprint", "version"])
+    schema.metadata.create_all(conn, tables=[schema.request_versions])
+    _backfill_rendered(conn)
+
+
+def _backfill_rendered(conn: Connection, page: int = 5000) -> None:
+    """Requests stored before m008: their model from their own payload (what was sent), so
+    pricing and planning read it as any other's. Their fingerprint stays NULL: the row
+    values it covers were not kept; such a request is compared by its payload."""
+    from sqlalchemy import bindparam
+
+    from lowtide.core import fastjson
+
+    r = schema.requests.c
+    stmt = schema.requests.update().where(r.id == bindparam("_id")).values(model=bindparam("m"))
+    after = 0
+    while True:
+        rows = conn.execute(select(r.id, r.payload).where(r.model.is_(None), r.id > after).order_by(r.id).limit(page)).all()
+        if not rows:
+            return
+        conn.execute(stmt, [{"_id": rid, "m": str(fastjson.loads(p).get("model", ""))} for rid, p in rows])
+        after = rows[-1][0]

@@ -79,10 +79,39 @@ requests = Table(
     Column("lane", String(8), nullable=False, server_default="main"),
     Column("lane_reason", Text),
     Column("lane_base_attempts", Integer, nullable=False, server_default="0"),
+    # What the request was rendered with (DESIGN invariant 9): the payload's model, and a
+    # fingerprint (BLAKE2b of the payload's fixed part, the templates' text and the values
+    # of the source row the template used: engine/loader.py) that tells a changed row or
+    # spec from an unchanged one. A NULL fingerprint (stored before m008): compare payloads.
+    Column("model", String(256)),
+    Column("fingerprint", String(32)),
+    # 1, plus one each time `--requeue-changed` made a succeeded request a new version (the
+    # old one's answer is kept in `request_versions`).
+    Column("version", Integer, nullable=False, server_default="1"),
     UniqueConstraint("job_id", "custom_id", name="uq_requests_job_custom_id"),
     # Claims read "due pending requests of a job, earliest first" straight off this index.
     Index("ix_requests_job_state", "job_id", "state", "not_before", "id"),
     Index("ix_requests_dispatch", "dispatch_id"),
+)
+
+# An earlier version of a request, kept when `--requeue-changed` re-rendered a request that
+# had succeeded: what it was rendered from and what it answered. Its attempts stay in
+# `attempts` (the ledger), under the same request_id.
+request_versions = Table(
+    "request_versions",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("request_id", Integer, ForeignKey("requests.id"), nullable=False),
+    Column("job_id", Integer, nullable=False),
+    Column("version", Integer, nullable=False),
+    Column("payload", Text, nullable=False),
+    Column("fingerprint", String(32)),
+    Column("state", String(16), nullable=False),
+    Column("output", Text),
+    Column("parsed", Text),
+    Column("route", String(64)),
+    Column("replaced_at", Float, nullable=False),
+    UniqueConstraint("request_id", "version", name="uq_request_versions"),
 )
 
 # A dispatch is one group of requests handed to one route: a provider batch (kind "batch")

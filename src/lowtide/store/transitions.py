@@ -118,3 +118,18 @@ def move_job(conn: Connection, job_id: int, target: JobState, **values: Any) -> 
     check_transition(JOB_TRANSITIONS, JobState(current), target)
     conn.execute(update(jobs).where(jobs.c.id == job_id).values(state=target.value, **values))
     return True
+
+
+def start_new_version(conn: Connection, rows: Sequence[dict[str, Any]], values: dict[str, Any]) -> None:
+    """Succeeded requests (`rows`: {"_id", …}) start again as their next version, pending.
+
+    Not a transition of the table: a succeeded request stays final. A new version is a new
+    request under the same custom_id, made only by `--requeue-changed` after the old one's
+    payload and answer were copied to `request_versions` (engine/changes.py); its attempts
+    stay in the ledger. Only rows still succeeded are touched."""
+    stmt = (
+        update(requests)
+        .where(requests.c.id == bindparam("_id"), requests.c.state == RequestState.SUCCEEDED.value)
+        .values(state=RequestState.PENDING.value, version=requests.c.version + 1, **values)
+    )
+    executemany(conn, stmt, rows)

@@ -1,0 +1,165 @@
+"""Loading a job that is already stored: which rows it knows, which of them changed, and
+re-queuing those on `--requeue-changed` (docs/jobs.md "Changing a job").
+
+A stored request is matched to a source row by custom_id (also by the id it had before
+integral floats were normalised, `lowtide.core.ids`), and is *changed* when the row renders
+with another fingerprint (`RowRenderer.fingerprint`): the row's text, the template or the
+spec changed. A request stored before fingerprints (m008) is compared by its payload.
+A changed request is kept as it was unless asked; asked, it is re-rendered and queued again:
+
+- pending: its payload is replaced;
+- in a batch planned but not sent: the batch is taken apart first (nothing was sent);
+- in a batch or call already sent: refused; that batch's answer is for the old payload;
+- failed or cancelled: queued again with a fresh attempt budget;
+- succeeded: its answer is kept in `request_versions`, and the request starts again as a
+  new version (`store.transitions.start_new_version`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sqlalchemy import Connection, bindparam, case, select, update
+
+from lowtide.core.errors import SpecError
+from lowtide.core.ids import legacy_custom_ids
+from lowtide.core.states import DispatchState, RequestState
+from lowtide.store.bulk import among, executemany
+from lowtide.store.schema import dispatches, request_versions, requests
+from lowtide.store.transitions import move_dispatch, move_requests, start_new_version
+
+SENT = (DispatchState.SUBMITTING.value, DispatchState.SUBMITTED.value, DispatchState.RUNNING.value)
+
+
+@dataclass(slots=True)
+class Stored:
+    id: int
+    state: str
+    fingerprint: str | None
+    dispatch_id: int | None
+    dispatch_state: str | None
+    payload: str | None  # only for a request stored before fingerprints
+
+    def differs(self, item: dict) -> bool:
+        if self.fingerprint is None:
+            return self.payload != item["payload"]
+        return self.fingerprint != item["fingerprint"]
+
+
+@dataclass(slots=True)
+class Changes:
+    """Changed requests seen while loading: (stored, new item) pairs, when they are to be
+    re-queued; otherwise only counted."""
+
+    count: int = 0
+    pairs: list[tuple[Stored, dict]] = field(default_factory=list)
+    examples: list[str] = field(default_factory=list)  # a few "file row N (id X)" for the message
+
+
+def split_known(conn: Connection, job_id: int, items: list[dict]) -> tuple[list[dict], list[dict], dict[str, Stored]]:
+    """The items with no stored request (to insert), the others, and their stored requests
+    by custom_id. An item stored under its legacy custom_id takes that id."""
+    stored = _stored(conn, job_id, [i["custom_id"] for i in items])
+    missing = [i for i in items if i["custom_id"] not in stored]
+    legacy: dict[str, dict] = {}
+    for item in missing:
+        for old in legacy_custom_ids(item["source_key"]):
+            legacy.setdefault(old, item)
+    if legacy:
+        for cid, row in _stored(conn, job_id, list(legacy)).items():
+            item = legacy[cid]
+            if item["custom_id"] not in stored:
+                item["custom_id"] = cid
+                stored[cid] = row
+    return [i for i in items if i["custom_id"] not in stored], [i for i in items if i["custom_id"] in stored], stored
+
+
+def _stored(conn: Connection, job_id: int, ids: list[str]) -> dict[str, Stored]:
+    r = requests.c
+    # Rows stored before m008 have no fingerprint: it is taken from their payload.
+    payload_if_needed = case((r.fingerprint.is_(None), r.payload), else_=None)
+    stmt = (
+        select(r.custom_id, r.id, r.state, r.fingerprint, payload_if_needed, r.dispatch_id, dispatches.c.state)
+        .select_from(requests.outerjoin(dispatches, dispatches.c.id == r.dispatch_id))
+        .where(r.job_id == job_id, among(conn, r.custom_id, ids))
+    )
+    return {
+        cid: Stored(rid, state, fp, did, dstate, payload) for cid, rid, state, fp, payload, did, dstate in conn.execute(stmt)
+    }
+
+
+def note_changed(changes: Changes, stored: dict[str, Stored], items: list[dict], keep_pairs: bool, where) -> None:
+    for item in items:
+        s = stored.get(item["custom_id"])
+        if s is None or not s.differs(item):
+            continue
+        changes.count += 1
+        if len(changes.examples) < 3:
+            changes.examples.append(f"{where(item['source_row'])} (id {item['source_key']})")
+        if keep_pairs:
+            changes.pairs.append((s, item))
+
+
+def requeue(conn: Connection, job_id: int, pairs: list[tuple[Stored, dict]], now: float, where: str) -> int:
+    """Re-render and queue again every changed request (see the module doc); refuses, and
+    changes nothing, if one of them is in a batch or call already sent."""
+    sent = [item for s, item in pairs if s.state == RequestState.DISPATCHED and s.dispatch_state in SENT]
+    if sent:
+        raise SpecError(
+            f"{where}: {len(sent)} changed request(s) are in batches or calls already sent (e.g. id "
+            f"{sent[0]['source_key']}); their answers are for what was stored. Wait until those end "
+            "(`lowtide status`), or cancel the job, then submit again with --requeue-changed"
+        )
+    for dispatch_id in {s.dispatch_id for s, _ in pairs if s.state == RequestState.DISPATCHED}:
+        _unplan(conn, dispatch_id, now, where)
+    rendered = {"payload", "model", "fingerprint"}
+    by_state: dict[str, list[dict]] = {}
+    for s, item in pairs:
+        state = RequestState.PENDING.value if s.state == RequestState.DISPATCHED else s.state
+        by_state.setdefault(state, []).append({"_id": s.id, **{k: item[k] for k in rendered}})
+    fresh = {
+        "attempts": 0, "not_before": 0.0, "dispatch_id": None, "repair": None, "output": None, "parsed": None,
+        "error_code": None, "error_message": None, "lane": "main", "lane_reason": None, "lane_base_attempts": 0,
+        "updated_at": now,
+    }  # fmt: skip
+    r = requests.c
+    new_payload = {k: bindparam(k) for k in rendered}
+    for state, rows in by_state.items():
+        if state == RequestState.PENDING:
+            stmt = update(requests).where(r.id == bindparam("_id"), r.state == state).values(**new_payload, repair=None, updated_at=now)
+            executemany(conn, stmt, rows)
+        elif state == RequestState.SUCCEEDED:
+            _keep_versions(conn, job_id, [row["_id"] for row in rows], now)
+            start_new_version(conn, rows, {**fresh, **new_payload})
+        else:  # failed, cancelled: the new payload, then the retry transition
+            stmt = update(requests).where(r.id == bindparam("_id"), r.state == state).values(**new_payload)
+            executemany(conn, stmt, rows)
+            ids = [row["_id"] for row in rows]
+            move_requests(conn, RequestState.PENDING, among(conn, r.id, ids), only=[RequestState(state)], values=fresh)
+    return len(pairs)
+
+
+def _unplan(conn: Connection, dispatch_id: int, now: float, where: str) -> None:
+    """A planned batch holding a changed request is taken apart: its requests go back to
+    pending unsent (the claim did not count as an attempt). Another worker that started
+    sending it meanwhile wins, and the load is refused."""
+    if not move_dispatch(conn, dispatch_id, DispatchState.PLANNED, DispatchState.CANCELLED, ended_at=now):
+        raise SpecError(f"{where}: a batch holding changed requests is being sent right now; submit again once it is")
+    move_requests(
+        conn, RequestState.PENDING,
+        (requests.c.dispatch_id == dispatch_id) & (requests.c.state == RequestState.DISPATCHED.value),
+        values={"dispatch_id": None, "attempts": requests.c.attempts - 1, "not_before": now, "updated_at": now},
+    )  # fmt: skip
+
+
+def _keep_versions(conn: Connection, job_id: int, ids: list[int], now: float) -> None:
+    r = requests.c
+    old = select(
+        r.id, r.job_id, r.version, r.payload, r.fingerprint, r.state, r.output, r.parsed, r.route
+    ).where(among(conn, r.id, ids))
+    rows = [
+        {"request_id": rid, "job_id": jid, "version": v, "payload": p, "fingerprint": fp,
+         "state": st, "output": out, "parsed": parsed, "route": route, "replaced_at": now}
+        for rid, jid, v, p, fp, st, out, parsed, route in conn.execute(old)
+    ]  # fmt: skip
+    executemany(conn, request_versions.insert(), rows)
