@@ -70,7 +70,7 @@ def create_app(config: ServeConfig) -> FastAPI:
                 backend.stop()
             store.close()
 
-    app = FastAPI(title="lowtide Batch API", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="lowtide Batch API", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url="/openapi.json")
     app.state.server = server
     app.state.backend = backend  # None for a batch backend: real time then answers 501
     errors.install(app)

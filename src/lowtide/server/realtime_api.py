@@ -25,6 +25,7 @@ from fastapi.responses import StreamingResponse
 
 from lowtide.core.types import ChatRequest, Outcome
 from lowtide.server.backend import Backend, BackendClosed
+from lowtide.server.bodies import parse_object, read_body
 from lowtide.server.context import ServeConfig, Server
 from lowtide.server.errors import ApiError
 from lowtide.server.outputs import HTTP_ERRORS, TIMEOUT_CODES
@@ -129,14 +130,9 @@ def _backend(request: Request, path: str) -> Backend:
 
 
 async def _json(request: Request) -> dict[str, Any]:
-    raw = await request.body()
-    try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise ApiError(400, "The request body is not valid JSON.") from None
-    if not isinstance(body, dict):
-        raise ApiError(400, "The request body must be a JSON object.")
-    return body
+    config = _server(request).config
+    raw = await read_body(request, config.max_request_bytes, config.body_timeout)
+    return parse_object(raw, config.max_json_depth)
 
 
 async def _run(backend: Backend, request: ChatRequest) -> Outcome:
