@@ -20,7 +20,7 @@ from lowtide.server.uploads import FORM_OVERHEAD, FormReceiver
 
 router = APIRouter(prefix="/v1/files")
 PURPOSES = ("batch", "assistants", "fine-tune", "vision", "user_data", "evals")
-CHUNK = 1024 * 1024
+FEED_BYTES = 256 * 1024  # also how far past its limit a file may get before the 413
 
 
 def file_object(row: Row) -> dict[str, Any]:
@@ -59,7 +59,7 @@ async def upload(request: Request) -> dict[str, Any]:
         pending = bytearray()
         async for chunk in stream_body(request, limit + FORM_OVERHEAD, config.body_timeout, "The upload"):
             pending += chunk
-            if len(pending) >= CHUNK:  # one thread hop per megabyte, not per network read
+            if len(pending) >= FEED_BYTES:  # a thread hop per 256 KiB, not per network read
                 await run_in_threadpool(form.write, bytes(pending))
                 pending.clear()
         await run_in_threadpool(form.write, bytes(pending))

@@ -30,6 +30,7 @@ from lowtide.server.context import ServeConfig, Server
 from lowtide.server.errors import ApiError
 from lowtide.server.outputs import HTTP_ERRORS, TIMEOUT_CODES
 from lowtide.server.records import new_id
+from lowtide.server.schemas import ANTHROPIC_MESSAGE, OPENAI_CHAT, json_body
 from lowtide.server.translate import Rejection, anthropic_params, openai_chat
 
 router = APIRouter()
@@ -180,7 +181,7 @@ def openai_usage(outcome: Outcome) -> dict[str, Any]:
             "completion_tokens_details": {"reasoning_tokens": u.reasoning_tokens}}  # fmt: skip
 
 
-@router.post("/v1/chat/completions")
+@router.post("/v1/chat/completions", openapi_extra=json_body(OPENAI_CHAT))
 async def chat_completions(request: Request):
     server = _server(request)
     backend = _backend(request, "/v1/chat/completions")
@@ -226,7 +227,7 @@ def anthropic_usage(outcome: Outcome) -> dict[str, Any]:
             "service_tier": "standard"}  # fmt: skip
 
 
-@router.post("/v1/messages")
+@router.post("/v1/messages", openapi_extra=json_body(ANTHROPIC_MESSAGE))
 async def messages(request: Request):
     server = _server(request)
     backend = _backend(request, "/v1/messages")
