@@ -25,7 +25,8 @@ ENDPOINTS = [
     ("/v1/messages/batches", "json", "anthropic"),
     ("/v1/files", "multipart", "openai"),
 ]
-LIMITS = {"max_request_bytes": 64 * KB, "anthropic_max_bytes": 64 * KB, "max_file_bytes": 64 * KB}
+# With a key configured: the bodies stream through the key check's middleware too.
+LIMITS = {"max_request_bytes": 64 * KB, "anthropic_max_bytes": 64 * KB, "max_file_bytes": 64 * KB, "api_keys": ("k",)}
 BOUNDARY = "lowtideboundary"
 
 
@@ -100,7 +101,7 @@ def test_a_declared_length_over_the_limit_is_refused_before_the_body(serve, path
 
 @pytest.mark.parametrize(("path", "kind", "api"), ENDPOINTS)
 def test_a_client_that_stops_sending_gets_408_and_the_connection_closes(serve, path, kind, api):
-    with serve(body_timeout=0.3) as s, socket.create_connection(("127.0.0.1", s.port)) as sock:
+    with serve(body_timeout=0.3, api_keys=("k",)) as s, socket.create_connection(("127.0.0.1", s.port)) as sock:
         sock.sendall(_head(s.port, path, kind, "content-length: 5000\r\n") + _opening(kind))
         status, headers, body = _answer(sock)
         assert status == 408 and headers.get("connection") == "close"

@@ -11,10 +11,10 @@ import yaml
 
 from lowtide.cli.common import EXIT_USAGE, console, fail, state
 from lowtide.core.errors import LowtideError
+from lowtide.server.safejson import MAX_DEPTH
 from lowtide.store.db import default_location
 
 KEYS_ENV = "LOWTIDE_SERVE_API_KEYS"
-MAX_DEPTH = 512  # server/safejson.py: the standard library's encoder recurses past this
 UNITS = {"": 1, "B": 1, "KB": 1024, "KIB": 1024, "MB": 1024**2, "MIB": 1024**2, "GB": 1024**3, "GIB": 1024**3}
 
 
