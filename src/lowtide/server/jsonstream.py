@@ -20,6 +20,7 @@ import re
 # Strings whole (brackets inside are text), and the structural bytes. A string cut by the
 # end of the data so far has no closing quote (group 1 empty): it is finished on the next feed.
 _TOKEN = re.compile(rb'"(?:[^"\\]++|\\.)*+(")?|[\[\]{},:]', re.S)
+_IN_ITEM = re.compile(rb'"(?:[^"\\]++|\\.)*+(")?|[\[\]{}]', re.S)
 _STRING_REST = re.compile(rb'(?:[^"\\]++|\\.)*+(")?', re.S)
 _SPACE = b" \t\r\n"
 
@@ -64,6 +65,19 @@ class ArraySplitter:
                     break
                 start, end, tok = self._string_start, m.end(), b'"'
                 self._string_start = -1
+            elif self._state == "item":  # inside an item only strings and brackets matter
+                m = _IN_ITEM.search(buf, self._pos)
+                if m is None:
+                    self._pos = len(buf)
+                    break
+                start, end = m.span()
+                if buf[start] == 0x22:
+                    if m.group(1) is None:  # a string that the data so far cuts short
+                        self._string_start, self._pos = start, end
+                        break
+                    self._pos = end
+                    continue
+                tok = buf[start:end]
             else:
                 m = _TOKEN.search(buf, self._pos)
                 if m is None:
