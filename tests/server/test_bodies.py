@@ -85,9 +85,11 @@ def test_a_chunked_body_over_the_limit_is_refused_while_it_is_still_arriving(ser
         for _ in range(48):  # 384 KiB for a 64 KiB limit; the body is never ended
             sock.sendall(_chunk(b"x" * (8 * KB)))
         status, _, body = _answer(sock)
+        leftovers = list((s.server.data_dir / "files").glob("*")) if kind == "multipart" else []
     assert status == 413
     message = _shape_ok(api, body, "request_too_large")
     assert str(64 * KB) in message.replace(",", "")
+    assert leftovers == []  # the part of the upload written so far is removed
 
 
 @pytest.mark.parametrize(("path", "kind", "api"), ENDPOINTS)
@@ -175,15 +177,18 @@ def test_a_batches_field_at_fault_is_named(server):
 
 
 # Batch input lines ------------------------------------------------------------------------
-def test_a_batch_line_nested_100000_deep_fails_the_batch_naming_the_line(server):
-    client = server.openai()
+def test_a_batch_line_nested_100000_deep_fails_the_batch_naming_the_line(serve):
     deep = json.dumps(chat_line("deep"))[:-2] + ', "extra": ' + _deep() + "}}"
-    batch = create_batch(client, [chat_line("ok"), deep])
-    ended = wait_openai(client, batch.id)
+    with serve() as s:
+        client = s.openai()
+        batch = create_batch(client, [chat_line("ok"), deep])
+        ended = wait_openai(client, batch.id)
     assert ended.status == "failed"
     (error,) = ended.errors.data
     assert error.line == 2 and error.code == "invalid_json_line" and "nested deeper than 64 levels" in error.message
     assert error.param.startswith("body.extra")
+    with serve() as again:  # and it stays so: a restart finds it ended
+        assert again.openai().batches.retrieve(batch.id).status == "failed"
 
 
 def test_a_lone_surrogate_custom_id_fails_the_batch_at_validation_naming_the_line(serve, tmp_path):
