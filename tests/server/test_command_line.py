@@ -24,3 +24,14 @@ def test_bad_options_are_refused_before_starting(tmp_path):
     (tmp_path / "plan.yaml").write_text("http: [{match: '*'}]\n")
     result = runner.invoke(app, ["--db", str(tmp_path / "x.db"), "serve", "--faults", str(tmp_path / "plan.yaml"), "--data-dir", str(tmp_path / "d")])
     assert result.exit_code == 2 and "plan.yaml" in result.output and "status" in result.output
+
+
+def test_body_limits_are_options_and_bad_ones_are_refused(tmp_path):
+    runner = CliRunner()
+    result = runner.invoke(app, ["serve", "--help"], env={"COLUMNS": "200"})
+    for option in ("--max-request-size", "--max-batch-size", "--max-file-size", "--body-timeout", "--max-json-depth"):
+        assert option in result.output
+    result = runner.invoke(app, ["serve", "--max-file-size", "lots", "--data-dir", str(tmp_path / "d")])
+    assert result.exit_code == 2 and "--max-file-size 'lots'" in result.output and "32MB" in result.output
+    result = runner.invoke(app, ["serve", "--max-json-depth", "100000", "--data-dir", str(tmp_path / "d")])
+    assert result.exit_code == 2

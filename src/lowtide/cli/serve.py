@@ -11,9 +11,25 @@ import yaml
 
 from lowtide.cli.common import EXIT_USAGE, console, fail, state
 from lowtide.core.errors import LowtideError
+from lowtide.server.safejson import MAX_DEPTH
 from lowtide.store.db import default_location
 
 KEYS_ENV = "LOWTIDE_SERVE_API_KEYS"
+UNITS = {"": 1, "B": 1, "KB": 1024, "KIB": 1024, "MB": 1024**2, "MIB": 1024**2, "GB": 1024**3, "GIB": 1024**3}
+
+
+def _size(flag: str, text: str) -> int:
+    """`32MB`, `512 KiB`, `1048576` as bytes (binary units)."""
+    number = text.strip().rstrip("bBiIkKmMgG ").strip()
+    unit = text.strip()[len(number):].strip().upper()
+    try:
+        value = float(number) * UNITS[unit]
+    except (ValueError, KeyError):
+        value = -1
+    if not 1024 <= value < 2**63:
+        console.print(f"lowtide: {flag} {text!r}: give a size of at least 1KB, e.g. {flag} 32MB")
+        raise typer.Exit(EXIT_USAGE)
+    return int(value)
 
 
 def serve(
@@ -33,6 +49,11 @@ def serve(
     option: Annotated[
         list[str] | None, typer.Option("--option", "-o", help="A route option of the backend, KEY=VALUE (repeatable).")
     ] = None,
+    max_request_size: Annotated[str, typer.Option("--max-request-size", help="Largest JSON body (real time, /v1/batches), e.g. 32MB.")] = "32MB",
+    max_batch_size: Annotated[str, typer.Option("--max-batch-size", help="Largest message batch body (/v1/messages/batches).")] = "256MB",
+    max_file_size: Annotated[str, typer.Option("--max-file-size", help="Largest upload to /v1/files.")] = "512MB",
+    body_timeout: Annotated[float, typer.Option("--body-timeout", min=0.01, help="Seconds a client may pause while sending a body (then 408).")] = 30.0,
+    max_json_depth: Annotated[int, typer.Option("--max-json-depth", min=2, max=MAX_DEPTH, help="Deepest nesting of a JSON body or batch line.")] = 64,
 ) -> None:
     """Serve the OpenAI Batch and Anthropic Message Batches APIs; batches run as lowtide jobs.
 
@@ -53,9 +74,13 @@ def serve(
             raise typer.Exit(EXIT_USAGE)
         route_options[key.strip()] = yaml.safe_load(value)
     keys = list(api_key or []) + [k.strip() for k in os.environ.get(KEYS_ENV, "").split(",") if k.strip()]
+    limits = {name: _size(flag, value) for name, flag, value in (
+        ("max_request_bytes", "--max-request-size", max_request_size), ("anthropic_max_bytes", "--max-batch-size", max_batch_size),
+        ("max_file_bytes", "--max-file-size", max_file_size))}  # fmt: skip
     config = ServeConfig(
         backend=backend, route_options=route_options, model=model, data_dir=data_dir, db=db or state.db or default_location(),
         time_scale=time_scale, complete_after=complete_after, faults=faults, api_keys=tuple(keys),
+        body_timeout=body_timeout, max_json_depth=max_json_depth, **limits,
     )  # fmt: skip
     try:
         app = create_app(config)

@@ -8,32 +8,22 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy import Row
 from starlette.concurrency import run_in_threadpool
 
-from lowtide.core.ids import CUSTOM_ID_PATTERN
 from lowtide.server import records
+from lowtide.server.bodies import stream_body
 from lowtide.server.context import Server
 from lowtide.server.errors import ApiError, not_found
 from lowtide.server.finalize import Summary, batch_folder
 from lowtide.server.intake import Intake
+from lowtide.server.message_intake import MessageIntake
 from lowtide.server.records import TERMINAL
 from lowtide.server.records import BatchStatus as S
-from lowtide.server.translate import anthropic_params
+from lowtide.server.schemas import MESSAGE_BATCH, json_body
 
 router = APIRouter(prefix="/v1/messages/batches")
-
-
-class _Item(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    custom_id: str = Field(pattern=CUSTOM_ID_PATTERN.pattern)
-    params: dict[str, Any]
-
-
-class _Create(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    requests: list[_Item] = Field(min_length=1)
+FEED_BYTES = 1024 * 1024
 
 
 def _rfc3339(t: float | None) -> str | None:
@@ -82,39 +72,32 @@ def _get(server: Server, batch_id: str) -> Row:
     return row
 
 
-@router.post("")
+@router.post("", openapi_extra=json_body(MESSAGE_BATCH))
 async def create(request: Request) -> dict[str, Any]:
+    """The body is taken in as it arrives, request by request (message_intake.py)."""
     server = _server(request)
-    limit = server.config.anthropic_max_bytes
-    too_large = ApiError(413, f"Request exceeds the maximum size of {limit:,} bytes.")
-    if int(request.headers.get("content-length") or 0) > limit:
-        raise too_large
-    raw = await request.body()
-    if len(raw) > limit:
-        raise too_large
+    config = server.config
+    batch_id = records.new_id("msgbatch_01", 22)
+    taking = await run_in_threadpool(MessageIntake, batch_folder(server, batch_id), batch_id,
+                                     config.anthropic_max_requests, config.max_json_depth)  # fmt: skip
     try:
-        body = _Create.model_validate_json(raw)
-    except ValidationError as err:
-        problems = [f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in err.errors()[:20]]
-        raise ApiError(400, "; ".join(problems)) from None
-    if len(body.requests) > server.config.anthropic_max_requests:
-        raise ApiError(400, f"requests: a batch may have at most {server.config.anthropic_max_requests:,} requests; got {len(body.requests):,}.")
-    seen: set[str] = set()
-    for item in body.requests:
-        if item.custom_id in seen:
-            raise ApiError(400, f"requests: custom_id '{item.custom_id}' is used more than once; each request needs its own.")
-        seen.add(item.custom_id)
-    row = await run_in_threadpool(_store_batch, server, body)
+        pending = bytearray()
+        async for chunk in stream_body(request, config.anthropic_max_bytes, config.body_timeout):
+            pending += chunk
+            if len(pending) >= FEED_BYTES:  # one thread hop per megabyte, not per network read
+                await run_in_threadpool(taking.feed, bytes(pending))
+                pending.clear()
+        await run_in_threadpool(taking.feed, bytes(pending))
+        intake = await run_in_threadpool(taking.finish)
+        row = await run_in_threadpool(_store_batch, server, batch_id, intake)
+    except BaseException:
+        await run_in_threadpool(taking.discard)
+        raise
     server.notify()
     return message_batch(row, _base(request))
 
 
-def _store_batch(server: Server, body: _Create) -> Row:
-    batch_id = records.new_id("msgbatch_01", 22)
-    with Intake(batch_folder(server, batch_id), batch_id) as intake:
-        for item in body.requests:
-            model = item.params.get("model")
-            intake.add(item.custom_id, model if isinstance(model, str) else "", anthropic_params(item.params))
+def _store_batch(server: Server, batch_id: str, intake: Intake) -> Row:
     now = server.clock.now()
     jobs = [{"name": j["name"], "model": j["model"]} for j in intake.jobs.values()]
     with server.store.begin() as conn:

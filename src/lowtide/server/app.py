@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import hmac
 import logging
+import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import replace
 
 from fastapi import FastAPI, Request
 
+from lowtide.core.errors import SpecError
 from lowtide.routes import create_route
 from lowtide.server import (
     anthropic_api,
@@ -27,6 +29,7 @@ from lowtide.server import (
     metrics,
     openai_api,
     realtime_api,
+    safejson,
 )
 from lowtide.server.backend import Backend
 from lowtide.server.clock import ScaledClock
@@ -41,6 +44,7 @@ log = logging.getLogger("lowtide.serve")
 
 def create_app(config: ServeConfig) -> FastAPI:
     """Build the app; the store opens now, the worker starts with the app's lifespan."""
+    _check_limits(config)
     # An unknown backend fails here, listing the known ones. A direct backend runs on its own
     # thread, one instance shared by the worker and the real-time endpoints (server/backend.py).
     route = config.routes.get(config.backend)
@@ -70,7 +74,7 @@ def create_app(config: ServeConfig) -> FastAPI:
                 backend.stop()
             store.close()
 
-    app = FastAPI(title="lowtide Batch API", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="lowtide Batch API", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url="/openapi.json")
     app.state.server = server
     app.state.backend = backend  # None for a batch backend: real time then answers 501
     errors.install(app)
@@ -79,6 +83,16 @@ def create_app(config: ServeConfig) -> FastAPI:
     for module in (files, openai_api, anthropic_api, realtime_api, dashboard, metrics):
         app.include_router(module.router)
     return app
+
+
+def _check_limits(config: ServeConfig) -> None:
+    if not 2 <= config.max_json_depth <= safejson.MAX_DEPTH:
+        raise SpecError(f"max_json_depth is {config.max_json_depth}; give 2 to {safejson.MAX_DEPTH} (the default is {safejson.DEFAULT_DEPTH})")
+    if not (math.isfinite(config.body_timeout) and config.body_timeout > 0):
+        raise SpecError(f"body_timeout is {config.body_timeout}; give a number of seconds above 0 (the default is 30)")
+    for name in ("max_request_bytes", "anthropic_max_bytes", "max_file_bytes"):
+        if getattr(config, name) < 1024:
+            raise SpecError(f"{name} is {getattr(config, name)}; give at least 1024 bytes")
 
 
 def _install_auth(app: FastAPI, keys: tuple[str, ...]) -> None:

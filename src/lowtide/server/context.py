@@ -30,7 +30,12 @@ class ServeConfig:
     complete_after: float = 0.0  # scaled seconds after creation before a batch may finish
     faults: Path | None = None
     api_keys: tuple[str, ...] = field(default=(), repr=False)  # never printed, never stored
-    max_file_bytes: int = 512 * MB
+    max_file_bytes: int = 512 * MB  # one upload to /v1/files
+    # Every other JSON body (real time, /v1/batches); a message batch's body is capped by
+    # anthropic_max_bytes. Each limit holds while reading (server/bodies.py).
+    max_request_bytes: int = 32 * MB
+    body_timeout: float = 30.0  # real seconds a client may pause while sending a body
+    max_json_depth: int = 64  # nesting of any JSON body or batch line
     openai_max_bytes: int = 200 * MB
     openai_max_requests: int = 50_000
     anthropic_max_bytes: int = 256 * MB

@@ -24,10 +24,10 @@ import hashlib
 import hmac
 import time
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import jinja2
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from sqlalchemy import Integer, and_, case, cast, func, or_, select
 
@@ -76,7 +76,8 @@ def refused(request: Request) -> Response:
 
 # The page ------------------------------------------------------------------------------
 @router.get("/dashboard")
-def page(request: Request, key: str | None = None, refresh: float = 2.0) -> Response:
+def page(request: Request, key: str | None = None,
+         refresh: Annotated[float, Query(allow_inf_nan=False, description="seconds between updates, 0.2 to 60")] = 2.0) -> Response:  # fmt: skip
     """The page; `?key=KEY` (with keys configured) sets the cookie and comes back without it."""
     keys = request.app.state.server.config.api_keys
     if key is not None and keys:
@@ -88,7 +89,7 @@ def page(request: Request, key: str | None = None, refresh: float = 2.0) -> Resp
         return response
     if not viewer_allowed(request):
         return refused(request)
-    refresh_ms = int(min(max(refresh, 0.2), 60.0) * 1000)
+    refresh_ms = int(min(max(refresh, 0.2), 60.0) * 1000)  # finite (nan, inf: 400), then clamped
     script = (ASSETS / "dashboard.js").read_text(encoding="utf-8")
     html = _templates.get_template("dashboard.html").render(refresh_ms=refresh_ms, script=script)
     return HTMLResponse(html, headers={"cache-control": "no-store"})

@@ -1,4 +1,5 @@
-"""OpenAI's Files API: uploads are streamed to `files/` in the data dir, contents streamed back."""
+"""OpenAI's Files API: uploads are streamed into `files/` in the data dir as they arrive
+(written once, refused while reading when too large), contents streamed back."""
 
 from __future__ import annotations
 
@@ -8,15 +9,18 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse
 from sqlalchemy import Row
-from starlette.datastructures import UploadFile
+from starlette.concurrency import run_in_threadpool
 
 from lowtide.server import records
+from lowtide.server.bodies import stream_body
 from lowtide.server.context import Server
 from lowtide.server.errors import ApiError, not_found
+from lowtide.server.schemas import FILE_UPLOAD, form_body
+from lowtide.server.uploads import FORM_OVERHEAD, FormReceiver
 
 router = APIRouter(prefix="/v1/files")
 PURPOSES = ("batch", "assistants", "fine-tune", "vision", "user_data", "evals")
-CHUNK = 1024 * 1024
+FEED_BYTES = 256 * 1024  # also how far past its limit a file may get before the 413
 
 
 def file_object(row: Row) -> dict[str, Any]:
@@ -39,45 +43,51 @@ def _get(server: Server, file_id: str) -> Row:
     return row
 
 
-@router.post("")
+@router.post("", openapi_extra=form_body(FILE_UPLOAD))
 async def upload(request: Request) -> dict[str, Any]:
+    """The file is written once, straight into place, as it arrives (uploads.py)."""
     server = _server(request)
-    form = await request.form()
-    file, purpose = form.get("file"), form.get("purpose")
-    if not isinstance(file, UploadFile):
-        raise ApiError(400, "Missing required parameter: 'file'.", param="file")
+    config = server.config
+    limit = config.max_file_bytes
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit + FORM_OVERHEAD:
+        raise ApiError(413, f"File is too large: the limit is {limit:,} bytes.", param="file")
+    file_id = records.new_id("file-")
+    receiving = server.path(f"files/{file_id}.upload")
+    form = FormReceiver(request.headers.get("content-type", ""), receiving, limit)
+    try:
+        pending = bytearray()
+        async for chunk in stream_body(request, limit + FORM_OVERHEAD, config.body_timeout, "The upload"):
+            pending += chunk
+            if len(pending) >= FEED_BYTES:  # a thread hop per 256 KiB, not per network read
+                await run_in_threadpool(form.write, bytes(pending))
+                pending.clear()
+        await run_in_threadpool(form.write, bytes(pending))
+        form.finish()
+        return await run_in_threadpool(_store, server, file_id, form)
+    except BaseException:
+        form.abort()
+        raise
+
+
+def _store(server: Server, file_id: str, form: FormReceiver) -> dict[str, Any]:
+    purpose, filename = form.fields.get("purpose"), form.filename or "upload"
     if purpose not in PURPOSES:
         raise ApiError(400, f"'{purpose}' is not one of {list(PURPOSES)} - 'purpose'", param="purpose")
-    filename = file.filename or "upload"
     if purpose == "batch" and not filename.endswith(".jsonl"):
         raise ApiError(400, "Invalid file format for Batch API. Must be .jsonl", param="file")
     now = server.clock.now()
-    expires_at = _expires_after(form, now)
-    file_id = records.new_id("file-")
+    expires_at = _expires_after(form.fields, now)
     relative = f"files/{file_id}.jsonl" if purpose == "batch" else f"files/{file_id}"
-    target = server.path(relative)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    size = 0
-    try:
-        with target.open("wb") as out:
-            while chunk := await file.read(CHUNK):
-                size += len(chunk)
-                if size > server.config.max_file_bytes:
-                    raise ApiError(413, f"File is too large: the limit is {server.config.max_file_bytes:,} bytes.", param="file")
-                out.write(chunk)
-    except BaseException:
-        target.unlink(missing_ok=True)
-        raise
-    finally:
-        await form.close()
-    values = {"id": file_id, "purpose": purpose, "filename": filename, "bytes": size, "path": relative,
+    form.target.rename(server.path(relative))
+    values = {"id": file_id, "purpose": purpose, "filename": filename, "bytes": form.size, "path": relative,
               "created_at": now, "expires_at": expires_at}  # fmt: skip
     with server.store.begin() as conn:
         records.insert_file(conn, **values)
         return file_object(records.get_file(conn, file_id))
 
 
-def _expires_after(form, now: float) -> float | None:
+def _expires_after(form: dict[str, str], now: float) -> float | None:
     anchor, seconds = form.get("expires_after[anchor]"), form.get("expires_after[seconds]")
     if anchor is None and seconds is None:
         return None

@@ -18,6 +18,9 @@ from lowtide.server.outputs import anthropic_line, openai_line, results
 from lowtide.store.schema import jobs, requests
 
 OUTPUT_FILE_DAYS = 30
+# A lone surrogate (in a custom_id taken before the intake refused them) can only sit in a
+# JSON string, where "\ud800" is its own escape: written so, a line stays valid UTF-8 JSON.
+LONE_SURROGATES = "backslashreplace"
 
 
 @dataclass(slots=True)
@@ -58,7 +61,7 @@ def build_openai(server: Server, row: Row, ending: str) -> dict[str, Any]:
     sizes = {True: 0, False: 0}
     with open(server.path(paths[True]), "wb") as out, open(server.path(paths[False]), "wb") as err:
         for line, is_output in apply_line_faults(lines(), records.faults_of(row)):
-            data = (line + "\n").encode()
+            data = (line + "\n").encode("utf-8", LONE_SURROGATES)
             (out if is_output else err).write(data)
             sizes[is_output] += len(data)
     now = server.clock.now()
@@ -87,7 +90,7 @@ def build_anthropic(server: Server, row: Row, ending: str) -> dict[str, Any]:
             _count(summary, r)
             yield anthropic_line(row.id, r), None
 
-    with (folder / "results.jsonl").open("w", encoding="utf-8") as f:
+    with (folder / "results.jsonl").open("w", encoding="utf-8", errors=LONE_SURROGATES) as f:
         for line, _ in apply_line_faults(lines(), records.faults_of(row)):
             f.write(line + "\n")
     return {"values": {"counts": summary.to_json()}, "files": []}

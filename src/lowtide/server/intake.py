@@ -9,13 +9,13 @@ The folder (`batches/<batch id>/` in the data dir) then holds:
 
 from __future__ import annotations
 
-import json
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 from lowtide.core import fastjson
+from lowtide.server import safejson
 from lowtide.server.translate import Rejection, encode_key, openai_chat
 
 MAX_ERRORS = 100  # validation errors reported for one file
@@ -78,7 +78,8 @@ def check_size(nbytes: int, max_bytes: int) -> list[dict[str, Any]]:
 
 
 def take_openai_file(
-    path: Path, intake: Intake, endpoint: str, max_requests: int, default_max_tokens: int
+    path: Path, intake: Intake, endpoint: str, max_requests: int, default_max_tokens: int,
+    max_depth: int = safejson.DEFAULT_DEPTH,
 ) -> tuple[str | None, list[dict[str, Any]]]:
     """Check every line of an input file as OpenAI's validation does, writing the good ones
     through `intake`. Returns (the model, the validation errors: empty when it passed)."""
@@ -93,7 +94,7 @@ def take_openai_file(
             count += 1
             if count > max_requests:
                 return model, [_error("too_many_tasks", f"The batch has more than {max_requests:,} requests; the limit is {max_requests:,}. Split the file.")]
-            line = _check_line(raw, lineno, endpoint)
+            line = _check_line(raw, lineno, endpoint, max_depth)
             if isinstance(line, dict) and "code" in line:
                 errors.append(line)
             else:
@@ -114,10 +115,14 @@ def take_openai_file(
     return model, errors
 
 
-def _check_line(raw: bytes, lineno: int, endpoint: str) -> tuple[str, dict] | dict[str, Any]:
+def _check_line(raw: bytes, lineno: int, endpoint: str, max_depth: int) -> tuple[str, dict] | dict[str, Any]:
     try:
-        item = fastjson.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError):
+        item = safejson.loads(raw, max_depth)
+    except safejson.TooDeep as err:
+        return _error("invalid_json_line", f"This line is {err}; a request may nest at most {max_depth} levels.", lineno, err.path or None)
+    except safejson.NotText as err:  # the store and the output files could not carry it
+        return _error("invalid_request", f"This line's {err}; send valid Unicode.", lineno, err.path or None)
+    except ValueError:  # json.JSONDecodeError, UnicodeDecodeError
         return _error("invalid_json_line", "This line is not parseable as valid JSON.", lineno)
     if not isinstance(item, dict):
         return _error("invalid_json_line", "Each line must be a JSON object.", lineno)

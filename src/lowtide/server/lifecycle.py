@@ -209,7 +209,8 @@ class Worker:
         if errors := check_size(file.bytes, config.openai_max_bytes):
             return errors
         with Intake(batch_folder(server, row.id), row.id) as intake:
-            model, errors = take_openai_file(server.path(file.path), intake, row.endpoint, config.openai_max_requests, config.default_max_tokens)
+            model, errors = take_openai_file(server.path(file.path), intake, row.endpoint, config.openai_max_requests,
+                                             config.default_max_tokens, config.max_json_depth)  # fmt: skip
         if errors:
             intake.discard()
             return errors

@@ -9,13 +9,16 @@ from typing import Any
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict
 from sqlalchemy import Row
+from starlette.concurrency import run_in_threadpool
 
 from lowtide.server import records
+from lowtide.server.bodies import parse_object, read_body
 from lowtide.server.context import Server
 from lowtide.server.errors import ApiError, not_found
 from lowtide.server.finalize import Summary, live_summary
 from lowtide.server.records import TERMINAL
 from lowtide.server.records import BatchStatus as S
+from lowtide.server.schemas import json_body, validated
 
 router = APIRouter(prefix="/v1/batches")
 ENDPOINTS = ("/v1/responses", "/v1/chat/completions", "/v1/embeddings", "/v1/completions", "/v1/moderations",
@@ -99,9 +102,16 @@ def _check_metadata(metadata: dict[str, str] | None) -> None:
             raise ApiError(400, f"Invalid 'metadata.{key}': string too long (the maximum is 512 characters).", param="metadata")
 
 
-@router.post("")
-def create(body: BatchCreate, request: Request) -> dict[str, Any]:
+@router.post("", openapi_extra=json_body(BatchCreate.model_json_schema()))
+async def create(request: Request) -> dict[str, Any]:
     server = _server(request)
+    config = server.config
+    raw = await read_body(request, config.max_request_bytes, config.body_timeout)
+    body = validated(BatchCreate, parse_object(raw, config.max_json_depth))
+    return await run_in_threadpool(_create, server, body)
+
+
+def _create(server: Server, body: BatchCreate) -> dict[str, Any]:
     if body.completion_window != "24h":
         raise ApiError(400, f"Invalid completion_window '{body.completion_window}': only '24h' is supported.", param="completion_window")
     if body.endpoint not in ENDPOINTS:

@@ -25,10 +25,12 @@ from fastapi.responses import StreamingResponse
 
 from lowtide.core.types import ChatRequest, Outcome
 from lowtide.server.backend import Backend, BackendClosed
+from lowtide.server.bodies import parse_object, read_body
 from lowtide.server.context import ServeConfig, Server
 from lowtide.server.errors import ApiError
 from lowtide.server.outputs import HTTP_ERRORS, TIMEOUT_CODES
 from lowtide.server.records import new_id
+from lowtide.server.schemas import ANTHROPIC_MESSAGE, OPENAI_CHAT, json_body
 from lowtide.server.translate import Rejection, anthropic_params, openai_chat
 
 router = APIRouter()
@@ -129,14 +131,9 @@ def _backend(request: Request, path: str) -> Backend:
 
 
 async def _json(request: Request) -> dict[str, Any]:
-    raw = await request.body()
-    try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise ApiError(400, "The request body is not valid JSON.") from None
-    if not isinstance(body, dict):
-        raise ApiError(400, "The request body must be a JSON object.")
-    return body
+    config = _server(request).config
+    raw = await read_body(request, config.max_request_bytes, config.body_timeout)
+    return parse_object(raw, config.max_json_depth)
 
 
 async def _run(backend: Backend, request: ChatRequest) -> Outcome:
@@ -184,7 +181,7 @@ def openai_usage(outcome: Outcome) -> dict[str, Any]:
             "completion_tokens_details": {"reasoning_tokens": u.reasoning_tokens}}  # fmt: skip
 
 
-@router.post("/v1/chat/completions")
+@router.post("/v1/chat/completions", openapi_extra=json_body(OPENAI_CHAT))
 async def chat_completions(request: Request):
     server = _server(request)
     backend = _backend(request, "/v1/chat/completions")
@@ -230,7 +227,7 @@ def anthropic_usage(outcome: Outcome) -> dict[str, Any]:
             "service_tier": "standard"}  # fmt: skip
 
 
-@router.post("/v1/messages")
+@router.post("/v1/messages", openapi_extra=json_body(ANTHROPIC_MESSAGE))
 async def messages(request: Request):
     server = _server(request)
     backend = _backend(request, "/v1/messages")

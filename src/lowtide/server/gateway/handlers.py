@@ -21,7 +21,6 @@ answered 429.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -29,6 +28,8 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
+from lowtide.server import safejson
+from lowtide.server.bodies import DEFAULT_TIMEOUT, parse_object, read_body
 from lowtide.server.errors import ApiError, api_of
 from lowtide.server.gateway import openapi, records, scoped, shape, upstream_api
 from lowtide.server.gateway.context import Gateway
@@ -40,7 +41,6 @@ from lowtide.server.gateway.views import deferred_view, status_url
 
 log = logging.getLogger("lowtide.gateway")
 router = APIRouter()
-_loads = json.JSONDecoder().decode
 
 
 def _gw(request: Request) -> Gateway:
@@ -66,18 +66,13 @@ def _admit(gw: Gateway, tenant: str, api: str) -> None:
 
 
 async def _body(gw: Gateway, request: Request, api: str) -> bytes:
-    limit = gw.config.max_body_bytes
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        gw.metrics.refuse(api, "size")
-        raise ApiError(413, f"the request body is over the gateway's limit of {limit} bytes", type="request_too_large")
-    data = bytearray()
-    async for chunk in request.stream():
-        data += chunk
-        if len(data) > limit:
+    """Bounded while reading, with a read timeout (server/bodies.py)."""
+    try:
+        return await read_body(request, gw.config.max_body_bytes, getattr(gw.config, "body_timeout", DEFAULT_TIMEOUT))
+    except ApiError as err:
+        if err.status == 413:
             gw.metrics.refuse(api, "size")
-            raise ApiError(413, f"the request body is over the gateway's limit of {limit} bytes", type="request_too_large")
-    return bytes(data)
+        raise
 
 
 # The two hot endpoints are served by `hot_path` below, ahead of FastAPI's routing and
@@ -132,14 +127,11 @@ async def handle(gw: Gateway, request: Request, api: str) -> Response:
     tenant = _tenant(gw, request, api)
     _admit(gw, tenant, api)
     raw = await _body(gw, request, api)
-    try:
-        body = _loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
+    try:  # depth-limited: a body nested 100,000 deep is a 400, not a RecursionError
+        body = parse_object(raw, getattr(gw.config, "max_json_depth", safejson.DEFAULT_DEPTH))
+    except ApiError:
         gw.metrics.refuse(api, "invalid")
-        raise ApiError(400, "We could not parse the JSON body of your request.") from None
-    if not isinstance(body, dict):
-        gw.metrics.refuse(api, "invalid")
-        raise ApiError(400, "The request body must be a JSON object.")
+        raise
     headers = request.headers
     model = body.get("model") if isinstance(body.get("model"), str) else ""
     info = RequestInfo(tenant, api, request.url.path, model, body, _visible(headers), tags_of(headers))
