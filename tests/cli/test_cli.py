@@ -286,7 +286,7 @@ def test_cancel_pending_requests(cli, tmp_path):
     assert cli("submit", "job.yaml")[0] == 0
     code, out = cli("cancel", "tickets")
     assert code == 0, out
-    assert "cancelled 6 request(s) of tickets" in out
+    assert "cancelled tickets: 6 unsent request(s) cancelled" in out
     code, out = cli("status", "tickets")
     row = status_row(out)
     assert (row["state"], row["cancelled"], row["in flight"], row["succeeded"]) == ("cancelled", "6", "0", "0")
@@ -297,6 +297,20 @@ def test_cancel_pending_requests(cli, tmp_path):
     assert code == 0 and "queued 6 request(s)" in out
     assert cli("worker", "--until-idle")[0] == 0
     assert status_row(cli("status", "tickets")[1])["succeeded"] == "6"
+
+
+def test_cancel_with_every_request_in_a_batch_in_flight_says_so(cli, tmp_path):
+    """No request is unsent: the job is cancelled all the same and its batch asked to stop,
+    not "nothing to cancel"."""
+    write_job(tmp_path, route="echo-batch", route_options={"dir": str(tmp_path / "provider"), "polls_to_complete": 50})
+    assert cli("submit", "job.yaml")[0] == 0
+    assert cli("tick")[0] == 0  # plan and submit: all 6 in one batch
+    code, out = cli("cancel", "tickets")
+    assert code == 0, out
+    assert "cancelled tickets: 0 unsent request(s) cancelled; 1 batch(es) in flight asked to stop" in out
+    assert status_row(cli("status", "tickets")[1])["state"] == "cancelled"
+    code, out = cli("cancel", "tickets")
+    assert code == 0 and "nothing to cancel: tickets is cancelled" in out
 
 
 def test_cancel_a_finished_job_is_a_clean_no_op(cli, tmp_path):

@@ -231,13 +231,20 @@ def cancel(job: JobName) -> None:
     """
     try:
         with open_store() as store:
+            was = job_status(store, job, events=0).state
             n = cancel_job(store, job, SystemClock())
+            now = job_status(store, job, events=0)
     except LowtideError as err:
         raise fail(err) from None
-    if n == 0:
-        console.print(f"nothing to cancel: {job} has no unfinished requests")
+    in_flight = sum(now.phases.values())
+    if was == now.state:  # finished, or cancelled already
+        console.print(f"nothing to cancel: {job} is {now.state}")
         return
-    console.print(f"cancelled {n} request(s) of {job}; run `lowtide tick` or a worker to collect batches in flight")
+    # Every request may be in a batch already sent: the job is cancelled all the same.
+    flight = f"; {in_flight} batch(es) in flight asked to stop" if in_flight else ""
+    console.print(f"cancelled {job}: {n} unsent request(s) cancelled{flight}")
+    if in_flight:
+        console.print("run `lowtide tick` or a worker to collect what those batches finished (it is paid for)")
 
 
 def retry(

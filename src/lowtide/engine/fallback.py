@@ -128,8 +128,10 @@ def _unplan(conn: Connection, job_id: int, route: str, now: float) -> int:
         )
     ).all()
     for dispatch_id in planned:
-        moved += _release(conn, dispatch_id, now, "deadline cut-over before the batch was sent", sent=False)
-        move_dispatch(conn, dispatch_id, DispatchState.PLANNED, DispatchState.CANCELLED, ended_at=now)
+        # The dispatch first: one another worker has just begun to send keeps its requests
+        # (that batch is cut like any other in flight once it is submitted).
+        if move_dispatch(conn, dispatch_id, DispatchState.PLANNED, DispatchState.CANCELLED, ended_at=now):
+            moved += _release(conn, dispatch_id, now, "deadline cut-over before the batch was sent", sent=False)
     return moved
 
 

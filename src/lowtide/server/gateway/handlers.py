@@ -28,8 +28,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
-from lowtide.server import safejson
-from lowtide.server.bodies import DEFAULT_TIMEOUT, parse_object, read_body
+from lowtide.server.bodies import parse_object, read_body
 from lowtide.server.errors import ApiError, api_of
 from lowtide.server.gateway import openapi, records, scoped, shape, upstream_api
 from lowtide.server.gateway.context import Gateway
@@ -68,7 +67,7 @@ def _admit(gw: Gateway, tenant: str, api: str) -> None:
 async def _body(gw: Gateway, request: Request, api: str) -> bytes:
     """Bounded while reading, with a read timeout (server/bodies.py)."""
     try:
-        return await read_body(request, gw.config.max_body_bytes, getattr(gw.config, "body_timeout", DEFAULT_TIMEOUT))
+        return await read_body(request, gw.config.max_body_bytes, gw.config.body_timeout)
     except ApiError as err:
         if err.status == 413:
             gw.metrics.refuse(api, "size")
@@ -128,7 +127,7 @@ async def handle(gw: Gateway, request: Request, api: str) -> Response:
     _admit(gw, tenant, api)
     raw = await _body(gw, request, api)
     try:  # depth-limited: a body nested 100,000 deep is a 400, not a RecursionError
-        body = parse_object(raw, getattr(gw.config, "max_json_depth", safejson.DEFAULT_DEPTH))
+        body = parse_object(raw, gw.config.max_json_depth)
     except ApiError:
         gw.metrics.refuse(api, "invalid")
         raise

@@ -24,6 +24,7 @@ import httpx
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from lowtide.server.bodies import parse_object
 from lowtide.server.errors import ApiError
 from lowtide.server.gateway import owned
 from lowtide.server.gateway.context import Gateway
@@ -72,11 +73,8 @@ async def serve(gw: Gateway, request: Request, endpoint: Endpoint, object_id: st
 
 async def _check_input_file(gw: Gateway, tenant: str, raw: bytes) -> None:
     """A batch is made only from the caller's own file: else it would read another's."""
-    try:
-        body = json.loads(raw)
-    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
-        raise ApiError(400, "We could not parse the JSON body of your request.") from None
-    file_id = body.get("input_file_id") if isinstance(body, dict) else None
+    body = parse_object(raw, gw.config.max_json_depth)  # a 400 naming the problem
+    file_id = body.get("input_file_id")
     if not isinstance(file_id, str) or not file_id:
         raise ApiError(400, "input_file_id: give the id of a file you uploaded (purpose 'batch')", param="input_file_id")
     if await _owner(gw, "openai", "file", file_id) != tenant:
