@@ -309,7 +309,7 @@ def test_anthropic_result_corpus(result, expected):
 # not move); `full` may have no deferred request waiting. `{other}` is globex's deferred id.
 
 OPENAI_401 = {"error": {"message": "Incorrect API key provided.", "type": "invalid_request_error", "param": None, "code": "invalid_api_key"}}
-TOO_LARGE = "the request body is over the gateway's limit of 1024 bytes"
+TOO_LARGE = "The request body is too large: the limit is 1024 bytes."
 CHAT = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hello"}]}
 DEFER = {"x-lowtide-defer": "1h"}
 
@@ -350,20 +350,24 @@ GATEWAY_CALLS: list[Call] = [
     Call("over the tenant's requests per minute", 429,
          _openai(429, "tenant capped: over its quota of 1 requests per minute", "requests", "rate_limit_exceeded"),
          tenant="capped", answer_headers={"retry-after": "60"}),
-    Call("body over the size limit", 413, _openai(413, TOO_LARGE, "request_too_large"),
+    Call("body over the size limit", 413, _openai(413, TOO_LARGE),
          body={**CHAT, "messages": [{"role": "user", "content": "x" * 2000}]}),
-    Call("body over the size limit, chunked", 413, _openai(413, TOO_LARGE, "request_too_large"),
+    Call("body over the size limit, chunked", 413, _openai(413, TOO_LARGE),
          body=b"{" + b" " * 2000 + b"}", chunked=True),
     Call("body over the size limit, Anthropic's API", 413, _anthropic("request_too_large", TOO_LARGE),
          path="/v1/messages", body={**CHAT, "messages": [{"role": "user", "content": "x" * 2000}]}),
-    Call("body not JSON", 400, _openai(400, "We could not parse the JSON body of your request."),
+    Call("body not JSON", 400, _openai(400, "The request body is not valid JSON: Expecting property name enclosed in "
+                                             "double quotes: line 1 column 26 (char 25). Send one JSON object, UTF-8 encoded."),
          body=b'{"model": "gpt-4o-mini", messages: []}'),
-    Call("body not UTF-8", 400, _openai(400, "We could not parse the JSON body of your request."),
+    Call("body not UTF-8", 400, _openai(400, "The request body is not valid JSON: byte 14 is not UTF-8. Send one JSON "
+                                              "object, UTF-8 encoded."),
          body=b'{"model": "caf\xe9"}'),
-    Call("empty body", 400, _openai(400, "We could not parse the JSON body of your request."), body=b""),
-    Call("body a JSON list", 400, _openai(400, "The request body must be a JSON object."), body=[CHAT]),
+    Call("empty body", 400, _openai(400, "The request body is not valid JSON: Expecting value: line 1 column 1 (char 0). "
+                                          "Send one JSON object, UTF-8 encoded."), body=b""),
+    Call("body a JSON list", 400, _openai(400, "The request body must be a JSON object, not an array."), body=[CHAT]),
     Call("body not JSON, Anthropic's API", 400,
-         _anthropic("invalid_request_error", "We could not parse the JSON body of your request."),
+         _anthropic("invalid_request_error", "The request body is not valid JSON: Expecting value: line 1 column 1 "
+                                             "(char 0). Send one JSON object, UTF-8 encoded."),
          path="/v1/messages", body=b"model=claude"),
     Call("X-Lowtide-Defer not a duration", 400,
          _openai(400, "X-Lowtide-Defer: expected a duration such as 90s, 10m, 2h or 1d; got 'tomorrow'"),
