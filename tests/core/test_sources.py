@@ -96,6 +96,15 @@ def test_jsonl_invalid_json_names_the_line(tmp_path):
         rows_of(Source(tmp_path / "t.jsonl"))
 
 
+@pytest.mark.parametrize("depth", [2_000, 100_000])
+def test_jsonl_line_nested_too_deep_names_the_line(tmp_path, depth):
+    """Deeper than orjson goes, the standard library recursed until a RecursionError."""
+    deep = '{"id": 2, "body": ' + "[" * depth + "]" * depth + "}"
+    (tmp_path / "t.jsonl").write_text('{"id": 1}\n' + deep + "\n", encoding="utf-8")
+    with pytest.raises(SourceError, match=r"t\.jsonl line 2: not valid JSON \(nested more than 1,000 levels deep"):
+        rows_of(Source(tmp_path / "t.jsonl"))
+
+
 def test_jsonl_line_that_is_not_an_object(tmp_path):
     (tmp_path / "t.jsonl").write_text('{"id": 1}\n[1, 2]\n', encoding="utf-8")
     with pytest.raises(SourceError, match=r"t\.jsonl line 2: each line must be a JSON object, got list"):

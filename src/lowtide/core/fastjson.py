@@ -4,6 +4,8 @@ way through a batch): orjson where it can, the standard library where orjson ref
 Reading gives the same values as `json.loads` for every input: what orjson refuses (NaN,
 lone surrogates) is read by `json`, and so is any text with a run of 19 or more digits,
 because orjson reads an integer beyond 64 bits as a float (a long numeric id would change).
+A document nested deeper than either parser goes is a `json.JSONDecodeError`, never a
+RecursionError.
 
 Writing differs from `json.dumps(..., ensure_ascii=False)` only in spacing (no spaces after
 `:` and `,`) and in NaN and ±Infinity, written as `null` instead of tokens that are not
@@ -49,4 +51,8 @@ def loads(text: str | bytes) -> Any:
             return orjson.loads(raw)
         except orjson.JSONDecodeError:
             pass
-    return json.loads(text)
+    try:
+        return json.loads(text)
+    except RecursionError:  # the standard library recurses per level; orjson stops at 1,024
+        doc = text if isinstance(text, str) else text.decode("utf-8", "replace")
+        raise json.JSONDecodeError("nested more than 1,000 levels deep", doc, 0) from None
