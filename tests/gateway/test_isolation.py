@@ -152,3 +152,29 @@ def test_only_allow_listed_endpoints_are_forwarded(gateway, upstream, method, pa
     assert models.status_code == 200 and models.json()["data"][0]["id"] == "gpt-4o-mini"
     assert upstream.seen == ["GET /v1/models"]
     assert upstream.calls[-1]["headers"]["authorization"] == f"Bearer {UPSTREAM_KEY}"
+
+
+@pytest.fixture
+def behind_serve_small_limits(tmp_path):
+    """As behind_serve, with a 64 KiB limit on JSON bodies and 1 MiB on uploads."""
+    with running(tmp_path, db=str(tmp_path / "serve.db"), data_dir=tmp_path / "serve-data", api_keys=(UPSTREAM_KEY,)) as serve:
+        config = base_config(tmp_path, SimpleNamespace(url=serve.url), max_body_bytes=64 * 1024, max_upload_bytes=1024 * 1024)
+        with running_gateway(tmp_path, config) as g:
+            yield g, serve
+
+
+def test_a_batch_file_is_passed_on_as_it_arrives_bounded_by_the_upload_limit(behind_serve_small_limits):
+    """Uploads are not JSON bodies: they stream to the upstream (never held whole), bounded by
+    max_upload_bytes, not by max_body_bytes."""
+    g, _ = behind_serve_small_limits
+    acme = _openai(g, "acme")
+    lines = [chat_line(f"t-{i}", "x" * 400) for i in range(600)]  # ~300 KiB: over max_body_bytes
+    data = jsonl(lines)
+    assert 64 * 1024 < len(data) < 1024 * 1024
+    file = acme.files.create(file=("in.jsonl", data), purpose="batch")
+    assert acme.files.content(file.id).content == data  # arrived whole and unchanged
+    with pytest.raises(openai.APIStatusError) as refused:
+        acme.files.create(file=("big.jsonl", jsonl(lines * 4)), purpose="batch")  # ~1.2 MiB
+    assert refused.value.status_code == 413
+    assert refused.value.body["message"] == "The request body is too large: the limit is 1048576 bytes."
+    assert [f.id for f in acme.files.list().data] == [file.id]  # nothing of the refused one was made

@@ -468,7 +468,7 @@ def test_gateway_request_corpus(case: Call, corpus_gateway):
 
 GATEWAY_KNOWN_TOP = (
     "db, data_dir, public_url, upstreams, batch, collector, rules, classifier, default_max_wait, max_defer, tenants, "
-    "callbacks, webhooks, max_body_bytes, body_timeout, max_json_depth"
+    "callbacks, webhooks, max_body_bytes, max_upload_bytes, body_timeout, max_json_depth"
 )
 
 GATEWAY_CONFIGS: list[tuple[str, str, str]] = [

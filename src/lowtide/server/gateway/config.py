@@ -223,6 +223,9 @@ class GatewayConfig(_Strict):
     callbacks: Callbacks = Field(default_factory=Callbacks)
     webhooks: Webhooks = Field(default_factory=Webhooks)
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
+    # Batch files and message batches (upload endpoints): streamed to the upstream as they
+    # arrive, so this bounds what passes, not what is held.
+    max_upload_bytes: int = Field(512 * 1024 * 1024, ge=1024)
     body_timeout: Duration = Field(30.0, gt=0)  # how long a client may pause mid-body (then 408)
     max_json_depth: int = Field(64, ge=2, le=512)  # nesting of a body (server/safejson.py)
     base_dir: str = "."  # relative paths are resolved against it (the config file's folder)

@@ -28,7 +28,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
-from lowtide.server.bodies import parse_object, read_body
+from lowtide.server.bodies import parse_object, read_body, stream_body
 from lowtide.server.errors import ApiError, api_of
 from lowtide.server.gateway import openapi, records, scoped, shape, upstream_api
 from lowtide.server.gateway.context import Gateway
@@ -317,5 +317,12 @@ async def passthrough(rest: str, request: Request) -> Response:
         raise ApiError(404, f"Unknown path {request.method} {path}")
     endpoint, object_id = found
     _admit(gw, tenant, endpoint.api)
-    raw = await _body(gw, request, endpoint.api)
-    return await scoped.serve(gw, request, endpoint, object_id, tenant, raw)
+    if not endpoint.upload:
+        return await scoped.serve(gw, request, endpoint, object_id, tenant, await _body(gw, request, endpoint.api))
+    try:  # a batch file: passed on as it arrives, never held whole
+        body = stream_body(request, gw.config.max_upload_bytes, gw.config.body_timeout)
+        return await scoped.serve(gw, request, endpoint, object_id, tenant, body)
+    except ApiError as err:
+        if err.status == 413:
+            gw.metrics.refuse(endpoint.api, "size")
+        raise

@@ -108,8 +108,11 @@ class UpstreamClient:
         done(upstream.status_code)
         return answer(upstream.status_code, [(k, v) for k, v in out_headers if k.lower() not in DECODED], content)
 
-    async def call(self, method: str, path: str, query: str, headers: Mapping[str, str], body: bytes = b"") -> httpx.Response:
-        """One request, its answer read whole (decoded): for the scoped endpoints."""
+    async def call(
+        self, method: str, path: str, query: str, headers: Mapping[str, str], body: bytes | AsyncIterator[bytes] = b""
+    ) -> httpx.Response:
+        """One request, its answer read whole (decoded): for the scoped endpoints. A body given
+        as chunks is sent as they come (an upload)."""
         url = self.url(path) + (f"?{query}" if query else "")
         request = self.client.build_request(method, url, headers=self.headers(headers), content=body, timeout=self.timeout)
         async with self.gate:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -43,7 +44,9 @@ def not_found(api: str, kind: str, object_id: str, param: str | None = None) -> 
     return ApiError(404, f"No {WHAT[kind]} found with id '{object_id}'.", param=param)
 
 
-async def serve(gw: Gateway, request: Request, endpoint: Endpoint, object_id: str | None, tenant: str, raw: bytes) -> Response:
+async def serve(
+    gw: Gateway, request: Request, endpoint: Endpoint, object_id: str | None, tenant: str, raw: bytes | AsyncIterator[bytes]
+) -> Response:
     upstream = gw.upstreams[endpoint.api]
     method, path, query, headers = request.method, request.url.path, request.url.query, request.headers
     if endpoint.scope == "shared":
@@ -63,6 +66,7 @@ async def serve(gw: Gateway, request: Request, endpoint: Endpoint, object_id: st
             await asyncio.to_thread(_owners(gw).forget, endpoint.api, kind, object_id)
         return response
     if kind == "batch":  # create
+        assert isinstance(raw, bytes)  # a batch is JSON read whole; only uploads stream
         await _check_input_file(gw, tenant, raw)
     answer = await upstream.call(method, path, query, headers, raw)
     obj = _object_of(answer)

@@ -34,10 +34,13 @@ class Endpoint:
     scope: Scope
     kind: str | None = None  # file | batch | message_batch: the object's kind
     shows: bool = False  # the answer is a batch object, looked at on its way back (scoped.py)
+    # A batch's worth of input: passed on as it arrives (max_upload_bytes), never held whole.
+    upload: bool = False
 
 
-def _e(method: str, path: str, api: str, scope: Scope, kind: str | None = None, shows: bool = False) -> Endpoint:
-    return Endpoint(method, re.compile(path + r"\Z"), api, scope, kind, shows)
+def _e(method: str, path: str, api: str, scope: Scope, kind: str | None = None, shows: bool = False,
+       upload: bool = False) -> Endpoint:  # fmt: skip
+    return Endpoint(method, re.compile(path + r"\Z"), api, scope, kind, shows, upload)
 
 
 ENDPOINTS: tuple[Endpoint, ...] = (
@@ -48,7 +51,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     _e("POST", r"/v1/moderations", "openai", "shared"),
     _e("POST", r"/v1/completions", "openai", "shared"),
     # OpenAI: files and batches, each its creator's
-    _e("POST", r"/v1/files", "openai", "create", "file"),
+    _e("POST", r"/v1/files", "openai", "create", "file", upload=True),
     _e("GET", r"/v1/files", "openai", "list", "file"),
     _e("GET", rf"/v1/files/{_ID}", "openai", "owned", "file"),
     _e("GET", rf"/v1/files/{_ID}/content", "openai", "owned", "file"),
@@ -59,7 +62,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     _e("POST", rf"/v1/batches/{_ID}/cancel", "openai", "owned", "batch", shows=True),
     # Anthropic
     _e("POST", r"/v1/messages/count_tokens", "anthropic", "shared"),
-    _e("POST", r"/v1/messages/batches", "anthropic", "create", "message_batch", shows=True),
+    _e("POST", r"/v1/messages/batches", "anthropic", "create", "message_batch", shows=True, upload=True),
     _e("GET", r"/v1/messages/batches", "anthropic", "list", "message_batch", shows=True),
     _e("GET", rf"/v1/messages/batches/{_ID}", "anthropic", "owned", "message_batch", shows=True),
     _e("GET", rf"/v1/messages/batches/{_ID}/results", "anthropic", "owned", "message_batch"),
