@@ -27,6 +27,11 @@ _DIGITS = bytes(0x31 if 0x30 <= b <= 0x39 else 0x30 for b in range(256))
 _LONG_RUN = b"1" * 19
 
 
+class NestedTooDeep(json.JSONDecodeError):
+    """A document nested deeper than the parsers go (a JSONDecodeError, so callers that name
+    a bad line name this one too)."""
+
+
 def dumps(value: Any) -> str:
     """`value` as compact JSON text, non-ASCII kept as it is."""
     try:
@@ -55,4 +60,4 @@ def loads(text: str | bytes) -> Any:
         return json.loads(text)
     except RecursionError:  # the standard library recurses per level; orjson stops at 1,024
         doc = text if isinstance(text, str) else text.decode("utf-8", "replace")
-        raise json.JSONDecodeError("nested more than 1,000 levels deep", doc, 0) from None
+        raise NestedTooDeep("nested more than 1,000 levels deep", doc, 0) from None

@@ -48,7 +48,7 @@ def loads(raw: bytes, max_depth: int = DEFAULT_DEPTH) -> Any:
     bytes that are not UTF-8)."""
     try:
         value = fastjson.loads(raw)
-    except RecursionError:
+    except (RecursionError, fastjson.NestedTooDeep):
         value = _TOO_DEEP
     if value is _TOO_DEEP or (_brackets(raw) > max_depth and depth(value) > max_depth):
         raise TooDeep(max_depth, deep_path(raw, max_depth))
