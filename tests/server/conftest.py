@@ -140,14 +140,17 @@ class GatedEcho(EchoRoute):
         super().__init__({"dispatch_size": 1})
         self.allowed = 0
         self.served = 0
+        self.waiting = 0  # requests the backend holds at the gate right now
 
     def release(self, n: int = 1_000_000) -> None:
         self.allowed += n
 
     async def execute(self, requests: list[ChatRequest]):
         for request in requests:
+            self.waiting += 1
             while self.served >= self.allowed:
                 await asyncio.sleep(0.002)
+            self.waiting -= 1
             self.served += 1
             yield self.outcome(request)
 
