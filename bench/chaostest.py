@@ -65,7 +65,8 @@ import sqlalchemy as sa
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from killtest import KEY_ENV, LOWTIDE, ClientStore, Server, _check_output, write_source  # noqa: E402
+import killtest  # noqa: E402
+from killtest import KEY_ENV, LOWTIDE, ClientStore, Server, write_source  # noqa: E402
 
 JOB = "chaostest"
 MODEL = "gpt-4o-mini"
@@ -419,7 +420,7 @@ def check(trial: Trial, store: ClientStore, folder: Path, expected: dict[str, st
     dup = [r for r in rows if r.state == "succeeded" and applied.get(r.id, 0) != 1]
     dup_keys = [k for k, c in by_key.items() if c > 1]
     wrong = [r for r in rows if r.state == "succeeded" and r.output != expected.get(r.source_key)]
-    out_problems = _check_output(folder / "results.csv", expected) if job.state == "finished" else 0
+    out_problems = killtest._check_output(folder / "results.csv", expected) if job.state == "finished" else 0
     trial.duplicated = len(dup) + len(dup_keys) + after + len(wrong) + out_problems
     for n, what in ((len(dup), "succeeded request(s) without exactly one applied success"),
                     (len(dup_keys), "source row(s) with more than one request"),
@@ -525,9 +526,7 @@ def table(summary: Summary) -> str:
             "not converged", "crashes", "wall time"]  # fmt: skip
     row = [str(len(summary.trials)), *(str(summary.total(k)) for k in ("kills", "cancels", "appended", "lost", "duplicated",
            "double_submitted", "double_billed", "not_converged", "crashes")), f"{summary.wall / 60:.1f} min"]  # fmt: skip
-    widths = [max(len(h), len(c)) for h, c in zip(head, row, strict=True)]
-    line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"  # noqa: E731
-    return "\n".join([line(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|", line(row)])
+    return killtest.markdown_table(head, row)
 
 
 def parser() -> argparse.ArgumentParser:

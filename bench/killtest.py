@@ -577,6 +577,11 @@ def table(summary: Summary) -> str:
         str(summary.total("duplicated")), str(summary.total("double_submitted")) if summary.route != "echo" else "n/a",
         str(summary.total("not_converged")), str(summary.total("crashes")), f"{summary.wall / 60:.1f} min",
     ]  # fmt: skip
+    return markdown_table(head, row)
+
+
+def markdown_table(head: list[str], row: list[str]) -> str:
+    """One header and one row as a Markdown table, columns padded to line up."""
     widths = [max(len(h), len(c)) for h, c in zip(head, row, strict=True)]
     line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"  # noqa: E731
     return "\n".join([line(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|", line(row)])

@@ -31,7 +31,7 @@ def stored_job(store, tmp_path, n: int = 3, **spec) -> JobContext:
             {
                 "job_id": job_id, "custom_id": f"r{i}", "source_key": f"r{i}", "source_row": i + 1,
                 "payload": json.dumps(ChatRequest(f"r{i}", spec.model, [{"role": "user", "content": "x" * 40}], spec.params.max_tokens).to_payload()),
-                "state": RequestState.PENDING.value, "attempts": 0, "not_before": 0.0,
+                "state": RequestState.PENDING.value, "attempts": 0, "not_before": 0.0, "model": spec.model,  # as the loader stores it
             }
             for i in range(n)
         ]  # fmt: skip

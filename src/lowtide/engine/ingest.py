@@ -14,10 +14,9 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from sqlalchemy import Connection, bindparam, case, select
+from sqlalchemy import Connection, bindparam, select
 from sqlalchemy.dialects import postgresql, sqlite
 
-from lowtide.core import fastjson
 from lowtide.core.outputs import InvalidOutput, parse_output, repair_messages
 from lowtide.core.states import JobState, RequestState
 from lowtide.core.types import Outcome
@@ -96,8 +95,9 @@ def apply_outcomes(
         live = req.state == RequestState.DISPATCHED and req.dispatch_id == dispatch_id
         u = outcome.usage
         # Priced as what was sent: the request's own model (a fallback lane's where it ran
-        # there), at the tier the provider reports, else the route's.
-        model = lane_model or req.model or _payload_model(req.payload)
+        # there), at the tier the provider reports, else the route's. Every stored request has
+        # its model (m008 filled it in for older rows from their payload).
+        model = lane_model or req.model
         rate = rates.get((model, outcome.tier))
         if rate is None:
             rate = rates[(model, outcome.tier)] = ledger.rate(route, options, model, outcome.tier)
@@ -151,17 +151,10 @@ def apply_outcomes(
     return counts
 
 
-def _payload_model(payload: str | None) -> str:
-    """The model of a request stored before m008 (no `model` column yet)."""
-    return str(fastjson.loads(payload or "{}").get("model", ""))
-
-
 _COLS = (
     requests.c.id, requests.c.custom_id, requests.c.state, requests.c.dispatch_id,
     requests.c.attempts, requests.c.repair, requests.c.lane, requests.c.lane_reason,
     requests.c.lane_base_attempts, requests.c.model,
-    # Only rows stored before m008 (no model recorded) send their payload along.
-    case((requests.c.model.is_(None), requests.c.payload), else_=None).label("payload"),
 )  # fmt: skip
 
 
