@@ -108,10 +108,10 @@ class Server:
 
 
 def requests(n: int):  # type: ignore[no-untyped-def]
-    from lowtide.core.types import ChatRequest
+    from lowtide.core.types import Request
 
     return [
-        ChatRequest(
+        Request.chat(
             custom_id=f"t{i:07d}",
             model="bench",
             messages=[

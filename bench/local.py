@@ -39,7 +39,7 @@ SERIAL = "serial: Llama API, Q4_1 file, free text"
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from lowtide.core.types import ChatRequest, Usage  # noqa: E402
+from lowtide.core.types import Request, Usage  # noqa: E402
 from lowtide.routes.local import DEFAULT_MODEL, create  # noqa: E402
 
 LABELS = ["billing", "technical", "account", "shipping", "feedback"]
@@ -110,9 +110,9 @@ def tickets(n: int) -> tuple[list[tuple[str, str, str]], str]:
     return rows, "synthetic tickets (examples/tickets.csv not found)"
 
 
-def requests(rows: list[tuple[str, str, str]], choices: bool) -> list[ChatRequest]:
+def requests(rows: list[tuple[str, str, str]], choices: bool) -> list[Request]:
     return [
-        ChatRequest(
+        Request.chat(
             custom_id=f"{tid}#{i}",
             model=DEFAULT_MODEL,
             messages=[
@@ -157,10 +157,10 @@ def report(name: str, n: int, result: Result, gold: dict[str, str], bases: list[
 
 
 async def run_engine(
-    reqs: list[ChatRequest], slots: int, threads: int
+    reqs: list[Request], slots: int, threads: int
 ) -> tuple[float, Usage, dict[str, str]]:
     route = create({"slots": slots, "threads": threads})
-    warm = [ChatRequest("warm", DEFAULT_MODEL, reqs[0].messages, max_tokens=1)]
+    warm = [Request.chat("warm", DEFAULT_MODEL, reqs[0].messages, max_tokens=1)]
     async for _ in route.execute(warm):  # load the model and build the context first
         pass
     total, answers = Usage(), {}
@@ -177,12 +177,12 @@ async def run_engine(
     return seconds, total, answers
 
 
-def engine_run(reqs: list[ChatRequest], slots: int, threads: int) -> Result:
+def engine_run(reqs: list[Request], slots: int, threads: int) -> Result:
     return asyncio.run(run_engine(reqs, slots, threads))
 
 
 def run_high_level(
-    reqs: list[ChatRequest], threads: int, path: str
+    reqs: list[Request], threads: int, path: str
 ) -> tuple[float, Usage, dict[str, str]]:
     """One `create_chat_completion` per prompt. Like the engine, `Llama` reuses the KV cache
     of the prompt prefix it shares with the previous call (here: the system prompt)."""

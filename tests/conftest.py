@@ -131,6 +131,7 @@ def make_spec(source_path: Path, /, **overrides) -> JobSpec:
         "template": {"system": "Classify the ticket.", "user": "Ticket: {{ body }}"},
         "model": "test-model",
         "route": "echo",
+        "params": {"max_tokens": 256},  # lowtide sets no limit itself; the tests' jobs do
         "retry": {"max_attempts": 3, "backoff_seconds": 10},
     }
     for key, value in overrides.items():

@@ -26,7 +26,8 @@ def minimal(**overrides: Any) -> dict[str, Any]:
 
 def test_defaults():
     spec = build_spec(minimal())
-    assert spec.params.max_tokens == 256 and spec.params.temperature == 0.0 and spec.params.stop is None
+    assert spec.params == {} and spec.output_limit is None  # nothing is invented
+    assert spec.request_endpoint == "/v1/chat/completions"
     assert (spec.retry.max_attempts, spec.retry.backoff_seconds, spec.retry.max_backoff_seconds) == (3, 30.0, 3600.0)
     assert spec.route_options == {} and spec.source.optional_columns == []
     assert spec.source.format is None and spec.template.system is None
@@ -134,11 +135,11 @@ def test_template_section_needs_one_of_each(template, fix):
 
 def test_value_ranges_are_checked():
     with pytest.raises(SpecError) as info:
-        build_spec(minimal(params={"max_tokens": 0, "temperature": 3}, retry={"max_attempts": 0}, chunk_size=0))
+        build_spec(minimal(params={"max_tokenz": 5}, retry={"max_attempts": 0}, chunk_size=0))
     err = info.value
     assert isinstance(err, InputError)
     fields = sorted(p.split("`")[1] for p in err.problems)
-    assert fields == ["chunk_size", "params.max_tokens", "params.temperature", "retry.max_attempts"]
+    assert fields == ["chunk_size", "params", "retry.max_attempts"]
 
 
 def test_missing_required_keys_are_each_named():
@@ -186,12 +187,14 @@ def test_load_spec_empty_file_is_refused(tmp_path):
 def test_load_spec_nested_unknown_key_in_params(tmp_path):
     (tmp_path / "job.yaml").write_text(
         "name: tickets\nsource: {path: t.csv, id_column: id}\ntemplate: {user: x}\nmodel: m\nroute: echo\n"
-        "params:\n  max_tokens: 5\n  top_p: 0.9\n",
+        "params:\n  max_tokens: 5\n  top_pp: 0.9\n",
         encoding="utf-8",
     )
     with pytest.raises(SpecError) as info:
         load_spec(tmp_path / "job.yaml")
-    assert str(info.value).endswith("line 8: unknown key `params.top_p`; known keys here: max_tokens, temperature, stop")
+    said = str(info.value)
+    assert 'line 6: `params`: "top_pp" is not a parameter of /v1/chat/completions; its parameters are: ' in said
+    assert "top_p, " in said and "max_completion_tokens" in said  # the SDK's own keys, listed
 
 
 def test_a_key_given_twice_in_the_spec_is_refused(tmp_path):

@@ -10,7 +10,7 @@ import random
 import sqlalchemy as sa
 
 from lowtide.core.states import DispatchState, RequestState
-from lowtide.core.types import ChatRequest, Outcome, Usage
+from lowtide.core.types import Outcome, Request, Usage
 from lowtide.engine.context import JobContext
 from lowtide.engine.dispatch import assign, new_dispatch
 from lowtide.engine.ingest import IngestCounts, apply_outcomes
@@ -30,7 +30,7 @@ def stored_job(store, tmp_path, n: int = 3, **spec) -> JobContext:
         rows = [
             {
                 "job_id": job_id, "custom_id": f"r{i}", "source_key": f"r{i}", "source_row": i + 1,
-                "payload": json.dumps(ChatRequest(f"r{i}", spec.model, [{"role": "user", "content": "x" * 40}], spec.params.max_tokens).to_payload()),
+                "payload": json.dumps(Request.chat(f"r{i}", spec.model, [{"role": "user", "content": "x" * 40}], max_tokens=spec.output_limit or 256).to_payload()),
                 "state": RequestState.PENDING.value, "attempts": 0, "not_before": 0.0, "model": spec.model,  # as the loader stores it
             }
             for i in range(n)

@@ -129,11 +129,11 @@ def test_a_batch_file_with_two_models_is_rejected_for_good(monkeypatch):
     import asyncio
 
     from lowtide.core.errors import BatchRejected
-    from lowtide.core.types import ChatRequest
+    from lowtide.core.types import Request
     from lowtide.routes import create_route
 
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
-    two = [ChatRequest("a", "gpt-4o", [{"role": "user", "content": "x"}]), ChatRequest("b", "gpt-4o-mini", [{"role": "user", "content": "y"}])]
+    two = [Request.chat("a", "gpt-4o", [{"role": "user", "content": "x"}]), Request.chat("b", "gpt-4o-mini", [{"role": "user", "content": "y"}])]
 
     async def go():
         route = create_route("openai-batch", {"base_url": "http://127.0.0.1:9/v1"})

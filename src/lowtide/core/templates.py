@@ -44,9 +44,10 @@ class _Part:
 class MessageTemplate:
     """The system and user templates of a job, compiled once."""
 
-    def __init__(self, parts: list[_Part], messages_column: str | None = None):
+    def __init__(self, parts: list[_Part], messages_column: str | None = None, body_column: str | None = None):
         self.parts = parts
         self.messages_column = messages_column
+        self.body_column = body_column
 
     @classmethod
     def from_spec(cls, spec: JobSpec, where: str = "job spec") -> MessageTemplate:
@@ -62,7 +63,7 @@ class MessageTemplate:
                 parts.append(_compile(role, str(path), source))
             elif inline is not None:
                 parts.append(_compile(role, f"{where} template.{role}", inline))
-        return cls(parts, t.messages_column)
+        return cls(parts, t.messages_column, t.body_column)
 
     @property
     def sources(self) -> list[tuple[str, str]]:
@@ -75,6 +76,8 @@ class MessageTemplate:
         found: dict[str, str] = {}
         if self.messages_column:
             found[self.messages_column] = "template.messages_column"
+        if self.body_column:
+            found[self.body_column] = "template.body_column"
         for part in self.parts:
             for var, line in part.variables.items():
                 found.setdefault(var, f"{part.name} line {line}")

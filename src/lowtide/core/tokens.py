@@ -18,11 +18,13 @@ fewer, so the approximation can be low by a third or more for them.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 PER_MESSAGE = 3  # <|start|>role ... <|end|>
 PER_REPLY = 3  # the assistant turn every reply is primed with
@@ -59,8 +61,30 @@ class TokenCounter:
     def count_text(self, text: str) -> int:
         return self._count(text)
 
-    def count_messages(self, messages: Sequence[dict[str, str]]) -> int:
-        return sum(self._count(m.get("content") or "") + PER_MESSAGE for m in messages) + PER_REPLY
+    def count_messages(self, messages: Sequence[dict[str, Any]]) -> int:
+        return sum(self._count(_text_of(m.get("content"))) + PER_MESSAGE for m in messages) + PER_REPLY
+
+    def count_request(self, endpoint: str, body: dict[str, Any]) -> int:
+        """The input tokens of one request body of any endpoint: its conversation (or
+        prompt), its system prompt or instructions, and its tools' definitions as text."""
+        asked = body.get("prompt") if endpoint == "/v1/completions" else body.get("input") if endpoint == "/v1/responses" else body.get("messages")
+        total = self._count(asked) + PER_REPLY if isinstance(asked, str) else self.count_messages(asked or [])
+        for key in ("system", "instructions"):
+            if body.get(key):
+                total += self._count(_text_of(body[key])) + PER_MESSAGE
+        if body.get("tools"):
+            total += self._count(json.dumps(body["tools"], ensure_ascii=False))
+        return total
+
+
+def _text_of(content: Any) -> str:
+    """The text a message's content carries: a string, or its parts' text (other parts,
+    such as images, are not counted: their price depends on the provider's own sizing)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text") or "" for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return ""
 
 
 def approx_tokens(text: str) -> int:

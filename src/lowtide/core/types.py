@@ -7,53 +7,120 @@ from typing import Any
 
 
 @dataclass(slots=True)
-class ChatRequest:
-    """One unit of LLM work as a route sees it.
+class Request:
+    """One unit of LLM work as a route sees it: an endpoint and its body, in that endpoint's
+    own shape, kept verbatim (DESIGN invariant 8). The model is the body's `model`.
 
-    `attempt` is 1 for the first try; routes may use it (echo's failure injection does).
-    `choices`, when set, asks the route to answer with exactly one of them.
+    lowtide's own asks ride beside the body, never in it: `choices` (answer with exactly
+    one of them) and `response_schema` (the answer must be JSON valid against it) are what
+    the engine checks an answer against; where the endpoint has a field for the schema the
+    loader has already put it in the body. `attempt` is 1 for the first try; routes may use
+    it (echo's failure injection does).
     """
 
     custom_id: str
-    model: str
-    messages: list[dict[str, str]]
-    max_tokens: int = 256
-    temperature: float = 0.0
-    stop: list[str] | None = None
-    response_schema: dict[str, Any] | None = None
+    endpoint: str
+    body: dict[str, Any]
     choices: list[str] | None = None
+    response_schema: dict[str, Any] | None = None
     attempt: int = 1
     row_id: int = 0  # the store's row, for paging; routes ignore it
 
+    @property
+    def model(self) -> str:
+        model = self.body.get("model")
+        return model if isinstance(model, str) else ""
+
+    @model.setter
+    def model(self, model: str) -> None:
+        """lowtide's model override (a fallback lane's model): the one change to a body."""
+        self.body["model"] = model
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        """The conversation of a chat or messages body ([] for other endpoints)."""
+        messages = self.body.get("messages")
+        return messages if isinstance(messages, list) else []
+
+    @property
+    def output_limit(self) -> int | None:
+        """The most output tokens the body allows, under the endpoint's own name for it;
+        None when it sets none (lowtide never invents one)."""
+        for key in ("max_completion_tokens", "max_tokens", "max_output_tokens"):
+            value = self.body.get(key)
+            if type(value) is int:
+                return value
+        return None
+
+    def add_turns(self, turns: list[dict[str, str]]) -> None:
+        """Append lowtide's own turns (the one retry of an invalid answer) to the
+        conversation, in the endpoint's shape; recorded apart, as the request's `repair`."""
+        if self.endpoint == "/v1/completions":
+            self.body = self.body | {"prompt": "\n\n".join([str(self.body.get("prompt", ""))] + [t["content"] for t in turns])}
+            return
+        key = "input" if self.endpoint == "/v1/responses" else "messages"
+        asked = self.body.get(key)
+        asked = [{"role": "user", "content": asked}] if isinstance(asked, str) else list(asked or [])
+        self.body = self.body | {key: asked + turns}
+
     def to_payload(self) -> dict[str, Any]:
         """The JSON-able form stored with the request (everything but id and attempt)."""
-        body: dict[str, Any] = {
-            "model": self.model,
-            "messages": self.messages,
-            "max_tokens": self.max_tokens,
-            "temperature": self.temperature,
-        }
-        if self.stop:
-            body["stop"] = self.stop
-        if self.response_schema is not None:
-            body["response_schema"] = self.response_schema
-        if self.choices:
-            body["choices"] = self.choices
-        return body
+        own = {k: v for k, v in (("choices", self.choices), ("response_schema", self.response_schema)) if v}
+        payload: dict[str, Any] = {"endpoint": self.endpoint}
+        if own:
+            payload["lowtide"] = own
+        payload["body"] = self.body
+        return payload
 
     @classmethod
-    def from_payload(cls, custom_id: str, payload: dict[str, Any], attempt: int = 1) -> ChatRequest:
+    def from_payload(cls, custom_id: str, payload: dict[str, Any], attempt: int = 1) -> Request:
+        if "endpoint" not in payload:
+            return cls._from_legacy(custom_id, payload, attempt)
+        own = payload.get("lowtide") or {}
         return cls(
-            custom_id=custom_id,
-            model=payload["model"],
-            messages=payload["messages"],
-            max_tokens=payload.get("max_tokens", 256),
-            temperature=payload.get("temperature", 0.0),
-            stop=payload.get("stop"),
-            response_schema=payload.get("response_schema"),
-            choices=payload.get("choices"),
-            attempt=attempt,
-        )
+            custom_id, payload["endpoint"], payload["body"],
+            choices=own.get("choices"), response_schema=own.get("response_schema"), attempt=attempt,
+        )  # fmt: skip
+
+    @classmethod
+    def _from_legacy(cls, custom_id: str, payload: dict[str, Any], attempt: int) -> Request:
+        """A request stored before bodies were kept verbatim (lowtide 0.x stores): the chat
+        body it was always sent as."""
+        body: dict[str, Any] = {"model": payload["model"], "messages": payload["messages"]}
+        for key in ("max_tokens", "temperature", "stop"):
+            if payload.get(key) is not None:
+                body[key] = payload[key]
+        schema = payload.get("response_schema")
+        if schema is not None:
+            body["response_format"] = schema_format(schema)
+        return cls(custom_id, "/v1/chat/completions", body, payload.get("choices"), schema, attempt)
+
+    @classmethod
+    def chat(cls, custom_id: str, model: str, messages: list[dict[str, Any]], **params: Any) -> Request:
+        """A chat completions request (tests, benchmarks and Python callers)."""
+        choices = params.pop("choices", None)
+        schema = params.pop("response_schema", None)
+        body = {"model": model, "messages": messages, **params}
+        if schema is not None and "response_format" not in body:
+            body["response_format"] = schema_format(schema)
+        return cls(custom_id, "/v1/chat/completions", body, choices, schema)
+
+
+def schema_format(schema: dict[str, Any]) -> dict[str, Any]:
+    """`response_schema` as chat completions' `response_format`: a strict json_schema."""
+    return {"type": "json_schema", "json_schema": {"name": "output", "schema": schema, "strict": True}}
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Why a route cannot run a request as it is: the field (a path into the body, such as
+    `messages[2].content[0]` or `tools`), and why. Said before anything is submitted."""
+
+    field: str
+    reason: str
+
+    def message(self, route: str) -> str:
+        return f"{self.field}: {self.reason} (route {route})"
 
 
 @dataclass(slots=True)
@@ -87,6 +154,9 @@ class Outcome:
     # "flex", "priority", "batch"); None when the response does not say. Routes translate
     # the provider's own field (OpenAI `service_tier`, Anthropic `usage.service_tier`).
     tier: str | None = None
+    # The provider's whole answer body (a chat completion, a response, a message), as it
+    # came: everything it returned is kept (DESIGN invariant 8).
+    response: dict[str, Any] | None = None
 
     @classmethod
     def failure(cls, custom_id: str, code: str, message: str, retryable: bool) -> Outcome:

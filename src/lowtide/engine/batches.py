@@ -24,7 +24,7 @@ from sqlalchemy import and_, case, func, select, update
 from lowtide.core.clock import Clock
 from lowtide.core.errors import BatchRejected
 from lowtide.core.states import DispatchState, RequestState
-from lowtide.core.types import ChatRequest, Outcome
+from lowtide.core.types import Outcome, Request
 from lowtide.engine import budget
 from lowtide.engine.context import JobContext
 from lowtide.engine.control import cancelled_values
@@ -246,7 +246,7 @@ def _claim(store: Store, dispatch_id: int, owner, lease_until, worker: Worker, n
     return taken == 1
 
 
-def _with_model(requests: Iterator[ChatRequest], model: str | None) -> Iterator[ChatRequest]:
+def _with_model(requests: Iterator[Request], model: str | None) -> Iterator[Request]:
     for request in requests:
         if model:
             request.model = model

@@ -27,7 +27,7 @@ from sqlalchemy import Connection, and_, case, func, select, update
 from lowtide.core.errors import InputError
 from lowtide.core.pricing import attempt_cost, load_catalog
 from lowtide.core.states import DispatchState, JobState, RequestState
-from lowtide.core.types import Usage
+from lowtide.core.types import Request, Usage
 from lowtide.engine.context import JobContext
 from lowtide.store.money import from_pico, to_pico
 from lowtide.store.queries import add_event
@@ -73,10 +73,13 @@ def estimate(conn: Connection, job: JobContext, dispatch_id: int, route: str) ->
         ).where(waiting)
     ).one()
     spec = job.spec
-    if spec.template.messages_column is None:
-        output = n * spec.params.max_tokens
-    else:  # conversation rows may carry their own max_tokens
-        output = sum(json.loads(p).get("max_tokens", spec.params.max_tokens) for p in conn.scalars(select(requests.c.payload).where(waiting)))
+    if spec.output_limit is not None and spec.template.messages_column is None and spec.template.body_column is None:
+        output = n * spec.output_limit
+    else:  # rows may carry their own limit
+        limits = [Request.from_payload("", json.loads(p)).output_limit for p in conn.scalars(select(requests.c.payload).where(waiting))]
+        if None in limits:
+            return Estimate(n, 0, 0, None, "a request sets no output limit, so its cost has no bound; give every row max_tokens")
+        output = sum(limits)
     input_tokens = math.ceil(int(chars) / 4)
     model, options = job.priced_as(route)
     try:

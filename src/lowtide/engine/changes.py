@@ -118,7 +118,7 @@ def requeue(conn: Connection, job_id: int, pairs: list[tuple[Stored, dict]], now
         state = RequestState.PENDING.value if s.state == RequestState.DISPATCHED else s.state
         by_state.setdefault(state, []).append({"_id": s.id, **{k: item[k] for k in rendered}})
     fresh = {
-        "attempts": 0, "not_before": 0.0, "dispatch_id": None, "repair": None, "output": None, "parsed": None,
+        "attempts": 0, "not_before": 0.0, "dispatch_id": None, "repair": None, "output": None, "parsed": None, "response": None,
         "error_code": None, "error_message": None, "lane": "main", "lane_reason": None, "lane_base_attempts": 0,
         "updated_at": now,
     }  # fmt: skip
@@ -155,11 +155,11 @@ def _unplan(conn: Connection, dispatch_id: int, now: float, where: str) -> None:
 def _keep_versions(conn: Connection, job_id: int, ids: list[int], now: float) -> None:
     r = requests.c
     old = select(
-        r.id, r.job_id, r.version, r.payload, r.fingerprint, r.state, r.output, r.parsed, r.route
+        r.id, r.job_id, r.version, r.payload, r.fingerprint, r.state, r.output, r.parsed, r.route, r.response
     ).where(among(conn, r.id, ids))
     rows = [
         {"request_id": rid, "job_id": jid, "version": v, "payload": p, "fingerprint": fp,
-         "state": st, "output": out, "parsed": parsed, "route": route, "replaced_at": now}
-        for rid, jid, v, p, fp, st, out, parsed, route in conn.execute(old)
+         "state": st, "output": out, "parsed": parsed, "route": route, "response": response, "replaced_at": now}
+        for rid, jid, v, p, fp, st, out, parsed, route, response in conn.execute(old)
     ]  # fmt: skip
     executemany(conn, request_versions.insert(), rows)

@@ -9,7 +9,7 @@ from sqlalchemy import ColumnElement, Connection, insert, select, update
 
 from lowtide.core import fastjson
 from lowtide.core.states import DispatchState, RequestState
-from lowtide.core.types import ChatRequest
+from lowtide.core.types import Request
 from lowtide.store.bulk import among
 from lowtide.store.schema import dispatches, requests
 from lowtide.store.transitions import move_requests
@@ -85,7 +85,7 @@ def _move_into(conn: Connection, dispatch_id: int, which: ColumnElement[bool], r
     )
 
 
-def dispatched_requests(conn: Connection, dispatch_id: int, after: int = 0, limit: int | None = None) -> list[ChatRequest]:
+def dispatched_requests(conn: Connection, dispatch_id: int, after: int = 0, limit: int | None = None) -> list[Request]:
     """The requests still in a dispatch (with ids above `after`), as the route should see them."""
     stmt = (
         select(requests.c.id, requests.c.custom_id, requests.c.payload, requests.c.repair, requests.c.attempts)
@@ -97,16 +97,15 @@ def dispatched_requests(conn: Connection, dispatch_id: int, after: int = 0, limi
         stmt = stmt.where(requests.c.id > after)
     out = []
     for rid, cid, payload, repair, attempt in conn.execute(stmt).all():
-        body = fastjson.loads(payload)
+        request = Request.from_payload(cid, fastjson.loads(payload), attempt)
         if repair:
-            body["messages"] = body["messages"] + fastjson.loads(repair)
-        request = ChatRequest.from_payload(cid, body, attempt)
+            request.add_turns(fastjson.loads(repair))
         request.row_id = rid
         out.append(request)
     return out
 
 
-def iter_dispatched(store, dispatch_id: int, page: int = 1000) -> Iterator[ChatRequest]:
+def iter_dispatched(store, dispatch_id: int, page: int = 1000) -> Iterator[Request]:
     """The same, a page at a time, each page in its own short transaction: a 50,000-request
     batch is written out without holding it in memory or the store's write lock."""
     after = 0

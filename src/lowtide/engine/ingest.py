@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import Connection, bindparam, select
 from sqlalchemy.dialects import postgresql, sqlite
 
+from lowtide.core import fastjson
 from lowtide.core.outputs import InvalidOutput, parse_output, repair_messages
 from lowtide.core.states import JobState, RequestState
 from lowtide.core.types import Outcome
@@ -30,7 +31,7 @@ from lowtide.store.transitions import settle_dispatched
 TOKENS = ("input_tokens", "cached_input_tokens", "cache_write_tokens", "output_tokens", "reasoning_tokens")
 # What an outcome writes on its request: a success only these (its error columns are
 # cleared); any other outcome these and more (see `_not_succeeded`).
-SUCCEEDED_COLUMNS = ("output", "parsed", *TOKENS)
+SUCCEEDED_COLUMNS = ("output", "parsed", "response", *TOKENS)
 OTHER_COLUMNS = (*SUCCEEDED_COLUMNS, "error_code", "error_message", "not_before", "repair", "lane", "lane_reason", "lane_base_attempts")
 ATTEMPT_COLUMNS = (
     "request_id", "ok", "applied", "error_code", "error_message", *TOKENS, "billed", "cost_picousd", "realtime_picousd",
@@ -118,6 +119,7 @@ def apply_outcomes(
             continue
         row = {
             "_id": req.id, "output": outcome.text, "parsed": None, "input_tokens": u.input_tokens,
+            "response": None if outcome.response is None else fastjson.dumps(outcome.response),
             "cached_input_tokens": u.cached_input_tokens, "cache_write_tokens": u.cache_write_tokens,
             "output_tokens": u.output_tokens, "reasoning_tokens": u.reasoning_tokens,
         }  # fmt: skip

@@ -25,12 +25,14 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from lowtide.core import fastjson
 from lowtide.core.clock import Clock
+from lowtide.core.endpoints import CHAT, COMPLETIONS, MESSAGES, RESPONSES, conversation_key
 from lowtide.core.errors import RouteError, SourceError, SpecError, UnknownRouteError
 from lowtide.core.ids import custom_id_for, key_of
 from lowtide.core.sources import Source, SourceRow
 from lowtide.core.spec import JobSpec, SpecChanges, spec_changes
 from lowtide.core.states import JobState, RequestState
 from lowtide.core.templates import MessageTemplate
+from lowtide.core.types import Request, schema_format
 from lowtide.engine import budget
 from lowtide.engine.changes import Changes, note_changed, requeue, split_known
 from lowtide.routes import create_route
@@ -44,6 +46,7 @@ MAX_PROBLEMS = 1000
 _dumps = fastjson.dumps
 # Rows that carry their own conversation may also carry these generation parameters.
 ROW_PARAMS = ("max_tokens", "temperature", "stop")
+ROWS_NAMED = 10  # rows listed by number for a refusal many rows share
 
 
 @dataclass(slots=True)
@@ -82,14 +85,17 @@ class RowRenderer:
         self.optional = dict.fromkeys(spec.source.optional_columns)
         self.row_params = spec.template.messages_column is not None
         self.model = spec.model
-        self.base = {"model": spec.model, "max_tokens": spec.params.max_tokens, "temperature": spec.params.temperature}
-        if spec.params.stop:
-            self.base["stop"] = spec.params.stop
-        if spec.response_schema is not None:
-            self.base["response_schema"] = spec.response_schema
-        if spec.effective_choices:
-            self.base["choices"] = spec.effective_choices
-        self.prefix = _dumps(self.base)[:-1] + ', "messages": '
+        self.endpoint = spec.request_endpoint
+        self.conversation = conversation_key(self.endpoint)
+        self.base = request_base(spec)
+        own = {k: v for k, v in (("choices", spec.effective_choices), ("response_schema", spec.response_schema)) if v}
+        self.own = own or None
+        head = {"endpoint": self.endpoint} | ({"lowtide": own} if own else {})
+        # The payload is `head` plus the body, written as text around each row's messages.
+        self.prefix = _dumps(head)[:-1] + ', "body": ' + _dumps(self.base)[:-1] + f', "{self.conversation}": '
+        self.split_system = self.endpoint == MESSAGES
+        self.body_column = spec.template.body_column
+        self.checks = refusal_checks(spec)
         # The fingerprint of a request: what every request of the job is rendered with (the
         # payload's fixed part, the templates' text), then the values of the row it uses.
         # Hashing those, not the payload, lets the results check a row without rendering it.
@@ -114,19 +120,56 @@ class RowRenderer:
                     f'{self.where(row)}: column "{var}" is empty; the template uses it ({used_at}). '
                     "Fill it in, or list it in source.optional_columns"
                 )
-        try:
-            messages = self.template.render(values, row, self.where)
-        except Exception as err:  # TemplateError already names row and line
-            return str(err)
-        if self.row_params and any(values.get(k) is not None for k in ROW_PARAMS):
-            own = {k: values[k] for k in ROW_PARAMS if values.get(k) is not None}
-            payload = _dumps({**self.base, **own, "messages": messages})
-        else:  # the fixed part of the payload is serialised once per job, not once per row
-            payload = self.prefix + _dumps(messages) + "}"
+        if self.body_column is not None:
+            body = self.given_body(values.get(self.body_column), row)
+            if isinstance(body, str):
+                return body
+            fixed = False
+        else:
+            try:
+                messages = self.template.render(values, row, self.where)
+            except Exception as err:  # TemplateError already names row and line
+                return str(err)
+            own = {k: values[k] for k in ROW_PARAMS if values.get(k) is not None} if self.row_params else None
+            body, fixed = self.body(messages, own)
+        for check in self.checks:
+            refused = check(body)
+            if refused is not None:
+                return Refused(refused, row.number)
+        if fixed:  # the fixed part of the payload is serialised once per job, not once per row
+            payload = self.prefix + _dumps(messages) + "}}"
+        else:
+            payload = _dumps({"endpoint": self.endpoint} | ({"lowtide": self.own} if self.own else {}) | {"body": body})
         return {
             "custom_id": custom_id_for(key_of(key)), "source_key": key, "source_row": row.number,
             "payload": payload, "model": self.model, "fingerprint": self.fingerprint(values),
         }  # fmt: skip
+
+    def given_body(self, value: object, row: SourceRow) -> dict | str:
+        """A row's own request body, with the job's model; or the problem with it."""
+        column = self.body_column
+        if isinstance(value, str):
+            try:
+                value = fastjson.loads(value)
+            except ValueError as err:
+                return f'{self.where(row)}: column "{column}" is not JSON ({err}); it must hold a request body of {self.endpoint}'
+        if not isinstance(value, dict):
+            return f'{self.where(row)}: column "{column}" must hold a JSON object: a request body of {self.endpoint}'
+        return value | {"model": self.model}
+
+    def body(self, messages: list[dict], own: dict | None) -> tuple[dict, bool]:
+        """The request body for these messages, and whether it is the job's fixed part plus
+        the messages as they are (then the payload is written around them, not rebuilt)."""
+        if self.endpoint == COMPLETIONS:  # a prompt is text: the rendered parts, joined
+            return {**self.base, **(own or {}), "prompt": "\n\n".join(m["content"] for m in messages)}, False
+        body = {**self.base, **own} if own else dict(self.base)
+        fixed = not own
+        if self.split_system and any(m["role"] == "system" for m in messages):  # Anthropic: system apart
+            body["system"] = "\n\n".join(m["content"] for m in messages if m["role"] == "system")
+            messages = [m for m in messages if m["role"] != "system"]
+            fixed = False
+        body[self.conversation] = messages
+        return body, fixed
 
     def fingerprint(self, values: dict) -> str:
         """32 hex digits for what a row with these values renders as (see __init__);
@@ -138,6 +181,50 @@ class RowRenderer:
 
     def where(self, row: SourceRow) -> str:
         return row.where(self.source.path)
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """A row whose request a route cannot honour: grouped with the rows refused alike."""
+
+    message: str
+    row: int
+
+
+def request_base(spec: JobSpec) -> dict:
+    """The body every request of the job starts from: the model, the params as given, and
+    `response_schema` where the endpoint has a field for it (and params did not set one)."""
+    base = {"model": spec.model, **spec.params}
+    schema = spec.response_schema
+    if schema is not None:
+        if spec.request_endpoint == CHAT:
+            base.setdefault("response_format", schema_format(schema))
+        elif spec.request_endpoint == RESPONSES:
+            base.setdefault("text", {"format": {"type": "json_schema", "name": "output", "schema": schema, "strict": True}})
+    return base
+
+
+def refusal_checks(spec: JobSpec) -> list[Callable[[dict], str | None]]:
+    """For the job's route and its fallback's: a body's refusal message, or None."""
+    checks = []
+    lanes = [(spec.route, spec.route_options, None)]
+    if spec.fallback is not None:
+        lanes.append((spec.fallback.route, spec.fallback.route_options, spec.fallback.model))
+    endpoint, choices, schema = spec.request_endpoint, spec.effective_choices, spec.response_schema
+    for name, options, model in lanes:
+        refusal = getattr(create_route(name, options), "refusal", None)
+        if refusal is None:  # a plugin route that does not say: it takes what it is sent
+            continue
+
+        def check(body: dict, refusal=refusal, name=name, model=model) -> str | None:
+            refused = refusal(Request("", endpoint, body | {"model": model} if model else body, choices, schema))
+            return None if refused is None else refused.message(name) + FIX
+
+        checks.append(check)
+    return checks
+
+
+FIX = "; change the spec's params or template, or send the job to a route that takes it"
 
 
 def _canonical(value) -> bytes:
@@ -203,6 +290,7 @@ def load_job(
         before = _count(conn, job_id)
         ids = _IdWatch()
         problems: list[str] = []
+        refused: dict[str, list[int]] = {}  # refusal -> the rows it refuses
         changed = Changes()
         total = 0
         for chunk in source.chunks():
@@ -211,6 +299,8 @@ def load_job(
                 item = render(row)
                 if isinstance(item, str):
                     problems.append(item)
+                elif isinstance(item, Refused):
+                    refused.setdefault(item.message, []).append(item.row)
                 else:
                     item.update(job_id=job_id, state=RequestState.PENDING.value, attempts=0, not_before=0.0)
                     good.append(item)
@@ -220,7 +310,7 @@ def load_job(
             if good and not created:  # a new job has nothing stored to compare with
                 good, known, stored = split_known(conn, job_id, good)
                 note_changed(changed, stored, known, requeue_changed, _row_name(source))
-            if good and not problems:
+            if good and not problems and not refused:
                 executemany(conn, insert_requests, good)
             if on_rows:
                 on_rows(total)
@@ -228,6 +318,7 @@ def load_job(
                 break
         if ids.has_repeats():
             problems.extend(_duplicates(source, spec.source.id_column, ids))
+        problems.extend(_refused(source, refused))
         if problems:
             raise SourceError.from_problems(f"{source.path}: refused, nothing was stored", problems)
         if total == 0:
@@ -251,6 +342,15 @@ def load_job(
         job_id=job_id, created=created, rows=total, new=new, changed=changed.count, requeued=requeued,
         applied=changes.applied + (changes.altering if requeue_changed else []),
     )  # fmt: skip
+
+
+def _refused(source: Source, refused: dict[str, list[int]]) -> list[str]:
+    """One problem per refusal, naming its rows: a spec-wide refusal is said once, not per row."""
+    out = []
+    for message, rows in refused.items():
+        named = ", ".join(map(str, rows[:ROWS_NAMED])) + (f" and {len(rows) - ROWS_NAMED} more" if len(rows) > ROWS_NAMED else "")
+        out.append(f"{source.path.name} row{'s' if len(rows) > 1 else ''} {named}: {message}")
+    return out
 
 
 def _row_name(source: Source) -> Callable[[int], str]:

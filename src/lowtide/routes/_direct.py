@@ -30,8 +30,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from types import ModuleType
 from typing import Any, Literal
 
+from lowtide.core.endpoints import conversation_key
 from lowtide.core.errors import RouteError
-from lowtide.core.types import ChatRequest, Outcome
+from lowtide.core.types import Outcome, Request
 from lowtide.routes._adaptive import Controller
 from lowtide.routes._provider import retryable_status
 from lowtide.routes._ratelimit import Pacer
@@ -40,6 +41,7 @@ POOL_OPTIONS = {
     "concurrency", "min_concurrency", "max_concurrency", "adaptive", "rpm", "tpm", "timeout",
     "max_retries", "retry_backoff", "dispatch_size", "expected_latency",
 }  # fmt: skip
+DEFAULT_OUTPUT = 1024  # tokens a request that sets no output limit is paced as if it may use
 MAX_PAUSE = 120.0  # seconds: a longer Retry-After is cut to this
 # What the openai and anthropic SDKs send about themselves; no server needs it.
 TELEMETRY_HEADERS = (
@@ -213,7 +215,7 @@ class PooledRoute:
 
     # -- what a provider module supplies ----------------------------------------------------
 
-    async def send(self, request: ChatRequest) -> Outcome:
+    async def send(self, request: Request) -> Outcome:
         """One call for one request: its outcome, or `CallFailed`."""
         raise NotImplementedError
 
@@ -260,7 +262,7 @@ class PooledRoute:
         The floor holds for the next `execute` call."""
         self.controller.plan(count, seconds, self.expected_latency)
 
-    async def execute(self, requests: Sequence[ChatRequest]) -> AsyncIterator[Outcome]:
+    async def execute(self, requests: Sequence[Request]) -> AsyncIterator[Outcome]:
         if not requests:
             return
         if not self._prepared:
@@ -288,7 +290,7 @@ class PooledRoute:
 
     # -- one request, with its in-route retries --------------------------------------------------
 
-    async def complete(self, request: ChatRequest) -> Outcome:
+    async def complete(self, request: Request) -> Outcome:
         ctl, pacer = self.controller, self.pacer
         estimate = _estimate(request) if pacer.tokens is not None else 0
         tries = 0
@@ -328,15 +330,27 @@ class PooledRoute:
         return text.replace(self.secret, "[api key]") if self.secret else text
 
 
-def _estimate(request: ChatRequest) -> int:
-    """Tokens a request may use, before the provider says: characters / 4 plus max_tokens."""
-    return math.ceil(sum(len(m.get("content") or "") for m in request.messages) / 4) + request.max_tokens
+def _estimate(request: Request) -> int:
+    """Tokens a request may use, before the provider says: characters / 4 of its
+    conversation plus its output limit (or DEFAULT_OUTPUT when it sets none)."""
+    asked = request.body.get(conversation_key(request.endpoint))
+    chars = len(asked) if isinstance(asked, str) else sum(_chars(m) for m in asked or [])
+    return math.ceil(chars / 4) + (request.output_limit or DEFAULT_OUTPUT)
+
+
+def _chars(message: Any) -> int:
+    content = message.get("content") if isinstance(message, dict) else message
+    if isinstance(content, str):
+        return len(content)
+    if isinstance(content, list):
+        return sum(len(p.get("text") or "") if isinstance(p, dict) else 0 for p in content)
+    return 0
 
 
 class _Run:
     """One `execute` call: the requests left, the workers pulling them, the outcomes ready."""
 
-    def __init__(self, route: PooledRoute, requests: Sequence[ChatRequest]):
+    def __init__(self, route: PooledRoute, requests: Sequence[Request]):
         self.route = route
         self.requests = requests
         self.total = len(requests)

@@ -2,8 +2,10 @@
 request body and reads usage for each provider, whether the request goes in a batch file or
 over a real-time call.
 
-`ChatRequest.choices` is never sent as a provider field: the template already puts the
-choices in the prompt text, and the engine validates the answer.
+A stored body goes to a provider of its own protocol verbatim; a chat completions body
+sent to Anthropic is translated once (`_translate.py`). `Request.choices` and
+`Request.response_schema` are lowtide's checks of the answer, never sent as fields of their
+own (the loader has put the schema in the body where the endpoint takes one).
 
 The tier a response says it was served at is translated here into lowtide's words
 (`Outcome.tier`, priced by the ledger):
@@ -23,25 +25,63 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from lowtide.core.types import ChatRequest, Usage
+from lowtide.core.endpoints import (
+    CHAT,
+    COMPLETIONS,
+    MESSAGES,
+    NEVER,
+    PROTOCOL,
+    RESPONSES,
+    known_keys,
+)
+from lowtide.core.types import Outcome, Refusal, Request, Usage
+from lowtide.routes._translate import chat_to_messages
 
 
-def openai_body(request: ChatRequest) -> dict[str, Any]:
-    """The JSON body of one `/v1/chat/completions` call."""
-    body: dict[str, Any] = {
-        "model": request.model,
-        "messages": request.messages,
-        "max_tokens": request.max_tokens,
-        "temperature": request.temperature,
-    }
-    if request.stop:
-        body["stop"] = request.stop
-    if request.response_schema is not None:
-        body["response_format"] = {
-            "type": "json_schema",
-            "json_schema": {"name": "output", "schema": request.response_schema},
-        }
-    return body
+def openai_body(request: Request) -> dict[str, Any]:
+    """The JSON body of one OpenAI call: the stored body, verbatim (DESIGN invariant 8)."""
+    return request.body
+
+
+def openai_refusal(request: Request, route: str, extras: frozenset[str] = frozenset()) -> Refusal | None:
+    """Why an OpenAI route cannot take `request`: an Anthropic body, a stream, or a key the
+    SDK's request type does not know (beyond `extras`, what the route's server also takes)."""
+    if PROTOCOL.get(request.endpoint) != "openai":
+        return Refusal("endpoint", f"{request.endpoint} is not an OpenAI endpoint; send it to an Anthropic route")
+    known = known_keys(request.endpoint)
+    for key in request.body:
+        if key in NEVER:
+            return Refusal(key, "a batch or stored request cannot be streamed; remove it")
+        if key not in known and key not in extras:
+            return Refusal(key, f"is not a parameter of {request.endpoint}")
+    return None
+
+
+def openai_text(endpoint: str, data: dict[str, Any]) -> tuple[str, str | None]:
+    """The answer text and finish reason of a chat completion, a response or a completion."""
+    if endpoint == RESPONSES:
+        texts = [
+            part.get("text", "")
+            for item in data.get("output") or []
+            if isinstance(item, dict) and item.get("type") == "message"
+            for part in item.get("content") or []
+            if isinstance(part, dict) and part.get("type") == "output_text"
+        ]
+        return "".join(texts), text_or_none(data.get("status"))
+    choice = data["choices"][0]
+    if endpoint == COMPLETIONS:
+        return choice.get("text") or "", text_or_none(choice.get("finish_reason"))
+    content = choice["message"].get("content")
+    text = content if isinstance(content, str) else text_or_none(content) or ""
+    return text, text_or_none(choice.get("finish_reason"))
+
+
+def openai_outcome(custom_id: str, endpoint: str, data: dict[str, Any], batch: bool) -> Outcome:
+    """A successful OpenAI answer body as an Outcome that keeps the whole body."""
+    text, finish = openai_text(endpoint, data)
+    usage = responses_usage(data.get("usage")) if endpoint == RESPONSES else openai_usage(data.get("usage"))
+    return Outcome(custom_id, True, text=text, finish_reason=finish, usage=usage,
+                   tier=openai_tier(data.get("service_tier"), batch=batch), response=data)  # fmt: skip
 
 
 def count(value: Any) -> int:
@@ -83,28 +123,65 @@ def openai_usage(usage: dict[str, Any] | None) -> Usage:
     )
 
 
-def anthropic_params(request: ChatRequest, cache_ttl: str | None = None) -> dict[str, Any]:
-    """The params of one Messages call: system apart, as Anthropic wants it. With `cache_ttl`
-    ("5m" or "1h") the system prompt is marked `cache_control: ephemeral` with that TTL."""
-    system = "\n\n".join(m["content"] for m in request.messages if m["role"] == "system")
-    params: dict[str, Any] = {
-        "model": request.model,
-        "max_tokens": request.max_tokens,
-        "temperature": request.temperature,
-        "messages": [m for m in request.messages if m["role"] != "system"],
-    }
-    if system:
-        block: dict[str, Any] = {"type": "text", "text": system}
-        if cache_ttl:
-            block["cache_control"] = {"type": "ephemeral", "ttl": cache_ttl}
-        params["system"] = [block]
-    if request.stop:
-        params["stop_sequences"] = request.stop
+def anthropic_params(request: Request, cache_ttl: str | None = None) -> dict[str, Any] | Refusal:
+    """The params of one Messages call: a messages body verbatim, or a chat completions body
+    translated (`_translate.py`). With `cache_ttl` ("5m" or "1h") lowtide's `cache_prefix`
+    marks the last system block `cache_control: ephemeral` with that TTL, unless the user
+    marked some block already (theirs is kept as it is)."""
+    if request.endpoint == MESSAGES:
+        params = request.body
+    elif request.endpoint == CHAT:
+        params = chat_to_messages(request.body)
+        if isinstance(params, Refusal):
+            return params
+    else:
+        return Refusal("endpoint", f"{request.endpoint} has no Anthropic mapping; use an OpenAI route")
+    if cache_ttl and params.get("system"):
+        params = dict(params)
+        system = params["system"]
+        blocks = [{"type": "text", "text": system}] if isinstance(system, str) else [dict(b) for b in system]
+        if not any("cache_control" in b for b in blocks):
+            blocks[-1]["cache_control"] = {"type": "ephemeral", "ttl": cache_ttl}
+        params["system"] = blocks
     return params
+
+
+def anthropic_refusal(request: Request) -> Refusal | None:
+    """Why an Anthropic route cannot take `request` (checked before anything is sent)."""
+    params = anthropic_params(request)
+    if isinstance(params, Refusal):
+        return params
+    known = known_keys(MESSAGES)
+    for key in params:
+        if key in NEVER:
+            return Refusal(key, "a batch or stored request cannot be streamed; remove it")
+        if key not in known:
+            return Refusal(key, f"is not a parameter of {MESSAGES}")
+    if params.get("max_tokens") is None:
+        return Refusal("max_tokens", "Anthropic's Messages API requires it; set params.max_tokens")
+    return None
+
+
+def anthropic_outcome(custom_id: str, message: dict[str, Any], batch: bool) -> Outcome:
+    """A message as an Outcome that keeps the whole message."""
+    return Outcome(custom_id, True, text=anthropic_text(message), finish_reason=text_or_none(message.get("stop_reason")),
+                   usage=anthropic_usage(message.get("usage")), tier=anthropic_tier(message.get("usage"), batch=batch),
+                   response=message)  # fmt: skip
 
 
 def anthropic_text(message: dict[str, Any]) -> str:
     return "".join(b.get("text", "") for b in message.get("content") or [] if b.get("type") == "text")
+
+
+def responses_usage(usage: dict[str, Any] | None) -> Usage:
+    """A response's `usage` (input, cached input, output, reasoning)."""
+    usage = usage if isinstance(usage, dict) else {}
+    return Usage(
+        input_tokens=count(usage.get("input_tokens")),
+        cached_input_tokens=count(_details(usage, "input_tokens_details").get("cached_tokens")),
+        output_tokens=count(usage.get("output_tokens")),
+        reasoning_tokens=count(_details(usage, "output_tokens_details").get("reasoning_tokens")),
+    )
 
 
 def anthropic_usage(usage: dict[str, Any] | None) -> Usage:

@@ -25,13 +25,12 @@ import anthropic
 
 from lowtide.core import fastjson
 from lowtide.core.errors import BatchRejected, RouteError
-from lowtide.core.types import ChatRequest, Outcome
+from lowtide.core.types import Outcome, Refusal, Request
 from lowtide.routes._provider import RETRYABLE_CODES, api_key, check_options, poll_interval
 from lowtide.routes._wire import (
+    anthropic_outcome,
     anthropic_params,
-    anthropic_text,
-    anthropic_tier,
-    anthropic_usage,
+    anthropic_refusal,
     text_or_none,
 )
 from lowtide.routes.base import BatchLimits, BatchStatus
@@ -42,9 +41,12 @@ MAX_BYTES = 256 * 2**20
 OPTIONS = {"base_url", "api_key_env", "max_requests", "max_bytes", "poll_interval", "find_window", "cache_prefix", "timeout"}
 
 
-def batch_request(request: ChatRequest, cache_prefix: bool) -> dict[str, Any]:
-    """One entry of `requests` in a create call: system apart, as Anthropic wants it."""
-    return {"custom_id": request.custom_id, "params": anthropic_params(request, "1h" if cache_prefix else None)}
+def batch_request(request: Request, cache_prefix: bool) -> dict[str, Any]:
+    """One entry of `requests` in a create call: the body verbatim (or translated from chat)."""
+    params = anthropic_params(request, "1h" if cache_prefix else None)
+    if isinstance(params, Refusal):  # the loader refuses these; a store from before it did, here
+        raise BatchRejected(f"anthropic-batch: request {request.custom_id}: {params.message('anthropic-batch')}")
+    return {"custom_id": request.custom_id, "params": params}
 
 
 def parse_result(custom_id: str, result: Any) -> Outcome:
@@ -52,15 +54,7 @@ def parse_result(custom_id: str, result: Any) -> Outcome:
     data = result.model_dump() if hasattr(result, "model_dump") else result
     kind = data.get("type")
     if kind == "succeeded":
-        message = data["message"]
-        return Outcome(
-            custom_id,
-            True,
-            text=anthropic_text(message),
-            finish_reason=text_or_none(message.get("stop_reason")),
-            usage=anthropic_usage(message.get("usage")),
-            tier=anthropic_tier(message.get("usage"), batch=True),
-        )
+        return anthropic_outcome(custom_id, data["message"], batch=True)
     if kind == "errored":
         error = (data.get("error") or {}).get("error") or {}
         code = text_or_none(error.get("type")) or "api_error"
@@ -94,7 +88,10 @@ class AnthropicBatchRoute:
     def check_model(self, model: str) -> None:
         """Unknown models come back as errored results, per request."""
 
-    async def submit(self, key: str, requests: Iterable[ChatRequest]) -> str:
+    def refusal(self, request: Request) -> Refusal | None:
+        return anthropic_refusal(request)
+
+    async def submit(self, key: str, requests: Iterable[Request]) -> str:
         # The SDK sends one JSON body, so the batch is built whole here (Anthropic's limit
         # is 256 MB a batch; chunk_size or route_options.max_requests keeps it smaller).
         body = [batch_request(r, self.cache_prefix) for r in requests]

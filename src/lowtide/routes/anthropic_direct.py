@@ -18,7 +18,7 @@ from typing import Any
 import anthropic
 
 from lowtide.core import fastjson
-from lowtide.core.types import ChatRequest, Outcome
+from lowtide.core.types import Outcome, Refusal, Request
 from lowtide.routes._direct import (
     POOL_OPTIONS,
     CallFailed,
@@ -27,7 +27,7 @@ from lowtide.routes._direct import (
     http_failure,
 )
 from lowtide.routes._provider import api_key, check_options
-from lowtide.routes._wire import anthropic_params, anthropic_text, anthropic_tier, anthropic_usage
+from lowtide.routes._wire import anthropic_outcome, anthropic_params, anthropic_refusal
 
 OPTIONS = POOL_OPTIONS | {"base_url", "api_key_env", "cache_prefix"}
 
@@ -43,8 +43,13 @@ class AnthropicMessagesRoute(PooledRoute):
         self.client = self.sdk_client(anthropic.AsyncAnthropic, anthropic.DefaultAioHttpClient, key, options.get("base_url"), anthropic.Omit())
         self.url = self.endpoint("v1/messages")
 
-    async def send(self, request: ChatRequest) -> Outcome:
+    def refusal(self, request: Request) -> Refusal | None:
+        return anthropic_refusal(request)
+
+    async def send(self, request: Request) -> Outcome:
         params = anthropic_params(request, self.cache_ttl)
+        if isinstance(params, Refusal):  # the loader refuses these first; a body from elsewhere, here
+            raise CallFailed("invalid_request", params.message(self.name), retryable=False)
         try:
             # Serialised here: the SDK sends bytes as they are, instead of deep-copying a dict body.
             response = await self.client.post(
@@ -55,15 +60,7 @@ class AnthropicMessagesRoute(PooledRoute):
         except anthropic.APIConnectionError as err:
             raise connection_failure(err, self.timeout, isinstance(err, anthropic.APITimeoutError)) from None
         try:
-            message = fastjson.loads(response.content)
-            return Outcome(
-                request.custom_id,
-                True,
-                text=anthropic_text(message),
-                finish_reason=message.get("stop_reason"),
-                usage=anthropic_usage(message.get("usage")),
-                tier=anthropic_tier(message.get("usage"), batch=False),
-            )
+            return anthropic_outcome(request.custom_id, fastjson.loads(response.content), batch=False)
         except (ValueError, KeyError, TypeError, AttributeError) as err:
             raise CallFailed(
                 "bad_response", f"unreadable answer ({type(err).__name__}: {err}): {response.content[:200]!r}", retryable=True

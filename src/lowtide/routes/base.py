@@ -3,7 +3,7 @@
 A *direct* route executes requests now and yields outcomes as they finish, in any order.
 A *batch* route hands a chunk to a provider and is polled until the provider is done.
 
-Routes never touch the store: the engine hands them `ChatRequest`s and records what they
+Routes never touch the store: the engine hands them `Request`s and records what they
 return. Routes translate SDK objects and errors into `Outcome`s at the edge.
 """
 
@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from lowtide.core.types import ChatRequest, Outcome
+from lowtide.core.types import Outcome, Refusal, Request
 
 
 @runtime_checkable
@@ -27,7 +27,12 @@ class DirectRoute(Protocol):
         """Raise `RouteError` naming the known models if `model` cannot run here."""
         ...
 
-    def execute(self, requests: Sequence[ChatRequest]) -> AsyncIterator[Outcome]:
+    def refusal(self, request: Request) -> Refusal | None:
+        """What in `request` this route cannot honour (a field, a content part, a value),
+        or None: asked before anything is submitted (DESIGN invariant 8)."""
+        ...
+
+    def execute(self, requests: Sequence[Request]) -> AsyncIterator[Outcome]:
         """Run the requests; yield one outcome per request as each finishes."""
         ...
 
@@ -60,7 +65,9 @@ class BatchRoute(Protocol):
 
     def check_model(self, model: str) -> None: ...
 
-    async def submit(self, key: str, requests: Iterable[ChatRequest]) -> str:
+    def refusal(self, request: Request) -> Refusal | None: ...
+
+    async def submit(self, key: str, requests: Iterable[Request]) -> str:
         """Create a provider batch tagged with `key`; return the provider's batch id.
         `requests` is iterated once, lazily: write it out rather than keep it."""
         ...

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from lowtide.core.errors import RouteError
-from lowtide.core.types import ChatRequest, Outcome
+from lowtide.core.types import Outcome, Refusal, Request
 from lowtide.routes.base import BatchLimits, BatchStatus
 from lowtide.routes.echo import EchoRoute
 
@@ -61,7 +61,10 @@ class EchoBatchRoute:
         tmp.write_text(json.dumps(meta))
         tmp.replace(self._meta_path(batch_id))
 
-    async def submit(self, key: str, requests: Iterable[ChatRequest]) -> str:
+    def refusal(self, request: Request) -> Refusal | None:
+        return self.echo.refusal(request)
+
+    async def submit(self, key: str, requests: Iterable[Request]) -> str:
         batch_id = f"ebatch_{uuid.uuid4().hex[:16]}"
         folder = self.dir / batch_id
         folder.mkdir(parents=True)
@@ -111,7 +114,7 @@ class EchoBatchRoute:
             if i >= done:  # only a cancelled batch ends with requests not done
                 yield Outcome.failure(item["custom_id"], "batch_cancelled", "echo-batch: batch was cancelled", True)
                 continue
-            request = ChatRequest.from_payload(item["custom_id"], item["body"], item["attempt"])
+            request = Request.from_payload(item["custom_id"], item["body"], item["attempt"])
             yield self.echo.outcome(request)
 
     async def cancel(self, batch_id: str) -> None:

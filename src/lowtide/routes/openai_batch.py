@@ -24,7 +24,7 @@ import openai
 
 from lowtide.core import fastjson
 from lowtide.core.errors import BatchRejected, RouteError
-from lowtide.core.types import ChatRequest, Outcome
+from lowtide.core.types import Outcome, Refusal, Request
 from lowtide.routes._provider import (
     RETRYABLE_CODES,
     api_key,
@@ -32,24 +32,24 @@ from lowtide.routes._provider import (
     poll_interval,
     retryable_status,
 )
-from lowtide.routes._wire import openai_body, openai_tier, openai_usage, text_or_none
+from lowtide.routes._wire import openai_outcome, openai_refusal, text_or_none
 from lowtide.routes.base import BatchLimits, BatchStatus
 
 log = logging.getLogger(__name__)
 MAX_REQUESTS = 50_000
 MAX_BYTES = 200 * 2**20
-ENDPOINT = "/v1/chat/completions"
+ENDPOINT = "/v1/chat/completions"  # the default: a batch's endpoint is its requests' own
 TERMINAL = {"completed", "failed", "expired", "cancelled"}
 OPTIONS = {"base_url", "api_key_env", "max_requests", "max_bytes", "poll_interval", "find_hours", "timeout"}
 METADATA_KEY = "lowtide_key"
 
 
-def request_line(request: ChatRequest) -> dict[str, Any]:
+def request_line(request: Request) -> dict[str, Any]:
     """One input line of an OpenAI batch file."""
-    return {"custom_id": request.custom_id, "method": "POST", "url": ENDPOINT, "body": openai_body(request)}
+    return {"custom_id": request.custom_id, "method": "POST", "url": request.endpoint, "body": request.body}
 
 
-def parse_result_line(line: dict[str, Any]) -> Outcome:
+def parse_result_line(line: dict[str, Any], endpoint: str = ENDPOINT) -> Outcome:
     """One line of an output or error file, as an Outcome (see batch-apis.md for the shapes).
     A line whose custom_id is not text names no request: TypeError (the line is skipped)."""
     cid = line["custom_id"]
@@ -57,17 +57,7 @@ def parse_result_line(line: dict[str, Any]) -> Outcome:
         raise TypeError(f"custom_id is {type(cid).__name__}, not text")
     response = line.get("response")
     if response is not None and response.get("status_code", 500) < 400:
-        body = response["body"]
-        choice = body["choices"][0]
-        content = choice["message"].get("content")
-        return Outcome(
-            cid,
-            True,
-            text=content if isinstance(content, str) else text_or_none(content) or "",
-            finish_reason=text_or_none(choice.get("finish_reason")),
-            usage=openai_usage(body.get("usage")),
-            tier=openai_tier(body.get("service_tier"), batch=True),
-        )
+        return openai_outcome(cid, endpoint, response["body"], batch=True)
     if response is not None:
         status = response.get("status_code", 500)
         error = (response.get("body") or {}).get("error") or {}
@@ -103,21 +93,28 @@ class OpenAIBatchRoute:
     def check_model(self, model: str) -> None:
         """The provider says which models it has; an unknown one fails the batch at validation."""
 
-    async def submit(self, key: str, requests: Iterable[ChatRequest]) -> str:
+    def refusal(self, request: Request) -> Refusal | None:
+        return openai_refusal(request, self.name)
+
+    async def submit(self, key: str, requests: Iterable[Request]) -> str:
         models = set()
+        endpoints = set()
         # Spooled: small files stay in memory, big ones go to disk, never both whole.
         with tempfile.SpooledTemporaryFile(max_size=16 * 2**20) as f:
             for r in requests:
                 models.add(r.model)
+                endpoints.add(r.endpoint)
                 f.write(fastjson.dumpb(request_line(r)) + b"\n")
             if len(models) != 1:  # sending it again cannot help: permanent, never retried
                 raise BatchRejected(f"{self.name}: one model per batch file, got {sorted(models)}")
+            if len(endpoints) != 1:
+                raise BatchRejected(f"{self.name}: one endpoint per batch file, got {sorted(endpoints)}")
             f.seek(0)
             try:
                 uploaded = await self.client.files.create(file=(f"{key}.jsonl", f), purpose="batch")
                 batch = await self.client.with_options(max_retries=0).batches.create(
                     input_file_id=uploaded.id,
-                    endpoint=ENDPOINT,
+                    endpoint=endpoints.pop(),
                     completion_window="24h",
                     metadata={METADATA_KEY: key},
                 )
@@ -146,12 +143,13 @@ class OpenAIBatchRoute:
 
     async def results(self, batch_id: str) -> AsyncIterator[Outcome]:
         batch = await self.client.batches.retrieve(batch_id)
+        endpoint = batch.endpoint or ENDPOINT
         for file_id in (batch.output_file_id, batch.error_file_id):
             if not file_id:
                 continue
             async with self.client.files.with_streaming_response.content(file_id) as response:
                 async for text in response.iter_lines():
-                    outcome = _parse(text) if text.strip() else None
+                    outcome = _parse(text, endpoint) if text.strip() else None
                     if outcome is not None:
                         yield outcome
 
@@ -162,11 +160,11 @@ class OpenAIBatchRoute:
         await self.client.close()
 
 
-def _parse(text: str) -> Outcome | None:
+def _parse(text: str, endpoint: str) -> Outcome | None:
     """A corrupt line names no request we can trust: it is skipped (and logged), and the
     request it was for counts as missing from the output, so it is retried."""
     try:
-        return parse_result_line(fastjson.loads(text))
+        return parse_result_line(fastjson.loads(text), endpoint)
     except (json.JSONDecodeError, KeyError, IndexError, TypeError, AttributeError) as err:
         log.warning("openai-batch: skipped an unreadable result line (%s): %.200s", err, text)
         return None

@@ -26,8 +26,9 @@ from typing import Any
 import openai
 
 from lowtide.core import fastjson
+from lowtide.core.endpoints import CHAT, COMPLETIONS, ENGINE_EXTRAS, RESPONSES
 from lowtide.core.errors import RouteError
-from lowtide.core.types import ChatRequest, Outcome
+from lowtide.core.types import Outcome, Refusal, Request
 from lowtide.routes._direct import (
     POOL_OPTIONS,
     CallFailed,
@@ -36,7 +37,7 @@ from lowtide.routes._direct import (
     http_failure,
 )
 from lowtide.routes._provider import api_key, check_options
-from lowtide.routes._wire import openai_body, openai_tier, openai_usage
+from lowtide.routes._wire import openai_outcome, openai_refusal
 
 COMPATIBLE_OPTIONS = POOL_OPTIONS | {"base_url", "api_key_env", "max_num_seqs", "service_tier"}
 OPENAI_OPTIONS = POOL_OPTIONS | {"base_url", "api_key_env", "service_tier"}
@@ -66,7 +67,12 @@ class OpenAIChatRoute(PooledRoute):
         timeout = 900.0 if self.service_tier == "flex" else 600.0
         super().__init__(options, timeout=timeout, secret=key, **defaults, **pool)
         self.client = self.sdk_client(openai.AsyncOpenAI, openai.DefaultAioHttpClient, key, options.get("base_url"), openai.Omit())
-        self.url = self.endpoint("chat/completions")
+        self.urls = {e: self.endpoint(e.removeprefix("/v1/")) for e in (CHAT, RESPONSES, COMPLETIONS)}
+        # A self-hosted server takes its engine's own sampling parameters too.
+        self.extras = ENGINE_EXTRAS if compatible else frozenset()
+
+    def refusal(self, request: Request) -> Refusal | None:
+        return openai_refusal(request, self.name, self.extras)
 
     async def prepare(self) -> None:
         """Ask a llama.cpp server how many slots it has; any other answer changes nothing."""
@@ -82,32 +88,22 @@ class OpenAIChatRoute(PooledRoute):
             self.controller.maximum = max(self.controller.maximum, 2 * slots)
             self.controller.set_limit(slots)
 
-    async def send(self, request: ChatRequest) -> Outcome:
-        body = openai_body(request)
-        if self.service_tier:
-            body["service_tier"] = self.service_tier
+    async def send(self, request: Request) -> Outcome:
+        body = request.body
+        if self.service_tier and "service_tier" not in body:  # the route's default; a body's own wins
+            body = body | {"service_tier": self.service_tier}
         try:
             # Serialised here: the SDK sends bytes as they are, instead of deep-copying a dict body.
             content = fastjson.dumpb(body)
             response = await self.client.post(
-                self.url, content=content, cast_to=self._response, options={"headers": self.request_headers}
+                self.urls[request.endpoint], content=content, cast_to=self._response, options={"headers": self.request_headers}
             )
         except openai.APIStatusError as err:
             raise http_failure(err.status_code, err.body, err.response.headers, ("code", "type")) from None
         except openai.APIConnectionError as err:
             raise connection_failure(err, self.timeout, isinstance(err, openai.APITimeoutError)) from None
         try:
-            data = fastjson.loads(response.content)
-            choice = data["choices"][0]
-            text = choice["message"].get("content") or ""
-            return Outcome(
-                request.custom_id,
-                True,
-                text=text,
-                finish_reason=choice.get("finish_reason"),
-                usage=openai_usage(data.get("usage")),
-                tier=openai_tier(data.get("service_tier"), batch=False),
-            )
+            return openai_outcome(request.custom_id, request.endpoint, fastjson.loads(response.content), batch=False)
         except (ValueError, KeyError, IndexError, TypeError, AttributeError) as err:
             raise CallFailed(
                 "bad_response", f"unreadable answer ({type(err).__name__}: {err}): {response.content[:200]!r}", retryable=True

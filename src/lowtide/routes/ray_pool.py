@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any, Literal
 
 from lowtide.core.errors import RouteError
-from lowtide.core.types import ChatRequest, Outcome
+from lowtide.core.types import Outcome, Refusal, Request
 from lowtide.routes import create_route
 
 
@@ -40,7 +40,7 @@ class _RouteActor:
     def check_model(self, model: str) -> None:
         self.route.check_model(model)
 
-    async def run(self, requests: list[ChatRequest]) -> list[Outcome]:
+    async def run(self, requests: list[Request]) -> list[Outcome]:
         async with self.lock:
             return [outcome async for outcome in self.route.execute(requests)]
 
@@ -75,6 +75,7 @@ class RayPool:
         self.shards_per_actor = shards_per_actor
         self._remote = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=2)(_RouteActor)
         self._options = dict(options or {})
+        self._checker: Any = None
         self._actors = [self._new_actor() for _ in range(actors)]
         # Enough per dispatch that every actor has work queued while the engine commits.
         self.dispatch_size = actors * shards_per_actor * shard_size * 4
@@ -85,10 +86,18 @@ class RayPool:
     def check_model(self, model: str) -> None:
         self._ray.get(self._actors[0].check_model.remote(model))
 
-    async def execute(self, requests: Sequence[ChatRequest]) -> AsyncIterator[Outcome]:
+    def refusal(self, request: Request) -> Refusal | None:
+        """The inner route's answer, from an instance here: a remote call per row would cost
+        more than the check (building a route opens nothing: `local` loads its model on use)."""
+        if self._checker is None:
+            self._checker = create_route(self.name, self._options)
+        check = getattr(self._checker, "refusal", None)
+        return check(request) if check is not None else None
+
+    async def execute(self, requests: Sequence[Request]) -> AsyncIterator[Outcome]:
         shards = [list(requests[i : i + self.shard_size]) for i in range(0, len(requests), self.shard_size)]
         shards.reverse()  # pop() from the end: the dispatch's order
-        running: dict[asyncio.Future, tuple[int, list[ChatRequest]]] = {}
+        running: dict[asyncio.Future, tuple[int, list[Request]]] = {}
         load = [0] * len(self._actors)
 
         def feed() -> None:

@@ -34,7 +34,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, Literal, TypeVar
 
 from lowtide.core.errors import RouteError
-from lowtide.core.types import ChatRequest, Outcome
+from lowtide.core.types import Outcome, Request
 from lowtide.routes.base import DirectRoute
 
 WINDOW = 0.002  # seconds: real-time requests arriving this close together run as one group
@@ -57,7 +57,7 @@ class Backend:
         self.loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._stop: asyncio.Event | None = None
-        self._pending: list[tuple[ChatRequest, concurrent.futures.Future[Outcome]]] = []
+        self._pending: list[tuple[Request, concurrent.futures.Future[Outcome]]] = []
         self._timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task] = set()
         self._ids = itertools.count(1)
@@ -124,7 +124,7 @@ class Backend:
     def new_id(self) -> str:
         return f"rt-{next(self._ids)}"
 
-    async def run(self, request: ChatRequest) -> Outcome:
+    async def run(self, request: Request) -> Outcome:
         """Run one request as part of the next group; its outcome (or the route's error)."""
         loop = self.loop
         if loop is None:
@@ -136,7 +136,7 @@ class Backend:
             raise BackendClosed("the server is stopping; the request was not run") from None
         return await asyncio.wrap_future(future)
 
-    def _add(self, request: ChatRequest, future: concurrent.futures.Future[Outcome]) -> None:
+    def _add(self, request: Request, future: concurrent.futures.Future[Outcome]) -> None:
         """On the owner loop: check the model, then queue the request for the next group."""
         if self._stop is not None and self._stop.is_set():
             _settle(future, error=BackendClosed("the server is stopping; the request was not run"))
@@ -165,7 +165,7 @@ class Backend:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _execute(self, group: list[tuple[ChatRequest, concurrent.futures.Future[Outcome]]]) -> None:
+    async def _execute(self, group: list[tuple[Request, concurrent.futures.Future[Outcome]]]) -> None:
         waiting = {r.custom_id: f for r, f in group}
         try:
             async with contextlib.aclosing(self.inner.execute([r for r, _ in group])) as outcomes:
@@ -186,7 +186,7 @@ class Backend:
             _settle(future, Outcome.failure(custom_id, "no_result", f"route {name} returned no result", True))
 
     # Batches: relaying the worker's executions -----------------------------------------
-    async def _drain(self, requests: Sequence[ChatRequest], relay: _Relay) -> None:
+    async def _drain(self, requests: Sequence[Request], relay: _Relay) -> None:
         """On the owner loop: run the worker's dispatch, handing each outcome to `relay`."""
         task = asyncio.current_task()
         if task is not None:
@@ -283,7 +283,7 @@ class SharedRoute:
     def check_model(self, model: str) -> None:
         self._backend.call(self._backend.inner.check_model, model)
 
-    async def execute(self, requests: Sequence[ChatRequest]) -> AsyncIterator[Outcome]:
+    async def execute(self, requests: Sequence[Request]) -> AsyncIterator[Outcome]:
         backend = self._backend
         loop = backend.loop
         if loop is None or backend._on_owner():  # not started (or already on the owner loop)

@@ -2,7 +2,7 @@
 `POST /v1/messages`, answered now by the server's backend route.
 
 Each body is translated at the edge exactly as a batch line is (`translate.py`: plain-text
-messages, max_tokens, temperature, stop) into one provider-neutral `ChatRequest`, run on
+messages, max_tokens, temperature, stop) into one provider-neutral `Request`, run on
 the backend through `Backend.run` (see `backend.py`: one owner loop for the route,
 concurrent requests grouped into one `execute`), and its `Outcome` written back in the
 provider's shape: a `chat.completion` / `message` object, or with `stream: true` the
@@ -23,7 +23,8 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
-from lowtide.core.types import ChatRequest, Outcome
+from lowtide.core import types
+from lowtide.core.types import Outcome
 from lowtide.server.backend import Backend, BackendClosed
 from lowtide.server.bodies import parse_object, read_body
 from lowtide.server.context import ServeConfig, Server
@@ -41,7 +42,7 @@ OPENAI_UNSUPPORTED = ("tools", "tool_choice", "functions", "function_call", "aud
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
 
-# Translating a body into a ChatRequest ------------------------------------------------
+# Translating a body into a Request ------------------------------------------------
 def _rejected(rejection: Rejection) -> ApiError:
     return ApiError(rejection.status, rejection.message, param=rejection.param, code=rejection.code)
 
@@ -54,7 +55,7 @@ def _flag(body: dict[str, Any], name: str) -> bool:
 
 
 def _response_schema(value: Any) -> dict[str, Any] | None:
-    """OpenAI's response_format as the ChatRequest's response schema."""
+    """OpenAI's response_format as the Request's response schema."""
     if value is None:
         return None
     kind = value.get("type") if isinstance(value, dict) else None
@@ -71,7 +72,7 @@ def _response_schema(value: Any) -> dict[str, Any] | None:
     raise ApiError(400, f"response_format.type: must be one of text, json_object, json_schema; got {kind!r}.", param="response_format.type")
 
 
-def openai_request(body: dict[str, Any], config: ServeConfig, custom_id: str) -> tuple[ChatRequest, bool, bool]:
+def openai_request(body: dict[str, Any], config: ServeConfig, custom_id: str) -> tuple[types.Request, bool, bool]:
     """A chat completions body as (the request, whether to stream, whether to add usage)."""
     model = body.get("model")
     if not isinstance(model, str) or not model:
@@ -98,7 +99,7 @@ def openai_request(body: dict[str, Any], config: ServeConfig, custom_id: str) ->
     return _request(custom_id, config.model or model, row, schema), stream, include_usage
 
 
-def anthropic_request(body: dict[str, Any], config: ServeConfig, custom_id: str) -> tuple[ChatRequest, bool]:
+def anthropic_request(body: dict[str, Any], config: ServeConfig, custom_id: str) -> tuple[types.Request, bool]:
     """A Messages API body as (the request, whether to stream)."""
     stream = _flag(body, "stream")
     row = anthropic_params({k: v for k, v in body.items() if k != "stream"})
@@ -107,9 +108,11 @@ def anthropic_request(body: dict[str, Any], config: ServeConfig, custom_id: str)
     return _request(custom_id, config.model or body["model"], row, None), stream
 
 
-def _request(custom_id: str, model: str, row: dict[str, Any], schema: dict[str, Any] | None) -> ChatRequest:
-    return ChatRequest(custom_id=custom_id, model=model, messages=row["messages"], max_tokens=row["max_tokens"],
-                       temperature=row["temperature"], stop=row.get("stop"), response_schema=schema)  # fmt: skip
+def _request(custom_id: str, model: str, row: dict[str, Any], schema: dict[str, Any] | None) -> types.Request:
+    params = {k: row[k] for k in ("max_tokens", "temperature", "stop") if row.get(k) is not None}
+    request = types.Request.chat(custom_id, model, row["messages"], **params)
+    request.response_schema = schema
+    return request
 
 
 # Running it ---------------------------------------------------------------------------
@@ -136,7 +139,7 @@ async def _json(request: Request) -> dict[str, Any]:
     return parse_object(raw, config.max_json_depth)
 
 
-async def _run(backend: Backend, request: ChatRequest) -> Outcome:
+async def _run(backend: Backend, request: types.Request) -> Outcome:
     """The request's outcome; a failure becomes the HTTP error the provider would give."""
     try:
         outcome = await backend.run(request)
@@ -153,9 +156,10 @@ async def _run(backend: Backend, request: ChatRequest) -> Outcome:
     raise ApiError(status, message, code=code)
 
 
-def _finish(outcome: Outcome, max_tokens: int) -> str:
+def _finish(outcome: Outcome, max_tokens: int | None) -> str:
     """`length` when the answer used all of max_tokens (as for batches), else `stop`."""
-    return "length" if outcome.finish_reason == "length" or outcome.usage.output_tokens >= max_tokens else "stop"
+    used_all = max_tokens is not None and outcome.usage.output_tokens >= max_tokens
+    return "length" if outcome.finish_reason == "length" or used_all else "stop"
 
 
 def _pieces(text: str) -> list[str]:
@@ -189,7 +193,7 @@ async def chat_completions(request: Request):
     chat, stream, include_usage = openai_request(body, server.config, backend.new_id())
     outcome = await _run(backend, chat)
     head = {"id": new_id("chatcmpl-"), "created": int(server.clock.now()), "model": body["model"]}
-    finish = _finish(outcome, chat.max_tokens)
+    finish = _finish(outcome, chat.output_limit)
     if not stream:
         return {
             "id": head["id"], "object": "chat.completion", "created": head["created"], "model": head["model"],
@@ -237,7 +241,7 @@ async def messages(request: Request):
     message = {
         "id": new_id("msg_01", 22), "type": "message", "role": "assistant", "model": body["model"],
         "content": [{"type": "text", "text": outcome.text or ""}],
-        "stop_reason": "max_tokens" if _finish(outcome, chat.max_tokens) == "length" else "end_turn",
+        "stop_reason": "max_tokens" if _finish(outcome, chat.output_limit) == "length" else "end_turn",
         "stop_sequence": None, "usage": anthropic_usage(outcome),
     }  # fmt: skip
     if not stream:

@@ -116,6 +116,13 @@ def m008_request_fingerprints(conn: Connection) -> None:
     _backfill_rendered(conn)
 
 
+@migration
+def m009_request_responses(conn: Connection) -> None:
+    """Requests keep the provider's whole answer body (DESIGN invariant 8); versions too."""
+    add_columns(conn, schema.requests, ["response"])
+    add_columns(conn, schema.request_versions, ["response"])
+
+
 def _backfill_rendered(conn: Connection, page: int = 5000) -> None:
     """Requests stored before m008: their model from their own payload (what was sent), so
     pricing and planning read it as any other's. Their fingerprint stays NULL: the row

@@ -88,6 +88,8 @@ requests = Table(
     # 1, plus one each time `--requeue-changed` made a succeeded request a new version (the
     # old one's answer is kept in `request_versions`).
     Column("version", Integer, nullable=False, server_default="1"),
+    # The provider's whole answer body, as JSON (m009): everything it returned is kept.
+    Column("response", Text),
     UniqueConstraint("job_id", "custom_id", name="uq_requests_job_custom_id"),
     # Claims read "due pending requests of a job, earliest first" straight off this index.
     Index("ix_requests_job_state", "job_id", "state", "not_before", "id"),
@@ -109,6 +111,7 @@ request_versions = Table(
     Column("state", String(16), nullable=False),
     Column("output", Text),
     Column("parsed", Text),
+    Column("response", Text),
     Column("route", String(64)),
     Column("replaced_at", Float, nullable=False),
     UniqueConstraint("request_id", "version", name="uq_request_versions"),

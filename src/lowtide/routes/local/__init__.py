@@ -53,7 +53,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from lowtide.core.errors import RouteError
-from lowtide.core.types import ChatRequest, Outcome
+from lowtide.core.types import Outcome, Refusal, Request
+from lowtide.routes._own import read_plain
 
 __all__ = ["DEFAULT_MODEL", "LocalRoute", "create"]
 
@@ -129,7 +130,11 @@ class LocalRoute:
                 f"local model file not found: {self.model_path}; fix route_options.model_path"
             )
 
-    async def execute(self, requests: Sequence[ChatRequest]) -> AsyncIterator[Outcome]:
+    def refusal(self, request: Request) -> Refusal | None:
+        plain = read_plain(request)
+        return plain if isinstance(plain, Refusal) else None
+
+    async def execute(self, requests: Sequence[Request]) -> AsyncIterator[Outcome]:
         """Yield one outcome per request as each finishes, in any order."""
         runnable = []
         for request in requests:

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import llama_cpp as llm
 import numpy as np
 
-from lowtide.core.types import ChatRequest, Outcome, Usage
+from lowtide.core.types import Outcome, Request, Usage
 from lowtide.routes.local.calibrate import Calibrator, Scored, deliver, keys
 from lowtide.routes.local.jobs import Job, Ticket, prepare
 from lowtide.routes.local.model import Model
@@ -89,7 +89,7 @@ class Engine:
         self.gens: dict[int, list[int]] = {}  # live generations: [cells, holders]
         self.gens_made = 0
         self.streak = 0  # requests admitted since the group last changed
-        self.inbox: list[tuple[list[ChatRequest], Ticket]] = []
+        self.inbox: list[tuple[list[Request], Ticket]] = []
         self.cond = threading.Condition()
         self.stopping = False
         self.why = "the local route was closed"
@@ -103,7 +103,7 @@ class Engine:
     def alive(self) -> bool:
         return not self.stopping
 
-    def submit(self, requests: list[ChatRequest], ticket: Ticket) -> None:
+    def submit(self, requests: list[Request], ticket: Ticket) -> None:
         with self.cond:
             if not self.stopping:
                 self.inbox.append((requests, ticket))
@@ -152,7 +152,7 @@ class Engine:
     def _busy(self) -> bool:
         return bool(self.pending) or any(s.job for s in self.slots)
 
-    def _intake(self, requests: list[ChatRequest], ticket: Ticket) -> None:
+    def _intake(self, requests: list[Request], ticket: Ticket) -> None:
         for request in requests:
             try:
                 job = prepare(
@@ -369,7 +369,7 @@ class Engine:
         if job.rng is None:
             token = int(np.argmax(logits))
         else:
-            x = logits.astype(np.float64) / job.request.temperature
+            x = logits.astype(np.float64) / job.temperature
             p = np.exp(x - x.max())
             token = int(job.rng.choice(len(p), p=p / p.sum()))
         eog = self.model.is_eog(token)

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from lowtide.core.types import ChatRequest, Outcome
+from lowtide.core.types import Outcome, Refusal, Request
+from lowtide.routes._own import read_plain
 from lowtide.routes.local.model import Model
 
 Deliver = Callable[[Outcome], None]
@@ -30,7 +31,7 @@ class Ticket:
 
 @dataclass(eq=False)
 class Job:
-    request: ChatRequest
+    request: Request
     ticket: Ticket
     tokens: list[int]  # the whole prompt, ending with the assistant header
     # The tokens of every message before the last (system prompt, example turns): requests
@@ -40,6 +41,7 @@ class Job:
     candidates: list[list[int]] | None = None  # tokenised `request.choices`
     rng: np.random.Generator | None = None
     stops: list[str] = field(default_factory=list)
+    temperature: float = 0.0  # 0: greedy, the route's default when a body sets none
 
     @property
     def key(self) -> tuple:
@@ -67,7 +69,7 @@ class Job:
 
 
 def prepare(
-    model: Model, request: ChatRequest, ticket: Ticket, window: int, seed: int, max_feed: int
+    model: Model, request: Request, ticket: Ticket, window: int, seed: int, max_feed: int
 ) -> Job | Outcome:
     """Tokenise `request` into a `Job`, or a non-retryable failure if it cannot run.
 
@@ -75,7 +77,10 @@ def prepare(
     `max_feed` the longest choice the engine can score in one step.
     """
     cid = request.custom_id
-    messages = request.messages
+    plain = read_plain(request)
+    if isinstance(plain, Refusal):
+        return Outcome.failure(cid, "invalid_request", plain.message("local"), False)
+    messages = plain.messages
     try:
         full = model.tokenize(model.render(messages))
         group: list[int] = []
@@ -90,7 +95,7 @@ def prepare(
     if not full:
         return Outcome.failure(cid, "invalid_request", "the prompt is empty", False)
 
-    job = Job(request, ticket, full, tuple(group), budget=0)
+    job = Job(request, ticket, full, tuple(group), budget=0, temperature=plain.temperature or 0.0)
     if request.choices:
         job.candidates = [_choice_tokens(model, full, messages, c) for c in request.choices]
         longest = max(len(c) for c in job.candidates)
@@ -100,9 +105,11 @@ def prepare(
             )
         over = job.need(0) - window
     else:
-        job.budget = min(max(request.max_tokens, 0), window - len(full))
-        job.stops = [s for s in request.stop or [] if s]
-        if request.temperature > 0:
+        # No limit asked: until the model stops or the context is full (none is invented).
+        limit = window - len(full) if plain.max_tokens is None else plain.max_tokens
+        job.budget = min(max(limit, 0), window - len(full))
+        job.stops = [s for s in plain.stop if s]
+        if job.temperature > 0:
             job.rng = np.random.default_rng([seed, zlib.crc32(cid.encode())])
         over = len(full) + 1 - window
     if over > 0:

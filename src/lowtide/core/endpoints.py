@@ -1,0 +1,73 @@
+"""The endpoints a request may be for, and what each one's body may say.
+
+A request is an endpoint plus a body in that endpoint's own shape (DESIGN "request"). The
+keys each body may carry come from the official SDKs' own request types (their TypedDicts),
+not from a list kept here, so a parameter the SDKs add is known the day they ship it.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+CHAT = "/v1/chat/completions"
+RESPONSES = "/v1/responses"
+COMPLETIONS = "/v1/completions"
+MESSAGES = "/v1/messages"
+ENDPOINTS = (CHAT, RESPONSES, COMPLETIONS, MESSAGES)
+# Which provider's protocol an endpoint belongs to.
+PROTOCOL = {CHAT: "openai", RESPONSES: "openai", COMPLETIONS: "openai", MESSAGES: "anthropic"}
+# Keys a batch or a stored request cannot carry: a stream has nobody to read it.
+NEVER = frozenset({"stream", "stream_options"})
+# Parameters self-hosted OpenAI-compatible servers (vLLM, SGLang, llama.cpp's server) take
+# beyond OpenAI's own: passed to an `openai-compatible` route, refused by OpenAI's.
+ENGINE_EXTRAS = frozenset({
+    "top_k", "min_p", "repetition_penalty", "length_penalty", "min_tokens", "ignore_eos", "skip_special_tokens",
+    "spaces_between_special_tokens", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+    "guided_decoding_backend", "structured_outputs", "chat_template", "chat_template_kwargs", "add_generation_prompt",
+    "continue_final_message", "priority", "grammar", "json_schema", "cache_prompt", "n_probs", "mirostat",
+    "typical_p", "dynatemp_range", "samplers", "return_tokens_as_token_ids", "include_stop_str_in_output",
+})  # fmt: skip
+
+
+def _typed_dict(endpoint: str) -> Any:
+    if endpoint == CHAT:
+        from openai.types.chat.completion_create_params import CompletionCreateParamsBase
+
+        return CompletionCreateParamsBase
+    if endpoint == RESPONSES:
+        from openai.types.responses.response_create_params import ResponseCreateParamsBase
+
+        return ResponseCreateParamsBase
+    if endpoint == COMPLETIONS:
+        from openai.types.completion_create_params import CompletionCreateParamsBase
+
+        return CompletionCreateParamsBase
+    if endpoint == MESSAGES:
+        from anthropic.types.message_create_params import MessageCreateParamsBase
+
+        return MessageCreateParamsBase
+    raise ValueError(f"unknown endpoint {endpoint!r}; known: {', '.join(ENDPOINTS)}")
+
+
+@cache
+def known_keys(endpoint: str) -> frozenset[str]:
+    """Every body key of `endpoint`, as the official SDK's request type declares it."""
+    params = _typed_dict(endpoint)
+    return frozenset(params.__required_keys__ | params.__optional_keys__)
+
+
+@cache
+def required_keys(endpoint: str) -> frozenset[str]:
+    return frozenset(_typed_dict(endpoint).__required_keys__)
+
+
+def check_endpoint(endpoint: str) -> str:
+    if endpoint not in ENDPOINTS:
+        raise ValueError(f"unknown endpoint {endpoint!r}; use one of {', '.join(ENDPOINTS)}")
+    return endpoint
+
+
+def conversation_key(endpoint: str) -> str:
+    """The body key that holds what the model is asked: messages, input or prompt."""
+    return {RESPONSES: "input", COMPLETIONS: "prompt"}.get(endpoint, "messages")

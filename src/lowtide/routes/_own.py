@@ -1,0 +1,151 @@
+"""What lowtide's own engines (`echo`, `echo-batch`, `local`, the Ray pool) take from a request.
+
+They are not providers: they honour plain-text turns and a few parameters, and refuse
+everything else by name (DESIGN invariant 8), before it runs. `read_plain` reads a chat
+completions, responses, completions or Anthropic messages body into one `Plain` view, or
+returns the `Refusal` for the first thing the route cannot honour.
+
+`honours` is the route's own set of extra body keys (say `seed`, `top_p`); the keys every
+own engine honours are in `BASE_KEYS`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from lowtide.core.endpoints import CHAT, COMPLETIONS, MESSAGES, RESPONSES
+from lowtide.core.types import Refusal, Request
+
+# Per endpoint: the keys every own engine honours.
+BASE_KEYS = {
+    CHAT: frozenset({"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "stop", "n"}),
+    RESPONSES: frozenset({"model", "input", "instructions", "max_output_tokens", "temperature"}),
+    COMPLETIONS: frozenset({"model", "prompt", "max_tokens", "temperature", "stop", "n"}),
+    MESSAGES: frozenset({"model", "messages", "system", "max_tokens", "temperature", "stop_sequences"}),
+}
+CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+TEXT_PARTS = {CHAT: ("text",), RESPONSES: ("input_text", "output_text"), MESSAGES: ("text",)}
+# Keys on a text part that change nothing an own engine answers (a caching hint).
+HARMLESS_PART_KEYS = frozenset({"type", "text", "cache_control"})
+
+
+@dataclass(slots=True)
+class Plain:
+    """A request as an own engine runs it: text turns (role system, user or assistant) and
+    the parameters it asked for. None means the body did not say (no limit is invented)."""
+
+    messages: list[dict[str, str]]
+    max_tokens: int | None = None
+    temperature: float | None = None
+    stop: list[str] = field(default_factory=list)
+    params: dict[str, Any] = field(default_factory=dict)  # the route's `honours` keys, as sent
+    raw_prompt: str | None = None  # a completions prompt: text, not turns
+
+
+class _Refused(Exception):
+    def __init__(self, field: str, reason: str):
+        self.refusal = Refusal(field, reason)
+
+
+def read_plain(request: Request, honours: frozenset[str] = frozenset()) -> Plain | Refusal:
+    endpoint, body = request.endpoint, request.body
+    base = BASE_KEYS.get(endpoint)
+    if base is None:
+        return Refusal("endpoint", f"{endpoint} is not served by this route")
+    for key in body:
+        if key not in base and key not in honours:
+            return Refusal(key, "not honoured by this route; remove it or use a provider route that takes it")
+    try:
+        plain = _READERS[endpoint](body)
+    except _Refused as refused:
+        return refused.refusal
+    if body.get("n", 1) != 1:
+        return Refusal("n", f"this route returns one choice per request; got n={body['n']!r}")
+    plain.params = {k: body[k] for k in honours if k in body}
+    return plain
+
+
+def _text(content: Any, where: str, part_types: tuple[str, ...]) -> str:
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list) or not content:
+        raise _Refused(where, "expected text or a non-empty list of text parts")
+    texts = []
+    for i, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind not in part_types or not isinstance(part.get("text"), str):
+            raise _Refused(f"{where}[{i}]", f"content part {kind or type(part).__name__!r} is not taken by this route (text only)")
+        extra = set(part) - HARMLESS_PART_KEYS
+        if extra:
+            raise _Refused(f"{where}[{i}].{sorted(extra)[0]}", "not honoured by this route")
+        texts.append(part["text"])
+    return "\n".join(texts)
+
+
+def _turns(messages: Any, roles: dict[str, str], part_types: tuple[str, ...], allowed: frozenset[str]) -> list[dict[str, str]]:
+    if not isinstance(messages, list) or not messages:
+        raise _Refused("messages", "expected a non-empty list of messages")
+    out = []
+    for i, m in enumerate(messages):
+        role = m.get("role") if isinstance(m, dict) else None
+        if role not in roles:
+            raise _Refused(f"messages[{i}].role", f"role {role!r} is not taken by this route (only {', '.join(roles)})")
+        extra = set(m) - allowed
+        if extra:
+            raise _Refused(f"messages[{i}].{sorted(extra)[0]}", "not honoured by this route")
+        out.append({"role": roles[role], "content": _text(m.get("content"), f"messages[{i}].content", part_types)})
+    return out
+
+
+def _stops(value: Any, name: str) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and all(isinstance(s, str) for s in value):
+        return value
+    raise _Refused(name, "must be a string or a list of strings")
+
+
+def _chat(body: dict[str, Any]) -> Plain:
+    messages = _turns(body.get("messages"), CHAT_ROLES, TEXT_PARTS[CHAT], frozenset({"role", "content"}))
+    limit = body.get("max_completion_tokens", body.get("max_tokens"))
+    return Plain(messages, limit, body.get("temperature"), _stops(body.get("stop"), "stop"))
+
+
+def _messages(body: dict[str, Any]) -> Plain:
+    turns = []
+    if body.get("system") is not None:
+        turns.append({"role": "system", "content": _text(body["system"], "system", TEXT_PARTS[MESSAGES])})
+    roles = {"user": "user", "assistant": "assistant"}
+    turns += _turns(body.get("messages"), roles, TEXT_PARTS[MESSAGES], frozenset({"role", "content"}))
+    return Plain(turns, body.get("max_tokens"), body.get("temperature"), _stops(body.get("stop_sequences"), "stop_sequences"))
+
+
+def _responses(body: dict[str, Any]) -> Plain:
+    turns = []
+    if body.get("instructions") is not None:
+        turns.append({"role": "system", "content": _text(body["instructions"], "instructions", ("input_text",))})
+    given = body.get("input")
+    if isinstance(given, str):
+        turns.append({"role": "user", "content": given})
+    else:
+        allowed = frozenset({"role", "content", "type"})
+        if isinstance(given, list):
+            for i, item in enumerate(given):
+                if isinstance(item, dict) and item.get("type", "message") != "message":
+                    raise _Refused(f"input[{i}].type", f"input item {item['type']!r} is not taken by this route (messages only)")
+        turns += _turns(given, CHAT_ROLES, TEXT_PARTS[RESPONSES], allowed)
+    return Plain(turns, body.get("max_output_tokens"), body.get("temperature"))
+
+
+def _completions(body: dict[str, Any]) -> Plain:
+    prompt = body.get("prompt")
+    if not isinstance(prompt, str):
+        raise _Refused("prompt", "this route takes one prompt as text (not a list of prompts or token ids)")
+    return Plain([{"role": "user", "content": prompt}], body.get("max_tokens"), body.get("temperature"),
+                 _stops(body.get("stop"), "stop"), raw_prompt=prompt)  # fmt: skip
+
+
+_READERS = {CHAT: _chat, MESSAGES: _messages, RESPONSES: _responses, COMPLETIONS: _completions}
