@@ -68,6 +68,7 @@ def write_job(folder: Path, rows: int = 6, **extra: Any) -> Path:
         "model": "test-model",
         "route": "echo",
         "choices": LABELS,
+        "params": {"max_tokens": 16},
         "retry": {"max_attempts": 2, "backoff_seconds": 0},
         **extra,
     }

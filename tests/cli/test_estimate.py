@@ -87,7 +87,7 @@ def test_the_text_report(tmp_path):
     text = result.stdout
     assert 'estimate for job "tickets": 4 rows; model gpt-4o-mini, route openai-batch' in text
     assert "input:  64 tokens (approximation: characters / 4" in text
-    assert "output: 400 tokens assumed (max_tokens (100) per request: an upper bound" in text
+    assert "output: 400 tokens assumed (the output limit (100) per request: an upper bound" in text
     assert "openai-batch ◀ this job" in text
     assert "$0.000125" in text and "(50%)" in text and "$0.000250" in text
     assert "lowtide price catalog of" in text

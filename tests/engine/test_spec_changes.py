@@ -82,7 +82,7 @@ def test_requeue_changed_re_renders_succeeded_requests_as_new_versions(store, cl
     now = _requests(store)
     assert {r.state for r in now.values()} == {"pending"}
     assert {r.model for r in now.values()} == {"other-model"}
-    assert all(json.loads(r.payload)["model"] == "other-model" and r.version == 2 for r in now.values())
+    assert all(json.loads(r.payload)["body"]["model"] == "other-model" and r.version == 2 for r in now.values())
     from lowtide.store.schema import request_versions
 
     with store.begin() as conn:
@@ -111,7 +111,8 @@ def test_the_openai_batch_planner_never_puts_two_models_in_one_chunk(store, cloc
     load_job(store, make_spec(source, model="gpt-4o-mini", route="openai-batch"), clock)
     with store.begin() as conn:
         for r in conn.execute(sa.select(requests.c.id, requests.c.payload).where(requests.c.id % 2 == 0)).all():
-            payload = json.loads(r.payload) | {"model": "gpt-4o"}
+            payload = json.loads(r.payload)
+            payload["body"]["model"] = "gpt-4o"
             other = {"payload": json.dumps(payload)} | ({"model": "gpt-4o"} if "model" in requests.c else {})
             conn.execute(requests.update().where(requests.c.id == r.id).values(**other))
         job = JobContext.from_row(conn.execute(sa.select(jobs)).one())
@@ -120,7 +121,7 @@ def test_the_openai_batch_planner_never_puts_two_models_in_one_chunk(store, cloc
         rows = conn.execute(sa.select(requests.c.dispatch_id, requests.c.payload)).all()
     models: dict[int, set[str]] = {}
     for dispatch_id, payload in rows:
-        models.setdefault(dispatch_id, set()).add(json.loads(payload)["model"])
+        models.setdefault(dispatch_id, set()).add(json.loads(payload)["body"]["model"])
     assert sorted(map(sorted, models.values())) == [["gpt-4o"], ["gpt-4o-mini"]]
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from datetime import UTC, datetime
 
+import openai
 import pytest
 import sqlalchemy as sa
 import yaml
@@ -18,6 +19,17 @@ from lowtide.store.db import Store
 from lowtide.store.schema import attempts, dispatches, requests
 from tests.conftest import make_spec, ticket_rows, write_csv
 from tests.routes.conftest import ROUTES, _options, _run
+
+
+async def _until_answered(url: str, n: int) -> None:
+    """Until the server's batch has answered `n` requests (it reports them while in progress)."""
+    client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="test-key")
+    for _ in range(600):  # bounded
+        batch = (await client.batches.list(limit=1)).data[0]
+        if batch.request_counts and batch.request_counts.completed >= n:
+            return
+        await asyncio.sleep(0.05)  # real time for the server's worker, not a timing
+    raise AssertionError(f"the server answered {batch.request_counts} of {n}")
 
 
 def _by_route(store) -> dict[str, int]:
@@ -68,6 +80,7 @@ def test_at_the_cut_over_the_cancelled_batch_keeps_what_it_had_finished(serve, t
     async def go():
         async with Engine(store, clock) as engine:
             await engine.tick("tickets")  # submitted
+            await _until_answered(url, 8)  # the server's own pace: its first load imports more
             clock.advance(spec.deadline.timestamp() - spec.fallback.safety_margin - clock.now())
             for _ in range(600):  # bounded: the server cancels in its own time
                 await engine.tick("tickets")

@@ -138,6 +138,7 @@ def test_anthropic_request_puts_system_apart_and_caches_it_when_asked():
         "claude-x",
         [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}],
         stop=["x"],
+        max_tokens=16,
     )
     body = batch_request(r, cache_prefix=True)
     assert body["params"]["system"] == [

@@ -77,7 +77,8 @@ def test_openai_compatible_answers_with_the_providers_usage(upstream):
     u = out["r7"].usage
     assert (u.input_tokens, u.cached_input_tokens, u.output_tokens, u.reasoning_tokens) == (11, 3, 5, 2)
     body = upstream.arrivals("s")[0].body
-    assert body["response_format"] == {"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}
+    # response_schema is sugar for a strict json_schema response_format
+    assert body["response_format"] == {"type": "json_schema", "json_schema": {"name": "output", "schema": schema, "strict": True}}
     assert "choices" not in body  # choices travel in the prompt text only
     assert upstream.arrivals("r7")[0].path == "/v1/chat/completions"
     assert upstream.arrivals("r7")[0].body["max_tokens"] == 8

@@ -212,7 +212,10 @@ def refusal_checks(spec: JobSpec) -> list[Callable[[dict], str | None]]:
         lanes.append((spec.fallback.route, spec.fallback.route_options, spec.fallback.model))
     endpoint, choices, schema = spec.request_endpoint, spec.effective_choices, spec.response_schema
     for name, options, model in lanes:
-        refusal = getattr(create_route(name, options), "refusal", None)
+        try:
+            refusal = getattr(create_route(name, options), "refusal", None)
+        except RouteError:  # no key here (an estimate): `check_job` refuses such a spec before a load
+            continue
         if refusal is None:  # a plugin route that does not say: it takes what it is sent
             continue
 

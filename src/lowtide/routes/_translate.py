@@ -6,7 +6,7 @@ a spec that says `endpoint: /v1/chat/completions`). What has no mapping is refus
 | chat completions | Anthropic messages |
 |---|---|
 | `system` / `developer` messages (before the first other turn) | `system` text blocks, in order |
-| `user` / `assistant` text, text parts | `text` blocks |
+| `user` text | the same text; `user` / `assistant` text parts, `assistant` text | `text` blocks |
 | `image_url` part (data: URL, or http(s) URL) | `image` block, `base64` or `url` source |
 | `file` part with `file_data` (a PDF data URL) | `document` block, `base64` source |
 | assistant `tool_calls` | `tool_use` blocks (arguments parsed as JSON) |
@@ -103,8 +103,9 @@ def _conversation(messages: Any) -> tuple[list[dict[str, Any]], list[dict[str, A
             if turns:
                 raise _Refused(f"{where}.role", "a system message after the conversation began has no Anthropic mapping")
             system += _blocks(m.get("content"), f"{where}.content", text_only=True)
-        elif role == "user":
-            turns.append({"role": "user", "content": _blocks(m.get("content"), f"{where}.content")})
+        elif role == "user":  # text stays text, as sent; parts become blocks
+            content = m.get("content")
+            turns.append({"role": "user", "content": content if isinstance(content, str) else _blocks(content, f"{where}.content")})
         elif role == "assistant":
             content = [] if m.get("content") in (None, "", []) else _blocks(m.get("content"), f"{where}.content", text_only=True)
             for j, call in enumerate(m.get("tool_calls") or []):

@@ -160,7 +160,7 @@ class OpenAIBatchRoute:
         await self.client.close()
 
 
-def _parse(text: str, endpoint: str) -> Outcome | None:
+def _parse(text: str, endpoint: str = ENDPOINT) -> Outcome | None:
     """A corrupt line names no request we can trust: it is skipped (and logged), and the
     request it was for counts as missing from the output, so it is retried."""
     try:

@@ -116,6 +116,12 @@ def m008_request_fingerprints(conn: Connection) -> None:
     _backfill_rendered(conn)
 
 
+def _model_of(payload: dict) -> str:
+    """The model of a stored payload: its body's (since m009), or its own (before)."""
+    body = payload.get("body")
+    return str((body if isinstance(body, dict) else payload).get("model", ""))
+
+
 @migration
 def m009_request_responses(conn: Connection) -> None:
     """Requests keep the provider's whole answer body (DESIGN invariant 8); versions too."""
@@ -138,5 +144,5 @@ def _backfill_rendered(conn: Connection, page: int = 5000) -> None:
         rows = conn.execute(select(r.id, r.payload).where(r.model.is_(None), r.id > after).order_by(r.id).limit(page)).all()
         if not rows:
             return
-        conn.execute(stmt, [{"_id": rid, "m": str(fastjson.loads(p).get("model", ""))} for rid, p in rows])
+        conn.execute(stmt, [{"_id": rid, "m": _model_of(fastjson.loads(p))} for rid, p in rows])
         after = rows[-1][0]
