@@ -7,6 +7,7 @@ not from a list kept here, so a parameter the SDKs add is known the day they shi
 
 from __future__ import annotations
 
+import typing
 from functools import cache
 from typing import Any
 
@@ -59,7 +60,18 @@ def known_keys(endpoint: str) -> frozenset[str]:
 
 @cache
 def required_keys(endpoint: str) -> frozenset[str]:
-    return frozenset(_typed_dict(endpoint).__required_keys__)
+    return required_of(_typed_dict(endpoint))
+
+
+def required_of(typed_dict: Any) -> frozenset[str]:
+    """The required keys of an SDK TypedDict. The SDKs declare them `total=False` with
+    `Required[...]` under postponed annotations, so `__required_keys__` is empty: they are
+    read from the resolved annotations."""
+    import typing_extensions
+
+    hints = typing_extensions.get_type_hints(typed_dict, include_extras=True)
+    required = (typing.Required, typing_extensions.Required)
+    return frozenset(k for k, tp in hints.items() if typing_extensions.get_origin(tp) in required) | typed_dict.__required_keys__
 
 
 def check_endpoint(endpoint: str) -> str:

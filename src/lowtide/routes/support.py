@@ -1,0 +1,212 @@
+"""What each route does with each parameter, content part and role of each endpoint:
+passes it through, translates it, honours it, or refuses it (DESIGN invariant 8).
+
+Nothing here is a hand-kept list. The parameters, parts and roles are read from the official
+SDKs' request types (their TypedDicts), a sample value is built for each from its annotation
+(`sample`), and the route's own `refusal` is asked about a body carrying it. The same
+samples drive the conformance tests (tests/conformance), and `markdown()` writes the table in
+docs/support.md, which a test compares with this module's output: the docs cannot drift from
+the code, and a parameter the SDKs add shows up in both the day it ships.
+
+    python -m lowtide.routes.support > docs/support.md
+"""
+
+from __future__ import annotations
+
+import os
+import types
+import typing
+
+import typing_extensions
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Union
+
+from lowtide.core.endpoints import CHAT, COMPLETIONS, MESSAGES, PROTOCOL, RESPONSES, known_keys, required_of
+from lowtide.core.types import Request
+
+# The routes the table covers, with the options that build them here (no network, no model).
+ROUTES: dict[str, dict[str, Any]] = {
+    "openai-batch": {"api_key_env": "LOWTIDE_SUPPORT_KEY"},
+    "openai": {"api_key_env": "LOWTIDE_SUPPORT_KEY"},
+    "openai-compatible": {"base_url": "http://127.0.0.1:9/v1"},
+    "anthropic-batch": {"api_key_env": "LOWTIDE_SUPPORT_KEY"},
+    "anthropic": {"api_key_env": "LOWTIDE_SUPPORT_KEY"},
+    "echo": {},
+    "local": {},
+}
+OWN = frozenset({"echo", "echo-batch", "local"})
+ENDPOINT_ORDER = (CHAT, RESPONSES, COMPLETIONS, MESSAGES)
+
+
+# Sample values from the SDKs' annotations ------------------------------------------------
+# Text a field must look like to be read at all (a URL, a data URL); any other string is "x".
+REALISTIC = {
+    "url": "https://example.com/cat.png",
+    "file_data": "data:application/pdf;base64,JVBERi0xLjQK",
+    "data": "iVBORw0KGgo=",
+}
+_WRAPPERS = (typing.Required, typing.NotRequired, typing.Annotated, typing_extensions.Required,
+             typing_extensions.NotRequired, typing_extensions.Annotated)  # fmt: skip
+def sample(tp: Any, depth: int = 0) -> Any:
+    """A small JSON value of type `tp` (an SDK annotation): the first Literal, the first
+    arm of a union, a one-item list, a TypedDict's required keys."""
+    if depth > 12:
+        return "x"
+    origin, args = typing_extensions.get_origin(tp), typing_extensions.get_args(tp)
+    if origin in _WRAPPERS:
+        return sample(args[0], depth + 1)
+    if origin is Literal:
+        return args[0]
+    if origin in (Union, types.UnionType):
+        arms = [a for a in args if a is not type(None)]
+        return sample(arms[0], depth + 1)
+    if origin in (list, Iterable, Sequence):
+        return [sample(args[0], depth + 1)] if args else []
+    if origin in (dict, Mapping):
+        return {"k": sample(args[1], depth + 1) if len(args) == 2 else "v"}
+    if typing_extensions.is_typeddict(tp):
+        hints = typing_extensions.get_type_hints(tp, include_extras=True)
+        return {k: REALISTIC.get(k) or sample(hints[k], depth + 1) for k in sorted(required_of(tp))}
+    return {str: "x", int: 1, float: 0.5, bool: True, object: "x", bytes: "eA=="}.get(tp, "x")
+
+
+def params_type(endpoint: str) -> Any:
+    from lowtide.core.endpoints import _typed_dict
+
+    return _typed_dict(endpoint)
+
+
+def sample_param(endpoint: str, key: str) -> Any:
+    hints = typing_extensions.get_type_hints(params_type(endpoint), include_extras=True)
+    return sample(hints[key])
+
+
+def base_body(endpoint: str, model: str = "m") -> dict[str, Any]:
+    """The least body of `endpoint` that runs everywhere it can: a model, one user turn, and
+    an output limit (Anthropic requires one, so a chat body routed there needs it too)."""
+    if endpoint == RESPONSES:
+        return {"model": model, "input": "Say hi."}
+    if endpoint == COMPLETIONS:
+        return {"model": model, "prompt": "Say hi."}
+    return {"model": model, "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 16}
+
+
+def param_keys(endpoint: str) -> list[str]:
+    """The endpoint's keys beyond what `base_body` sets, sorted."""
+    return sorted(known_keys(endpoint) - set(base_body(endpoint)))
+
+
+def union_arms(tp: Any) -> list[Any]:
+    """The TypedDicts a union annotation (or an Iterable of one) allows."""
+    origin, args = typing_extensions.get_origin(tp), typing_extensions.get_args(tp)
+    if origin in _WRAPPERS:
+        return union_arms(args[0])
+    if origin in (list, Iterable, Sequence):
+        return union_arms(args[0])
+    if origin in (Union, types.UnionType):
+        return [a for arm in args for a in union_arms(arm)]
+    return [tp] if typing_extensions.is_typeddict(tp) else []
+
+
+def message_samples(endpoint: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(name, message) for each message type of a chat or messages body, and for each
+    content part type inside a user message: every role and part the SDK knows."""
+    hints = typing_extensions.get_type_hints(params_type(endpoint), include_extras=True)
+    for arm in union_arms(hints["messages"]):
+        message = sample(arm)
+        yield f"role {message.get('role')}", message
+        content = typing_extensions.get_type_hints(arm, include_extras=True).get("content")
+        if content is None or message.get("role") not in ("user",):
+            continue
+        for part in union_arms(content):
+            value = sample(part)
+            yield f"part {value.get('type')}", message | {"content": [value]}
+
+
+def conversation_with(message: dict[str, Any], user: dict[str, Any]) -> list[dict[str, Any]]:
+    """A conversation holding `message` where its role goes: a user message alone, a system
+    or developer message before the user's turn, any other after it."""
+    role = message.get("role")
+    if role == "user":
+        return [message]
+    return [message, user] if role in ("system", "developer") else [user, message]
+
+
+# The table ---------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    route: str
+    endpoint: str
+    item: str  # a parameter, "role developer", "part image_url"
+    action: str  # passes, translates, honours, refused
+    why: str = ""
+
+
+def _route(name: str):
+    from lowtide.routes import create_route
+
+    os.environ.setdefault("LOWTIDE_SUPPORT_KEY", "sk-support-table")
+    return create_route(name, ROUTES.get(name, {}))
+
+
+def action(route: Any, name: str, endpoint: str, body: dict[str, Any]) -> tuple[str, str]:
+    refused = route.refusal(Request("support", endpoint, body))
+    if refused is not None:
+        return "refused", refused.reason
+    if name in OWN:
+        return "honours", ""
+    native = PROTOCOL[endpoint] == ("anthropic" if name.startswith("anthropic") else "openai")
+    return ("passes", "") if native else ("translates", "")
+
+
+def verdicts(routes: Iterable[str] = ROUTES) -> Iterator[Verdict]:
+    for name in routes:
+        route = _route(name)
+        for endpoint in ENDPOINT_ORDER:
+            base = base_body(endpoint)
+            act, why = action(route, name, endpoint, base)
+            yield Verdict(name, endpoint, f"(a request: {', '.join(base)})", act, why)
+            if act == "refused":
+                continue
+            for key in param_keys(endpoint):
+                yield Verdict(name, endpoint, key, *action(route, name, endpoint, base | {key: sample_param(endpoint, key)}))
+            if endpoint in (CHAT, MESSAGES):
+                for item, message in message_samples(endpoint):
+                    messages = conversation_with(message, base["messages"][0])
+                    yield Verdict(name, endpoint, item, *action(route, name, endpoint, base | {"messages": messages}))
+
+
+def markdown() -> str:
+    rows = list(verdicts())
+    out = [
+        "# What each route does with each field",
+        "",
+        "Generated by `python -m lowtide.routes.support` from the official SDKs' request types and",
+        "each route's own check (`src/lowtide/routes/support.py`); a test keeps this file current.",
+        "",
+        "- **passes**: sent to the provider exactly as given.",
+        "- **translates**: sent in the route's protocol by the one mapping of `routes/_translate.py`.",
+        "- **honours**: lowtide's own engine (`echo`, `local`) acts on it.",
+        "- **refused**: the request is refused before anything is submitted, naming the field and the route.",
+        "",
+    ]
+    for endpoint in ENDPOINT_ORDER:
+        names = list(ROUTES)
+        cells: dict[tuple[str, str], str] = {}
+        items: list[str] = []
+        for v in rows:
+            if v.endpoint != endpoint:
+                continue
+            if v.item not in items:
+                items.append(v.item)
+            cells[(v.item, v.route)] = v.action
+        out += [f"## {endpoint}", "", "| | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+        for item in items:
+            out.append(f"| {item} | " + " | ".join(cells.get((item, n), "refused") for n in names) + " |")
+        out.append("")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    print(markdown(), end="")

@@ -1,0 +1,166 @@
+"""Every parameter, message role and content part the official SDKs declare, through a job on
+every route: it either reaches the provider unchanged (or by the one documented mapping, on
+a route of the other protocol), or the request is refused before anything is stored, naming
+the field and the route (DESIGN invariant 8).
+
+The cases are generated from the SDKs' own request types (`lowtide.routes.support`): a key
+the SDKs add next month becomes a case here without anyone writing it. The batch routes run
+through `lowtide serve` in front of the same capture upstream (its openai-compatible and
+anthropic backends), so serve's passthrough is checked by the same cases.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lowtide.core.clock import ManualClock
+from lowtide.core.endpoints import CHAT, COMPLETIONS, MESSAGES, RESPONSES
+from lowtide.core.sources import Source
+from lowtide.core.spec import build_spec
+from lowtide.core.templates import MessageTemplate
+from lowtide.engine.loader import Refused, RowRenderer
+from lowtide.routes.support import base_body, conversation_with, message_samples, param_keys, sample_param
+from lowtide.store.db import Store
+from lowtide.store.schema import requests
+from tests.conformance.capture import capture
+from tests.conftest import drive_to_end
+from tests.routes.conftest import _run
+
+KEY_ENV = "LOWTIDE_CONFORMANCE_KEY"
+# Where a chat completions key lands in the Anthropic body it is translated to (routes/_translate.py).
+# A key the translation starts to map must be added here: the test fails until it is.
+LANDS = {
+    "max_completion_tokens": "max_tokens", "stop": "stop_sequences", "tools": "tools",
+    "tool_choice": "tool_choice", "user": "metadata",
+    # Anthropic's own behaviour, so nothing to send: n 1 (one answer), parallel_tool_calls true
+    # (false lands in tool_choice: tests/routes/test_translate.py).
+    "n": None, "parallel_tool_calls": None,
+}  # fmt: skip
+NETWORK_ROUTES = ("openai", "openai-compatible", "anthropic", "openai-batch", "anthropic-batch")
+
+
+def cases(endpoint: str) -> list[tuple[str, dict[str, Any]]]:
+    """(what the case is about, its body): one per SDK parameter, role and content part. Each
+    body's first user text is its marker, so the capture can tell them apart."""
+    out = []
+    for i, key in enumerate(param_keys(endpoint)):
+        body = _marked(base_body(endpoint), f"case p{i}") | {key: sample_param(endpoint, key)}
+        out.append((key, body))
+    if endpoint in (CHAT, MESSAGES):
+        for i, (item, message) in enumerate(message_samples(endpoint)):
+            marker = f"case m{i}"
+            user = {"role": "user", "content": marker}
+            if message.get("role") == "user" and isinstance(message.get("content"), list):
+                message = message | {"content": [{"type": "text", "text": marker}, *message["content"]]}
+            elif message.get("role") == "user":
+                message = user
+            out.append((item, base_body(endpoint) | {"messages": conversation_with(message, user)}))
+    return out
+
+
+def _marked(body: dict[str, Any], marker: str) -> dict[str, Any]:
+    if "prompt" in body:
+        return body | {"prompt": marker}
+    if "input" in body:
+        return body | {"input": marker}
+    return body | {"messages": [{"role": "user", "content": marker}]}
+
+
+def _marker(body: dict[str, Any]) -> str:
+    from tests.conformance.capture import marker_of
+
+    return marker_of(body)
+
+
+def spec_for(path: Path, route: str, endpoint: str, options: dict[str, Any]):
+    return build_spec({
+        "name": "conformance", "source": {"path": str(path), "id_column": "id"},
+        "template": {"body_column": "body"}, "model": "m", "route": route, "route_options": options,
+        "endpoint": endpoint, "retry": {"max_attempts": 1},
+    })  # fmt: skip
+
+
+def route_options(route: str, url: str) -> dict[str, Any]:
+    if route in ("echo", "local"):
+        return {}
+    if route == "openai-compatible":
+        return {"base_url": f"{url}/v1"}
+    if route in ("openai", "openai-batch"):
+        return {"base_url": f"{url}/v1", "api_key_env": KEY_ENV, **({"poll_interval": [0.05, 0.2]} if route == "openai-batch" else {})}
+    extra = {"poll_interval": [0.05, 0.2], "find_window": 10**7} if route == "anthropic-batch" else {}
+    return {"base_url": url, "api_key_env": KEY_ENV, **extra}
+
+
+def split(spec, path: Path) -> tuple[dict[str, str], list[int]]:
+    """Ask the loader's own row check about every case: {row: refusal message}, accepted rows."""
+    template = MessageTemplate.from_spec(spec)
+    source = Source(path, None)
+    render = RowRenderer(spec, template, source)
+    refused, accepted = {}, []
+    for chunk in source.chunks():
+        for row in chunk:
+            item = render(row)
+            assert not isinstance(item, str), item  # a case the loader cannot even read
+            if isinstance(item, Refused):
+                refused[row.number] = item.message
+            else:
+                accepted.append(row.number)
+    return refused, accepted
+
+
+ROUTES = ("openai", "openai-compatible", "anthropic", "openai-batch", "anthropic-batch", "echo", "local")
+
+
+@pytest.mark.parametrize("endpoint", [CHAT, RESPONSES, COMPLETIONS, MESSAGES])
+@pytest.mark.parametrize("route", ROUTES)
+def test_every_sdk_field_arrives_unchanged_or_is_refused_by_name(route, endpoint, tmp_path, monkeypatch, request):
+    monkeypatch.setenv(KEY_ENV, "sk-conformance-key")
+    all_cases = cases(endpoint)
+    with capture() as cap:
+        if route.endswith("-batch"):
+            server = request.getfixturevalue("serve_in_front")(cap.url, "anthropic" if route.startswith("anthropic") else "openai-compatible")
+            url = server
+        else:
+            url = cap.url
+        options = route_options(route, url)
+        source = tmp_path / "cases.jsonl"
+        source.write_text("".join(json.dumps({"id": f"c{i}", "body": body}) + "\n" for i, (_, body) in enumerate(all_cases)))
+        spec = spec_for(source, route, endpoint, options)
+        refused, accepted = split(spec, source)
+        for number, message in refused.items():
+            item = all_cases[number - 1][0]
+            named = item.split(" ", 1)[-1] if item.startswith(("role ", "part ")) else item
+            assert f"(route {route})" in message, message
+            assert named in message or "messages[" in message or "endpoint" in message, (item, message)
+        if not accepted or route == "local":  # local: its model is not run here (tests/routes/test_local.py)
+            return
+        kept = tmp_path / "accepted.jsonl"
+        kept.write_text("".join(json.dumps({"id": f"c{n - 1}", "body": all_cases[n - 1][1]}) + "\n" for n in accepted))
+        spec = spec_for(kept, route, endpoint, options)
+        store = Store(str(tmp_path / "client.db"))
+        if route.endswith("-batch"):
+            from lowtide.engine.loader import load_job
+
+            load_job(store, spec, ManualClock(0))
+            _run(store, spec.name)
+        else:
+            drive_to_end(store, spec, ManualClock(1_000_000.0))
+        with store.begin() as conn:
+            states = dict(conn.execute(requests.select().with_only_columns(requests.c.custom_id, requests.c.state)).all())
+        assert set(states.values()) == {"succeeded"}, states
+        if route == "echo":
+            return
+        native = (endpoint == MESSAGES) == route.startswith("anthropic")
+        for n in accepted:
+            item, sent = all_cases[n - 1]
+            path, got = cap.seen[_marker(sent)]
+            if native:
+                assert got == sent, f"{item}: the upstream saw {got}, not {sent}"
+            elif not item.startswith(("role ", "part ")) and item in param_keys(endpoint):
+                assert item in LANDS, f"{item} is translated: add where it lands to LANDS"
+                if LANDS[item] is not None:
+                    assert LANDS[item] in got, f"{item} should land in {LANDS[item]}: {got}"
