@@ -3,6 +3,7 @@ render → persist → chunk → upload → poll → download → ingest → exp
 
     .venv/bin/python bench/batch.py              # 100,000 requests
     .venv/bin/python bench/batch.py --n 20000 --route anthropic-batch
+    .venv/bin/python bench/batch.py --structured  # response_format + tools on every line
 
 Prints the client's wall time per phase and its peak RSS (the server is another process and
 is not counted). Runs in a temporary folder that is removed afterwards.
@@ -57,6 +58,18 @@ def start_server(tmp: Path) -> tuple[subprocess.Popen, str]:
     raise SystemExit("lowtide serve did not start")
 
 
+# A structured-extraction job as users send it: a strict JSON Schema answer and a tool.
+STRUCTURED = {
+    "response_format": {"type": "json_schema", "json_schema": {"name": "ticket", "strict": True, "schema": {
+        "type": "object", "additionalProperties": False, "required": ["label", "urgent"],
+        "properties": {"label": {"type": "string", "enum": ["billing", "technical", "account", "shipping"]},
+                       "urgent": {"type": "boolean"}}}}},
+    "tools": [{"type": "function", "function": {"name": "escalate", "description": "Escalate the ticket to a human.",
+               "parameters": {"type": "object", "properties": {"reason": {"type": "string"}}, "required": ["reason"]}}}],
+    "tool_choice": "auto",
+}  # fmt: skip
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds a process has used so far (Linux /proc)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
@@ -67,6 +80,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--n", type=int, default=100_000)
     parser.add_argument("--route", default="openai-batch", choices=["openai-batch", "anthropic-batch"])
+    parser.add_argument("--structured", action="store_true", help="every line carries response_format and tools (openai-batch)")
     args = parser.parse_args()
     tune_gc()  # as lowtide's commands do (core/runtime.py)
     n = args.n
@@ -88,7 +102,7 @@ def main() -> None:
                 "model": "gpt-4o-mini",
                 "route": args.route,
                 "route_options": options,
-                "params": {"max_tokens": 64},
+                "params": {"max_tokens": 64, **(STRUCTURED if args.structured else {})},
             }
         )
         store = Store(str(tmp / "client.db"))
@@ -112,7 +126,8 @@ def main() -> None:
         store.close()
 
         total = sum(phases.values())
-        print(f"{args.route} against lowtide serve (echo backend): {n:,} requests")
+        what = " with response_format + tools on every line" if args.structured else ""
+        print(f"{args.route} against lowtide serve (echo backend): {n:,} requests{what}")
         for name, secs in phases.items():
             print(f"  {name:<38} {secs:7.2f} s")
         print(f"  {'total':<38} {total:7.2f} s  {n / total:,.0f} req/s")
