@@ -23,7 +23,13 @@ from lowtide.core.sources import Source
 from lowtide.core.spec import build_spec
 from lowtide.core.templates import MessageTemplate
 from lowtide.engine.loader import Refused, RowRenderer
-from lowtide.routes.support import base_body, conversation_with, message_samples, param_keys, sample_param
+from lowtide.routes.support import (
+    base_body,
+    conversation_with,
+    message_samples,
+    param_keys,
+    sample_param,
+)
 from lowtide.store.db import Store
 from lowtide.store.schema import requests
 from tests.conformance.capture import capture

@@ -16,13 +16,21 @@ from __future__ import annotations
 import os
 import types
 import typing
-
-import typing_extensions
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Union
 
-from lowtide.core.endpoints import CHAT, COMPLETIONS, MESSAGES, PROTOCOL, RESPONSES, known_keys, required_of
+import typing_extensions
+
+from lowtide.core.endpoints import (
+    CHAT,
+    COMPLETIONS,
+    MESSAGES,
+    PROTOCOL,
+    RESPONSES,
+    known_keys,
+    required_of,
+)
 from lowtide.core.types import Request
 
 # The routes the table covers, with the options that build them here (no network, no model).
