@@ -7,6 +7,7 @@ so the check does not depend on what serve then does with each line."""
 from __future__ import annotations
 
 import json
+import time
 import types
 import typing
 from types import SimpleNamespace
@@ -15,12 +16,14 @@ from typing import Any
 import anthropic
 import openai
 import pytest
+from anthropic.types.message_create_params import MessageCreateParamsBase
 from openai.types.chat.completion_create_params import CompletionCreateParamsBase
 from sqlalchemy import func, select
 
 from lowtide.core.endpoints import NEVER
 from lowtide.core.errors import SpecError
 from lowtide.server.gateway import build_gateway_config
+from lowtide.server.gateway.records import accepted_row, insert_accepted, new_deferred_id
 from lowtide.store.gateway_schema import gateway_requests
 from tests.server.conftest import running
 
@@ -130,6 +133,30 @@ def test_every_chat_parameter_the_sdk_declares_reaches_the_batch_provider_or_is_
     assert len(accepted) > 30  # openai-batch takes every key the SDK declares
 
 
+MESSAGE_KEYS = sorted(set(MessageCreateParamsBase.__required_keys__ | MessageCreateParamsBase.__optional_keys__)
+                      - {"model", "messages", "max_tokens"} - NEVER)  # fmt: skip
+
+
+def test_every_messages_parameter_the_sdk_declares_reaches_the_anthropic_route_or_is_refused_by_name(gateway, upstream):
+    """The same for Anthropic's request type, on the `anthropic` route (its real-time
+    twin shares the batch route's refusal) pointed at the loopback upstream."""
+    hints = typing.get_type_hints(MessageCreateParamsBase, include_extras=True)
+    base = {"model": "claude-haiku-4-5", "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}]}
+    asked = {key: {**base, key: _sample(hints[key])} for key in MESSAGE_KEYS}
+    batch = {"anthropic": {"route": "anthropic", "fallback": "none",
+                           "route_options": {"base_url": upstream.url, "api_key_env": "GW_TEST_UPSTREAM_KEY"}}}  # fmt: skip
+    with gateway(batch=batch) as g, g.client() as c:
+        answers = {key: c.post("/v1/messages", json=body, headers=DEFER) for key, body in asked.items()}
+        for key, r in answers.items():
+            assert r.status_code == 202 or (r.status_code == 400 and key in r.json()["error"]["message"]), (key, r.text)
+        accepted = {key: r.json()["id"] for key, r in answers.items() if r.status_code == 202}
+        for gid in accepted.values():
+            assert g.wait_done(gid)["status"] == "succeeded"
+    arrived = sorted(json.dumps(call["body"], sort_keys=True) for call in upstream.calls)
+    assert arrived == sorted(json.dumps(asked[key], sort_keys=True) for key in accepted)
+    assert len(accepted) > 10
+
+
 def test_a_field_the_batch_route_refuses_is_a_400_naming_it_and_nothing_is_stored(tmp_path, upstream, serve):
     config = base_config(tmp_path, upstream, batch=_batch_target(serve.url))
     with running_gateway(tmp_path, config) as g, g.client() as c:
@@ -225,3 +252,21 @@ def test_a_config_with_default_max_tokens_is_refused_saying_why(tmp_path, upstre
     config = base_config(tmp_path, SimpleNamespace(url=upstream.url), batch={"openai": {"route": "echo", "default_max_tokens": 4096}})
     with pytest.raises(SpecError, match="default_max_tokens is gone"):
         build_gateway_config(config)
+
+
+def test_a_request_an_older_gateway_accepted_still_runs_as_the_body_it_stood_for(gateway):
+    """Rows stored before bodies were kept verbatim hold text turns and three parameters."""
+    legacy = {"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "old one"}],
+              "max_tokens": 16, "temperature": 1.0, "stop": ["END"]}  # fmt: skip
+    with gateway() as g:
+        gids = []
+        for api, model in (("openai", "gpt-4o-mini"), ("anthropic", "claude-haiku-4-5")):
+            gids.append(new_deferred_id())
+            row = accepted_row(id=gids[-1], tenant="acme", api=api, model=model, decision="deferred", payload=json.dumps(legacy),
+                               callback_url=None, accepted_at=time.time(), deadline_at=time.time() + 3600, expected_at=time.time())  # fmt: skip
+            with g.gw.store.begin() as conn:
+                insert_accepted(conn, [row])
+        g.gw.collector.wake()
+        done = [g.wait_done(gid) for gid in gids]
+    assert [d["status"] for d in done] == ["succeeded", "succeeded"]
+    assert done[0]["response"]["choices"][0]["message"]["content"] and done[1]["response"]["content"][0]["text"]

@@ -164,7 +164,7 @@ def _visible(headers: Any) -> dict[str, str]:
     return {k: v for k, v in headers.items() if k not in CLIENT_HEADERS}
 
 
-UNBATCHABLE_FIX = "; remove it to defer this call, or send it without X-Lowtide-Defer to run it now"
+UNBATCHABLE_FIX = "; remove it to defer this call, or send it with X-Lowtide-Priority: realtime to run it now"
 
 
 def _batchable(gw: Gateway, api: str, model: str, body: dict[str, Any]) -> dict[str, Any] | Refused | str:

@@ -36,7 +36,7 @@ def deferred_body(body: dict[str, Any]) -> dict[str, Any] | Refusal:
         return Refusal("model", "a deferred call must name its model")
     stream = body.get("stream")
     if stream is not None and stream is not False:
-        return Refusal("stream", "a streamed call is answered now, not later; remove stream to defer it")
+        return Refusal("stream", "a streamed call is answered now, not later")
     if stream is False and "stream_options" not in body:
         return {k: v for k, v in body.items() if k != "stream"}
     return body
@@ -57,10 +57,14 @@ def flush_line(gid: str, payload: str, api: str, model: str) -> str:
 
 def legacy_body(api: str, model: str, row: dict[str, Any]) -> dict[str, Any]:
     """The body a row stored by an older gateway stands for. Such a row holds what that
-    gateway kept (text messages, max_tokens, temperature, stop): nothing more can be had."""
+    gateway kept (text messages, max_tokens, temperature, stop): nothing more can be had.
+    It wrote Anthropic's default temperature, 1.0, into every row; that one is left out (it
+    asks for nothing the default does not, and Messages bodies do not declare it)."""
     messages = row.get("messages") or []
     params = {k: row[k] for k in ("max_tokens", "temperature") if row.get(k) is not None}
     if api == "anthropic":
+        if params.get("temperature") == 1.0:
+            del params["temperature"]
         system = "\n\n".join(m["content"] for m in messages if m.get("role") == "system")
         body = {"model": model, "messages": [m for m in messages if m.get("role") != "system"], **params}
         body.update({"system": system} if system else {})
