@@ -270,3 +270,10 @@ def test_a_request_an_older_gateway_accepted_still_runs_as_the_body_it_stood_for
         done = [g.wait_done(gid) for gid in gids]
     assert [d["status"] for d in done] == ["succeeded", "succeeded"]
     assert done[0]["response"]["choices"][0]["message"]["content"] and done[1]["response"]["content"][0]["text"]
+
+
+def test_a_body_without_a_model_goes_real_time_for_the_upstream_to_answer(gateway, upstream):
+    with gateway() as g, g.client() as c:
+        r = c.post("/v1/messages", json={"max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}, headers=DEFER)
+    assert r.headers["x-lowtide-decision"] == "realtime" and r.headers["x-lowtide-reason"] == "no model"
+    assert len(upstream.calls) == 1

@@ -173,6 +173,8 @@ def _batchable(gw: Gateway, api: str, model: str, body: dict[str, Any]) -> dict[
     target = gw.target(api)
     if target is None:
         return f"no batch target for the {api} API"
+    if not model:  # the upstream answers that in its own words
+        return "no model"
     if target.models is not None and model not in target.models:
         return f"model {model!r} is not in batch.{api}.models"
     deferred = shape.deferred_body(body)

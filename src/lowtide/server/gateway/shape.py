@@ -3,8 +3,9 @@
 In: the call's body is stored as it came (DESIGN invariant 8): a flush's job reads it as a
 `body_column` row, so every field, content part and parameter reaches the batch route
 unchanged, or the route refuses it at the door (admission.py) and nothing is stored. The
-one key looked at is `stream`: a streamed call cannot wait (`deferred_body` says so), and
-`stream: false` asks for what a deferred answer is anyway, so it is the one key removed.
+keys read are `model` (for the model mapping; the one override) and `stream`: a streamed
+call cannot wait (`deferred_body` says so), and `stream: false` asks for what a deferred
+answer is anyway, so it is the one key removed.
 
 Out: a finished lowtide request (a `requests` row) becomes what the API itself answered:
 the provider's whole response body as the route kept it (`requests.response`), or, for a
@@ -32,8 +33,6 @@ ENDPOINT = {"openai": CHAT, "anthropic": MESSAGES}
 
 def deferred_body(body: dict[str, Any]) -> dict[str, Any] | Refusal:
     """The body to store for a deferred call, or why this call cannot be deferred at all."""
-    if not isinstance(body.get("model"), str) or not body["model"]:
-        return Refusal("model", "a deferred call must name its model")
     stream = body.get("stream")
     if stream is not None and stream is not False:
         return Refusal("stream", "a streamed call is answered now, not later")
