@@ -90,8 +90,10 @@ class Upstream:
                     yield f"data: {json.dumps(last)}\n\ndata: [DONE]\n\n"
                 return StreamingResponse(events(), media_type="text/event-stream")
             return {"id": "chatcmpl-up", "object": "chat.completion", "created": 1, "model": body["model"],
-                    "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
-                    "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}}
+                    "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop",
+                                 "logprobs": {"content": [{"token": "up", "logprob": -0.25, "bytes": None, "top_logprobs": []}]}}],
+                    "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8},
+                    "system_fingerprint": "fp_upstream"}  # fmt: skip
 
         @app.post("/v1/messages")
         async def messages(request: Request):

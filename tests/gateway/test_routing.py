@@ -87,8 +87,11 @@ def test_priority_realtime_wins_over_a_rule(gateway, upstream):
         ({"tenant": "globex"}, {}, {}, False),
     ],
 )
-def test_rules_match_by_model_tag_metadata_path_and_tenant(gateway, match, headers, body, deferred):
-    with gateway(rules=[{"match": match, "action": "defer"}]) as g, g.client() as c:
+def test_rules_match_by_model_tag_metadata_path_and_tenant(gateway, upstream, match, headers, body, deferred):
+    # A batch route that takes `metadata` (echo honours plain text only, and would refuse it).
+    batch = {"openai": {"route": "openai", "fallback": "none",
+                        "route_options": {"base_url": f"{upstream.url}/v1", "api_key_env": "GW_TEST_UPSTREAM_KEY"}}}  # fmt: skip
+    with gateway(rules=[{"match": match, "action": "defer"}], batch=batch) as g, g.client() as c:
         r = c.post("/v1/chat/completions", json={**CHAT, **body}, headers=headers)
     assert r.status_code == (202 if deferred else 200)
 
@@ -116,12 +119,17 @@ def test_the_classifier_hook_decides_when_no_header_or_rule_does(gateway, upstre
     assert seen[0].tenant == "acme" and "authorization" not in seen[0].headers  # the hook never sees the key
 
 
-def test_a_body_a_batch_cannot_carry_goes_real_time_and_says_why(gateway, upstream):
+def test_a_body_the_batch_route_refuses_is_a_400_if_it_must_wait_and_real_time_if_it_may(gateway, upstream):
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
-    with gateway() as g, g.client() as c:
-        r = c.post("/v1/chat/completions", json={**CHAT, "tools": tools}, headers={"X-Lowtide-Defer": "1h"})
-    assert r.status_code == 200 and r.headers["x-lowtide-decision"] == "realtime"
-    assert "tools" in r.headers["x-lowtide-reason"]
+    with gateway() as g, g.client() as c:  # the batch target is echo, which honours no tools
+        must = c.post("/v1/chat/completions", json={**CHAT, "tools": tools}, headers={"X-Lowtide-Defer": "1h"})
+        may = c.post("/v1/chat/completions", json={**CHAT, "tools": tools},
+                     headers={"X-Lowtide-Defer": "1h", "X-Lowtide-Prefer": "realtime"})  # fmt: skip
+    assert must.status_code == 400 and must.json()["error"]["param"] == "tools"
+    assert "tools" in must.json()["error"]["message"] and "route echo" in must.json()["error"]["message"]
+    assert may.status_code == 200 and may.headers["x-lowtide-decision"] == "realtime"
+    assert "tools" in may.headers["x-lowtide-reason"] and "route echo" in may.headers["x-lowtide-reason"]
+    assert [call["body"]["tools"] for call in upstream.calls] == [tools]  # only the one that may go real time went
 
 
 def test_a_model_outside_the_batch_mapping_is_not_deferred(gateway):

@@ -32,6 +32,7 @@ from lowtide.core.errors import RouteError, SpecError, UnknownRouteError
 from lowtide.routes import create_route
 from lowtide.server import errors
 from lowtide.server.gateway import handlers, records
+from lowtide.server.gateway.admission import admission_for
 from lowtide.server.gateway.collector import Collector
 from lowtide.server.gateway.config import GatewayConfig
 from lowtide.server.gateway.context import APIS, Gateway
@@ -74,6 +75,9 @@ def create_gateway_app(
         owners=Owners(store),
     )  # fmt: skip
     for api in APIS:
+        target = gateway.target(api)
+        if target is not None:
+            gateway.admissions[api] = admission_for(api, target, gateway.fallback_for(api), gateway.routes)
         up = gateway.upstream_config(api)
         if up is not None:
             if up.api_key_env and not os.environ.get(up.api_key_env):

@@ -9,13 +9,14 @@ One pass:
               flush_size of them wait, when the oldest has waited flush_age, or when the
               earliest deadline among them leaves no more time to wait (a batch sent later
               could not end before deadline − safety_margin)
-    load      each flush still `loading`: its requests are written as conversation rows
-              (`template.messages_column`) to <data_dir>/flushes/gateway-<n>.jsonl and
-              `load_job`ed — idempotent, so a restart redoes it without loading twice
+    load      each flush still `loading`: its requests are written as rows holding their
+              bodies verbatim (`template.body_column`) to <data_dir>/flushes/gateway-<n>.jsonl
+              and `load_job`ed — idempotent, so a restart redoes it without loading twice
     tick      one engine tick per running flush's job: the engine submits, polls, ingests,
               retries, and near a deadline cuts over to the fallback (real-time) route
     collect   requests of a job that reached a terminal state are recorded on their
-              deferred rows, in the API's response shape, with the money saved; a flush
+              deferred rows — the provider's whole response body where the route kept
+              one, else one in the API's shape — with the money saved; a flush
               whose requests are all recorded is done
 
 Deliveries (webhooks.py) run beside the passes, as their own task in the same loop.
@@ -26,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import math
 import threading
@@ -45,7 +45,7 @@ from lowtide.engine.loader import load_job
 from lowtide.engine.tick import Engine
 from lowtide.server.gateway import records
 from lowtide.server.gateway.records import DeferredState, FlushState
-from lowtide.server.gateway.shape import dumps, result_of
+from lowtide.server.gateway.shape import ENDPOINT, dumps, flush_line, result_of
 from lowtide.server.gateway.webhooks import Deliverer
 from lowtide.store.gateway_schema import gateway_requests
 from lowtide.store.money import to_pico
@@ -221,7 +221,7 @@ class Collector:
         tmp = path.with_suffix(".tmp")
         with tmp.open("w", encoding="utf-8") as f:
             for row in rows:
-                f.write('{"custom_id": "' + row.id + '", ' + row.payload[1:] + "\n")
+                f.write(flush_line(row.id, row.payload, flush.api, flush.model))
         tmp.replace(path)
         spec = self.job_spec(flush, path)
         try:
@@ -247,11 +247,11 @@ class Collector:
         return JobSpec(
             name=flush.job_name,
             source={"path": str(path), "id_column": "custom_id", "format": "jsonl"},
-            template={"messages_column": "messages"},
+            template={"body_column": "body"},  # the bodies as they came: no params of its own
+            endpoint=ENDPOINT[flush.api],
             model=model,
             route=target.route,
             route_options=target.route_options,
-            params={"max_tokens": target.default_max_tokens, "temperature": 1.0},
             retry={"max_attempts": target.max_attempts, "backoff_seconds": 5.0},
             deadline=datetime.fromtimestamp(self._deadline(flush), UTC) if fb is not None else None,
             fallback=fb,
@@ -300,7 +300,7 @@ class Collector:
             landed = list(
                 conn.execute(
                     select(g.id.label("gid"), g.tenant, g.model.label("client_model"), g.accepted_at, g.callback_url,
-                           r.state, r.output, r.payload, r.error_code, r.error_message, r.route, r.input_tokens,
+                           r.state, r.output, r.payload, r.response, r.model, r.error_code, r.error_message, r.route, r.input_tokens,
                            r.cached_input_tokens, r.cache_write_tokens, r.output_tokens, r.reasoning_tokens)  # fmt: skip
                     .join(requests, (r.custom_id == g.id) & (r.job_id == job_id))
                     .where(g.flush_id == flush.id, g.state == DeferredState.QUEUED.value, r.state.in_(TERMINAL))
@@ -335,9 +335,8 @@ class Collector:
         upstream = self.gw.upstream_config(flush.api)
         price_as = (upstream.price_as if upstream is not None else None) or flush.api
         realtime = attempt_cost(usage, row.client_model, price_as).usd
-        payload = json.loads(row.payload)
         if target is not None and row.route == target.route:
-            ran = attempt_cost(usage, payload.get("model", row.client_model), row.route, target.route_options).usd
+            ran = attempt_cost(usage, row.model or row.client_model, row.route, target.route_options).usd
         else:
             fallback = self.gw.fallback_for(flush.api)
             options = fallback[1] if fallback is not None else {}

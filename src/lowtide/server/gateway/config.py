@@ -142,8 +142,15 @@ class BatchTarget(_Strict):
     # Where requests go that the batch route cannot finish before their deadline. Default:
     # the upstream itself, through lowtide's real-time route for that API; `none` for none.
     fallback: Fallback | Literal["none"] | None = None
-    default_max_tokens: int = Field(4096, ge=1)  # OpenAI bodies without max_tokens
     max_attempts: int = Field(3, ge=1, le=100)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_invented_limit(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "default_max_tokens" in data:
+            raise ValueError("default_max_tokens is gone: a deferred body is sent as it came, with no limit "
+                             "added; remove the key (a client that wants a limit sets max_tokens in its call)")  # fmt: skip
+        return data
 
 
 class BatchTargets(_Strict):

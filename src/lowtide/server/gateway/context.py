@@ -16,6 +16,7 @@ from lowtide.server.gateway.tenants import Tenants
 from lowtide.store.db import Store
 
 if TYPE_CHECKING:
+    from lowtide.server.gateway.admission import Admission
     from lowtide.server.gateway.collector import Collector
     from lowtide.server.gateway.owned import Owners
     from lowtide.server.gateway.proxy import UpstreamClient
@@ -39,6 +40,7 @@ class Gateway:
     secret: bytes | None  # the webhook signing secret; None: callbacks are refused
     routes: dict[str, Any] = field(default_factory=dict)  # ready-made routes for the engine
     route_kinds: dict[str, str] = field(default_factory=dict)  # api → kind of its batch target's route
+    admissions: dict[str, Admission] = field(default_factory=dict)  # api → what its flush's lanes refuse
     loads: dict[str, LoadTracker] = field(default_factory=dict)
     upstreams: dict[str, UpstreamClient] = field(default_factory=dict)
     owners: Owners | None = None  # who owns which upstream object (scoped.py)

@@ -11,11 +11,13 @@
 Every path is made canonical first (paths.py): one with `..`, `//` or double encoding is
 refused (400) before anything else looks at it. Anything not on the allow-list is 404.
 
-A deferrable request is deferred only if its API has a batch target, the target takes its
-model, and its body is one a batch can carry (plain-text chat; shape.py). Otherwise it goes
-real time and the answer's `X-Lowtide-Decision: realtime` says so (`X-Lowtide-Reason`).
-A request that prefers real time and meets a 429 from the upstream is shaved rather than
-answered 429.
+A deferrable request is deferred only if its API has a batch target and the target takes
+its model; otherwise it goes real time and the answer's `X-Lowtide-Decision: realtime` says
+so (`X-Lowtide-Reason`). Its body is stored verbatim (shape.py), so it must be one the
+flush's routes can honour (admission.py): a request that must wait (`defer`) with a body
+they refuse is a 400 naming the field and the route, and nothing is stored; one that only
+may wait (`prefer_realtime`) goes real time instead, saying why. A request that prefers
+real time and meets a 429 from the upstream is shaved rather than answered 429.
 """
 
 from __future__ import annotations
@@ -28,9 +30,11 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
+from lowtide.core.types import Refusal
 from lowtide.server.bodies import parse_object, read_body, stream_body
 from lowtide.server.errors import ApiError, api_of
 from lowtide.server.gateway import openapi, records, scoped, shape, upstream_api
+from lowtide.server.gateway.admission import Refused
 from lowtide.server.gateway.context import Gateway
 from lowtide.server.gateway.paths import PathRefused, canonical_path
 from lowtide.server.gateway.policy import PolicyError, RequestInfo, Verdict, tags_of
@@ -142,6 +146,11 @@ async def handle(gw: Gateway, request: Request, api: str) -> Response:
     row: dict[str, Any] | str = "realtime by policy"
     if verdict.mode != "realtime":
         row = _batchable(gw, api, model, body)
+        if isinstance(row, Refused):
+            if verdict.mode == "defer":  # it must wait, and cannot wait as it is: said, not run otherwise
+                gw.metrics.refuse(api, "unbatchable")
+                raise ApiError(400, row.message + UNBATCHABLE_FIX, param=row.field)
+            row = row.message
         if isinstance(row, dict):
             load = gw.loads.get(api)
             if verdict.mode == "defer":
@@ -155,14 +164,23 @@ def _visible(headers: Any) -> dict[str, str]:
     return {k: v for k, v in headers.items() if k not in CLIENT_HEADERS}
 
 
-def _batchable(gw: Gateway, api: str, model: str, body: dict[str, Any]) -> dict[str, Any] | str:
-    """The source row if this request can be deferred, else why not."""
+UNBATCHABLE_FIX = "; remove it to defer this call, or send it with X-Lowtide-Priority: realtime to run it now"
+
+
+def _batchable(gw: Gateway, api: str, model: str, body: dict[str, Any]) -> dict[str, Any] | Refused | str:
+    """The body to store if this request can be deferred; else what its flush's routes
+    refuse in it (Refused), or why it is not for a batch at all (str)."""
     target = gw.target(api)
     if target is None:
         return f"no batch target for the {api} API"
+    if not model:  # the upstream answers that in its own words
+        return "no model"
     if target.models is not None and model not in target.models:
         return f"model {model!r} is not in batch.{api}.models"
-    return shape.to_row(api, body, target.default_max_tokens)
+    deferred = shape.deferred_body(body)
+    if isinstance(deferred, Refusal):
+        return Refused(deferred.field, f"{deferred.field}: {deferred.reason}")
+    return gw.admissions[api].refused(deferred) or deferred
 
 
 async def _forward(gw: Gateway, request: Request, api: str, tenant: str, model: str, raw: bytes,
@@ -182,7 +200,7 @@ async def _forward(gw: Gateway, request: Request, api: str, tenant: str, model: 
 
     extra = {"x-lowtide-decision": "realtime"}
     if isinstance(row, str) and verdict.mode != "realtime":
-        extra["x-lowtide-reason"] = row[:200]
+        extra["x-lowtide-reason"] = _header_text(row[:200])
     response = await upstream.forward("POST", request.url.path, request.url.query, request.headers, raw, done, extra)
     if response.status_code == 429 and verdict.mode == "prefer_realtime" and isinstance(row, dict):
         await _discard(response)
@@ -190,6 +208,13 @@ async def _forward(gw: Gateway, request: Request, api: str, tenant: str, model: 
     gw.metrics.decided(api, "realtime")
     log.debug("gateway: %s %s tenant=%s model=%s → realtime %d", api, request.url.path, tenant, model, response.status_code)
     return response
+
+
+def _header_text(text: str) -> str:
+    """A reason as a header value: it may quote the caller's own keys, which may hold any
+    character (a header carries printable ASCII only)."""
+    text = text.encode("ascii", "backslashreplace").decode("ascii")
+    return "".join(c if " " <= c <= "~" else "?" for c in text)
 
 
 async def _discard(response: Response) -> None:
@@ -224,7 +249,7 @@ async def _defer(gw: Gateway, request: Request, api: str, tenant: str, model: st
     deadline = now + gw.policy.max_wait(verdict)
     expected, urgent = gw.expected_completion(api, now, deadline)
     gid = records.new_deferred_id()
-    values = records.accepted_row(id=gid, tenant=tenant, api=api, model=model, payload=shape.dumps(row), decision=decision,
+    values = records.accepted_row(id=gid, tenant=tenant, api=api, model=model, payload=shape.stored(row), decision=decision,
                                   callback_url=callback or None, accepted_at=now, deadline_at=deadline, expected_at=expected)  # fmt: skip
     assert gw.writer is not None
     try:

@@ -2,7 +2,7 @@
 handful of counters does not need a client library).
 
     lowtide_gateway_requests_total{api, decision}    realtime | deferred | shaved
-    lowtide_gateway_refused_total{api, reason}       auth | quota | size | callback | invalid
+    lowtide_gateway_refused_total{api, reason}       auth | quota | size | callback | invalid | unbatchable
     lowtide_gateway_shaved_ratio                     shaved / all decided requests
     lowtide_gateway_deferred_finished_total{state}   succeeded | failed
     lowtide_gateway_saved_usd_total                  estimated: real-time price − actual cost

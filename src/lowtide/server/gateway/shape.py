@@ -1,15 +1,17 @@
-"""Translate at the edge, both ways, for deferred requests.
+"""Deferred requests at the edge, both ways.
 
-In: a `/v1/chat/completions` or `/v1/messages` body becomes a lowtide source row (plain-text
-messages, max_tokens, temperature, stop; `server/translate.py`, the same translation
-`lowtide serve` applies to batch lines). A body that a batch cannot carry faithfully —
-tools, images, `response_format`, logprobs, `n > 1`, … — is not deferred: `to_row` says why
-and the gateway forwards it in real time instead. `stream` is dropped (a deferred answer
-is delivered whole).
+In: the call's body is stored as it came (DESIGN invariant 8): a flush's job reads it as a
+`body_column` row, so every field, content part and parameter reaches the batch route
+unchanged, or the route refuses it at the door (admission.py) and nothing is stored. The
+keys read are `model` (for the model mapping; the one override) and `stream`: a streamed
+call cannot wait (`deferred_body` says so), and `stream: false` asks for what a deferred
+answer is anyway, so it is the one key removed.
 
-Out: a finished lowtide request (a `requests` row) becomes the body the API itself would
-have answered: a `chat.completion` or a `message`; a failure becomes the API's error body
-with the HTTP status it would have had.
+Out: a finished lowtide request (a `requests` row) becomes what the API itself answered:
+the provider's whole response body as the route kept it (`requests.response`), or, for a
+route that keeps none (lowtide's own engines), a `chat.completion` or `message` built from
+the answer text; a failure becomes the API's error body with the HTTP status it would have
+had.
 """
 
 from __future__ import annotations
@@ -19,38 +21,66 @@ from typing import Any
 
 from sqlalchemy import Row
 
+from lowtide.core.endpoints import CHAT, MESSAGES
+from lowtide.core.types import Refusal, Request
 from lowtide.server.errors import ApiError
 from lowtide.server.outputs import EXPIRED_CODES, HTTP_ERRORS, TIMEOUT_CODES
-from lowtide.server.translate import Rejection, anthropic_params, openai_chat
 
 _dumps = json.JSONEncoder(ensure_ascii=False).encode
-OPENAI_NOT_BATCHED = ("tools", "tool_choice", "functions", "function_call", "audio", "prediction", "logprobs",
-                      "top_logprobs", "web_search_options", "response_format", "modalities", "logit_bias")  # fmt: skip
-ANTHROPIC_NOT_BATCHED = ("tools", "tool_choice", "thinking", "mcp_servers", "container")
+# The endpoint each hot path's calls are for: the flush's job endpoint.
+ENDPOINT = {"openai": CHAT, "anthropic": MESSAGES}
 
 
-def to_row(api: str, body: dict[str, Any], default_max_tokens: int) -> dict[str, Any] | str:
-    """The source row for a deferred request, or why this body cannot be deferred."""
-    if not isinstance(body.get("model"), str) or not body["model"]:
-        return "no model"
-    unsupported = OPENAI_NOT_BATCHED if api == "openai" else ANTHROPIC_NOT_BATCHED
-    for name in unsupported:
-        if body.get(name):
-            return f"{name} is not carried by batches"
-    plain = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
-    row = openai_chat(plain, default_max_tokens) if api == "openai" else anthropic_params(plain)
-    if isinstance(row, Rejection):
-        return row.message
-    return row
+def deferred_body(body: dict[str, Any]) -> dict[str, Any] | Refusal:
+    """The body to store for a deferred call, or why this call cannot be deferred at all."""
+    stream = body.get("stream")
+    if stream is not None and stream is not False:
+        return Refusal("stream", "a streamed call is answered now, not later")
+    if stream is False and "stream_options" not in body:
+        return {k: v for k, v in body.items() if k != "stream"}
+    return body
+
+
+def stored(body: dict[str, Any]) -> str:
+    """A deferred request's `payload` column: `{"body": …}`, so the flush file's row is that
+    text with its custom_id put in front (collector.py writes it without parsing it)."""
+    return '{"body": ' + _dumps(body) + "}"
+
+
+def flush_line(gid: str, payload: str, api: str, model: str) -> str:
+    """One row of a flush's source file: `{"custom_id", "body"}`."""
+    if not payload.startswith('{"body": '):  # accepted by a gateway before bodies were kept verbatim
+        payload = stored(legacy_body(api, model, json.loads(payload)))
+    return '{"custom_id": "' + gid + '", ' + payload[1:] + "\n"
+
+
+def legacy_body(api: str, model: str, row: dict[str, Any]) -> dict[str, Any]:
+    """The body a row stored by an older gateway stands for. Such a row holds what that
+    gateway kept (text messages, max_tokens, temperature, stop): nothing more can be had.
+    It wrote Anthropic's default temperature, 1.0, into every row; that one is left out (it
+    asks for nothing the default does not, and Messages bodies do not declare it)."""
+    messages = row.get("messages") or []
+    params = {k: row[k] for k in ("max_tokens", "temperature") if row.get(k) is not None}
+    if api == "anthropic":
+        if params.get("temperature") == 1.0:
+            del params["temperature"]
+        system = "\n\n".join(m["content"] for m in messages if m.get("role") == "system")
+        body = {"model": model, "messages": [m for m in messages if m.get("role") != "system"], **params}
+        body.update({"system": system} if system else {})
+        body.update({"stop_sequences": row["stop"]} if row.get("stop") else {})
+        return body
+    return {"model": model, "messages": messages, **params} | ({"stop": row["stop"]} if row.get("stop") else {})
 
 
 def result_of(api: str, gid: str, model: str, r: Row, created: int) -> tuple[dict[str, Any], int]:
     """(response body in the API's shape, HTTP status) for a terminal `requests` row."""
     if r.state == "succeeded":
+        if r.response:  # the provider's own answer, everything it returned
+            return json.loads(r.response), 200
         usage = {"input": r.input_tokens or 0, "output": r.output_tokens or 0, "cached": r.cached_input_tokens or 0,
                  "cache_write": r.cache_write_tokens or 0, "reasoning": r.reasoning_tokens or 0}  # fmt: skip
-        max_tokens = json.loads(r.payload).get("max_tokens")
-        length = bool(max_tokens) and usage["output"] >= max_tokens
+        limit = Request.from_payload(gid, json.loads(r.payload)).output_limit
+        length = bool(limit) and usage["output"] >= limit
         if api == "anthropic":
             return _anthropic_message(gid, model, r.output or "", length, usage), 200
         return _openai_completion(gid, model, r.output or "", length, usage, created), 200
