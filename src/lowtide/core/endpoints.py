@@ -30,6 +30,11 @@ ENGINE_EXTRAS = frozenset({
 })  # fmt: skip
 
 
+def request_type(endpoint: str) -> Any:
+    """The official SDK's TypedDict of `endpoint`'s request body."""
+    return _typed_dict(endpoint)
+
+
 def _typed_dict(endpoint: str) -> Any:
     if endpoint == CHAT:
         from openai.types.chat.completion_create_params import CompletionCreateParamsBase
@@ -59,7 +64,15 @@ def known_keys(endpoint: str) -> frozenset[str]:
 
 @cache
 def required_keys(endpoint: str) -> frozenset[str]:
-    return frozenset(_typed_dict(endpoint).__required_keys__)
+    """The keys the SDK's request type marks `Required`. Read from the type hints: the SDKs'
+    modules use `from __future__ import annotations`, so `__required_keys__` of their
+    `total=False` TypedDicts is empty."""
+    import typing_extensions
+
+    params = _typed_dict(endpoint)
+    hints = typing_extensions.get_type_hints(params, include_extras=True)
+    marked = {k for k, v in hints.items() if typing_extensions.get_origin(v) is typing_extensions.Required}
+    return frozenset(params.__required_keys__ | marked)
 
 
 def check_endpoint(endpoint: str) -> str:

@@ -56,7 +56,7 @@ def create_app(config: ServeConfig) -> FastAPI:
     data_dir = config.data_dir.expanduser().resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     store = Store(config.db)
-    server = Server(config, store, ScaledClock.open(store, config.time_scale), Faults(plan), data_dir)
+    server = Server(config, store, ScaledClock.open(store, config.time_scale), Faults(plan), data_dir, route=route)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
