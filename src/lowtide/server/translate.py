@@ -20,7 +20,7 @@ from typing import Any, Union
 import typing_extensions
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
-from lowtide.core.endpoints import request_type, required_keys
+from lowtide.core.endpoints import ENDPOINTS, known_keys, request_type, required_keys
 from lowtide.core.types import Request
 
 PLAIN = (int, float, str, bool, type(None))
@@ -65,6 +65,14 @@ def rejection(route: Any, endpoint: str, body: dict[str, Any], model: str | None
     if refused is None:
         return None
     return Rejection(refused.message(route.name), param=refused.field)
+
+
+def prepare() -> None:
+    """Read the SDKs' request types now (at start), not while the first batch streams in."""
+    for endpoint in ENDPOINTS:
+        known_keys(endpoint)
+        required_keys(endpoint)
+        scalar_checks(endpoint)
 
 
 @cache
