@@ -206,6 +206,12 @@ class Capture:
                                  {"id": f"call_{n}", "type": "function", "function": {"name": "label", "arguments": '{"label": "bug"}'}}]}}],
                 "usage": usage,
             }  # fmt: skip
+        if endpoint == "messages":
+            return {"id": f"msg_up{n}", "type": "message", "role": "assistant", "model": "upstream-model",
+                    "content": [{"type": "text", "text": "done"}, {"type": "tool_use", "id": "tu_1", "name": "f", "input": {}}],
+                    "stop_reason": "tool_use", "stop_sequence": None,
+                    "usage": {"input_tokens": 11, "output_tokens": 7, "cache_creation_input_tokens": 5,
+                              "cache_read_input_tokens": 3, "service_tier": "batch"}}  # fmt: skip
         if endpoint == "completions":
             return {"id": f"cmpl-up{n}", "object": "text_completion", "created": 1700000000, "model": "upstream-model",
                     "choices": [{"index": 0, "text": "done", "logprobs": None, "finish_reason": "stop"}], "usage": usage}  # fmt: skip
