@@ -213,3 +213,23 @@ def test_real_time_on_echo_refuses_by_name_and_answers_responses_and_completions
     with pytest.raises(anthropic.BadRequestError, match="metadata"):
         server.anthropic().messages.create(model="c", max_tokens=5, messages=[{"role": "user", "content": "hi"}],
                                            metadata={"user_id": "u"})  # fmt: skip
+
+
+def test_across_protocols_a_chat_batch_is_translated_and_a_messages_batch_is_refused_by_name(serve, capture, monkeypatch):
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "k")
+    with serve(backend="anthropic", route_options={"base_url": capture.url.removesuffix("/v1"), "concurrency": 2}) as s:
+        client = s.openai()
+        done = wait_openai(client, create_batch(client, [chat_line("a", "hi", max_completion_tokens=20)]).id)
+        (line,) = file_lines(client, done.output_file_id)
+    # The one chat -> messages mapping (routes/_translate.py): the limit under Anthropic's name.
+    assert capture.bodies == [{"model": "gpt-test", "max_tokens": 20, "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}]
+    answer = openai.types.chat.ChatCompletion.model_validate(line["response"]["body"])  # built: the upstream's is a message
+    assert answer.choices[0].message.content == "done" and answer.model == "gpt-test"
+
+    with serve(backend="openai-compatible", route_options={"base_url": capture.url, "concurrency": 2}) as s:
+        client = s.anthropic()
+        batch = client.messages.batches.create(requests=[message_request("m")])
+        (result,) = list(client.messages.batches.results(wait_anthropic(client, batch.id).id))
+    assert result.result.type == "errored"
+    assert result.result.error.error.message.startswith("endpoint: /v1/messages is not an OpenAI endpoint")
+    assert "(route openai-compatible)" in result.result.error.error.message
