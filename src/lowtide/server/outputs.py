@@ -117,11 +117,10 @@ def _result(r: Row, model: str, unfinished: str) -> Result:
             "cache_write_tokens": r.cache_write_tokens or 0, "output_tokens": r.output_tokens or 0,
             "reasoning_tokens": r.reasoning_tokens or 0,
         }  # fmt: skip
-        if r.response is not None:
-            return Result(custom_id, "succeeded", model, text=r.output or "", usage=usage, response=fastjson.loads(r.response))
+        response = fastjson.loads(r.response) if r.response is not None else None
         limit = Request.from_payload(custom_id, fastjson.loads(r.payload)).output_limit
-        finish = "length" if limit and usage["output_tokens"] >= limit else "stop"
-        return Result(custom_id, "succeeded", model, text=r.output or "", finish=finish, usage=usage)
+        finish = "length" if limit and usage["output_tokens"] >= limit else "stop"  # for a built answer
+        return Result(custom_id, "succeeded", model, text=r.output or "", finish=finish, usage=usage, response=response)
     if r.error_code in EXPIRED_CODES:
         return Result(custom_id, "expired", model)
     if r.state == FAILED:
