@@ -18,6 +18,8 @@ import openai
 import pytest
 import uvicorn
 import yaml
+from fastapi import FastAPI
+from fastapi import Request as HttpRequest
 
 from lowtide.core.types import Request
 from lowtide.routes.echo import EchoRoute
@@ -49,11 +51,8 @@ class Running:
 
 
 @contextmanager
-def running(tmp_path: Path, **config: Any) -> Iterator[Running]:
-    config.setdefault("time_scale", FAST)
-    config.setdefault("data_dir", tmp_path / "data")
-    config.setdefault("db", str(tmp_path / "lowtide.db"))
-    app = create_app(ServeConfig(**config))
+def on_loopback(app: Any) -> Iterator[int]:
+    """Any ASGI app served by uvicorn on a free loopback port, in a thread: its port."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
@@ -62,11 +61,21 @@ def running(tmp_path: Path, **config: Any) -> Iterator[Running]:
     wait_until(lambda: server.started or not thread.is_alive(), what="the server to start")
     assert thread.is_alive(), "the server did not start"
     try:
-        yield Running(sock.getsockname()[1], app)
+        yield sock.getsockname()[1]
     finally:
         server.should_exit = True
         thread.join(30)
         sock.close()
+
+
+@contextmanager
+def running(tmp_path: Path, **config: Any) -> Iterator[Running]:
+    config.setdefault("time_scale", FAST)
+    config.setdefault("data_dir", tmp_path / "data")
+    config.setdefault("db", str(tmp_path / "lowtide.db"))
+    app = create_app(ServeConfig(**config))
+    with on_loopback(app) as port:
+        yield Running(port, app)
 
 
 @pytest.fixture
@@ -160,3 +169,65 @@ def gate() -> Iterator[GatedEcho]:
     route = GatedEcho()
     yield route
     route.release()  # never leave a worker waiting on the gate
+
+
+class Capture:
+    """A loopback OpenAI-compatible upstream that records every body it is sent, exactly as
+    it arrived, and answers in the endpoint's shape with fields lowtide does not build
+    (tool calls, logprobs, a system fingerprint), naming its own model."""
+
+    def __init__(self) -> None:
+        self.bodies: list[dict] = []
+        self.port = 0
+        app = FastAPI()
+
+        @app.post("/v1/{endpoint:path}")
+        async def answer(endpoint: str, request: HttpRequest) -> dict:
+            body = json.loads(await request.body())
+            self.bodies.append(body)
+            return self.answer(endpoint, body)
+
+        self.app = app
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def answer(self, endpoint: str, body: dict) -> dict:
+        n = len(self.bodies)
+        usage = {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}
+        if endpoint == "chat/completions":
+            return {
+                "id": f"chatcmpl-up{n}", "object": "chat.completion", "created": 1700000000, "model": "upstream-model",
+                "system_fingerprint": "fp_up", "service_tier": "default",
+                "choices": [{"index": 0, "finish_reason": "tool_calls",
+                             "logprobs": {"content": [{"token": "x", "logprob": -0.5, "bytes": [120], "top_logprobs": []}], "refusal": None},
+                             "message": {"role": "assistant", "content": None, "refusal": None, "tool_calls": [
+                                 {"id": f"call_{n}", "type": "function", "function": {"name": "label", "arguments": '{"label": "bug"}'}}]}}],
+                "usage": usage,
+            }  # fmt: skip
+        if endpoint == "messages":
+            return {"id": f"msg_up{n}", "type": "message", "role": "assistant", "model": "upstream-model",
+                    "content": [{"type": "text", "text": "done"}, {"type": "tool_use", "id": "tu_1", "name": "f", "input": {}}],
+                    "stop_reason": "tool_use", "stop_sequence": None,
+                    "usage": {"input_tokens": 11, "output_tokens": 7, "cache_creation_input_tokens": 5,
+                              "cache_read_input_tokens": 3, "service_tier": "batch"}}  # fmt: skip
+        if endpoint == "completions":
+            return {"id": f"cmpl-up{n}", "object": "text_completion", "created": 1700000000, "model": "upstream-model",
+                    "choices": [{"index": 0, "text": "done", "logprobs": None, "finish_reason": "stop"}], "usage": usage}  # fmt: skip
+        return {
+            "id": f"resp_up{n}", "object": "response", "created_at": 1700000000, "model": "upstream-model", "status": "completed",
+            "output": [{"type": "message", "id": "msg_up", "status": "completed", "role": "assistant",
+                        "content": [{"type": "output_text", "text": "done", "annotations": []}]}],
+            "parallel_tool_calls": True, "tool_choice": "auto", "tools": [], "reasoning": {"effort": "low", "summary": None},
+            "usage": {"input_tokens": 11, "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0}, "output_tokens": 7,
+                      "output_tokens_details": {"reasoning_tokens": 3}, "total_tokens": 18},
+        }  # fmt: skip
+
+
+@pytest.fixture
+def capture() -> Iterator[Capture]:
+    upstream = Capture()
+    with on_loopback(upstream.app) as port:
+        upstream.port = port
+        yield upstream

@@ -143,13 +143,15 @@ def test_json_nested_100000_deep_is_a_400_naming_where(server, path, api, templa
         assert answer.json()["error"]["param"].startswith(where)
 
 
-def test_a_body_within_the_depth_limit_still_runs(server):
+def test_a_body_within_the_depth_limit_still_runs(serve, capture):
     schema = {"type": "object"}
     for _ in range(20):
         schema = {"type": "object", "properties": {"x": schema}}
-    answer = server.openai().chat.completions.create(
-        model="m", messages=[{"role": "user", "content": "hi"}], response_format={"type": "json_schema", "json_schema": {"name": "n", "schema": schema}})
-    assert answer.choices[0].message.content is not None
+    response_format = {"type": "json_schema", "json_schema": {"name": "n", "schema": schema}}
+    with serve(backend="openai-compatible", route_options={"base_url": capture.url, "concurrency": 1}) as s:
+        answer = s.openai().chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], response_format=response_format)
+    assert answer.choices[0].message.tool_calls is not None
+    assert capture.bodies[0]["response_format"] == response_format
 
 
 def test_a_lone_surrogate_in_a_body_is_a_400_naming_the_field(server):

@@ -31,6 +31,11 @@ ENGINE_EXTRAS = frozenset({
 })  # fmt: skip
 
 
+def request_type(endpoint: str) -> Any:
+    """The official SDK's TypedDict of `endpoint`'s request body."""
+    return _typed_dict(endpoint)
+
+
 def _typed_dict(endpoint: str) -> Any:
     if endpoint == CHAT:
         from openai.types.chat.completion_create_params import CompletionCreateParamsBase

@@ -80,9 +80,7 @@ def sample(tp: Any, depth: int = 0) -> Any:
 
 
 def params_type(endpoint: str) -> Any:
-    from lowtide.core.endpoints import _typed_dict
-
-    return _typed_dict(endpoint)
+    return request_type(endpoint)
 
 
 def sample_param(endpoint: str, key: str) -> Any:

@@ -11,6 +11,7 @@ from fastapi.responses import FileResponse
 from sqlalchemy import Row
 from starlette.concurrency import run_in_threadpool
 
+from lowtide.core.endpoints import MESSAGES
 from lowtide.server import records
 from lowtide.server.bodies import stream_body
 from lowtide.server.context import Server
@@ -78,8 +79,8 @@ async def create(request: Request) -> dict[str, Any]:
     server = _server(request)
     config = server.config
     batch_id = records.new_id("msgbatch_01", 22)
-    taking = await run_in_threadpool(MessageIntake, batch_folder(server, batch_id), batch_id,
-                                     config.anthropic_max_requests, config.max_json_depth)  # fmt: skip
+    taking = await run_in_threadpool(MessageIntake, batch_folder(server, batch_id), batch_id, config.anthropic_max_requests,
+                                     config.max_json_depth, server.refuse(MESSAGES, "anthropic"))  # fmt: skip
     try:
         pending = bytearray()
         async for chunk in stream_body(request, config.anthropic_max_bytes, config.body_timeout):

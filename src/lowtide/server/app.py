@@ -30,6 +30,7 @@ from lowtide.server import (
     openai_api,
     realtime_api,
     safejson,
+    translate,
 )
 from lowtide.server.backend import Backend
 from lowtide.server.clock import ScaledClock
@@ -52,11 +53,12 @@ def create_app(config: ServeConfig) -> FastAPI:
     backend = Backend(route, owned=config.backend not in config.routes) if route.kind == "direct" else None
     if backend is not None:
         config = replace(config, routes={**config.routes, config.backend: backend.route})
+    translate.prepare()
     plan = FaultPlan.load(config.faults) if config.faults else FaultPlan()
     data_dir = config.data_dir.expanduser().resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     store = Store(config.db)
-    server = Server(config, store, ScaledClock.open(store, config.time_scale), Faults(plan), data_dir)
+    server = Server(config, store, ScaledClock.open(store, config.time_scale), Faults(plan), data_dir, route=route)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from lowtide.server.translate import Rejection, rejection
 from lowtide.store.db import Store
 
 if TYPE_CHECKING:
@@ -41,7 +43,6 @@ class ServeConfig:
     anthropic_max_bytes: int = 256 * MB
     anthropic_max_requests: int = 100_000
     completion_window: float = DAY  # both APIs: a batch expires 24 h after creation
-    default_max_tokens: int = 4096  # OpenAI requests without max_tokens
     # Ready-made route instances by route name, handed to the engine (an embedding
     # program's own, or a probe in a test); other routes are built from the name.
     routes: dict[str, Any] = field(default_factory=dict, repr=False)
@@ -57,12 +58,18 @@ class Server:
     faults: Faults
     data_dir: Path
     wake: Any = None  # callable: tell the worker there is news (a batch, a cancel)
+    # The backend route, asked what it refuses before a request is stored (translate.py).
+    route: Any = None
     # Live counts of running batches, by id: (when read, monotonic; the summary). Counting
     # a 50,000-request batch takes a scan; clients polling several times a second share one.
     live_counts: dict[str, tuple[float, Any]] = field(default_factory=dict)
 
     def path(self, relative: str) -> Path:
         return self.data_dir / relative
+
+    def refuse(self, endpoint: str, api: str = "openai") -> Callable[[dict[str, Any]], Rejection | None]:
+        """What a body for `endpoint` fails with on the backend, or None (it may run)."""
+        return lambda body: rejection(self.route, endpoint, body, self.config.model, api)
 
     def notify(self) -> None:
         if self.wake is not None:

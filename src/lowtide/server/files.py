@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+from pathlib import PurePosixPath
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -36,11 +37,30 @@ def _server(request: Request) -> Server:
 
 
 def _get(server: Server, file_id: str) -> Row:
+    """The file, or OpenAI's 404: also once it has expired (its content is removed then)."""
     with server.store.read() as conn:
         row = records.get_file(conn, file_id)
+    if row is not None and row.expires_at is not None and row.expires_at <= server.clock.now():
+        expire(server, row)
+        row = None
     if row is None or not server.path(row.path).exists():
         raise not_found("openai", "file", file_id)
     return row
+
+
+def expire(server: Server, row: Row) -> None:
+    """An expired file is gone, as at OpenAI: its row and its content."""
+    with server.store.begin() as conn:
+        records.delete_file(conn, row.id)
+    with contextlib.suppress(OSError):
+        server.path(row.path).unlink()
+
+
+def batch_name_ok(filename: str) -> bool:
+    """A batch input must be .jsonl; a name without an extension (the SDK names raw bytes
+    `upload`, and many clients send such names) is taken as it is."""
+    suffix = PurePosixPath(filename.replace("\\", "/")).suffix
+    return suffix in ("", ".jsonl")
 
 
 @router.post("", openapi_extra=form_body(FILE_UPLOAD))
@@ -74,7 +94,7 @@ def _store(server: Server, file_id: str, form: FormReceiver) -> dict[str, Any]:
     purpose, filename = form.fields.get("purpose"), form.filename or "upload"
     if purpose not in PURPOSES:
         raise ApiError(400, f"'{purpose}' is not one of {list(PURPOSES)} - 'purpose'", param="purpose")
-    if purpose == "batch" and not filename.endswith(".jsonl"):
+    if purpose == "batch" and not batch_name_ok(filename):
         raise ApiError(400, "Invalid file format for Batch API. Must be .jsonl", param="file")
     now = server.clock.now()
     expires_at = _expires_after(form.fields, now)
@@ -100,6 +120,25 @@ def _expires_after(form: dict[str, str], now: float) -> float | None:
     if not 3600 <= value <= 2_592_000:
         raise ApiError(400, "expires_after[seconds] must be between 3600 and 2592000.", param="expires_after.seconds")
     return now + value
+
+
+@router.get("")
+def list_(request: Request, after: str | None = None, limit: int = 10_000, order: str = "desc",
+          purpose: str | None = None) -> dict[str, Any]:  # fmt: skip
+    """OpenAI's file list: newest first by default, `after` the last id of the page before."""
+    server = _server(request)
+    if not 1 <= limit <= 10_000:
+        raise ApiError(400, f"Invalid 'limit': integer below minimum value or above maximum value. Expected a value between 1 and 10000, but got {limit} instead.", param="limit")
+    if order not in ("asc", "desc"):
+        raise ApiError(400, f"Invalid 'order': expected one of 'asc' or 'desc', but got '{order}' instead.", param="order")
+    with server.store.read() as conn:
+        page = records.list_files(conn, limit, order, server.clock.now(), after=after, purpose=purpose)
+    if page is None:
+        raise not_found("openai", "file", after or "")
+    rows, more = page
+    data = [file_object(r) for r in rows]
+    return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None, "has_more": more}  # fmt: skip
 
 
 @router.get("/{file_id}")

@@ -56,7 +56,7 @@ def build_openai(server: Server, row: Row, ending: str) -> dict[str, Any]:
     def lines():
         for r in found:
             _count(summary, r)
-            yield openai_line(row.id, r, created)
+            yield openai_line(row.id, r, created, row.endpoint)
 
     sizes = {True: 0, False: 0}
     with open(server.path(paths[True]), "wb") as out, open(server.path(paths[False]), "wb") as err:
@@ -65,6 +65,7 @@ def build_openai(server: Server, row: Row, ending: str) -> dict[str, Any]:
             (out if is_output else err).write(data)
             sizes[is_output] += len(data)
     now = server.clock.now()
+    keep = row.output_expires_after or OUTPUT_FILE_DAYS * 86400  # the batch's output_expires_after
     values: dict[str, Any] = {"counts": summary.to_json(), "output_file_id": None, "error_file_id": None}
     new_files = []
     for is_output, column in ((True, "output_file_id"), (False, "error_file_id")):
@@ -75,7 +76,7 @@ def build_openai(server: Server, row: Row, ending: str) -> dict[str, Any]:
         values[column] = file_id
         new_files.append({"id": file_id, "purpose": "batch_output", "filename": paths[is_output].removeprefix("files/"),
                           "bytes": sizes[is_output], "path": paths[is_output], "created_at": now,
-                          "expires_at": now + OUTPUT_FILE_DAYS * 86400})  # fmt: skip
+                          "expires_at": now + keep})  # fmt: skip
     return {"values": values, "files": new_files}
 
 

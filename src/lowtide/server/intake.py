@@ -1,22 +1,25 @@
 """Taking a batch in: checking an OpenAI input file line by line, and writing every request
 into the batch's folder as lowtide source rows (one file per model) or as a rejection.
 
-The folder (`batches/<batch id>/` in the data dir) then holds:
+A row is the request's body exactly as it came, `{"custom_id", "body": {...}}`: the job
+reads it with `template.body_column` and stores it verbatim (DESIGN invariant 8). The folder
+(`batches/<batch id>/` in the data dir) then holds:
 
     <job name>.jsonl   source rows of one lowtide job (the batch id, then `<id>.1`, … per model)
-    rejected.jsonl     requests that fail alone, before running (a bad parameter)
+    rejected.jsonl     requests that fail alone, before running (a field the backend refuses)
 """
 
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 from lowtide.core import fastjson
 from lowtide.server import safejson
-from lowtide.server.translate import Rejection, encode_key, openai_chat
+from lowtide.server.translate import Rejection, encode_key
 
 MAX_ERRORS = 100  # validation errors reported for one file
 _dumps = fastjson.dumps
@@ -78,11 +81,12 @@ def check_size(nbytes: int, max_bytes: int) -> list[dict[str, Any]]:
 
 
 def take_openai_file(
-    path: Path, intake: Intake, endpoint: str, max_requests: int, default_max_tokens: int,
+    path: Path, intake: Intake, endpoint: str, max_requests: int, refuse: Callable[[dict[str, Any]], Rejection | None],
     max_depth: int = safejson.DEFAULT_DEPTH,
 ) -> tuple[str | None, list[dict[str, Any]]]:
     """Check every line of an input file as OpenAI's validation does, writing the good ones
-    through `intake`. Returns (the model, the validation errors: empty when it passed)."""
+    through `intake`: as a row, or as the `refuse(body)` rejection that line fails with
+    alone. Returns (the model, the validation errors: empty when it passed)."""
     errors: list[dict[str, Any]] = []
     seen: set[str] = set()
     model: str | None = None
@@ -107,7 +111,7 @@ def take_openai_file(
                 elif body["model"] != model:
                     errors.append(_error("model_mismatch", f"The model '{body['model']}' differs from '{model}' of line 1; a batch may use only one model.", lineno, "body.model"))
                 if not errors:
-                    intake.add(custom_id, model, openai_chat(body, default_max_tokens))
+                    intake.add(custom_id, model, refuse(body) or {"body": body})
             if len(errors) >= MAX_ERRORS:
                 break
     if count == 0:

@@ -28,6 +28,7 @@ from typing import Any
 
 from sqlalchemy import Row, and_, select
 
+from lowtide.core.endpoints import MESSAGES
 from lowtide.core.errors import InputError, RouteError, UnknownRouteError
 from lowtide.core.spec import JobSpec
 from lowtide.core.states import RequestState
@@ -204,13 +205,13 @@ class Worker:
         server, config = self.server, self.server.config
         with server.store.begin() as conn:
             file = records.get_file(conn, row.input_file_id)
-        if file is None:
+        if file is None or (file.expires_at is not None and file.expires_at <= server.clock.now()):
             return [{"code": "file_not_found", "message": f"The input file {row.input_file_id} was deleted.", "param": "input_file_id", "line": None}]
         if errors := check_size(file.bytes, config.openai_max_bytes):
             return errors
         with Intake(batch_folder(server, row.id), row.id) as intake:
             model, errors = take_openai_file(server.path(file.path), intake, row.endpoint, config.openai_max_requests,
-                                             config.default_max_tokens, config.max_json_depth)  # fmt: skip
+                                             server.refuse(row.endpoint), config.max_json_depth)  # fmt: skip
         if errors:
             intake.discard()
             return errors
@@ -228,14 +229,15 @@ class Worker:
             if row.api == "anthropic" and faults.get("fail_validation"):
                 self._reject_all(row, job, faults["fail_validation"]["message"])
                 continue
+            # Rows are the bodies as they came (intake.py): stored verbatim, nothing invented.
             spec = JobSpec(
                 name=job["name"],
                 source={"path": str(folder / f"{job['name']}.jsonl"), "id_column": "custom_id"},
-                template={"messages_column": "messages"},
+                template={"body_column": "body"},
+                endpoint=row.endpoint or MESSAGES,
                 model=server.config.model or job["model"],
                 route=server.config.backend,
                 route_options=server.config.route_options,
-                params={"max_tokens": server.config.default_max_tokens, "temperature": 1.0},
                 retry={"max_attempts": 3, "backoff_seconds": 5.0},
             )
             try:

@@ -2,15 +2,18 @@
 split into its requests as it streams (jsonstream.py), each request is checked and written
 into the batch's folder at once (intake.py), and nothing holds the batch whole. The first
 request at fault refuses the batch (400, naming `requests.<i>`), and the folder is removed.
+`params` are kept verbatim; params the backend refuses (`refuse`) fail that request alone,
+as an `errored` result, as Anthropic validates params after the batch is taken.
 
 The handler feeds chunks from the event loop through a thread (the work is CPU and disk):
 
-    taking = MessageIntake(folder, batch_id, max_requests, max_depth)
+    taking = MessageIntake(folder, batch_id, max_requests, max_depth, refuse)
     taking.feed(chunk) …; taking.finish()     # or taking.discard() on any error
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -21,7 +24,7 @@ from lowtide.server.errors import ApiError
 from lowtide.server.intake import Intake
 from lowtide.server.jsonstream import ArraySplitter, StreamError
 from lowtide.server.schemas import validated
-from lowtide.server.translate import anthropic_params
+from lowtide.server.translate import Rejection
 
 
 class Item(BaseModel):
@@ -31,8 +34,10 @@ class Item(BaseModel):
 
 
 class MessageIntake:
-    def __init__(self, folder: Any, batch_id: str, max_requests: int, max_depth: int):
+    def __init__(self, folder: Any, batch_id: str, max_requests: int, max_depth: int,
+                 refuse: Callable[[dict[str, Any]], Rejection | None] = lambda params: None):  # fmt: skip
         self.intake = Intake(folder, batch_id).__enter__()
+        self.refuse = refuse
         self.max_requests = max_requests
         self.max_depth = max_depth
         self._split = ArraySplitter("requests", max_depth)
@@ -74,4 +79,8 @@ class MessageIntake:
             raise ApiError(400, f"requests: custom_id '{item.custom_id}' is used more than once; each request needs its own.", param=f"{where}.custom_id")
         self._seen.add(item.custom_id)
         model = item.params.get("model")
-        self.intake.add(item.custom_id, model if isinstance(model, str) else "", anthropic_params(item.params))
+        if not isinstance(model, str) or not model:
+            row: dict[str, Any] | Rejection = Rejection("model: Field required (a model name)", param="model")
+        else:
+            row = self.refuse(item.params) or {"body": item.params}
+        self.intake.add(item.custom_id, model if isinstance(model, str) else "", row)

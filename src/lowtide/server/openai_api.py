@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict
 from sqlalchemy import Row
 from starlette.concurrency import run_in_threadpool
 
+from lowtide.core.endpoints import CHAT, COMPLETIONS, RESPONSES
 from lowtide.server import records
 from lowtide.server.bodies import parse_object, read_body
 from lowtide.server.context import Server
@@ -23,7 +24,7 @@ from lowtide.server.schemas import json_body, validated
 router = APIRouter(prefix="/v1/batches")
 ENDPOINTS = ("/v1/responses", "/v1/chat/completions", "/v1/embeddings", "/v1/completions", "/v1/moderations",
              "/v1/images/generations", "/v1/images/edits", "/v1/videos")  # fmt: skip
-SUPPORTED = "/v1/chat/completions"
+SUPPORTED = (CHAT, RESPONSES, COMPLETIONS)  # the rest (embeddings, …) are another issue's
 LIVE_COUNTS_AGE = 1.0  # real seconds
 STAMPS = ("created_at", "in_progress_at", "expires_at", "finalizing_at", "completed_at", "failed_at",
           "expired_at", "cancelling_at", "cancelled_at")  # fmt: skip
@@ -102,6 +103,27 @@ def _check_metadata(metadata: dict[str, str] | None) -> None:
             raise ApiError(400, f"Invalid 'metadata.{key}': string too long (the maximum is 512 characters).", param="metadata")
 
 
+def _output_expiry(value: dict[str, Any] | None) -> float | None:
+    """`output_expires_after` as the seconds its output and error files live (None: the
+    default); refused in OpenAI's words unless it is {"anchor": "created_at", "seconds": N}."""
+    if value is None:
+        return None
+    anchor, seconds = value.get("anchor"), value.get("seconds")
+    if anchor != "created_at":
+        raise ApiError(400, f"Invalid 'output_expires_after.anchor': expected 'created_at', but got {anchor!r}.",
+                       param="output_expires_after.anchor")  # fmt: skip
+    if type(seconds) is not int:
+        raise ApiError(400, f"Invalid type for 'output_expires_after.seconds': expected an integer, but got {type(seconds).__name__}.",
+                       param="output_expires_after.seconds")  # fmt: skip
+    if not 3600 <= seconds <= 2_592_000:
+        raise ApiError(400, f"Invalid 'output_expires_after.seconds': {seconds}; it must be between 3600 (1 hour) and 2592000 (30 days).",
+                       param="output_expires_after.seconds")  # fmt: skip
+    unknown = sorted(set(value) - {"anchor", "seconds"})
+    if unknown:
+        raise ApiError(400, f"Unknown parameter: 'output_expires_after.{unknown[0]}'.", param=f"output_expires_after.{unknown[0]}")
+    return float(seconds)
+
+
 @router.post("", openapi_extra=json_body(BatchCreate.model_json_schema()))
 async def create(request: Request) -> dict[str, Any]:
     server = _server(request)
@@ -116,9 +138,10 @@ def _create(server: Server, body: BatchCreate) -> dict[str, Any]:
         raise ApiError(400, f"Invalid completion_window '{body.completion_window}': only '24h' is supported.", param="completion_window")
     if body.endpoint not in ENDPOINTS:
         raise ApiError(400, f"Invalid endpoint '{body.endpoint}': use one of {', '.join(ENDPOINTS)}.", param="endpoint")
-    if body.endpoint != SUPPORTED:
-        raise ApiError(400, f"This server runs {SUPPORTED} batches only, not {body.endpoint}.", param="endpoint")
+    if body.endpoint not in SUPPORTED:
+        raise ApiError(400, f"This server runs {', '.join(SUPPORTED)} batches only, not {body.endpoint}.", param="endpoint")
     _check_metadata(body.metadata)
+    keep = _output_expiry(body.output_expires_after)
     now = server.clock.now()
     batch_id = records.new_id("batch_", 32)
     with server.store.begin() as conn:
@@ -131,7 +154,7 @@ def _create(server: Server, body: BatchCreate) -> dict[str, Any]:
             conn, id=batch_id, api="openai", endpoint=body.endpoint, input_file_id=body.input_file_id,
             completion_window=body.completion_window, metadata=json.dumps(body.metadata) if body.metadata else None,
             jobs=[], faults=server.faults.for_batch("openai"), total=0, rejected=0, created_at=now,
-            expires_at=now + server.config.completion_window,
+            expires_at=now + server.config.completion_window, output_expires_after=keep,
         )  # fmt: skip
         row = records.get_batch(conn, batch_id)
     server.notify()

@@ -2,8 +2,10 @@
 provider's line shapes: OpenAI's output and error files, Anthropic's results.
 
 Each request becomes one `Result`: succeeded, failed (an HTTP error for that request, or a
-timeout), cancelled or expired. Requests refused at the edge (`rejected.jsonl`) fail as
-HTTP 4xx. Files are streamed row page by row page; nothing is held whole.
+timeout), cancelled or expired. A succeeded request's answer is the upstream's whole body
+when it kept one, else built by its endpoint's shape (answers.py). Requests refused at the
+edge (`rejected.jsonl`) fail as HTTP 4xx, naming the field. Files are streamed row page by
+row page; nothing is held whole.
 """
 
 from __future__ import annotations
@@ -18,7 +20,10 @@ from typing import Any
 from sqlalchemy import Connection, Row, select
 
 from lowtide.core import fastjson
+from lowtide.core.endpoints import CHAT, MESSAGES
 from lowtide.core.states import RequestState
+from lowtide.core.types import Request
+from lowtide.server import answers
 from lowtide.server.translate import decode_key
 from lowtide.store.db import Store
 from lowtide.store.schema import jobs, requests
@@ -48,9 +53,11 @@ class Result:
     text: str = ""
     finish: str = "stop"  # stop | length
     usage: dict[str, int] = field(default_factory=dict)
+    response: dict[str, Any] | None = None  # succeeded: the upstream's whole answer, if it gave one
     status: int | None = None  # failed: the HTTP status of this request's failure (None: a timeout)
     error_type: str = "server_error"
     error_code: str | None = None
+    param: str | None = None  # failed at the edge: the field refused
     message: str = ""
 
 
@@ -79,14 +86,14 @@ def results(store: Store, folder: Path, batch: Row, jobs_list: list[dict[str, An
             for line in f:
                 r = json.loads(line)
                 yield Result(r["custom_id"], "failed", r["model"], status=r["status"], error_type=r["type"],
-                             error_code=r["code"], message=r["message"])  # fmt: skip
+                             error_code=r["code"], param=r.get("param"), message=r["message"])  # fmt: skip
 
 
 def _page(conn: Connection, job_id: int, after: int) -> list[Row]:
     c = requests.c
     return list(
         conn.execute(
-            select(c.id, c.source_key, c.state, c.output, c.payload, c.error_code, c.error_message,
+            select(c.id, c.source_key, c.state, c.output, c.payload, c.response, c.error_code, c.error_message,
                    c.input_tokens, c.cached_input_tokens, c.cache_write_tokens, c.output_tokens, c.reasoning_tokens)  # fmt: skip
             .where(c.job_id == job_id, c.id > after)
             .order_by(c.id)
@@ -110,9 +117,10 @@ def _result(r: Row, model: str, unfinished: str) -> Result:
             "cache_write_tokens": r.cache_write_tokens or 0, "output_tokens": r.output_tokens or 0,
             "reasoning_tokens": r.reasoning_tokens or 0,
         }  # fmt: skip
-        max_tokens = fastjson.loads(r.payload).get("max_tokens")
-        finish = "length" if max_tokens and usage["output_tokens"] >= max_tokens else "stop"
-        return Result(custom_id, "succeeded", model, text=r.output or "", finish=finish, usage=usage)
+        response = fastjson.loads(r.response) if r.response is not None else None
+        limit = Request.from_payload(custom_id, fastjson.loads(r.payload)).output_limit
+        finish = "length" if limit and usage["output_tokens"] >= limit else "stop"  # for a built answer
+        return Result(custom_id, "succeeded", model, text=r.output or "", finish=finish, usage=usage, response=response)
     if r.error_code in EXPIRED_CODES:
         return Result(custom_id, "expired", model)
     if r.state == FAILED:
@@ -128,26 +136,18 @@ def _ids(batch_id: str, custom_id: str) -> str:
     return hashlib.sha256(f"{batch_id}\x00{custom_id}".encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def openai_line(batch_id: str, r: Result, created: int) -> tuple[str, bool]:
+def openai_line(batch_id: str, r: Result, created: int, endpoint: str = CHAT) -> tuple[str, bool]:
     """One output or error file line, and whether it belongs in the output file."""
     h = _ids(batch_id, r.custom_id)
     line: dict[str, Any] = {"id": f"batch_req_{h[:32]}", "custom_id": r.custom_id, "response": None, "error": None}
     if r.kind == "succeeded":
-        u = r.usage
-        body = {
-            "id": f"chatcmpl-{h[32:56]}", "object": "chat.completion", "created": created, "model": r.model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": r.text, "refusal": None},
-                         "logprobs": None, "finish_reason": r.finish}],
-            "usage": {"prompt_tokens": u["input_tokens"], "completion_tokens": u["output_tokens"],
-                      "total_tokens": u["input_tokens"] + u["output_tokens"],
-                      "prompt_tokens_details": {"cached_tokens": u["cached_input_tokens"]},
-                      "completion_tokens_details": {"reasoning_tokens": u["reasoning_tokens"]}},
-            "system_fingerprint": None,
-        }  # fmt: skip
+        body = answers.native(endpoint, r.response, r.model)
+        if body is None:
+            body = answers.built(endpoint, h[32:], created, r.model, r.text, r.finish == "length", r.usage)
         line["response"] = {"status_code": 200, "request_id": f"req_{h[:32]}", "body": body}
         return _dumps(line), True
     if r.kind == "failed" and r.status is not None:
-        error = {"message": r.message, "type": r.error_type, "param": None, "code": r.error_code}
+        error = {"message": r.message, "type": r.error_type, "param": r.param, "code": r.error_code}
         line["response"] = {"status_code": r.status, "request_id": f"req_{h[:32]}", "body": {"error": error}}
     elif r.kind == "failed":
         line["error"] = {"code": "request_timeout", "message": r.message}
@@ -160,15 +160,9 @@ def openai_line(batch_id: str, r: Result, created: int) -> tuple[str, bool]:
 
 def anthropic_line(batch_id: str, r: Result) -> str:
     if r.kind == "succeeded":
-        u = r.usage
-        message = {
-            "id": f"msg_01{_ids(batch_id, r.custom_id)[:22]}", "type": "message", "role": "assistant", "model": r.model,
-            "content": [{"type": "text", "text": r.text}],
-            "stop_reason": "max_tokens" if r.finish == "length" else "end_turn", "stop_sequence": None,
-            "usage": {"input_tokens": u["input_tokens"], "output_tokens": u["output_tokens"],
-                      "cache_creation_input_tokens": u["cache_write_tokens"],
-                      "cache_read_input_tokens": u["cached_input_tokens"], "service_tier": "batch"},
-        }  # fmt: skip
+        message = answers.native(MESSAGES, r.response, r.model)
+        if message is None:
+            message = answers.built(MESSAGES, _ids(batch_id, r.custom_id), 0, r.model, r.text, r.finish == "length", r.usage)
         result: dict[str, Any] = {"type": "succeeded", "message": message}
     elif r.kind == "failed":
         kind = "timeout_error" if r.status is None else ANTHROPIC_ERROR_TYPES.get(r.status, "api_error")

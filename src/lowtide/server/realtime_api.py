@@ -1,52 +1,48 @@
-"""Real-time endpoints: OpenAI's `POST /v1/chat/completions` and Anthropic's
-`POST /v1/messages`, answered now by the server's backend route.
+"""Real-time endpoints: OpenAI's `POST /v1/chat/completions`, `/v1/responses` and
+`/v1/completions`, and Anthropic's `POST /v1/messages`, answered now by the server's backend.
 
-Each body is translated at the edge exactly as a batch line is (`translate.py`: plain-text
-messages, max_tokens, temperature, stop) into one provider-neutral `Request`, run on
-the backend through `Backend.run` (see `backend.py`: one owner loop for the route,
-concurrent requests grouped into one `execute`), and its `Outcome` written back in the
-provider's shape: a `chat.completion` / `message` object, or with `stream: true` the
-provider's Server-Sent Events. The backend answers whole, so a stream carries the finished
-answer in word-sized pieces. Errors are in each provider's shape (`errors.py`).
-
-`--model` maps every request onto one backend model, as for batches; the answer still
-names the model the request asked for. A batch backend cannot answer now: 501.
+Each body goes to the backend verbatim (DESIGN invariant 8) as one `Request(custom_id,
+endpoint, body)`: only `stream` / `stream_options`, which this server acts on itself, are
+taken out, and `--model` maps every request onto one backend model (the answer still names
+the model the request asked for). What the backend route cannot honour is refused first,
+as a 400 naming the field and the route (`translate.rejection`). The request runs through
+`Backend.run` (backend.py: one owner loop for the route, concurrent requests grouped into
+one `execute`); the answer is the upstream's whole body when it returned one, else built
+in the endpoint's shape (answers.py). With `stream: true` the built answer is sent as the
+provider's Server-Sent Events, in word-sized pieces (chat and messages). Errors are in each
+provider's shape (`errors.py`). A batch backend cannot answer now: 501.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import secrets
 from collections.abc import Iterator
+from dataclasses import asdict
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
 from lowtide.core import types
+from lowtide.core.endpoints import CHAT, COMPLETIONS, MESSAGES, NEVER, RESPONSES
 from lowtide.core.types import Outcome
+from lowtide.server import answers
 from lowtide.server.backend import Backend, BackendClosed
 from lowtide.server.bodies import parse_object, read_body
-from lowtide.server.context import ServeConfig, Server
+from lowtide.server.context import Server
 from lowtide.server.errors import ApiError
 from lowtide.server.outputs import HTTP_ERRORS, TIMEOUT_CODES
-from lowtide.server.records import new_id
 from lowtide.server.schemas import ANTHROPIC_MESSAGE, OPENAI_CHAT, json_body
-from lowtide.server.translate import Rejection, anthropic_params, openai_chat
+from lowtide.server.translate import rejection
 
 router = APIRouter()
 _dumps = json.JSONEncoder(ensure_ascii=False).encode
-# OpenAI parameters this server cannot honour: refused, naming the parameter.
-OPENAI_UNSUPPORTED = ("tools", "tool_choice", "functions", "function_call", "audio", "prediction",
-                      "logprobs", "top_logprobs", "web_search_options")  # fmt: skip
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
 
-# Translating a body into a Request ------------------------------------------------
-def _rejected(rejection: Rejection) -> ApiError:
-    return ApiError(rejection.status, rejection.message, param=rejection.param, code=rejection.code)
-
-
+# A body as a Request ------------------------------------------------------------------
 def _flag(body: dict[str, Any], name: str) -> bool:
     value = body.get(name)
     if value is not None and not isinstance(value, bool):
@@ -54,65 +50,38 @@ def _flag(body: dict[str, Any], name: str) -> bool:
     return bool(value)
 
 
-def _response_schema(value: Any) -> dict[str, Any] | None:
-    """OpenAI's response_format as the Request's response schema."""
-    if value is None:
-        return None
-    kind = value.get("type") if isinstance(value, dict) else None
-    if kind == "text":
-        return None
-    if kind == "json_object":
-        return {"type": "object"}
-    if kind == "json_schema":
-        spec = value.get("json_schema")
-        schema = spec.get("schema") if isinstance(spec, dict) else None
-        if not isinstance(schema, dict):
-            raise ApiError(400, "response_format.json_schema.schema: expected a JSON Schema object.", param="response_format.json_schema.schema")
-        return schema
-    raise ApiError(400, f"response_format.type: must be one of text, json_object, json_schema; got {kind!r}.", param="response_format.type")
+def _stream_flags(body: dict[str, Any], endpoint: str) -> tuple[bool, bool]:
+    """(whether to stream, whether to add a usage chunk) as the body asks."""
+    stream = _flag(body, "stream")
+    if stream and endpoint in (RESPONSES, COMPLETIONS):
+        raise ApiError(400, f"stream: this server does not stream {endpoint} answers; send stream: false.", param="stream")
+    options = body.get("stream_options")
+    if options is None:
+        return stream, False
+    if endpoint == MESSAGES:  # not an Anthropic parameter: the route's refusal names it
+        return stream, False
+    if not stream:
+        raise ApiError(400, "The 'stream_options' parameter is only allowed when 'stream' is enabled.", param="stream_options")
+    if not isinstance(options, dict):
+        raise ApiError(400, "Invalid type for 'stream_options': expected an object.", param="stream_options")
+    return stream, _flag(options, "include_usage")
 
 
-def openai_request(body: dict[str, Any], config: ServeConfig, custom_id: str) -> tuple[types.Request, bool, bool]:
-    """A chat completions body as (the request, whether to stream, whether to add usage)."""
+def asked(server: Server, body: dict[str, Any], endpoint: str, custom_id: str) -> types.Request:
+    """The body as the request the backend runs, or the 400 for what it cannot honour."""
+    api = "anthropic" if endpoint == MESSAGES else "openai"
     model = body.get("model")
     if not isinstance(model, str) or not model:
-        raise ApiError(400, "Missing required parameter: 'model'.", param="model")
-    for name in OPENAI_UNSUPPORTED:
-        if body.get(name):
-            raise ApiError(400, f"{name}: not supported by this server (plain-text chat only); remove '{name}'.", param=name)
-    modalities = body.get("modalities")
-    if modalities not in (None, ["text"]):
-        raise ApiError(400, f"modalities: this server answers with text only; got {modalities!r}.", param="modalities")
-    stream = _flag(body, "stream")
-    options = body.get("stream_options")
-    include_usage = False
-    if options is not None:
-        if not stream:
-            raise ApiError(400, "The 'stream_options' parameter is only allowed when 'stream' is enabled.", param="stream_options")
-        if not isinstance(options, dict):
-            raise ApiError(400, "Invalid type for 'stream_options': expected an object.", param="stream_options")
-        include_usage = _flag(options, "include_usage")
-    schema = _response_schema(body.get("response_format"))
-    row = openai_chat({k: v for k, v in body.items() if k not in ("stream", "stream_options")}, config.default_max_tokens)
-    if isinstance(row, Rejection):
-        raise _rejected(row)
-    return _request(custom_id, config.model or model, row, schema), stream, include_usage
-
-
-def anthropic_request(body: dict[str, Any], config: ServeConfig, custom_id: str) -> tuple[types.Request, bool]:
-    """A Messages API body as (the request, whether to stream)."""
-    stream = _flag(body, "stream")
-    row = anthropic_params({k: v for k, v in body.items() if k != "stream"})
-    if isinstance(row, Rejection):
-        raise _rejected(row)
-    return _request(custom_id, config.model or body["model"], row, None), stream
-
-
-def _request(custom_id: str, model: str, row: dict[str, Any], schema: dict[str, Any] | None) -> types.Request:
-    params = {k: row[k] for k in ("max_tokens", "temperature", "stop") if row.get(k) is not None}
-    request = types.Request.chat(custom_id, model, row["messages"], **params)
-    request.response_schema = schema
-    return request
+        said = "model: Field required" if api == "anthropic" else "Missing required parameter: 'model'."
+        raise ApiError(400, said, param="model")
+    taken = ("stream",) if endpoint == MESSAGES else NEVER  # what this server does itself
+    sent = {k: v for k, v in body.items() if k not in taken}
+    refused = rejection(server.route, endpoint, sent, server.config.model, api)
+    if refused is not None:
+        raise ApiError(refused.status, refused.message, param=refused.param, code=refused.code)
+    if server.config.model:
+        sent["model"] = server.config.model
+    return types.Request(custom_id, endpoint, sent)
 
 
 # Running it ---------------------------------------------------------------------------
@@ -176,39 +145,63 @@ def _stream(events: Iterator[str]) -> StreamingResponse:
     return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
 
 
-# OpenAI -------------------------------------------------------------------------------
-def openai_usage(outcome: Outcome) -> dict[str, Any]:
-    u = outcome.usage
-    return {"prompt_tokens": u.input_tokens, "completion_tokens": u.output_tokens,
-            "total_tokens": u.input_tokens + u.output_tokens,
-            "prompt_tokens_details": {"cached_tokens": u.cached_input_tokens},
-            "completion_tokens_details": {"reasoning_tokens": u.reasoning_tokens}}  # fmt: skip
+# Answering ---------------------------------------------------------------------------
+def _answer(server: Server, endpoint: str, body: dict[str, Any], outcome: Outcome, built: bool) -> dict[str, Any]:
+    """The upstream's whole answer (unless `built`: a stream is cut from a built one), or
+    the answer built in the endpoint's shape, naming the model the request asked for."""
+    model = body["model"]
+    if not built and (native := answers.native(endpoint, outcome.response, model)) is not None:
+        return native
+    request = types.Request("", endpoint, body)
+    length = _finish(outcome, request.output_limit) == "length"
+    made = answers.built(endpoint, secrets.token_hex(16), int(server.clock.now()), model, outcome.text or "", length,
+                         asdict(outcome.usage))  # fmt: skip
+    if endpoint == MESSAGES:
+        made["usage"]["service_tier"] = "standard"
+    return made
+
+
+async def _serve(request: Request, endpoint: str):
+    server = _server(request)
+    backend = _backend(request, endpoint)
+    body = await _json(request)
+    stream, include_usage = _stream_flags(body, endpoint)
+    outcome = await _run(backend, asked(server, body, endpoint, backend.new_id()))
+    answer = _answer(server, endpoint, body, outcome, built=stream)
+    if not stream:
+        return answer
+    if endpoint == MESSAGES:
+        return _stream(_anthropic_events(answer))
+    return _stream(_openai_events(answer, outcome, include_usage))
 
 
 @router.post("/v1/chat/completions", openapi_extra=json_body(OPENAI_CHAT))
 async def chat_completions(request: Request):
-    server = _server(request)
-    backend = _backend(request, "/v1/chat/completions")
-    body = await _json(request)
-    chat, stream, include_usage = openai_request(body, server.config, backend.new_id())
-    outcome = await _run(backend, chat)
-    head = {"id": new_id("chatcmpl-"), "created": int(server.clock.now()), "model": body["model"]}
-    finish = _finish(outcome, chat.output_limit)
-    if not stream:
-        return {
-            "id": head["id"], "object": "chat.completion", "created": head["created"], "model": head["model"],
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": outcome.text or "", "refusal": None},
-                         "logprobs": None, "finish_reason": finish}],
-            "usage": openai_usage(outcome), "system_fingerprint": None,
-        }  # fmt: skip
-    return _stream(_openai_events(head, outcome, finish, include_usage))
+    return await _serve(request, CHAT)
 
 
-def _openai_events(head: dict[str, Any], outcome: Outcome, finish: str, include_usage: bool) -> Iterator[str]:
+@router.post("/v1/responses")
+async def responses(request: Request):
+    return await _serve(request, RESPONSES)
+
+
+@router.post("/v1/completions")
+async def completions(request: Request):
+    return await _serve(request, COMPLETIONS)
+
+
+@router.post("/v1/messages", openapi_extra=json_body(ANTHROPIC_MESSAGE))
+async def messages(request: Request):
+    return await _serve(request, MESSAGES)
+
+
+# Streams ------------------------------------------------------------------------------
+def _openai_events(answer: dict[str, Any], outcome: Outcome, include_usage: bool) -> Iterator[str]:
     """OpenAI's chunks: the role, the content pieces, the finish reason, then (with
     include_usage) a chunk with no choices and the usage; every other chunk has usage null."""
-    base = {"id": head["id"], "object": "chat.completion.chunk", "created": head["created"], "model": head["model"],
+    base = {"id": answer["id"], "object": "chat.completion.chunk", "created": answer["created"], "model": answer["model"],
             "system_fingerprint": None}  # fmt: skip
+    finish = answer["choices"][0]["finish_reason"]
 
     def chunk(delta: dict[str, Any], finish_reason: str | None = None) -> str:
         data = base | {"choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]}
@@ -219,34 +212,8 @@ def _openai_events(head: dict[str, Any], outcome: Outcome, finish: str, include_
         yield chunk({"content": piece})
     yield chunk({}, finish)
     if include_usage:
-        yield _sse(base | {"choices": [], "usage": openai_usage(outcome)})
+        yield _sse(base | {"choices": [], "usage": answer["usage"]})
     yield _sse("[DONE]")
-
-
-# Anthropic ----------------------------------------------------------------------------
-def anthropic_usage(outcome: Outcome) -> dict[str, Any]:
-    u = outcome.usage
-    return {"input_tokens": u.input_tokens, "output_tokens": u.output_tokens,
-            "cache_creation_input_tokens": u.cache_write_tokens, "cache_read_input_tokens": u.cached_input_tokens,
-            "service_tier": "standard"}  # fmt: skip
-
-
-@router.post("/v1/messages", openapi_extra=json_body(ANTHROPIC_MESSAGE))
-async def messages(request: Request):
-    server = _server(request)
-    backend = _backend(request, "/v1/messages")
-    body = await _json(request)
-    chat, stream = anthropic_request(body, server.config, backend.new_id())
-    outcome = await _run(backend, chat)
-    message = {
-        "id": new_id("msg_01", 22), "type": "message", "role": "assistant", "model": body["model"],
-        "content": [{"type": "text", "text": outcome.text or ""}],
-        "stop_reason": "max_tokens" if _finish(outcome, chat.output_limit) == "length" else "end_turn",
-        "stop_sequence": None, "usage": anthropic_usage(outcome),
-    }  # fmt: skip
-    if not stream:
-        return message
-    return _stream(_anthropic_events(message))
 
 
 def _anthropic_events(message: dict[str, Any]) -> Iterator[str]:

@@ -124,6 +124,28 @@ def get_file(conn: Connection, file_id: str) -> Row | None:
     return conn.execute(select(serve_files).where(serve_files.c.id == file_id)).first()
 
 
+def list_files(
+    conn: Connection, limit: int, order: str, now: float, *, after: str | None = None, purpose: str | None = None
+) -> tuple[list[Row], bool] | None:
+    """A page of the files not expired at `now`, by created_at (`order` asc or desc; the
+    id breaks ties), after the file `after`. None if `after` names no file. (rows, has_more)."""
+    f = serve_files.c
+    stmt = select(serve_files).where((f.expires_at.is_(None)) | (f.expires_at > now))
+    if purpose is not None:
+        stmt = stmt.where(f.purpose == purpose)
+    if after is not None:
+        cursor = get_file(conn, after)
+        if cursor is None:
+            return None
+        at, ident = cursor.created_at, cursor.id
+        later = (f.created_at > at) | ((f.created_at == at) & (f.id > ident))
+        earlier = (f.created_at < at) | ((f.created_at == at) & (f.id < ident))
+        stmt = stmt.where(later if order == "asc" else earlier)
+    keys = (f.created_at, f.id) if order == "asc" else (f.created_at.desc(), f.id.desc())
+    rows = list(conn.execute(stmt.order_by(*keys).limit(limit + 1)))
+    return rows[:limit], len(rows) > limit
+
+
 def delete_file(conn: Connection, file_id: str) -> None:
     conn.execute(delete(serve_files).where(serve_files.c.id == file_id))
 

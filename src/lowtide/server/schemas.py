@@ -2,8 +2,9 @@
 (streamed, bounded: bodies.py), so a client generator or schemathesis can build them; and
 pydantic validation of a parsed body into a 400 that names the field.
 
-The schemas describe what this server accepts (plain-text chat); a handler still checks
-every body itself and refuses the rest in the provider's shape.
+The body schemas describe the core of each body (model, messages, a few parameters); a
+body may carry any other key of its endpoint, passed verbatim to the backend, whose route
+refuses what it cannot honour, in the provider's shape (translate.py).
 """
 
 from __future__ import annotations

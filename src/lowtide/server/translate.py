@@ -1,19 +1,29 @@
-"""Translate at the edge: provider request bodies into lowtide source rows.
+"""The edge between provider bodies and lowtide: what a body this server cannot run fails
+with (a `Rejection`: that request alone fails, in the provider's shape, and the batch goes
+on), and how an API's custom_id travels through the store.
 
-A source row is `{"custom_id", "messages": [{"role", "content"}], "max_tokens",
-"temperature", "stop"}` with plain-text messages (the job's `template.messages_column`).
-A body this server cannot run (a non-text content block, a bad parameter) becomes a
-`Rejection`: the request fails alone, as the provider would fail it, and the batch goes on.
+A body is never rebuilt here: it is stored verbatim (DESIGN invariant 8). `rejection`
+asks only what the SDK's own types require of the endpoint, and the backend route's
+`refusal`: an upstream of the body's protocol takes every key its SDK knows; lowtide's own
+engines (echo, local) refuse what they cannot honour, by name (routes/_own.py).
 """
 
 from __future__ import annotations
 
 import base64
+import types
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from functools import cache
+from typing import Any, Union
 
-OPENAI_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
-ANTHROPIC_ROLES = ("user", "assistant")
+import typing_extensions
+from pydantic import ConfigDict, TypeAdapter, ValidationError
+
+from lowtide.core.endpoints import ENDPOINTS, known_keys, request_type, required_keys
+from lowtide.core.types import Request
+
+PLAIN = (int, float, str, bool, type(None))
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +39,71 @@ class Rejection:
     def to_json(self, custom_id: str) -> dict[str, Any]:
         return {"custom_id": custom_id, "status": self.status, "type": self.type, "code": self.code,
                 "param": self.param, "message": self.message}  # fmt: skip
+
+
+def rejection(route: Any, endpoint: str, body: dict[str, Any], model: str | None = None, api: str = "openai") -> Rejection | None:
+    """Why `route` cannot run `body` (for `endpoint`, with lowtide's model override `model`),
+    or None. A key the endpoint requires is named in the provider's own words (`api`)."""
+    missing = sorted(required_keys(endpoint) - body.keys())
+    if missing:
+        key = missing[0]
+        said = f"{key}: Field required" if api == "anthropic" else f"Missing required parameter: '{key}'."
+        return Rejection(said, param=key)
+    checks = scalar_checks(endpoint)
+    for key, value in body.items():
+        check = checks.get(key)
+        if check is not None:
+            try:
+                check.validate_python(value)
+            except ValidationError as err:
+                said = " or ".join(dict.fromkeys(e["msg"] for e in err.errors()))
+                return Rejection(f"Invalid type for '{key}': {said} (got {type(value).__name__} {_short(value)}).", param=key)
+    refusal = getattr(route, "refusal", None)
+    if refusal is None:  # a plugin route that does not say: it takes what it is sent
+        return None
+    refused = refusal(Request("", endpoint, body | {"model": model} if model else body))
+    if refused is None:
+        return None
+    return Rejection(refused.message(route.name), param=refused.field)
+
+
+def prepare() -> None:
+    """Read the SDKs' request types now (at start), not while the first batch streams in."""
+    for endpoint in ENDPOINTS:
+        known_keys(endpoint)
+        required_keys(endpoint)
+        scalar_checks(endpoint)
+
+
+@cache
+def scalar_checks(endpoint: str) -> dict[str, TypeAdapter]:
+    """A strict check of each body key whose SDK type is plain (numbers, text, flags, text
+    lists): a wrong type there is wrong for every server of the protocol, and an own engine
+    would trip on it. Richer types (messages, tools, literals) are the route's to judge: an
+    upstream may take values the installed SDK does not know yet."""
+    hints = typing_extensions.get_type_hints(request_type(endpoint), include_extras=True)
+    strict = ConfigDict(strict=True)
+    return {key: TypeAdapter(hint, config=strict) for key, hint in ((k, _bare(h)) for k, h in hints.items()) if _plain(hint)}
+
+
+def _bare(hint: Any) -> Any:
+    while typing_extensions.get_origin(hint) in (typing_extensions.Required, typing_extensions.NotRequired):
+        hint = typing_extensions.get_args(hint)[0]
+    return hint
+
+
+def _plain(hint: Any) -> bool:
+    origin = typing_extensions.get_origin(hint)
+    if origin in (Union, types.UnionType):
+        return all(_plain(arg) for arg in typing_extensions.get_args(hint))
+    if origin in (Sequence, list):
+        return typing_extensions.get_args(hint) == (str,)
+    return hint in PLAIN
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 # The loader strips ids and refuses lone surrogates; an API's custom_id may be any string.
@@ -49,121 +124,3 @@ def decode_key(key: str) -> str:
         return key
     data = key[1:]
     return base64.urlsafe_b64decode(data + "=" * (-len(data) % 4)).decode("utf-8", "surrogatepass")
-
-
-def _text(content: Any, where: str, block_types: tuple[str, ...]) -> str | Rejection:
-    """A message's content as plain text: a string, or a list of text blocks."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list) and content:
-        parts = []
-        for i, block in enumerate(content):
-            kind = block.get("type") if isinstance(block, dict) else None
-            if kind not in block_types or not isinstance(block.get("text"), str):
-                return Rejection(
-                    f"{where}.{i}: only text content blocks are supported by this server (got {kind or type(block).__name__})",
-                    param=f"{where}.{i}",
-                )
-            parts.append(block["text"])
-        return "\n".join(parts)
-    return Rejection(f"{where}: expected a string or a non-empty list of text blocks", param=where)
-
-
-def _number(value: Any, name: str, low: float, high: float, whole: bool = False) -> Rejection | None:
-    ok = isinstance(value, int) if whole else isinstance(value, int | float)
-    if isinstance(value, bool) or not ok or not low <= value <= high:
-        kind = "an integer" if whole else "a number"
-        return Rejection(f"{name}: must be {kind} from {low:g} to {high:g}; got {value!r}", param=name)
-    return None
-
-
-def _stops(value: Any, name: str) -> list[str] | Rejection | None:
-    if value is None:
-        return None
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, list) and all(isinstance(s, str) for s in value):
-        return value or None
-    return Rejection(f"{name}: must be a string or a list of strings", param=name)
-
-
-def openai_chat(body: dict[str, Any], default_max_tokens: int) -> dict[str, Any] | Rejection:
-    """A /v1/chat/completions body as a source row (without its custom_id)."""
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        return Rejection("'messages' must be a non-empty array.", param="messages")
-    rows = []
-    for i, m in enumerate(messages):
-        role = m.get("role") if isinstance(m, dict) else None
-        if role not in OPENAI_ROLES:
-            return Rejection(
-                f"messages[{i}].role: this server supports roles {', '.join(OPENAI_ROLES)} (got {role!r})",
-                param=f"messages[{i}].role",
-            )
-        text = _text(m.get("content"), f"messages[{i}].content", ("text", "input_text"))
-        if isinstance(text, Rejection):
-            return text
-        rows.append({"role": OPENAI_ROLES[role], "content": text})
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    max_tokens = default_max_tokens if max_tokens is None else max_tokens
-    if bad := _number(max_tokens, "max_tokens", 1, 1_000_000, whole=True):
-        return bad
-    temperature = body.get("temperature", 1.0)
-    temperature = 1.0 if temperature is None else temperature
-    if bad := _number(temperature, "temperature", 0, 2):
-        return bad
-    if body.get("n") not in (None, 1):
-        return Rejection("n: this server returns one choice per request; use n=1", param="n")
-    if body.get("stream"):
-        return Rejection("stream: batch requests cannot be streamed", param="stream")
-    stop = _stops(body.get("stop"), "stop")
-    if isinstance(stop, Rejection):
-        return stop
-    return _row(rows, max_tokens, temperature, stop)
-
-
-def anthropic_params(params: dict[str, Any]) -> dict[str, Any] | Rejection:
-    """A Messages API `params` object as a source row (without its custom_id)."""
-    if not isinstance(params.get("model"), str) or not params["model"]:
-        return Rejection("model: Field required")
-    if "max_tokens" not in params:
-        return Rejection("max_tokens: Field required")
-    if bad := _number(params["max_tokens"], "max_tokens", 1, 1_000_000, whole=True):
-        return bad
-    rows = []
-    system = params.get("system")
-    if system is not None:
-        text = _text(system, "system", ("text",))
-        if isinstance(text, Rejection):
-            return text
-        rows.append({"role": "system", "content": text})
-    messages = params.get("messages")
-    if not isinstance(messages, list) or not messages:
-        return Rejection("messages: Field required (a non-empty list)")
-    for i, m in enumerate(messages):
-        role = m.get("role") if isinstance(m, dict) else None
-        if role not in ANTHROPIC_ROLES:
-            return Rejection(f"messages.{i}.role: Input should be 'user' or 'assistant'")
-        text = _text(m.get("content"), f"messages.{i}.content", ("text",))
-        if isinstance(text, Rejection):
-            return text
-        rows.append({"role": role, "content": text})
-    temperature = params.get("temperature", 1.0)
-    if bad := _number(temperature, "temperature", 0, 1):
-        return bad
-    for unsupported in ("tools", "tool_choice", "thinking"):
-        if params.get(unsupported):
-            return Rejection(f"{unsupported}: not supported by this server (plain text messages only)")
-    if params.get("stream"):
-        return Rejection("stream: batch requests cannot be streamed")
-    stop = _stops(params.get("stop_sequences"), "stop_sequences")
-    if isinstance(stop, Rejection):
-        return stop
-    return _row(rows, params["max_tokens"], temperature, stop)
-
-
-def _row(messages: list[dict[str, str]], max_tokens: int, temperature: float, stop: list[str] | None) -> dict[str, Any]:
-    row: dict[str, Any] = {"messages": messages, "max_tokens": max_tokens, "temperature": temperature}
-    if stop:
-        row["stop"] = stop
-    return row

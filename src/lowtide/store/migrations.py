@@ -129,6 +129,12 @@ def m009_request_responses(conn: Connection) -> None:
     add_columns(conn, schema.request_versions, ["response"])
 
 
+@migration
+def m010_serve_output_expiry(conn: Connection) -> None:
+    """`lowtide serve` batches remember `output_expires_after`: how long their output files live."""
+    add_columns(conn, schema.serve_batches, ["output_expires_after"])
+
+
 def _backfill_rendered(conn: Connection, page: int = 5000) -> None:
     """Requests stored before m008: their model from their own payload (what was sent), so
     pricing and planning read it as any other's. Their fingerprint stays NULL: the row

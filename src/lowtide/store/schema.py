@@ -240,5 +240,6 @@ serve_batches = Table(
     Column("expired_at", Float),
     Column("cancelling_at", Float),
     Column("cancelled_at", Float),
+    Column("output_expires_after", Float),  # seconds an OpenAI batch's output files live (None: 30 days)
     Index("ix_serve_batches_status", "status"),
 )
