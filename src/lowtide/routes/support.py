@@ -29,6 +29,7 @@ from lowtide.core.endpoints import (
     PROTOCOL,
     RESPONSES,
     known_keys,
+    request_type,
     required_of,
 )
 from lowtide.core.types import Request
