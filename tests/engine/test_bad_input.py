@@ -269,7 +269,7 @@ def test_empty_value_in_a_template_column_names_row_column_and_hint(store, clock
     assert (report.rows, report.new) == (12, 2)
     with store.begin() as conn:
         payload = conn.execute(sa.select(requests.c.payload).where(requests.c.custom_id == "T1011")).scalar_one()
-    assert json.loads(payload)["messages"][-1]["content"] == "Ticket:   "
+    assert json.loads(payload)["body"]["messages"][-1]["content"] == "Ticket:   "
 
 
 def test_jsonl_row_lacking_a_template_key_names_row_line_and_variable(store, clock, tmp_path, finished):
@@ -293,7 +293,7 @@ def test_null_optional_value_renders_like_an_empty_csv_cell(sqlite_store, clock,
     load_job(sqlite_store, spec, clock)
     with sqlite_store.begin() as conn:
         payload = json.loads(conn.execute(sa.select(requests.c.payload)).scalar_one())
-    assert payload["messages"][-1]["content"] == "x|"
+    assert payload["body"]["messages"][-1]["content"] == "x|"
 
 
 def test_optional_column_may_be_absent_from_a_jsonl_row(sqlite_store, clock, tmp_path):
@@ -369,7 +369,8 @@ def test_spec_unknown_keys_name_file_line_and_known_keys(store, clock, tmp_path,
     assert f"{path}: invalid job spec: 2 problem(s)" in msg
     assert (
         f"{path} line 10: unknown key `retries`; known keys here: name, source, template, model, "
-        "route, route_options, params, choices, response_schema, deadline, retry, fallback, output, chunk_size"
+        "route, route_options, endpoint, param_columns, params, choices, response_schema, deadline, retry, fallback, "
+        "output, chunk_size, budget_usd, tags"
     ) in msg
     assert f"{path} line 5: unknown key `source.id_colum`; known keys here: path, id_column, format, optional_columns" in msg
     assert "base_dir" not in msg
@@ -384,14 +385,16 @@ def test_spec_unknown_key_in_an_optional_section(tmp_path):
 
 
 def test_spec_missing_and_wrong_values_name_the_line(tmp_path):
-    text = SPEC_WITH_UNKNOWN_KEYS.replace("  id_colum: ticket_id\n", "").replace("retries: 3\n", "params:\n  temperature: 9\n")
+    text = SPEC_WITH_UNKNOWN_KEYS.replace("  id_colum: ticket_id\n", "").replace("retries: 3\n", "params:\n  temperature: hot\n")
     text = text.replace("  id_column: ticket_id\n", "")
     (tmp_path / "job.yaml").write_text(text, encoding="utf-8")
     with pytest.raises(SpecError) as info:
         load_spec(tmp_path / "job.yaml")
     msg = str(info.value)
     assert "line 2: `source.id_column` is required" in msg
-    assert "line 9: `params.temperature`: Input should be less than or equal to 2" in msg
+    # The SDK's own type for the key says what the value must be.
+    assert "line 8: `params`: temperature: must be a number, not text" in msg
+    assert "fix the value" in msg
 
 
 def test_spec_invalid_yaml_names_the_line(tmp_path):
