@@ -97,7 +97,7 @@ class PartMaker:
             except OSError as err:
                 raise PartError(f"cannot read {path} ({err.strerror or err})") from None
         if _may_be_path(text) and not _looks_b64(text):
-            raise PartError(f"no such file: {path} (paths are relative to the spec's folder); fix the path or the cell")
+            raise PartError(f"no such file: {path} (paths are relative to the spec's folder), and not a URL or base64; fix the path or the cell")
         return self._inline(_b64(text, "the cell"), None)
 
     def _inline(self, data: bytes, filename: str | None) -> Media:
