@@ -134,3 +134,19 @@ def test_an_anthropic_conversation_with_blocks_and_cache_control_is_stored_verba
     load_job(sqlite_store, spec, clock)
     body = stored(sqlite_store)["A"]["body"]
     assert body["messages"] == conversation and "system" not in body
+
+
+def test_the_tag_products_example_loads_with_its_parts_tools_and_seeds(sqlite_store, clock):
+    from pathlib import Path
+
+    from lowtide.core.spec import load_spec
+
+    spec = load_spec(Path(__file__).parents[2] / "examples" / "tag-products.yaml")
+    assert load_job(sqlite_store, spec, clock).new == 3
+    got = stored(sqlite_store)
+    mug = got["SKU-1001"]["body"]
+    assert mug["seed"] == 1 and "seed" not in got["SKU-1003"]["body"]
+    assert mug["tool_choice"] == {"type": "function", "function": {"name": "tag_product"}}
+    image = mug["messages"][-1]["content"][1]["image_url"]
+    assert image["url"].startswith("data:image/png;base64,") and image["detail"] == "low"
+    assert got["SKU-1003"]["body"]["messages"][-1]["content"][1]["image_url"]["url"].startswith("https://")
