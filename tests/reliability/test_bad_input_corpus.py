@@ -171,12 +171,13 @@ LOADS: list[Load] = [
     Load("messages column that is not JSON", {"t.csv": 'ticket_id,conv\nT1,"[{role: user}]"\n'}, SourceError,
          "{dir}/t.csv: refused, nothing was stored: 1 problem(s)\n"
          '  - t.csv row 1 (line 2): column "conv" is not JSON (Expecting property name enclosed in double quotes); '
-         'it must hold a list of {"role", "content"} messages',
+         'the cell must hold a list of /v1/chat/completions messages (docs/jobs.md "Conversations")',
          overrides={"template": {"user": None, "messages_column": "conv"}}),
     Load("messages column with a tool message", {"t.jsonl": json.dumps({"ticket_id": "T1", "conv": [{"role": "tool", "content": "x"}]}) + "\n"},
          SourceError,
          "{dir}/t.jsonl: refused, nothing was stored: 1 problem(s)\n"
-         '  - t.jsonl row 1: column "conv" message 1 must be {"role": one of system, user, assistant, "content": text}',
+         '  - t.jsonl row 1: column "conv" message 1 (messages[0]): `tool_call_id` is required; '
+         'the cell must hold a list of /v1/chat/completions messages (docs/jobs.md "Conversations")',
          source="t.jsonl", overrides={"template": {"user": None, "messages_column": "conv"}}),
     Load("unknown route", {"t.csv": CSV}, UnknownRouteError,
          'unknown route "ehco"; known routes: {routes}. '

@@ -133,7 +133,7 @@ class MessageTemplate:
                     raise TemplateError(f"{name}: {part.name} line {line}: {err.message}; add the column or fix the template") from None
                 # a filter or expression that fails on this row's value
                 raise TemplateError(f"{name}: {part.name} line {line}: {type(err).__name__}: {err}") from None
-            if part.role == "user" and self.media:
+            if self.media and part.role == "user":
                 messages.append({"role": "user", "content": self._with_parts(text, values, row, where)})
                 continue
             messages.append({"role": part.role, "content": text})
