@@ -615,3 +615,9 @@ def test_a_param_column_cell_of_the_wrong_type(store, clock, tmp_path, finished,
     err = refused(store, spec, clock, SourceError)
     assert err.problems == ["s.csv row 2 (line 3): column \"seed\" (param_columns.seed): 'abc' is not an integer; fix the cell"]
     assert snapshot(store) == finished
+
+
+def test_a_param_column_the_source_lacks_is_refused_up_front(sqlite_store, clock, tmp_path):
+    source = write_csv(tmp_path / "t.csv", ticket_rows(2))
+    msg = str(refused(sqlite_store, other_job(source, param_columns={"seed": "seed"}), clock, SourceError))
+    assert 't.csv: param_columns.seed names column "seed", which it does not have; columns are: ticket_id, channel, body, gold' in msg

@@ -310,6 +310,12 @@ def check_job(spec: JobSpec, where: str = "job spec") -> tuple[MessageTemplate, 
                 f"columns are: {', '.join(source.columns)}"
             )
         template.check_columns(source.columns, source.path.name)
+        for key, column in spec.param_columns.items():
+            if column not in source.columns:
+                raise SourceError(
+                    f'{source.path}: param_columns.{key} names column "{column}", which it does not have; '
+                    f"columns are: {', '.join(source.columns)}"
+                )
     return template, source
 
 
