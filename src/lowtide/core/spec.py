@@ -71,9 +71,9 @@ class TemplateSpec(_Strict):
     user: str | None = None
     system_file: str | None = None
     user_file: str | None = None
-    # Rows that already are conversations: this column holds the chat messages (a list of
-    # {role, content}, or that list as JSON text). Such rows may also carry max_tokens,
-    # temperature and stop of their own.
+    # Rows that already are conversations: this column holds the messages in the endpoint's
+    # own shape (a list, or its JSON text), checked against the SDK's types and kept verbatim
+    # (core/conversations.py). Such rows may also carry max_tokens, temperature and stop.
     messages_column: str | None = None
     # Rows that already are request bodies (an API's batch lines, say): this column holds
     # the whole body of the job's endpoint, a JSON object (or its text). It is stored as it
