@@ -3,8 +3,8 @@
 `check_values` runs on a job spec's `params` (and on each row's `param_columns` values):
 every value against the SDK's type for its key (`shapes`), then what a type cannot say —
 a tool's JSON Schema is a valid schema, `tool_choice` names a tool that exists, a
-json_schema response format holds a valid schema, `n` is positive. Each error names the key
-(a path into it) and the fix.
+json_schema response format holds a valid schema, `n` and the output token limit are 1 or
+more. Each error names the key (a path into it) and the fix.
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ SCHEMA_PLACES = (("function", "parameters"), ("parameters",), ("input_schema",))
 NAME_PLACES = (("function", "name"), ("custom", "name"), ("name",))
 # Where a json_schema output format sits: chat completions, responses, Anthropic messages.
 FORMAT_PLACES = (("response_format",), ("text", "format"), ("output_config", "format"))
+# Output token limits, under each endpoint's name: a provider refuses one below 1.
+OUTPUT_LIMITS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
 # tool_choice values that ask for some tool when none is given.
 NEEDS_A_TOOL = ("required", "any")
 
@@ -41,6 +43,10 @@ def check_values(params: dict[str, Any], endpoint: str, per_row: frozenset[str] 
     n = params.get("n")
     if n is not None and n < 1:
         raise ValueError(f"n: {n} choices asked; n is how many answers each request returns: 1 or more")
+    for key in OUTPUT_LIMITS:
+        limit = params.get(key)
+        if type(limit) is int and limit < 1:
+            raise ValueError(f"{key}: {limit} output tokens allows no answer; give 1 or more (or leave it out)")
     tools = params.get("tools")
     for i, tool in enumerate(tools or ()):
         for place in SCHEMA_PLACES:
