@@ -205,3 +205,43 @@ def test_a_key_given_twice_in_the_spec_is_refused(tmp_path):
     )
     with pytest.raises(SpecError, match="model"):
         load_spec(tmp_path / "job.yaml")
+
+
+# what a request says (issue 13) ----------------------------------------------------------
+
+
+def refusal(**overrides: Any) -> str:
+    with pytest.raises(SpecError) as info:
+        build_spec(minimal(**overrides))
+    return str(info.value)
+
+
+def test_param_columns_name_parameters_of_the_endpoint():
+    spec = build_spec(minimal(param_columns={"seed": "s", "temperature": "t"}))
+    assert spec.param_columns == {"seed": "s", "temperature": "t"}
+    assert '`param_columns`: "sede" is not a parameter of /v1/chat/completions' in refusal(param_columns={"sede": "s"})
+    body = {"user": None, "body_column": "b"}
+    assert "put their parameters in the body, not in param_columns" in refusal(template=body, param_columns={"seed": "s"})
+
+
+def test_a_per_row_tool_choice_waits_for_the_row():
+    # tool_choice "required" with the tools from a column: checked per row, not refused here.
+    assert build_spec(minimal(params={"tool_choice": "required"}, param_columns={"tools": "tools"}))
+    assert "asks for a tool, but params has no `tools`" in refusal(params={"tool_choice": "required"})
+
+
+def test_images_and_files_need_a_user_template_and_a_conversation_endpoint():
+    assert build_spec(minimal(template={"user": "{{ body }}", "images": [{"column": "p", "detail": "high"}]}))
+    msg = refusal(template={"user": None, "messages_column": "m", "images": [{"column": "p"}]})
+    assert "`images` and `files` are added to the user message: give a `user` template" in msg
+    assert "`detail` is for images" in refusal(template={"user": "x", "files": [{"column": "f", "detail": "low"}]})
+    msg = refusal(endpoint="/v1/completions", template={"user": "x", "images": [{"column": "p"}]})
+    assert "/v1/completions takes a text prompt: images and files need" in msg
+
+
+def test_param_columns_and_parts_are_rendering_keys():
+    from lowtide.core.spec import spec_changes
+
+    old = build_spec(minimal())
+    new = build_spec(minimal(param_columns={"seed": "s"}))
+    assert spec_changes(old, new).rendering == ['param_columns.seed (none) → s']

@@ -35,7 +35,7 @@ COLUMNS = ["ticket_id", "channel", "body", "gold"]
 TABLES = (jobs, requests, attempts, dispatches, events)
 
 
-def spec_for(path: Path, **overrides: Any) -> JobSpec:
+def spec_for(path: Path, /, **overrides: Any) -> JobSpec:
     return make_spec(path, **overrides)
 
 
@@ -269,7 +269,7 @@ def test_empty_value_in_a_template_column_names_row_column_and_hint(store, clock
     assert (report.rows, report.new) == (12, 2)
     with store.begin() as conn:
         payload = conn.execute(sa.select(requests.c.payload).where(requests.c.custom_id == "T1011")).scalar_one()
-    assert json.loads(payload)["messages"][-1]["content"] == "Ticket:   "
+    assert json.loads(payload)["body"]["messages"][-1]["content"] == "Ticket:   "
 
 
 def test_jsonl_row_lacking_a_template_key_names_row_line_and_variable(store, clock, tmp_path, finished):
@@ -293,7 +293,7 @@ def test_null_optional_value_renders_like_an_empty_csv_cell(sqlite_store, clock,
     load_job(sqlite_store, spec, clock)
     with sqlite_store.begin() as conn:
         payload = json.loads(conn.execute(sa.select(requests.c.payload)).scalar_one())
-    assert payload["messages"][-1]["content"] == "x|"
+    assert payload["body"]["messages"][-1]["content"] == "x|"
 
 
 def test_optional_column_may_be_absent_from_a_jsonl_row(sqlite_store, clock, tmp_path):
@@ -369,7 +369,8 @@ def test_spec_unknown_keys_name_file_line_and_known_keys(store, clock, tmp_path,
     assert f"{path}: invalid job spec: 2 problem(s)" in msg
     assert (
         f"{path} line 10: unknown key `retries`; known keys here: name, source, template, model, "
-        "route, route_options, params, choices, response_schema, deadline, retry, fallback, output, chunk_size"
+        "route, route_options, endpoint, param_columns, params, choices, response_schema, deadline, retry, fallback, "
+        "output, chunk_size, budget_usd, tags"
     ) in msg
     assert f"{path} line 5: unknown key `source.id_colum`; known keys here: path, id_column, format, optional_columns" in msg
     assert "base_dir" not in msg
@@ -384,14 +385,16 @@ def test_spec_unknown_key_in_an_optional_section(tmp_path):
 
 
 def test_spec_missing_and_wrong_values_name_the_line(tmp_path):
-    text = SPEC_WITH_UNKNOWN_KEYS.replace("  id_colum: ticket_id\n", "").replace("retries: 3\n", "params:\n  temperature: 9\n")
+    text = SPEC_WITH_UNKNOWN_KEYS.replace("  id_colum: ticket_id\n", "").replace("retries: 3\n", "params:\n  temperature: hot\n")
     text = text.replace("  id_column: ticket_id\n", "")
     (tmp_path / "job.yaml").write_text(text, encoding="utf-8")
     with pytest.raises(SpecError) as info:
         load_spec(tmp_path / "job.yaml")
     msg = str(info.value)
     assert "line 2: `source.id_column` is required" in msg
-    assert "line 9: `params.temperature`: Input should be less than or equal to 2" in msg
+    # The SDK's own type for the key says what the value must be.
+    assert "line 8: `params`: temperature: must be a number, not text" in msg
+    assert "fix the value" in msg
 
 
 def test_spec_invalid_yaml_names_the_line(tmp_path):
@@ -482,3 +485,139 @@ def test_bad_spec_change_to_a_stored_job_keeps_the_stored_spec(store, clock, tmp
         load_job(store, spec, clock, requeue_changed=True)
     assert 't.csv row 8 (line 9): column "channel" is empty' in str(info.value)
     assert snapshot(store) == finished
+
+
+# 16. what a request says: params, parts, conversations (issue 13) -----------------------
+
+PNG = bytes.fromhex("89504e470d0a1a0a0000000d4948445200000001000000010806000000") + b"\0" * 40
+
+
+@pytest.fixture
+def provider_keys(monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-test")
+
+
+def other_job(path: Path, /, **overrides: Any) -> JobSpec:
+    """A new job over `source` (the stored "tickets" job stays as it is)."""
+    return spec_for(path, name="other", **overrides)
+
+
+def photo_rows(tmp_path: Path, cells: list[str]) -> Path:
+    rows = [r | {"photo": cell} for r, cell in zip(ticket_rows(len(cells)), cells, strict=True)]
+    return write_csv(tmp_path / "p.csv", rows)
+
+
+def test_unknown_param_names_the_key_and_lists_the_endpoints_own(tmp_path):
+    text = SPEC_WITH_UNKNOWN_KEYS.replace("  id_colum: ticket_id\n", "").replace("retries: 3\n", "params:\n  max_tokenz: 5\n")
+    (tmp_path / "job.yaml").write_text(text, encoding="utf-8")
+    with pytest.raises(SpecError) as info:
+        load_spec(tmp_path / "job.yaml")
+    msg = str(info.value)
+    assert 'job.yaml line 9: `params`: "max_tokenz" is not a parameter of /v1/chat/completions' in msg
+    assert "max_completion_tokens" in msg and "reasoning_effort" in msg  # its parameters, listed
+
+
+def test_a_tool_whose_parameters_are_not_a_json_schema_is_refused_by_line(tmp_path):
+    text = SPEC_WITH_UNKNOWN_KEYS.replace("  id_colum: ticket_id\n", "").replace(
+        "retries: 3\n",
+        "params:\n  tools:\n    - type: function\n      function: {name: tag, parameters: {type: objekt}}\n",
+    )
+    (tmp_path / "job.yaml").write_text(text, encoding="utf-8")
+    with pytest.raises(SpecError) as info:
+        load_spec(tmp_path / "job.yaml")
+    msg = str(info.value)
+    assert "job.yaml line 9: `params`: tools[0].function.parameters: not a valid JSON Schema: 'objekt' is not valid" in msg
+    assert "fix the tool's schema" in msg
+
+
+def test_a_missing_image_names_row_column_and_fix(store, clock, tmp_path, finished, provider_keys):
+    (tmp_path / "a.png").write_bytes(PNG)
+    source = photo_rows(tmp_path, ["a.png", "gone.png", "a.png"])
+    spec = other_job(source, route="openai-batch", base_dir=str(tmp_path), template={"images": [{"column": "photo"}]})
+    err = refused(store, spec, clock, SourceError)
+    assert err.problems == [
+        f'p.csv row 2 (line 3): template.images (column "photo") no such file: {tmp_path / "gone.png"} '
+        "(paths are relative to the spec's folder), and not a URL or base64; fix the path or the cell"
+    ]
+    assert snapshot(store) == finished
+
+
+def test_an_empty_image_cell_is_refused_unless_the_column_is_optional(sqlite_store, clock, tmp_path, provider_keys):
+    (tmp_path / "a.png").write_bytes(PNG)
+    source = photo_rows(tmp_path, ["a.png", ""])
+    spec = other_job(source, route="openai-batch", base_dir=str(tmp_path), template={"images": [{"column": "photo"}]})
+    err = refused(sqlite_store, spec, clock, SourceError)
+    assert 'p.csv row 2 (line 3): column "photo" is empty; the template uses it (template.images (column "photo"))' in str(err)
+    spec = other_job(source, route="openai-batch", base_dir=str(tmp_path), template={"images": [{"column": "photo"}]},
+                     source={"optional_columns": ["photo"]})  # fmt: skip
+    assert load_job(sqlite_store, spec, clock).new == 2
+
+
+def test_an_image_too_large_for_the_provider_is_refused(store, clock, tmp_path, finished, provider_keys):
+    (tmp_path / "big.png").write_bytes(PNG + b"\0" * (4 * 1024 * 1024))  # 4 MB: 5.3 MB as base64
+    source = photo_rows(tmp_path, ["big.png"])
+    spec = other_job(source, route="anthropic-batch", base_dir=str(tmp_path), template={"images": [{"column": "photo"}]})
+    msg = str(refused(store, spec, clock, SourceError))
+    assert 'p.csv row 1 (line 2): template.images (column "photo") is 5.3 MB (base64 size), over anthropic\'s limit of 5 MB' in msg
+    assert "make it smaller, or pass a URL" in msg
+    assert snapshot(store) == finished
+
+
+def test_what_is_not_an_image_is_refused(store, clock, tmp_path, finished, provider_keys):
+    (tmp_path / "notes.txt").write_text("not a picture", encoding="utf-8")
+    source = photo_rows(tmp_path, ["notes.txt"])
+    spec = other_job(source, route="openai-batch", base_dir=str(tmp_path), template={"images": [{"column": "photo"}]})
+    msg = str(refused(store, spec, clock, SourceError))
+    assert 'p.csv row 1 (line 2): template.images (column "photo") is not an image (its bytes are no known type)' in msg
+    assert snapshot(store) == finished
+
+
+def test_a_part_the_route_does_not_take_is_refused_by_the_route(store, clock, tmp_path, finished):
+    (tmp_path / "a.png").write_bytes(PNG)
+    source = photo_rows(tmp_path, ["a.png", "a.png"])
+    spec = other_job(source, base_dir=str(tmp_path), template={"images": [{"column": "photo"}]})  # echo: text only
+    msg = str(refused(store, spec, clock, SourceError))
+    assert "p.csv rows 1, 2: messages[1].content[1]: content part 'image_url' is not taken by this route (text only) (route echo)" in msg
+    assert "send the job to a route that takes it" in msg
+    assert snapshot(store) == finished
+
+
+def test_n_above_one_on_a_route_that_returns_one_choice(store, clock, tmp_path, finished):
+    spec = other_job(tmp_path / "t.csv", params={"n": 2})
+    msg = str(refused(store, spec, clock, SourceError))
+    assert "t.csv rows 1, 2, 3, 4, 5, 6, 7, 8, 9, 10: n: this route returns one choice per request; got n=2 (route echo)" in msg
+    assert snapshot(store) == finished
+
+
+def test_a_conversation_cell_that_is_not_a_conversation(store, clock, tmp_path, finished):
+    good = [{"role": "user", "content": "hi"}]
+    bad_part = [{"role": "user", "content": [{"type": "text", "text": "see"}, {"type": "image", "source": {}}]}]
+    (tmp_path / "c.jsonl").write_text(
+        "\n".join(json.dumps({"ticket_id": f"C{i}", "conv": c}) for i, c in enumerate([good, bad_part, "nope", [{"role": "tool", "content": "x"}]])) + "\n",
+        encoding="utf-8",
+    )
+    spec = other_job(tmp_path / "c.jsonl", template={"system": None, "user": None, "messages_column": "conv"})
+    err = refused(store, spec, clock, SourceError)
+    fix = 'the cell must hold a list of /v1/chat/completions messages (docs/jobs.md "Conversations")'
+    assert err.problems == [
+        f"c.jsonl row 2: column \"conv\" message 1, part 2 (messages[0].content[1].type): 'image' is not one of file, image_url, input_audio, text; {fix}",
+        f'c.jsonl row 3: column "conv" is not JSON (Expecting value); {fix}',
+        f'c.jsonl row 4: column "conv" message 1 (messages[0]): `tool_call_id` is required; {fix}',
+    ]
+    assert snapshot(store) == finished
+
+
+def test_a_param_column_cell_of_the_wrong_type(store, clock, tmp_path, finished, provider_keys):
+    rows = [r | {"seed": s} for r, s in zip(ticket_rows(3), ["1", "abc", ""], strict=True)]
+    source = write_csv(tmp_path / "s.csv", rows)
+    spec = other_job(source, route="openai-batch", param_columns={"seed": "seed"})
+    err = refused(store, spec, clock, SourceError)
+    assert err.problems == ["s.csv row 2 (line 3): column \"seed\" (param_columns.seed): 'abc' is not an integer; fix the cell"]
+    assert snapshot(store) == finished
+
+
+def test_a_param_column_the_source_lacks_is_refused_up_front(sqlite_store, clock, tmp_path):
+    source = write_csv(tmp_path / "t.csv", ticket_rows(2))
+    msg = str(refused(sqlite_store, other_job(source, param_columns={"seed": "seed"}), clock, SourceError))
+    assert 't.csv: param_columns.seed names column "seed", which it does not have; columns are: ticket_id, channel, body, gold' in msg

@@ -32,12 +32,12 @@ def test_rows_with_their_own_messages_and_parameters_run_as_they_are(sqlite_stor
     with sqlite_store.begin() as conn:
         rows = {r.custom_id: r for r in conn.execute(sa.select(requests))}
     assert rows["a"].output == "hello a"
-    assert json.loads(rows["b"].payload)["max_tokens"] == 7
-    assert json.loads(rows["a"].payload)["max_tokens"] == 256
+    assert json.loads(rows["b"].payload)["body"]["max_tokens"] == 7
+    assert json.loads(rows["a"].payload)["body"]["max_tokens"] == 256
 
 
 def test_a_malformed_conversation_names_the_row_and_the_column(sqlite_store, clock, tmp_path):
     source = _jsonl(tmp_path / "chats.jsonl", [{"ticket_id": "a", "messages": [{"role": "robot", "content": "x"}]}])
     spec = make_spec(source, template={"system": None, "user": None, "messages_column": "messages"})
-    with pytest.raises(SourceError, match=r'chats.jsonl row 1: column "messages" message 1 must be'):
+    with pytest.raises(SourceError, match=r"chats.jsonl row 1: column \"messages\" message 1 \(messages\[0\].role\): 'robot' is not one of assistant, developer"):
         load_job(sqlite_store, spec, clock)

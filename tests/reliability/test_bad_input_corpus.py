@@ -52,8 +52,8 @@ route: echo
 """
 
 KNOWN_TOP = (
-    "name, source, template, model, route, route_options, params, choices, response_schema, deadline, "
-    "retry, fallback, output, chunk_size, budget_usd, tags"
+    "name, source, template, model, route, route_options, endpoint, param_columns, params, choices, response_schema, "
+    "deadline, retry, fallback, output, chunk_size, budget_usd, tags"
 )
 
 SPECS: list[tuple[str, str, str]] = [
@@ -65,16 +65,20 @@ SPECS: list[tuple[str, str, str]] = [
      "{spec}: invalid job spec: 1 problem(s)\n  - {spec} line 9: unknown key `retries`; known keys here: " + KNOWN_TOP),
     ("a key given twice", GOOD_SPEC + "model: other\n",
      "{spec} line 9: key `model` is given twice (first on line 7); keep one"),
-    ("temperature out of range", GOOD_SPEC + "params:\n  temperature: 9\n",
-     "{spec}: invalid job spec: 1 problem(s)\n  - {spec} line 10: `params.temperature`: Input should be less than or equal to 2"),
+    ("temperature not a number", GOOD_SPEC + "params:\n  temperature: hot\n",
+     "{spec}: invalid job spec: 1 problem(s)\n  - {spec} line 9: `params`: temperature: must be a number, not text "
+     "(the SDK's type for /v1/chat/completions `temperature`); fix the value"),
     ("max_tokens zero", GOOD_SPEC + "params:\n  max_tokens: 0\n",
-     "{spec}: invalid job spec: 1 problem(s)\n  - {spec} line 10: `params.max_tokens`: Input should be greater than or equal to 1"),
+     "{spec}: invalid job spec: 1 problem(s)\n  - {spec} line 9: `params`: max_tokens: 0 output tokens allows no answer; "
+     "give 1 or more (or leave it out)"),
     ("max_attempts zero", GOOD_SPEC + "retry:\n  max_attempts: 0\n",
      "{spec}: invalid job spec: 1 problem(s)\n  - {spec} line 10: `retry.max_attempts`: Input should be greater than or equal to 1"),
     ("user and user_file both", GOOD_SPEC.replace('  user: "Ticket: {{ body }}"\n', '  user: "Ticket: {{ body }}"\n  user_file: t.j2\n'),
-     "{spec}: invalid job spec: 1 problem(s)\n  - {spec} line 5: `template`: give exactly one of `user` (inline), `user_file` (a path) or `messages_column` (rows that are conversations)"),
+     "{spec}: invalid job spec: 1 problem(s)\n  - {spec} line 5: `template`: give exactly one of `user` (inline), `user_file` (a path), `messages_column` (rows that are "
+     "conversations) or `body_column` (rows that are request bodies)"),
     ("no user message at all", GOOD_SPEC.replace('  user: "Ticket: {{ body }}"\n', "  system: Be brief.\n"),
-     "{spec}: invalid job spec: 1 problem(s)\n  - {spec} line 5: `template`: give exactly one of `user` (inline), `user_file` (a path) or `messages_column` (rows that are conversations)"),
+     "{spec}: invalid job spec: 1 problem(s)\n  - {spec} line 5: `template`: give exactly one of `user` (inline), `user_file` (a path), `messages_column` (rows that are "
+     "conversations) or `body_column` (rows that are request bodies)"),
     ("fallback on the same route", GOOD_SPEC + "fallback:\n  route: echo\n",
      "{spec}: invalid job spec: 1 problem(s)\n  - {spec}: `(top level)`: `fallback.route` must differ from `route` (echo); retries on the same route are `retry:`"),
     ("one choice", GOOD_SPEC + "choices: [billing]\n",
@@ -171,12 +175,13 @@ LOADS: list[Load] = [
     Load("messages column that is not JSON", {"t.csv": 'ticket_id,conv\nT1,"[{role: user}]"\n'}, SourceError,
          "{dir}/t.csv: refused, nothing was stored: 1 problem(s)\n"
          '  - t.csv row 1 (line 2): column "conv" is not JSON (Expecting property name enclosed in double quotes); '
-         'it must hold a list of {"role", "content"} messages',
+         'the cell must hold a list of /v1/chat/completions messages (docs/jobs.md "Conversations")',
          overrides={"template": {"user": None, "messages_column": "conv"}}),
     Load("messages column with a tool message", {"t.jsonl": json.dumps({"ticket_id": "T1", "conv": [{"role": "tool", "content": "x"}]}) + "\n"},
          SourceError,
          "{dir}/t.jsonl: refused, nothing was stored: 1 problem(s)\n"
-         '  - t.jsonl row 1: column "conv" message 1 must be {"role": one of system, user, assistant, "content": text}',
+         '  - t.jsonl row 1: column "conv" message 1 (messages[0]): `tool_call_id` is required; '
+         'the cell must hold a list of /v1/chat/completions messages (docs/jobs.md "Conversations")',
          source="t.jsonl", overrides={"template": {"user": None, "messages_column": "conv"}}),
     Load("unknown route", {"t.csv": CSV}, UnknownRouteError,
          'unknown route "ehco"; known routes: {routes}. '

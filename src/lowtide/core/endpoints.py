@@ -56,6 +56,11 @@ def _typed_dict(endpoint: str) -> Any:
     raise ValueError(f"unknown endpoint {endpoint!r}; known: {', '.join(ENDPOINTS)}")
 
 
+def body_type(endpoint: str) -> Any:
+    """The official SDK's TypedDict for a body of `endpoint`."""
+    return _typed_dict(endpoint)
+
+
 @cache
 def known_keys(endpoint: str) -> frozenset[str]:
     """Every body key of `endpoint`, as the official SDK's request type declares it."""

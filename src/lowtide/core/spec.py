@@ -13,14 +13,11 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any, Literal
 
-import jsonschema
-import referencing
-import referencing.exceptions
-import referencing.jsonschema
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from lowtide.core.endpoints import (
     CHAT,
+    COMPLETIONS,
     ENGINE_EXTRAS,
     MESSAGES,
     NEVER,
@@ -29,6 +26,7 @@ from lowtide.core.endpoints import (
     required_keys,
 )
 from lowtide.core.errors import SpecError
+from lowtide.core.params import check_schema, check_values
 from lowtide.core.yamlfile import parse_mapping, read_text, validate
 
 FORMATS = {".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet"}
@@ -60,20 +58,32 @@ class SourceSpec(_Strict):
     optional_columns: list[str] = Field(default_factory=list)
 
 
+class PartSpec(_Strict):
+    """One content part added to the user message from a column (docs/jobs.md "Images and files")."""
+
+    column: str
+    # Images on chat completions and responses: how closely the model looks (low, high, auto).
+    detail: Literal["auto", "low", "high"] | None = None
+
+
 class TemplateSpec(_Strict):
     system: str | None = None
     user: str | None = None
     system_file: str | None = None
     user_file: str | None = None
-    # Rows that already are conversations: this column holds the chat messages (a list of
-    # {role, content}, or that list as JSON text). Such rows may also carry max_tokens,
-    # temperature and stop of their own.
+    # Rows that already are conversations: this column holds the messages in the endpoint's
+    # own shape (a list, or its JSON text), checked against the SDK's types and kept verbatim
+    # (core/conversations.py). Such rows may also carry max_tokens, temperature and stop.
     messages_column: str | None = None
     # Rows that already are request bodies (an API's batch lines, say): this column holds
     # the whole body of the job's endpoint, a JSON object (or its text). It is stored as it
     # is, with the job's model as its `model`: lowtide's one change, recorded as the
     # request's model.
     body_column: str | None = None
+    # Content parts after the user template's text, in order: an image or a file (PDF) per
+    # column, from a URL, a path (relative to the spec), base64 text or bytes in each cell.
+    images: list[PartSpec] = Field(default_factory=list)
+    files: list[PartSpec] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _one_of_each(self) -> TemplateSpec:
@@ -87,6 +97,11 @@ class TemplateSpec(_Strict):
             raise ValueError("`body_column` rows are whole request bodies: give no `system` template")
         if self.system is not None and self.system_file is not None:
             raise ValueError("give at most one of `system` or `system_file`")
+        if (self.images or self.files) and self.user is None and self.user_file is None:
+            raise ValueError("`images` and `files` are added to the user message: give a `user` template (rows that are "
+                             "conversations or bodies carry their parts in the cell)")
+        if any(f.detail for f in self.files):
+            raise ValueError("`detail` is for images; remove it from `files`")
         return self
 
 
@@ -101,9 +116,10 @@ def default_endpoint(route: str) -> str:
     return MESSAGES if route in ANTHROPIC_ROUTES else CHAT
 
 
-def check_params(params: dict[str, Any], endpoint: str) -> dict[str, Any]:
+def check_params(params: dict[str, Any], endpoint: str, per_row: frozenset[str] = frozenset()) -> dict[str, Any]:
     """`params` as the body keys of `endpoint` they are (a null value sets nothing), or a
-    ValueError naming the key and the keys the endpoint has."""
+    ValueError naming the key and the keys the endpoint has, or what is wrong with a value
+    (core/params.py). `per_row` keys are filled from each row (`param_columns`)."""
     known = known_keys(endpoint) | ENGINE_EXTRAS
     made = template_keys(endpoint)
     for key in params:
@@ -114,7 +130,9 @@ def check_params(params: dict[str, Any], endpoint: str) -> dict[str, Any]:
         if key not in known:
             others = sorted(known_keys(endpoint) - made - NEVER)
             raise ValueError(f'"{key}" is not a parameter of {endpoint}; its parameters are: {", ".join(others)}')
-    return {k: v for k, v in params.items() if v is not None}
+    params = {k: v for k, v in params.items() if v is not None}
+    check_values(params, endpoint, per_row)
+    return params
 
 
 class RetrySpec(_Strict):
@@ -155,6 +173,9 @@ class JobSpec(_Strict):
     # The endpoint the requests are for, and so the shape of their bodies (docs/jobs.md
     # "Endpoints"); default: /v1/messages on Anthropic's routes, else /v1/chat/completions.
     endpoint: Literal["/v1/chat/completions", "/v1/responses", "/v1/completions", "/v1/messages"] | None = None
+    # Body parameters taken from each row: {parameter: column}. A row's empty cell leaves the
+    # parameter at its `params` value (or unset); CSV text is read as the SDK's type says.
+    param_columns: dict[str, str] = Field(default_factory=dict)
     # Body parameters of that endpoint, sent as they are: nothing is set that is not here.
     params: dict[str, Any] = Field(default_factory=dict)
     choices: list[str] | None = None
@@ -201,10 +222,9 @@ class JobSpec(_Strict):
     def _schema(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
         if v is not None:
             try:
-                jsonschema.Draft202012Validator.check_schema(v)
-            except jsonschema.SchemaError as err:
-                raise ValueError(f"not a valid JSON Schema: {err.message}") from None
-            _check_refs(v)
+                check_schema(v)
+            except ValueError as err:
+                raise ValueError(f"not a valid JSON Schema: {err}") from None
         return v
 
     @field_validator("deadline")
@@ -224,7 +244,23 @@ class JobSpec(_Strict):
         route = info.data.get("route")
         if route is None:  # the route is refused already: its error is the one to read
             return v
-        return check_params(v, info.data.get("endpoint") or default_endpoint(route))
+        return check_params(v, info.data.get("endpoint") or default_endpoint(route), frozenset(info.data.get("param_columns") or ()))
+
+    @field_validator("param_columns")
+    @classmethod
+    def _param_columns(cls, v: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+        route = info.data.get("route")
+        if route is not None:  # the names only: the values come with each row
+            check_params(dict.fromkeys(v), info.data.get("endpoint") or default_endpoint(route))
+        return v
+
+    @model_validator(mode="after")
+    def _parts_endpoint(self) -> JobSpec:
+        if self.param_columns and self.template.body_column is not None:
+            raise ValueError("`body_column` rows are whole request bodies: put their parameters in the body, not in param_columns")
+        if (self.template.images or self.template.files) and self.request_endpoint == COMPLETIONS:
+            raise ValueError(f"{COMPLETIONS} takes a text prompt: images and files need /v1/chat/completions, /v1/responses or /v1/messages (`endpoint:`)")
+        return self
 
     @model_validator(mode="after")
     def _required_params(self) -> JobSpec:
@@ -232,7 +268,7 @@ class JobSpec(_Strict):
         max_tokens) must be in params, unless the rows bring their own."""
         if self.template.messages_column is None and self.template.body_column is None:
             endpoint = self.request_endpoint
-            missing = sorted(required_keys(endpoint) - template_keys(endpoint) - set(self.params))
+            missing = sorted(required_keys(endpoint) - template_keys(endpoint) - set(self.params) - set(self.param_columns))
             if missing:
                 raise ValueError(f"params.{missing[0]} is required by {endpoint}; set it (e.g. params: {{{missing[0]}: 1024}})")
         return self
@@ -285,7 +321,7 @@ class JobSpec(_Strict):
 # "Changing a job's spec"): refused unless `--requeue-changed`. Anything else (budget,
 # deadline, retry, output, chunk size, tags, the source's path, transport options such as
 # base_url or concurrency) is applied to the stored job as it is.
-RENDERING_KEYS = ("model", "endpoint", "params", "template", "choices", "response_schema", "source.id_column")
+RENDERING_KEYS = ("model", "endpoint", "params", "param_columns", "template", "choices", "response_schema", "source.id_column")
 SENDING_KEYS = ("route", "fallback", "fallback.route", "fallback.model")
 # Route options that change what is sent or how it is billed, not only how it travels.
 PAYLOAD_OPTIONS = ("service_tier", "cache_prefix")
@@ -343,32 +379,6 @@ def _show(value: Any) -> str:
         return "(none)"
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, sort_keys=True)
     return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _check_refs(schema: dict[str, Any]) -> None:
-    """Every `$ref` must resolve inside the schema itself: one that does not would only show
-    when the first answer is checked, and a remote one would be fetched at that moment."""
-    resolver = referencing.Registry().resolver_with_root(
-        referencing.Resource.from_contents(schema, default_specification=referencing.jsonschema.DRAFT202012)
-    )
-
-    def refs(node: Any):
-        if isinstance(node, dict):
-            if isinstance(node.get("$ref"), str):
-                yield node["$ref"]
-            for value in node.values():
-                yield from refs(value)
-        elif isinstance(node, list):
-            for value in node:
-                yield from refs(value)
-
-    for ref in refs(schema):
-        if not ref.startswith("#"):
-            raise ValueError(f'$ref "{ref}" points outside the schema; put what it names under "$defs" and use "#/$defs/…"')
-        try:
-            resolver.lookup(ref)
-        except referencing.exceptions.Unresolvable:
-            raise ValueError(f'$ref "{ref}" does not resolve: nothing at that place in the schema') from None
 
 
 def load_spec(path: str | Path) -> JobSpec:

@@ -1,4 +1,5 @@
-"""Jinja2 templates that turn a source row into chat messages.
+"""Jinja2 templates that turn a source row into chat messages, with the content parts
+(images, files) the template adds from the row's columns (`parts.py`).
 
 StrictUndefined: a variable the row lacks is an error naming the template line and the row,
 never an empty string sent to a model and paid for.
@@ -6,9 +7,7 @@ never an empty string sent to a model and paid for.
 
 from __future__ import annotations
 
-import json
 import traceback
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,10 @@ from typing import Any
 import jinja2
 from jinja2 import meta, nodes
 
+from lowtide.core import conversations
+from lowtide.core.endpoints import CHAT
 from lowtide.core.errors import TemplateError
+from lowtide.core.parts import PARTS, PartError, PartMaker
 from lowtide.core.spec import JobSpec
 
 # finalize: a null value (JSONL, Parquet) renders as "", as an empty CSV cell does, not "None".
@@ -44,10 +46,20 @@ class _Part:
 class MessageTemplate:
     """The system and user templates of a job, compiled once."""
 
-    def __init__(self, parts: list[_Part], messages_column: str | None = None, body_column: str | None = None):
+    def __init__(
+        self,
+        parts: list[_Part],
+        messages_column: str | None = None,
+        body_column: str | None = None,
+        media: list[PartMaker] | None = None,
+        endpoint: str = CHAT,
+    ):
         self.parts = parts
         self.messages_column = messages_column
         self.body_column = body_column
+        self.media = media or []  # parts added to the user message, in order
+        self.endpoint = endpoint
+        self.text_part = PARTS.get(endpoint, PARTS[CHAT])["text"]
 
     @classmethod
     def from_spec(cls, spec: JobSpec, where: str = "job spec") -> MessageTemplate:
@@ -63,7 +75,11 @@ class MessageTemplate:
                 parts.append(_compile(role, str(path), source))
             elif inline is not None:
                 parts.append(_compile(role, f"{where} template.{role}", inline))
-        return cls(parts, t.messages_column, t.body_column)
+        endpoint = spec.request_endpoint
+        base = Path(spec.base_dir)
+        media = [PartMaker("image", p.column, endpoint, base, p.detail) for p in t.images]
+        media += [PartMaker("file", p.column, endpoint, base) for p in t.files]
+        return cls(parts, t.messages_column, t.body_column, media, endpoint)
 
     @property
     def sources(self) -> list[tuple[str, str]]:
@@ -78,6 +94,8 @@ class MessageTemplate:
             found[self.messages_column] = "template.messages_column"
         if self.body_column:
             found[self.body_column] = "template.body_column"
+        for maker in self.media:
+            found.setdefault(maker.column, maker.where)
         for part in self.parts:
             for var, line in part.variables.items():
                 found.setdefault(var, f"{part.name} line {line}")
@@ -115,32 +133,32 @@ class MessageTemplate:
                     raise TemplateError(f"{name}: {part.name} line {line}: {err.message}; add the column or fix the template") from None
                 # a filter or expression that fails on this row's value
                 raise TemplateError(f"{name}: {part.name} line {line}: {type(err).__name__}: {err}") from None
+            if self.media and part.role == "user":
+                messages.append({"role": "user", "content": self._with_parts(text, values, row, where)})
+                continue
             messages.append({"role": part.role, "content": text})
         if self.messages_column:
             name = (lambda: where(row)) if where is not None else (lambda: row)  # named only on error
-            messages.extend(_conversation(values.get(self.messages_column), name, self.messages_column))
+            try:
+                messages.extend(conversations.check(values.get(self.messages_column), self.endpoint, self.messages_column, name))
+            except ValueError as err:
+                raise TemplateError(str(err)) from None
         return messages
 
-
-_ROLES = ("system", "user", "assistant")
-
-
-def _conversation(value: Any, name: Callable[[], str], column: str) -> list[dict[str, str]]:
-    """A row's own messages, checked: a list of {role, content} with text content. `name()`
-    says which row it is, for an error."""
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as err:
-            raise TemplateError(f'{name()}: column "{column}" is not JSON ({err.msg}); it must hold a list of {{"role", "content"}} messages') from None
-    if not isinstance(value, list) or not value:
-        raise TemplateError(f'{name()}: column "{column}" must be a non-empty list of {{"role", "content"}} messages')
-    for i, m in enumerate(value):
-        if not isinstance(m, dict) or m.get("role") not in _ROLES or not isinstance(m.get("content"), str):
-            raise TemplateError(
-                f'{name()}: column "{column}" message {i + 1} must be {{"role": one of {", ".join(_ROLES)}, "content": text}}'
-            )
-    return [{"role": m["role"], "content": m["content"]} for m in value]
+    def _with_parts(self, text: str, values: dict[str, Any], row: Any, where: Any) -> list[dict[str, Any]]:
+        """The user message's content: its text, then a part per image or file column. An
+        empty cell of an optional column adds no part."""
+        content: list[dict[str, Any]] = [{"type": self.text_part, "text": text}] if text else []
+        for maker in self.media:
+            value = values.get(maker.column)
+            if value is None or (isinstance(value, str) and not value.strip()):
+                continue
+            try:
+                content.append(maker(value))
+            except PartError as err:
+                name = where(row) if where is not None else row
+                raise TemplateError(f"{name}: {maker.where} {err}") from None
+        return content
 
 
 def _compile(role: str, name: str, source: str) -> _Part:

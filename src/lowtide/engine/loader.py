@@ -23,11 +23,19 @@ import orjson
 from sqlalchemy import Connection, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 
-from lowtide.core import fastjson
+from lowtide.core import fastjson, shapes
 from lowtide.core.clock import Clock
-from lowtide.core.endpoints import CHAT, COMPLETIONS, MESSAGES, RESPONSES, conversation_key
+from lowtide.core.endpoints import (
+    CHAT,
+    COMPLETIONS,
+    MESSAGES,
+    RESPONSES,
+    body_type,
+    conversation_key,
+)
 from lowtide.core.errors import RouteError, SourceError, SpecError, UnknownRouteError
 from lowtide.core.ids import custom_id_for, key_of
+from lowtide.core.params import cast, check_row
 from lowtide.core.sources import Source, SourceRow
 from lowtide.core.spec import JobSpec, SpecChanges, spec_changes
 from lowtide.core.states import JobState, RequestState
@@ -96,10 +104,17 @@ class RowRenderer:
         self.split_system = self.endpoint == MESSAGES
         self.body_column = spec.template.body_column
         self.checks = refusal_checks(spec)
+        # {parameter: (column, the scalar type CSV text is read as, or None)}
+        types = shapes.fields(body_type(self.endpoint))
+        csv = source.format == "csv"
+        self.param_columns = {
+            key: (column, shapes.scalar(types[key][0]) if csv and key in types else None) for key, column in spec.param_columns.items()
+        }
         # The fingerprint of a request: what every request of the job is rendered with (the
         # payload's fixed part, the templates' text), then the values of the row it uses.
         # Hashing those, not the payload, lets the results check a row without rendering it.
         self.used = list(template.variables) + (list(ROW_PARAMS) if self.row_params else [])
+        self.used += [c for c, _ in self.param_columns.values() if c not in self.used]
         # The job's part is the key of a keyed BLAKE2b: one hash call per row, no state to copy.
         self.fp_key = hashlib.blake2b(_canonical([self.prefix, template.sources, spec.template.messages_column, self.used])).digest()
 
@@ -131,6 +146,11 @@ class RowRenderer:
             except Exception as err:  # TemplateError already names row and line
                 return str(err)
             own = {k: values[k] for k in ROW_PARAMS if values.get(k) is not None} if self.row_params else None
+            if self.param_columns:
+                given = self.row_params_of(values, row)
+                if isinstance(given, str):
+                    return given
+                own = (own or {}) | given if given else own
             body, fixed = self.body(messages, own)
         for check in self.checks:
             refused = check(body)
@@ -144,6 +164,27 @@ class RowRenderer:
             "custom_id": custom_id_for(key_of(key)), "source_key": key, "source_row": row.number,
             "payload": payload, "model": self.model, "fingerprint": self.fingerprint(values),
         }  # fmt: skip
+
+    def row_params_of(self, values: dict, row: SourceRow) -> dict | str:
+        """The body parameters this row's `param_columns` give (an empty cell gives none:
+        the spec's params value stands), or the problem with one."""
+        out = {}
+        for key, (column, kind) in self.param_columns.items():
+            value = values.get(column)
+            if value is None or (value.__class__ is str and not value.strip()):
+                continue
+            if value.__class__ is str and kind is not None:
+                try:
+                    value = cast(value, kind)
+                except ValueError:
+                    return f'{self.where(row)}: column "{column}" (param_columns.{key}): {value!r} is not {shapes.said(kind)}; fix the cell'
+            out[key] = value
+        if out:
+            try:
+                check_row(out, self.base, self.endpoint)
+            except ValueError as err:
+                return f"{self.where(row)}: param_columns: {err}"
+        return out
 
     def given_body(self, value: object, row: SourceRow) -> dict | str:
         """A row's own request body, with the job's model; or the problem with it."""
@@ -164,7 +205,7 @@ class RowRenderer:
             return {**self.base, **(own or {}), "prompt": "\n\n".join(m["content"] for m in messages)}, False
         body = {**self.base, **own} if own else dict(self.base)
         fixed = not own
-        if self.split_system and any(m["role"] == "system" for m in messages):  # Anthropic: system apart
+        if self.split_system and any(m["role"] == "system" for m in messages) and _text_system(messages):  # Anthropic: system apart
             body["system"] = "\n\n".join(m["content"] for m in messages if m["role"] == "system")
             messages = [m for m in messages if m["role"] != "system"]
             fixed = False
@@ -181,6 +222,12 @@ class RowRenderer:
 
     def where(self, row: SourceRow) -> str:
         return row.where(self.source.path)
+
+
+def _text_system(messages: list[dict]) -> bool:
+    """Whether every system turn is text: those become Anthropic's `system`, as one text.
+    A system turn of blocks (a row's own conversation) is kept where the row put it."""
+    return all(m["content"].__class__ is str for m in messages if m["role"] == "system")
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,6 +313,12 @@ def check_job(spec: JobSpec, where: str = "job spec") -> tuple[MessageTemplate, 
                 f"columns are: {', '.join(source.columns)}"
             )
         template.check_columns(source.columns, source.path.name)
+        for key, column in spec.param_columns.items():
+            if column not in source.columns:
+                raise SourceError(
+                    f'{source.path}: param_columns.{key} names column "{column}", which it does not have; '
+                    f"columns are: {', '.join(source.columns)}"
+                )
     return template, source
 
 

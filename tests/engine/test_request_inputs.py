@@ -1,0 +1,152 @@
+"""What a job spec can say reaches the stored body: per-row params (`param_columns`), images
+and files (`template.images` / `template.files`), native conversations (`messages_column`).
+
+Loaded into a real SQLite store with `load_job`; provider routes are built (they check
+their key) but nothing is sent: invariant 1, nothing reaches the network at load.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import pytest
+import sqlalchemy as sa
+
+from lowtide.engine.loader import load_job
+from lowtide.store.schema import requests
+from tests.conftest import make_spec, write_csv
+from tests.core.test_parts import PDF, PNG
+
+
+@pytest.fixture(autouse=True)
+def keys(monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-test")
+
+
+def stored(store) -> dict[str, dict]:
+    with store.begin() as conn:
+        return {r.custom_id: json.loads(r.payload) | {"fp": r.fingerprint} for r in conn.execute(sa.select(requests))}
+
+
+def jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def test_param_columns_fill_body_params_typed_as_the_sdk_says(sqlite_store, clock, tmp_path):
+    rows = [
+        {"ticket_id": "A", "body": "x", "seed": "7", "t": "0.25", "lp": "true", "eff": "low"},
+        {"ticket_id": "B", "body": "y", "seed": "", "t": "", "lp": "", "eff": ""},  # empty: the spec's value
+    ]
+    source = write_csv(tmp_path / "t.csv", rows)
+    spec = make_spec(
+        source, route="openai-batch",
+        param_columns={"seed": "seed", "temperature": "t", "logprobs": "lp", "reasoning_effort": "eff"},
+        params={"max_completion_tokens": 50, "temperature": 1.0},
+    )  # fmt: skip
+    assert load_job(sqlite_store, spec, clock).new == 2
+    got = stored(sqlite_store)
+    a, b = got["A"]["body"], got["B"]["body"]
+    assert (a["seed"], a["temperature"], a["logprobs"], a["reasoning_effort"]) == (7, 0.25, True, "low")
+    assert type(a["seed"]) is int and type(a["temperature"]) is float
+    assert b["temperature"] == 1.0 and "seed" not in b and "logprobs" not in b
+    assert a["max_completion_tokens"] == b["max_completion_tokens"] == 50
+
+
+def test_param_columns_from_jsonl_are_taken_as_they_are_and_change_the_fingerprint(sqlite_store, clock, tmp_path):
+    tools = [{"type": "function", "function": {"name": "tag", "parameters": {"type": "object"}}}]
+    path = jsonl(tmp_path / "t.jsonl", [{"ticket_id": "A", "body": "x", "stop": ["##"], "tools": tools}])
+    spec = make_spec(path, route="openai-batch", param_columns={"stop": "stop", "tools": "tools"})
+    load_job(sqlite_store, spec, clock)
+    first = stored(sqlite_store)["A"]
+    assert first["body"]["stop"] == ["##"] and first["body"]["tools"] == tools
+    jsonl(path, [{"ticket_id": "A", "body": "x", "stop": ["%%"], "tools": tools}])
+    report = load_job(sqlite_store, spec, clock)
+    assert report.changed == 1  # the column is part of what the row renders from
+
+
+def test_images_and_files_become_native_parts_on_each_endpoint(sqlite_store, clock, tmp_path):
+    (tmp_path / "a.png").write_bytes(PNG)
+    (tmp_path / "c.pdf").write_bytes(PDF)
+    rows = [{"ticket_id": "A", "body": "x", "photo": "a.png", "doc": "c.pdf"},
+            {"ticket_id": "B", "body": "y", "photo": "https://example.com/b.jpg", "doc": base64.b64encode(PDF).decode()}]  # fmt: skip
+    source = write_csv(tmp_path / "t.csv", rows)
+    template = {"images": [{"column": "photo", "detail": "low"}], "files": [{"column": "doc"}]}
+    spec = make_spec(source, route="openai-batch", base_dir=str(tmp_path), template=template)
+    load_job(sqlite_store, spec, clock)
+    got = stored(sqlite_store)
+    user = got["A"]["body"]["messages"][-1]
+    png = base64.b64encode(PNG).decode()
+    assert user["content"] == [
+        {"type": "text", "text": "Ticket: x"},
+        {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{png}", "detail": "low"}},
+        {"type": "file", "file": {"filename": "c.pdf", "file_data": f"data:application/pdf;base64,{base64.b64encode(PDF).decode()}"}},
+    ]
+    assert got["B"]["body"]["messages"][-1]["content"][1]["image_url"]["url"] == "https://example.com/b.jpg"
+    assert got["A"]["body"]["messages"][0] == {"role": "system", "content": "Classify the ticket."}
+
+    spec = make_spec(source, name="claude", route="anthropic-batch", base_dir=str(tmp_path), template={"images": [{"column": "photo"}], "files": [{"column": "doc"}]})
+    load_job(sqlite_store, spec, clock)
+    with sqlite_store.begin() as conn:
+        payload = json.loads(conn.execute(sa.select(requests.c.payload).where(requests.c.job_id == 2, requests.c.custom_id == "A")).scalar_one())
+    assert payload["endpoint"] == "/v1/messages"
+    assert payload["body"]["system"] == "Classify the ticket."
+    assert payload["body"]["messages"][0]["content"][1:] == [
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": png}},
+        {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": base64.b64encode(PDF).decode()}},
+    ]
+
+
+def test_parquet_binary_cells_are_images(sqlite_store, clock, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"ticket_id": ["A"], "body": ["x"], "photo": pa.array([PNG], pa.binary())}), tmp_path / "t.parquet")
+    spec = make_spec(tmp_path / "t.parquet", route="openai-batch", template={"images": [{"column": "photo"}]})
+    load_job(sqlite_store, spec, clock)
+    part = stored(sqlite_store)["A"]["body"]["messages"][-1]["content"][1]
+    assert part == {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(PNG).decode()}}
+
+
+def test_a_native_conversation_is_stored_verbatim(sqlite_store, clock, tmp_path):
+    conversation = [
+        {"role": "developer", "content": [{"type": "text", "text": "Be terse."}]},
+        {"role": "user", "content": [{"type": "text", "text": "weather?"}, {"type": "image_url", "image_url": {"url": "https://x/y.png"}}]},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "wx", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+    ]
+    path = jsonl(tmp_path / "c.jsonl", [{"ticket_id": "A", "conv": conversation}])
+    spec = make_spec(path, route="openai-batch", template={"system": None, "user": None, "messages_column": "conv"})
+    load_job(sqlite_store, spec, clock)
+    assert stored(sqlite_store)["A"]["body"]["messages"] == conversation
+
+
+def test_an_anthropic_conversation_with_blocks_and_cache_control_is_stored_verbatim(sqlite_store, clock, tmp_path):
+    conversation = [
+        {"role": "user", "content": [{"type": "text", "text": "long doc", "cache_control": {"type": "ephemeral", "ttl": "1h"}}]},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "look", "input": {"q": 1}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "found"}]},
+    ]
+    path = jsonl(tmp_path / "c.jsonl", [{"ticket_id": "A", "conv": conversation}])
+    spec = make_spec(path, route="anthropic-batch", template={"system": None, "user": None, "messages_column": "conv"})
+    load_job(sqlite_store, spec, clock)
+    body = stored(sqlite_store)["A"]["body"]
+    assert body["messages"] == conversation and "system" not in body
+
+
+def test_the_tag_products_example_loads_with_its_parts_tools_and_seeds(sqlite_store, clock):
+    from pathlib import Path
+
+    from lowtide.core.spec import load_spec
+
+    spec = load_spec(Path(__file__).parents[2] / "examples" / "tag-products.yaml")
+    assert load_job(sqlite_store, spec, clock).new == 3
+    got = stored(sqlite_store)
+    mug = got["SKU-1001"]["body"]
+    assert mug["seed"] == 1 and "seed" not in got["SKU-1003"]["body"]
+    assert mug["tool_choice"] == {"type": "function", "function": {"name": "tag_product"}}
+    image = mug["messages"][-1]["content"][1]["image_url"]
+    assert image["url"].startswith("data:image/png;base64,") and image["detail"] == "low"
+    assert got["SKU-1003"]["body"]["messages"][-1]["content"][1]["image_url"]["url"].startswith("https://")
