@@ -54,7 +54,7 @@ from typing import Any, Literal
 
 from lowtide.core.errors import RouteError
 from lowtide.core.types import Outcome, Refusal, Request
-from lowtide.routes._own import read_plain
+from lowtide.routes.local.honours import refusal
 
 __all__ = ["DEFAULT_MODEL", "LocalRoute", "create"]
 
@@ -131,8 +131,7 @@ class LocalRoute:
             )
 
     def refusal(self, request: Request) -> Refusal | None:
-        plain = read_plain(request)
-        return plain if isinstance(plain, Refusal) else None
+        return refusal(request)
 
     async def execute(self, requests: Sequence[Request]) -> AsyncIterator[Outcome]:
         """Yield one outcome per request as each finishes, in any order."""
