@@ -39,6 +39,12 @@ requests of its group, and the first `slots` requests of a group are answered to
 once all of them are scored. A group of one request gets its raw argmax. `calibrate: false`:
 the raw argmax, each request on its own. See `calibrate.py`.
 
+Beyond plain-text turns it honours a JSON format (`response_format`, `text.format`,
+`output_config.format`, `response_schema`: decoding constrained by a grammar built from the
+schema, `schema.py`), `seed`, `top_p`, `n` and `logprobs` / `top_logprobs`; anything else is
+refused by name before it runs (`honours.py`). Answers carry the whole body in the endpoint's
+own shape (`Outcome.response`).
+
 A prompt too long for the context fails alone, as "context_length_exceeded" (not
 retryable); a model that cannot be loaded raises `RouteError` from `execute`.
 """
