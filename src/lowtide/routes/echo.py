@@ -12,8 +12,8 @@ a schema or tools job offline and see it succeed. In this order:
   schema, derived from `custom_id`; json_object with no schema: `{"echo": <the text below>}`;
 - with `choices`: the first choice that appears (case-insensitive) in the last user message,
   else `choices[crc32(custom_id) % len(choices)]`;
-- otherwise: the last user message, cut to the request's output limit × 4 characters (a JSON
-  answer or a tool call is never cut).
+- otherwise: the last user message, cut to the request's output limit × 4 characters (finish
+  reason `length` when it was cut; a JSON answer or a tool call is never cut).
 
 `tools` with `tool_choice` auto or none (or absent) are accepted and not called. Each tool's
 parameters must be a valid JSON Schema; one echo cannot make an instance of (a `pattern`, a
@@ -70,8 +70,12 @@ def _tokens(text: str) -> int:
     return -(-len(text) // 4)
 
 
+def _last_user(plain: Plain) -> str:
+    return next((m["content"] for m in reversed(plain.messages) if m["role"] == "user"), "")
+
+
 def answer(request: Request, plain: Plain, seed: int | None = None) -> str:
-    last_user = next((m["content"] for m in reversed(plain.messages) if m["role"] == "user"), "")
+    last_user = _last_user(plain)
     if request.choices:
         lowered = last_user.lower()
         hits = [(at, c) for c in request.choices if (at := lowered.find(c.lower())) >= 0]
@@ -153,6 +157,9 @@ def replies(request: Request, p: Plan) -> list[Reply]:
             text = arguments_text({"echo": answer(request, p.plain, seed)})
         else:
             text = answer(request, p.plain, seed)
+            if not request.choices and p.plain.max_tokens is not None and len(text) < len(_last_user(p.plain)):
+                out.append(Reply(text=text, finish="length", output_tokens=_tokens(text)))  # cut at the limit
+                continue
         out.append(Reply(text=text, output_tokens=_tokens(text)))
     return out
 
