@@ -92,7 +92,7 @@ def test_free_text_is_not_empty_and_respects_max_tokens():
         o = outcomes[request.custom_id]
         assert o.ok, o.error_message
         assert o.text and o.text.strip()
-        assert 1 <= o.usage.output_tokens <= request.max_tokens
+        assert 1 <= o.usage.output_tokens <= request.output_limit
         assert o.finish_reason in ("stop", "length")
     assert outcomes["greedy"].finish_reason == "length"
 
@@ -274,3 +274,78 @@ def test_calibrator_answers_each_request_against_the_others():
     assert alone.add(scored("z", [-1.0, -5.0])) == []
     ((_, o),) = alone.flush(set)  # nothing else of its group will come: raw argmax
     assert o.text == "a"
+
+
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer"}, "tea": {"type": "boolean"}},
+    "required": ["name", "age", "tea"],
+    "additionalProperties": False,
+}
+
+
+def test_a_schema_job_returns_json_valid_against_the_schema():
+    import json
+
+    import jsonschema
+    from openai.types.chat import ChatCompletion
+
+    system = {"role": "system", "content": "Extract the person as JSON."}
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
+    requests = [
+        Request.chat("p0", DEFAULT_MODEL, [system, {"role": "user", "content": "Alice is 31 and loves tea."}],
+                     max_tokens=48, response_schema=PERSON),
+        Request.chat("p1", DEFAULT_MODEL, [system, {"role": "user", "content": "Bob, 45, hates tea."}],
+                     max_tokens=48, temperature=0.7, seed=5, response_format=fmt),
+        Request.chat("any", DEFAULT_MODEL, [system, {"role": "user", "content": "Bob, 45."}],
+                     max_tokens=16, response_format={"type": "json_object"}),
+    ]  # fmt: skip
+    outcomes = {o.custom_id: o for o in run(create({"slots": 3}), requests)}
+    for cid in ("p0", "p1"):
+        o = outcomes[cid]
+        assert o.ok and o.finish_reason == "stop", (o.error_message, o.text)
+        assert ChatCompletion.model_validate(o.response).choices[0].message.content == o.text
+        jsonschema.validate(json.loads(o.text), PERSON)
+    assert list(json.loads(outcomes["p0"].text)) == ["name", "age", "tea"]  # in the schema's order
+    anything = outcomes["any"]  # any JSON object: valid if it ended, an object's start if cut
+    assert anything.ok and anything.text.startswith("{")
+    if anything.finish_reason == "stop":
+        assert isinstance(json.loads(anything.text), dict)
+
+
+def test_n_seed_top_p_and_logprobs():
+    from openai.types.chat import ChatCompletion
+
+    def sampled(cid: str) -> Request:
+        return ask(cid, "Write a poem about the sea.", max_tokens=4, temperature=1.0, top_p=0.9, seed=11,
+                   n=3, logprobs=True, top_logprobs=2)  # fmt: skip
+
+    # Run apart, so both see the same batches (batch composition moves logits slightly).
+    outcomes = {o.custom_id: o for cid in "ab" for o in run(create({"slots": 4}), [sampled(cid)])}
+    bodies = {cid: ChatCompletion.model_validate(o.response) for cid, o in outcomes.items()}
+    for cid, body in bodies.items():
+        assert [c.index for c in body.choices] == [0, 1, 2]
+        assert outcomes[cid].usage.output_tokens == sum(len(c.logprobs.content) for c in body.choices)
+        for c in body.choices:
+            assert b"".join(bytes(e.bytes) for e in c.logprobs.content).decode("utf-8", "ignore") == c.message.content
+            for e in c.logprobs.content:
+                assert e.logprob <= 0 and len(e.top_logprobs) == 2
+                assert e.top_logprobs[0].logprob >= e.top_logprobs[1].logprob
+    # The body's seed alone decides the draws: two requests with the same prompt and seed agree.
+    assert [c.message.content for c in bodies["a"].choices] == [c.message.content for c in bodies["b"].choices]
+
+
+def test_what_local_cannot_honour_is_refused_by_name():
+    route = create({})
+    refused = {
+        "tools": ask("t", "x", tools=[{"type": "function", "function": {"name": "f"}}]),
+        "response_format.json_schema.schema.properties.age.minimum": ask(
+            "m", "x", response_schema={"type": "object", "properties": {"age": {"type": "integer", "minimum": 0}}}),
+        "top_logprobs": ask("l", "x", top_logprobs=3),
+        "n": ask("c", "x", choices=LABELS, n=2),
+        "frequency_penalty": ask("f", "x", frequency_penalty=0.5),
+    }  # fmt: skip
+    for field, request in refused.items():
+        refusal = route.refusal(request)
+        assert refusal is not None and refusal.field == field, (field, refusal)
+    assert route.refusal(ask("ok", "x", seed=1, top_p=0.5, n=2, logprobs=True, top_logprobs=1)) is None

@@ -5,12 +5,14 @@ everything else by name (DESIGN invariant 8), before it runs. `read_plain` reads
 completions, responses, completions or Anthropic messages body into one `Plain` view, or
 returns the `Refusal` for the first thing the route cannot honour.
 
-`honours` is the route's own set of extra body keys (say `seed`, `top_p`); the keys every
-own engine honours are in `BASE_KEYS`.
+`honours` is the route's own extra body keys per endpoint (say `seed`, `top_p`); the keys
+every own engine honours are in `BASE_KEYS`. `n` above 1 is taken only where the route
+honours `n` (it returns that many choices); `n: 1` is always taken.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +30,8 @@ CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assist
 TEXT_PARTS = {CHAT: ("text",), RESPONSES: ("input_text", "output_text"), MESSAGES: ("text",)}
 # Keys on a text part that change nothing an own engine answers (a caching hint).
 HARMLESS_PART_KEYS = frozenset({"type", "text", "cache_control"})
+MAX_N = 128  # OpenAI's own limit on n
+Honours = Mapping[str, frozenset[str]] | frozenset[str]
 
 
 @dataclass(slots=True)
@@ -41,6 +45,7 @@ class Plain:
     stop: list[str] = field(default_factory=list)
     params: dict[str, Any] = field(default_factory=dict)  # the route's `honours` keys, as sent
     raw_prompt: str | None = None  # a completions prompt: text, not turns
+    n: int = 1  # choices asked for (above 1 only where the route honours n)
 
 
 class _Refused(Exception):
@@ -48,11 +53,13 @@ class _Refused(Exception):
         self.refusal = Refusal(field, reason)
 
 
-def read_plain(request: Request, honours: frozenset[str] = frozenset()) -> Plain | Refusal:
+def read_plain(request: Request, honours: Honours = frozenset()) -> Plain | Refusal:
     endpoint, body = request.endpoint, request.body
     base = BASE_KEYS.get(endpoint)
     if base is None:
         return Refusal("endpoint", f"{endpoint} is not served by this route")
+    if not isinstance(honours, frozenset):
+        honours = honours.get(endpoint, frozenset())
     for key in body:
         if key not in base and key not in honours:
             return Refusal(key, "not honoured by this route; remove it or use a provider route that takes it")
@@ -60,8 +67,13 @@ def read_plain(request: Request, honours: frozenset[str] = frozenset()) -> Plain
         plain = _READERS[endpoint](body)
     except _Refused as refused:
         return refused.refusal
-    if body.get("n", 1) != 1:
-        return Refusal("n", f"this route returns one choice per request; got n={body['n']!r}")
+    n = body.get("n", 1)
+    if "n" in honours:
+        if type(n) is not int or not 1 <= n <= MAX_N:
+            return Refusal("n", f"must be a whole number from 1 to {MAX_N}; got {n!r}")
+        plain.n = n
+    elif n != 1:
+        return Refusal("n", f"this route returns one choice per request; got n={n!r}")
     plain.params = {k: body[k] for k in honours if k in body}
     return plain
 

@@ -1,46 +1,167 @@
 """`echo`: an instant, deterministic direct route for dry runs, tests and benchmarks.
 
-It is not a model. Its answer is a documented function of the request:
+It is not a model. Its answer is a documented function of the request, so a user can dry-run
+a schema or tools job offline and see it succeed. In this order:
 
+- a tool call is required (`tool_choice` `required`, a named function or `allowed_tools`
+  with mode `required`; Anthropic `any` or `tool`): a call to the named tool, else to
+  `tools[crc32(custom_id) % len(tools)]`, whose arguments are a deterministic instance of the
+  tool's parameters schema (`_instances.py`), finish reason `tool_calls`;
+- the answer must be JSON (`response_format` / `text.format` / `output_config.format`
+  json_schema, or lowtide's `response_schema`): a deterministic instance valid against the
+  schema, derived from `custom_id`; json_object with no schema: `{"echo": <the text below>}`;
 - with `choices`: the first choice that appears (case-insensitive) in the last user message,
   else `choices[crc32(custom_id) % len(choices)]`;
-- otherwise: the last user message, cut to the request's output limit × 4 characters.
+- otherwise: the last user message, cut to the request's output limit × 4 characters (finish
+  reason `length` when it was cut; a JSON answer or a tool call is never cut).
 
-It honours plain-text turns only (`_own.py`): anything else in a body is refused by name.
+`tools` with `tool_choice` auto or none (or absent) are accepted and not called. Each tool's
+parameters must be a valid JSON Schema; one echo cannot make an instance of (a `pattern`, a
+`not`, ...) is refused by name where it could be called, as is a schema it cannot satisfy.
 
-Usage is counted as characters / 4 (rounded up), input over all messages.
+Parameters that change nothing here, since echo is deterministic anyway: `seed`, `top_p`,
+`parallel_tool_calls` (echo makes one call). `n` (chat, completions): n choices; choice 0 is
+the n = 1 answer, choice i draws its instance, tool and choice from `custom_id#i`; a text
+echo is the same in every choice. Everything else plain-text turns cannot say is refused by
+name (`_own.py`).
+
+`Outcome.response` is the answer in the endpoint's own shape (`_replies.py`): a chat
+completion (with `tool_calls`), a response (a `function_call` output item), a completion, or
+an Anthropic message (a `tool_use` block). `Outcome.text` is choice 0's text ("" for a tool
+call); `Outcome.finish_reason` is in chat's words (stop, length, tool_calls).
+
+Usage is counted as characters / 4 (rounded up): input over all messages, output over every
+choice's text or tool arguments.
 
 Options (for tests of retry paths): `fail_attempts: {custom_id: n}` makes the first n attempts
 of that request fail with a retryable `server_error`; `reject: [custom_id, …]` fails those
-requests permanently with `invalid_request`.
+requests permanently with `invalid_request`. `answer: message` (for tests of lowtide's own
+answer checks) answers the last user message even where JSON is asked, as before schemas were
+honoured, so a row can carry an invalid answer; the default is `answer: instance`.
 """
 
 from __future__ import annotations
 
 import zlib
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
+from lowtide.core.endpoints import CHAT, COMPLETIONS, MESSAGES, RESPONSES
 from lowtide.core.errors import RouteError
 from lowtide.core.types import Outcome, Refusal, Request, Usage
+from lowtide.routes._instances import Instances, Unsatisfiable, instances_for
 from lowtide.routes._own import Plain, read_plain
+from lowtide.routes._replies import Call, Reply, arguments_text, reply_body
+from lowtide.routes._structure import JsonAsk, Tool, json_ask, required_call, tools
 
-KNOWN_OPTIONS = {"fail_attempts", "reject", "dispatch_size"}
+KNOWN_OPTIONS = {"fail_attempts", "reject", "dispatch_size", "answer"}
+ANSWERS = ("instance", "message")
+# Beyond plain-text turns, per endpoint (see the module doc for what each does).
+HONOURS = {
+    CHAT: frozenset({"response_format", "tools", "tool_choice", "parallel_tool_calls", "seed", "top_p", "n"}),
+    RESPONSES: frozenset({"text", "tools", "tool_choice", "parallel_tool_calls", "top_p"}),
+    COMPLETIONS: frozenset({"seed", "top_p", "n"}),
+    MESSAGES: frozenset({"output_config", "tools", "tool_choice"}),
+}
 
 
 def _tokens(text: str) -> int:
     return -(-len(text) // 4)
 
 
-def answer(request: Request, plain: Plain) -> str:
-    last_user = next((m["content"] for m in reversed(plain.messages) if m["role"] == "user"), "")
+def _last_user(plain: Plain) -> str:
+    return next((m["content"] for m in reversed(plain.messages) if m["role"] == "user"), "")
+
+
+def answer(request: Request, plain: Plain, seed: int | None = None) -> str:
+    last_user = _last_user(plain)
     if request.choices:
         lowered = last_user.lower()
         hits = [(at, c) for c in request.choices if (at := lowered.find(c.lower())) >= 0]
         if hits:
             return min(hits)[1]
-        return request.choices[zlib.crc32(request.custom_id.encode()) % len(request.choices)]
+        seed = zlib.crc32(request.custom_id.encode()) if seed is None else seed
+        return request.choices[seed % len(request.choices)]
     return last_user if plain.max_tokens is None else last_user[: plain.max_tokens * 4]
+
+
+@dataclass(slots=True)
+class Plan:
+    """How echo answers one request, read and checked once (`refusal` and `outcome`)."""
+
+    plain: Plain
+    json: JsonAsk | None
+    schema: Instances | None  # for `json` with a schema
+    calls: list[tuple[Tool, Instances]]  # the tools a required call may go to
+
+
+def plan(request: Request, instances: bool = True) -> Plan | Refusal:
+    plain = read_plain(request, HONOURS)
+    if isinstance(plain, Refusal):
+        return plain
+    if not instances:  # answer: message: the text echo, whatever the body asks
+        return Plan(plain, None, None, [])
+    ask = json_ask(request)
+    if isinstance(ask, Refusal):
+        return ask
+    declared = tools(request)
+    if isinstance(declared, Refusal):
+        return declared
+    for tool in declared:  # every tool's parameters must at least be a JSON Schema
+        if not isinstance(tool.parameters, dict | bool):
+            return Refusal(tool.field, "must be a JSON Schema (an object)")
+    forced = required_call(request, declared)
+    if isinstance(forced, Refusal):
+        return forced
+    calls = []
+    for tool in forced:
+        try:
+            calls.append((tool, instances_for(tool.parameters)))
+        except Unsatisfiable as err:
+            return _unsatisfiable(tool.field, err)
+    for tool in declared:
+        if tool not in forced:
+            try:
+                instances_for(tool.parameters)
+            except Unsatisfiable as err:
+                if "not a valid JSON Schema" in err.reason:
+                    return _unsatisfiable(tool.field, err)
+    schema = None
+    if ask is not None and ask.schema is not None and not calls:
+        try:
+            schema = instances_for(ask.schema)
+        except Unsatisfiable as err:
+            return _unsatisfiable(ask.field, err)
+    return Plan(plain, ask, schema, calls)
+
+
+def _unsatisfiable(field: str, err: Unsatisfiable) -> Refusal:
+    where = field if err.path == "(root)" else f"{field}.{err.path}"
+    return Refusal(where, f"{err.reason}; echo cannot answer it (simplify the schema, or dry-run without it)")
+
+
+def replies(request: Request, p: Plan) -> list[Reply]:
+    out = []
+    for i in range(p.plain.n):
+        seed = zlib.crc32((request.custom_id if i == 0 else f"{request.custom_id}#{i}").encode())
+        if p.calls:
+            tool, made = p.calls[seed % len(p.calls)]
+            arguments = made.make(seed)
+            out.append(Reply(finish="tool_calls", call=Call(tool.name, arguments),
+                             output_tokens=_tokens(arguments_text(arguments))))  # fmt: skip
+            continue
+        if p.schema is not None:
+            text = arguments_text(p.schema.make(seed))
+        elif p.json is not None:
+            text = arguments_text({"echo": answer(request, p.plain, seed)})
+        else:
+            text = answer(request, p.plain, seed)
+            if not request.choices and p.plain.max_tokens is not None and len(text) < len(_last_user(p.plain)):
+                out.append(Reply(text=text, finish="length", output_tokens=_tokens(text)))  # cut at the limit
+                continue
+        out.append(Reply(text=text, output_tokens=_tokens(text)))
+    return out
 
 
 class EchoRoute:
@@ -54,28 +175,33 @@ class EchoRoute:
         self.fail_attempts: dict[str, int] = dict(options.get("fail_attempts") or {})
         self.reject = set(options.get("reject") or [])
         self.dispatch_size = int(options.get("dispatch_size", 5000))
+        self.answer = options.get("answer", "instance")
+        if self.answer not in ANSWERS:
+            raise RouteError(f"echo: route_options.answer must be one of {', '.join(ANSWERS)}; got {self.answer!r}")
 
     def check_model(self, model: str) -> None:
         """echo answers for any model name: it never calls one."""
 
     def refusal(self, request: Request) -> Refusal | None:
-        plain = read_plain(request)
-        return plain if isinstance(plain, Refusal) else None
+        p = plan(request, self.answer == "instance")
+        return p if isinstance(p, Refusal) else None
 
     def outcome(self, request: Request) -> Outcome:
         if request.custom_id in self.reject:
             return Outcome.failure(request.custom_id, "invalid_request", "echo: rejected by route_options.reject", False)
         if request.attempt <= self.fail_attempts.get(request.custom_id, 0):
             return Outcome.failure(request.custom_id, "server_error", f"echo: injected failure on attempt {request.attempt}", True)
-        plain = read_plain(request)
-        if isinstance(plain, Refusal):
-            return Outcome.failure(request.custom_id, "invalid_request", plain.message(self.name), False)
-        text = answer(request, plain)
+        p = plan(request, self.answer == "instance")
+        if isinstance(p, Refusal):
+            return Outcome.failure(request.custom_id, "invalid_request", p.message(self.name), False)
+        answers = replies(request, p)
         usage = Usage(
-            input_tokens=sum(_tokens(m["content"]) for m in plain.messages),
-            output_tokens=_tokens(text),
+            input_tokens=sum(_tokens(m["content"]) for m in p.plain.messages),
+            output_tokens=sum(r.output_tokens for r in answers),
         )
-        return Outcome(request.custom_id, True, text=text, usage=usage, finish_reason="stop")
+        first = answers[0]
+        return Outcome(request.custom_id, True, text=first.text, usage=usage, finish_reason=first.finish,
+                       response=reply_body(request, self.name, answers, usage))  # fmt: skip
 
     async def execute(self, requests: Sequence[Request]) -> AsyncIterator[Outcome]:
         for request in requests:

@@ -7,7 +7,7 @@ that submitted them, like a provider's do. A batch ends on its `polls_to_complet
 results come back in reverse order (order is never assumed).
 
 Options: `dir`, `polls_to_complete` (1), `max_requests` (1000), `drop: [custom_id]` (left out
-of the results, as a provider may), and echo's `fail_attempts` and `reject`.
+of the results, as a provider may), and echo's `fail_attempts`, `reject` and `answer`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from lowtide.core.types import Outcome, Refusal, Request
 from lowtide.routes.base import BatchLimits, BatchStatus
 from lowtide.routes.echo import EchoRoute
 
-KNOWN_OPTIONS = {"dir", "polls_to_complete", "cancel_polls", "max_requests", "drop", "fail_attempts", "reject"}
+KNOWN_OPTIONS = {"dir", "polls_to_complete", "cancel_polls", "max_requests", "drop", "fail_attempts", "reject", "answer"}
 
 
 class EchoBatchRoute:
@@ -42,7 +42,7 @@ class EchoBatchRoute:
         self.cancel_polls = int(options.get("cancel_polls", 1))
         self.drop = set(options.get("drop") or [])
         self.limits = BatchLimits(max_requests=int(options.get("max_requests", 1000)), max_bytes=100 * 2**20)
-        self.echo = EchoRoute({k: options[k] for k in ("fail_attempts", "reject") if k in options})
+        self.echo = EchoRoute({k: options[k] for k in ("fail_attempts", "reject", "answer") if k in options})
 
     def check_model(self, model: str) -> None:
         """Any model name: nothing is called."""

@@ -39,6 +39,12 @@ requests of its group, and the first `slots` requests of a group are answered to
 once all of them are scored. A group of one request gets its raw argmax. `calibrate: false`:
 the raw argmax, each request on its own. See `calibrate.py`.
 
+Beyond plain-text turns it honours a JSON format (`response_format`, `text.format`,
+`output_config.format`, `response_schema`: decoding constrained by a grammar built from the
+schema, `schema.py`), `seed`, `top_p`, `n` and `logprobs` / `top_logprobs`; anything else is
+refused by name before it runs (`honours.py`). Answers carry the whole body in the endpoint's
+own shape (`Outcome.response`).
+
 A prompt too long for the context fails alone, as "context_length_exceeded" (not
 retryable); a model that cannot be loaded raises `RouteError` from `execute`.
 """
@@ -54,7 +60,7 @@ from typing import Any, Literal
 
 from lowtide.core.errors import RouteError
 from lowtide.core.types import Outcome, Refusal, Request
-from lowtide.routes._own import read_plain
+from lowtide.routes.local.honours import refusal
 
 __all__ = ["DEFAULT_MODEL", "LocalRoute", "create"]
 
@@ -131,8 +137,7 @@ class LocalRoute:
             )
 
     def refusal(self, request: Request) -> Refusal | None:
-        plain = read_plain(request)
-        return plain if isinstance(plain, Refusal) else None
+        return refusal(request)
 
     async def execute(self, requests: Sequence[Request]) -> AsyncIterator[Outcome]:
         """Yield one outcome per request as each finishes, in any order."""

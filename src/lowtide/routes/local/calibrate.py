@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from lowtide.core.types import Outcome, Usage
+from lowtide.routes._replies import Reply, reply_body
 from lowtide.routes.local.jobs import Job
 
 Key = tuple  # (group tokens, choices)
@@ -45,7 +46,9 @@ def answer(item: Scored, calibration: np.ndarray | None) -> Outcome:
     adjusted = item.scores if calibration is None else item.scores - calibration
     best = int(np.argmax(adjusted))
     usage = Usage(len(job.tokens), item.cached, output_tokens=len(job.candidates[best]))
-    return Outcome(job.request.custom_id, True, job.request.choices[best], usage, "choice")
+    text = job.request.choices[best]
+    body = reply_body(job.request, "local", [Reply(text, output_tokens=usage.output_tokens)], usage)
+    return Outcome(job.request.custom_id, True, text, usage, "choice", response=body)
 
 
 def deliver(answers: list[tuple[Scored, Outcome]]) -> None:

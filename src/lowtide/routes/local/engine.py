@@ -21,10 +21,17 @@ whatever fixed text the user template puts before each row.
 A request is admitted only when the cells it may hold (its prompt past the shared part plus
 its output budget, or its choices) fit beside those already held, so a decode never runs
 out of cells.
+
+Sampling is done here, from the logits: a JSON grammar (llama.cpp's grammar sampler, made
+when the job takes a slot) first masks every token that cannot continue a valid answer;
+then greedy, or temperature with `top_p` (nucleus) from the job's own generator. Logprobs are
+the model's own distribution at each step (log-softmax of the raw logits, before the grammar
+and the temperature), as OpenAI reports them.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import threading
 from collections import deque
@@ -34,11 +41,14 @@ import llama_cpp as llm
 import numpy as np
 
 from lowtide.core.types import Outcome, Request, Usage
+from lowtide.routes._replies import Reply
 from lowtide.routes.local.calibrate import Calibrator, Scored, deliver, keys
-from lowtide.routes.local.jobs import Job, Ticket, prepare
+from lowtide.routes.local.jobs import Job, Ticket, answered, failed, finished, prepare
 from lowtide.routes.local.model import Model
 
 PREFIX_SEQ = 0
+# llama_token_data as numpy sees it, so a grammar masks the logits of all tokens in one call.
+TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")], align=True)
 
 
 @dataclass(eq=False)
@@ -81,6 +91,8 @@ class Engine:
             raise MemoryError(f"llama.cpp could not create a {n_ctx}-token context")
         self.mem = llm.llama_get_memory(self.ctx)
         self.batch = llm.llama_batch_init(n_batch, 0, 1)
+        self.candidates = np.zeros(model.n_vocab, dtype=TOKEN_DATA)  # for grammars
+        self.candidates["id"] = np.arange(model.n_vocab)
         self.n = 0  # tokens in the batch being built
         self.pending: dict[tuple[int, ...], deque[Job]] = {}  # by group
         self.group: tuple[int, ...] = ()  # the group PREFIX_SEQ was filled for
@@ -162,11 +174,11 @@ class Engine:
                 job = Outcome.failure(request.custom_id, "invalid_request", repr(exc), False)
             if isinstance(job, Outcome):
                 ticket.deliver(job)
-            elif job.candidates is None and job.budget == 0:
-                usage = Usage(input_tokens=len(job.tokens))
-                ticket.deliver(Outcome(request.custom_id, True, "", usage, "length"))
+            elif job[0].candidates is None and job[0].budget == 0:
+                usage = Usage(input_tokens=len(job[0].tokens))
+                ticket.deliver(answered(request, [Reply("", "length")] * len(job), usage))
             else:
-                self.pending.setdefault(job.group, deque()).append(job)
+                self.pending.setdefault(job[0].group, deque()).extend(job)
 
     def _step(self) -> None:
         self._decode_step()
@@ -216,7 +228,7 @@ class Engine:
                 if slot.job:
                     cid = slot.job.request.custom_id
                     message = f"llama_decode returned {rc}"
-                    self._finish(slot, Outcome.failure(cid, "engine_error", message, True))
+                    self._finish(slot, failed(slot.job, Outcome.failure(cid, "engine_error", message, True)))
             return
         for slot in self.slots:
             if slot.job and slot.reads:
@@ -266,6 +278,8 @@ class Engine:
             slot.gen = self.gen
             self.gens[self.gen][1] += 1
         slot.job, slot.shared, slot.pos, slot.todo = job, shared, shared, job.tokens[shared:]
+        if job.gbnf is not None:
+            job.grammar = llm.llama_sampler_init_grammar(self.model.vocab, job.gbnf.encode(), b"root")
         slot.out, slot.scores, slot.reads, slot.waiting = [], [], [], deque()
 
     def _set_prefix(self, key: tuple[int, ...], tokens: list[int]) -> None:
@@ -365,27 +379,66 @@ class Engine:
 
     def _sample(self, slot: Slot, index: int) -> None:
         job = slot.job
-        logits = self._logits(index)
+        raw = logits = self._logits(index)
+        if job.gbnf is not None:
+            if not job.grammar:
+                message = "llama.cpp could not build the grammar of the request's JSON Schema"
+                failure = Outcome.failure(job.request.custom_id, "invalid_request", message, False)
+                self._finish(slot, failed(job, failure))
+                return
+            logits = self._constrain(job.grammar, logits)
         if job.rng is None:
             token = int(np.argmax(logits))
         else:
             x = logits.astype(np.float64) / job.temperature
             p = np.exp(x - x.max())
-            token = int(job.rng.choice(len(p), p=p / p.sum()))
+            p /= p.sum()
+            if job.top_p < 1.0:
+                p = _nucleus(p, job.top_p)
+            token = int(job.rng.choice(len(p), p=p))
         eog = self.model.is_eog(token)
         if not eog:
             slot.out.append(token)
-        text, reason = job.ending(self.model, slot.out, eog)
-        if reason is not None:
+            if job.grammar:
+                llm.llama_sampler_accept(job.grammar, token)
+            if job.logprobs is not None:
+                job.entries.append(self._entry(raw, token, job.logprobs))
+        reply = job.ending(self.model, slot.out, eog)
+        if reply is not None:
             usage = Usage(len(job.tokens), slot.cached, output_tokens=len(slot.out))
-            self._finish(slot, Outcome(job.request.custom_id, True, text, usage, reason))
+            self._finish(slot, finished(job, reply, usage))
+
+    def _constrain(self, grammar, logits: np.ndarray) -> np.ndarray:
+        """`logits` with every token the grammar does not allow next at -inf."""
+        cands = self.candidates
+        cands["logit"] = logits
+        array = llm.llama_token_data_array(
+            data=cands.ctypes.data_as(llm.llama_token_data_p), size=len(cands), selected=-1, sorted=False
+        )
+        llm.llama_sampler_apply(grammar, ctypes.byref(array))
+        return cands["logit"].copy()
+
+    def _entry(self, raw: np.ndarray, token: int, top: int) -> dict:
+        """One `logprobs.content` entry: the token, its log-probability and the top ones."""
+        x = raw.astype(np.float64)
+        x -= x.max()
+        lp = x - np.log(np.exp(x).sum())
+
+        def one(t: int) -> dict:
+            piece = self.model.piece(t)
+            return {"token": piece.decode("utf-8", "replace"), "logprob": float(lp[t]), "bytes": list(piece)}
+
+        entry = one(token)
+        best = np.argpartition(-lp, top)[:top] if top else []
+        entry["top_logprobs"] = [one(int(t)) for t in sorted(best, key=lambda t: -lp[t])]
+        return entry
 
     # --- ending ------------------------------------------------------------------------------
 
-    def _finish(self, slot: Slot, outcome: Outcome) -> None:
+    def _finish(self, slot: Slot, outcome: Outcome | None) -> None:
         ticket = slot.job.ticket
         self._release(slot)
-        if not ticket.cancelled:
+        if outcome is not None and not ticket.cancelled:
             ticket.deliver(outcome)
 
     def _release(self, slot: Slot) -> None:
@@ -394,6 +447,9 @@ class Engine:
                 llm.llama_memory_seq_rm(self.mem, what[2], -1, -1)
                 self.scratch.append(what[2])
         llm.llama_memory_seq_rm(self.mem, slot.seq, -1, -1)
+        if slot.job is not None and slot.job.grammar:
+            llm.llama_sampler_free(slot.job.grammar)
+            slot.job.grammar = None
         if slot.gen:
             self._unref(slot.gen)
         slot.gen, slot.shared = 0, 0
@@ -405,13 +461,27 @@ class Engine:
             if slot.job:
                 job = slot.job
                 self._release(slot)
-                job.ticket.deliver(Outcome.failure(job.request.custom_id, code, message, retryable))
+                outcome = failed(job, Outcome.failure(job.request.custom_id, code, message, retryable))
+                if outcome is not None:
+                    job.ticket.deliver(outcome)
         pending, self.pending = self.pending, {}
         for queue in pending.values():
             for job in queue:
-                job.ticket.deliver(Outcome.failure(job.request.custom_id, code, message, retryable))
+                outcome = failed(job, Outcome.failure(job.request.custom_id, code, message, retryable))
+                if outcome is not None:
+                    job.ticket.deliver(outcome)
         with self.cond:
             inbox, self.inbox = self.inbox, []
         for requests, ticket in inbox:
             for r in requests:
                 ticket.deliver(Outcome.failure(r.custom_id, code, message, retryable))
+
+
+def _nucleus(p: np.ndarray, top_p: float) -> np.ndarray:
+    """`p` cut to its smallest most-likely set whose mass reaches `top_p`, renormalised."""
+    order = np.argsort(-p)
+    mass = np.cumsum(p[order])
+    keep = order[: int(np.searchsorted(mass, top_p)) + 1]
+    out = np.zeros_like(p)
+    out[keep] = p[keep]
+    return out / out.sum()
