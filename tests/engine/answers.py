@@ -16,12 +16,13 @@ import sqlalchemy as sa
 from openai.types import Completion, CompletionChoice, CompletionUsage
 from openai.types.completion_choice import Logprobs
 
+from lowtide.core.spec import build_spec
 from lowtide.core.states import RequestState
 from lowtide.core.types import Outcome, Usage
 from lowtide.engine.context import JobContext
 from lowtide.engine.loader import load_job
 from lowtide.store.schema import jobs, requests
-from tests.conftest import make_spec, write_csv
+from tests.conftest import write_csv
 from tests.engine.ledger_helpers import dispatch, ingest
 
 OFFLINE = {"base_url": "http://127.0.0.1:9/v1", "api_key_env": "LOWTIDE_TEST_UNUSED_KEY"}  # never contacted
@@ -34,8 +35,12 @@ def loaded_job(store, clock, tmp_path, monkeypatch, ids: list[str], endpoint: st
     source = write_csv(tmp_path / "t.csv", [{"ticket_id": i, "body": f"ticket {i}"} for i in ids])
     route = ROUTE_OF.get(endpoint, "openai-batch")
     options = OFFLINE if route == "openai-batch" else {**OFFLINE, "base_url": "http://127.0.0.1:9"}
-    spec.setdefault("params", {"max_tokens": 256} if endpoint != "/v1/responses" else {"max_output_tokens": 256})
-    made = make_spec(source, route=route, route_options=options, endpoint=endpoint, **spec)
+    made = build_spec({
+        "name": "tickets", "source": {"path": str(source), "id_column": "ticket_id"},
+        "template": {"system": "Classify the ticket.", "user": "Ticket: {{ body }}"}, "model": "test-model",
+        "route": route, "route_options": options, "endpoint": endpoint,
+        "params": {"max_output_tokens" if endpoint == "/v1/responses" else "max_tokens": 256}, **spec,
+    })  # fmt: skip
     load_job(store, made, clock)
     return job_context(store, made.name)
 

@@ -15,6 +15,8 @@ shape says what it is, so no endpoint needs to be stored beside it:
 A tool call is `{id, type, name, arguments}`: `type` is `function` (arguments: the JSON text
 the provider sent; an Anthropic `input` object written as JSON) or `custom` (free text).
 A log probability is `{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}`.
+Every value is of the one type its field has (text, float, list of ints), or None where the
+provider sent something else, so the view has fixed types (the export's Parquet columns).
 Anything else the provider returned (usage, annotations, server tool blocks, …) is in the
 stored response itself.
 """
@@ -89,6 +91,14 @@ def _str(value: Any) -> str | None:
     )
 
 
+def _num(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _ints(value: Any) -> list[int] | None:
+    return value if isinstance(value, list) and all(type(b) is int for b in value) else None
+
+
 def _openai_choice(i: int, c: dict[str, Any]) -> Choice:
     index = c.get("index")
     choice = Choice(index if type(index) is int else i, finish_reason=_str(c.get("finish_reason")))
@@ -130,9 +140,9 @@ def _chat_call(t: dict[str, Any]) -> dict[str, Any]:
 def _logprob(t: dict[str, Any]) -> dict[str, Any]:
     top = t.get("top_logprobs")
     return {
-        "token": _str(t.get("token")), "logprob": t.get("logprob"), "bytes": t.get("bytes"),
+        "token": _str(t.get("token")), "logprob": _num(t.get("logprob")), "bytes": _ints(t.get("bytes")),
         "top_logprobs": [
-            {"token": _str(x.get("token")), "logprob": x.get("logprob"), "bytes": x.get("bytes")} for x in top if isinstance(x, dict)
+            {"token": _str(x.get("token")), "logprob": _num(x.get("logprob")), "bytes": _ints(x.get("bytes"))} for x in top if isinstance(x, dict)
         ] if isinstance(top, list) else None,
     }  # fmt: skip
 
@@ -151,8 +161,8 @@ def _completion_logprobs(lp: Any) -> list[dict[str, Any]] | None:
     for i, token in enumerate(tokens):
         top = tops[i] if i < len(tops) else None
         out.append({
-            "token": _str(token), "logprob": values[i] if i < len(values) else None, "bytes": None,
-            "top_logprobs": [{"token": k, "logprob": v, "bytes": None} for k, v in top.items()] if isinstance(top, dict) else None,
+            "token": _str(token), "logprob": _num(values[i]) if i < len(values) else None, "bytes": None,
+            "top_logprobs": [{"token": _str(k), "logprob": _num(v), "bytes": None} for k, v in top.items()] if isinstance(top, dict) else None,
         })  # fmt: skip
     return out
 

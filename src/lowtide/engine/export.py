@@ -54,7 +54,7 @@ _RESULT_COLUMNS = (
 )  # fmt: skip
 _INT_COLUMNS = {"input_tokens", "output_tokens", "attempts"}
 _BOOL_COLUMNS = {"source_changed"}
-PAGE_BYTES = 32 << 20  # stored answers read at once, at most (one bigger answer is read alone)
+PAGE_BYTES = 8 << 20  # stored answers read at once, at most (one bigger answer is read alone)
 
 
 @dataclass(slots=True)
@@ -280,14 +280,16 @@ class _ParquetWriter:
         else:
             fields = [pa.field(c, pa.string()) for c in cols]
             self.native = set()
-        nested = answer_types() | {f: schema_type(s) for f, s in self.rows.parsed_schemas.items()}
+        nested = answer_types() | {f: schema_type(s, self.rows.spec.response_schema) for f, s in self.rows.parsed_schemas.items()}
         for name, out in self.rows.result_columns(cols).items():
             kind = pa.int64() if name in _INT_COLUMNS else pa.bool_() if name in _BOOL_COLUMNS else nested.get(name) or pa.string()
             fields.append(pa.field(out, kind))
             if name in _INT_COLUMNS or name in _BOOL_COLUMNS:
                 self.native.add(out)
-            elif name in nested:  # a struct, list or scalar type, or JSON text where none fits
+            elif name in self.rows.parsed_schemas:  # typed from the schema, or JSON text where no type fits
                 self.typed[out] = nested[name]
+            elif name in nested:  # the answer columns: already of their types (core/answers.py)
+                self.native.add(out)
         self.schema = pa.schema(fields)
         self.writer = pq.ParquetWriter(self.path, self.schema)
 
