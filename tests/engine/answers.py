@@ -192,3 +192,8 @@ def weather_tool(endpoint: str) -> dict:
 
 def args(**kw: Any) -> str:
     return json.dumps(kw)
+
+
+def ingest_again(store, job: JobContext, dispatch_id: int, bodies: dict[str, dict]) -> None:
+    """Apply outcomes to requests already put in `dispatch_id`."""
+    ingest(store, job, dispatch_id, job.spec.route, [outcome(cid, body) for cid, body in bodies.items()])

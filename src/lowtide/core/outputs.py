@@ -87,7 +87,10 @@ def check_tool_calls(calls: list[dict[str, Any]], tools: ToolSchemas) -> None:
         except json.JSONDecodeError as err:
             raise InvalidOutput(f"{where}: arguments are not valid JSON ({err.msg} at line {err.lineno} column {err.colno})") from None
         if tools[name] is not None:
-            _validate(args, tools[name], f"{where}'s parameters")
+            try:
+                _validate(args, tools[name], "its parameters")
+            except InvalidOutput as err:
+                raise InvalidOutput(f"{where}: {err}") from None
 
 
 def repair_messages(bad_output: str, reason: str, schema: dict[str, Any] | None) -> list[dict[str, str]]:
@@ -103,12 +106,12 @@ def tool_repair(endpoint: str, response: dict[str, Any], calls: list[dict[str, A
     """The turns appended for the one retry of an invalid tool call, in the endpoint's shape:
     the calls as the model made them, then each call's result saying what was wrong."""
     result = f"That call was invalid: {reason}. Call the tool again with arguments that match its parameters."
-    if endpoint == "/v1/messages":
-        blocks = [b for b in response.get("content") or [] if isinstance(b, dict)]
+    if endpoint == "/v1/messages":  # the whole turn (a thinking block must go back with its tool use)
+        blocks = [_given(b) for b in response.get("content") or [] if isinstance(b, dict)]
         results = [{"type": "tool_result", "tool_use_id": c["id"], "content": result, "is_error": True} for c in calls]
         return [{"role": "assistant", "content": blocks}, {"role": "user", "content": results}]
     if endpoint == "/v1/responses":
-        made = [i for i in response.get("output") or [] if isinstance(i, dict) and i.get("type") in ("function_call", "custom_tool_call")]
+        made = [_given(i) for i in response.get("output") or [] if isinstance(i, dict) and i.get("type") in ("function_call", "custom_tool_call")]
         kind = {"function": "function_call_output", "custom": "custom_tool_call_output"}
         return made + [{"type": kind[c["type"]], "call_id": c["id"], "output": result} for c in calls]
     made = [
@@ -117,3 +120,9 @@ def tool_repair(endpoint: str, response: dict[str, Any], calls: list[dict[str, A
         for c in calls
     ]  # fmt: skip
     return [{"role": "assistant", "content": None, "tool_calls": made}] + [{"role": "tool", "tool_call_id": c["id"], "content": result} for c in calls]
+
+
+def _given(item: dict[str, Any]) -> dict[str, Any]:
+    """An output item or block sent back as input: the provider's nulls mean "not set", and
+    input types take them absent, not null."""
+    return {k: v for k, v in item.items() if v is not None}
