@@ -7,7 +7,7 @@
         model="smollm2-135m-instruct", route="local",
     )
     job.run()                  # blocks until every row is done; job.start() does not block
-    df_out = job.results()     # the input rows plus output, state, error, tokens
+    df_out = job.results()     # the input rows plus output, state, error, tokens, tool_calls, …
 """
 
 from __future__ import annotations
