@@ -91,6 +91,14 @@ def _str(value: Any) -> str | None:
     )
 
 
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
 def _num(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
@@ -121,14 +129,14 @@ def _openai_choice(i: int, c: dict[str, Any]) -> Choice:
 
 def _chat_call(t: dict[str, Any]) -> dict[str, Any]:
     if t.get("type") == "custom":
-        custom = t.get("custom") or {}
+        custom = _dict(t.get("custom"))
         return {
             "id": _str(t.get("id")),
             "type": "custom",
             "name": _str(custom.get("name")),
             "arguments": _str(custom.get("input")),
         }
-    fn = t.get("function") or {}
+    fn = _dict(t.get("function"))
     return {
         "id": _str(t.get("id")),
         "type": "function",
@@ -176,7 +184,7 @@ def _response(data: dict[str, Any]) -> Choice:
     for item in data["output"]:
         kind = item.get("type") if isinstance(item, dict) else None
         if kind == "message":
-            for part in item.get("content") or []:
+            for part in _list(item.get("content")):
                 if not isinstance(part, dict):
                     continue
                 if part.get("type") == "output_text":
@@ -194,7 +202,7 @@ def _response(data: dict[str, Any]) -> Choice:
             calls.append({"id": _str(item.get("call_id")), "type": "custom", "name": _str(item.get("name")),
                           "arguments": _str(item.get("input"))})  # fmt: skip
         elif kind == "reasoning":
-            for part in (item.get("summary") or []) + (item.get("content") or []):
+            for part in _list(item.get("summary")) + _list(item.get("content")):
                 if isinstance(part, dict) and isinstance(part.get("text"), str):
                     reasoning.append(part["text"])
     status = _str(data.get("status"))

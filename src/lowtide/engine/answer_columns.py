@@ -28,6 +28,9 @@ def answer_values(response: Any) -> dict[str, Any]:
     only where the provider returned more than one (n > 1)."""
     if response is None:
         return _EMPTY
+    plain = _plain_chat(response)
+    if plain is not None:
+        return plain
     answer: Answer = read_answer(response)
     first = answer.first
     return {
@@ -38,6 +41,23 @@ def answer_values(response: Any) -> dict[str, Any]:
         "logprobs": first.logprobs,
         "choices": [c.as_dict() for c in answer.choices] if len(answer.choices) > 1 else None,
     }
+
+
+def _plain_chat(response: dict[str, Any]) -> dict[str, Any] | None:
+    """The columns of the most common answer, one chat choice of text alone, in a few
+    lookups (a 100,000-row export reads one per row); None for any other answer."""
+    try:
+        (first,) = response["choices"]
+        message = first["message"]
+        if (
+            message.get("tool_calls") or first.get("logprobs") or message.get("refusal")
+            or message.get("reasoning_content") or message.get("reasoning")
+        ):  # fmt: skip
+            return None
+    except (KeyError, TypeError, ValueError, AttributeError):  # not one chat choice
+        return None
+    finish = first.get("finish_reason")
+    return {**_EMPTY, "finish_reason": finish} if finish is None or finish.__class__ is str else None
 
 
 def answer_types() -> dict[str, Any]:

@@ -55,6 +55,7 @@ _RESULT_COLUMNS = (
 _INT_COLUMNS = {"input_tokens", "output_tokens", "attempts"}
 _BOOL_COLUMNS = {"source_changed"}
 PAGE_BYTES = 8 << 20  # stored answers read at once, at most (one bigger answer is read alone)
+INLINE_BYTES = 4096  # answers this small come with the chunk's lookup (5,000 of them: 20 MB at most)
 
 
 @dataclass(slots=True)
@@ -70,6 +71,7 @@ class ResultRows:
     def __init__(self, store: Store, job_name: str, full: bool = False):
         self.store = store
         self.full = full  # add `response`: the provider's whole answer body
+        self.answers_renamed = False  # does the source have a column named like an answer column?
         with store.begin() as conn:
             job = get_job(conn, job_name)
         self.job_id = job.id
@@ -104,12 +106,13 @@ class ResultRows:
             if self.source_columns is None:  # JSONL: the first chunk's keys
                 self.source_columns = list(dict.fromkeys(k for r in chunk for k in r.values))
             names = self.result_columns(self.source_columns)
+            self.answers_renamed = any(names[n] != n for n in ANSWER_COLUMNS)
             keys = [str(r.values.get(id_col, "")).strip() for r in chunk]
             ids = [custom_id_for(key_of(k)) for k in keys]
             found = self._lookup(ids, keys)
             rows = [(row, cid, found.get(cid)) for row, cid in zip(chunk, ids, strict=True)]
             for page in _pages(rows):
-                answers = self._answers([res[12] for _, _, res in page if res is not None and res[13]])
+                answers = self._answers([res[12] for _, _, res in page if res is not None and (res[13] or 0) > INLINE_BYTES])
                 yield [self._record(row, cid, res, answers, names) for row, cid, res in page]
 
     def _record(self, row, cid: str, res: tuple | None, answers: dict[int, str], names: dict[str, str]) -> dict[str, Any]:
@@ -118,7 +121,7 @@ class ResultRows:
         if res is None:
             record[names["state"]] = "not_loaded"
             return record
-        cid, state, output, parsed, error_code, error_message, input_tokens, output_tokens, tries, route, fp, payload, rid, _ = res
+        cid, state, output, parsed, error_code, error_message, input_tokens, output_tokens, tries, route, fp, payload, rid, _, text = res
         record[names["custom_id"]] = cid
         if self.render is not None:
             record[names["source_changed"]] = _changed(self.render, row, fp, payload)
@@ -134,10 +137,14 @@ class ResultRows:
         record[names["output_tokens"]] = output_tokens
         record[names["attempts"]] = tries
         record[names["route"]] = route
-        text = answers.get(rid)
+        if text is None:
+            text = answers.get(rid)
         response = fastjson.loads(text) if text else None
-        for name, value in answer_values(response).items():
-            record[names[name]] = value
+        if self.answers_renamed:
+            for name, value in answer_values(response).items():
+                record[names[name]] = value
+        else:
+            record.update(answer_values(response))
         if self.full:
             record[names["response"]] = response
         return record
@@ -153,10 +160,11 @@ class ResultRows:
     def _lookup(self, ids: list[str], keys: list[str]) -> dict[str, tuple]:
         """custom_id -> (stored custom_id, state, output, parsed, error_code, error_message,
         input_tokens, output_tokens, attempts, route, fingerprint, payload if no fingerprint,
-        row id, length of the stored response) of the job's requests among `ids`; an id not
-        found is looked for under its legacy custom_ids too. The responses themselves are
-        read page by page (`_answers`)."""
+        row id, length of the stored response, the response if at most INLINE_BYTES) of the
+        job's requests among `ids`; an id not found is looked for under its legacy custom_ids
+        too. Larger responses are read page by page (`_answers`)."""
         cols = requests.c
+        length = func.length(cols.response)
         with self.store.begin() as conn:
 
             def fetch(wanted: list[str]) -> dict[str, tuple]:
@@ -164,7 +172,7 @@ class ResultRows:
                     cols.custom_id, cols.state, cols.output, cols.parsed, cols.error_code, cols.error_message,
                     cols.input_tokens, cols.output_tokens, cols.attempts, cols.route, cols.fingerprint,
                     case((cols.fingerprint.is_(None), cols.payload), else_=None),  # stored before fingerprints
-                    cols.id, func.length(cols.response),
+                    cols.id, length, case((length <= INLINE_BYTES, cols.response), else_=None),
                 ).where(cols.job_id == self.job_id, among(conn, cols.custom_id, wanted))  # fmt: skip
                 return {r[0]: tuple(r) for r in conn.execute(stmt)}
 
@@ -182,7 +190,7 @@ def _pages(rows: list[tuple]) -> Iterator[list[tuple]]:
     size = 0
     for item in rows:
         res = item[2]
-        n = (res[13] or 0) if res is not None else 0
+        n = (res[13] or 0) if res is not None and res[14] is None else 0  # inlined answers are read already
         if page and size + n > PAGE_BYTES:
             yield page
             page, size = [], 0
@@ -306,7 +314,9 @@ class _ParquetWriter:
                 values = [None if v is None else fit(v, kind) for v in values]
             elif f.name not in self.native:
                 values = [v if v is None or v.__class__ is str else _text(v) for v in values]
-            columns[f.name] = values
+            # A column with no value in the chunk (no tool calls anywhere, say) is made as
+            # nulls: converting Nones to a nested type costs as much as real values.
+            columns[f.name] = pa.nulls(len(values), f.type) if not any(v is not None for v in values) else values
         self.writer.write_table(pa.Table.from_pydict(columns, schema=self.schema))
 
     def close(self) -> None:
