@@ -27,6 +27,13 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+# What the view reads, by the SDK types' own `type` names; everything else (server tool
+# blocks, shell or computer calls, MCP items, …) stays in the stored response alone.
+CHAT_TOOL_CALLS_READ = frozenset({"function", "custom"})
+RESPONSE_ITEMS_READ = frozenset({"message", "function_call", "custom_tool_call", "reasoning"})
+RESPONSE_PARTS_READ = frozenset({"output_text", "refusal"})
+ANTHROPIC_BLOCKS_READ = frozenset({"text", "thinking", "tool_use"})
+
 TOOL_CALL_KEYS = ("id", "type", "name", "arguments")
 LOGPROB_KEYS = ("token", "logprob", "bytes", "top_logprobs")
 CHOICE_KEYS = ("index", "text", "tool_calls", "refusal", "finish_reason", "logprobs", "reasoning")
