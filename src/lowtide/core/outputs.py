@@ -9,6 +9,8 @@ from typing import Any
 
 import jsonschema
 
+from lowtide.core.answers import read_answer
+
 _FENCE = re.compile(r"^\s*```(?:json)?\s*(.*?)\s*```\s*$", re.DOTALL)
 
 
@@ -119,7 +121,8 @@ def tool_repair(endpoint: str, response: dict[str, Any], calls: list[dict[str, A
         else {"id": c["id"], "type": "custom", "custom": {"name": c["name"], "input": c["arguments"]}}
         for c in calls
     ]  # fmt: skip
-    return [{"role": "assistant", "content": None, "tool_calls": made}] + [{"role": "tool", "tool_call_id": c["id"], "content": result} for c in calls]
+    said = read_answer(response).first.text  # any text beside the calls goes back with them
+    return [{"role": "assistant", "content": said, "tool_calls": made}] + [{"role": "tool", "tool_call_id": c["id"], "content": result} for c in calls]
 
 
 def _given(item: dict[str, Any]) -> dict[str, Any]:
