@@ -7,7 +7,7 @@
         model="smollm2-135m-instruct", route="local",
     )
     job.run()                  # blocks until every row is done; job.start() does not block
-    df_out = job.results()     # the input rows plus output, state, error, tokens
+    df_out = job.results()     # the input rows plus output, state, error, tokens, tool_calls, …
 """
 
 from __future__ import annotations
@@ -127,13 +127,14 @@ class Job:
     def retry(self, failed: bool = True, cancelled: bool = False) -> int:
         return retry_job(self.store, self.name, SystemClock(), failed=failed, cancelled=cancelled)
 
-    def results(self) -> pd.DataFrame:
-        """The source rows joined by custom_id to their results, as a DataFrame."""
+    def results(self, full: bool = False) -> pd.DataFrame:
+        """The source rows joined by custom_id to their results, as a DataFrame (nested
+        values as dicts and lists; `full` adds each provider's whole answer, `response`)."""
         import pandas as pd
 
-        rows = ResultRows(self.store, self.name)
+        rows = ResultRows(self.store, self.name, full=full)
         frames = [pd.DataFrame.from_records(chunk) for chunk in rows.chunks()]
         return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
-    def export(self, path: str | Path) -> Path:
-        return export_results(self.store, self.name, path).path
+    def export(self, path: str | Path, full: bool = False) -> Path:
+        return export_results(self.store, self.name, path, full=full).path

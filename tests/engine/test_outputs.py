@@ -9,6 +9,7 @@ import sqlalchemy as sa
 from lowtide.engine.export import export_results
 from lowtide.store.schema import attempts, requests
 from tests.conftest import drive_to_end, make_spec, write_csv
+from tests.engine.answers import answer_all, chat, choice, loaded_job, pending
 
 SCHEMA = {
     "type": "object",
@@ -17,17 +18,16 @@ SCHEMA = {
 }
 
 
-def test_valid_json_is_parsed_into_columns_and_invalid_json_is_repaired_once_then_failed(store, clock, tmp_path):
-    rows = [
-        {"ticket_id": "ok-1", "answer": '{"label": "billing", "urgent": true}'},
-        {"ticket_id": "bad-enum", "answer": '{"label": "sales", "urgent": false}'},
-        {"ticket_id": "not-json", "answer": "billing, I think"},
-    ]
-    source = write_csv(tmp_path / "t.csv", rows)
-    # echo answers with the user message, so the rendered answer is the "model output".
-    spec = make_spec(source, template={"system": None, "user": "{{ answer }}"}, response_schema=SCHEMA)
-    status = drive_to_end(store, spec, clock)
-    assert status.counts == {"succeeded": 1, "failed": 2}
+def test_valid_json_is_parsed_into_columns_and_invalid_json_is_repaired_once_then_failed(store, clock, tmp_path, monkeypatch):
+    # A schema job on openai-batch; its answers are chat completions as the SDK shapes them.
+    job = loaded_job(store, clock, tmp_path, monkeypatch, ["ok-1", "bad-enum", "not-json"], response_schema=SCHEMA)
+    first = {
+        "ok-1": '{"label": "billing", "urgent": true}', "bad-enum": '{"label": "sales", "urgent": false}',
+        "not-json": "billing, I think",
+    }  # fmt: skip
+    answer_all(store, job, {cid: chat(choice(0, text)) for cid, text in first.items()})
+    assert sorted(pending(store)) == ["bad-enum", "not-json"]  # each gets its one repair
+    answer_all(store, job, {cid: chat(choice(0, first[cid])) for cid in ("bad-enum", "not-json")})  # wrong again
     with store.begin() as conn:
         got = {r.custom_id: r for r in conn.execute(sa.select(requests))}
         tries = dict(
@@ -37,6 +37,7 @@ def test_valid_json_is_parsed_into_columns_and_invalid_json_is_repaired_once_the
                 .group_by(requests.c.custom_id)
             ).all()
         )
+    assert {c: r.state for c, r in got.items()} == {"ok-1": "succeeded", "bad-enum": "failed", "not-json": "failed"}
     assert json.loads(got["ok-1"].parsed) == {"label": "billing", "urgent": True}
     assert tries == {"ok-1": 1, "bad-enum": 2, "not-json": 2}  # one repair each, no more
     assert got["bad-enum"].error_code == "invalid_output"

@@ -175,6 +175,9 @@ def results(
     compare: Annotated[
         str | None, typer.Option(help="A source column holding the expected answer: print the accuracy.")
     ] = None,
+    full: Annotated[
+        bool, typer.Option("--full", help="Add a `response` column: each provider's whole answer body, as it came.")
+    ] = False,
 ) -> None:
     """Write a job's results joined to its source rows by custom_id.
 
@@ -182,7 +185,7 @@ def results(
     """
     try:
         with open_store() as store:
-            report = export_results(store, job, out_path)
+            report = export_results(store, job, out_path, full=full)
             spec = job_spec(store, job)
     except LowtideError as err:
         raise fail(err) from None

@@ -2,8 +2,15 @@
 
 Each output row is the source row plus: custom_id, state, output, one column per property of
 an object response schema (or `parsed` for any other schema), error, tokens, attempts, route,
-source_changed. A lowtide column whose name the source already uses is prefixed with
-`lowtide_`.
+source_changed, then what the provider's stored answer says (answer_columns.py):
+finish_reason, tool_calls, refusal, reasoning, logprobs, choices (all of them, where n > 1),
+and with `full` the whole response. A lowtide column whose name the source already uses is
+prefixed with `lowtide_`.
+
+Nested values are real nested values: objects in JSONL, structs and lists in Parquet (types
+in answer_columns.py), JSON text in CSV. Rows are read a source chunk at a time, and a
+chunk's stored answers in pages of at most PAGE_BYTES, so a job of huge answers (logprobs of
+long outputs) is exported in bounded memory.
 
 `source_changed` is true where the row, rendered now, is not what the stored request was
 rendered from (its text, the template or the spec changed since): the answer beside it is
@@ -20,22 +27,35 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import case, select
+from sqlalchemy import case, func, select
 
+from lowtide.core import fastjson
 from lowtide.core.errors import LowtideError
 from lowtide.core.ids import custom_id_for, key_of, legacy_custom_ids
 from lowtide.core.sources import Source
 from lowtide.core.spec import JobSpec, format_of
 from lowtide.core.templates import MessageTemplate
+from lowtide.engine.answer_columns import (
+    ANSWER_COLUMNS,
+    answer_types,
+    answer_values,
+    fit,
+    schema_type,
+)
 from lowtide.engine.loader import RowRenderer
 from lowtide.store.bulk import among
 from lowtide.store.db import Store
 from lowtide.store.queries import get_job
 from lowtide.store.schema import requests
 
-_RESULT_COLUMNS = ("custom_id", "state", "output", "error", "input_tokens", "output_tokens", "attempts", "route", "source_changed")
+_RESULT_COLUMNS = (
+    "custom_id", "state", "output", "error", "input_tokens", "output_tokens", "attempts", "route", "source_changed",
+    *ANSWER_COLUMNS,
+)  # fmt: skip
 _INT_COLUMNS = {"input_tokens", "output_tokens", "attempts"}
 _BOOL_COLUMNS = {"source_changed"}
+PAGE_BYTES = 8 << 20  # stored answers read at once, at most (one bigger answer is read alone)
+INLINE_BYTES = 4096  # answers this small come with the chunk's lookup (5,000 of them: 20 MB at most)
 
 
 @dataclass(slots=True)
@@ -48,8 +68,10 @@ class ExportReport:
 class ResultRows:
     """Iterate a job's results joined to its source, in source order."""
 
-    def __init__(self, store: Store, job_name: str):
+    def __init__(self, store: Store, job_name: str, full: bool = False):
         self.store = store
+        self.full = full  # add `response`: the provider's whole answer body
+        self.answers_renamed = False  # does the source have a column named like an answer column?
         with store.begin() as conn:
             job = get_job(conn, job_name)
         self.job_id = job.id
@@ -61,6 +83,9 @@ class ResultRows:
         props = (self.spec.response_schema or {}).get("properties") if self.spec.response_schema else None
         self.parsed_fields: list[str] = list(props) if isinstance(props, dict) else []
         self.whole_parsed = self.spec.response_schema is not None and not self.parsed_fields
+        self.parsed_schemas: dict[str, Any] = (
+            {f: props[f] for f in self.parsed_fields} if self.parsed_fields else {"parsed": self.spec.response_schema} if self.whole_parsed else {}
+        )  # fmt: skip
         self.source_columns: list[str] | None = self.source.columns
         try:  # the loader's own rendering, for the fingerprints
             self.render: RowRenderer | None = RowRenderer(self.spec, MessageTemplate.from_spec(self.spec), self.source)
@@ -70,53 +95,76 @@ class ResultRows:
     def result_columns(self, source_columns: list[str]) -> dict[str, str]:
         """lowtide's column names, renamed where the source already has them."""
         names = list(_RESULT_COLUMNS[:3]) + self.parsed_fields + (["parsed"] if self.whole_parsed else []) + list(_RESULT_COLUMNS[3:])
+        if self.full:
+            names.append("response")
         taken = set(source_columns)
         return {n: (f"lowtide_{n}" if n in taken else n) for n in names}
 
     def chunks(self) -> Iterator[list[dict[str, Any]]]:
         id_col = self.spec.source.id_column
-        want_parsed = bool(self.parsed_fields) or self.whole_parsed
         for chunk in self.source.chunks():
             if self.source_columns is None:  # JSONL: the first chunk's keys
                 self.source_columns = list(dict.fromkeys(k for r in chunk for k in r.values))
             names = self.result_columns(self.source_columns)
+            self.answers_renamed = any(names[n] != n for n in ANSWER_COLUMNS)
             keys = [str(r.values.get(id_col, "")).strip() for r in chunk]
             ids = [custom_id_for(key_of(k)) for k in keys]
             found = self._lookup(ids, keys)
-            render = self.render
-            out = []
-            for row, cid in zip(chunk, ids, strict=True):
-                record = dict(row.values)
-                res = found.get(cid)
-                record[names["custom_id"]] = cid
-                if res is None:
-                    record[names["state"]] = "not_loaded"
-                    out.append(record)
-                    continue
-                cid, state, output, parsed, error_code, error_message, input_tokens, output_tokens, tries, route, fp, payload = res
-                record[names["custom_id"]] = cid
-                if render is not None:
-                    record[names["source_changed"]] = _changed(render, row, fp, payload)
-                parsed = json.loads(parsed) if parsed and want_parsed else None
-                record[names["state"]] = state
-                record[names["output"]] = output
-                for f in self.parsed_fields:
-                    record[names[f]] = parsed.get(f) if isinstance(parsed, dict) else None
-                if self.whole_parsed:
-                    record[names["parsed"]] = parsed
-                record[names["error"]] = f"{error_code}: {error_message}" if state != "succeeded" and error_code else None
-                record[names["input_tokens"]] = input_tokens
-                record[names["output_tokens"]] = output_tokens
-                record[names["attempts"]] = tries
-                record[names["route"]] = route
-                out.append(record)
-            yield out
+            rows = [(row, cid, found.get(cid)) for row, cid in zip(chunk, ids, strict=True)]
+            for page in _pages(rows):
+                answers = self._answers([res[12] for _, _, res in page if res is not None and (res[13] or 0) > INLINE_BYTES])
+                yield [self._record(row, cid, res, answers, names) for row, cid, res in page]
+
+    def _record(self, row, cid: str, res: tuple | None, answers: dict[int, str], names: dict[str, str]) -> dict[str, Any]:
+        record = dict(row.values)
+        record[names["custom_id"]] = cid
+        if res is None:
+            record[names["state"]] = "not_loaded"
+            return record
+        cid, state, output, parsed, error_code, error_message, input_tokens, output_tokens, tries, route, fp, payload, rid, _, text = res
+        record[names["custom_id"]] = cid
+        if self.render is not None:
+            record[names["source_changed"]] = _changed(self.render, row, fp, payload)
+        parsed = fastjson.loads(parsed) if parsed and self.parsed_schemas else None
+        record[names["state"]] = state
+        record[names["output"]] = output
+        for f in self.parsed_fields:
+            record[names[f]] = parsed.get(f) if isinstance(parsed, dict) else None
+        if self.whole_parsed:
+            record[names["parsed"]] = parsed
+        record[names["error"]] = f"{error_code}: {error_message}" if state != "succeeded" and error_code else None
+        record[names["input_tokens"]] = input_tokens
+        record[names["output_tokens"]] = output_tokens
+        record[names["attempts"]] = tries
+        record[names["route"]] = route
+        if text is None:
+            text = answers.get(rid)
+        response = fastjson.loads(text) if text else None
+        if self.answers_renamed:
+            for name, value in answer_values(response).items():
+                record[names[name]] = value
+        else:
+            record.update(answer_values(response))
+        if self.full:
+            record[names["response"]] = response
+        return record
+
+    def _answers(self, row_ids: list[int]) -> dict[int, str]:
+        """request id -> its stored response (JSON text)."""
+        if not row_ids:
+            return {}
+        with self.store.begin() as conn:
+            stmt = select(requests.c.id, requests.c.response).where(among(conn, requests.c.id, row_ids))
+            return dict(conn.execute(stmt).all())
 
     def _lookup(self, ids: list[str], keys: list[str]) -> dict[str, tuple]:
         """custom_id -> (stored custom_id, state, output, parsed, error_code, error_message,
-        input_tokens, output_tokens, attempts, route, fingerprint, payload if no fingerprint) of the job's requests
-        among `ids`; an id not found is looked for under its legacy custom_ids too."""
+        input_tokens, output_tokens, attempts, route, fingerprint, payload if no fingerprint,
+        row id, length of the stored response, the response if at most INLINE_BYTES) of the
+        job's requests among `ids`; an id not found is looked for under its legacy custom_ids
+        too. Larger responses are read page by page (`_answers`)."""
         cols = requests.c
+        length = func.length(cols.response)
         with self.store.begin() as conn:
 
             def fetch(wanted: list[str]) -> dict[str, tuple]:
@@ -124,6 +172,7 @@ class ResultRows:
                     cols.custom_id, cols.state, cols.output, cols.parsed, cols.error_code, cols.error_message,
                     cols.input_tokens, cols.output_tokens, cols.attempts, cols.route, cols.fingerprint,
                     case((cols.fingerprint.is_(None), cols.payload), else_=None),  # stored before fingerprints
+                    cols.id, length, case((length <= INLINE_BYTES, cols.response), else_=None),
                 ).where(cols.job_id == self.job_id, among(conn, cols.custom_id, wanted))  # fmt: skip
                 return {r[0]: tuple(r) for r in conn.execute(stmt)}
 
@@ -133,6 +182,22 @@ class ResultRows:
                 for old, res in fetch(list(legacy)).items():
                     found.setdefault(legacy[old], res)
             return found
+
+
+def _pages(rows: list[tuple]) -> Iterator[list[tuple]]:
+    """A chunk's rows in runs whose stored responses add up to at most PAGE_BYTES."""
+    page: list[tuple] = []
+    size = 0
+    for item in rows:
+        res = item[2]
+        n = (res[13] or 0) if res is not None and res[14] is None else 0  # inlined answers are read already
+        if page and size + n > PAGE_BYTES:
+            yield page
+            page, size = [], 0
+        page.append(item)
+        size += n
+    if page:
+        yield page
 
 
 def _changed(render: RowRenderer, row, fingerprint: str | None, payload: str | None) -> bool:
@@ -145,11 +210,12 @@ def _changed(render: RowRenderer, row, fingerprint: str | None, payload: str | N
     return item.__class__ is str or item["payload"] != payload
 
 
-def export_results(store: Store, job_name: str, out: str | Path, fmt: str | None = None) -> ExportReport:
-    """Write the joined results to `out` (CSV, JSONL or Parquet by extension), atomically."""
+def export_results(store: Store, job_name: str, out: str | Path, fmt: str | None = None, full: bool = False) -> ExportReport:
+    """Write the joined results to `out` (CSV, JSONL or Parquet by extension), atomically;
+    `full` adds each provider's whole answer body (`response`)."""
     out = Path(out)
     fmt = format_of(out, fmt)
-    rows = ResultRows(store, job_name)
+    rows = ResultRows(store, job_name, full=full)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     states: dict[str, int] = {}
@@ -208,6 +274,7 @@ class _ParquetWriter:
         self.rows = rows
         self.writer = None
         self.schema = None
+        self.typed: dict[str, Any] = {}  # column -> the Arrow type its nested values are fitted to
 
     def _open(self) -> None:
         import pyarrow as pa
@@ -221,10 +288,15 @@ class _ParquetWriter:
         else:
             fields = [pa.field(c, pa.string()) for c in cols]
             self.native = set()
+        nested = answer_types() | {f: schema_type(s, self.rows.spec.response_schema) for f, s in self.rows.parsed_schemas.items()}
         for name, out in self.rows.result_columns(cols).items():
-            kind = pa.int64() if name in _INT_COLUMNS else pa.bool_() if name in _BOOL_COLUMNS else pa.string()
+            kind = pa.int64() if name in _INT_COLUMNS else pa.bool_() if name in _BOOL_COLUMNS else nested.get(name) or pa.string()
             fields.append(pa.field(out, kind))
             if name in _INT_COLUMNS or name in _BOOL_COLUMNS:
+                self.native.add(out)
+            elif name in self.rows.parsed_schemas:  # typed from the schema, or JSON text where no type fits
+                self.typed[out] = nested[name]
+            elif name in nested:  # the answer columns: already of their types (core/answers.py)
                 self.native.add(out)
         self.schema = pa.schema(fields)
         self.writer = pq.ParquetWriter(self.path, self.schema)
@@ -237,9 +309,14 @@ class _ParquetWriter:
         columns = {}
         for f in self.schema:
             values = [r.get(f.name) for r in chunk]
-            if f.name not in self.native:
+            if f.name in self.typed:
+                kind = self.typed[f.name]
+                values = [None if v is None else fit(v, kind) for v in values]
+            elif f.name not in self.native:
                 values = [v if v is None or v.__class__ is str else _text(v) for v in values]
-            columns[f.name] = values
+            # A column with no value in the chunk (no tool calls anywhere, say) is made as
+            # nulls: converting Nones to a nested type costs as much as real values.
+            columns[f.name] = pa.nulls(len(values), f.type) if not any(v is not None for v in values) else values
         self.writer.write_table(pa.Table.from_pydict(columns, schema=self.schema))
 
     def close(self) -> None:

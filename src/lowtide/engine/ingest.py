@@ -18,9 +18,18 @@ from sqlalchemy import Connection, bindparam, select
 from sqlalchemy.dialects import postgresql, sqlite
 
 from lowtide.core import fastjson
-from lowtide.core.outputs import InvalidOutput, parse_output, repair_messages
+from lowtide.core.answers import tool_calls
+from lowtide.core.outputs import (
+    InvalidOutput,
+    ToolSchemas,
+    check_tool_calls,
+    parse_output,
+    repair_messages,
+    tool_repair,
+    tool_schemas,
+)
 from lowtide.core.states import JobState, RequestState
-from lowtide.core.types import Outcome
+from lowtide.core.types import Outcome, Request
 from lowtide.engine.context import JobContext
 from lowtide.engine.ledger import Rate, current_ledger, note_once
 from lowtide.engine.policy import retry_delay
@@ -77,6 +86,10 @@ def apply_outcomes(
     if not outcomes:
         return counts
     current, seen = _lookup(conn, job.id, dispatch_id, outcomes, whole_dispatch)
+    # An answer that is a tool call is checked against the tools its request declared, read
+    # from the stored body for those answers only (any other answer costs a few lookups).
+    calls = {o.custom_id: c for o in outcomes if o.ok and o.response is not None and (c := tool_calls(o.response))}
+    tools = _tools(conn, [current[cid].id for cid in calls if cid in current]) if calls else {}
     by_target: dict[RequestState, list[dict]] = {}
     attempt_rows = []
     spec = job.spec
@@ -123,7 +136,8 @@ def apply_outcomes(
             "cached_input_tokens": u.cached_input_tokens, "cache_write_tokens": u.cache_write_tokens,
             "output_tokens": u.output_tokens, "reasoning_tokens": u.reasoning_tokens,
         }  # fmt: skip
-        target = _decide(job, req, outcome, row, route, choices, now, rng)
+        called = calls.get(outcome.custom_id)
+        target = _decide(job, req, outcome, row, route, choices, now, rng, (called, *tools[req.id]) if called else None)
         if row.get("error_code") == "invalid_output":  # an answer that failed validation is a failure, still billed
             attempt.update(ok=False, error_code="invalid_output", error_message=row["error_message"])
         by_target.setdefault(target, []).append(row)
@@ -193,20 +207,42 @@ def _lookup(conn: Connection, job_id: int, dispatch_id: int, outcomes, whole_dis
     return current, seen
 
 
-def _decide(job: JobContext, req, outcome: Outcome, row: dict, route: str, choices, now: float, rng) -> RequestState:
+def _tools(conn: Connection, ids: list[int]) -> dict[int, tuple[str, ToolSchemas]]:
+    """request id -> (its endpoint, the tools its body declares)."""
+    out = {}
+    for rid, payload in conn.execute(select(requests.c.id, requests.c.payload).where(among(conn, requests.c.id, ids))):
+        request = Request.from_payload("", fastjson.loads(payload))
+        out[rid] = (request.endpoint, tool_schemas(request.endpoint, request.body))
+    return out
+
+
+def _decide(
+    job: JobContext, req, outcome: Outcome, row: dict, route: str, choices, now: float, rng,
+    called: tuple[list[dict], str, ToolSchemas] | None = None,
+) -> RequestState:  # fmt: skip
     """The request's next state after this outcome; fills in `row` to match (SUCCEEDED_COLUMNS
-    for a success, OTHER_COLUMNS otherwise)."""
+    for a success, OTHER_COLUMNS otherwise). `called`, where the answer is a tool call: its
+    calls, the request's endpoint and its tools. The calls are then the answer, checked
+    against their tools' parameters; choices and a schema apply to text answers."""
     spec = job.spec
     if outcome.ok:
         try:
-            parsed = parse_output(outcome.text or "", spec.response_schema, choices)
+            if called:
+                check_tool_calls(called[0], called[2])
+                parsed = None
+            else:
+                parsed = parse_output(outcome.text or "", spec.response_schema, choices)
         except InvalidOutput as err:
             _not_succeeded(row, req, outcome)
             row["error_code"] = "invalid_output"
             if req.repair is None and job.state in (JobState.ACTIVE, JobState.BUDGET_EXHAUSTED):
                 # One more try, with the validation error in the conversation.
                 row["error_message"] = f"answer invalid, retrying once: {err}"
-                row["repair"] = json.dumps(repair_messages(outcome.text or "", str(err), spec.response_schema))
+                turns = (
+                    tool_repair(called[1], outcome.response or {}, called[0], str(err)) if called
+                    else repair_messages(outcome.text or "", str(err), spec.response_schema)
+                )  # fmt: skip
+                row["repair"] = json.dumps(turns)
                 return RequestState.PENDING
             row["error_message"] = f"answer invalid after one repair attempt: {err}"
             return RequestState.FAILED

@@ -1,0 +1,152 @@
+"""The export's columns read from the provider's stored answer, and the Parquet types of
+every nested column (these and the parsed schema fields).
+
+Values are plain Python (dicts, lists, ints, floats, text): JSONL writes them as they are,
+CSV as JSON text, Parquet as the struct and list types below. A parsed field's Parquet type
+comes from the job's `response_schema`, so it is the same in every row group: an object with
+`properties` is a struct of them, an array a list of its `items`, `string`/`integer`/
+`number`/`boolean` (or an `enum`/`const` of one kind) those types; `$ref` to `#/$defs/…`
+is followed. Anything else (`anyOf`, an object without properties, a type list, a
+recursive `$ref`) has no one Arrow type and is written as JSON text. A struct holds the
+declared properties; keys an answer adds beyond them are in its `output` text.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from lowtide.core.answers import Answer, read_answer
+
+ANSWER_COLUMNS = ("finish_reason", "tool_calls", "refusal", "reasoning", "logprobs", "choices")
+_EMPTY = dict.fromkeys(ANSWER_COLUMNS)
+
+
+def answer_values(response: Any) -> dict[str, Any]:
+    """The answer columns of one stored response (a dict, or None where there is none).
+    The top-level ones are the first choice's; `choices` lists every choice, and is filled
+    only where the provider returned more than one (n > 1)."""
+    if response is None:
+        return _EMPTY
+    plain = _plain_chat(response)
+    if plain is not None:
+        return plain
+    answer: Answer = read_answer(response)
+    first = answer.first
+    return {
+        "finish_reason": first.finish_reason,
+        "tool_calls": first.tool_calls,
+        "refusal": first.refusal,
+        "reasoning": first.reasoning,
+        "logprobs": first.logprobs,
+        "choices": [c.as_dict() for c in answer.choices] if len(answer.choices) > 1 else None,
+    }
+
+
+def _plain_chat(response: dict[str, Any]) -> dict[str, Any] | None:
+    """The columns of the most common answer, one chat choice of text alone, in a few
+    lookups (a 100,000-row export reads one per row); None for any other answer."""
+    try:
+        (first,) = response["choices"]
+        message = first["message"]
+        if (
+            message.get("tool_calls") or first.get("logprobs") or message.get("refusal")
+            or message.get("reasoning_content") or message.get("reasoning")
+        ):  # fmt: skip
+            return None
+    except (KeyError, TypeError, ValueError, AttributeError):  # not one chat choice
+        return None
+    finish = first.get("finish_reason")
+    return {**_EMPTY, "finish_reason": finish} if finish is None or finish.__class__ is str else None
+
+
+def answer_types() -> dict[str, Any]:
+    """column -> its Arrow type."""
+    import pyarrow as pa
+
+    text = pa.string()
+    call = pa.struct([("id", text), ("type", text), ("name", text), ("arguments", text)])
+    top = pa.struct([("token", text), ("logprob", pa.float64()), ("bytes", pa.list_(pa.int64()))])
+    logprob = pa.struct([*((top.field(i).name, top.field(i).type) for i in range(3)), ("top_logprobs", pa.list_(top))])
+    choice = pa.struct([
+        ("index", pa.int64()), ("text", text), ("tool_calls", pa.list_(call)), ("refusal", text),
+        ("finish_reason", text), ("logprobs", pa.list_(logprob)), ("reasoning", text),
+    ])  # fmt: skip
+    return {
+        "finish_reason": text, "tool_calls": pa.list_(call), "refusal": text, "reasoning": text,
+        "logprobs": pa.list_(logprob), "choices": pa.list_(choice),
+    }  # fmt: skip
+
+
+def schema_type(schema: Any, root: dict[str, Any] | None = None, seen: frozenset[str] = frozenset()) -> Any:
+    """The Arrow type of values valid against `schema`, or None where no one type fits
+    (they are then written as JSON text)."""
+    import pyarrow as pa
+
+    if not isinstance(schema, dict):
+        return None
+    root = schema if root is None else root
+    ref = schema.get("$ref")
+    if isinstance(ref, str):
+        target = _ref(root, ref)
+        return None if target is None or ref in seen else schema_type(target, root, seen | {ref})
+    kind = schema.get("type")
+    if kind is None:
+        values = schema["enum"] if isinstance(schema.get("enum"), list) else [schema["const"]] if "const" in schema else None
+        kinds = {_json_kind(v) for v in values or [None]}
+        kind = kinds.pop() if len(kinds) == 1 else None
+    if kind == "object":
+        props = schema.get("properties")
+        if not isinstance(props, dict) or not props:
+            return None
+        fields = [(name, schema_type(sub, root, seen)) for name, sub in props.items()]
+        return pa.struct([(name, t if t is not None else pa.string()) for name, t in fields])
+    if kind == "array":
+        items = schema_type(schema.get("items"), root, seen)
+        return None if items is None else pa.list_(items)
+    return {"string": pa.string(), "integer": pa.int64(), "number": pa.float64(), "boolean": pa.bool_()}.get(kind)
+
+
+def _ref(root: dict[str, Any], ref: str) -> Any:
+    if not ref.startswith("#/"):
+        return None
+    node: Any = root
+    for part in ref[2:].split("/"):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
+def _json_kind(value: Any) -> str | None:
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    return {str: "string", float: "number"}.get(type(value))
+
+
+def fit(value: Any, kind: Any) -> Any:
+    """`value` in the shape `kind` (an Arrow type, or None for JSON text) takes. Answers were
+    checked against the schema the type comes from, so this only settles JSON's looseness
+    (1.0 for an integer) and writes what has no typed place (a field nested under a JSON-text
+    type) as JSON text; a value that still does not fit is left out (None), not guessed."""
+    import pyarrow as pa
+
+    if value is None:
+        return None
+    if kind is None or pa.types.is_string(kind):
+        return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    if pa.types.is_struct(kind):
+        if not isinstance(value, dict):
+            return None
+        return {kind.field(i).name: fit(value.get(kind.field(i).name), kind.field(i).type) for i in range(kind.num_fields)}
+    if pa.types.is_list(kind):
+        return [fit(v, kind.value_type) for v in value] if isinstance(value, list) else None
+    if pa.types.is_boolean(kind):
+        return value if isinstance(value, bool) else None
+    if pa.types.is_integer(kind):
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        return value if isinstance(value, int) and not isinstance(value, bool) and -(2**63) <= value < 2**63 else None
+    if pa.types.is_floating(kind):
+        return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+    return None
