@@ -188,7 +188,7 @@ LOADS: list[Load] = [
          "Fix the `route:` key of the job spec, or install the plugin that provides it.",
          overrides={"route": "ehco"}),
     Load("unknown route option", {"t.csv": CSV}, SpecError,
-         "job spec: echo: unknown route_options ['slots']; known: ['dispatch_size', 'fail_attempts', 'reject']",
+         "job spec: echo: unknown route_options ['slots']; known: ['answer', 'dispatch_size', 'fail_attempts', 'reject']",
          overrides={"route_options": {"slots": 4}}),
     Load("provider route without its key", {"t.csv": CSV}, SpecError,
          "job spec: openai-batch: no API key: set the environment variable LOWTIDE_CORPUS_UNSET_KEY",
