@@ -141,6 +141,7 @@ def spec_dict(server: Server, chunk: int, budget: Decimal | None, model: str = M
         "model": model,
         "route": "openai-batch",
         "route_options": server.options(chunk),
+        "params": {"max_tokens": 256},  # a budget needs an output limit to estimate against
         "retry": {"max_attempts": 5, "backoff_seconds": 0},
         "output": {"path": "results.csv"},
     }
