@@ -63,7 +63,8 @@ def test_anthropic_deferred_result_is_a_message(gateway):
         assert r.status_code == 202
         done = g.wait_done(r.json()["id"])
     message = anthropic.types.Message.model_validate(done["response"])
-    assert message.content[0].text == "hello there" and message.usage.service_tier == "batch"
+    assert message.content[0].text == "hello there" and message.stop_reason == "end_turn"
+    assert message.usage.service_tier is None  # echo's own answer, as it came: the gateway invents no tier
 
 
 def test_priority_realtime_wins_over_a_rule(gateway, upstream):
@@ -120,16 +121,15 @@ def test_the_classifier_hook_decides_when_no_header_or_rule_does(gateway, upstre
 
 
 def test_a_body_the_batch_route_refuses_is_a_400_if_it_must_wait_and_real_time_if_it_may(gateway, upstream):
-    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
-    with gateway() as g, g.client() as c:  # the batch target is echo, which honours no tools
-        must = c.post("/v1/chat/completions", json={**CHAT, "tools": tools}, headers={"X-Lowtide-Defer": "1h"})
-        may = c.post("/v1/chat/completions", json={**CHAT, "tools": tools},
+    with gateway() as g, g.client() as c:  # the batch target is echo, which honours no logprobs
+        must = c.post("/v1/chat/completions", json={**CHAT, "logprobs": True}, headers={"X-Lowtide-Defer": "1h"})
+        may = c.post("/v1/chat/completions", json={**CHAT, "logprobs": True},
                      headers={"X-Lowtide-Defer": "1h", "X-Lowtide-Prefer": "realtime"})  # fmt: skip
-    assert must.status_code == 400 and must.json()["error"]["param"] == "tools"
-    assert "tools" in must.json()["error"]["message"] and "route echo" in must.json()["error"]["message"]
+    assert must.status_code == 400 and must.json()["error"]["param"] == "logprobs"
+    assert "logprobs" in must.json()["error"]["message"] and "route echo" in must.json()["error"]["message"]
     assert may.status_code == 200 and may.headers["x-lowtide-decision"] == "realtime"
-    assert "tools" in may.headers["x-lowtide-reason"] and "route echo" in may.headers["x-lowtide-reason"]
-    assert [call["body"]["tools"] for call in upstream.calls] == [tools]  # only the one that may go real time went
+    assert "logprobs" in may.headers["x-lowtide-reason"] and "route echo" in may.headers["x-lowtide-reason"]
+    assert [call["body"]["logprobs"] for call in upstream.calls] == [True]  # only the one that may go real time went
 
 
 def test_a_model_outside_the_batch_mapping_is_not_deferred(gateway):

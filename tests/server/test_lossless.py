@@ -10,6 +10,7 @@ import json
 
 import anthropic
 import httpx
+import jsonschema
 import openai
 import pytest
 
@@ -85,15 +86,30 @@ def test_max_completion_tokens_is_not_rewritten_and_no_limit_is_invented(serve, 
 
 def test_echo_refuses_what_it_cannot_honour_line_by_line_naming_the_field(server):
     client = server.openai()
-    lines = rich_lines() + [chat_line("plain", "just text", model="gpt-asked", max_completion_tokens=3)]
+    lines = rich_lines() + [chat_line("plain", "just text", model="gpt-asked", max_completion_tokens=3),
+                            chat_line("cut", "a ticket longer than the limit", model="gpt-asked", max_completion_tokens=2)]  # fmt: skip
     done = wait_openai(client, create_batch(client, lines).id)
     assert done.status == "completed"
-    expected = {"response_format": "response_format", "tools": "tools", "seed": "seed", "logprobs": "logprobs",
-                "reasoning_effort": "reasoning_effort", "penalties": "frequency_penalty",
+    expected = {"logprobs": "logprobs", "reasoning_effort": "reasoning_effort", "penalties": "frequency_penalty",
                 "multimodal": "messages[1].content[1]", "vllm": "guided_json"}  # fmt: skip
-    ran = {"plain", "max_completion_tokens"}  # a token limit under its own name is honoured
+    # A token limit under its own name is honoured; so are a schema, a required tool, seed and top_p.
+    ran = {"plain", "cut", "max_completion_tokens", "response_format", "tools", "seed"}
     assert done.request_counts.model_dump() == {"total": len(lines), "completed": len(ran), "failed": len(expected)}
-    assert {x["custom_id"] for x in file_lines(client, done.output_file_id)} == ran
+    out = {x["custom_id"]: x["response"]["body"] for x in file_lines(client, done.output_file_id)}
+    assert set(out) == ran
+    answers = {k: openai.types.chat.ChatCompletion.model_validate(b) for k, b in out.items()}  # the SDK's own shape
+    assert all(a.model == "gpt-asked" for a in answers.values())
+    # Structure asked for is structure answered: an instance of the schema, a call of the named tool.
+    schema = SCHEMA["json_schema"]["schema"]
+    jsonschema.validate(json.loads(answers["response_format"].choices[0].message.content), schema)
+    assert answers["response_format"].choices[0].finish_reason == "stop"
+    (call,) = answers["tools"].choices[0].message.tool_calls
+    assert call.function.name == "label" and answers["tools"].choices[0].finish_reason == "tool_calls"
+    jsonschema.validate(json.loads(call.function.arguments), TOOL["function"]["parameters"])
+    assert answers["seed"].choices[0].message.content == "ticket seed"
+    # The finish reason is echo's own: `length` where it cut the answer at the limit.
+    assert (answers["cut"].choices[0].message.content, answers["cut"].choices[0].finish_reason) == ("a ticket", "length")
+    assert (answers["plain"].choices[0].message.content, answers["plain"].choices[0].finish_reason) == ("just text", "stop")
     errors = {e["custom_id"]: e for e in file_lines(client, done.error_file_id)}
     assert set(errors) == set(expected)
     for custom_id, field in expected.items():
@@ -117,21 +133,28 @@ def test_a_line_of_the_wrong_type_fails_alone_in_openais_words(server):
 def test_a_messages_line_echo_cannot_honour_is_an_errored_result_naming_it(server):
     client = server.anthropic()
     cached = [{"type": "text", "text": "you label tickets", "cache_control": {"type": "ephemeral", "ttl": "1h"}}]
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
     requests = [
         message_request("cached", "hi", system=cached),  # a caching hint changes nothing echo answers
-        message_request("tools", "hi", tools=[{"name": "f", "input_schema": {"type": "object"}}]),
+        message_request("tools", "hi", tools=[{"name": "f", "input_schema": schema}], tool_choice={"type": "tool", "name": "f"}),
+        message_request("unmakeable", "hi", tools=[{"name": "f", "input_schema": {"type": "string", "pattern": "^a$"}}],
+                        tool_choice={"type": "any"}),  # fmt: skip
         message_request("thinking", "hi", thinking={"type": "enabled", "budget_tokens": 1024}),
         message_request("metadata", "hi", metadata={"user_id": "u1"}),
         {"custom_id": "no-max", "params": {"model": "claude-test", "messages": [{"role": "user", "content": "x"}]}},
     ]
     done = wait_anthropic(client, client.messages.batches.create(requests=requests).id)
-    assert done.request_counts.succeeded == 1 and done.request_counts.errored == 4
+    assert done.request_counts.succeeded == 2 and done.request_counts.errored == 4
     results = {r.custom_id: r.result for r in client.messages.batches.results(done.id)}
     assert results["cached"].message.content[0].text == "hi"
-    for custom_id, field in (("tools", "tools"), ("thinking", "thinking"), ("metadata", "metadata"), ("no-max", "max_tokens")):
+    called = results["tools"].message  # a required tool is called, with an instance of its input schema
+    assert called.stop_reason == "tool_use" and [(b.type, b.name) for b in called.content] == [("tool_use", "f")]
+    jsonschema.validate(called.content[0].input, schema)
+    for custom_id, field in (("unmakeable", "tools[0].input_schema.pattern"), ("thinking", "thinking"),
+                             ("metadata", "metadata"), ("no-max", "max_tokens")):  # fmt: skip
         error = results[custom_id].error.error
         assert error.type == "invalid_request_error" and error.message.startswith(f"{field}:"), (custom_id, error)
-    assert "(route echo)" in results["tools"].error.error.message
+    assert "(route echo)" in results["unmakeable"].error.error.message
 
 
 def test_responses_and_completions_batches_run_on_echo_in_their_own_shapes(server):
@@ -201,8 +224,13 @@ def test_a_real_time_body_reaches_the_upstream_verbatim_and_its_answer_comes_bac
 def test_real_time_on_echo_refuses_by_name_and_answers_responses_and_completions(server):
     client = server.openai()
     with pytest.raises(openai.BadRequestError) as err:
-        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], tools=[TOOL])
-    assert err.value.body["param"] == "tools" and "(route echo)" in err.value.message
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], tools=[TOOL], logprobs=True)
+    assert err.value.body["param"] == "logprobs" and "(route echo)" in err.value.message
+    called = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], tools=[TOOL],
+                                            tool_choice="required")  # fmt: skip
+    (call,) = called.choices[0].message.tool_calls
+    assert call.function.name == "label" and called.choices[0].finish_reason == "tool_calls"
+    jsonschema.validate(json.loads(call.function.arguments), TOOL["function"]["parameters"])
     response = client.responses.create(model="m", input="hello there", max_output_tokens=1)
     assert response.output_text == "hell" and response.status == "incomplete"
     assert response.incomplete_details.reason == "max_output_tokens"

@@ -5,10 +5,12 @@ characters; usage = characters / 4, rounded up)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 
 import anthropic
 import httpx
+import jsonschema
 import openai
 import pytest
 
@@ -162,6 +164,36 @@ def test_a_streamed_anthropic_message_follows_anthropics_event_sequence(server):
     assert (final.usage.input_tokens, final.usage.output_tokens) == (whole.usage.input_tokens, whole.usage.output_tokens)
 
 
+def test_echo_answers_structure_where_asked_whole_and_streamed(server):
+    tool = {"type": "function", "function": {"name": "label", "parameters": {
+        "type": "object", "properties": {"label": {"type": "string"}}, "required": ["label"]}}}  # fmt: skip
+    client = server.openai()
+    two = ask(client, n=2)
+    assert [c.message.content for c in two.choices] == [PROMPT, PROMPT] and [c.index for c in two.choices] == [0, 1]
+    whole = ask(client, tools=[tool], tool_choice="required")
+    (call,) = whole.choices[0].message.tool_calls
+    assert call.function.name == "label" and whole.choices[0].finish_reason == "tool_calls"
+    jsonschema.validate(json.loads(call.function.arguments), tool["function"]["parameters"])
+    with client.chat.completions.stream(model="gpt-test", messages=[{"role": "user", "content": PROMPT}], tools=[tool],
+                                        tool_choice="required") as stream:  # fmt: skip
+        streamed = stream.get_final_completion()
+    (again,) = streamed.choices[0].message.tool_calls
+    assert again.id.startswith("call_") and again.function.name == "label"  # each call is a new request: its own instance
+    jsonschema.validate(json.loads(again.function.arguments), tool["function"]["parameters"])
+    assert streamed.choices[0].finish_reason == "tool_calls"
+
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    request = {"model": "claude-test", "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}],
+               "tools": [{"name": "f", "input_schema": schema}], "tool_choice": {"type": "any"}}  # fmt: skip
+    message = server.anthropic().messages.create(**request)
+    assert message.stop_reason == "tool_use" and message.content[0].type == "tool_use"
+    jsonschema.validate(message.content[0].input, schema)
+    with server.anthropic().messages.stream(**request) as stream:
+        final = stream.get_final_message()
+    assert (final.content[0].type, final.content[0].name, final.stop_reason) == ("tool_use", "f", "tool_use")
+    jsonschema.validate(final.content[0].input, schema)
+
+
 # Refusals -----------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("change", "param", "words"),
@@ -169,12 +201,17 @@ def test_a_streamed_anthropic_message_follows_anthropics_event_sequence(server):
         pytest.param({"messages": None}, "messages", "'messages'", id="missing-messages"),
         pytest.param({"messages": []}, "messages", "non-empty", id="empty-messages"),
         pytest.param({"model": None}, "model", "'model'", id="missing-model"),
-        pytest.param({"n": 2}, "n", "n=2", id="n-2"),
+        pytest.param({"logprobs": True}, "logprobs", "(route echo)", id="logprobs"),
+        pytest.param({"frequency_penalty": 0.5}, "frequency_penalty", "not honoured", id="penalty"),
         pytest.param({"max_completion_tokens": "many"}, "max_completion_tokens", "Invalid type for 'max_completion_tokens'", id="max-tokens-text"),
         pytest.param({"temperature": "hot"}, "temperature", "Invalid type for 'temperature'", id="temperature"),
         pytest.param({"stream_options": {"include_usage": True}}, "stream_options", "'stream'", id="stream-options-alone"),
-        pytest.param({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", "(route echo)", id="tools"),
-        pytest.param({"response_format": {"type": "json_object"}}, "response_format", "not honoured", id="response-format"),
+        pytest.param({"tools": [{"type": "function", "function": {"name": "f", "parameters": "x"}}]},
+                     "tools[0].function.parameters", "(route echo)", id="tools"),  # fmt: skip
+        pytest.param({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "^a$"}}}},
+                     "response_format.json_schema.schema.pattern", "echo cannot answer it", id="response-format"),  # fmt: skip
+        pytest.param({"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}]}]},
+                     "messages[0].content[0]", "content part 'input_audio'", id="audio"),  # fmt: skip
         pytest.param({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
                      "messages[0].content[0]", "content part 'image_url'", id="image"),  # fmt: skip
         pytest.param({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role", "role 'tool'", id="tool-role"),
@@ -193,8 +230,8 @@ def test_an_invalid_chat_request_is_a_400_naming_the_field(server, change, param
 def test_the_sdk_sees_bad_requests_as_bad_request_errors(server):
     client = server.openai()
     with pytest.raises(openai.BadRequestError) as err:
-        ask(client, n=2)
-    assert err.value.status_code == 400 and err.value.body["param"] == "n"
+        ask(client, logprobs=True)
+    assert err.value.status_code == 400 and err.value.body["param"] == "logprobs"
     with pytest.raises(openai.BadRequestError) as err:
         ask(client, max_tokens=True)
     assert "max_tokens" in err.value.message
@@ -207,7 +244,8 @@ def test_the_sdk_sees_bad_requests_as_bad_request_errors(server):
         pytest.param({"max_tokens": "many"}, "Invalid type for 'max_tokens'", id="max-tokens-text"),
         pytest.param({"messages": None}, "messages: Field required", id="missing-messages"),
         pytest.param({"top_k": 5}, "top_k", id="top-k"),
-        pytest.param({"tools": [{"name": "f", "input_schema": {}}]}, "tools", id="tools"),
+        pytest.param({"tools": [{"name": "f", "input_schema": {"type": "string", "pattern": "^a$"}}], "tool_choice": {"type": "any"}},
+                     "tools[0].input_schema.pattern", id="tools"),  # fmt: skip
         pytest.param({"stream": "yes"}, "stream", id="stream-not-a-flag"),
     ],
 )

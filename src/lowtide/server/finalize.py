@@ -101,7 +101,7 @@ def _count(summary: Summary, r) -> None:
     summary.counts[r.kind] += 1
     if r.kind == "succeeded":
         for key in summary.usage:
-            summary.usage[key] += r.usage.get(key, 0)
+            summary.usage[key] += getattr(r.usage, key)
 
 
 def live_summary(conn: Connection, row: Row) -> Summary:

@@ -3,7 +3,8 @@ provider's line shapes: OpenAI's output and error files, Anthropic's results.
 
 Each request becomes one `Result`: succeeded, failed (an HTTP error for that request, or a
 timeout), cancelled or expired. A succeeded request's answer is the upstream's whole body
-when it kept one, else built by its endpoint's shape (answers.py). Requests refused at the
+when it kept one in the request's endpoint's shape, else built from the text it kept
+(`routes/_replies.py`, the one answer builder). Requests refused at the
 edge (`rejected.jsonl`) fail as HTTP 4xx, naming the field. Files are streamed row page by
 row page; nothing is held whole.
 """
@@ -22,8 +23,8 @@ from sqlalchemy import Connection, Row, select
 from lowtide.core import fastjson
 from lowtide.core.endpoints import CHAT, MESSAGES
 from lowtide.core.states import RequestState
-from lowtide.core.types import Request
-from lowtide.server import answers
+from lowtide.core.types import Request, Usage
+from lowtide.routes._replies import Ids, finish_of, in_shape, text_body
 from lowtide.server.translate import decode_key
 from lowtide.store.db import Store
 from lowtide.store.schema import jobs, requests
@@ -51,9 +52,10 @@ class Result:
     kind: str  # succeeded | failed | cancelled | expired
     model: str
     text: str = ""
-    finish: str = "stop"  # stop | length
-    usage: dict[str, int] = field(default_factory=dict)
+    finish: str = "stop"  # lowtide's words (routes/_replies.py): the kept answer's own, else by the limit
+    usage: Usage = field(default_factory=Usage)
     response: dict[str, Any] | None = None  # succeeded: the upstream's whole answer, if it gave one
+    request: Request | None = None  # succeeded: what was asked, for an answer built here
     status: int | None = None  # failed: the HTTP status of this request's failure (None: a timeout)
     error_type: str = "server_error"
     error_code: str | None = None
@@ -112,15 +114,16 @@ def _not_run(path: Path, model: str, kind: str) -> Iterator[Result]:
 def _result(r: Row, model: str, unfinished: str) -> Result:
     custom_id = decode_key(r.source_key)
     if r.state == SUCCEEDED:
-        usage = {
-            "input_tokens": r.input_tokens or 0, "cached_input_tokens": r.cached_input_tokens or 0,
-            "cache_write_tokens": r.cache_write_tokens or 0, "output_tokens": r.output_tokens or 0,
-            "reasoning_tokens": r.reasoning_tokens or 0,
-        }  # fmt: skip
+        usage = Usage(r.input_tokens or 0, r.cached_input_tokens or 0, r.cache_write_tokens or 0, r.output_tokens or 0,
+                      r.reasoning_tokens or 0)  # fmt: skip
         response = fastjson.loads(r.response) if r.response is not None else None
-        limit = Request.from_payload(custom_id, fastjson.loads(r.payload)).output_limit
-        finish = "length" if limit and usage["output_tokens"] >= limit else "stop"  # for a built answer
-        return Result(custom_id, "succeeded", model, text=r.output or "", finish=finish, usage=usage, response=response)
+        request = Request.from_payload(custom_id, fastjson.loads(r.payload))
+        finish = finish_of(response)
+        if finish is None:  # a row stored before answers were kept: all of the limit used reads as cut
+            limit = request.output_limit
+            finish = "length" if limit and usage.output_tokens >= limit else "stop"
+        return Result(custom_id, "succeeded", model, text=r.output or "", finish=finish, usage=usage, response=response,
+                      request=request)  # fmt: skip
     if r.error_code in EXPIRED_CODES:
         return Result(custom_id, "expired", model)
     if r.state == FAILED:
@@ -136,14 +139,22 @@ def _ids(batch_id: str, custom_id: str) -> str:
     return hashlib.sha256(f"{batch_id}\x00{custom_id}".encode("utf-8", "surrogatepass")).hexdigest()
 
 
+def answer(endpoint: str, r: Result, ids: Ids, created: int) -> dict[str, Any]:
+    """A succeeded request's answer in `endpoint`'s shape, naming the model it asked for: the
+    upstream's whole answer when it is in that shape, else built from the text it kept."""
+    if in_shape(endpoint, r.response):
+        return r.response | {"model": r.model}
+    asked = Request(r.custom_id, endpoint, dict(r.request.body) if r.request else {})
+    asked.model = r.model
+    return text_body(asked, r.text, r.finish, r.usage, ids=ids, created=created)
+
+
 def openai_line(batch_id: str, r: Result, created: int, endpoint: str = CHAT) -> tuple[str, bool]:
     """One output or error file line, and whether it belongs in the output file."""
     h = _ids(batch_id, r.custom_id)
     line: dict[str, Any] = {"id": f"batch_req_{h[:32]}", "custom_id": r.custom_id, "response": None, "error": None}
     if r.kind == "succeeded":
-        body = answers.native(endpoint, r.response, r.model)
-        if body is None:
-            body = answers.built(endpoint, h[32:], created, r.model, r.text, r.finish == "length", r.usage)
+        body = answer(endpoint, r, Ids(h[32:56]), created)
         line["response"] = {"status_code": 200, "request_id": f"req_{h[:32]}", "body": body}
         return _dumps(line), True
     if r.kind == "failed" and r.status is not None:
@@ -160,9 +171,9 @@ def openai_line(batch_id: str, r: Result, created: int, endpoint: str = CHAT) ->
 
 def anthropic_line(batch_id: str, r: Result) -> str:
     if r.kind == "succeeded":
-        message = answers.native(MESSAGES, r.response, r.model)
-        if message is None:
-            message = answers.built(MESSAGES, _ids(batch_id, r.custom_id), 0, r.model, r.text, r.finish == "length", r.usage)
+        message = answer(MESSAGES, r, Ids("01" + _ids(batch_id, r.custom_id)[:22]), 0)
+        # This server is the provider here, and it ran the request as a batch.
+        message["usage"] = {"service_tier": "batch"} | message.get("usage", {})
         result: dict[str, Any] = {"type": "succeeded", "message": message}
     elif r.kind == "failed":
         kind = "timeout_error" if r.status is None else ANTHROPIC_ERROR_TYPES.get(r.status, "api_error")

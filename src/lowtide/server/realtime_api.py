@@ -7,10 +7,11 @@ taken out, and `--model` maps every request onto one backend model (the answer s
 the model the request asked for). What the backend route cannot honour is refused first,
 as a 400 naming the field and the route (`translate.rejection`). The request runs through
 `Backend.run` (backend.py: one owner loop for the route, concurrent requests grouped into
-one `execute`); the answer is the upstream's whole body when it returned one, else built
-in the endpoint's shape (answers.py). With `stream: true` the built answer is sent as the
-provider's Server-Sent Events, in word-sized pieces (chat and messages). Errors are in each
-provider's shape (`errors.py`). A batch backend cannot answer now: 501.
+one `execute`); the answer is the upstream's whole body when it returned one in the
+endpoint's shape (lowtide's own engines do too), else built from its text by the one answer
+builder (`routes/_replies.py`). With `stream: true` that same answer is sent as the
+provider's Server-Sent Events (chat and messages): text in word-sized pieces, each tool call
+whole. Errors are in each provider's shape (`errors.py`). A batch backend cannot answer now: 501.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import json
 import re
 import secrets
 from collections.abc import Iterator
-from dataclasses import asdict
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -28,7 +28,7 @@ from fastapi.responses import StreamingResponse
 from lowtide.core import types
 from lowtide.core.endpoints import CHAT, COMPLETIONS, MESSAGES, NEVER, RESPONSES
 from lowtide.core.types import Outcome
-from lowtide.server import answers
+from lowtide.routes._replies import Ids, finish_word, in_shape, text_body
 from lowtide.server.backend import Backend, BackendClosed
 from lowtide.server.bodies import parse_object, read_body
 from lowtide.server.context import Server
@@ -126,9 +126,12 @@ async def _run(backend: Backend, request: types.Request) -> Outcome:
 
 
 def _finish(outcome: Outcome, max_tokens: int | None) -> str:
-    """`length` when the answer used all of max_tokens (as for batches), else `stop`."""
+    """Why the answer ended, as the route said; a route that did not say: `length` when the
+    answer used all of max_tokens (as for batches), else `stop`."""
+    if outcome.finish_reason:
+        return finish_word(outcome.finish_reason)
     used_all = max_tokens is not None and outcome.usage.output_tokens >= max_tokens
-    return "length" if outcome.finish_reason == "length" or used_all else "stop"
+    return "length" if used_all else "stop"
 
 
 def _pieces(text: str) -> list[str]:
@@ -146,18 +149,17 @@ def _stream(events: Iterator[str]) -> StreamingResponse:
 
 
 # Answering ---------------------------------------------------------------------------
-def _answer(server: Server, endpoint: str, body: dict[str, Any], outcome: Outcome, built: bool) -> dict[str, Any]:
-    """The upstream's whole answer (unless `built`: a stream is cut from a built one), or
-    the answer built in the endpoint's shape, naming the model the request asked for."""
-    model = body["model"]
-    if not built and (native := answers.native(endpoint, outcome.response, model)) is not None:
-        return native
-    request = types.Request("", endpoint, body)
-    length = _finish(outcome, request.output_limit) == "length"
-    made = answers.built(endpoint, secrets.token_hex(16), int(server.clock.now()), model, outcome.text or "", length,
-                         asdict(outcome.usage))  # fmt: skip
-    if endpoint == MESSAGES:
-        made["usage"]["service_tier"] = "standard"
+def _answer(server: Server, endpoint: str, body: dict[str, Any], outcome: Outcome) -> dict[str, Any]:
+    """The upstream's whole answer when it is in the endpoint's shape, else one built from
+    its text; either names the model the request asked for."""
+    if in_shape(endpoint, outcome.response):
+        made = outcome.response | {"model": body["model"]}
+    else:
+        request = types.Request("", endpoint, body)
+        made = text_body(request, outcome.text or "", _finish(outcome, request.output_limit), outcome.usage,
+                         ids=Ids(secrets.token_hex(12)), created=int(server.clock.now()))  # fmt: skip
+    if endpoint == MESSAGES:  # this server is the provider here, and it answered now
+        made["usage"] = {"service_tier": "standard"} | made.get("usage", {})
     return made
 
 
@@ -167,12 +169,12 @@ async def _serve(request: Request, endpoint: str):
     body = await _json(request)
     stream, include_usage = _stream_flags(body, endpoint)
     outcome = await _run(backend, asked(server, body, endpoint, backend.new_id()))
-    answer = _answer(server, endpoint, body, outcome, built=stream)
+    answer = _answer(server, endpoint, body, outcome)
     if not stream:
         return answer
     if endpoint == MESSAGES:
         return _stream(_anthropic_events(answer))
-    return _stream(_openai_events(answer, outcome, include_usage))
+    return _stream(_openai_events(answer, include_usage))
 
 
 @router.post("/v1/chat/completions", openapi_extra=json_body(OPENAI_CHAT))
@@ -196,39 +198,54 @@ async def messages(request: Request):
 
 
 # Streams ------------------------------------------------------------------------------
-def _openai_events(answer: dict[str, Any], outcome: Outcome, include_usage: bool) -> Iterator[str]:
-    """OpenAI's chunks: the role, the content pieces, the finish reason, then (with
-    include_usage) a chunk with no choices and the usage; every other chunk has usage null."""
+def _openai_events(answer: dict[str, Any], include_usage: bool) -> Iterator[str]:
+    """OpenAI's chunks, choice by choice: the role, the content pieces, each tool call whole,
+    the finish reason (with the choice's logprobs), then (with include_usage) a chunk with no
+    choices and the usage; every other chunk has usage null."""
     base = {"id": answer["id"], "object": "chat.completion.chunk", "created": answer["created"], "model": answer["model"],
-            "system_fingerprint": None}  # fmt: skip
-    finish = answer["choices"][0]["finish_reason"]
+            "system_fingerprint": answer.get("system_fingerprint")}  # fmt: skip
 
-    def chunk(delta: dict[str, Any], finish_reason: str | None = None) -> str:
-        data = base | {"choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]}
+    def chunk(i: int, delta: dict[str, Any], finish_reason: str | None = None, logprobs: Any = None) -> str:
+        data = base | {"choices": [{"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}]}
         return _sse((data | {"usage": None}) if include_usage else data)
 
-    yield chunk({"role": "assistant", "content": "", "refusal": None})
-    for piece in _pieces(outcome.text or ""):
-        yield chunk({"content": piece})
-    yield chunk({}, finish)
+    for choice in answer["choices"]:
+        i, message = choice["index"], choice["message"]
+        text = message.get("content")
+        yield chunk(i, {"role": "assistant", "content": "" if text is not None else None, "refusal": None})
+        for piece in _pieces(text or ""):
+            yield chunk(i, {"content": piece})
+        for k, call in enumerate(message.get("tool_calls") or []):
+            yield chunk(i, {"tool_calls": [{"index": k} | call]})
+        if message.get("refusal"):
+            yield chunk(i, {"refusal": message["refusal"]})
+        yield chunk(i, {}, choice["finish_reason"], choice.get("logprobs"))
     if include_usage:
         yield _sse(base | {"choices": [], "usage": answer["usage"]})
     yield _sse("[DONE]")
 
 
 def _anthropic_events(message: dict[str, Any]) -> Iterator[str]:
-    """Anthropic's event sequence: message_start, content_block_start, ping, the text
-    deltas, content_block_stop, message_delta (stop reason, usage), message_stop."""
+    """Anthropic's event sequence: message_start, then per content block its start (the ping
+    after the first), its deltas (text in pieces, a tool's input whole) and its stop, then
+    message_delta (stop reason, usage), message_stop."""
     usage = message["usage"]
-    text = message["content"][0]["text"]
     start = message | {"content": [], "stop_reason": None, "stop_sequence": None, "usage": usage | {"output_tokens": 0}}
     yield _sse({"type": "message_start", "message": start}, "message_start")
-    yield _sse({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}, "content_block_start")
-    yield _sse({"type": "ping"}, "ping")
-    for piece in _pieces(text):
-        yield _sse({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": piece}}, "content_block_delta")
-    yield _sse({"type": "content_block_stop", "index": 0}, "content_block_stop")
+    for i, block in enumerate(message["content"]):
+        if block.get("type") == "text":
+            opened, deltas = block | {"text": ""}, [{"type": "text_delta", "text": p} for p in _pieces(block["text"])]
+        elif block.get("type") == "tool_use":
+            opened, deltas = block | {"input": {}}, [{"type": "input_json_delta", "partial_json": _dumps(block["input"])}]
+        else:  # any other block arrives whole in its start
+            opened, deltas = block, []
+        yield _sse({"type": "content_block_start", "index": i, "content_block": opened}, "content_block_start")
+        if i == 0:
+            yield _sse({"type": "ping"}, "ping")
+        for delta in deltas:
+            yield _sse({"type": "content_block_delta", "index": i, "delta": delta}, "content_block_delta")
+        yield _sse({"type": "content_block_stop", "index": i}, "content_block_stop")
     delta_usage = {k: v for k, v in usage.items() if k != "service_tier"}
-    yield _sse({"type": "message_delta", "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
+    yield _sse({"type": "message_delta", "delta": {"stop_reason": message["stop_reason"], "stop_sequence": message.get("stop_sequence")},
                 "usage": delta_usage}, "message_delta")  # fmt: skip
     yield _sse({"type": "message_stop"}, "message_stop")

@@ -8,9 +8,10 @@ call cannot wait (`deferred_body` says so), and `stream: false` asks for what a 
 answer is anyway, so it is the one key removed.
 
 Out: a finished lowtide request (a `requests` row) becomes what the API itself answered:
-the provider's whole response body as the route kept it (`requests.response`), or, for a
-route that keeps none (lowtide's own engines), a `chat.completion` or `message` built from
-the answer text; a failure becomes the API's error body with the HTTP status it would have
+the provider's whole response body as the route kept it (`requests.response`) when it is in
+the API's shape, or else (a row that kept no answer, or an answer of another protocol) a
+`chat.completion` or `message` built from the answer text by the one answer builder
+(`routes/_replies.py`); a failure becomes the API's error body with the HTTP status it would have
 had.
 """
 
@@ -22,7 +23,8 @@ from typing import Any
 from sqlalchemy import Row
 
 from lowtide.core.endpoints import CHAT, MESSAGES
-from lowtide.core.types import Refusal, Request
+from lowtide.core.types import Refusal, Request, Usage
+from lowtide.routes._replies import Ids, finish_of, in_shape, text_body
 from lowtide.server.errors import ApiError
 from lowtide.server.outputs import EXPIRED_CODES, HTTP_ERRORS, TIMEOUT_CODES
 
@@ -75,15 +77,20 @@ def legacy_body(api: str, model: str, row: dict[str, Any]) -> dict[str, Any]:
 def result_of(api: str, gid: str, model: str, r: Row, created: int) -> tuple[dict[str, Any], int]:
     """(response body in the API's shape, HTTP status) for a terminal `requests` row."""
     if r.state == "succeeded":
-        if r.response:  # the provider's own answer, everything it returned
-            return json.loads(r.response), 200
-        usage = {"input": r.input_tokens or 0, "output": r.output_tokens or 0, "cached": r.cached_input_tokens or 0,
-                 "cache_write": r.cache_write_tokens or 0, "reasoning": r.reasoning_tokens or 0}  # fmt: skip
-        limit = Request.from_payload(gid, json.loads(r.payload)).output_limit
-        length = bool(limit) and usage["output"] >= limit
-        if api == "anthropic":
-            return _anthropic_message(gid, model, r.output or "", length, usage), 200
-        return _openai_completion(gid, model, r.output or "", length, usage, created), 200
+        endpoint = ENDPOINT[api]
+        response = json.loads(r.response) if r.response else None
+        if in_shape(endpoint, response):  # the provider's own answer, everything it returned
+            return response, 200
+        request = Request.from_payload(gid, json.loads(r.payload))
+        usage = Usage(r.input_tokens or 0, r.cached_input_tokens or 0, r.cache_write_tokens or 0, r.output_tokens or 0,
+                      r.reasoning_tokens or 0)  # fmt: skip
+        finish = finish_of(response)
+        if finish is None:  # a row that kept no answer: all of the limit used reads as cut
+            limit = request.output_limit
+            finish = "length" if limit and usage.output_tokens >= limit else "stop"
+        asked = Request(gid, endpoint, dict(request.body))
+        asked.model = model
+        return _ran_as_batch(api, text_body(asked, r.output or "", finish, usage, ids=Ids(gid), created=created)), 200
     message = r.error_message or "the request failed"
     if r.state == "cancelled":
         status, kind, code = 500, "server_error", "cancelled"
@@ -97,27 +104,12 @@ def result_of(api: str, gid: str, model: str, r: Row, created: int) -> tuple[dic
     return error.body(api), status
 
 
-def _openai_completion(gid: str, model: str, text: str, length: bool, u: dict[str, int], created: int) -> dict[str, Any]:
-    return {
-        "id": f"chatcmpl-{gid}", "object": "chat.completion", "created": created, "model": model,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
-                     "logprobs": None, "finish_reason": "length" if length else "stop"}],
-        "usage": {"prompt_tokens": u["input"], "completion_tokens": u["output"], "total_tokens": u["input"] + u["output"],
-                  "prompt_tokens_details": {"cached_tokens": u["cached"]},
-                  "completion_tokens_details": {"reasoning_tokens": u["reasoning"]}},
-        "system_fingerprint": None,
-    }  # fmt: skip
-
-
-def _anthropic_message(gid: str, model: str, text: str, length: bool, u: dict[str, int]) -> dict[str, Any]:
-    return {
-        "id": f"msg_{gid}", "type": "message", "role": "assistant", "model": model,
-        "content": [{"type": "text", "text": text}],
-        "stop_reason": "max_tokens" if length else "end_turn", "stop_sequence": None,
-        "usage": {"input_tokens": u["input"], "output_tokens": u["output"],
-                  "cache_creation_input_tokens": u["cache_write"], "cache_read_input_tokens": u["cached"],
-                  "service_tier": "batch"},
-    }  # fmt: skip
+def _ran_as_batch(api: str, body: dict[str, Any]) -> dict[str, Any]:
+    """A message built here says the tier: the deferred call ran as a batch. (A route's own
+    answer is returned as it came, with its own tier or none.)"""
+    if api == "anthropic":
+        body["usage"] = {"service_tier": "batch"} | body.get("usage", {})
+    return body
 
 
 def dumps(value: Any) -> str:
