@@ -186,7 +186,7 @@ def weather_tool(endpoint: str) -> dict:
     if endpoint == "/v1/messages":
         return {"name": "get_weather", "description": "Weather", "input_schema": params}
     if endpoint == "/v1/responses":
-        return {"type": "function", "name": "get_weather", "parameters": params}
+        return {"type": "function", "name": "get_weather", "parameters": params, "strict": False}
     return {"type": "function", "function": {"name": "get_weather", "parameters": params}}
 
 

@@ -583,10 +583,13 @@ def test_a_part_the_route_does_not_take_is_refused_by_the_route(store, clock, tm
     assert snapshot(store) == finished
 
 
-def test_n_above_one_on_a_route_that_returns_one_choice(store, clock, tmp_path, finished):
-    spec = other_job(tmp_path / "t.csv", params={"n": 2})
+def test_n_above_one_on_a_route_that_returns_one_choice(store, clock, tmp_path, finished, monkeypatch):
+    # A chat body sent to Anthropic: its Messages API gives one answer per request.
+    monkeypatch.setenv("LOWTIDE_T_KEY", "sk-test-key-123")
+    spec = other_job(tmp_path / "t.csv", route="anthropic", route_options={"api_key_env": "LOWTIDE_T_KEY"},
+                     endpoint="/v1/chat/completions", params={"n": 2, "max_tokens": 16})  # fmt: skip
     msg = str(refused(store, spec, clock, SourceError))
-    assert "t.csv rows 1, 2, 3, 4, 5, 6, 7, 8, 9, 10: n: this route returns one choice per request; got n=2 (route echo)" in msg
+    assert "t.csv rows 1, 2, 3, 4, 5, 6, 7, 8, 9, 10: n: Anthropic returns one answer per request; got n=2 (route anthropic)" in msg
     assert snapshot(store) == finished
 
 

@@ -196,20 +196,25 @@ class Capture:
     def answer(self, endpoint: str, body: dict) -> dict:
         n = len(self.bodies)
         usage = {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}
+        tool = _first_tool(body)  # a call of the request's own tool (valid, as ingest checks), else text
         if endpoint == "chat/completions":
+            arguments = '{"label": "bug"}' if tool == "label" else "{}"
+            message = ({"role": "assistant", "content": None, "refusal": None, "tool_calls": [
+                {"id": f"call_{n}", "type": "function", "function": {"name": tool, "arguments": arguments}}]} if tool
+                else {"role": "assistant", "content": "done", "refusal": None})
             return {
                 "id": f"chatcmpl-up{n}", "object": "chat.completion", "created": 1700000000, "model": "upstream-model",
                 "system_fingerprint": "fp_up", "service_tier": "default",
-                "choices": [{"index": 0, "finish_reason": "tool_calls",
+                "choices": [{"index": 0, "finish_reason": "tool_calls" if tool else "stop",
                              "logprobs": {"content": [{"token": "x", "logprob": -0.5, "bytes": [120], "top_logprobs": []}], "refusal": None},
-                             "message": {"role": "assistant", "content": None, "refusal": None, "tool_calls": [
-                                 {"id": f"call_{n}", "type": "function", "function": {"name": "label", "arguments": '{"label": "bug"}'}}]}}],
+                             "message": message}],
                 "usage": usage,
             }  # fmt: skip
         if endpoint == "messages":
+            called = [{"type": "tool_use", "id": "tu_1", "name": tool, "input": {}}] if tool else []
             return {"id": f"msg_up{n}", "type": "message", "role": "assistant", "model": "upstream-model",
-                    "content": [{"type": "text", "text": "done"}, {"type": "tool_use", "id": "tu_1", "name": "f", "input": {}}],
-                    "stop_reason": "tool_use", "stop_sequence": None,
+                    "content": [{"type": "text", "text": "done"}, *called],
+                    "stop_reason": "tool_use" if tool else "end_turn", "stop_sequence": None,
                     "usage": {"input_tokens": 11, "output_tokens": 7, "cache_creation_input_tokens": 5,
                               "cache_read_input_tokens": 3, "service_tier": "batch"}}  # fmt: skip
         if endpoint == "completions":
@@ -223,6 +228,19 @@ class Capture:
             "usage": {"input_tokens": 11, "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0}, "output_tokens": 7,
                       "output_tokens_details": {"reasoning_tokens": 3}, "total_tokens": 18},
         }  # fmt: skip
+
+
+def _first_tool(body: dict) -> str | None:
+    """The name of the body's first function tool (chat's or Anthropic's), if it has one."""
+    for tool in body.get("tools") or []:
+        if not isinstance(tool, dict):
+            continue
+        fn = tool.get("function")
+        if tool.get("type") == "function" and isinstance(fn, dict) and fn.get("name"):
+            return fn["name"]
+        if "input_schema" in tool and tool.get("name"):
+            return tool["name"]
+    return None
 
 
 @pytest.fixture
