@@ -248,7 +248,8 @@ class Worker:
                 self._reject_all(row, job, str(err), status=404)
                 continue
             try:
-                report = load_job(server.store, spec, server.clock, where=f"batch {row.id}")
+                # Intake asked the backend's `refusal` about every line (a refused one fails alone).
+                report = load_job(server.store, spec, server.clock, where=f"batch {row.id}", routes_checked=True)
             except InputError as err:
                 self._reject_all(row, job, str(err))
                 continue
