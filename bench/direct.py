@@ -152,7 +152,7 @@ async def run_naive(url: str, n: int, concurrency: int) -> tuple[float, float]:
 
     async def one(r) -> str:  # type: ignore[no-untyped-def]
         async with gate:
-            answer = await client.chat.completions.create(model=r.model, messages=r.messages, max_tokens=r.max_tokens)
+            answer = await client.chat.completions.create(model=r.model, messages=r.messages, max_tokens=r.output_limit)
             assert answer.usage is not None
             return answer.choices[0].message.content or ""
 

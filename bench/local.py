@@ -195,7 +195,7 @@ def run_high_level(
     total, answers = Usage(), {}
     start = time.perf_counter()
     for r in reqs:
-        out = llm.create_chat_completion(r.messages, max_tokens=r.max_tokens, temperature=0.0)
+        out = llm.create_chat_completion(r.messages, max_tokens=r.output_limit, temperature=0.0)
         answers[r.custom_id] = out["choices"][0]["message"]["content"]
         total.input_tokens += out["usage"]["prompt_tokens"]
         total.output_tokens += out["usage"]["completion_tokens"]

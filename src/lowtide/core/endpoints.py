@@ -84,12 +84,6 @@ def required_of(typed_dict: Any) -> frozenset[str]:
     return frozenset(k for k, tp in hints.items() if typing_extensions.get_origin(tp) in required) | typed_dict.__required_keys__
 
 
-def check_endpoint(endpoint: str) -> str:
-    if endpoint not in ENDPOINTS:
-        raise ValueError(f"unknown endpoint {endpoint!r}; use one of {', '.join(ENDPOINTS)}")
-    return endpoint
-
-
 def conversation_key(endpoint: str) -> str:
     """The body key that holds what the model is asked: messages, input or prompt."""
     return {RESPONSES: "input", COMPLETIONS: "prompt"}.get(endpoint, "messages")

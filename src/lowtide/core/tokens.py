@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lowtide.core.endpoints import conversation_key
+
 PER_MESSAGE = 3  # <|start|>role ... <|end|>
 PER_REPLY = 3  # the assistant turn every reply is primed with
 APPROXIMATION = "approximation: characters / 4 + 3 per message + 3"
@@ -67,7 +69,7 @@ class TokenCounter:
     def count_request(self, endpoint: str, body: dict[str, Any]) -> int:
         """The input tokens of one request body of any endpoint: its conversation (or
         prompt), its system prompt or instructions, and its tools' definitions as text."""
-        asked = body.get("prompt") if endpoint == "/v1/completions" else body.get("input") if endpoint == "/v1/responses" else body.get("messages")
+        asked = body.get(conversation_key(endpoint))
         total = self._count(asked) + PER_REPLY if isinstance(asked, str) else self.count_messages(asked or [])
         for key in ("system", "instructions"):
             if body.get(key):

@@ -19,6 +19,7 @@ a spec that says `endpoint: /v1/chat/completions`). What has no mapping is refus
 | `parallel_tool_calls: false` | `tool_choice.disable_parallel_tool_use: true` |
 | `user` | `metadata.user_id` |
 | `n: 1` | (the only number of answers Anthropic gives) |
+| `parallel_tool_calls: true` | (Anthropic's own behaviour: nothing to send) |
 """
 
 from __future__ import annotations

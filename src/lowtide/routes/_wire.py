@@ -38,11 +38,6 @@ from lowtide.core.types import Outcome, Refusal, Request, Usage
 from lowtide.routes._translate import chat_to_messages
 
 
-def openai_body(request: Request) -> dict[str, Any]:
-    """The JSON body of one OpenAI call: the stored body, verbatim (DESIGN invariant 8)."""
-    return request.body
-
-
 def openai_refusal(request: Request, route: str, extras: frozenset[str] = frozenset()) -> Refusal | None:
     """Why an OpenAI route cannot take `request`: an Anthropic body, a stream, or a key the
     SDK's request type does not know (beyond `extras`, what the route's server also takes)."""
