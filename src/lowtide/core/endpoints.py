@@ -15,9 +15,10 @@ CHAT = "/v1/chat/completions"
 RESPONSES = "/v1/responses"
 COMPLETIONS = "/v1/completions"
 MESSAGES = "/v1/messages"
-ENDPOINTS = (CHAT, RESPONSES, COMPLETIONS, MESSAGES)
+EMBEDDINGS = "/v1/embeddings"
+ENDPOINTS = (CHAT, RESPONSES, COMPLETIONS, MESSAGES, EMBEDDINGS)
 # Which provider's protocol an endpoint belongs to.
-PROTOCOL = {CHAT: "openai", RESPONSES: "openai", COMPLETIONS: "openai", MESSAGES: "anthropic"}
+PROTOCOL = {CHAT: "openai", RESPONSES: "openai", COMPLETIONS: "openai", MESSAGES: "anthropic", EMBEDDINGS: "openai"}
 # Keys a batch or a stored request cannot carry: a stream has nobody to read it.
 NEVER = frozenset({"stream", "stream_options"})
 # Parameters self-hosted OpenAI-compatible servers (vLLM, SGLang, llama.cpp's server) take
@@ -53,6 +54,10 @@ def _typed_dict(endpoint: str) -> Any:
         from anthropic.types.message_create_params import MessageCreateParamsBase
 
         return MessageCreateParamsBase
+    if endpoint == EMBEDDINGS:
+        from openai.types.embedding_create_params import EmbeddingCreateParams
+
+        return EmbeddingCreateParams
     raise ValueError(f"unknown endpoint {endpoint!r}; known: {', '.join(ENDPOINTS)}")
 
 
@@ -86,4 +91,4 @@ def required_of(typed_dict: Any) -> frozenset[str]:
 
 def conversation_key(endpoint: str) -> str:
     """The body key that holds what the model is asked: messages, input or prompt."""
-    return {RESPONSES: "input", COMPLETIONS: "prompt"}.get(endpoint, "messages")
+    return {RESPONSES: "input", COMPLETIONS: "prompt", EMBEDDINGS: "input"}.get(endpoint, "messages")

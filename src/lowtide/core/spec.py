@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from lowtide.core.endpoints import (
     CHAT,
     COMPLETIONS,
+    EMBEDDINGS,
     ENGINE_EXTRAS,
     MESSAGES,
     NEVER,
@@ -25,6 +26,7 @@ from lowtide.core.endpoints import (
     known_keys,
     required_keys,
 )
+from lowtide.core.embeddings import check_dimensions
 from lowtide.core.errors import SpecError
 from lowtide.core.params import check_schema, check_values
 from lowtide.core.yamlfile import parse_mapping, read_text, validate
@@ -172,7 +174,12 @@ class JobSpec(_Strict):
     route_options: dict[str, Any] = Field(default_factory=dict)
     # The endpoint the requests are for, and so the shape of their bodies (docs/jobs.md
     # "Endpoints"); default: /v1/messages on Anthropic's routes, else /v1/chat/completions.
-    endpoint: Literal["/v1/chat/completions", "/v1/responses", "/v1/completions", "/v1/messages"] | None = None
+    endpoint: Literal["/v1/chat/completions", "/v1/responses", "/v1/completions", "/v1/messages", "/v1/embeddings"] | None = None
+    # Embedding jobs (docs/embeddings.md): several rows' inputs share one provider request
+    # within the endpoint's limits (`packing: false` sends one row per request); an input
+    # over the model's token limit is refused, or cut to it with `truncate: true`.
+    packing: bool = True
+    truncate: bool = False
     # Body parameters taken from each row: {parameter: column}. A row's empty cell leaves the
     # parameter at its `params` value (or unset); CSV text is read as the SDK's type says.
     param_columns: dict[str, str] = Field(default_factory=dict)
@@ -201,6 +208,11 @@ class JobSpec(_Strict):
         if not JOB_NAME.match(v):
             raise ValueError("use 1-64 letters, digits, '_', '-' or '.', starting with a letter or digit")
         return v
+
+    @field_validator("endpoint", mode="before")
+    @classmethod
+    def _endpoint_word(cls, v: Any) -> Any:
+        return EMBEDDINGS if v == "embeddings" else v  # the short word the docs use
 
     @field_validator("choices")
     @classmethod
@@ -263,6 +275,24 @@ class JobSpec(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _embedding_job(self) -> JobSpec:
+        """An embedding job's rows give text to embed: a `user` template (or whole bodies)."""
+        if self.request_endpoint != EMBEDDINGS:
+            if self.truncate:
+                raise ValueError("`truncate` is for embedding jobs (endpoint: embeddings)")
+            return self
+        t = self.template
+        if t.messages_column is not None or t.system is not None or t.system_file is not None or t.images or t.files:
+            raise ValueError("an embedding job's template is `user` (or `user_file`): the text to embed; "
+                             "it has no system prompt, conversation, images or files")
+        if self.choices or self.response_schema:
+            raise ValueError("`choices` and `response_schema` check answers; an embedding has none: remove them")
+        problem = check_dimensions(self.model, self.params.get("dimensions"))
+        if problem:
+            raise ValueError(problem)
+        return self
+
+    @model_validator(mode="after")
     def _required_params(self) -> JobSpec:
         """A key the endpoint requires that neither the model nor the template makes (Anthropic's
         max_tokens) must be in params, unless the rows bring their own."""
@@ -275,7 +305,8 @@ class JobSpec(_Strict):
 
     @model_validator(mode="after")
     def _bounded_budget(self) -> JobSpec:
-        if self.budget_usd is not None and self.output_limit is None and self.template.messages_column is None:
+        if (self.budget_usd is not None and self.output_limit is None and self.template.messages_column is None
+                and self.request_endpoint != EMBEDDINGS):  # an embedding has no output tokens
             raise ValueError(
                 "budget_usd needs an output limit to estimate against: set params.max_tokens "
                 "(or max_completion_tokens / max_output_tokens); without one an answer's cost has no bound"
@@ -321,7 +352,8 @@ class JobSpec(_Strict):
 # "Changing a job's spec"): refused unless `--requeue-changed`. Anything else (budget,
 # deadline, retry, output, chunk size, tags, the source's path, transport options such as
 # base_url or concurrency) is applied to the stored job as it is.
-RENDERING_KEYS = ("model", "endpoint", "params", "param_columns", "template", "choices", "response_schema", "source.id_column")
+RENDERING_KEYS = ("model", "endpoint", "params", "param_columns", "template", "choices", "response_schema", "source.id_column",
+                  "truncate")
 SENDING_KEYS = ("route", "fallback", "fallback.route", "fallback.model")
 # Route options that change what is sent or how it is billed, not only how it travels.
 PAYLOAD_OPTIONS = ("service_tier", "cache_prefix")

@@ -48,6 +48,7 @@ _OPENAI_PREFIXES = (
     ("gpt-4o", "o200k_base"), ("chatgpt-4o", "o200k_base"), ("gpt-4.1", "o200k_base"),
     ("gpt-4.5", "o200k_base"), ("gpt-5", "o200k_base"), ("o1", "o200k_base"), ("o3", "o200k_base"),
     ("o4", "o200k_base"), ("gpt-4", "cl100k_base"), ("gpt-3.5", "cl100k_base"),
+    ("text-embedding-3", "cl100k_base"), ("text-embedding-ada", "cl100k_base"),
 )  # fmt: skip
 
 

@@ -30,6 +30,7 @@ from lowtide.engine.context import JobContext
 from lowtide.engine.control import cancelled_values
 from lowtide.engine.dispatch import assign, iter_dispatched, left_in_dispatch, new_dispatch
 from lowtide.engine.ingest import IngestCounts, apply_outcomes
+from lowtide.engine.packs import Packer, packing, unpack_stored, vector_check
 from lowtide.engine.policy import poll_delay
 from lowtide.routes.base import BatchRoute
 from lowtide.store.db import Store
@@ -51,7 +52,10 @@ DEFAULT_POLL_INTERVAL = (30.0, 600.0)
 def plan(store: Store, job: JobContext, route: BatchRoute, clock: Clock, lane: str | None = None) -> int:
     """Group due pending requests (of `lane`, for a job with a fallback route) into
     dispatches within the route's and the job's limits."""
-    limit = min(route.limits.max_requests, job.spec.chunk_size or DEFAULT_CHUNK)
+    # A packed embedding job's rows share provider requests: a chunk of the route's own limit
+    # in rows stays within it in requests, and takes far fewer batches.
+    default = route.limits.max_requests if packing(job.spec) else DEFAULT_CHUNK
+    limit = min(route.limits.max_requests, job.spec.chunk_size or default)
     # Sorting by payload puts requests with the same model, parameters and leading messages
     # (the system prompt) side by side, so each chunk shares a prefix the provider can cache.
     order = (requests.c.payload,) if getattr(route, "group_by_prefix", False) else (requests.c.not_before, requests.c.id)
@@ -158,7 +162,8 @@ async def submit(
                 conn.execute(update(dispatches).where(dispatches.c.id == dispatch_id).values(submit_started_at=clock.now()))
         try:
             if provider_id is None:
-                provider_id = await route.submit(key, _with_model(iter_dispatched(store, dispatch_id), model))
+                sent = _with_model(iter_dispatched(store, dispatch_id), model)
+                provider_id = await route.submit(key, Packer()(sent) if packing(job.spec) else sent)
         except BatchRejected as err:
             _reject(store, job, route, dispatch_id, DispatchState.SUBMITTING, str(err), clock, rng)
             continue
@@ -361,14 +366,19 @@ async def _ingest(store, job: JobContext, route: BatchRoute, dispatch_id: int, p
     """Stream an ended batch's results into the store, chunk by chunk; then close it."""
     counts = IngestCounts()
     chunk: list[Outcome] = []
+    vectors = vector_check(job.spec)  # an embedding job's: packs unpacked, vectors checked
     async for outcome in route.results(provider_id):
         chunk.append(outcome)
         if len(chunk) >= INGEST_CHUNK:
             with store.begin() as conn:
+                if vectors is not None:
+                    chunk = unpack_stored(conn, job.id, dispatch_id, chunk, vectors.expected)
                 counts.add(apply_outcomes(conn, job, dispatch_id, route.name, chunk, clock.now(), rng))
             chunk = []
     now = clock.now()
     with store.begin() as conn:
+        if vectors is not None:
+            chunk = unpack_stored(conn, job.id, dispatch_id, chunk, vectors.expected)
         counts.add(apply_outcomes(conn, job, dispatch_id, route.name, chunk, now, rng))
         missing = left_in_dispatch(conn, dispatch_id)
         expired = [Outcome.failure(c, "expired", "no result for this request in the batch output; treated as expired", True) for c in missing]

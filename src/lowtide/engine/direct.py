@@ -20,6 +20,7 @@ from lowtide.engine.dispatch import (
     pending_ids,
 )
 from lowtide.engine.ingest import IngestCounts, apply_outcomes
+from lowtide.engine.packs import execute_packed, packing
 from lowtide.routes.base import DirectRoute
 from lowtide.store.db import Store
 from lowtide.store.queries import add_event
@@ -95,7 +96,8 @@ async def run_direct(
 
     heartbeat = asyncio.create_task(_heartbeat(store, dispatch_id, owner, clock, lease))
     try:
-        async for outcome in route.execute(batch):
+        # Embedding requests are packed on the way and unpacked per row (engine/packs.py).
+        async for outcome in execute_packed(route, batch, packing(job.spec)):
             buffer.append(outcome)
             if len(buffer) >= FLUSH_EVERY or time.monotonic() - last_flush >= FLUSH_SECONDS:
                 flush()

@@ -28,6 +28,7 @@ from lowtide.core.clock import Clock
 from lowtide.core.endpoints import (
     CHAT,
     COMPLETIONS,
+    EMBEDDINGS,
     MESSAGES,
     RESPONSES,
     body_type,
@@ -43,6 +44,7 @@ from lowtide.core.templates import MessageTemplate
 from lowtide.core.types import Request, schema_format
 from lowtide.engine import budget
 from lowtide.engine.changes import Changes, note_changed, requeue, split_known
+from lowtide.engine.embedding_rows import EmbeddingInput
 from lowtide.routes import create_route
 from lowtide.store.bulk import executemany
 from lowtide.store.db import Store
@@ -102,6 +104,8 @@ class RowRenderer:
         # The payload is `head` plus the body, written as text around each row's messages.
         self.prefix = _dumps(head)[:-1] + ', "body": ' + _dumps(self.base)[:-1] + f', "{self.conversation}": '
         self.split_system = self.endpoint == MESSAGES
+        # Embedding jobs: the rendered text is the body's `input`, checked for emptiness and length.
+        self.embedding = EmbeddingInput(spec) if self.endpoint == EMBEDDINGS else None
         self.body_column = spec.template.body_column
         # `routes_checked`: the caller has asked the routes about every row already (lowtide
         # serve does, line by line, to fail a refused line alone).
@@ -153,13 +157,17 @@ class RowRenderer:
                 if isinstance(given, str):
                     return given
                 own = (own or {}) | given if given else own
+            if self.embedding is not None:
+                messages, problem = self.embedding.text(messages, lambda: self.where(row))
+                if problem is not None:
+                    return problem
             body, fixed = self.body(messages, own)
         for check in self.checks:
             refused = check(body)
             if refused is not None:
                 return Refused(refused, row.number)
         if fixed:  # the fixed part of the payload is serialised once per job, not once per row
-            payload = self.prefix + _dumps(messages) + "}}"
+            payload = self.prefix + _dumps(body[self.conversation]) + "}}"
         else:
             payload = _dumps({"endpoint": self.endpoint} | ({"lowtide": self.own} if self.own else {}) | {"body": body})
         return {
@@ -205,6 +213,8 @@ class RowRenderer:
         the messages as they are (then the payload is written around them, not rebuilt)."""
         if self.endpoint == COMPLETIONS:  # a prompt is text: the rendered parts, joined
             return {**self.base, **(own or {}), "prompt": "\n\n".join(m["content"] for m in messages)}, False
+        if self.embedding is not None:  # `messages` is the text to embed (see __call__)
+            return ({**self.base, **own, "input": messages}, False) if own else ({**self.base, "input": messages}, True)
         body = {**self.base, **own} if own else dict(self.base)
         fixed = not own
         if self.split_system and any(m["role"] == "system" for m in messages) and _text_system(messages):  # Anthropic: system apart

@@ -31,7 +31,8 @@ FINISH_WORDS = {"end_turn": "stop", "max_tokens": "length", "tool_use": "tool_ca
                 "pause_turn": "stop", "max_output_tokens": "length", "function_call": "tool_calls"}  # fmt: skip
 # How each endpoint's answer says what it is: (key, value).
 SHAPES = {CHAT: ("object", "chat.completion"), RESPONSES: ("object", "response"),
-          COMPLETIONS: ("object", "text_completion"), MESSAGES: ("type", "message")}  # fmt: skip
+          COMPLETIONS: ("object", "text_completion"), MESSAGES: ("type", "message"),
+          "/v1/embeddings": ("object", "list")}  # fmt: skip
 
 
 @dataclass(slots=True)

@@ -28,6 +28,7 @@ from typing import Any
 from lowtide.core.endpoints import (
     CHAT,
     COMPLETIONS,
+    EMBEDDINGS,
     MESSAGES,
     NEVER,
     PROTOCOL,
@@ -73,6 +74,9 @@ def openai_text(endpoint: str, data: dict[str, Any]) -> tuple[str, str | None]:
 
 def openai_outcome(custom_id: str, endpoint: str, data: dict[str, Any], batch: bool) -> Outcome:
     """A successful OpenAI answer body as an Outcome that keeps the whole body."""
+    if endpoint == EMBEDDINGS:  # vectors, no text: the engine reads them from the kept body
+        return Outcome(custom_id, True, usage=openai_usage(data.get("usage")), tier=openai_tier(data.get("service_tier"), batch=batch),
+                       response=data)  # fmt: skip
     text, finish = openai_text(endpoint, data)
     usage = responses_usage(data.get("usage")) if endpoint == RESPONSES else openai_usage(data.get("usage"))
     return Outcome(custom_id, True, text=text, finish_reason=finish, usage=usage,

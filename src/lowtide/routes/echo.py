@@ -25,6 +25,8 @@ the n = 1 answer, choice i draws its instance, tool and choice from `custom_id#i
 echo is the same in every choice. Everything else plain-text turns cannot say is refused by
 name (`_own.py`).
 
+On `/v1/embeddings`: deterministic unit vectors from a BLAKE2b of each input (`_echo_embed.py`).
+
 `Outcome.response` is the answer in the endpoint's own shape (`_replies.py`): a chat
 completion (with `tool_calls`), a response (a `function_call` output item), a completion, or
 an Anthropic message (a `tool_use` block). `Outcome.text` is choice 0's text ("" for a tool
@@ -50,6 +52,7 @@ from typing import Any, Literal
 from lowtide.core.endpoints import CHAT, COMPLETIONS, MESSAGES, RESPONSES
 from lowtide.core.errors import RouteError
 from lowtide.core.types import Outcome, Refusal, Request, Usage
+from lowtide.routes import _echo_embed
 from lowtide.routes._instances import Instances, Unsatisfiable, instances_for
 from lowtide.routes._own import Plain, read_plain
 from lowtide.routes._replies import Call, Reply, arguments_text, reply_body
@@ -183,6 +186,8 @@ class EchoRoute:
         """echo answers for any model name: it never calls one."""
 
     def refusal(self, request: Request) -> Refusal | None:
+        if request.endpoint == _echo_embed.EMBEDDINGS:
+            return _echo_embed.refusal(request)
         p = plan(request, self.answer == "instance")
         return p if isinstance(p, Refusal) else None
 
@@ -191,6 +196,8 @@ class EchoRoute:
             return Outcome.failure(request.custom_id, "invalid_request", "echo: rejected by route_options.reject", False)
         if request.attempt <= self.fail_attempts.get(request.custom_id, 0):
             return Outcome.failure(request.custom_id, "server_error", f"echo: injected failure on attempt {request.attempt}", True)
+        if request.endpoint == _echo_embed.EMBEDDINGS:  # vectors (routes/_echo_embed.py)
+            return _echo_embed.outcome(request)
         p = plan(request, self.answer == "instance")
         if isinstance(p, Refusal):
             return Outcome.failure(request.custom_id, "invalid_request", p.message(self.name), False)

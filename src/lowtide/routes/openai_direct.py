@@ -1,5 +1,6 @@
-"""`openai` and `openai-compatible`: chat completions in real time, through the official
-`openai` SDK.
+"""`openai` and `openai-compatible`: chat completions, responses, completions and embeddings
+in real time, through the official `openai` SDK (`/v1/embeddings` for embedding jobs: vLLM,
+llama.cpp's server or TEI behind an OpenAI-compatible endpoint, or OpenAI itself).
 
 `openai-compatible` talks to any server speaking `/v1/chat/completions` (vLLM, SGLang,
 llama.cpp's server, Ollama, OpenAI itself): `base_url` is required, and a key is only sent
@@ -26,7 +27,7 @@ from typing import Any
 import openai
 
 from lowtide.core import fastjson
-from lowtide.core.endpoints import CHAT, COMPLETIONS, ENGINE_EXTRAS, RESPONSES
+from lowtide.core.endpoints import CHAT, COMPLETIONS, EMBEDDINGS, ENGINE_EXTRAS, RESPONSES
 from lowtide.core.errors import RouteError
 from lowtide.core.types import Outcome, Refusal, Request
 from lowtide.routes._direct import (
@@ -67,7 +68,7 @@ class OpenAIChatRoute(PooledRoute):
         timeout = 900.0 if self.service_tier == "flex" else 600.0
         super().__init__(options, timeout=timeout, secret=key, **defaults, **pool)
         self.client = self.sdk_client(openai.AsyncOpenAI, openai.DefaultAioHttpClient, key, options.get("base_url"), openai.Omit())
-        self.urls = {e: self.endpoint(e.removeprefix("/v1/")) for e in (CHAT, RESPONSES, COMPLETIONS)}
+        self.urls = {e: self.endpoint(e.removeprefix("/v1/")) for e in (CHAT, RESPONSES, COMPLETIONS, EMBEDDINGS)}
         # A self-hosted server takes its engine's own sampling parameters too.
         self.extras = ENGINE_EXTRAS if compatible else frozenset()
 

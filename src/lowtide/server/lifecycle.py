@@ -239,6 +239,7 @@ class Worker:
                 route=server.config.backend,
                 route_options=server.config.route_options,
                 retry={"max_attempts": 3, "backoff_seconds": 5.0},
+                packing=False,  # each line is one provider request already, answered in its own shape
             )
             try:
                 self._route(spec).check_model(spec.model)
