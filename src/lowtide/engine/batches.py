@@ -162,8 +162,9 @@ async def submit(
                 conn.execute(update(dispatches).where(dispatches.c.id == dispatch_id).values(submit_started_at=clock.now()))
         try:
             if provider_id is None:
-                sent = _with_model(iter_dispatched(store, dispatch_id), model)
-                provider_id = await route.submit(key, Packer()(sent) if packing(job.spec) else sent)
+                given = _with_model(iter_dispatched(store, dispatch_id), model)
+                # An embedding job's rows go packed (engine/packs.py): the store keeps them one per row.
+                provider_id = await route.submit(key, Packer()(given) if packing(job.spec) else given)
         except BatchRejected as err:
             _reject(store, job, route, dispatch_id, DispatchState.SUBMITTING, str(err), clock, rng)
             continue
