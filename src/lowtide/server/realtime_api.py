@@ -1,5 +1,5 @@
 """Real-time endpoints: OpenAI's `POST /v1/chat/completions`, `/v1/responses` and
-`/v1/completions`, and Anthropic's `POST /v1/messages`, answered now by the server's backend.
+`/v1/completions`, `/v1/embeddings`, and Anthropic's `POST /v1/messages`, answered now by the server's backend.
 
 Each body goes to the backend verbatim (DESIGN invariant 8) as one `Request(custom_id,
 endpoint, body)`: only `stream` / `stream_options`, which this server acts on itself, are
@@ -26,7 +26,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
 from lowtide.core import types
-from lowtide.core.endpoints import CHAT, COMPLETIONS, MESSAGES, NEVER, RESPONSES
+from lowtide.core.endpoints import CHAT, COMPLETIONS, EMBEDDINGS, MESSAGES, NEVER, RESPONSES
 from lowtide.core.types import Outcome
 from lowtide.routes._replies import Ids, finish_word, in_shape, text_body
 from lowtide.server.backend import Backend, BackendClosed
@@ -154,6 +154,8 @@ def _answer(server: Server, endpoint: str, body: dict[str, Any], outcome: Outcom
     its text; either names the model the request asked for."""
     if in_shape(endpoint, outcome.response):
         made = outcome.response | {"model": body["model"]}
+    elif endpoint == EMBEDDINGS:  # vectors cannot be made up from text
+        raise ApiError(500, f"the backend answered {EMBEDDINGS} without vectors")
     else:
         request = types.Request("", endpoint, body)
         made = text_body(request, outcome.text or "", _finish(outcome, request.output_limit), outcome.usage,
@@ -190,6 +192,11 @@ async def responses(request: Request):
 @router.post("/v1/completions")
 async def completions(request: Request):
     return await _serve(request, COMPLETIONS)
+
+
+@router.post("/v1/embeddings")
+async def embeddings(request: Request):
+    return await _serve(request, EMBEDDINGS)
 
 
 @router.post("/v1/messages", openapi_extra=json_body(ANTHROPIC_MESSAGE))
