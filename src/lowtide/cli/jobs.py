@@ -171,7 +171,13 @@ def _print_budget(s: JobStatus) -> None:
 
 def results(
     job: JobName,
-    out_path: Annotated[Path, typer.Option("--out", "-o", help="File to write: .csv, .jsonl or .parquet.")],
+    out_path: Annotated[
+        Path | None, typer.Option("--out", "-o", help="File to write: .csv, .jsonl or .parquet (embedding jobs: .parquet, .jsonl or .npy).")
+    ] = None,
+    pg_url: Annotated[
+        str | None, typer.Option("--pg-url", help="Embedding jobs: upsert the vectors into a PostgreSQL table at this URL.")
+    ] = None,
+    pg_table: Annotated[str, typer.Option("--pg-table", help="The table --pg-url writes (made if missing).")] = "embeddings",
     compare: Annotated[
         str | None, typer.Option(help="A source column holding the expected answer: print the accuracy.")
     ] = None,
@@ -182,9 +188,20 @@ def results(
     """Write a job's results joined to its source rows by custom_id.
 
     Example: lowtide results classify-tickets --out results.parquet --compare gold
+
+    Example: lowtide results doc-vectors --out vectors.npy --pg-url postgresql://127.0.0.1/app --pg-table doc_vectors
     """
+    if out_path is None and pg_url is None:
+        raise fail(LowtideError("say where the results go: --out FILE, or --pg-url URL for an embedding job's vectors"))
     try:
         with open_store() as store:
+            if pg_url is not None:
+                from lowtide.engine.vector_export import upsert_vectors
+
+                done = upsert_vectors(store, job, pg_url, pg_table)
+                console.print(f"upserted into {done['table']} ({done['column']}): {done['changed']} row(s) new or changed")
+                if out_path is None:
+                    return
             report = export_results(store, job, out_path, full=full)
             spec = job_spec(store, job)
     except LowtideError as err:

@@ -214,6 +214,11 @@ def export_results(store: Store, job_name: str, out: str | Path, fmt: str | None
     """Write the joined results to `out` (CSV, JSONL or Parquet by extension), atomically;
     `full` adds each provider's whole answer body (`response`)."""
     out = Path(out)
+    if _is_embedding_job(store, job_name):  # vectors, not answers (engine/vector_export.py)
+        from lowtide.engine.vector_export import export_vectors
+
+        report = export_vectors(store, job_name, out)
+        return ExportReport(report.path, report.rows, report.states)
     fmt = format_of(out, fmt)
     rows = ResultRows(store, job_name, full=full)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -233,6 +238,14 @@ def export_results(store: Store, job_name: str, out: str | Path, fmt: str | None
     finally:
         tmp.unlink(missing_ok=True)
     return ExportReport(out, count, states)
+
+
+def _is_embedding_job(store: Store, job_name: str) -> bool:
+    from lowtide.core.endpoints import EMBEDDINGS
+
+    with store.begin() as conn:
+        job = get_job(conn, job_name)
+    return JobSpec.model_validate_json(job.spec).request_endpoint == EMBEDDINGS
 
 
 def _cell(value: Any) -> Any:

@@ -1,0 +1,250 @@
+"""An embedding job's results: vectors as Parquet, JSONL or .npy, or upserted into a
+PostgreSQL table (docs/embeddings.md "Results").
+
+Rows come from the store in load order (the source's order on a first load), a page at a
+time, so a million vectors are written in bounded memory. Each row: the source's id column
+(the business key), custom_id, state, the vector, error, input_tokens.
+
+- `.parquet`: `embedding` is `fixed_size_list<float32>[n]`, null where the row has no vector;
+- `.jsonl`: `embedding` is an array of numbers (float32 values, as Parquet holds them);
+- `.npy`: a float32 matrix of the succeeded rows only, one row each, and beside it
+  `<name>.ids.txt`: the business key of matrix row i on line i (`x.npy` → `x.ids.txt`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import func, select
+
+from lowtide.core import fastjson
+from lowtide.core.embeddings import vector_of
+from lowtide.core.errors import LowtideError
+from lowtide.core.spec import JobSpec
+from lowtide.store.db import Store
+from lowtide.store.queries import get_job
+from lowtide.store.schema import requests
+
+PAGE = 2000
+FORMATS = (".parquet", ".jsonl", ".npy")
+
+
+@dataclass(slots=True)
+class VectorRow:
+    key: str
+    custom_id: str
+    state: str
+    vector: list[float] | None
+    error: str | None
+    input_tokens: int | None
+
+
+def vector_rows(store: Store, job_id: int) -> Iterator[VectorRow]:
+    after = 0
+    c = requests.c
+    while True:
+        with store.begin() as conn:
+            page = conn.execute(
+                select(c.id, c.source_key, c.custom_id, c.state, c.response, c.error_code, c.error_message, c.input_tokens)
+                .where(c.job_id == job_id, c.id > after).order_by(c.id).limit(PAGE)
+            ).all()  # fmt: skip
+        for r in page:
+            vector = vector_of(fastjson.loads(r.response)) if r.response is not None and r.state == "succeeded" else None
+            error = f"{r.error_code}: {r.error_message}" if r.error_code else None
+            yield VectorRow(r.source_key, r.custom_id, r.state, vector, error, r.input_tokens)
+        if len(page) < PAGE:
+            return
+        after = page[-1].id
+
+
+def _dimensions(store: Store, job_id: int) -> int:
+    """The vector length of the job's first succeeded row (0 when none has one)."""
+    for row in vector_rows(store, job_id):
+        if row.vector is not None:
+            return len(row.vector)
+    return 0
+
+
+@dataclass(slots=True)
+class VectorReport:
+    path: Path
+    rows: int
+    states: dict[str, int]
+
+
+def export_vectors(store: Store, job_name: str, out: str | Path) -> VectorReport:
+    out = Path(out)
+    suffix = out.suffix.lower()
+    if suffix not in FORMATS:
+        raise LowtideError(f"{out}: an embedding job's results are written as {', '.join(FORMATS)}; pick one of those extensions")
+    with store.begin() as conn:
+        job = get_job(conn, job_name)
+    spec = JobSpec.model_validate_json(job.spec)
+    n = _dimensions(store, job.id)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    states: dict[str, int] = {}
+    count = 0
+    try:
+        if suffix == ".npy":
+            count = _write_npy(store, job.id, tmp, out, n, states)
+        else:
+            writer = (_Parquet if suffix == ".parquet" else _Jsonl)(tmp, spec.source.id_column, n)
+            for row in vector_rows(store, job.id):
+                if row.vector is not None and len(row.vector) != n:
+                    raise LowtideError(f"{job_name}: row {row.key} has a vector of {len(row.vector)} numbers, others {n}; "
+                                       "one file holds one length (re-run the job with one `dimensions`)")  # fmt: skip
+                states[row.state] = states.get(row.state, 0) + 1
+                writer.write(row)
+                count += 1
+            writer.close()
+        tmp.replace(out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return VectorReport(out, count, states)
+
+
+class _Parquet:
+    def __init__(self, path: Path, id_column: str, n: int):
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        self.pa = pa
+        self.schema = pa.schema([
+            (id_column, pa.string()), ("custom_id", pa.string()), ("state", pa.string()),
+            ("embedding", pa.list_(pa.float32(), max(n, 1))), ("error", pa.string()), ("input_tokens", pa.int64()),
+        ])  # fmt: skip
+        self.writer = pq.ParquetWriter(str(path), self.schema)
+        self.rows: list[VectorRow] = []
+
+    def write(self, row: VectorRow) -> None:
+        self.rows.append(row)
+        if len(self.rows) >= PAGE * 5:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.rows:
+            return
+        pa, rows = self.pa, self.rows
+        columns = [
+            pa.array([r.key for r in rows], pa.string()), pa.array([r.custom_id for r in rows], pa.string()),
+            pa.array([r.state for r in rows], pa.string()),
+            pa.array([r.vector for r in rows], self.schema.field("embedding").type),
+            pa.array([r.error for r in rows], pa.string()), pa.array([r.input_tokens for r in rows], pa.int64()),
+        ]  # fmt: skip
+        self.writer.write_table(pa.Table.from_arrays(columns, schema=self.schema))
+        self.rows = []
+
+    def close(self) -> None:
+        self.flush()
+        self.writer.close()
+
+
+class _Jsonl:
+    def __init__(self, path: Path, id_column: str, n: int):
+        from array import array
+
+        self.array = array
+        self.f = path.open("wb")
+        self.id_column = id_column
+
+    def write(self, row: VectorRow) -> None:
+        # float32 values, as the Parquet and .npy files hold them: one file's numbers agree with another's.
+        vector = None if row.vector is None else self.array("f", row.vector).tolist()
+        line = {self.id_column: row.key, "custom_id": row.custom_id, "state": row.state, "embedding": vector,
+                "error": row.error, "input_tokens": row.input_tokens}  # fmt: skip
+        self.f.write(fastjson.dumpb(line) + b"\n")
+
+    def close(self) -> None:
+        self.f.close()
+
+
+def ids_path(npy: Path) -> Path:
+    return npy.with_suffix(".ids.txt")
+
+
+def _write_npy(store: Store, job_id: int, tmp: Path, out: Path, n: int, states: dict[str, int]) -> int:
+    """The succeeded rows' vectors as one float32 matrix, streamed; their keys beside it."""
+    import numpy as np
+    from numpy.lib import format as npformat
+
+    with store.begin() as conn:
+        total = conn.execute(
+            select(func.count()).select_from(requests).where(requests.c.job_id == job_id, requests.c.state == "succeeded")
+        ).scalar_one()
+    ids_tmp = tmp.with_name(tmp.name + ".ids")
+    written = 0
+    try:
+        with tmp.open("wb") as f, ids_tmp.open("w", encoding="utf-8") as ids:
+            npformat.write_array_header_1_0(f, {"descr": "<f4", "fortran_order": False, "shape": (total, n)})
+            for row in vector_rows(store, job_id):
+                states[row.state] = states.get(row.state, 0) + 1
+                if row.vector is None:
+                    continue
+                if len(row.vector) != n or "\n" in row.key or written >= total:
+                    raise LowtideError(f"row {row.key}: cannot go into {out.name} (a vector of another length, a key with a "
+                                       "line break, or rows added while exporting); use .parquet or .jsonl")  # fmt: skip
+                f.write(np.asarray(row.vector, dtype="<f4").tobytes())
+                ids.write(row.key + "\n")
+                written += 1
+        if written != total:
+            raise LowtideError(f"{out.name}: {total - written} succeeded row(s) changed while exporting; export again")
+        ids_tmp.replace(ids_path(out))
+    finally:
+        ids_tmp.unlink(missing_ok=True)
+    return sum(states.values())
+
+
+# PostgreSQL ----------------------------------------------------------------------------
+TABLE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}(\.[A-Za-z_][A-Za-z0-9_]{0,62})?$")
+
+
+def upsert_vectors(store: Store, job_name: str, url: str, table: str) -> dict[str, Any]:
+    """Upsert the job's succeeded vectors into `table` at `url`, keyed by the business key:
+    a row is written only where its vector or model changed. The table is made if missing:
+    `id text primary key, embedding vector(n)` where the pgvector extension is installed in
+    that database (else `float4[]`), `model text, custom_id text, updated_at timestamptz`."""
+    import sqlalchemy as sa
+
+    if not TABLE_NAME.match(table):
+        raise LowtideError(f"--pg-table {table!r}: use a plain table name (letters, digits, _), optionally schema.table")
+    with store.begin() as conn:
+        job = get_job(conn, job_name)
+    spec = JobSpec.model_validate_json(job.spec)
+    n = _dimensions(store, job.id)
+    quoted = ".".join(f'"{part}"' for part in table.split("."))
+    engine = sa.create_engine(url if "+" in url.split("://", 1)[0] else url.replace("postgresql://", "postgresql+psycopg://", 1))
+    written = 0
+    try:
+        with engine.begin() as pg:
+            pgvector = pg.execute(sa.text("select 1 from pg_extension where extname = 'vector'")).first() is not None
+            column = f"vector({n})" if pgvector and n else "float4[]"
+            pg.execute(sa.text(f"create table if not exists {quoted} (id text primary key, embedding {column} not null, "
+                               "model text not null, custom_id text not null, updated_at timestamptz not null default now())"))  # fmt: skip
+            cast = "cast(:embedding as vector)" if pgvector and n else "cast(:embedding as float4[])"
+            upsert = sa.text(
+                f"insert into {quoted} as t (id, embedding, model, custom_id) values (:id, {cast}, :model, :custom_id) "
+                "on conflict (id) do update set embedding = excluded.embedding, model = excluded.model, "
+                "custom_id = excluded.custom_id, updated_at = now() "
+                "where t.embedding is distinct from excluded.embedding or t.model is distinct from excluded.model"
+            )
+            batch: list[dict[str, Any]] = []
+            for row in vector_rows(store, job.id):
+                if row.vector is None:
+                    continue
+                text = json.dumps(row.vector) if pgvector and n else "{" + ",".join(map(repr, row.vector)) + "}"
+                batch.append({"id": row.key, "embedding": text, "model": spec.model, "custom_id": row.custom_id})
+                if len(batch) >= PAGE:
+                    written += pg.execute(upsert, batch).rowcount
+                    batch = []
+            if batch:
+                written += pg.execute(upsert, batch).rowcount
+    finally:
+        engine.dispose()
+    return {"table": table, "column": column, "changed": written}

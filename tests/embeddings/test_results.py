@@ -1,0 +1,82 @@
+"""`lowtide results` for an embedding job, through the installed command: Parquet
+fixed_size_list<float32>, JSONL arrays, .npy plus its ids file, and a PostgreSQL table
+upserted by business key (only new or changed rows written)."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import sqlalchemy as sa
+import yaml
+
+from tests.cli.test_cli import cli  # noqa: F401  (the fixture)
+from tests.conftest import _pg_available, fresh_pg_schema
+from tests.embeddings.helpers import docs_csv, echo_reference, embed_spec
+
+
+def f32(values: list[float]) -> list[float]:
+    return [struct.unpack("<f", struct.pack("<f", v))[0] for v in values]
+
+
+def write_job(folder, n: int, **extra):
+    docs_csv(folder / "docs.csv", n)
+    spec = embed_spec("docs.csv", **extra)
+    (folder / "job.yaml").write_text(yaml.safe_dump(spec), encoding="utf-8")
+
+
+def texts(n: int) -> dict[str, str]:
+    return {f"doc-{i}": f"document number {i} about topic {i % 7}" for i in range(1, n + 1)}
+
+
+def test_vectors_as_parquet_jsonl_and_npy(cli, tmp_path):  # noqa: F811
+    write_job(tmp_path, 12)
+    code, out = cli("run", "job.yaml")
+    assert code == 0, out
+    for name in ("v.parquet", "v.jsonl", "v.npy"):
+        code, out = cli("results", "vectors", "--out", name)
+        assert code == 0 and "12 succeeded" in out, out
+    want = {k: f32(echo_reference(t, 8)) for k, t in texts(12).items()}
+    table = pq.read_table(tmp_path / "v.parquet")
+    assert table.schema.field("embedding").type == pa.list_(pa.float32(), 8)
+    assert dict(zip(table.column("doc_id").to_pylist(), table.column("embedding").to_pylist(), strict=True)) == want
+    lines = [json.loads(x) for x in (tmp_path / "v.jsonl").read_text().splitlines()]
+    assert {x["doc_id"]: x["embedding"] for x in lines} == want and {x["state"] for x in lines} == {"succeeded"}
+    matrix = np.load(tmp_path / "v.npy")
+    ids = (tmp_path / "v.ids.txt").read_text().splitlines()
+    assert matrix.dtype == np.float32 and matrix.shape == (12, 8)
+    assert {k: row.tolist() for k, row in zip(ids, matrix, strict=True)} == want
+
+
+def test_a_csv_out_file_is_refused_with_the_formats_that_work(cli, tmp_path):  # noqa: F811
+    write_job(tmp_path, 2)
+    assert cli("run", "job.yaml")[0] == 0
+    code, out = cli("results", "vectors", "--out", "v.csv")
+    assert code != 0 and ".parquet, .jsonl, .npy" in out
+
+
+@pytest.mark.postgres
+def test_postgres_table_upserted_by_business_key(cli, tmp_path):  # noqa: F811
+    if not _pg_available():
+        pytest.skip("PostgreSQL is not reachable")
+    with fresh_pg_schema("lowtide_vec") as url:
+        write_job(tmp_path, 5)
+        assert cli("run", "job.yaml")[0] == 0
+        code, out = cli("results", "vectors", "--pg-url", url, "--pg-table", "doc_vectors")
+        assert code == 0 and "5 row(s) new or changed" in out, out
+        code, out = cli("results", "vectors", "--pg-url", url, "--pg-table", "doc_vectors")
+        assert "0 row(s) new or changed" in out, out  # nothing changed: nothing written
+        write_job(tmp_path, 7)  # two new documents
+        assert cli("run", "job.yaml")[0] == 0
+        code, out = cli("results", "vectors", "--pg-url", url, "--pg-table", "doc_vectors")
+        assert "2 row(s) new or changed" in out, out
+        engine = sa.create_engine(url)
+        with engine.connect() as conn:
+            got = dict(conn.execute(sa.text("select id, embedding from doc_vectors")).all())
+        engine.dispose()
+    # float4 values: the same float32 numbers (PostgreSQL prints them shortest-first)
+    assert {k: f32(v) for k, v in got.items()} == {k: f32(echo_reference(t, 8)) for k, t in texts(7).items()}
