@@ -29,7 +29,7 @@ def test_vectors_are_the_echo_function_of_each_row(sqlite_store, clock, tmp_path
     status = drive_to_end(sqlite_store, spec, clock)
     assert status.counts.get("succeeded") == 30
     rows = stored(sqlite_store)
-    for key, row in rows.items():
+    for row in rows.values():
         text = row["payload"]["body"]["input"]
         assert row["payload"]["body"] == {"model": "text-embedding-3-small", "dimensions": 8, "input": text}  # one row per stored request
         assert vector_of(row["response"]) == echo_reference(text, 8)

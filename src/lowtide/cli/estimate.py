@@ -18,6 +18,7 @@ from rich.progress import Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from lowtide.cli.common import console, fail, out
+from lowtide.core.endpoints import EMBEDDINGS
 from lowtide.core.errors import LowtideError, SourceError, SpecError
 from lowtide.core.pricing import (
     PRICES_ENV,
@@ -35,6 +36,7 @@ from lowtide.core.templates import MessageTemplate
 from lowtide.core.tokens import TokenCounter, counter_for
 from lowtide.core.types import Request, Usage
 from lowtide.engine.loader import RowRenderer
+from lowtide.engine.packs import PackCount, packing
 
 MAX_SHOWN_PROBLEMS = 5
 LATENCY = {
@@ -55,6 +57,8 @@ class Count:
     input_tokens: int = 0
     output_tokens: int = 0
     problems: list[str] = field(default_factory=list)
+    # Embedding jobs: the provider requests the counted rows make, packed (engine/packs.py).
+    packs: PackCount | None = None
 
     @property
     def extrapolated(self) -> bool:
@@ -125,7 +129,8 @@ def _count(spec: JobSpec, where: str, counter: TokenCounter, sample: int | None,
             )
         template.check_columns(source.columns, source.path.name)
     render = RowRenderer(spec, template, source)
-    count = Count()
+    count = Count(packs=PackCount() if packing(spec) else None)
+    embedding = spec.request_endpoint == EMBEDDINGS
     progress = Progress(TextColumn("[bold]{task.description}"), TextColumn("{task.completed:,} rows"), TimeElapsedColumn(),
                         console=console, transient=True, disable=not show)  # fmt: skip
     with progress:
@@ -144,6 +149,10 @@ def _count(spec: JobSpec, where: str, counter: TokenCounter, sample: int | None,
                     continue
                 request = Request.from_payload("", json.loads(item["payload"]))
                 count.input_tokens += counter.count_request(request.endpoint, request.body)
+                if embedding:  # input tokens only; packing changes the requests, not the tokens
+                    if count.packs is not None:
+                        count.packs.add(request.body)
+                    continue
                 limit = request.output_limit if output_tokens is None else output_tokens
                 if limit is None:
                     raise SpecError(
@@ -223,6 +232,34 @@ def _baseline(lines: list[Line]) -> Decimal | None:
     return next((ln.cost.usd for ln in lines if ln.cost.tier is Tier.REALTIME and ln.cost.known), None)
 
 
+def provider_requests(spec: JobSpec, count: Count) -> dict[str, Any] | None:
+    """An embedding job's provider requests and batches, packed and one row per request
+    (extrapolated like the tokens); None for other jobs."""
+    if spec.request_endpoint != EMBEDDINGS:
+        return None
+    from lowtide.engine.batches import DEFAULT_CHUNK
+    from lowtide.routes.openai_batch import MAX_REQUESTS
+
+    packed = count.scaled(count.packs.requests) if count.packs is not None else None
+    rows_per_batch = spec.chunk_size or (MAX_REQUESTS if packed is not None else DEFAULT_CHUNK)
+    unpacked_batch = min(spec.chunk_size or DEFAULT_CHUNK, MAX_REQUESTS)
+    return {
+        "packing": packed is not None, "rows": count.rows,
+        "packed_requests": packed, "packed_batches": -(-count.rows // min(rows_per_batch, MAX_REQUESTS)) if packed is not None else None,
+        "unpacked_requests": count.rows, "unpacked_batches": -(-count.rows // unpacked_batch),
+    }  # fmt: skip
+
+
+def packing_line(spec: JobSpec, count: Count) -> str:
+    p = provider_requests(spec, count)
+    assert p is not None
+    unpacked = f"{p['unpacked_requests']:,} requests (one per row) in {p['unpacked_batches']:,} batch(es) on a batch route"
+    if not p["packing"]:
+        return f"packing: off (`packing: false`): {unpacked}; the cost is the same (priced per input token)"
+    return (f"packing: {p['rows']:,} rows in {p['packed_requests']:,} provider requests (up to 2,048 inputs each) in "
+            f"{p['packed_batches']:,} batch(es) on a batch route; without it {unpacked}. The cost is the same (priced per input token)")
+
+
 def _output_basis(spec: JobSpec, output_tokens: int | None) -> str:
     if output_tokens is not None:
         return f"{output_tokens} per request (--output-tokens)"
@@ -235,7 +272,11 @@ def _print(spec: JobSpec, count: Count, counter: TokenCounter, usage: Usage, lin
         rows += f", extrapolated from the first {count.counted:,}"
     out.print(f'estimate for job "{spec.name}": {rows}; model {spec.model}, route {spec.route}', markup=False)
     out.print(f"  input:  {usage.input_tokens:,} tokens ({counter.method})", markup=False)
-    out.print(f"  output: {usage.output_tokens:,} tokens assumed ({_output_basis(spec, output_tokens)})", markup=False)
+    if spec.request_endpoint == EMBEDDINGS:
+        out.print("  output: none (an embedding is priced by its input tokens only)", markup=False)
+        out.print(f"  {packing_line(spec, count)}", markup=False)
+    else:
+        out.print(f"  output: {usage.output_tokens:,} tokens assumed ({_output_basis(spec, output_tokens)})", markup=False)
     table = Table(box=None, pad_edge=False)
     for col in ("route", "cost", "saving vs real time", "takes", "note"):
         table.add_column(col, justify="right" if col in ("cost", "saving vs real time") else "left")
@@ -275,6 +316,7 @@ def _as_json(spec: JobSpec, count: Count, counter: TokenCounter, usage: Usage, l
         "input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens,
         "token_count": {"method": counter.method, "exact": counter.exact},
         "output_basis": _output_basis(spec, output_tokens),
+        "provider_requests": provider_requests(spec, count),
         "routes": routes,
         "prices": {"catalog_date": str(catalog.date) if catalog.date else None, "overrides": list(catalog.overrides), "currency": "USD"},
     }  # fmt: skip

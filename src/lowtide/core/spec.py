@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from lowtide.core.embeddings import check_dimensions
 from lowtide.core.endpoints import (
     CHAT,
     COMPLETIONS,
@@ -26,7 +27,6 @@ from lowtide.core.endpoints import (
     known_keys,
     required_keys,
 )
-from lowtide.core.embeddings import check_dimensions
 from lowtide.core.errors import SpecError
 from lowtide.core.params import check_schema, check_values
 from lowtide.core.yamlfile import parse_mapping, read_text, validate

@@ -71,6 +71,9 @@ class TokenCounter:
         """The input tokens of one request body of any endpoint: its conversation (or
         prompt), its system prompt or instructions, and its tools' definitions as text."""
         asked = body.get(conversation_key(endpoint))
+        if endpoint == "/v1/embeddings":  # the inputs' text only: no turns, no reply
+            given = asked if isinstance(asked, list) else [asked]
+            return sum(self._count(t) if isinstance(t, str) else len(t) if isinstance(t, list) else 0 for t in given)
         total = self._count(asked) + PER_REPLY if isinstance(asked, str) else self.count_messages(asked or [])
         for key in ("system", "instructions"):
             if body.get(key):

@@ -64,6 +64,37 @@ def vector_check(spec: Any) -> Vectors | None:
     return Vectors(expected_length({"model": spec.model, **spec.params}))
 
 
+def fits(shape: dict | None, rest: dict, inputs: int, tokens: int, n: int, max_inputs: int, max_tokens: int) -> bool:
+    """Whether an input of `n` tokens, whose body is otherwise `rest`, joins the open pack."""
+    return rest == shape and inputs < max_inputs and tokens + n <= max_tokens
+
+
+@dataclass(slots=True)
+class PackCount:
+    """How many provider requests the packer would make of a stream of bodies (`lowtide
+    estimate`), without keeping them."""
+
+    requests: int = 0
+    _shape: dict | None = None
+    _inputs: int = 0
+    _tokens: int = 0
+
+    def add(self, body: dict[str, Any]) -> None:
+        text = body.get("input")
+        if not isinstance(text, str):
+            self.requests += 1
+            self._inputs = 0
+            return
+        rest = {k: v for k, v in body.items() if k != "input"}
+        n = approx_tokens(text)
+        if self._inputs and fits(self._shape, rest, self._inputs, self._tokens, n, MAX_INPUTS, MAX_REQUEST_TOKENS):
+            self._inputs += 1
+            self._tokens += n
+            return
+        self.requests += 1
+        self._shape, self._inputs, self._tokens = rest, 1, n
+
+
 @dataclass(slots=True)
 class Packer:
     """Packs a stream of requests; `members` remembers each pack's rows (custom_ids, in
@@ -86,7 +117,7 @@ class Packer:
                 continue
             rest = {k: v for k, v in request.body.items() if k != "input"}
             n = approx_tokens(text)
-            if group and (rest != shape or len(group) >= self.max_inputs or tokens + n > self.max_tokens):
+            if group and not fits(shape, rest, len(group), tokens, n, self.max_inputs, self.max_tokens):
                 yield from self._flush(group)
                 group, tokens = [], 0
             group.append(request)
