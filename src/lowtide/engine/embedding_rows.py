@@ -36,7 +36,7 @@ class EmbeddingInput:
             return text, None
         if self.truncate:
             return self.cut(text), None
-        how = "" if self.counter.exact else f" ({self.counter.method})"
+        how = "" if self.counter.exact else " (approximated: characters / 4)"
         return text, (
             f'{where()}: field "input" is {tokens} tokens{how}; {self.model} takes at most {self.limit} per input. '
             f"Shorten the text, or set `truncate: true` in the spec to cut it to {self.limit} tokens"
