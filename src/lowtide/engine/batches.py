@@ -30,7 +30,7 @@ from lowtide.engine.context import JobContext
 from lowtide.engine.control import cancelled_values
 from lowtide.engine.dispatch import assign, iter_dispatched, left_in_dispatch, new_dispatch
 from lowtide.engine.ingest import IngestCounts, apply_outcomes
-from lowtide.engine.packs import Packer, packing, unpack_stored, vector_check
+from lowtide.engine.packs import Packer, pack_size, packing, unpack_stored, vector_check
 from lowtide.engine.policy import poll_delay
 from lowtide.routes.base import BatchRoute
 from lowtide.store.db import Store
@@ -58,7 +58,9 @@ def plan(store: Store, job: JobContext, route: BatchRoute, clock: Clock, lane: s
     limit = min(route.limits.max_requests, job.spec.chunk_size or default)
     # Sorting by payload puts requests with the same model, parameters and leading messages
     # (the system prompt) side by side, so each chunk shares a prefix the provider can cache.
-    order = (requests.c.payload,) if getattr(route, "group_by_prefix", False) else (requests.c.not_before, requests.c.id)
+    # (Not for embeddings: no prompt cache to hit, and rows in id order pack into id ranges.)
+    grouped = getattr(route, "group_by_prefix", False) and not packing(job.spec)
+    order = (requests.c.payload,) if grouped else (requests.c.not_before, requests.c.id)
     if route.limits.one_model_per_batch:  # each model's requests side by side: one chunk per model
         order = (requests.c.model, *order)
     now = clock.now()
@@ -368,9 +370,12 @@ async def _ingest(store, job: JobContext, route: BatchRoute, dispatch_id: int, p
     counts = IngestCounts()
     chunk: list[Outcome] = []
     vectors = vector_check(job.spec)  # an embedding job's: packs unpacked, vectors checked
+    rows = 0  # the rows the chunk's outcomes are for: a pack's answer is for up to 2,048
     async for outcome in route.results(provider_id):
         chunk.append(outcome)
-        if len(chunk) >= INGEST_CHUNK:
+        rows += pack_size(outcome.custom_id) if vectors is not None else 1
+        if rows >= INGEST_CHUNK:
+            rows = 0
             with store.begin() as conn:
                 if vectors is not None:
                     chunk = unpack_stored(conn, job.id, dispatch_id, chunk, vectors.expected)

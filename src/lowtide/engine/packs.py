@@ -41,8 +41,14 @@ def pack_id(first: int, last: int, n: int) -> str:
 
 
 def parse_pack_id(custom_id: str) -> tuple[int, int, int] | None:
-    m = PACK_ID.match(custom_id)
+    m = PACK_ID.match(custom_id) if custom_id.startswith("lt-pack-") else None
     return (int(m.group(1)), int(m.group(2)), int(m.group(3))) if m else None
+
+
+def pack_size(custom_id: str) -> int:
+    """How many rows an outcome is for: a pack's size, else 1."""
+    ids = parse_pack_id(custom_id)
+    return ids[2] if ids else 1
 
 
 def packing(spec: Any) -> bool:
@@ -177,10 +183,15 @@ def check_vector(outcome: Outcome, expected: int | None) -> Outcome:
         return _bad(outcome, "the answer holds no vector (`data[0].embedding`)")
     lengths = []
     for item in data:
+        vector = item.get("embedding") if isinstance(item, dict) else None
+        # A list of numbers is only glanced at (its first number): export reads every one.
+        if isinstance(vector, list) and (not vector or isinstance(vector[0], float | int)):
+            lengths.append(len(vector))
+            continue
         try:
-            lengths.append(len(decode(item.get("embedding"))))
+            lengths.append(len(decode(vector)))
         except ValueError as err:
-            return _bad(outcome, f"data[{item.get('index')}].embedding is unreadable: {err}")
+            return _bad(outcome, f"data[{item.get('index') if isinstance(item, dict) else '?'}].embedding is unreadable: {err}")
     wrong = [n for n in lengths if n != (expected or lengths[0])]
     if wrong:
         said = f"the job asks for {expected}" if expected else "the answer's vectors differ in length"
@@ -220,7 +231,7 @@ async def execute_packed(route: Any, batch: list[Request], packing: bool, expect
                 yield row
 
 
-def stored_members(conn: Any, job_id: int, dispatch_id: int, first: int, last: int) -> list[str]:
+def stored_members(conn: Any, job_id: int, dispatch_id: int, first: int, last: int, n: int) -> list[str]:
     """The custom_ids of a batch pack's rows, in input order (see the module doc): the
     job's requests with ids first..last that still wait on the dispatch, or have an attempt
     from it (an earlier, broken-off ingest of the same batch applied theirs)."""
@@ -229,12 +240,18 @@ def stored_members(conn: Any, job_id: int, dispatch_id: int, first: int, last: i
     from lowtide.core.states import RequestState
     from lowtide.store.schema import attempts, requests
 
+    in_range = (requests.c.job_id == job_id, requests.c.id >= first, requests.c.id <= last)
+    waiting = select(requests.c.custom_id).where(
+        *in_range, requests.c.dispatch_id == dispatch_id, requests.c.state == RequestState.DISPATCHED.value
+    )
+    found = list(conn.scalars(waiting.order_by(requests.c.id)))
+    if len(found) == n:  # the usual case: the whole pack still waits on the batch
+        return found
     tried = exists().where(attempts.c.request_id == requests.c.id, attempts.c.dispatch_id == dispatch_id)
     stmt = (
         select(requests.c.custom_id)
         .where(
-            requests.c.job_id == job_id, requests.c.id >= first, requests.c.id <= last,
-            or_(and_(requests.c.dispatch_id == dispatch_id, requests.c.state == RequestState.DISPATCHED.value), tried),
+            *in_range, or_(and_(requests.c.dispatch_id == dispatch_id, requests.c.state == RequestState.DISPATCHED.value), tried),
         )
         .order_by(requests.c.id)
     )  # fmt: skip
@@ -250,7 +267,7 @@ def unpack_stored(conn: Any, job_id: int, dispatch_id: int, outcomes: list[Outco
             out.append(check_vector(outcome, expected) if outcome.response is not None else outcome)
             continue
         first, last, n = ids
-        members = stored_members(conn, job_id, dispatch_id, first, last)
+        members = stored_members(conn, job_id, dispatch_id, first, last, n)
         if len(members) != n:
             why = (f"pack {outcome.custom_id}: {len(members)} of its {n} rows are still with this batch; "
                    "no vector is handed out by guess: they are retried")  # fmt: skip
