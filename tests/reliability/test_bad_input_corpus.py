@@ -52,7 +52,8 @@ route: echo
 """
 
 KNOWN_TOP = (
-    "name, source, template, model, route, route_options, endpoint, param_columns, params, choices, response_schema, "
+    "name, source, template, model, route, route_options, endpoint, packing, truncate, param_columns, params, choices, "
+    "response_schema, "
     "deadline, retry, fallback, output, chunk_size, budget_usd, tags"
 )
 

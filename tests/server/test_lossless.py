@@ -194,11 +194,11 @@ def test_a_responses_batch_to_an_upstream_keeps_body_and_answer(serve, capture):
     assert line["response"]["body"] == capture.answer("responses", body) | {"model": "gpt-asked"}
 
 
-def test_embeddings_batches_are_still_refused_clearly(server):
+def test_moderations_batches_are_still_refused_clearly(server):
     client = server.openai()
     file = upload(client, [chat_line("a")])
-    with pytest.raises(openai.BadRequestError, match="not /v1/embeddings") as err:
-        client.batches.create(input_file_id=file.id, endpoint="/v1/embeddings", completion_window="24h")
+    with pytest.raises(openai.BadRequestError, match="not /v1/moderations") as err:
+        client.batches.create(input_file_id=file.id, endpoint="/v1/moderations", completion_window="24h")
     assert err.value.body["param"] == "endpoint"
 
 
