@@ -42,7 +42,7 @@ from lowtide.store.db import Store  # noqa: E402
 from lowtide.store.schema import dispatches  # noqa: E402
 from pipeline import peak_rss_mb  # noqa: E402
 
-WORDS = "search index vector cluster product ticket customer order refund shipping billing account password".split()
+WORDS = ["search", "index", "vector", "cluster", "product", "ticket", "customer", "order", "refund", "shipping", "billing", "account", "password"]
 
 
 def make_docs(path: Path, n: int) -> None:
