@@ -80,3 +80,17 @@ def test_postgres_table_upserted_by_business_key(cli, tmp_path):  # noqa: F811
         engine.dispose()
     # float4 values: the same float32 numbers (PostgreSQL prints them shortest-first)
     assert {k: f32(v) for k, v in got.items()} == {k: f32(echo_reference(t, 8)) for k, t in texts(7).items()}
+
+
+def test_estimate_prints_what_packing_does_to_the_request_count(cli, tmp_path):  # noqa: F811
+    write_job(tmp_path, 5000, route="openai-batch", route_options={"base_url": "http://127.0.0.1:9/v1"})
+    code, out = cli("estimate", "job.yaml", "--json")
+    assert code == 0, out
+    got = json.loads(out)
+    assert got["output_tokens"] == 0 and got["input_tokens"] > 0
+    assert got["provider_requests"] == {"packing": True, "rows": 5000, "packed_requests": 3, "packed_batches": 1,
+                                        "unpacked_requests": 5000, "unpacked_batches": 1}  # fmt: skip
+    batch = next(r for r in got["routes"] if r["route"] == "openai-batch")
+    assert batch["this_job"] and batch["tier"] == "batch"
+    code, out = cli("estimate", "job.yaml")
+    assert "5,000 rows in 3 provider requests" in out and "priced per input token" in out

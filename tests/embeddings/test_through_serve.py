@@ -14,7 +14,7 @@ from lowtide.core.embeddings import decode, vector_of
 from lowtide.core.spec import build_spec
 from lowtide.engine.loader import load_job
 from lowtide.store.db import Store
-from lowtide.store.schema import dispatches, requests
+from lowtide.store.schema import attempts, dispatches, requests
 from tests.embeddings.helpers import docs_csv, echo_reference, embed_spec
 from tests.routes.conftest import KEY_ENV, _options, _run, serve  # noqa: F401  (serve: the fixture)
 
@@ -30,7 +30,13 @@ def test_openai_batch_packs_rows_and_unpacks_each_vector_to_its_row(serve, tmp_p
     with store.begin() as conn:
         rows = conn.execute(select(requests.c.payload, requests.c.response, requests.c.input_tokens)).all()
         batches = conn.execute(select(func.count()).select_from(dispatches)).scalar_one()
+        ledger = conn.execute(select(attempts.c.input_tokens, attempts.c.output_tokens, attempts.c.cost_picousd,
+                                     attempts.c.realtime_picousd, attempts.c.tier)).all()  # fmt: skip
     assert batches == 2
+    # Input tokens only, at the batch tier: $0.01 per million tokens is 10,000 picodollars a
+    # token; real time would have been twice that.
+    assert {a.tier for a in ledger} == {"batch"} and all(a.output_tokens == 0 for a in ledger)
+    assert all(a.cost_picousd == a.input_tokens * 10_000 and a.realtime_picousd == 2 * a.cost_picousd for a in ledger)
     for payload, response, tokens in rows:
         text = json.loads(payload)["body"]["input"]
         kept = json.loads(response)
