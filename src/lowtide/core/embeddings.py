@@ -74,8 +74,10 @@ def decode(embedding: Any) -> list[float]:
     """A vector as the provider sent it (a list of numbers, or base64 float32 LE) as floats.
     ValueError for anything else."""
     if isinstance(embedding, list):
-        if not all(isinstance(x, int | float) and not isinstance(x, bool) for x in embedding):
-            raise ValueError("the vector holds something other than numbers")
+        try:  # checked in C: every item a number
+            array("f", embedding)
+        except (TypeError, OverflowError):
+            raise ValueError("the vector holds something other than numbers") from None
         return embedding
     if isinstance(embedding, str):
         raw = base64.b64decode(embedding, validate=True)

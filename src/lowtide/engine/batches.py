@@ -40,6 +40,7 @@ from lowtide.store.transitions import lock_job, move_dispatch, move_requests
 
 INGEST_CHUNK = 2000
 CHUNKS_PER_TICK = 10  # planning more waits for the next tick: memory stays bounded
+PACKED_CHUNKS_PER_TICK = 2
 # Requests per provider batch unless the job says (`chunk_size`): well below the providers'
 # 50,000 and 100,000, so that the first results come back while later chunks are still
 # being sent, and an expired or failed batch takes less work down with it.
@@ -74,7 +75,9 @@ def plan(store: Store, job: JobContext, route: BatchRoute, clock: Clock, lane: s
         due = due.where(requests.c.lane == lane)
     with store.begin() as conn:
         # Read whole before the updates below touch the same rows.
-        rows = conn.execute(due.order_by(*order).limit(limit * CHUNKS_PER_TICK)).all()
+        # A packed job's chunks are 5x the usual: fewer of them per tick keep the read the same size.
+        chunks = PACKED_CHUNKS_PER_TICK if packing(job.spec) else CHUNKS_PER_TICK
+        rows = conn.execute(due.order_by(*order).limit(limit * chunks)).all()
         chunk: list[int] = []
         size = 0
         one_model = route.limits.one_model_per_batch
