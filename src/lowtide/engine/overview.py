@@ -16,7 +16,6 @@ Two counts of failure, never mixed up:
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from decimal import Decimal
 from typing import Any
 
 from sqlalchemy import Connection, and_, case, func, or_, select
@@ -246,7 +245,3 @@ def estimate_dict(est: Estimate) -> dict[str, Any]:
         "usd": None if est.usd is None else str(est.usd), "requests": est.requests,
         "input_tokens": est.input_tokens, "output_tokens": est.output_tokens, "note": est.note or None,
     }  # fmt: skip
-
-
-def money(usd: Decimal | None) -> str | None:
-    return None if usd is None else str(usd)
