@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass
 from decimal import Decimal
 
-from sqlalchemy import Connection, and_, case, func, select, update
+from sqlalchemy import ColumnElement, Connection, and_, case, func, select, update
 
 from lowtide.core.errors import InputError
 from lowtide.core.pricing import attempt_cost, load_catalog
@@ -66,6 +66,11 @@ def estimate(conn: Connection, job: JobContext, dispatch_id: int, route: str) ->
     characters / 4 (the approximation of `lowtide.core.tokens`, on the whole JSON: an
     over-count) of input, and max_tokens of output, each."""
     waiting = and_(requests.c.dispatch_id == dispatch_id, requests.c.state == RequestState.DISPATCHED.value)
+    return estimate_requests(conn, job, waiting, route)
+
+
+def estimate_requests(conn: Connection, job: JobContext, waiting: ColumnElement[bool], route: str) -> Estimate:
+    """`estimate` of the job's requests that `waiting` selects (the dashboard: all of them)."""
     n, chars = conn.execute(
         select(
             func.count(),

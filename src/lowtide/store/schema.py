@@ -185,6 +185,18 @@ attempts = Table(
     Index("ix_attempts_job", "job_id"),
 )
 
+# Each provider phase a batch dispatch was seen in, when first seen (the dashboard's batch
+# timeline); written by the poller when the phase differs from the dispatch's last one.
+dispatch_phases = Table(
+    "dispatch_phases",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("dispatch_id", Integer, nullable=False),
+    Column("phase", String(32), nullable=False),
+    Column("at", Float, nullable=False),
+    Index("ix_dispatch_phases_dispatch", "dispatch_id", "id"),
+)
+
 events = Table(
     "events",
     metadata,
