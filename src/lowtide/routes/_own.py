@@ -103,9 +103,10 @@ def _turns(messages: Any, roles: dict[str, str], part_types: tuple[str, ...], al
         role = m.get("role") if isinstance(m, dict) else None
         if role not in roles:
             raise _Refused(f"messages[{i}].role", f"role {role!r} is not taken by this route (only {', '.join(roles)})")
-        extra = set(m) - allowed
-        if extra:
-            raise _Refused(f"messages[{i}].{sorted(extra)[0]}", "not honoured by this route")
+        if len(m) != 2 or "content" not in m:  # anything but {role, content}: look closer
+            extra = set(m) - allowed
+            if extra:
+                raise _Refused(f"messages[{i}].{sorted(extra)[0]}", "not honoured by this route")
         out.append({"role": roles[role], "content": _text(m.get("content"), f"messages[{i}].content", part_types)})
     return out
 
