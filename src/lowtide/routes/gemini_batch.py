@@ -150,16 +150,15 @@ class GeminiBatchRoute:
         return batch.name
 
     async def find(self, key: str, size: int, not_before: float, known: Collection[str] = ()) -> str | None:
-        pager = await self.client.aio.batches.list(config={"page_size": 100})
-        pages = 1
-        while True:
-            for batch in pager.page:
-                if batch.display_name == key:
-                    return batch.name
-            if pages >= self.find_pages or not pager.next_page_token:
-                return None
-            pager = await pager.next_page()
-            pages += 1
+        # Newest first; the pager fetches the next page as it goes, up to find_pages of them.
+        seen = 0
+        async for batch in await self.client.aio.batches.list(config={"page_size": 100}):
+            if batch.display_name == key:
+                return batch.name
+            seen += 1
+            if seen >= 100 * self.find_pages:
+                break
+        return None
 
     async def poll(self, batch_id: str) -> BatchStatus:
         batch = await self.client.aio.batches.get(name=batch_id)
