@@ -27,7 +27,13 @@ from google.genai import types
 
 from lowtide.core.errors import RouteError
 from lowtide.core.types import Outcome, Refusal, Request
-from lowtide.routes._direct import POOL_OPTIONS, CallFailed, PooledRoute, connection_failure, http_failure
+from lowtide.routes._direct import (
+    POOL_OPTIONS,
+    CallFailed,
+    PooledRoute,
+    connection_failure,
+    http_failure,
+)
 from lowtide.routes._gemini import gemini_body, gemini_outcome
 from lowtide.routes._gemini_models import check_gemini_model
 from lowtide.routes._provider import check_options
