@@ -19,6 +19,7 @@ from lowtide.core.endpoints import (
     CHAT,
     COMPLETIONS,
     ENGINE_EXTRAS,
+    GEMINI,
     MESSAGES,
     NEVER,
     conversation_key,
@@ -172,7 +173,7 @@ class JobSpec(_Strict):
     route_options: dict[str, Any] = Field(default_factory=dict)
     # The endpoint the requests are for, and so the shape of their bodies (docs/jobs.md
     # "Endpoints"); default: /v1/messages on Anthropic's routes, else /v1/chat/completions.
-    endpoint: Literal["/v1/chat/completions", "/v1/responses", "/v1/completions", "/v1/messages"] | None = None
+    endpoint: Literal["/v1/chat/completions", "/v1/responses", "/v1/completions", "/v1/messages", "/v1beta/models:generateContent"] | None = None
     # Body parameters taken from each row: {parameter: column}. A row's empty cell leaves the
     # parameter at its `params` value (or unset); CSV text is read as the SDK's type says.
     param_columns: dict[str, str] = Field(default_factory=dict)
@@ -260,6 +261,10 @@ class JobSpec(_Strict):
             raise ValueError("`body_column` rows are whole request bodies: put their parameters in the body, not in param_columns")
         if (self.template.images or self.template.files) and self.request_endpoint == COMPLETIONS:
             raise ValueError(f"{COMPLETIONS} takes a text prompt: images and files need /v1/chat/completions, /v1/responses or /v1/messages (`endpoint:`)")
+        if self.request_endpoint == GEMINI and self.template.body_column is None:
+            # Templates render chat turns; the Gemini routes translate those (docs/gemini.md).
+            raise ValueError(f"endpoint {GEMINI} takes whole bodies: set template.body_column, or leave endpoint out "
+                             "(the job's chat requests are translated by the gemini routes, docs/gemini.md)")
         return self
 
     @model_validator(mode="after")
