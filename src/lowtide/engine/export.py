@@ -41,6 +41,7 @@ from lowtide.engine.answer_columns import (
     answer_values,
     fit,
     schema_type,
+    text_answer_values,
 )
 from lowtide.engine.loader import RowRenderer
 from lowtide.store.bulk import among
@@ -139,12 +140,16 @@ class ResultRows:
         record[names["route"]] = route
         if text is None:
             text = answers.get(rid)
-        response = fastjson.loads(text) if text else None
+        values = None if self.full else text_answer_values(text)  # the usual answer, without a parse
+        response = None
+        if values is None:
+            response = fastjson.loads(text) if text else None
+            values = answer_values(response)
         if self.answers_renamed:
-            for name, value in answer_values(response).items():
+            for name, value in values.items():
                 record[names[name]] = value
         else:
-            record.update(answer_values(response))
+            record.update(values)
         if self.full:
             record[names["response"]] = response
         return record
