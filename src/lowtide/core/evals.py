@@ -228,10 +228,14 @@ def build_eval(data: dict[str, Any], where: str = "eval spec", lines: Lines | No
         seen[variant] = said
         member = dict(base, name=member_job_name(name, variant), model=m.model, route=m.route, route_options=m.route_options, variant=variant)
         if p is not None:
+            # A prompt version replaces the parts it gives (its system, its user), no others.
             template = dict(base.get("template") or {})
-            for k in ("system", "user", "system_file", "user_file"):
-                template.pop(k, None)
-            member["template"] = template | p.template()
+            given = p.template()
+            for role in ("system", "user"):
+                if role in given or f"{role}_file" in given:
+                    template.pop(role, None)
+                    template.pop(f"{role}_file", None)
+            member["template"] = template | given
         if s is not None:
             member["params"] = dict(base.get("params") or {}) | s.params
         members.append(Member(variant, m.name, p.name if p else None, s.name if s else None, build_spec(member, f"{where} ({said})", lines)))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import orjson
@@ -98,9 +98,14 @@ def load_eval(
 
 
 async def drive_jobs(
-    engine: Engine, names: list[str], on_tick: Callable[[list[JobStatus]], None] | None = None, every: float = 0.5
+    engine: Engine,
+    names: list[str],
+    on_tick: Callable[[list[JobStatus]], None] | None = None,
+    every: float = 0.5,
+    on_idle: Callable[[float], Awaitable[None]] | None = None,
 ) -> list[JobStatus]:
-    """Tick several jobs until each is done: their batches are in flight together."""
+    """Tick several jobs until each is done: their batches are in flight together. When
+    nothing was due, `on_idle(seconds)` waits (default: sleeps; a test moves its clock)."""
     left = list(names)
     last = 0.0
     while left:
@@ -116,7 +121,7 @@ async def drive_jobs(
         if left and not busy:
             due = engine.next_due()
             wait = IDLE_WAIT_MAX if due is None else min(IDLE_WAIT_MAX, max(0.01, due - engine.clock.now()))
-            await asyncio.sleep(wait)
+            await (on_idle or asyncio.sleep)(wait)
     return [job_status(engine.store, n) for n in names]
 
 
@@ -146,10 +151,14 @@ def load_judge(store: Store, ev: EvalSpec, clock: Clock) -> LoadReport | None:
 
 
 async def run_eval(
-    engine: Engine, ev: EvalSpec, clock: Clock, on_tick: Callable[[list[JobStatus]], None] | None = None
+    engine: Engine,
+    ev: EvalSpec,
+    clock: Clock,
+    on_tick: Callable[[list[JobStatus]], None] | None = None,
+    on_idle: Callable[[float], Awaitable[None]] | None = None,
 ) -> list[JobStatus]:
     """Drive the members to the end, then the judge stage over their answers."""
-    statuses = await drive_jobs(engine, [m.spec.name for m in ev.members], on_tick)
+    statuses = await drive_jobs(engine, [m.spec.name for m in ev.members], on_tick, on_idle=on_idle)
     if load_judge(engine.store, ev, clock) is not None:
-        statuses += await drive_jobs(engine, [ev.judge_name], on_tick)
+        statuses += await drive_jobs(engine, [ev.judge_name], on_tick, on_idle=on_idle)
     return statuses
