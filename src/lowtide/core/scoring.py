@@ -85,7 +85,7 @@ def field_equal(got: Any, want: Any) -> bool:
 
 
 def check_expected(spec: ScoringSpec, values: Any, choices: list[str] | None, where: Callable[[int], str]) -> list[str]:
-    """Problems with the expected column(s): `values` is (row number, value) pairs."""
+    """Problems with the expected column: `values` is (row, value) pairs, `where(row)` names a row."""
     column = spec.expected
     problems: list[str] = []
     allowed = {normalise(c): c for c in choices or []}

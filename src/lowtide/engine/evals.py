@@ -49,8 +49,8 @@ def check_eval(ev: EvalSpec) -> None:
                         f"columns are: {', '.join(columns)}. Name the column with the expected answers"
                     )
         if s.method in ("choice", "regex", "numeric"):
-            values = ((row.number, row.values.get(s.expected)) for chunk in source.chunks() for row in chunk)
-            problems = check_expected(s, values, spec.effective_choices, lambda n: f"{source.path.name} row {n}")
+            values = ((row.where(source.path), row.values.get(s.expected)) for chunk in source.chunks() for row in chunk)
+            problems = check_expected(s, values, spec.effective_choices, str)
             if problems:
                 raise SourceError.from_problems(f"{source.path}: refused, nothing was stored", problems)
     if ev.parts.judge is not None:
