@@ -10,7 +10,16 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from lowtide.cli.common import EXIT_FAILURES, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, console, fail, open_store, out
+from lowtide.cli.common import (
+    EXIT_FAILURES,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    console,
+    fail,
+    open_store,
+    out,
+)
 from lowtide.cli.display import done_count, job_progress, status_table
 from lowtide.core.clock import SystemClock
 from lowtide.core.errors import LowtideError
