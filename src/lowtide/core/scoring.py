@@ -13,6 +13,7 @@ import math
 import re
 import unicodedata
 from collections.abc import Callable
+from functools import lru_cache
 from typing import Any
 
 from lowtide.core.evals import ScoringSpec
@@ -27,7 +28,13 @@ def normalise(value: Any) -> str:
     quotes and trailing punctuation off (`"Billing."` equals `billing`)."""
     if value is None:
         return ""
-    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True) if isinstance(value, dict | list) else str(value)
+    if value.__class__ is str:
+        return _normalise_text(value)
+    return _normalise_text(json.dumps(value, sort_keys=True) if isinstance(value, dict | list) else str(value))
+
+
+@lru_cache(maxsize=1 << 16)  # answers and labels repeat across rows and variants
+def _normalise_text(text: str) -> str:
     text = unicodedata.normalize("NFKC", text).casefold()
     return _SPACE.sub(" ", text).strip(_EDGE)
 
