@@ -29,6 +29,8 @@ from lowtide.store.db import Store
 if TYPE_CHECKING:
     import pandas as pd
 
+    from lowtide.evals_api import Eval
+
 
 class Job:
     """A job bound to a store. Every method goes through the same engine as the CLI."""
@@ -51,30 +53,35 @@ class Job:
         name: str,
         id_column: str,
         user: str,
-        model: str,
-        route: str,
+        model: str | None = None,
+        route: str | None = None,
         system: str | None = None,
         store: Store | str | None = None,
         source_dir: str | Path = "lowtide-sources",
+        variants: dict[str, Any] | None = None,
         **fields: Any,
-    ) -> Job:
+    ) -> Job | Eval:
         """A job over a DataFrame. The frame is saved as Parquet under `source_dir` so the
-        job stays resumable from the CLI, like any file-based job."""
+        job stays resumable from the CLI, like any file-based job. With `variants` (and then
+        no `model`/`route`: each variant model brings its own) it is an eval
+        (lowtide.evals_api.Eval, docs/evals.md): `.run()`, then `.compare()`."""
         folder = Path(source_dir)
         folder.mkdir(parents=True, exist_ok=True)
         path = (folder / f"{name}.parquet").resolve()
         df.to_parquet(path, index=False)
-        spec = build_spec(
-            {
-                "name": name,
-                "source": {"path": str(path), "id_column": id_column},
-                "template": {"user": user, **({"system": system} if system is not None else {})},
-                "model": model,
-                "route": route,
-                **fields,
-            },
-            where=f"Job.from_dataframe({name!r})",
-        )
+        data = {
+            "name": name,
+            "source": {"path": str(path), "id_column": id_column},
+            "template": {"user": user, **({"system": system} if system is not None else {})},
+            **({"model": model} if model is not None else {}),
+            **({"route": route} if route is not None else {}),
+            **fields,
+        }
+        if variants is not None:
+            from lowtide.evals_api import Eval
+
+            return Eval.from_data(data | {"variants": variants}, store)
+        spec = build_spec(data, where=f"Job.from_dataframe({name!r})")
         return cls(spec, store)
 
     @property

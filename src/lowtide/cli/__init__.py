@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from lowtide import __version__
-from lowtide.cli import estimate, gateway, jobs, report, serve, worker
+from lowtide.cli import estimate, evals, gateway, jobs, report, serve, worker
 from lowtide.cli.common import state
 from lowtide.core.runtime import tune_gc
 
@@ -44,6 +44,7 @@ def _main(
 
 for command in (jobs.run, jobs.submit, estimate.estimate, jobs.status, jobs.results, jobs.cancel, jobs.retry, report.report, worker.tick, worker.worker, serve.serve):
     app.command()(command)
+app.command("compare")(evals.compare_command)
 gateway.register(app)
 
 

@@ -29,6 +29,7 @@ from lowtide.cli.display import (
 )
 from lowtide.core.clock import SystemClock
 from lowtide.core.errors import LowtideError
+from lowtide.core.evals import is_eval_file
 from lowtide.core.spec import JobSpec, load_spec
 from lowtide.core.states import JobState
 from lowtide.engine.control import JobStatus, cancel_job, job_spec, job_status, retry_job
@@ -79,8 +80,14 @@ def run(
 
     Ctrl-C stops at once and leaves the job resumable: run the same command again.
 
+    An eval spec (one with `variants:`, docs/evals.md) runs every variant and prints the report.
+
     Example: lowtide run examples/classify-tickets.yaml
     """
+    if is_eval_file(spec_path):
+        from lowtide.cli import evals
+
+        return evals.run(spec_path, requeue_changed)
     try:
         with open_store() as store:
             spec = _load(store, spec_path, requeue_changed)

@@ -27,6 +27,7 @@ from lowtide.core.endpoints import (
     required_keys,
 )
 from lowtide.core.errors import SpecError
+from lowtide.core.ids import MAX_VARIANT, VARIANT_NAME, VARIANT_SEPARATOR
 from lowtide.core.params import check_schema, check_values
 from lowtide.core.yamlfile import parse_mapping, read_text, validate
 
@@ -193,6 +194,8 @@ class JobSpec(_Strict):
     budget_usd: Decimal | None = Field(None, gt=0, allow_inf_nan=False)
     # Labels `lowtide report --by tag` groups costs by.
     tags: list[str] = Field(default_factory=list)
+    # The eval variant this job runs (core/evals.py): its name ends every custom_id.
+    variant: str | None = None
     # Folder that relative paths are resolved against (the spec file's folder).
     base_dir: str = "."
 
@@ -208,6 +211,13 @@ class JobSpec(_Strict):
     def _choices(cls, v: list[str] | None) -> list[str] | None:
         if v is not None and (len(v) < 2 or len(set(v)) != len(v) or not all(c.strip() for c in v)):
             raise ValueError("give at least two distinct, non-empty choices")
+        return v
+
+    @field_validator("variant")
+    @classmethod
+    def _variant(cls, v: str | None) -> str | None:
+        if v is not None and (not VARIANT_NAME.match(v) or VARIANT_SEPARATOR in v):
+            raise ValueError(f"variant {v!r}: use 1-{MAX_VARIANT} letters, digits, '-' or single '_' (it is part of every custom_id)")
         return v
 
     @field_validator("tags")

@@ -109,7 +109,7 @@ class ResultRows:
             names = self.result_columns(self.source_columns)
             self.answers_renamed = any(names[n] != n for n in ANSWER_COLUMNS)
             keys = [str(r.values.get(id_col, "")).strip() for r in chunk]
-            ids = [custom_id_for(key_of(k)) for k in keys]
+            ids = [custom_id_for(key_of(k), self.spec.variant) for k in keys]
             found = self._lookup(ids, keys)
             rows = [(row, cid, found.get(cid)) for row, cid in zip(chunk, ids, strict=True)]
             for page in _pages(rows):

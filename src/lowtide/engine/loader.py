@@ -93,6 +93,7 @@ class RowRenderer:
         self.optional = dict.fromkeys(spec.source.optional_columns)
         self.row_params = spec.template.messages_column is not None
         self.model = spec.model
+        self.variant = spec.variant
         self.endpoint = spec.request_endpoint
         self.conversation = conversation_key(self.endpoint)
         self.base = request_base(spec)
@@ -163,7 +164,7 @@ class RowRenderer:
         else:
             payload = _dumps({"endpoint": self.endpoint} | ({"lowtide": self.own} if self.own else {}) | {"body": body})
         return {
-            "custom_id": custom_id_for(key_of(key)), "source_key": key, "source_row": row.number,
+            "custom_id": custom_id_for(key_of(key), self.variant), "source_key": key, "source_row": row.number,
             "payload": payload, "model": self.model, "fingerprint": self.fingerprint(values),
         }  # fmt: skip
 
@@ -376,7 +377,7 @@ def load_job(
             if len(problems) >= MAX_PROBLEMS:
                 break
         if ids.has_repeats():
-            problems.extend(_duplicates(source, spec.source.id_column, ids))
+            problems.extend(_duplicates(source, spec.source.id_column, ids, spec.variant))
         problems.extend(_refused(source, refused))
         if problems:
             raise SourceError.from_problems(f"{source.path}: refused, nothing was stored", problems)
@@ -486,7 +487,7 @@ class _IdWatch:
         return True
 
 
-def _duplicates(source: Source, id_column: str, ids: _IdWatch) -> list[str]:
+def _duplicates(source: Source, id_column: str, ids: _IdWatch, variant: str | None = None) -> list[str]:
     """Every row of every repeated id: a second pass over the source, only when needed."""
     groups: dict[str, list[int]] = {}
     for chunk in source.chunks():
@@ -494,7 +495,7 @@ def _duplicates(source: Source, id_column: str, ids: _IdWatch) -> list[str]:
             key = row.values.get(id_column)
             if key is None or not (key := str(key).strip()):
                 continue
-            cid = custom_id_for(key_of(key)) if key.isascii() or _is_utf8(key) else None
+            cid = custom_id_for(key_of(key), variant) if key.isascii() or _is_utf8(key) else None
             if cid is not None and hash(cid) in ids.repeated:
                 groups.setdefault(cid, []).append(row.number)
     return [

@@ -23,6 +23,7 @@ from lowtide.routes import create_route
 from lowtide.server import (
     anthropic_api,
     dashboard,
+    dashboard_evals,
     errors,
     faults,
     files,
@@ -84,7 +85,7 @@ def create_app(config: ServeConfig) -> FastAPI:
     errors.install(app)
     faults.install(app, server.faults)  # inner: runs after the key check
     _install_auth(app, config.api_keys)
-    for module in (files, openai_api, anthropic_api, gemini_files, gemini_api, realtime_api, dashboard, metrics):
+    for module in (files, openai_api, anthropic_api, gemini_files, gemini_api, realtime_api, dashboard, dashboard_evals, metrics):
         app.include_router(module.router)
     return app
 

@@ -160,3 +160,9 @@ def _backfill_rendered(conn: Connection, page: int = 5000) -> None:
             return
         conn.execute(stmt, [{"_id": rid, "m": _model_of(fastjson.loads(p))} for rid, p in rows])
         after = rows[-1][0]
+
+
+@migration
+def m012_evals(conn: Connection) -> None:
+    """Eval specs (core/evals.py): the variants an eval runs as member jobs, kept for `compare`."""
+    schema.metadata.create_all(conn, tables=[schema.evals])

@@ -255,3 +255,15 @@ serve_batches = Table(
     Column("output_expires_after", Float),  # seconds an OpenAI batch's output files live (None: 30 days)
     Index("ix_serve_batches_status", "status"),
 )
+
+# An eval (core/evals.py): its spec as given, from which its member jobs (one per variant,
+# named EVAL.VARIANT) and its judge stage are derived again by `lowtide compare`.
+evals = Table(
+    "evals",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("name", String(64), nullable=False, unique=True),
+    Column("spec", Text, nullable=False),  # JSON
+    Column("created_at", Float, nullable=False),
+    Column("updated_at", Float, nullable=False),
+)
