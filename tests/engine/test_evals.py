@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
@@ -44,7 +45,8 @@ def spec(source, prompts=("right", "wrong"), models=None, **over) -> dict:
 
 
 def run(store, clock, data):
-    ev = build_eval(data, where="ev.yaml")
+    # The spec "lives" beside its source, so the judge stage's file is written there, not here.
+    ev = build_eval(data, where=str(Path(data["source"]["path"]).with_name("ev.yaml")))
     reports = load_eval(store, ev, clock)
 
     async def idle(_seconds):
