@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import sys
+import traceback
 from typing import Annotated
 
+import click
 import typer
 
 from lowtide import __version__
 from lowtide.cli import estimate, gateway, jobs, report, serve, worker
-from lowtide.cli.common import state
+from lowtide.cli.argv import VALUE_OPTIONS, hoist_global_options
+from lowtide.cli.common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, state
 from lowtide.core.runtime import tune_gc
 
 app = typer.Typer(
@@ -36,9 +40,13 @@ def _main(
             help="The store: a SQLite file (default ./lowtide.db) or a PostgreSQL URL.",
         ),
     ] = None,
+    debug: Annotated[
+        bool, typer.Option("--debug", envvar="LOWTIDE_DEBUG", help="Show the traceback of an unexpected error.")
+    ] = False,
     version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")] = False,
 ) -> None:
     state.db = db
+    state.debug = debug
     tune_gc()  # this process is lowtide's own: collect garbage less often (core/runtime.py)
 
 
@@ -47,5 +55,35 @@ for command in (jobs.run, jobs.submit, estimate.estimate, jobs.status, jobs.resu
 gateway.register(app)
 
 
-def main() -> None:
-    app()
+def main(argv: list[str] | None = None) -> None:
+    """Run the command line; every way out is one of the README's exit codes."""
+    command = typer.main.get_command(app)
+    args = hoist_global_options(list(sys.argv[1:] if argv is None else argv), _own_options(command))
+    debug = "--debug" in args or state.debug
+    try:
+        code = command.main(args=args, prog_name="lowtide", standalone_mode=False)
+    except click.ClickException as err:  # bad usage: click's own message, exit 2
+        err.show()
+        code = EXIT_USAGE if err.exit_code == 2 else err.exit_code
+    except click.Abort:  # Ctrl-C outside a command that handles it
+        print("lowtide: interrupted", file=sys.stderr)
+        code = EXIT_INTERRUPTED
+    except Exception as err:
+        if debug or state.debug:
+            traceback.print_exc()
+        else:
+            line = (str(err).strip().splitlines() or [""])[0][:300]
+            print(f"lowtide: unexpected error: {type(err).__name__}: {line} (run again with --debug for the traceback)", file=sys.stderr)
+        code = EXIT_ERROR
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def _own_options(group: click.Group) -> dict[str, set[str]]:
+    """The global options a subcommand defines itself (serve's and gateway's --db)."""
+    own: dict[str, set[str]] = {}
+    for name, cmd in group.commands.items():
+        opts = {o for p in getattr(cmd, "params", []) for o in p.opts}
+        for sub in getattr(cmd, "commands", {}).values():
+            opts |= {o for p in sub.params for o in p.opts}
+        own[name] = opts & VALUE_OPTIONS
+    return own

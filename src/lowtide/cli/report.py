@@ -49,7 +49,7 @@ def report(
             raise typer.Exit(EXIT_USAGE) from None
         start = (when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp()
     try:
-        with open_store() as store:
+        with open_store(create=False) as store:
             result = cost_report(store, job=job, since=start, by=by.value if by else None)
     except LowtideError as err:
         raise fail(err) from None

@@ -43,6 +43,7 @@ from lowtide.core.templates import MessageTemplate
 from lowtide.core.types import Request, schema_format
 from lowtide.engine import budget
 from lowtide.engine.changes import Changes, note_changed, requeue, split_known
+from lowtide.engine.preflight import check_prices
 from lowtide.routes import create_route
 from lowtide.store.bulk import executemany
 from lowtide.store.db import Store
@@ -307,6 +308,7 @@ def check_job(spec: JobSpec, where: str = "job spec") -> tuple[MessageTemplate, 
         raise
     except RouteError as err:  # a wrong model or option is a problem with the spec
         raise SpecError(f"{where}: {err}") from None
+    check_prices(spec, where)
     source = Source(spec.resolve(spec.source.path), spec.source.format)
     if source.columns is not None:
         if spec.source.id_column not in source.columns:
