@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-TEXT_MIN = 8  # a text column is never folded narrower than this
+TEXT_WORD = 16  # a text column is never narrower than its longest word, up to this
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,17 +27,19 @@ class Col:
 def fitted_table(console: Console, cols: list[Col], rows: list[list[str]], title: str | None = None) -> Table:
     """A table of `rows` (cells may carry Rich markup) that fits `console.width`."""
     width = console.width
-    widths = [_need(c, [r[i] for r in rows]) for i, c in enumerate(cols)]
+    cells = [[Text.from_markup(r[i]) for r in rows] for i in range(len(cols))]
+    least = [_least(c, cells[i]) for i, c in enumerate(cols)]
     keep = list(range(len(cols)))
     for i in sorted((i for i, c in enumerate(cols) if c.drop), key=lambda i: -cols[i].drop):
-        if sum(widths[k] for k in keep) + 3 * len(keep) + 1 <= width:
+        if _frame(keep) + sum(least[k] for k in keep) <= width:
             break
         keep.remove(i)
+    widths = _share(width - _frame(keep), [least[k] for k in keep], [_most(cols[k], cells[k]) for k in keep])
     table = Table(title=title)
-    for i in keep:
-        c = cols[i]
+    for k, w in zip(keep, widths, strict=True):
+        c = cols[k]
         table.add_column(c.name, justify="right" if c.figure else "left", no_wrap=c.figure, overflow="fold",
-                         min_width=None if c.figure else min(widths[i], TEXT_MIN))  # fmt: skip
+                         width=None if c.figure else w)  # fmt: skip
     for r in rows:
         table.add_row(*(r[i] for i in keep))
     left_out = [cols[i].name for i in range(len(cols)) if i not in keep]
@@ -47,10 +49,34 @@ def fitted_table(console: Console, cols: list[Col], rows: list[list[str]], title
     return table
 
 
-def _need(col: Col, cells: list[str]) -> int:
-    """The narrowest this column can be without cutting a figure."""
-    longest = max([Text.from_markup(c).cell_len for c in cells] + [len(col.name) if col.figure else 0], default=0)
+def _frame(keep: list[int]) -> int:
+    return 3 * len(keep) + 1  # the default box: a border and a space each side of every cell
+
+
+def _least(col: Col, cells: list[Text]) -> int:
+    """The narrowest this column may be: a figure whole; text down to its longest word
+    (at most TEXT_WORD: longer words fold)."""
     if col.figure:
-        return longest
-    word = max([len(w) for w in col.name.split()], default=1)
-    return max(min(longest, TEXT_MIN), word)
+        return max([t.cell_len for t in cells] + [len(col.name)])
+    words = [len(w) for t in cells for w in t.plain.split()] + [len(w) for w in col.name.split()]
+    return min(max(words, default=1), TEXT_WORD)
+
+
+def _most(col: Col, cells: list[Text]) -> int:
+    return max([t.cell_len for t in cells] + [len(col.name)])
+
+
+def _share(room: int, least: list[int], most: list[int]) -> list[int]:
+    """Widths from `least` towards `most`, one column at a time, while there is room."""
+    widths = list(least)
+    spare = room - sum(widths)
+    while spare > 0:
+        grow = [i for i, w in enumerate(widths) if w < most[i]]
+        if not grow:
+            break
+        for i in grow:
+            if spare == 0:
+                break
+            widths[i] += 1
+            spare -= 1
+    return widths

@@ -354,7 +354,7 @@ def load_job(
         refused: dict[str, list[int]] = {}  # refusal -> the rows it refuses
         changed = Changes()
         total = 0
-        for chunk in source.chunks():
+        for chunk in source.chunks(strict=False):  # structural problems join the others, below
             good = []
             for row in chunk:
                 item = render(row)
@@ -371,12 +371,13 @@ def load_job(
             if good and not created:  # a new job has nothing stored to compare with
                 good, known, stored = split_known(conn, job_id, good)
                 note_changed(changed, stored, known, requeue_changed, _row_name(source))
-            if good and not problems and not refused:
+            if good and not problems and not refused and not source.problems:
                 executemany(conn, insert_requests, good)
             if on_rows:
                 on_rows(total)
             if len(problems) >= MAX_PROBLEMS:
                 break
+        problems[:0] = source.problems
         if ids.has_repeats():
             problems.extend(_duplicates(source, spec.source.id_column, ids))
         problems.extend(_refused(source, refused))
@@ -491,7 +492,7 @@ class _IdWatch:
 def _duplicates(source: Source, id_column: str, ids: _IdWatch) -> list[str]:
     """Every row of every repeated id: a second pass over the source, only when needed."""
     groups: dict[str, list[int]] = {}
-    for chunk in source.chunks():
+    for chunk in source.chunks(strict=False):  # its structural problems are reported already
         for row in chunk:
             key = row.values.get(id_column)
             if key is None or not (key := str(key).strip()):
