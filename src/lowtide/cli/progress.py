@@ -65,7 +65,7 @@ class JobProgress:
         self.every = every
         self.now = now
         self.eta = Eta(now)
-        self.live = console.is_terminal and not console.is_dumb_terminal
+        self.live = console.is_jupyter or (console.is_terminal and not console.is_dumb_terminal)
         self.progress: Progress | None = None
         self.last_line: tuple[float, str] | None = None
 
