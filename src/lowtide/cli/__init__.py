@@ -13,6 +13,7 @@ from lowtide import __version__
 from lowtide.cli import estimate, gateway, jobs, report, serve, worker
 from lowtide.cli.argv import VALUE_OPTIONS, hoist_global_options
 from lowtide.cli.common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, state
+from lowtide.cli.helptext import tidy
 from lowtide.core.runtime import tune_gc
 
 app = typer.Typer(
@@ -21,6 +22,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # click's plain help: wraps to any width, no `<bool>` beside flags
 )
 
 
@@ -58,6 +60,7 @@ gateway.register(app)
 def main(argv: list[str] | None = None) -> None:
     """Run the command line; every way out is one of the README's exit codes."""
     command = typer.main.get_command(app)
+    tidy(command)
     args = hoist_global_options(list(sys.argv[1:] if argv is None else argv), _own_options(command))
     debug = "--debug" in args or state.debug
     try:
