@@ -6,8 +6,8 @@ import sys
 import traceback
 from typing import Annotated
 
-import click
 import typer
+from typer.exceptions import TyperException
 
 from lowtide import __version__
 from lowtide.cli import estimate, gateway, jobs, report, serve, worker
@@ -65,10 +65,12 @@ def main(argv: list[str] | None = None) -> None:
     debug = "--debug" in args or state.debug
     try:
         code = command.main(args=args, prog_name="lowtide", standalone_mode=False)
-    except click.ClickException as err:  # bad usage: click's own message, exit 2
-        err.show()
-        code = EXIT_USAGE if err.exit_code == 2 else err.exit_code
-    except click.Abort:  # Ctrl-C outside a command that handles it
+    except TyperException as err:  # bad usage: click's own message (Typer's vendored click), exit 2
+        ctx = getattr(err, "ctx", None)
+        hint = f"; see `{ctx.command_path} --help`" if ctx is not None else ""
+        print(f"lowtide: {err.format_message().rstrip('.')}{hint}", file=sys.stderr)
+        code = EXIT_USAGE if getattr(err, "exit_code", 2) in (1, 2) else err.exit_code
+    except typer.Abort:  # Ctrl-C outside a command that handles it
         print("lowtide: interrupted", file=sys.stderr)
         code = EXIT_INTERRUPTED
     except Exception as err:
@@ -81,7 +83,7 @@ def main(argv: list[str] | None = None) -> None:
     sys.exit(code if isinstance(code, int) else 0)
 
 
-def _own_options(group: click.Group) -> dict[str, set[str]]:
+def _own_options(group) -> dict[str, set[str]]:
     """The global options a subcommand defines itself (serve's and gateway's --db)."""
     own: dict[str, set[str]] = {}
     for name, cmd in group.commands.items():

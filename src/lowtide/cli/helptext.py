@@ -4,15 +4,15 @@ options show a plain metavar (`--db DB`), flags none."""
 
 from __future__ import annotations
 
-import click
+from typing import Any
 
 
-def tidy(command: click.Command) -> None:
-    """Tidy `command` and its subcommands' help in place."""
+def tidy(command: Any) -> None:
+    """Tidy `command` (Typer's click command) and its subcommands' help in place."""
     if command.help:
         command.help = _examples_apart(command.help)
     for param in command.params:
-        if isinstance(param, click.Option) and param.is_flag:
+        if getattr(param, "is_flag", False):
             continue
         if param.name and param.metavar is None:
             param.metavar = param.name.upper()

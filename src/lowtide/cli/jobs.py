@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -230,7 +231,7 @@ def _accuracy(path: Path, column: str) -> dict[str, list[int]]:
     for chunk in source.chunks():
         columns = source.columns or list(chunk[0].values)
         if column not in columns:
-            console.print(f'lowtide: --compare: no column "{column}" in the results; columns are: {", ".join(columns)}')
+            print(f'lowtide: --compare: no column "{column}" in the results; columns are: {", ".join(columns)}', file=sys.stderr)
             raise typer.Exit(EXIT_USAGE)
         answer_col = "lowtide_output" if "lowtide_output" in columns else "output"
         for row in chunk:

@@ -46,11 +46,11 @@ class Source:
         # is not a JSON object): skipped and listed here, then raised together at the end of
         # `chunks()`, or left to the caller to report with its own problems (`strict=False`).
         self.problems: list[str] = []
-        self.format = format_of(self.path, fmt)
         if not self.path.exists():
             raise SourceError(f"{self.path}: no such file; check `source.path` (relative to the spec file)")
         if self.path.is_dir():
             raise SourceError(f"{self.path}: is a folder, not a file; point `source.path` at a file")
+        self.format = format_of(self.path, fmt)
         self.columns: list[str] | None = self._read_columns()
 
     def _read_columns(self) -> list[str] | None:

@@ -16,14 +16,14 @@ from lowtide.core.types import Usage
 def check_output(path: str | Path, where: str = "output.path") -> Path:
     """Refuse a results path whose format is unknown or that cannot be written, by name."""
     path = Path(path)
+    if path.is_dir():
+        raise SpecError(f"{where} {path}: is a folder; name a file in it, e.g. {path / 'results.csv'}")
     try:
         format_of(path)
     except SpecError:
         raise SpecError(
             f'{where} {path}: unknown file extension "{path.suffix}"; use .csv, .jsonl or .parquet'
         ) from None
-    if path.is_dir():
-        raise SpecError(f"{where} {path}: is a folder; name a file in it, e.g. {path / 'results.csv'}")
     folder = _existing_parent(path)
     if not folder.is_dir():
         raise SpecError(f"{where} {path}: {folder} is a file, not a folder; choose another path")
@@ -62,7 +62,7 @@ def check_prices(spec: JobSpec, where: str) -> None:
         cost = attempt_cost(Usage(input_tokens=1, output_tokens=1), model, route, options, catalog=catalog)
         if cost.usd is None:
             raise SpecError(
-                f"{where}: budget_usd: the price of model {model!r} on route {route} is unknown ({cost.note}), "
-                "so no request could be priced against the budget; add the model to a price file (docs/costs.md), "
-                "or remove budget_usd"
+                f'{where}: budget_usd is set, but model "{model}" on route'
+                f" {route} has no price ({cost.note}); "
+                "no request could be checked against the budget. Add the price, or remove budget_usd"
             )
