@@ -220,7 +220,8 @@ def test_submit_then_worker_then_results_with_accuracy(cli, tmp_path):
     assert "10 new, 0 already stored" in out and 'job "tickets" stored in' in out
     code, out = cli("status", "tickets")
     row = status_row(out)
-    assert (row["state"], row["in flight"], row["succeeded"]) == ("active", "10", "0")
+    # Stored, not sent: queued, never "in flight" (nothing has left).
+    assert (row["state"], row["queued"], row["in flight"], row["succeeded"]) == ("active", "10", "0", "0")
 
     code, out = cli("worker", "--until-idle")
     assert code == 0, out

@@ -15,6 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 TEXT_WORD = 16  # a text column is never narrower than its longest word, up to this
+TEXT_FLOOR = 5  # ... unless figures need the room: then text folds down to this
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,12 +35,13 @@ def fitted_table(console: Console, cols: list[Col], rows: list[list[str]], title
         if _frame(keep) + sum(least[k] for k in keep) <= width:
             break
         keep.remove(i)
+    _narrow_text(cols, least, keep, width - _frame(keep))
     widths = _share(width - _frame(keep), [least[k] for k in keep], [_most(cols[k], cells[k]) for k in keep])
     table = Table(title=title)
     for k, w in zip(keep, widths, strict=True):
         c = cols[k]
-        table.add_column(c.name, justify="right" if c.figure else "left", no_wrap=c.figure, overflow="fold",
-                         width=None if c.figure else w)  # fmt: skip
+        # Every width is set here: Rich's own squeezing would cut figures to fit.
+        table.add_column(c.name, justify="right" if c.figure else "left", overflow="fold", width=w)
     for r in rows:
         table.add_row(*(r[i] for i in keep))
     left_out = [cols[i].name for i in range(len(cols)) if i not in keep]
@@ -54,14 +56,19 @@ def _frame(keep: list[int]) -> int:
 
 
 def _least(col: Col, cells: list[Text]) -> int:
-    """The narrowest this column may be: a figure whole; text down to its longest word
-    (at most TEXT_WORD: longer words fold)."""
-    if col.figure:
-        return max([t.cell_len for t in cells] + [len(col.name)])
+    """The narrowest this column may be: a figure's every word whole (an amount may wrap
+    between words, never inside one); text down to its longest word, up to TEXT_WORD."""
     words = [len(w) for t in cells for w in t.plain.split()] + [len(w) for w in col.name.split()]
-    return min(max(words, default=1), TEXT_WORD)
+    longest = max(words, default=1)
+    return longest if col.figure else min(longest, TEXT_WORD)
 
 
+def _narrow_text(cols: list[Col], least: list[int], keep: list[int], room: int) -> None:
+    """Still too wide with every droppable column gone: fold text narrower, never figures."""
+    text = [k for k in keep if not cols[k].figure]
+    while sum(least[k] for k in keep) > room and any(least[k] > TEXT_FLOOR for k in text):
+        widest = max(text, key=lambda k: least[k])
+        least[widest] -= 1
 def _most(col: Col, cells: list[Text]) -> int:
     return max([t.cell_len for t in cells] + [len(col.name)])
 
