@@ -172,7 +172,7 @@ def exhaust(conn: Connection, job_id: int, reason: str, now: float) -> None:
         move_job(conn, job_id, JobState.BUDGET_EXHAUSTED, updated_at=now)
         add_event(
             conn, job_id, "budget_exhausted",
-            f"stopped sending: {reason}. Raise budget_usd in the spec and run `lowtide submit` with it to resume",
+            f"stopped sending: {reason}. {_how_to_resume(reason)}",
             now,
         )  # fmt: skip
 
@@ -187,3 +187,10 @@ def resume(conn: Connection, job_id: int, budget: Decimal | None, now: float) ->
     limit = "no budget" if budget is None else f"a budget of {usd(budget)}"
     add_event(conn, job_id, "budget_resumed", f"spec submitted again with {limit}: sending again", now)
     return True
+
+
+def _how_to_resume(reason: str) -> str:
+    """Raising the budget helps only when the budget is what stopped the job."""
+    if "cannot be estimated" in reason or "is unknown" in reason:
+        return "Add the missing prices to a price file (docs/costs.md) and run `lowtide submit` to resume"
+    return "Raise budget_usd in the spec and run `lowtide submit` with it to resume"
