@@ -22,6 +22,12 @@ from lowtide.engine.tick import Engine
 from lowtide.store.schema import dispatches, events, jobs, requests
 from tests.conftest import ticket_rows, write_csv
 
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path, monkeypatch):
+    """Specs built here without a file live in the working folder: make it the test's."""
+    monkeypatch.chdir(tmp_path)
+
+
 CHOICES = ["billing", "technical", "account", "shipping", "feedback"]
 
 

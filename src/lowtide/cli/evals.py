@@ -50,7 +50,7 @@ def run(spec_path: Path, requeue_changed: bool = False) -> None:
         raise typer.Exit(EXIT_INTERRUPTED) from None
     except LowtideError as err:
         raise fail(err) from None
-    out.print(status_table(statuses))
+    out.print(status_table(statuses, out))
     print_report(report)
     raise typer.Exit(EXIT_OK if all(s.all_succeeded for s in statuses) else EXIT_FAILURES)
 
