@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape as markup_escape
 from rich.progress import Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from lowtide.cli.common import console, fail, out
+from lowtide.cli.tables import Col, fitted_table
 from lowtide.core.endpoints import EMBEDDINGS
 from lowtide.core.errors import LowtideError, SourceError, SpecError
 from lowtide.core.pricing import (
@@ -277,17 +278,17 @@ def _print(spec: JobSpec, count: Count, counter: TokenCounter, usage: Usage, lin
         out.print(f"  {packing_line(spec, count)}", markup=False)
     else:
         out.print(f"  output: {usage.output_tokens:,} tokens assumed ({_output_basis(spec, output_tokens)})", markup=False)
-    table = Table(box=None, pad_edge=False)
-    for col in ("route", "cost", "saving vs real time", "takes", "note"):
-        table.add_column(col, justify="right" if col in ("cost", "saving vs real time") else "left")
     baseline = _baseline(lines)
+    rows = []
     for ln in lines:
         saving, pct = _saving(ln, baseline)
         shown = "-" if saving is None else f"{_money(saving)} ({pct}%)"
         route = ln.route + (" ◀ this job" if ln.this_job else "")
-        table.add_row(route, _money(ln.cost.usd), shown, ln.latency, ln.cost.note)
+        rows.append([markup_escape(route), _money(ln.cost.usd), shown, markup_escape(ln.latency), markup_escape(ln.cost.note)])
+    cols = [Col("route"), Col("cost", figure=True), Col("saving", figure=True), Col("takes", drop=2), Col("note", drop=1)]
+    table = fitted_table(out, cols, rows)
     out.print(table)
-    out.print(f"prices: {catalog.describe()}; no prompt-cache discount assumed", markup=False)
+    out.print(f"prices: {catalog.describe()}; saving against real time; no prompt-cache discount assumed", markup=False)
     if count.refused:
         print(f"lowtide: {count.refused} of the {count.counted:,} rows counted would be refused by `lowtide submit`; first:", file=sys.stderr)
         for p in count.problems:
