@@ -59,6 +59,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--n", type=int, default=1_000_000)
     parser.add_argument("--no-packing", action="store_true", help="one row per provider request")
+    parser.add_argument("--chunk", type=int, default=None, help="rows per batch (the spec's chunk_size)")
     args = parser.parse_args()
     tune_gc()
     n = args.n
@@ -72,7 +73,7 @@ def main() -> None:
             "source": {"path": str(tmp / "docs.csv"), "id_column": "doc_id"},
             "template": {"user": "{{ text }}"},
             "model": "text-embedding-3-small", "endpoint": "embeddings", "params": {"dimensions": 8},
-            "route": "openai-batch", "packing": not args.no_packing,
+            "route": "openai-batch", "packing": not args.no_packing, "chunk_size": args.chunk,
             "route_options": {"base_url": f"{url}/v1", "api_key_env": "LOWTIDE_BENCH_KEY", "poll_interval": [0.2, 0.5]},
         })  # fmt: skip
         store = Store(str(tmp / "client.db"))
@@ -95,6 +96,7 @@ def main() -> None:
         else:
             asyncio.run(run())
         phases["pack, upload, poll, download, unpack, ingest"] = time.perf_counter() - t
+        print(f"  (peak RSS after the batches: {peak_rss_mb():.0f} MB)")
         t = time.perf_counter()
         assert export_results(store, "vectors", tmp / "vectors.parquet").rows == n
         phases["export (parquet)"] = time.perf_counter() - t

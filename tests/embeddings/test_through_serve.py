@@ -78,3 +78,17 @@ def test_serve_answers_an_sdk_embeddings_batch_in_openais_line_shape(serve, tmp_
     assert [len(decode(d["embedding"])) for d in b] == [3, 3]
     c = out["c"]["response"]
     assert c["status_code"] == 400 and "input" in c["body"]["error"]["message"]
+
+
+def test_a_backend_that_does_not_embed_refuses_each_line_by_name(serve, tmp_path):  # noqa: F811
+    url = serve("--backend", "local")
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="test-key", max_retries=0)
+    line = {"custom_id": "a", "method": "POST", "url": "/v1/embeddings", "body": {"model": "m", "input": "hello"}}
+    file = client.files.create(file=("in.jsonl", (json.dumps(line) + "\n").encode()), purpose="batch")
+    batch = client.batches.create(input_file_id=file.id, endpoint="/v1/embeddings", completion_window="24h")
+    from tests.conftest import wait_until
+
+    done = wait_until(lambda: (b := client.batches.retrieve(batch.id)).status in ("completed", "failed") and b, what="the batch")
+    (item,) = [json.loads(x) for x in client.files.content(done.error_file_id).text.splitlines()]
+    assert item["response"]["status_code"] == 400
+    assert item["response"]["body"]["error"]["message"].startswith("endpoint: embeddings on route local")

@@ -238,11 +238,11 @@ def provider_requests(spec: JobSpec, count: Count) -> dict[str, Any] | None:
     (extrapolated like the tokens); None for other jobs."""
     if spec.request_endpoint != EMBEDDINGS:
         return None
-    from lowtide.engine.batches import DEFAULT_CHUNK
+    from lowtide.engine.batches import DEFAULT_CHUNK, PACKED_CHUNK
     from lowtide.routes.openai_batch import MAX_REQUESTS
 
     packed = count.scaled(count.packs.requests) if count.packs is not None else None
-    rows_per_batch = spec.chunk_size or (MAX_REQUESTS if packed is not None else DEFAULT_CHUNK)
+    rows_per_batch = spec.chunk_size or (PACKED_CHUNK if packed is not None else DEFAULT_CHUNK)
     unpacked_batch = min(spec.chunk_size or DEFAULT_CHUNK, MAX_REQUESTS)
     return {
         "packing": packed is not None, "rows": count.rows,

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from sqlalchemy import and_, case, func, select, update
 
 from lowtide.core.clock import Clock
+from lowtide.core.embeddings import MAX_INPUTS
 from lowtide.core.errors import BatchRejected
 from lowtide.core.states import DispatchState, RequestState
 from lowtide.core.types import Outcome, Request
@@ -40,7 +41,11 @@ from lowtide.store.transitions import lock_job, move_dispatch, move_requests
 
 INGEST_CHUNK = 2000
 CHUNKS_PER_TICK = 10  # planning more waits for the next tick: memory stays bounded
-PACKED_CHUNKS_PER_TICK = 2
+PACKED_CHUNKS_PER_TICK = 5
+# Rows per batch of a packed embedding job: ten provider requests of 2,048 inputs. Bigger
+# batches gain little (1,000,000 rows are 49 batches) and cost memory while each is written
+# out, and a smaller share of the job waits on any one batch (or fails with it).
+PACKED_CHUNK = 10 * MAX_INPUTS
 # Requests per provider batch unless the job says (`chunk_size`): well below the providers'
 # 50,000 and 100,000, so that the first results come back while later chunks are still
 # being sent, and an expired or failed batch takes less work down with it.
@@ -53,9 +58,8 @@ DEFAULT_POLL_INTERVAL = (30.0, 600.0)
 def plan(store: Store, job: JobContext, route: BatchRoute, clock: Clock, lane: str | None = None) -> int:
     """Group due pending requests (of `lane`, for a job with a fallback route) into
     dispatches within the route's and the job's limits."""
-    # A packed embedding job's rows share provider requests: a chunk of the route's own limit
-    # in rows stays within it in requests, and takes far fewer batches.
-    default = route.limits.max_requests if packing(job.spec) else DEFAULT_CHUNK
+    # A packed embedding job's rows share provider requests: its chunk is ten full packs.
+    default = PACKED_CHUNK if packing(job.spec) else DEFAULT_CHUNK
     limit = min(route.limits.max_requests, job.spec.chunk_size or default)
     # Sorting by payload puts requests with the same model, parameters and leading messages
     # (the system prompt) side by side, so each chunk shares a prefix the provider can cache.
@@ -75,7 +79,7 @@ def plan(store: Store, job: JobContext, route: BatchRoute, clock: Clock, lane: s
         due = due.where(requests.c.lane == lane)
     with store.begin() as conn:
         # Read whole before the updates below touch the same rows.
-        # A packed job's chunks are 5x the usual: fewer of them per tick keep the read the same size.
+        # A packed job's chunks are twice the usual: fewer of them per tick keep the read the same size.
         chunks = PACKED_CHUNKS_PER_TICK if packing(job.spec) else CHUNKS_PER_TICK
         rows = conn.execute(due.order_by(*order).limit(limit * chunks)).all()
         chunk: list[int] = []
