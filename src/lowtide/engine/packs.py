@@ -154,11 +154,15 @@ def unpack(outcome: Outcome, members: list[str], expected: int | None) -> list[O
                 for cid in members]  # fmt: skip
     response = outcome.response or {}
     data = response.get("data")
-    items = sorted((d for d in data if isinstance(d, dict)), key=lambda d: d.get("index", 0)) if isinstance(data, list) else []
+    items = [d for d in data if isinstance(d, dict)] if isinstance(data, list) else []
+    items.sort(key=lambda d: d["index"] if type(d.get("index")) is int else -1)
+    total = outcome.usage.input_tokens
     if len(items) != n or [d.get("index") for d in items] != list(range(n)):
         why = f"the provider's answer to a pack of {n} inputs holds {len(items)} vector(s), not one per input at index 0..{n - 1}"
-        return [Outcome.failure(cid, "bad_response", why + "; retried", True) for cid in members]
-    total = outcome.usage.input_tokens
+        failed = [Outcome.failure(cid, "bad_response", why + "; retried", True) for cid in members]
+        for i, row in enumerate(failed):  # billed all the same: the ledger keeps the provider's usage
+            row.usage = Usage(input_tokens=total // n + (1 if i < total % n else 0))
+        return failed
     whole = response.get("usage")
     out = []
     for i, (cid, item) in enumerate(zip(members, items, strict=True)):
