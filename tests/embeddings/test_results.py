@@ -94,3 +94,12 @@ def test_estimate_prints_what_packing_does_to_the_request_count(cli, tmp_path): 
     assert batch["this_job"] and batch["tier"] == "batch"
     code, out = cli("estimate", "job.yaml")
     assert "5,000 rows in 3 provider requests" in out and "priced per input token" in out
+
+
+def test_run_writes_an_npy_output_and_refuses_a_csv_one_before_running(cli, tmp_path):  # noqa: F811
+    write_job(tmp_path, 3)
+    code, out = cli("run", "job.yaml", "--out", "v.csv")
+    assert code != 0 and ".parquet, .jsonl or .npy" in out and not (tmp_path / "v.csv").exists()
+    code, out = cli("run", "job.yaml", "--out", "v.npy")
+    assert code == 0, out
+    assert np.load(tmp_path / "v.npy").shape == (3, 8) and (tmp_path / "v.ids.txt").read_text().split() == ["doc-1", "doc-2", "doc-3"]

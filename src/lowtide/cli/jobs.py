@@ -97,7 +97,7 @@ def run(
         spec = load_spec(spec_path)
         target = out_path or (spec.resolve(spec.output.path) if spec.output else None)
         if target is not None:  # before anything is paid for: a bad path fails now, not after the run
-            check_output(target, "--out" if out_path else "output.path")
+            check_output(target, "--out" if out_path else "output.path", embedding=spec.request_endpoint == "/v1/embeddings")
         with open_store() as store:
             spec = _load(store, spec_path, requeue_changed)
             status = _drive(store, spec.name)

@@ -13,13 +13,17 @@ from lowtide.core.spec import JobSpec, format_of
 from lowtide.core.types import Usage
 
 
-def check_output(path: str | Path, where: str = "output.path") -> Path:
-    """Refuse a results path whose format is unknown or that cannot be written, by name."""
+def check_output(path: str | Path, where: str = "output.path", embedding: bool = False) -> Path:
+    """Refuse a results path whose format is unknown or that cannot be written, by name.
+    `embedding`: an embedding job's vectors (.parquet, .jsonl or .npy, docs/embeddings.md)."""
     path = Path(path)
     if path.is_dir():
         raise SpecError(f"{where} {path}: is a folder; name a file in it, e.g. {path / 'results.csv'}")
+    if embedding and path.suffix.lower() not in (".parquet", ".jsonl", ".npy"):
+        raise SpecError(f'{where} {path}: an embedding job\'s vectors are written as .parquet, .jsonl or .npy, not "{path.suffix}"')
     try:
-        format_of(path)
+        if not embedding:
+            format_of(path)
     except SpecError:
         raise SpecError(
             f'{where} {path}: unknown file extension "{path.suffix}"; use .csv, .jsonl or .parquet'
