@@ -23,20 +23,20 @@ from tests.conftest import write_csv
 from tests.embeddings.helpers import docs, echo_reference, embed_spec
 
 
-def test_a_pack_is_unpacked_right_after_a_partial_ingest(sqlite_store, clock, tmp_path):
+def test_a_pack_is_unpacked_right_after_a_partial_ingest(store, clock, tmp_path):  # SQLite and PostgreSQL
     source = write_csv(tmp_path / "docs.csv", docs(10))
     options = {"dir": str(tmp_path / "provider"), "polls_to_complete": 3}
     spec = build_spec(embed_spec(source, route="echo-batch", route_options=options))
-    load_job(sqlite_store, spec, clock)
+    load_job(store, spec, clock)
 
     async def ticks(n: int) -> None:
-        async with Engine(sqlite_store, clock, seed=1) as engine:
+        async with Engine(store, clock, seed=1) as engine:
             for _ in range(n):
                 await engine.tick("vectors")
                 clock.advance(3600)
 
     asyncio.run(ticks(1))  # planned and submitted as one pack of 10; not ended yet
-    with sqlite_store.begin() as conn:
+    with store.begin() as conn:
         dispatch_id = conn.execute(sa.select(dispatches.c.id)).scalar_one()
         rows = conn.execute(sa.select(requests.c.id, requests.c.custom_id, requests.c.payload).order_by(requests.c.id)).all()
         job = JobContext.from_row(conn.execute(sa.select(jobs)).one())
@@ -46,7 +46,7 @@ def test_a_pack_is_unpacked_right_after_a_partial_ingest(sqlite_store, clock, tm
         apply_outcomes(conn, job, dispatch_id, "echo-batch", early, clock.now(), random.Random(1))
         assert stored_members(conn, job.id, dispatch_id, rows[0].id, rows[-1].id, 10) == [r.custom_id for r in rows]
     asyncio.run(ticks(6))
-    with sqlite_store.begin() as conn:
+    with store.begin() as conn:
         got = conn.execute(sa.select(requests.c.custom_id, requests.c.state, requests.c.response).order_by(requests.c.id)).all()
         per_row = conn.execute(sa.select(attempts.c.request_id, sa.func.count()).group_by(attempts.c.request_id)).all()
     assert [g.state for g in got] == ["succeeded"] * 10

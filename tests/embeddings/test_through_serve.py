@@ -13,6 +13,7 @@ from lowtide.core.clock import ManualClock
 from lowtide.core.embeddings import decode, vector_of
 from lowtide.core.spec import build_spec
 from lowtide.engine.loader import load_job
+from lowtide.engine.report import cost_report
 from lowtide.store.db import Store
 from lowtide.store.schema import attempts, dispatches, requests
 from tests.embeddings.helpers import docs_csv, echo_reference, embed_spec
@@ -37,6 +38,9 @@ def test_openai_batch_packs_rows_and_unpacks_each_vector_to_its_row(serve, tmp_p
     # token; real time would have been twice that.
     assert {a.tier for a in ledger} == {"batch"} and all(a.output_tokens == 0 for a in ledger)
     assert all(a.cost_picousd == a.input_tokens * 10_000 and a.realtime_picousd == 2 * a.cost_picousd for a in ledger)
+    report = cost_report(store, job="vectors").total  # `lowtide report`'s figures
+    assert report.input_tokens == sum(a.input_tokens for a in ledger) and report.output_tokens == 0
+    assert report.cost_picousd == report.input_tokens * 10_000 and report.tiers == {"batch"} and report.unknown == 0
     for payload, response, tokens in rows:
         text = json.loads(payload)["body"]["input"]
         kept = json.loads(response)
