@@ -16,7 +16,9 @@ that can wait: answers take longer, so its default `timeout` is 900 s instead of
 Both share the pool of `_direct.py` (concurrency, rate limits, retries; see
 docs/direct-routes.md for every option). The SDK's own retries are off: the pool retries.
 Requests are sent with the SDK's raw-response call and the JSON is read here, which is
-several times cheaper than building the SDK's models for each answer.
+several times cheaper than building the SDK's models for each answer. (For embeddings this also
+keeps the body verbatim: `client.embeddings.create` would add `encoding_format: base64`
+to a body that asked for none, and decode the vectors itself.)
 """
 
 from __future__ import annotations
