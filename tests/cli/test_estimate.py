@@ -90,7 +90,7 @@ def test_the_text_report(tmp_path):
     assert "output: 400 tokens assumed (the output limit (100) per request: an upper bound" in text
     assert "openai-batch ◀ this job" in text
     assert "$0.000125" in text and "(50%)" in text and "$0.000250" in text
-    assert "lowtide price catalog of" in text
+    assert "genai-prices" in text and "derived by lowtide" in text
 
 
 def test_sample_extrapolates_and_says_so(tmp_path):

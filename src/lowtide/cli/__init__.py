@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from lowtide import __version__
-from lowtide.cli import estimate, gateway, jobs, report, serve, worker
+from lowtide.cli import estimate, gateway, jobs, prices, report, serve, worker
 from lowtide.cli.common import state
 from lowtide.core.runtime import tune_gc
 
@@ -42,7 +42,7 @@ def _main(
     tune_gc()  # this process is lowtide's own: collect garbage less often (core/runtime.py)
 
 
-for command in (jobs.run, jobs.submit, estimate.estimate, jobs.status, jobs.results, jobs.cancel, jobs.retry, report.report, worker.tick, worker.worker, serve.serve):
+for command in (jobs.run, jobs.submit, estimate.estimate, prices.prices, jobs.status, jobs.results, jobs.cancel, jobs.retry, report.report, worker.tick, worker.worker, serve.serve):
     app.command()(command)
 gateway.register(app)
 
