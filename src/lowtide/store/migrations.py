@@ -135,6 +135,13 @@ def m010_serve_output_expiry(conn: Connection) -> None:
     add_columns(conn, schema.serve_batches, ["output_expires_after"])
 
 
+@migration
+def m011_tiers_dispatch_model(conn: Connection) -> None:
+    """Dispatches keep their model and estimated input tokens: enqueued-token limits and
+    measured turnarounds per route and model (engine/batches.py, engine/turnaround.py)."""
+    add_columns(conn, schema.dispatches, ["model", "input_tokens_est"])
+
+
 def _backfill_rendered(conn: Connection, page: int = 5000) -> None:
     """Requests stored before m008: their model from their own payload (what was sent), so
     pricing and planning read it as any other's. Their fingerprint stays NULL: the row

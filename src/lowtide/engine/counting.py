@@ -1,0 +1,86 @@
+"""A job's tokens before anything is stored: rows rendered exactly as `submit` renders
+them (the loader's own row renderer) and counted; what `lowtide estimate` and `route: auto`
+price candidates with. Nothing is stored and no route is contacted."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from lowtide.core.errors import SourceError, SpecError
+from lowtide.core.sources import Source
+from lowtide.core.spec import JobSpec
+from lowtide.core.templates import MessageTemplate
+from lowtide.core.tokens import TokenCounter
+from lowtide.core.types import Request, Usage
+from lowtide.engine.loader import RowRenderer
+
+MAX_SHOWN_PROBLEMS = 5
+
+
+@dataclass
+class Count:
+    """Tokens of the rows counted, and how many rows there are in all."""
+
+    rows: int = 0  # every data row of the source
+    counted: int = 0  # rows rendered and counted (all of them, or the sample)
+    refused: int = 0  # counted rows `submit` would refuse
+    input_tokens: int = 0
+    output_tokens: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def extrapolated(self) -> bool:
+        return self.counted < self.rows
+
+    def scaled(self, tokens: int) -> int:
+        """Tokens of the counted rows, extrapolated to every row."""
+        if not self.extrapolated or self.counted == 0:
+            return tokens
+        return round(tokens * self.rows / self.counted)
+
+    @property
+    def usage(self) -> Usage:
+        return Usage(input_tokens=self.scaled(self.input_tokens), output_tokens=self.scaled(self.output_tokens))
+
+
+def count_rows(
+    spec: JobSpec, where: str, counter: TokenCounter, sample: int | None, output_tokens: int | None,
+    on_rows: Callable[[int], None] | None = None, routes_checked: bool = False,
+) -> Count:  # fmt: skip
+    """Render and count the first `sample` rows (all when None); count every row."""
+    template = MessageTemplate.from_spec(spec, where)
+    source = Source(spec.resolve(spec.source.path), spec.source.format)
+    if source.columns is not None:
+        if spec.source.id_column not in source.columns:
+            raise SourceError(
+                f'{source.path}: no column "{spec.source.id_column}" (source.id_column); columns are: {", ".join(source.columns)}'
+            )
+        template.check_columns(source.columns, source.path.name)
+    render = RowRenderer(spec, template, source, routes_checked)
+    count = Count()
+    for chunk in source.chunks():
+        for row in chunk:
+            count.rows += 1
+            if sample is not None and count.counted >= sample:
+                continue  # past the sample: only the rows are counted
+            count.counted += 1
+            item = render(row)
+            if not isinstance(item, dict):
+                count.refused += 1
+                if len(count.problems) < MAX_SHOWN_PROBLEMS:
+                    count.problems.append(item if isinstance(item, str) else f"row {item.row}: {item.message}")
+                continue
+            request = Request.from_payload("", json.loads(item["payload"]))
+            count.input_tokens += counter.count_request(request.endpoint, request.body)
+            limit = request.output_limit if output_tokens is None else output_tokens
+            if limit is None:
+                raise SpecError(
+                    f"{where}: the requests set no output limit, so their output has no bound to estimate; "
+                    "pass --output-tokens N, or set params.max_tokens"
+                )
+            count.output_tokens += limit
+        if on_rows:
+            on_rows(count.rows)
+    return count
