@@ -28,6 +28,9 @@ class Count:
     refused: int = 0  # counted rows `submit` would refuse
     input_tokens: int = 0
     output_tokens: int = 0
+    # Tokens of the first request's system prompt (instructions): the prefix every request
+    # of a templated job shares, which a provider's prompt cache can serve.
+    prefix_tokens: int = 0
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -43,6 +46,25 @@ class Count:
     @property
     def usage(self) -> Usage:
         return Usage(input_tokens=self.scaled(self.input_tokens), output_tokens=self.scaled(self.output_tokens))
+
+
+def system_text(body: dict) -> str:
+    """The system prompt of a body: Anthropic's `system`, Responses' `instructions`, or a
+    leading system / developer message's text."""
+    for key in ("system", "instructions"):
+        value = body.get(key)
+        if isinstance(value, str):
+            return value
+        if isinstance(value, list):
+            return "".join(b.get("text", "") for b in value if isinstance(b, dict))
+    messages = body.get("messages") or body.get("input")
+    if isinstance(messages, list) and messages and isinstance(messages[0], dict) and messages[0].get("role") in ("system", "developer"):
+        content = messages[0].get("content")
+        if isinstance(content, str):
+            return content
+        if isinstance(content, list):
+            return "".join(b.get("text", "") for b in content if isinstance(b, dict))
+    return ""
 
 
 def count_rows(
@@ -74,6 +96,8 @@ def count_rows(
                 continue
             request = Request.from_payload("", json.loads(item["payload"]))
             count.input_tokens += counter.count_request(request.endpoint, request.body)
+            if count.counted == 1:
+                count.prefix_tokens = counter.count_text(system_text(request.body))
             limit = request.output_limit if output_tokens is None else output_tokens
             if limit is None:
                 raise SpecError(
