@@ -47,7 +47,7 @@ def test_a_short_wait_takes_flex_and_says_why(store, clock, tmp_path):
     assert len(notes) == 1
     assert notes[0].startswith("openai (flex): p95 7 min fits 2 h (prior: flex:")
     assert "vs openai-batch $" in notes[0] and "(too slow)" in notes[0] and " / openai $" in notes[0]
-    assert spec.fallback is None  # a direct route has no batches to cut over
+    assert spec.fallback is None and spec.deadline is None  # a direct route: no cut-over, max_wait fails nobody
     with store.begin() as conn:
         assert conn.execute(sa.select(sa.func.count()).select_from(requests)).scalar_one() == 40
 

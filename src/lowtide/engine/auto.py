@@ -167,9 +167,11 @@ def effective(spec: JobSpec, choice: Choice, now: float) -> JobSpec:
     c = choice.option.candidate
     assert spec.auto is not None
     update: dict = {"route": c.route, "route_options": c.route_options, "auto": spec.auto.model_copy(update={"chosen": c.route})}
-    end = datetime.fromtimestamp(now + choice.wait, tz=UTC)
-    update["deadline"] = end if spec.deadline is None or end < spec.deadline else spec.deadline
     if spec.fallback is None and choice.faster is not None:
+        # The end of max_wait becomes the deadline the cut-over works to. Only here: on a
+        # direct route (or with the spec's own fallback) max_wait never fails a request.
+        end = datetime.fromtimestamp(now + choice.wait, tz=UTC)
+        update["deadline"] = end if spec.deadline is None or end < spec.deadline else spec.deadline
         up = choice.faster
         update["fallback"] = FallbackSpec(
             route=up.candidate.route, route_options=up.candidate.route_options,
