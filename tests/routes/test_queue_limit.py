@@ -139,3 +139,29 @@ def test_the_fault_plan_refuses_a_bad_limit(tmp_path):
     path.write_text(json.dumps({"enqueued_tokens": {"*": 0}}))
     with pytest.raises(SpecError, match="enqueued_tokens"):
         FaultPlan.load(path)
+
+
+def test_route_auto_learns_batch_turnarounds_from_the_store(serve, tmp_path, monkeypatch):
+    """A first job's batches through serve are measured; a second `route: auto` job with a
+    10-minute max_wait then takes openai-batch (cheaper than real time), which the prior
+    (p95 24 h) would never have allowed, and runs there."""
+    prices = tmp_path / "prices.yaml"
+    prices.write_text("openai:\n  test-model:\n    realtime: {input: 2, output: 8}\n    batch: {input: 1, output: 4}\n")
+    monkeypatch.setenv("LOWTIDE_PRICES", str(prices))
+    monkeypatch.setenv(KEY_ENV, "test-key")
+    url = serve()
+    store = Store(str(tmp_path / "client.db"))
+    source = write_csv(tmp_path / "t.csv", ticket_rows(ROWS))
+    batch = _options("openai-batch", url, max_requests=CHUNK)
+    load_job(store, make_spec(source, name="first", route="openai-batch", route_options=batch), SystemClock())
+    assert _run(store, "first").counts == {"succeeded": ROWS}
+    realtime = {"base_url": f"{url}/v1", "api_key_env": KEY_ENV}
+    auto = {"max_wait": "10m", "candidates": [{"route": "openai-batch", "route_options": batch},
+                                              {"route": "openai", "route_options": realtime}]}  # fmt: skip
+    load_job(store, make_spec(source, name="second", route="auto", auto=auto), SystemClock())
+    assert _run(store, "second").counts == {"succeeded": ROWS}
+    with store.begin() as conn:
+        reason = conn.execute(sa.select(events.c.message).where(events.c.kind == "route_choice")).scalar_one()
+        routes = set(conn.execute(sa.select(dispatches.c.route).where(dispatches.c.job_id == 2)).scalars())
+    assert re.match(r"openai-batch: p95 \d+ s fits 10 min \(measured: 3 batches\), \$0\.\d+ vs openai \$0\.\d+", reason), reason
+    assert routes == {"openai-batch"}
