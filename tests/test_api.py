@@ -45,3 +45,43 @@ def test_start_does_not_block_and_wait_returns_the_final_status(tmp_path):
     assert job.done()
     assert status.counts == {"succeeded": 10}
     assert job.export(tmp_path / "out.parquet").exists()
+
+
+def _frame_job(tmp_path, df, **extra):
+    return lowtide.Job.from_dataframe(
+        df, name="nb", id_column="ticket_id", user="{{ body }} {{ note }}", model="any", route="echo",
+        store=str(tmp_path / "lowtide.db"), source_dir=tmp_path / "sources", **extra,
+    )  # fmt: skip
+
+
+def test_run_inside_a_running_event_loop_drives_the_job_as_a_notebook_cell_would(tmp_path):
+    import asyncio
+
+    job = _frame_job(tmp_path, pd.DataFrame(ticket_rows(8)).assign(note="n"))
+
+    async def cell():  # Jupyter runs every cell inside a live loop
+        asyncio.get_running_loop()
+        return job.run()
+
+    status = asyncio.run(cell())
+    assert status.all_succeeded and status.total == 8
+
+
+def test_run_async_is_awaitable_on_the_callers_loop(tmp_path):
+    import asyncio
+
+    job = _frame_job(tmp_path, pd.DataFrame(ticket_rows(6)).assign(note="n"))
+    status = asyncio.run(job.run_async(progress=False))
+    assert status.counts == {"succeeded": 6}
+
+
+def test_from_dataframe_takes_optional_columns_so_a_nan_cell_is_not_refused(tmp_path):
+    df = pd.DataFrame(ticket_rows(5)).assign(note=["a", None, "c", float("nan"), "e"])
+    try:
+        _frame_job(tmp_path / "strict", df).submit()
+    except lowtide.LowtideError as err:
+        assert 'column "note" is empty' in str(err)
+    else:
+        raise AssertionError("an empty templated cell must be refused without optional_columns")
+    status = _frame_job(tmp_path / "lenient", df, optional_columns=["note"]).run(progress=False)
+    assert status.all_succeeded and status.total == 5

@@ -7,6 +7,7 @@
         model="smollm2-135m-instruct", route="local",
     )
     job.run()                  # blocks until every row is done; job.start() does not block
+    await job.run_async()      # the same, in a notebook or any running event loop
     df_out = job.results()     # the input rows plus output, state, error, tokens, tool_calls, …
 """
 
@@ -29,6 +30,8 @@ from lowtide.store.db import Store
 if TYPE_CHECKING:
     import pandas as pd
 
+    from lowtide.evals_api import Eval
+
 
 class Job:
     """A job bound to a store. Every method goes through the same engine as the CLI."""
@@ -50,31 +53,50 @@ class Job:
         *,
         name: str,
         id_column: str,
-        user: str,
-        model: str,
-        route: str,
+        model: str | None = None,
+        route: str | None = None,
+        user: str | None = None,
         system: str | None = None,
+        optional_columns: list[str] | None = None,
+        source: dict[str, Any] | None = None,
+        template: dict[str, Any] | None = None,
         store: Store | str | None = None,
         source_dir: str | Path = "lowtide-sources",
+        variants: dict[str, Any] | None = None,
         **fields: Any,
-    ) -> Job:
+    ) -> Job | Eval:
         """A job over a DataFrame. The frame is saved as Parquet under `source_dir` so the
-        job stays resumable from the CLI, like any file-based job."""
+        job stays resumable from the CLI, like any file-based job. With `variants` (and then
+        no `model`/`route`: each variant model brings its own) it is an eval
+        (lowtide.evals_api.Eval, docs/evals.md): `.run()`, then `.compare()`.
+
+        Every source option of a spec is taken: `optional_columns` (cells that may be empty
+        or NaN), or any other in `source={...}`; likewise any template key in `template={...}`
+        (images, files, messages_column, …). Other keyword arguments are spec keys."""
         folder = Path(source_dir)
         folder.mkdir(parents=True, exist_ok=True)
         path = (folder / f"{name}.parquet").resolve()
         df.to_parquet(path, index=False)
-        spec = build_spec(
-            {
-                "name": name,
-                "source": {"path": str(path), "id_column": id_column},
-                "template": {"user": user, **({"system": system} if system is not None else {})},
-                "model": model,
-                "route": route,
-                **fields,
-            },
-            where=f"Job.from_dataframe({name!r})",
-        )
+        source_keys = {**(source or {}), "path": str(path), "id_column": id_column}
+        if optional_columns is not None:
+            source_keys["optional_columns"] = list(optional_columns)
+        template_keys = {**(template or {})}
+        for key, value in (("user", user), ("system", system)):
+            if value is not None:
+                template_keys[key] = value
+        data = {
+            "name": name,
+            "source": source_keys,
+            "template": template_keys,
+            **({"model": model} if model is not None else {}),
+            **({"route": route} if route is not None else {}),
+            **fields,
+        }
+        if variants is not None:
+            from lowtide.evals_api import Eval
+
+            return Eval.from_data(data | {"variants": variants}, store)
+        spec = build_spec(data, where=f"Job.from_dataframe({name!r})")
         return cls(spec, store)
 
     @property
@@ -86,10 +108,36 @@ class Job:
         that alters stored requests is refused unless `requeue_changed` (docs/jobs.md)."""
         return load_job(self.store, self.spec, SystemClock(), f"job {self.name!r}", requeue_changed=requeue_changed)
 
-    def run(self) -> JobStatus:
-        """Submit and drive the job to the end, blocking."""
+    def run(self, progress: bool = True) -> JobStatus:
+        """Submit and drive the job to the end, blocking. Inside a running event loop (a
+        Jupyter cell) the job is driven on a thread of its own, so this works there too;
+        `await job.run_async()` keeps the loop free instead."""
         self.submit()
-        return asyncio.run(self._drive())
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(self._drive(progress))
+        result: list[JobStatus] = []
+        errors: list[BaseException] = []
+
+        def target() -> None:
+            try:
+                result.append(asyncio.run(self._drive(progress)))
+            except BaseException as err:  # raised again on the caller's thread
+                errors.append(err)
+
+        thread = threading.Thread(target=target, name=f"lowtide-{self.name}", daemon=True)
+        thread.start()
+        thread.join()
+        if errors:
+            raise errors[0]
+        return result[0]
+
+    async def run_async(self, progress: bool = True) -> JobStatus:
+        """Submit and drive the job to the end on the running event loop: `await job.run_async()`.
+        Storing the rows runs on a worker thread, so the loop stays responsive."""
+        await asyncio.to_thread(self.submit)
+        return await self._drive(progress)
 
     def start(self) -> None:
         """Submit, then drive the job in a background thread; see `done()` and `wait()`."""
@@ -114,9 +162,18 @@ class Job:
             raise self._error
         return self.status()
 
-    async def _drive(self) -> JobStatus:
-        async with Engine(self.store) as engine:
-            return await drive(engine, self.name)
+    async def _drive(self, progress: bool = False) -> JobStatus:
+        if not progress:
+            async with Engine(self.store) as engine:
+                return await drive(engine, self.name)
+        from rich.console import Console
+
+        from lowtide.cli.progress import JobProgress
+
+        # Rich renders in a notebook too (a live widget); in a plain pipe, plain lines.
+        with JobProgress(Console(stderr=True), f"run {self.name}") as shown:
+            async with Engine(self.store) as engine:
+                return await drive(engine, self.name, lambda status, _report: shown.update(status))
 
     def status(self) -> JobStatus:
         return job_status(self.store, self.name)

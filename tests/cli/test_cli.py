@@ -220,7 +220,8 @@ def test_submit_then_worker_then_results_with_accuracy(cli, tmp_path):
     assert "10 new, 0 already stored" in out and 'job "tickets" stored in' in out
     code, out = cli("status", "tickets")
     row = status_row(out)
-    assert (row["state"], row["in flight"], row["succeeded"]) == ("active", "10", "0")
+    # Stored, not sent: queued, never "in flight" (nothing has left).
+    assert (row["state"], row["queued"], row["in flight"], row["succeeded"]) == ("active", "10", "0", "0")
 
     code, out = cli("worker", "--until-idle")
     assert code == 0, out
@@ -270,7 +271,8 @@ def test_retry_failed_requeues_them(cli, tmp_path):
     assert code == 0, out
     assert "queued 2 request(s) of tickets again" in out
     row = status_row(cli("status", "tickets")[1])
-    assert (row["state"], row["failed"], row["in flight"], row["succeeded"]) == ("active", "0", "2", "4")
+    # Queued again, not sent yet: never counted in flight.
+    assert (row["state"], row["failed"], row["queued"], row["in flight"], row["succeeded"]) == ("active", "0", "2", "0", "4")
 
     # The route no longer rejects them: re-submit the fixed spec (no new rows) and work.
     write_job(tmp_path)
@@ -308,10 +310,12 @@ def test_cancel_with_every_request_in_a_batch_in_flight_says_so(cli, tmp_path):
     assert cli("tick")[0] == 0  # plan and submit: all 6 in one batch
     code, out = cli("cancel", "tickets")
     assert code == 0, out
-    assert "cancelled tickets: 0 unsent request(s) cancelled; 1 batch(es) in flight asked to stop" in out
+    assert "cancelled tickets: 0 unsent request(s) cancelled; 6 request(s) in 1 live batch(es), asked to stop" in out
     assert status_row(cli("status", "tickets")[1])["state"] == "cancelled"
+    # Cancelled already, but its batch is still live: say so, never "nothing to cancel".
     code, out = cli("cancel", "tickets")
-    assert code == 0 and "nothing to cancel: tickets is cancelled" in out
+    assert code == 0 and "tickets is cancelled already; 6 request(s) in 1 live batch(es), asked to stop" in out, out
+    assert "nothing to cancel" not in out
 
 
 def test_cancel_a_finished_job_is_a_clean_no_op(cli, tmp_path):

@@ -29,4 +29,4 @@ def test_results_columns_and_full(cli, tmp_path):  # noqa: F811
     assert len(rows) == 4 and all(list(r)[-1] == "response" for r in rows)
     assert all(type(r["input_tokens"]) is int and r["state"] == "succeeded" for r in rows)
     code, out = cli("results", "--help")
-    assert "--full" in out and "whole answer body" in out
+    assert "--full" in out and "whole answer body" in " ".join(out.split())

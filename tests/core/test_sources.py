@@ -177,3 +177,13 @@ def test_csv_header_with_a_repeated_column_is_refused(tmp_path):
     (tmp_path / "t.csv").write_text("id,body,body\nA,first,second\n", encoding="utf-8")
     with pytest.raises(SourceError, match='"body"'):
         rows_of(Source(tmp_path / "t.csv"))
+
+
+def test_a_csv_cell_larger_than_the_csv_modules_default_limit_is_read_whole(tmp_path):
+    from lowtide.core.sources import Source
+
+    document = "word " * 60_000  # 300,000 characters: over the csv module's 131,072
+    path = tmp_path / "docs.csv"
+    path.write_text(f'id,text\n1,"{document}"\n', encoding="utf-8")
+    [[row]] = list(Source(path).chunks())
+    assert row.values["text"] == document

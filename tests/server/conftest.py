@@ -25,6 +25,7 @@ from lowtide.core.types import Request
 from lowtide.routes.echo import EchoRoute
 from lowtide.server import ServeConfig, create_app
 from tests.conftest import wait_until
+from tests.server.browser import browser, page  # noqa: F401 (the dashboard tests' Chromium fixtures)
 
 FAST = 3600.0  # one scaled hour per real second
 OPENAI_ENDED = ("completed", "failed", "expired", "cancelled")

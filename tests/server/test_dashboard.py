@@ -6,20 +6,17 @@ them, and follows a running job without a reload."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
-from collections.abc import Iterator
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
 import httpx
-import pytest
 
 from lowtide.engine.control import job_status
 from lowtide.engine.report import cost_report
 from tests.cli.test_cli import LOWTIDE, Cli
 from tests.engine.ledger_helpers import dispatch, ingest, ok, stored_job
+from tests.server.browser import figures, leave
 from tests.server.conftest import Running, chat_line, create_batch, wait_openai
 from tests.server.test_metrics import run_priced_job
 
@@ -28,7 +25,6 @@ FIGURES = ("cost_usd", "realtime_usd", "saving_usd", "saving_percent", "unknown_
            "attempts", "failures", "stale_attempts")  # fmt: skip
 MONEY = ("cost_usd", "realtime_usd", "saving_usd")
 TOKENS = ("input_tokens", "cached_input_tokens", "cache_write_tokens", "output_tokens", "reasoning_tokens", "attempts")
-WAIT_MS = 20_000  # a bound for the page to catch up, not a timing
 
 
 def report_json(s: Running, tmp_path, job: str) -> dict[str, Any]:
@@ -142,52 +138,6 @@ def test_without_keys_the_dashboard_is_open(server):
 
 
 # The page in Chromium ----------------------------------------------------------------------
-def _missing(why: str) -> None:
-    if os.environ.get("CI"):
-        pytest.fail(f"{why} (CI installs it: .ci/run)")
-    pytest.skip(why)
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    chromium = shutil.which("chromium")
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        _missing("playwright is not installed: pip install -e '.[test]'")
-    if chromium is None:
-        _missing("no `chromium` on PATH: apt-get install chromium")
-    with sync_playwright() as p:
-        launched = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
-        yield launched
-        launched.close()
-
-
-@pytest.fixture
-def page(browser) -> Iterator[Any]:
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
-    tab = context.new_page()
-    tab.set_default_timeout(WAIT_MS)
-    errors: list[str] = []
-    tab.on("pageerror", lambda err: errors.append(str(err)))
-    tab.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
-    yield tab
-    context.close()
-    assert errors == [], errors  # no script error, no failed fetch
-
-
-def leave(page) -> None:
-    """Stop the page's polling while its server still runs (the fixture counts its errors)."""
-    page.goto("about:blank")
-
-
-def figures(page, scope: str) -> dict[str, tuple[str, str]]:
-    """Every figure under `scope`: data-field -> (data-value, the text shown)."""
-    return page.eval_on_selector_all(
-        f"{scope} [data-field]", "els => Object.fromEntries(els.map(e => [e.dataset.field, [e.dataset.value, e.textContent]]))"
-    )
-
-
 def as_shown(amount: str) -> Decimal:
     """What the page shows for an amount: six decimals at most."""
     return Decimal(amount).quantize(Decimal("0.000001"), ROUND_HALF_UP) if -Decimal(amount).as_tuple().exponent > 6 else Decimal(amount)

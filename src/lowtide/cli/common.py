@@ -25,14 +25,17 @@ EXIT_INTERRUPTED = 130  # Ctrl-C; the job is resumable
 
 class State:
     db: str | None = None
+    debug: bool = False
 
 
 state = State()
 
 
 @contextmanager
-def open_store() -> Iterator[Store]:
-    store = Store(state.db)
+def open_store(create: bool = True) -> Iterator[Store]:
+    """The store of `--db`. Read-only commands pass `create=False`: they never leave a new,
+    empty store behind where none was."""
+    store = Store(state.db, create=create)
     try:
         yield store
     finally:

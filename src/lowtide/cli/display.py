@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 from decimal import Decimal
+from typing import Any
 
+from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from lowtide.cli.tables import Col, fitted_table
 from lowtide.core.states import RequestState
 from lowtide.engine.control import JobStatus
 
 DONE = (RequestState.SUCCEEDED, RequestState.FAILED, RequestState.CANCELLED)
 
 
-def job_progress() -> Progress:
+def job_progress(console: Console | None = None, disable: bool = False) -> Progress:
     return Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -21,6 +24,8 @@ def job_progress() -> Progress:
         TextColumn("{task.fields[detail]}"),
         TimeElapsedColumn(),
         transient=False,
+        console=console,
+        disable=disable,
     )
 
 
@@ -60,25 +65,47 @@ def spent(status: JobStatus) -> str:
     return text
 
 
-def status_table(statuses: list[JobStatus]) -> Table:
-    table = Table(title="jobs")
-    for col in ("job", "state", "route", "total", "succeeded", "failed", "cancelled", "in flight", "batches", "spent"):
-        table.add_column(col, justify="right" if col not in ("job", "state", "route", "batches") else "left")
+STATUS_COLUMNS = [
+    Col("job"), Col("state"), Col("route", drop=3), Col("total", figure=True), Col("succeeded", figure=True),
+    Col("failed", figure=True), Col("cancelled", figure=True, drop=1), Col("queued", figure=True, drop=2),
+    Col("in flight", figure=True), Col("batches", drop=4), Col("spent", figure=True),
+]  # fmt: skip
+
+
+def status_table(statuses: list[JobStatus], console: Console) -> Table:
+    rows = []
     for s in statuses:
-        in_flight = s.count(RequestState.PENDING) + s.count(RequestState.DISPATCHED)
         phases = ", ".join(f"{n} {p}" for p, n in sorted(s.phases.items())) or "-"
-        table.add_row(
-            s.name, s.state, s.route, str(s.total), str(s.count(RequestState.SUCCEEDED)),
-            str(s.count(RequestState.FAILED)), str(s.count(RequestState.CANCELLED)), str(in_flight), phases, spent(s),
-        )  # fmt: skip
-    return table
+        rows.append([
+            s.name, s.state, s.route, f"{s.total:,}", f"{s.count(RequestState.SUCCEEDED):,}",
+            f"{s.count(RequestState.FAILED):,}", f"{s.count(RequestState.CANCELLED):,}", f"{s.queued:,}",
+            f"{s.in_flight:,}", phases, spent(s),
+        ])  # fmt: skip
+    return fitted_table(console, STATUS_COLUMNS, rows, title="jobs")
 
 
-def placement_table(status: JobStatus) -> Table:
+def placement_table(status: JobStatus, console: Console) -> Table:
     """Where the job's requests ran, and why they moved to the fallback route."""
-    table = Table(title="where requests ran")
-    for col in ("route", "why there", "state", "requests"):
-        table.add_column(col, justify="right" if col == "requests" else "left")
-    for route, why, state, n in status.placement:
-        table.add_row(route, why or "the job's route" if route != "-" else "not sent yet", state, str(n))
-    return table
+    rows = [
+        [route, why or "the job's route" if route != "-" else "not sent yet", state, f"{n:,}"]
+        for route, why, state, n in status.placement
+    ]
+    cols = [Col("route"), Col("why there"), Col("state"), Col("requests", figure=True)]
+    return fitted_table(console, cols, rows, title="where requests ran")
+
+
+def status_json(s: JobStatus) -> dict[str, Any]:
+    """The documented `--json` shape of one job's status (docs/cli.md); amounts as strings."""
+    return {
+        "job": s.name, "state": s.state, "route": s.route, "total": s.total,
+        "requests": {state.value: s.count(state) for state in RequestState},
+        "queued": s.queued, "in_flight": s.in_flight,
+        "batches": {"by_state": dict(sorted(s.dispatches.items())), "live_by_phase": dict(sorted(s.phases.items()))},
+        "failures": dict(sorted(s.failures.items())),
+        "tokens": {k: s.tokens.get(k, 0) for k in ("input_tokens", "output_tokens", "attempts")},
+        "spent_usd": str(s.spent_usd), "unknown_costs": s.unknown_costs,
+        "budget_usd": None if s.budget_usd is None else str(s.budget_usd), "reserved_usd": str(s.reserved_usd),
+        "placement": [{"route": r, "why": why, "state": st, "requests": n} for r, why, st, n in s.placement],
+        "events": list(s.events),
+        "done": s.done,
+    }  # fmt: skip

@@ -17,10 +17,11 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape as markup_escape
 from rich.progress import Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from lowtide.cli.common import console, fail, open_store, out, state
+from lowtide.cli.tables import Col, fitted_table
 from lowtide.core.auto_spec import AUTO, duration_text, parse_duration
 from lowtide.core.errors import InputError, LowtideError
 from lowtide.core.pricing import (
@@ -130,12 +131,13 @@ def _measurements() -> Iterator[Any]:
 
 
 def _print_curve(points: list[advisor.Point], pick: Choice | str | None, wait: float | None, wait_text: str | None) -> None:
-    table = Table(box=None, pad_edge=False, title="cost curve", title_justify="left")
-    for col in ("tier", "route", "cost", "expected wait", "basis", "note"):
-        table.add_column(col, justify="right" if col == "cost" else "left")
-    for p in points:
-        table.add_row(p.tier, p.route + _options_text(p.options), _money(p.cost.usd), p.took.text(), p.took.basis, p.note)
-    out.print(table)
+    rows = [
+        [markup_escape(p.tier), markup_escape(p.route + _options_text(p.options)), _money(p.cost.usd), p.took.text(),
+         markup_escape(p.took.basis), markup_escape(p.note)]
+        for p in points
+    ]  # fmt: skip
+    cols = [Col("tier"), Col("route"), Col("cost", figure=True), Col("expected wait"), Col("basis", drop=1), Col("note", drop=2)]
+    out.print(fitted_table(out, cols, rows, title="cost curve"))
     if isinstance(pick, Choice):
         out.print(f"auto, max_wait {wait_text} ({duration_text(wait or 0)}): {pick.reason}", markup=False)
     elif isinstance(pick, str):
@@ -257,17 +259,17 @@ def _print(spec: JobSpec, count: Count, counter: TokenCounter, usage: Usage, lin
     out.print(f'estimate for job "{spec.name}": {rows}; model {spec.model}, route {spec.route}', markup=False)
     out.print(f"  input:  {usage.input_tokens:,} tokens ({counter.method})", markup=False)
     out.print(f"  output: {usage.output_tokens:,} tokens assumed ({_output_basis(spec, output_tokens)})", markup=False)
-    table = Table(box=None, pad_edge=False)
-    for col in ("route", "cost", "saving vs real time", "takes", "note"):
-        table.add_column(col, justify="right" if col in ("cost", "saving vs real time") else "left")
     baseline = _baseline(lines)
+    rows = []
     for ln in lines:
         saving, pct = _saving(ln, baseline)
         shown = "-" if saving is None else f"{_money(saving)} ({pct}%)"
         route = ln.route + (" ◀ this job" if ln.this_job else "")
-        table.add_row(route, _money(ln.cost.usd), shown, ln.latency, ln.cost.note)
+        rows.append([markup_escape(route), _money(ln.cost.usd), shown, markup_escape(ln.latency), markup_escape(ln.cost.note)])
+    cols = [Col("route"), Col("cost", figure=True), Col("saving", figure=True), Col("takes", drop=2), Col("note", drop=1)]
+    table = fitted_table(out, cols, rows)
     out.print(table)
-    out.print(f"prices: {catalog.describe()}; no prompt-cache discount assumed", markup=False)
+    out.print(f"prices: {catalog.describe()}; saving against real time; no prompt-cache discount assumed", markup=False)
     if count.refused:
         print(f"lowtide: {count.refused} of the {count.counted:,} rows counted would be refused by `lowtide submit`; first:", file=sys.stderr)
         for p in count.problems:

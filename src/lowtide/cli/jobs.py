@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
+from rich.markup import escape as markup_escape
 
 from lowtide.cli.common import (
     EXIT_FAILURES,
@@ -19,21 +21,18 @@ from lowtide.cli.common import (
     open_store,
     out,
 )
-from lowtide.cli.display import (
-    done_count,
-    job_progress,
-    money,
-    placement_table,
-    progress_detail,
-    status_table,
-)
+from lowtide.cli.display import job_progress, money, placement_table, status_json, status_table
+from lowtide.cli.progress import JobProgress
+from lowtide.cli.tables import Col, fitted_table
 from lowtide.core.clock import SystemClock
-from lowtide.core.errors import LowtideError
+from lowtide.core.errors import LowtideError, MissingStoreError
+from lowtide.core.evals import is_eval_file
 from lowtide.core.spec import JobSpec, load_spec
 from lowtide.core.states import JobState
 from lowtide.engine.control import JobStatus, cancel_job, job_spec, job_status, retry_job
 from lowtide.engine.export import export_results
 from lowtide.engine.loader import load_job
+from lowtide.engine.preflight import check_output
 from lowtide.engine.runner import drive
 from lowtide.engine.tick import Engine
 from lowtide.store.db import Store
@@ -41,6 +40,7 @@ from lowtide.store.queries import list_jobs
 
 SpecPath = Annotated[Path, typer.Argument(help="The job spec (YAML).", show_default=False)]
 JobName = Annotated[str, typer.Argument(help="The job's name (the `name:` of its spec).", show_default=False)]
+AsJson = Annotated[bool, typer.Option("--json", help="Print the outcome as JSON (shape: docs/cli.md).")]
 
 
 RequeueChanged = Annotated[
@@ -56,13 +56,17 @@ RequeueChanged = Annotated[
 
 def _load(store: Store, spec_path: Path, requeue_changed: bool = False) -> JobSpec:
     spec = load_spec(spec_path)
-    with job_progress() as progress:
+    live = console.is_terminal and not console.is_dumb_terminal
+    with job_progress(console, disable=not live) as progress:
         task = progress.add_task(f"render {spec.name}", total=None, detail="")
         report = load_job(
             store, spec, SystemClock(), str(spec_path), on_rows=lambda n: progress.update(task, completed=n),
             requeue_changed=requeue_changed,
         )  # fmt: skip
-        progress.update(task, total=report.rows, completed=report.rows, detail=f"{report.new} new, {report.known} already stored")
+        detail = f"{report.new:,} new, {report.known:,} already stored"
+        progress.update(task, total=report.rows, completed=report.rows, detail=detail)
+    if not live:  # a pipe or a log: one plain line, never a cut-off bar
+        console.print(f"stored {spec.name}: {report.rows:,} rows ({detail})", markup=False)
     for change in report.applied:
         console.print(f"spec change applied: {change}", markup=False)
     if line := report.changed_line():
@@ -74,42 +78,52 @@ def run(
     spec_path: SpecPath,
     out_path: Annotated[Path | None, typer.Option("--out", help="Write results here (default: the spec's output.path).")] = None,
     requeue_changed: RequeueChanged = False,
+    as_json: AsJson = False,
 ) -> None:
     """Submit a job and drive it to completion, then write its results.
 
     Ctrl-C stops at once and leaves the job resumable: run the same command again.
 
+    An eval spec (one with `variants:`, docs/evals.md) runs every variant and prints the report.
+
     Example: lowtide run examples/classify-tickets.yaml
     """
+    if is_eval_file(spec_path):
+        from lowtide.cli import evals
+
+        return evals.run(spec_path, requeue_changed)
+    written = None
     try:
+        spec = load_spec(spec_path)
+        target = out_path or (spec.resolve(spec.output.path) if spec.output else None)
+        if target is not None:  # before anything is paid for: a bad path fails now, not after the run
+            check_output(target, "--out" if out_path else "output.path")
         with open_store() as store:
             spec = _load(store, spec_path, requeue_changed)
             status = _drive(store, spec.name)
-            target = out_path or (spec.resolve(spec.output.path) if spec.output else None)
             if target is not None:
-                report = export_results(store, spec.name, target)
-                console.print(f"results: {report.path} ({report.rows} rows)")
+                written = export_results(store, spec.name, target)
+                console.print(f"results: {written.path} ({written.rows} rows)")
     except KeyboardInterrupt:
         console.print("interrupted: the job is resumable; run the same command again to continue")
         raise typer.Exit(EXIT_INTERRUPTED) from None
     except LowtideError as err:
         raise fail(err) from None
-    out.print(status_table([status]))
-    if status.state == JobState.BUDGET_EXHAUSTED:
-        _print_budget(status)
+    if as_json:
+        shape = status_json(status) | {"results": None if written is None else {"path": str(written.path), "rows": written.rows}}
+        print(json.dumps(shape, indent=2))
+    else:
+        out.print(status_table([status], out))
+        if status.state == JobState.BUDGET_EXHAUSTED:
+            _print_budget(status)
     raise typer.Exit(EXIT_OK if status.all_succeeded else EXIT_FAILURES)
 
 
 def _drive(store: Store, name: str) -> JobStatus:
     async def go() -> JobStatus:
-        with job_progress() as progress:
-            task = progress.add_task(f"run {name}", total=None, detail="")
-
-            def on_tick(status: JobStatus, _report) -> None:
-                progress.update(task, total=status.total, completed=done_count(status), detail=progress_detail(status))
-
+        with JobProgress(console, f"run {name}") as progress:
             async with Engine(store) as engine:
-                return await drive(engine, name, on_tick)
+                return await drive(engine, name, lambda status, _report: progress.update(status))
 
     return asyncio.run(go())
 
@@ -131,27 +145,40 @@ def submit(spec_path: SpecPath, requeue_changed: RequeueChanged = False) -> None
 
 def status(
     job: Annotated[str | None, typer.Argument(help="A job name; all jobs when left out.", show_default=False)] = None,
+    as_json: AsJson = False,
 ) -> None:
     """Show how far jobs are: requests by state, live batches by provider phase, recent events.
 
     Example: lowtide status classify-tickets
     """
     try:
-        with open_store() as store:
+        with open_store(create=False) as store:
             if job is None:
                 with store.begin() as conn:
                     names = [r.name for r in list_jobs(conn)]
-                out.print(status_table([job_status(store, n) for n in names]))
+                statuses = [job_status(store, n) for n in names]
+                if as_json:
+                    print(json.dumps({"jobs": [status_json(s) for s in statuses]}, indent=2))
+                else:
+                    out.print(status_table(statuses, out) if statuses else "no jobs in this store yet")
                 return
             s = job_status(store, job)
+    except MissingStoreError as err:
+        if job is None:  # nothing submitted here yet: the truthful answer is "no jobs"
+            print(json.dumps({"jobs": []}) if as_json else f"no jobs yet ({str(err).split(':')[0]})")
+            return
+        raise fail(err) from None
     except LowtideError as err:
         raise fail(err) from None
-    out.print(status_table([s]))
+    if as_json:
+        print(json.dumps(status_json(s), indent=2))
+        return
+    out.print(status_table([s], out))
     if len(s.placement) > 1 or any(why for _, why, _, _ in s.placement):
-        out.print(placement_table(s))
+        out.print(placement_table(s, out))
     if s.failures:
         out.print("failures: " + ", ".join(f"{code} × {n}" for code, n in sorted(s.failures.items())))
-    out.print(f"tokens: {s.tokens.get('input_tokens', 0)} in, {s.tokens.get('output_tokens', 0)} out over {s.tokens.get('attempts', 0)} attempts")
+    out.print(f"tokens: {s.tokens.get('input_tokens', 0):,} in, {s.tokens.get('output_tokens', 0):,} out over {s.tokens.get('attempts', 0):,} attempts")
     _print_budget(s)
     for event in s.events:
         out.print(f"  {event}", markup=False)
@@ -178,24 +205,32 @@ def results(
     full: Annotated[
         bool, typer.Option("--full", help="Add a `response` column: each provider's whole answer body, as it came.")
     ] = False,
+    as_json: AsJson = False,
 ) -> None:
     """Write a job's results joined to its source rows by custom_id.
 
     Example: lowtide results classify-tickets --out results.parquet --compare gold
     """
     try:
-        with open_store() as store:
-            report = export_results(store, job, out_path, full=full)
+        check_output(out_path, "--out")
+        with open_store(create=False) as store:
             spec = job_spec(store, job)
+            report = export_results(store, job, out_path, full=full)
     except LowtideError as err:
         raise fail(err) from None
-    console.print(f"wrote {report.rows} rows to {report.path} ({', '.join(f'{n} {s}' for s, n in sorted(report.states.items()))})")
-    if compare:
-        _print_accuracy(report.path, compare, spec)
+    console.print(f"wrote {report.rows:,} rows to {report.path} ({', '.join(f'{n:,} {s}' for s, n in sorted(report.states.items()))})")
+    accuracy = _accuracy(report.path, compare) if compare else None
+    if as_json:
+        shape = {"job": job, "path": str(report.path), "rows": report.rows, "states": dict(sorted(report.states.items()))}
+        if accuracy is not None:
+            shape["accuracy"] = _accuracy_json(compare, accuracy, spec)
+        print(json.dumps(shape, indent=2))
+    elif accuracy is not None:
+        _print_accuracy(compare, accuracy, spec)
 
 
-def _print_accuracy(path: Path, column: str, spec: JobSpec) -> None:
-    """Share of rows whose answer equals the expected column, per expected value."""
+def _accuracy(path: Path, column: str) -> dict[str, list[int]]:
+    """Hits per expected value: [correct, rows]."""
     from lowtide.core.sources import Source
 
     source = Source(path)
@@ -203,7 +238,7 @@ def _print_accuracy(path: Path, column: str, spec: JobSpec) -> None:
     for chunk in source.chunks():
         columns = source.columns or list(chunk[0].values)
         if column not in columns:
-            console.print(f'lowtide: --compare: no column "{column}" in the results; columns are: {", ".join(columns)}')
+            print(f'lowtide: --compare: no column "{column}" in the results; columns are: {", ".join(columns)}', file=sys.stderr)
             raise typer.Exit(EXIT_USAGE)
         answer_col = "lowtide_output" if "lowtide_output" in columns else "output"
         for row in chunk:
@@ -212,20 +247,33 @@ def _print_accuracy(path: Path, column: str, spec: JobSpec) -> None:
             hit = per.setdefault(gold, [0, 0])
             hit[0] += got.lower() == gold.lower()
             hit[1] += 1
-    table = Table(title=f"accuracy against {column} ({spec.model} on {spec.route})")
-    for col in ("expected", "rows", "correct", "accuracy"):
-        table.add_column(col, justify="left" if col == "expected" else "right")
-    for gold, (ok, n) in sorted(per.items()):
-        table.add_row(gold, str(n), str(ok), f"{ok / n:.0%}")
+    return per
+
+
+def _accuracy_json(column: str, per: dict[str, list[int]], spec: JobSpec) -> dict:
     ok = sum(v[0] for v in per.values())
     n = sum(v[1] for v in per.values())
-    table.add_row("[bold]all", str(n), str(ok), f"[bold]{ok / n:.1%}" if n else "-")
+    return {
+        "column": column, "rows": n, "correct": ok, "accuracy": ok / n if n else None,
+        "by_expected": [{"expected": g, "rows": r, "correct": c} for g, (c, r) in sorted(per.items())],
+        "chance": 1 / len(spec.effective_choices) if spec.effective_choices else None,
+    }  # fmt: skip
+
+
+def _print_accuracy(column: str, per: dict[str, list[int]], spec: JobSpec) -> None:
+    """Share of rows whose answer equals the expected column, per expected value."""
+    rows = [[markup_escape(gold), f"{n:,}", f"{ok:,}", f"{ok / n:.0%}"] for gold, (ok, n) in sorted(per.items())]
+    ok = sum(v[0] for v in per.values())
+    n = sum(v[1] for v in per.values())
+    rows.append(["[bold]all", f"{n:,}", f"{ok:,}", f"[bold]{ok / n:.1%}" if n else "-"])
+    cols = [Col("expected"), Col("rows", figure=True), Col("correct", figure=True), Col("accuracy", figure=True)]
+    table = fitted_table(out, cols, rows, title=f"accuracy against {markup_escape(column)} ({spec.model} on {spec.route})")
     if spec.effective_choices:
         table.caption = f"chance level with {len(spec.effective_choices)} choices: {1 / len(spec.effective_choices):.0%}"
     out.print(table)
 
 
-def cancel(job: JobName) -> None:
+def cancel(job: JobName, as_json: AsJson = False) -> None:
     """Cancel a job: unsent requests are cancelled, provider batches asked to stop.
 
     Results a provider had already produced are still brought in (they are paid for).
@@ -233,20 +281,27 @@ def cancel(job: JobName) -> None:
     Example: lowtide cancel classify-tickets
     """
     try:
-        with open_store() as store:
+        with open_store(create=False) as store:
             was = job_status(store, job, events=0).state
             n = cancel_job(store, job, SystemClock())
             now = job_status(store, job, events=0)
     except LowtideError as err:
         raise fail(err) from None
-    in_flight = sum(now.phases.values())
-    if was == now.state:  # finished, or cancelled already
-        console.print(f"nothing to cancel: {job} is {now.state}")
+    batches = sum(now.phases.values())
+    if as_json:
+        shape = {"job": job, "was": was, "state": now.state, "cancelled_now": n, "in_flight": now.in_flight, "live_batches": batches}
+        print(json.dumps(shape, indent=2))
         return
-    # Every request may be in a batch already sent: the job is cancelled all the same.
-    flight = f"; {in_flight} batch(es) in flight asked to stop" if in_flight else ""
-    console.print(f"cancelled {job}: {n} unsent request(s) cancelled{flight}")
-    if in_flight:
+    # Requests in a batch already sent finish there (or are cancelled by the provider): say so.
+    flight = f"; {now.in_flight:,} request(s) in {batches} live batch(es), asked to stop" if batches else ""
+    if was == now.state:  # finished, or cancelled already
+        if batches:
+            console.print(f"{job} is {now.state} already{flight}", markup=False)
+        else:
+            console.print(f"nothing to cancel: {job} is {now.state}", markup=False)
+    else:
+        console.print(f"cancelled {job}: {n:,} unsent request(s) cancelled{flight}", markup=False)
+    if batches:
         console.print("run `lowtide tick` or a worker to collect what those batches finished (it is paid for)")
 
 
@@ -254,6 +309,7 @@ def retry(
     job: JobName,
     failed: Annotated[bool, typer.Option("--failed", help="Retry the requests that failed.")] = False,
     cancelled: Annotated[bool, typer.Option("--cancelled", help="Retry the requests that were cancelled.")] = False,
+    as_json: AsJson = False,
 ) -> None:
     """Queue failed (or cancelled) requests again with a fresh attempt budget.
 
@@ -263,8 +319,11 @@ def retry(
         console.print("lowtide: say what to retry: --failed, --cancelled, or both")
         raise typer.Exit(EXIT_USAGE)
     try:
-        with open_store() as store:
+        with open_store(create=False) as store:
             n = retry_job(store, job, SystemClock(), failed=failed, cancelled=cancelled)
     except LowtideError as err:
         raise fail(err) from None
-    console.print(f"queued {n} request(s) of {job} again")
+    if as_json:
+        print(json.dumps({"job": job, "queued": n}, indent=2))
+        return
+    console.print(f"queued {n:,} request(s) of {job} again", markup=False)

@@ -9,10 +9,11 @@ from enum import StrEnum
 from typing import Annotated
 
 import typer
-from rich.table import Table
+from rich.markup import escape as markup_escape
 
 from lowtide.cli.common import EXIT_USAGE, console, fail, open_store, out
 from lowtide.cli.display import money
+from lowtide.cli.tables import Col, fitted_table
 from lowtide.core.errors import LowtideError
 from lowtide.engine.report import CostReport, Figures, cost_report
 
@@ -49,7 +50,7 @@ def report(
             raise typer.Exit(EXIT_USAGE) from None
         start = (when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp()
     try:
-        with open_store() as store:
+        with open_store(create=False) as store:
             result = cost_report(store, job=job, since=start, by=by.value if by else None)
     except LowtideError as err:
         raise fail(err) from None
@@ -60,11 +61,11 @@ def report(
 
 
 def _row(f: Figures) -> list[str]:
-    cost = money(f.usd) + (f" + {f.unknown} unknown" if f.unknown else "")
+    cost = money(f.usd) + (f" + {f.unknown:,} unknown" if f.unknown else "")
     pct = "-" if f.saving_percent is None else f"{f.saving_percent}%"
     share = "-" if f.cache_hit_share is None else f"{f.cache_hit_share * 100:.1f}%"
-    failures = str(f.failures) + (f" ({f.billed_failures} billed)" if f.billed_failures else "")
-    stale = str(f.stale) + (f" ({money(f.stale_usd)})" if f.stale else "")
+    failures = f"{f.failures:,}" + (f" ({f.billed_failures:,} billed)" if f.billed_failures else "")
+    stale = f"{f.stale:,}" + (f" ({money(f.stale_usd)})" if f.stale else "")
     return [
         f"{f.input_tokens:,}", f"{f.cached_input_tokens:,}", f"{f.cache_write_tokens:,}", f"{f.output_tokens:,}",
         cost, money(f.realtime_usd), f"{money(f.saving_usd)} ({pct})", share, f"{f.attempts:,}", failures, stale,
@@ -75,19 +76,15 @@ def _print(result: CostReport) -> None:
     scope = f"job {result.job}" if result.job else "all jobs"
     if result.since is not None:
         scope += f", since {datetime.fromtimestamp(result.since, UTC).isoformat(timespec='seconds')}"
-    table = Table(title=f"costs: {scope}" + (f", by {result.by}" if result.by else ""))
-    columns = ["input", "cached", "cache writes", "output", "cost", "real time", "saving", "cache hits", "attempts", "failures", "stale"]
-    if result.by:
-        table.add_column(result.by)
-        table.add_column("tier")
-    for col in columns:
-        table.add_column(col, justify="right")
-    for g in result.groups:
-        table.add_row(g.group, ", ".join(sorted(g.tiers)) or "-", *_row(g))
-    if result.by:
-        table.add_row("[bold]total", "", *_row(result.total))
-    else:
-        table.add_row(*_row(result.total))
+    # Left out first when the width is short (every figure is in --json): the rarest reads.
+    drops = {"cache writes": 9, "stale": 8, "cached": 7, "cache hits": 6, "tier": 5, "attempts": 4, "real time": 3, "failures": 2}
+    names = ["input", "cached", "cache writes", "output", "cost", "real time", "saving", "cache hits", "attempts", "failures", "stale"]
+    cols = ([Col(result.by), Col("tier", drop=drops["tier"])] if result.by else []) + [
+        Col(n, figure=True, drop=drops.get(n, 0)) for n in names
+    ]
+    rows = [[markup_escape(g.group), ", ".join(sorted(g.tiers)) or "-", *_row(g)] for g in result.groups]
+    rows.append(["[bold]total", "", *_row(result.total)] if result.by else _row(result.total))
+    table = fitted_table(out, cols, rows, title=f"costs: {scope}" + (f", by {result.by}" if result.by else ""))
     out.print(table)
     total = result.total
     if total.unknown:

@@ -11,13 +11,16 @@ import typing
 from functools import cache
 from typing import Any
 
+from lowtide.core.gemini import GENERATE_CONTENT
+
 CHAT = "/v1/chat/completions"
 RESPONSES = "/v1/responses"
 COMPLETIONS = "/v1/completions"
 MESSAGES = "/v1/messages"
-ENDPOINTS = (CHAT, RESPONSES, COMPLETIONS, MESSAGES)
+GEMINI = GENERATE_CONTENT  # Gemini's generateContent (core/gemini.py)
+ENDPOINTS = (CHAT, RESPONSES, COMPLETIONS, MESSAGES, GEMINI)
 # Which provider's protocol an endpoint belongs to.
-PROTOCOL = {CHAT: "openai", RESPONSES: "openai", COMPLETIONS: "openai", MESSAGES: "anthropic"}
+PROTOCOL = {CHAT: "openai", RESPONSES: "openai", COMPLETIONS: "openai", MESSAGES: "anthropic", GEMINI: "gemini"}
 # Keys a batch or a stored request cannot carry: a stream has nobody to read it.
 NEVER = frozenset({"stream", "stream_options"})
 # Parameters self-hosted OpenAI-compatible servers (vLLM, SGLang, llama.cpp's server) take
@@ -53,6 +56,10 @@ def _typed_dict(endpoint: str) -> Any:
         from anthropic.types.message_create_params import MessageCreateParamsBase
 
         return MessageCreateParamsBase
+    if endpoint == GEMINI:
+        from lowtide.core.gemini import body_type as gemini_body_type
+
+        return gemini_body_type()
     raise ValueError(f"unknown endpoint {endpoint!r}; known: {', '.join(ENDPOINTS)}")
 
 
@@ -86,4 +93,4 @@ def required_of(typed_dict: Any) -> frozenset[str]:
 
 def conversation_key(endpoint: str) -> str:
     """The body key that holds what the model is asked: messages, input or prompt."""
-    return {RESPONSES: "input", COMPLETIONS: "prompt"}.get(endpoint, "messages")
+    return {RESPONSES: "input", COMPLETIONS: "prompt", GEMINI: "contents"}.get(endpoint, "messages")

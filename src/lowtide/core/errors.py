@@ -9,6 +9,7 @@
     │   ├── BatchRejected        a provider refused a batch for good (validation, 4xx)
     │   └── UnknownRouteError    no route of that name is registered
     ├── StoreError               the store cannot be opened or is from a newer release
+    │   └── MissingStoreError    a read-only command found no store where it looked
     └── JobNotFoundError         a job name that is not in the store
 """
 
@@ -66,6 +67,10 @@ class UnknownRouteError(RouteError, InputError):
 
 class StoreError(LowtideError):
     """The store cannot be opened, or was written by a newer lowtide."""
+
+
+class MissingStoreError(StoreError):
+    """A command that only reads found no store (and did not create one)."""
 
 
 class JobNotFoundError(LowtideError):

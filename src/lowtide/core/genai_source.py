@@ -88,8 +88,8 @@ def lookup(provider: str, model: str, day: date) -> GenaiEntry | None:
     ts = datetime.combine(day, time(12), tzinfo=UTC)  # midday: the day's price, whatever the zone
     notes: list[str] = []
     tiers: dict[str, dict[str, Decimal] | None] = {"realtime": _fields(info.get_prices(ts), notes)}
-    for tier, context in CONTEXTS.items():
-        tiers[tier] = _fields(info.get_prices(ts, context), notes) if _active_variant(info, context, ts) else None
+    for tier, context in CONTEXTS.items():  # long-prompt notes: the real-time tier's say it
+        tiers[tier] = _fields(info.get_prices(ts, context), []) if _active_variant(info, context, ts) else None
     offered = frozenset(t for t, c in CONTEXTS.items() if any(v.when == c for v in info.price_variants or ()))
     note = "; ".join(dict.fromkeys(notes)) or None
     return GenaiEntry(info.id, found_provider.id, day, tiers, offered | {"realtime"}, note)

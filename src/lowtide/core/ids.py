@@ -24,10 +24,26 @@ _INTEGRAL_FLOAT = re.compile(r"^([+-]?\d+)\.0+$")
 _INTEGER = re.compile(r"^[+-]?\d+$")
 
 
-def custom_id_for(key: str) -> str:
-    if CUSTOM_ID_PATTERN.match(key):
-        return key
-    safe = _UNSAFE.sub("_", key).strip("_")[:55] or "id"
+VARIANT_SEPARATOR = "__"  # between the business key and an eval variant's name
+MAX_VARIANT = 40  # so that at least 22 characters of a custom_id are left for the key
+VARIANT_NAME = re.compile(rf"^[a-zA-Z0-9_-]{{1,{MAX_VARIANT}}}$")
+
+
+def custom_id_for(key: str, variant: str | None = None) -> str:
+    """The custom_id of a row's business key, and of its eval variant (core/evals.py):
+    `ticket-48213__gpt-v2`. A key that leaves too little room beside the variant's name is
+    cut and given its hash, as any other unsafe key is."""
+    if variant is None:
+        if CUSTOM_ID_PATTERN.match(key):
+            return key
+        return _hashed(key, 55)
+    room = 64 - len(variant) - len(VARIANT_SEPARATOR)
+    base = key if CUSTOM_ID_PATTERN.match(key) and len(key) <= room else _hashed(key, room - 9)
+    return f"{base}{VARIANT_SEPARATOR}{variant}"
+
+
+def _hashed(key: str, keep: int) -> str:
+    safe = _UNSAFE.sub("_", key).strip("_")[:keep] or "id"
     digest = hashlib.sha1(key.encode("utf-8")).hexdigest()[:8]
     return f"{safe}-{digest}"
 

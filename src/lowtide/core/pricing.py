@@ -51,7 +51,7 @@ from lowtide.core.types import Usage
 from lowtide.core.yamlfile import parse_mapping, read_text, validate
 
 PRICES_ENV = "LOWTIDE_PRICES"
-PROVIDERS = ("openai", "anthropic")
+PROVIDERS = ("openai", "anthropic", "google")
 ZERO = Decimal(0)
 MILLION = Decimal(1_000_000)
 HOUR = Decimal(3600)
@@ -135,8 +135,9 @@ class PriceFile(_Strict):
     source: str | None = None
     openai: dict[str, ModelPrices] = Field(default_factory=dict)
     anthropic: dict[str, ModelPrices] = Field(default_factory=dict)
+    google: dict[str, ModelPrices] = Field(default_factory=dict)  # Gemini API
     self_hosted: dict[str, SelfHosted] = Field(default_factory=dict)
-    derived: dict[Literal["openai", "anthropic"], dict[Literal["batch", "flex", "priority"], DerivedTier]] = Field(
+    derived: dict[Literal["openai", "anthropic", "google"], dict[Literal["batch", "flex", "priority"], DerivedTier]] = Field(
         default_factory=dict
     )
 
@@ -325,6 +326,8 @@ _ROUTES: dict[str, tuple[str | None, Tier]] = {
     "openai-batch": ("openai", Tier.BATCH),
     "anthropic": ("anthropic", Tier.REALTIME),
     "anthropic-batch": ("anthropic", Tier.BATCH),
+    "gemini": ("google", Tier.REALTIME),
+    "gemini-batch": ("google", Tier.BATCH),
     "openai-compatible": (None, Tier.SELF_HOSTED),
     "local": (None, Tier.SELF_HOSTED),
     "echo": (None, Tier.FREE),
@@ -342,7 +345,7 @@ def billing_of(route: str, route_options: Mapping[str, Any] | None = None) -> Bi
         return None
     options = route_options or {}
     provider, tier = _ROUTES[route]
-    if route == "openai" and options.get("service_tier") in (Tier.FLEX, Tier.PRIORITY):
+    if route in ("openai", "gemini") and options.get("service_tier") in (Tier.FLEX, Tier.PRIORITY):
         tier = Tier(options["service_tier"])
     ttl: Literal["5m", "1h"] = "1h" if provider == "anthropic" and options.get("cache_prefix") else "5m"
     return Billing(provider, tier, ttl)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import json
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,11 @@ from lowtide.core.errors import SourceError
 from lowtide.core.spec import format_of
 
 CHUNK_ROWS = 5000
+MAX_STRUCTURE_PROBLEMS = 1000  # rows a structural problem is reported for before reading stops
+
+# A cell may be a whole document: no limit below what any provider takes in one request
+# (the csv module's default, 131,072 characters, refuses an ordinary long text).
+csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
 
 
 @dataclass(slots=True)
@@ -36,11 +42,15 @@ class Source:
 
     def __init__(self, path: Path | str, fmt: str | None = None):
         self.path = Path(path)
-        self.format = format_of(self.path, fmt)
+        # Rows that cannot be read as rows (a CSV record of the wrong width, a JSONL line that
+        # is not a JSON object): skipped and listed here, then raised together at the end of
+        # `chunks()`, or left to the caller to report with its own problems (`strict=False`).
+        self.problems: list[str] = []
         if not self.path.exists():
             raise SourceError(f"{self.path}: no such file; check `source.path` (relative to the spec file)")
         if self.path.is_dir():
             raise SourceError(f"{self.path}: is a folder, not a file; point `source.path` at a file")
+        self.format = format_of(self.path, fmt)
         self.columns: list[str] | None = self._read_columns()
 
     def _read_columns(self) -> list[str] | None:
@@ -74,9 +84,11 @@ class Source:
         line, col = _first_bad_utf8(self.path)
         return SourceError(f"{self.path.name} line {line}, column {col}: not UTF-8 text; save the file as UTF-8")
 
-    def chunks(self, size: int = CHUNK_ROWS) -> Iterator[list[SourceRow]]:
-        """Yield the rows in chunks of at most `size`."""
+    def chunks(self, size: int = CHUNK_ROWS, strict: bool = True) -> Iterator[list[SourceRow]]:
+        """Yield the rows in chunks of at most `size`. Rows with a structural problem are
+        left out and collected in `problems`; `strict` raises them all at the end."""
         reader = {"csv": self._csv, "jsonl": self._jsonl, "parquet": self._parquet}[self.format]
+        self.problems = []
         chunk: list[SourceRow] = []
         try:
             for row in reader():
@@ -90,6 +102,13 @@ class Source:
             raise SourceError(f"{self.path}: cannot read ({_reason(err)})") from None
         if chunk:
             yield chunk
+        if strict and self.problems:
+            raise SourceError.from_problems(f"{self.path}: cannot be read as {self.format}", self.problems)
+
+    def _problem(self, message: str) -> None:
+        self.problems.append(message)
+        if len(self.problems) >= MAX_STRUCTURE_PROBLEMS:
+            raise SourceError.from_problems(f"{self.path}: cannot be read as {self.format} (stopped reading)", self.problems)
 
     def _csv(self) -> Iterator[SourceRow]:
         with self.path.open(newline="", encoding="utf-8-sig") as f:
@@ -104,10 +123,12 @@ class Source:
                     continue
                 number += 1
                 if len(record) != width:
-                    raise SourceError(
+                    self._problem(
                         f"{self.path.name} row {number} (line {line}): has {len(record)} fields, "
                         f"the header has {width}; quote values that contain commas"
                     )
+                    line = reader.line_num + 1
+                    continue
                 yield SourceRow(number, line, dict(zip(header, record, strict=True)))
                 line = reader.line_num + 1
 
@@ -121,9 +142,11 @@ class Source:
                 try:
                     values = fastjson.loads(text)
                 except json.JSONDecodeError as err:
-                    raise SourceError(f"{self.path.name} line {lineno}: not valid JSON ({err.msg}, column {err.colno})") from None
+                    self._problem(f"{self.path.name} line {lineno}: not valid JSON ({err.msg}, column {err.colno})")
+                    continue
                 if not isinstance(values, dict):
-                    raise SourceError(f"{self.path.name} line {lineno}: each line must be a JSON object, got {type(values).__name__}")
+                    self._problem(f"{self.path.name} line {lineno}: each line must be a JSON object, got {type(values).__name__}")
+                    continue
                 yield SourceRow(number, lineno, values)
 
     def _parquet(self) -> Iterator[SourceRow]:

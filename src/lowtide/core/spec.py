@@ -20,6 +20,7 @@ from lowtide.core.endpoints import (
     CHAT,
     COMPLETIONS,
     ENGINE_EXTRAS,
+    GEMINI,
     MESSAGES,
     NEVER,
     conversation_key,
@@ -27,6 +28,7 @@ from lowtide.core.endpoints import (
     required_keys,
 )
 from lowtide.core.errors import SpecError
+from lowtide.core.ids import MAX_VARIANT, VARIANT_NAME, VARIANT_SEPARATOR
 from lowtide.core.params import check_schema, check_values
 from lowtide.core.yamlfile import parse_mapping, read_text, validate
 
@@ -173,7 +175,7 @@ class JobSpec(_Strict):
     route_options: dict[str, Any] = Field(default_factory=dict)
     # The endpoint the requests are for, and so the shape of their bodies (docs/jobs.md
     # "Endpoints"); default: /v1/messages on Anthropic's routes, else /v1/chat/completions.
-    endpoint: Literal["/v1/chat/completions", "/v1/responses", "/v1/completions", "/v1/messages"] | None = None
+    endpoint: Literal["/v1/chat/completions", "/v1/responses", "/v1/completions", "/v1/messages", "/v1beta/models:generateContent"] | None = None
     # Body parameters taken from each row: {parameter: column}. A row's empty cell leaves the
     # parameter at its `params` value (or unset); CSV text is read as the SDK's type says.
     param_columns: dict[str, str] = Field(default_factory=dict)
@@ -195,6 +197,8 @@ class JobSpec(_Strict):
     budget_usd: Decimal | None = Field(None, gt=0, allow_inf_nan=False)
     # Labels `lowtide report --by tag` groups costs by.
     tags: list[str] = Field(default_factory=list)
+    # The eval variant this job runs (core/evals.py): its name ends every custom_id.
+    variant: str | None = None
     # Folder that relative paths are resolved against (the spec file's folder).
     base_dir: str = "."
 
@@ -210,6 +214,13 @@ class JobSpec(_Strict):
     def _choices(cls, v: list[str] | None) -> list[str] | None:
         if v is not None and (len(v) < 2 or len(set(v)) != len(v) or not all(c.strip() for c in v)):
             raise ValueError("give at least two distinct, non-empty choices")
+        return v
+
+    @field_validator("variant")
+    @classmethod
+    def _variant(cls, v: str | None) -> str | None:
+        if v is not None and (not VARIANT_NAME.match(v) or VARIANT_SEPARATOR in v):
+            raise ValueError(f"variant {v!r}: use 1-{MAX_VARIANT} letters, digits, '-' or single '_' (it is part of every custom_id)")
         return v
 
     @field_validator("tags")
@@ -263,6 +274,10 @@ class JobSpec(_Strict):
             raise ValueError("`body_column` rows are whole request bodies: put their parameters in the body, not in param_columns")
         if (self.template.images or self.template.files) and self.request_endpoint == COMPLETIONS:
             raise ValueError(f"{COMPLETIONS} takes a text prompt: images and files need /v1/chat/completions, /v1/responses or /v1/messages (`endpoint:`)")
+        if self.request_endpoint == GEMINI and self.template.body_column is None:
+            # Templates render chat turns; the Gemini routes translate those (docs/gemini.md).
+            raise ValueError(f"endpoint {GEMINI} takes whole bodies: set template.body_column, or leave endpoint out "
+                             "(the job's chat requests are translated by the gemini routes, docs/gemini.md)")
         return self
 
     @model_validator(mode="after")

@@ -50,7 +50,9 @@ class Request:
             value = self.body.get(key)
             if type(value) is int:
                 return value
-        return None
+        config = self.body.get("generationConfig")  # Gemini keeps it one level down
+        value = config.get("maxOutputTokens") if isinstance(config, dict) else None
+        return value if type(value) is int else None
 
     def add_turns(self, turns: list[dict[str, str]]) -> None:
         """Append lowtide's own turns (the one retry of an invalid answer) to the

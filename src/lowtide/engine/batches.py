@@ -33,7 +33,7 @@ from lowtide.engine.ingest import IngestCounts, apply_outcomes
 from lowtide.engine.policy import poll_delay
 from lowtide.routes.base import BatchRoute
 from lowtide.store.db import Store
-from lowtide.store.queries import add_event
+from lowtide.store.queries import add_event, note_phase
 from lowtide.store.schema import dispatches, requests
 from lowtide.store.transitions import lock_job, move_dispatch, move_requests
 
@@ -347,6 +347,7 @@ async def poll(
         # The flag is cleared only once acted on: a cancel that arrived during this poll stays.
         settled = {"cancel_requested": False} if status.ended or (asked and not cancel_requested) else {}
         with store.begin() as conn:
+            note_phase(conn, dispatch_id, status.phase, clock.now())  # the batch timeline
             conn.execute(
                 update(dispatches).where(dispatches.c.id == dispatch_id).values(
                     polls=polls + 1, phase=status.phase, error=None, **settled,

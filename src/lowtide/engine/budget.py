@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass
 from decimal import Decimal
 
-from sqlalchemy import Connection, and_, case, func, select, update
+from sqlalchemy import ColumnElement, Connection, and_, case, func, select, update
 
 from lowtide.core.errors import InputError
 from lowtide.core.pricing import attempt_cost, load_catalog
@@ -66,6 +66,11 @@ def estimate(conn: Connection, job: JobContext, dispatch_id: int, route: str) ->
     characters / 4 (the approximation of `lowtide.core.tokens`, on the whole JSON: an
     over-count) of input, and max_tokens of output, each."""
     waiting = and_(requests.c.dispatch_id == dispatch_id, requests.c.state == RequestState.DISPATCHED.value)
+    return estimate_requests(conn, job, waiting, route)
+
+
+def estimate_requests(conn: Connection, job: JobContext, waiting: ColumnElement[bool], route: str) -> Estimate:
+    """`estimate` of the job's requests that `waiting` selects (the dashboard: all of them)."""
     n, chars = conn.execute(
         select(
             func.count(),
@@ -167,7 +172,7 @@ def exhaust(conn: Connection, job_id: int, reason: str, now: float) -> None:
         move_job(conn, job_id, JobState.BUDGET_EXHAUSTED, updated_at=now)
         add_event(
             conn, job_id, "budget_exhausted",
-            f"stopped sending: {reason}. Raise budget_usd in the spec and run `lowtide submit` with it to resume",
+            f"stopped sending: {reason}. {_how_to_resume(reason)}",
             now,
         )  # fmt: skip
 
@@ -182,3 +187,10 @@ def resume(conn: Connection, job_id: int, budget: Decimal | None, now: float) ->
     limit = "no budget" if budget is None else f"a budget of {usd(budget)}"
     add_event(conn, job_id, "budget_resumed", f"spec submitted again with {limit}: sending again", now)
     return True
+
+
+def _how_to_resume(reason: str) -> str:
+    """Raising the budget helps only when the budget is what stopped the job."""
+    if "cannot be estimated" in reason or "is unknown" in reason:
+        return "Add the missing prices to a price file (docs/costs.md) and run `lowtide submit` to resume"
+    return "Raise budget_usd in the spec and run `lowtide submit` with it to resume"

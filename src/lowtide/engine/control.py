@@ -43,6 +43,20 @@ class JobStatus:
     unknown_costs: int = 0
     budget_usd: Decimal | None = None
     reserved_usd: Decimal = Decimal(0)
+    # Dispatched requests by the state of their dispatch (a `planned` batch is not sent yet),
+    # and the job's dispatches by state (batches done of total).
+    dispatched: dict[str, int] = field(default_factory=dict)
+    dispatches: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def in_flight(self) -> int:
+        """Requests sent (or being sent) and not back: never those still waiting to go."""
+        return sum(n for state, n in self.dispatched.items() if state in SENT_DISPATCH_STATES)
+
+    @property
+    def queued(self) -> int:
+        """Requests not sent yet: pending, or in a batch that is planned but not submitted."""
+        return self.count(RequestState.PENDING) + self.count(RequestState.DISPATCHED) - self.in_flight
 
     @property
     def total(self) -> int:
@@ -86,7 +100,27 @@ def job_status(store: Store, name: str, events: int = 5) -> JobStatus:
             unknown_costs=tokens["unknown_cost"],
             budget_usd=budget,
             reserved_usd=position(conn, job.id).reserved if budget is not None else Decimal(0),
+            dispatched=_dispatched(conn, job.id),
+            dispatches=dict(
+                conn.execute(
+                    select(dispatches.c.state, func.count()).where(dispatches.c.job_id == job.id).group_by(dispatches.c.state)
+                ).all()
+            ),
         )
+
+
+# A dispatch in these states has reached (or may have reached) its route.
+SENT_DISPATCH_STATES = frozenset({DispatchState.SUBMITTING.value, DispatchState.SUBMITTED.value, DispatchState.RUNNING.value})
+
+
+def _dispatched(conn, job_id: int) -> dict[str, int]:
+    rows = conn.execute(
+        select(dispatches.c.state, func.count())
+        .select_from(requests.join(dispatches, requests.c.dispatch_id == dispatches.c.id))
+        .where(requests.c.job_id == job_id, requests.c.state == RequestState.DISPATCHED.value)
+        .group_by(dispatches.c.state)
+    ).all()
+    return {state: n for state, n in rows}
 
 
 def _placement(conn, job_id: int) -> list[tuple[str, str | None, str, int]]:

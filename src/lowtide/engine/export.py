@@ -41,6 +41,7 @@ from lowtide.engine.answer_columns import (
     answer_values,
     fit,
     schema_type,
+    text_answer_values,
 )
 from lowtide.engine.loader import RowRenderer
 from lowtide.store.bulk import among
@@ -108,7 +109,7 @@ class ResultRows:
             names = self.result_columns(self.source_columns)
             self.answers_renamed = any(names[n] != n for n in ANSWER_COLUMNS)
             keys = [str(r.values.get(id_col, "")).strip() for r in chunk]
-            ids = [custom_id_for(key_of(k)) for k in keys]
+            ids = [custom_id_for(key_of(k), self.spec.variant) for k in keys]
             found = self._lookup(ids, keys)
             rows = [(row, cid, found.get(cid)) for row, cid in zip(chunk, ids, strict=True)]
             for page in _pages(rows):
@@ -139,12 +140,16 @@ class ResultRows:
         record[names["route"]] = route
         if text is None:
             text = answers.get(rid)
-        response = fastjson.loads(text) if text else None
+        values = None if self.full else text_answer_values(text)  # the usual answer, without a parse
+        response = None
+        if values is None:
+            response = fastjson.loads(text) if text else None
+            values = answer_values(response)
         if self.answers_renamed:
-            for name, value in answer_values(response).items():
+            for name, value in values.items():
                 record[names[name]] = value
         else:
-            record.update(answer_values(response))
+            record.update(values)
         if self.full:
             record[names["response"]] = response
         return record

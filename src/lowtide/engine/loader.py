@@ -44,6 +44,7 @@ from lowtide.core.templates import MessageTemplate
 from lowtide.core.types import Request, schema_format
 from lowtide.engine import budget
 from lowtide.engine.changes import Changes, note_changed, requeue, split_known
+from lowtide.engine.preflight import check_prices
 from lowtide.routes import create_route
 from lowtide.store.bulk import executemany
 from lowtide.store.db import Store
@@ -94,6 +95,7 @@ class RowRenderer:
         self.optional = dict.fromkeys(spec.source.optional_columns)
         self.row_params = spec.template.messages_column is not None
         self.model = spec.model
+        self.variant = spec.variant
         self.endpoint = spec.request_endpoint
         self.conversation = conversation_key(self.endpoint)
         self.base = request_base(spec)
@@ -164,7 +166,7 @@ class RowRenderer:
         else:
             payload = _dumps({"endpoint": self.endpoint} | ({"lowtide": self.own} if self.own else {}) | {"body": body})
         return {
-            "custom_id": custom_id_for(key_of(key)), "source_key": key, "source_row": row.number,
+            "custom_id": custom_id_for(key_of(key), self.variant), "source_key": key, "source_row": row.number,
             "payload": payload, "model": self.model, "fingerprint": self.fingerprint(values),
         }  # fmt: skip
 
@@ -308,6 +310,7 @@ def check_job(spec: JobSpec, where: str = "job spec") -> tuple[MessageTemplate, 
         raise
     except RouteError as err:  # a wrong model or option is a problem with the spec
         raise SpecError(f"{where}: {err}") from None
+    check_prices(spec, where)
     source = Source(spec.resolve(spec.source.path), spec.source.format)
     if source.columns is not None:
         if spec.source.id_column not in source.columns:
@@ -360,7 +363,7 @@ def load_job(
         refused: dict[str, list[int]] = {}  # refusal -> the rows it refuses
         changed = Changes()
         total = 0
-        for chunk in source.chunks():
+        for chunk in source.chunks(strict=False):  # structural problems join the others, below
             good = []
             for row in chunk:
                 item = render(row)
@@ -377,14 +380,15 @@ def load_job(
             if good and not created:  # a new job has nothing stored to compare with
                 good, known, stored = split_known(conn, job_id, good)
                 note_changed(changed, stored, known, requeue_changed, _row_name(source))
-            if good and not problems and not refused:
+            if good and not problems and not refused and not source.problems:
                 executemany(conn, insert_requests, good)
             if on_rows:
                 on_rows(total)
             if len(problems) >= MAX_PROBLEMS:
                 break
+        problems[:0] = source.problems
         if ids.has_repeats():
-            problems.extend(_duplicates(source, spec.source.id_column, ids))
+            problems.extend(_duplicates(source, spec.source.id_column, ids, spec.variant))
         problems.extend(_refused(source, refused))
         if problems:
             raise SourceError.from_problems(f"{source.path}: refused, nothing was stored", problems)
@@ -494,15 +498,15 @@ class _IdWatch:
         return True
 
 
-def _duplicates(source: Source, id_column: str, ids: _IdWatch) -> list[str]:
+def _duplicates(source: Source, id_column: str, ids: _IdWatch, variant: str | None = None) -> list[str]:
     """Every row of every repeated id: a second pass over the source, only when needed."""
     groups: dict[str, list[int]] = {}
-    for chunk in source.chunks():
+    for chunk in source.chunks(strict=False):  # its structural problems are reported already
         for row in chunk:
             key = row.values.get(id_column)
             if key is None or not (key := str(key).strip()):
                 continue
-            cid = custom_id_for(key_of(key)) if key.isascii() or _is_utf8(key) else None
+            cid = custom_id_for(key_of(key), variant) if key.isascii() or _is_utf8(key) else None
             if cid is not None and hash(cid) in ids.repeated:
                 groups.setdefault(cid, []).append(row.number)
     return [

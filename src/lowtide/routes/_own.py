@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from lowtide.core.endpoints import CHAT, COMPLETIONS, MESSAGES, RESPONSES
+from lowtide.core.endpoints import CHAT, COMPLETIONS, GEMINI, MESSAGES, RESPONSES
 from lowtide.core.types import Refusal, Request
 
 # Per endpoint: the keys every own engine honours.
@@ -25,7 +25,11 @@ BASE_KEYS = {
     RESPONSES: frozenset({"model", "input", "instructions", "max_output_tokens", "temperature"}),
     COMPLETIONS: frozenset({"model", "prompt", "max_tokens", "temperature", "stop", "n"}),
     MESSAGES: frozenset({"model", "messages", "system", "max_tokens", "temperature", "stop_sequences"}),
+    GEMINI: frozenset({"model", "contents", "systemInstruction", "generationConfig"}),
 }
+# Gemini keeps its sampling parameters in `generationConfig`: those an own engine honours.
+GEMINI_CONFIG = frozenset({"maxOutputTokens", "temperature", "stopSequences", "candidateCount"})
+GEMINI_ROLES = {"user": "user", "model": "assistant"}
 CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 TEXT_PARTS = {CHAT: ("text",), RESPONSES: ("input_text", "output_text"), MESSAGES: ("text",)}
 # Keys on a text part that change nothing an own engine answers (a caching hint).
@@ -103,9 +107,10 @@ def _turns(messages: Any, roles: dict[str, str], part_types: tuple[str, ...], al
         role = m.get("role") if isinstance(m, dict) else None
         if role not in roles:
             raise _Refused(f"messages[{i}].role", f"role {role!r} is not taken by this route (only {', '.join(roles)})")
-        extra = set(m) - allowed
-        if extra:
-            raise _Refused(f"messages[{i}].{sorted(extra)[0]}", "not honoured by this route")
+        if len(m) != 2 or "content" not in m:  # anything but {role, content}: look closer
+            extra = set(m) - allowed
+            if extra:
+                raise _Refused(f"messages[{i}].{sorted(extra)[0]}", "not honoured by this route")
         out.append({"role": roles[role], "content": _text(m.get("content"), f"messages[{i}].content", part_types)})
     return out
 
@@ -160,4 +165,46 @@ def _completions(body: dict[str, Any]) -> Plain:
                  _stops(body.get("stop"), "stop"), raw_prompt=prompt)  # fmt: skip
 
 
-_READERS = {CHAT: _chat, MESSAGES: _messages, RESPONSES: _responses, COMPLETIONS: _completions}
+def _gemini_text(content: Any, where: str) -> str:
+    """A Content's text parts, joined (a part of any other kind is refused by its place)."""
+    parts = content.get("parts") if isinstance(content, dict) else None
+    if not isinstance(parts, list) or not parts:
+        raise _Refused(f"{where}.parts", "expected a non-empty list of parts")
+    extra = sorted(set(content) - {"role", "parts"})
+    if extra:
+        raise _Refused(f"{where}.{extra[0]}", "not honoured by this route")
+    texts = []
+    for i, part in enumerate(parts):
+        if not isinstance(part, dict) or set(part) != {"text"} or not isinstance(part["text"], str):
+            kind = sorted(part)[0] if isinstance(part, dict) and part else type(part).__name__
+            raise _Refused(f"{where}.parts[{i}]", f"part {kind!r} is not taken by this route (text only)")
+        texts.append(part["text"])
+    return "\n".join(texts)
+
+
+def _gemini(body: dict[str, Any]) -> Plain:
+    turns = []
+    if body.get("systemInstruction") is not None:
+        turns.append({"role": "system", "content": _gemini_text(body["systemInstruction"], "systemInstruction")})
+    contents = body.get("contents")
+    if not isinstance(contents, list) or not contents:
+        raise _Refused("contents", "expected a non-empty list of contents")
+    for i, content in enumerate(contents):
+        role = content.get("role", "user") if isinstance(content, dict) else None
+        if role not in GEMINI_ROLES:
+            raise _Refused(f"contents[{i}].role", f"role {role!r} is not taken by this route (only user, model)")
+        turns.append({"role": GEMINI_ROLES[role], "content": _gemini_text(content, f"contents[{i}]")})
+    config = body.get("generationConfig") or {}
+    if not isinstance(config, dict):
+        raise _Refused("generationConfig", "must be an object")
+    for key in config:
+        if key not in GEMINI_CONFIG:
+            raise _Refused(f"generationConfig.{key}", "not honoured by this route; remove it or use a provider route that takes it")
+    if config.get("candidateCount", 1) != 1:
+        raise _Refused("generationConfig.candidateCount", f"this route returns one candidate per request; got {config['candidateCount']!r}")
+    limit = config.get("maxOutputTokens")
+    return Plain(turns, limit if type(limit) is int else None, config.get("temperature"),
+                 _stops(config.get("stopSequences"), "generationConfig.stopSequences"))  # fmt: skip
+
+
+_READERS = {CHAT: _chat, MESSAGES: _messages, RESPONSES: _responses, COMPLETIONS: _completions, GEMINI: _gemini}

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from typing import Any
+from urllib.parse import urlsplit
 
 from lowtide.core.errors import RouteError
 
@@ -39,8 +41,27 @@ def api_key(route: str, options: dict[str, Any], default_env: str) -> str:
     return key
 
 
+LOOPBACK_POLL = (1.0, 10.0)  # a server on this machine (`lowtide serve`, a test): poll soon and often
+
+
 def poll_interval(options: dict[str, Any], default: tuple[float, float]) -> tuple[float, float]:
+    """[first, longest] seconds between polls: the spec's, else the provider's default, or
+    LOOPBACK_POLL when `base_url` points at this machine."""
+    if "poll_interval" not in options and is_loopback(options.get("base_url")):
+        default = LOOPBACK_POLL
     value = options.get("poll_interval", default)
     if not (isinstance(value, list | tuple) and len(value) == 2 and 0 < value[0] <= value[1]):
         raise RouteError(f"route_options.poll_interval must be [first, longest] seconds; got {value!r}")
     return float(value[0]), float(value[1])
+
+
+def is_loopback(base_url: Any) -> bool:
+    if not isinstance(base_url, str):
+        return False
+    host = (urlsplit(base_url).hostname or "").lower()
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -19,7 +19,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from lowtide.core.endpoints import CHAT, COMPLETIONS, MESSAGES, RESPONSES
+from lowtide.core.endpoints import CHAT, COMPLETIONS, GEMINI, MESSAGES, RESPONSES
 from lowtide.core.types import Request, Usage
 
 # lowtide's ending words are chat's ("stop", "length", "tool_calls", "content_filter"), plus
@@ -29,6 +29,12 @@ ANTHROPIC_STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "too
 # Any provider's word for why an answer ended, in lowtide's (responses: incomplete_details.reason).
 FINISH_WORDS = {"end_turn": "stop", "max_tokens": "length", "tool_use": "tool_calls", "refusal": "content_filter",
                 "pause_turn": "stop", "max_output_tokens": "length", "function_call": "tool_calls"}  # fmt: skip
+# Gemini's finishReason, in lowtide's words (a function call ends with STOP there), and back.
+GEMINI_FINISH = {"STOP": "stop", "MAX_TOKENS": "length", "SAFETY": "content_filter", "RECITATION": "content_filter",
+                 "BLOCKLIST": "content_filter", "PROHIBITED_CONTENT": "content_filter", "SPII": "content_filter",
+                 "IMAGE_SAFETY": "content_filter"}  # fmt: skip
+GEMINI_STOP = {"stop": "STOP", "length": "MAX_TOKENS", "tool_calls": "STOP", "stop_sequence": "STOP",
+               "content_filter": "SAFETY"}  # fmt: skip
 # How each endpoint's answer says what it is: (key, value).
 SHAPES = {CHAT: ("object", "chat.completion"), RESPONSES: ("object", "response"),
           COMPLETIONS: ("object", "text_completion"), MESSAGES: ("type", "message")}  # fmt: skip
@@ -83,6 +89,8 @@ def finish_word(reason: Any) -> str:
 def in_shape(endpoint: str, response: Any) -> bool:
     """Whether `response` is an answer of `endpoint` (an Anthropic message kept for a chat
     request translated for an Anthropic route is not a chat completion)."""
+    if endpoint == GEMINI:  # a GenerateContentResponse names no type: its candidates say it
+        return isinstance(response, dict) and isinstance(response.get("candidates"), list)
     key, value = SHAPES.get(endpoint, SHAPES[CHAT])
     return isinstance(response, dict) and response.get(key) == value
 
@@ -103,6 +111,13 @@ def finish_of(response: Any) -> str | None:
     choices = response.get("choices")
     if isinstance(choices, list) and choices and isinstance(choices[0], dict):
         return finish_word(choices[0].get("finish_reason"))
+    candidates = response.get("candidates")
+    if isinstance(candidates, list) and candidates and isinstance(candidates[0], dict):
+        reason = candidates[0].get("finishReason")
+        parts = (candidates[0].get("content") or {}).get("parts") or []
+        if any(isinstance(p, dict) and "functionCall" in p for p in parts):
+            return "tool_calls"
+        return GEMINI_FINISH.get(reason, "stop") if isinstance(reason, str) else None
     return None
 
 
@@ -113,7 +128,7 @@ def reply_body(request: Request, route: str, replies: list[Reply], usage: Usage,
     unless given."""
     ids = ids or Ids.own(route, request.custom_id)
     created = int(time.time()) if created is None else created
-    build = {RESPONSES: _response, COMPLETIONS: _completion, MESSAGES: _message}.get(request.endpoint, _chat)
+    build = {RESPONSES: _response, COMPLETIONS: _completion, MESSAGES: _message, GEMINI: _gemini}.get(request.endpoint, _chat)
     return build(request, ids, replies, usage, created)
 
 
@@ -192,3 +207,19 @@ def _message(request: Request, ids: Ids, replies: list[Reply], usage: Usage, cre
         "usage": {"input_tokens": max(0, usage.input_tokens - usage.cached_input_tokens), "output_tokens": usage.output_tokens,
                   "cache_read_input_tokens": usage.cached_input_tokens, "cache_creation_input_tokens": usage.cache_write_tokens},
     }  # fmt: skip
+
+
+def _gemini(request: Request, ids: Ids, replies: list[Reply], usage: Usage, created: int) -> dict[str, Any]:
+    """A GenerateContentResponse (REST, camelCase): one candidate per reply. Gemini counts
+    thoughts apart from candidates; lowtide's output tokens hold both."""
+    candidates = []
+    for i, r in enumerate(replies):
+        part = {"functionCall": {"name": r.call.name, "args": r.call.arguments}} if r.call else {"text": r.text}
+        candidates.append({"content": {"role": "model", "parts": [part]}, "finishReason": GEMINI_STOP.get(r.finish, "STOP"), "index": i})
+    meta = {"promptTokenCount": usage.input_tokens, "candidatesTokenCount": usage.output_tokens - usage.reasoning_tokens,
+            "totalTokenCount": usage.input_tokens + usage.output_tokens}  # fmt: skip
+    if usage.cached_input_tokens:
+        meta["cachedContentTokenCount"] = usage.cached_input_tokens
+    if usage.reasoning_tokens:
+        meta["thoughtsTokenCount"] = usage.reasoning_tokens
+    return {"candidates": candidates, "usageMetadata": meta, "modelVersion": request.model, "responseId": ids("")}

@@ -23,9 +23,12 @@ from lowtide.routes import create_route
 from lowtide.server import (
     anthropic_api,
     dashboard,
+    dashboard_evals,
     errors,
     faults,
     files,
+    gemini_api,
+    gemini_files,
     metrics,
     openai_api,
     realtime_api,
@@ -82,7 +85,7 @@ def create_app(config: ServeConfig) -> FastAPI:
     errors.install(app)
     faults.install(app, server.faults)  # inner: runs after the key check
     _install_auth(app, config.api_keys)
-    for module in (files, openai_api, anthropic_api, realtime_api, dashboard, metrics):
+    for module in (files, openai_api, anthropic_api, gemini_files, gemini_api, realtime_api, dashboard, dashboard_evals, metrics):
         app.include_router(module.router)
     return app
 
@@ -99,7 +102,8 @@ def _check_limits(config: ServeConfig) -> None:
 
 def _install_auth(app: FastAPI, keys: tuple[str, ...]) -> None:
     """With keys configured, every /v1 call must carry one (`Authorization: Bearer KEY` as
-    OpenAI's SDK sends it, or `x-api-key` as Anthropic's does). Keys are never logged."""
+    OpenAI's SDK sends it, `x-api-key` as Anthropic's does), and every Gemini call (/v1beta,
+    /upload) its `x-goog-api-key`. Keys are never logged."""
     if not keys:
         return
     wanted = [k.encode() for k in keys]
@@ -109,13 +113,16 @@ def _install_auth(app: FastAPI, keys: tuple[str, ...]) -> None:
 
     @app.middleware("http")
     async def _auth(request: Request, call_next):
-        if not request.url.path.startswith("/v1/"):
+        if not request.url.path.startswith(("/v1/", "/v1beta/", "/upload/")):
             return await call_next(request)
         bearer = request.headers.get("authorization", "")
-        given = request.headers.get("x-api-key") or (bearer[7:].strip() if bearer.lower().startswith("bearer ") else None)
+        given = request.headers.get("x-api-key") or request.headers.get("x-goog-api-key")
+        given = given or (bearer[7:].strip() if bearer.lower().startswith("bearer ") else None)
         if known(given):
             return await call_next(request)
         api = api_of(request.url.path)
+        if api == "gemini":
+            return ApiError(401 if given is None else 400, "API key not valid. Please pass a valid API key.").response(api)
         if api == "anthropic":
             message = "x-api-key header is required" if given is None else "invalid x-api-key"
             return ApiError(401, message, type="authentication_error").response(api)

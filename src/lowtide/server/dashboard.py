@@ -5,11 +5,16 @@
     GET /dashboard                      the page (a Jinja2 template with its own small JS)
     GET /dashboard/api/jobs             every job: state, progress, cost figures; store-wide
                                         totals, failures by reason, API batches by status
-    GET /dashboard/api/jobs/{name}      one job: counts by state, live batches by phase,
-                                        failures by reason, placement, events, cost by route
+    GET /dashboard/api/jobs/{name}      one job: progress, failures, ETA, cost so far and
+                                        its estimate, live batches by phase, the batch
+                                        timeline, placement, events, cost by route
+    GET /dashboard/api/failed?job=      one page of a job's failed requests (?reason=, ?q=,
+                                        ?offset=, ?limit=)
     GET /dashboard/api/series           cost, real-time equivalent and saving per minute,
                                         hour or day, from the attempts' `at` (?job=, ?bucket=)
 
+Progress and failure figures are `lowtide.engine.overview`'s: "failed" is always failed
+requests (the reasons add up to it); failed attempts (tries) are shown apart, as such.
 Cost figures are `cost_report`'s own (`Figures.as_dict`, the numbers `lowtide report --json`
 prints): amounts are decimal strings and an unknown cost is counted apart, never as 0.
 
@@ -23,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -32,12 +38,13 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 from sqlalchemy import Integer, and_, case, cast, func, or_, select
 
 from lowtide.core.errors import JobNotFoundError
-from lowtide.core.states import TERMINAL_REQUEST_STATES, RequestState
+from lowtide.engine import overview
 from lowtide.engine.control import job_status
 from lowtide.engine.report import Figures, cost_report
 from lowtide.store.db import Store
 from lowtide.store.money import from_pico
-from lowtide.store.schema import attempts, jobs, requests, serve_batches
+from lowtide.store.queries import get_job
+from lowtide.store.schema import attempts, jobs, serve_batches
 
 router = APIRouter(include_in_schema=False)
 ASSETS = Path(__file__).with_name("dashboard_assets")
@@ -109,26 +116,23 @@ def list_jobs(request: Request) -> Response:
             .order_by(jobs.c.id.desc())
             .limit(MAX_JOBS)
         ).all()
-        counts: dict[int, dict[str, int]] = {}
-        for job_id, state, n in conn.execute(
-            select(requests.c.job_id, requests.c.state, func.count()).group_by(requests.c.job_id, requests.c.state)
-        ):
-            counts.setdefault(job_id, {})[state] = n
-        failures = _failures(conn)
+        progress = overview.progress_by_job(conn)
+        failures = overview.failures(conn)
         batches = dict(conn.execute(select(serve_batches.c.status, func.count()).group_by(serve_batches.c.status)).all())
         job_count = conn.execute(select(func.count()).select_from(jobs)).scalar_one()
     listed = []
     for row in rows:
-        by_state = counts.get(row.id, {})
+        p = progress.get(row.id) or overview.Progress()
         listed.append({
             "name": row.name, "state": row.state, "route": row.route,
             "created_at": row.created_at, "updated_at": row.updated_at, "finished_at": row.finished_at,
-            **_progress(by_state), "counts": by_state,
+            "total": p.total, "done": p.done, "failed": p.failed, "progress": p.as_dict(), "counts": _counts(p),
             "cost": (costs.get(row.name) or Figures(row.name)).as_dict(),
         })  # fmt: skip
     return _json({
         "generated_at": time.time(), "job_count": job_count, "jobs": listed,
-        "total": report.total.as_dict(), "failures": failures, "api_batches": batches,
+        "total": report.total.as_dict(), "failures": failures.by_reason, "failure_figures": failures.as_dict(),
+        "api_batches": batches,
     })  # fmt: skip
 
 
@@ -140,17 +144,44 @@ def job_detail(request: Request, name: str) -> Response:
     try:
         status = job_status(store, name, events=20)
         report = cost_report(store, job=name, by="route")
+        with store.begin() as conn:
+            row = get_job(conn, name)
+            progress = overview.Progress.of(status.counts)
+            failures = overview.failures(conn, row.id)
+            eta = overview.eta(conn, row.id, progress)
+            estimate = overview.job_estimate(conn, row.id)
+            batch_count, batches = overview.batch_timeline(conn, row.id)
     except JobNotFoundError as err:
         return JSONResponse({"error": str(err)}, status_code=404)
     return _json({
         "name": status.name, "state": status.state, "route": status.route,
-        **_progress(status.counts), "counts": status.counts,
-        "phases": status.phases, "failures": status.failures,
+        "created_at": row.created_at, "updated_at": row.updated_at, "finished_at": row.finished_at,
+        "total": progress.total, "done": progress.done, "failed": progress.failed, "progress": progress.as_dict(),
+        "counts": status.counts, "phases": status.phases,
+        "failures": failures.by_reason, "failure_figures": failures.as_dict(),
+        "eta": None if eta is None else asdict(eta), "estimate": overview.estimate_dict(estimate),
+        "batch_count": batch_count, "batches": batches,
         "placement": [{"route": r, "reason": why, "state": s, "count": n} for r, why, s, n in status.placement],
         "events": status.events,
         "budget_usd": _money(status.budget_usd), "reserved_usd": _money(status.reserved_usd),
         "cost": report.total.as_dict(), "routes": [g.as_dict() for g in report.groups],
     })  # fmt: skip
+
+
+@router.get("/dashboard/api/failed")
+def failed(request: Request, job: str, reason: str | None = None, q: str | None = None,
+           offset: Annotated[int, Query(ge=0)] = 0,
+           limit: Annotated[int, Query(ge=1, le=overview.MAX_PAGE)] = 50) -> Response:  # fmt: skip
+    """One page of a job's failed requests, filtered by reason and by text."""
+    if not viewer_allowed(request):
+        return refused(request)
+    store: Store = request.app.state.server.store
+    try:
+        with store.begin() as conn:
+            found = overview.failed_rows(conn, get_job(conn, job).id, reason=reason or None, search=q or None, offset=offset, limit=limit)
+    except JobNotFoundError as err:
+        return JSONResponse({"error": str(err)}, status_code=404)
+    return _json({"job": job, "reason": reason or None, "q": q or None} | asdict(found))
 
 
 @router.get("/dashboard/api/series")
@@ -200,24 +231,10 @@ def series(request: Request, job: str | None = None, bucket: str = "auto") -> Re
 
 
 # Helpers -------------------------------------------------------------------------------
-def _failures(conn) -> dict[str, int]:
-    """Failed requests of every job by reason (the error code; "unknown" without one)."""
-    rows = conn.execute(
-        select(requests.c.error_code, func.count())
-        .where(requests.c.state == RequestState.FAILED.value)
-        .group_by(requests.c.error_code)
-    ).all()
-    out: dict[str, int] = {}
-    for code, n in rows:
-        out[code or "unknown"] = out.get(code or "unknown", 0) + n
-    return dict(sorted(out.items(), key=lambda kv: (-kv[1], kv[0])))
-
-
-def _progress(counts: dict[str, int]) -> dict[str, int]:
-    return {
-        "total": sum(counts.values()),
-        "done": sum(n for state, n in counts.items() if state in TERMINAL_REQUEST_STATES),
-    }
+def _counts(p: overview.Progress) -> dict[str, int]:
+    """Requests by state, the states with none left out."""
+    by_state = {"succeeded": p.succeeded, "failed": p.failed, "cancelled": p.cancelled, "pending": p.waiting, "dispatched": p.in_flight}
+    return {state: n for state, n in by_state.items() if n}
 
 
 def _money(usd: Any) -> str | None:

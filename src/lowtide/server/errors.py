@@ -2,8 +2,10 @@
 
 OpenAI:    {"error": {"message", "type", "param", "code"}}
 Anthropic: {"type": "error", "error": {"type", "message"}}
+Gemini:    {"error": {"code", "message", "status"}}  (google.rpc.Status)
 
-Paths under /v1/messages are Anthropic's; every other path is OpenAI's.
+Paths under /v1/messages are Anthropic's, under /v1beta and /upload Gemini's; every other
+path is OpenAI's.
 """
 
 from __future__ import annotations
@@ -36,7 +38,15 @@ DEFAULT_MESSAGES = {
 }
 
 
+# Gemini's google.rpc status words by HTTP status.
+GEMINI_STATUS = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 404: "NOT_FOUND",
+                 409: "ALREADY_EXISTS", 413: "INVALID_ARGUMENT", 429: "RESOURCE_EXHAUSTED", 500: "INTERNAL",
+                 501: "UNIMPLEMENTED", 503: "UNAVAILABLE", 504: "DEADLINE_EXCEEDED"}  # fmt: skip
+
+
 def api_of(path: str) -> str:
+    if path.startswith(("/v1beta/", "/upload/")):
+        return "gemini"
     return "anthropic" if path.startswith("/v1/messages") else "openai"
 
 
@@ -54,6 +64,9 @@ class ApiError(Exception):
         self.headers = headers
 
     def body(self, api: str) -> dict[str, Any]:
+        if api == "gemini":
+            status = GEMINI_STATUS.get(self.status) or ("INTERNAL" if self.status >= 500 else "FAILED_PRECONDITION")
+            return {"error": {"code": self.status, "message": self.message, "status": status}}
         if api == "anthropic":
             kind = self.type if self.type in ANTHROPIC_TYPES.values() else None
             kind = kind or ANTHROPIC_TYPES.get(self.status) or ("api_error" if self.status >= 500 else "invalid_request_error")

@@ -101,7 +101,7 @@ class ValidationFault(BaseModel):
 
 
 class BatchRule(_Rule):
-    api: Literal["openai", "anthropic"] | None = None
+    api: Literal["openai", "anthropic", "gemini"] | None = None
     fail_validation: ValidationFault | bool | None = None
     expire_after: int | None = Field(None, ge=0)
     drop_lines: int | None = Field(None, ge=1)

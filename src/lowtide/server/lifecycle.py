@@ -39,6 +39,7 @@ from lowtide.routes import create_route
 from lowtide.server import queue, records
 from lowtide.server.context import Server
 from lowtide.server.finalize import batch_folder, build_anthropic, build_openai
+from lowtide.server.gemini_outputs import build_gemini
 from lowtide.server.intake import Intake, check_size, take_openai_file
 from lowtide.server.records import BatchStatus as S
 from lowtide.server.translate import Rejection, decode_key
@@ -185,10 +186,10 @@ class Worker:
         server = self.server
         faults = records.faults_of(row)
         now = server.clock.now()
-        if row.api == "openai":
+        if row.api in ("openai", "gemini"):  # a Gemini batch was taken in at create: only a fault fails it
             fault = faults.get("fail_validation")
-            errors = [dict(fault, param=None, line=None)] if fault else self._take_openai(row)
-            if not errors and server.faults.plan.enqueued_tokens:
+            errors = [dict(fault, param=None, line=None)] if fault else self._take_openai(row) if row.api == "openai" else []
+            if not errors and row.api == "openai" and server.faults.plan.enqueued_tokens:
                 errors = queue.over_limit(server, row.id)  # the simulated batch queue limit
             if errors:
                 with server.store.begin() as conn:
@@ -236,7 +237,7 @@ class Worker:
                 name=job["name"],
                 source={"path": str(folder / f"{job['name']}.jsonl"), "id_column": "custom_id"},
                 template={"body_column": "body"},
-                endpoint=row.endpoint or MESSAGES,
+                endpoint=row.endpoint or MESSAGES,  # a Gemini batch's is GEMINI (gemini_api.py)
                 model=server.config.model or job["model"],
                 route=server.config.backend,
                 route_options=server.config.route_options,
@@ -309,7 +310,7 @@ class Worker:
     def end(self, row: Row, current: S, target: S, ending: str) -> bool:
         """Write the batch's output and move it to its final status, together."""
         server = self.server
-        build = build_openai if row.api == "openai" else build_anthropic
+        build = {"openai": build_openai, "gemini": build_gemini}.get(row.api, build_anthropic)
         built = build(server, row, ending)
         with server.store.begin() as conn:
             if not records.move_batch(conn, row.id, current, target, server.clock.now(), **built["values"]):

@@ -52,10 +52,10 @@ class Result:
     kind: str  # succeeded | failed | cancelled | expired
     model: str
     text: str = ""
-    finish: str = "stop"  # lowtide's words (routes/_replies.py): the kept answer's own, else by the limit
     usage: Usage = field(default_factory=Usage)
     response: dict[str, Any] | None = None  # succeeded: the upstream's whole answer, if it gave one
-    request: Request | None = None  # succeeded: what was asked, for an answer built here
+    # succeeded: what was asked (the stored payload's text), read only for an answer built here
+    payload: str | None = None
     status: int | None = None  # failed: the HTTP status of this request's failure (None: a timeout)
     error_type: str = "server_error"
     error_code: str | None = None
@@ -117,13 +117,8 @@ def _result(r: Row, model: str, unfinished: str) -> Result:
         usage = Usage(r.input_tokens or 0, r.cached_input_tokens or 0, r.cache_write_tokens or 0, r.output_tokens or 0,
                       r.reasoning_tokens or 0)  # fmt: skip
         response = fastjson.loads(r.response) if r.response is not None else None
-        request = Request.from_payload(custom_id, fastjson.loads(r.payload))
-        finish = finish_of(response)
-        if finish is None:  # a row stored before answers were kept: all of the limit used reads as cut
-            limit = request.output_limit
-            finish = "length" if limit and usage.output_tokens >= limit else "stop"
-        return Result(custom_id, "succeeded", model, text=r.output or "", finish=finish, usage=usage, response=response,
-                      request=request)  # fmt: skip
+        return Result(custom_id, "succeeded", model, text=r.output or "", usage=usage, response=response,
+                      payload=r.payload)  # fmt: skip
     if r.error_code in EXPIRED_CODES:
         return Result(custom_id, "expired", model)
     if r.state == FAILED:
@@ -142,11 +137,16 @@ def _ids(batch_id: str, custom_id: str) -> str:
 def answer(endpoint: str, r: Result, ids: Ids, created: int) -> dict[str, Any]:
     """A succeeded request's answer in `endpoint`'s shape, naming the model it asked for: the
     upstream's whole answer when it is in that shape, else built from the text it kept."""
-    if in_shape(endpoint, r.response):
+    if in_shape(endpoint, r.response):  # the usual case: the request's payload is not read
         return r.response | {"model": r.model}
-    asked = Request(r.custom_id, endpoint, dict(r.request.body) if r.request else {})
+    request = Request.from_payload(r.custom_id, fastjson.loads(r.payload)) if r.payload else None
+    finish = finish_of(r.response)  # lowtide's words (routes/_replies.py): the kept answer's own
+    if finish is None:  # a row stored before answers were kept: all of the limit used reads as cut
+        limit = request.output_limit if request else None
+        finish = "length" if limit and r.usage.output_tokens >= limit else "stop"
+    asked = Request(r.custom_id, endpoint, dict(request.body) if request else {})
     asked.model = r.model
-    return text_body(asked, r.text, r.finish, r.usage, ids=ids, created=created)
+    return text_body(asked, r.text, finish, r.usage, ids=ids, created=created)
 
 
 def openai_line(batch_id: str, r: Result, created: int, endpoint: str = CHAT) -> tuple[str, bool]:

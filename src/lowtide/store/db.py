@@ -7,11 +7,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event, inspect
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DBAPIError
 
-from lowtide.core.errors import StoreError
+from lowtide.core.errors import MissingStoreError, StoreError
 from lowtide.store.migrations import apply_migrations
 
 DEFAULT_DB = "lowtide.db"
@@ -37,17 +37,26 @@ _READ_ONLY = "lowtide_read_only"
 class Store:
     """The durable state of every job. Cheap to open; call `close()` when done."""
 
-    def __init__(self, location: str | None = None):
+    def __init__(self, location: str | None = None, create: bool = True):
+        """`create=False` (read-only commands): a SQLite file that does not exist is an
+        error, not a new, empty store."""
         self.location = location or default_location()
         url = to_url(self.location)
         self.is_sqlite = url.startswith("sqlite")
+        if self.is_sqlite:
+            _check_sqlite_file(Path(self.location).expanduser(), create)
         self.engine: Engine = self._create_engine(url)
         try:
             with self.begin() as conn:
+                if self.is_sqlite:  # a PostgreSQL database may well hold other applications' tables
+                    _check_lowtide_store(conn, self.describe())
                 apply_migrations(conn)
-        except OperationalError as err:
+        except DBAPIError as err:  # not a database, unreachable, refused
             self.engine.dispose()
-            raise StoreError(f"cannot open the store at {self.describe()}: {err.orig}") from None
+            raise StoreError(f"cannot open the store at {self.describe()}: {_first_line(err.orig)}; check --db or LOWTIDE_DB") from None
+        except StoreError:
+            self.engine.dispose()
+            raise
 
     def _create_engine(self, url: str) -> Engine:
         if not self.is_sqlite:
@@ -102,3 +111,28 @@ class Store:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _first_line(err: BaseException | None) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]
+
+
+def _check_sqlite_file(path: Path, create: bool) -> None:
+    if path.is_dir():
+        raise StoreError(f"cannot open the store at {path}: it is a folder; give --db a file path")
+    if not create and not path.exists():
+        raise MissingStoreError(
+            f"no store at {path}: no job has been submitted here; run `lowtide submit` or `lowtide run` first, "
+            "or point --db (or LOWTIDE_DB) at the store"
+        )
+
+
+def _check_lowtide_store(conn: Connection, where: str) -> None:
+    """A database with tables but none of lowtide's is someone else's: never write into it."""
+    names = set(inspect(conn).get_table_names())
+    if names and "lowtide_migrations" not in names:
+        shown = ", ".join(sorted(names)[:5]) + (", …" if len(names) > 5 else "")
+        raise StoreError(
+            f"{where} is a database but not a lowtide store (it has tables {shown}); "
+            "point --db (or LOWTIDE_DB) at a lowtide store or a new file"
+        )

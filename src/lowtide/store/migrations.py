@@ -135,12 +135,13 @@ def m010_serve_output_expiry(conn: Connection) -> None:
     add_columns(conn, schema.serve_batches, ["output_expires_after"])
 
 
-@migration
-def m011_tiers_dispatch_model(conn: Connection) -> None:
-    """Dispatches keep their model and estimated input tokens: enqueued-token limits and
-    measured turnarounds per route and model (engine/batches.py, engine/turnaround.py)."""
-    add_columns(conn, schema.dispatches, ["model", "input_tokens_est"])
 
+@migration
+def m011_dash_dispatch_phases(conn: Connection) -> None:
+    """Batch dispatches remember each provider phase they were seen in, and when (the
+    dashboard's batch timeline). Dispatches from before have none: their timeline shows
+    created, submitted and ended only."""
+    schema.metadata.create_all(conn, tables=[schema.dispatch_phases])
 
 def _backfill_rendered(conn: Connection, page: int = 5000) -> None:
     """Requests stored before m008: their model from their own payload (what was sent), so
@@ -159,3 +160,16 @@ def _backfill_rendered(conn: Connection, page: int = 5000) -> None:
             return
         conn.execute(stmt, [{"_id": rid, "m": _model_of(fastjson.loads(p))} for rid, p in rows])
         after = rows[-1][0]
+
+
+@migration
+def m012_evals(conn: Connection) -> None:
+    """Eval specs (core/evals.py): the variants an eval runs as member jobs, kept for `compare`."""
+    schema.metadata.create_all(conn, tables=[schema.evals])
+
+
+@migration
+def m013_tiers_dispatch_model(conn: Connection) -> None:
+    """Dispatches keep their model and estimated input tokens: enqueued-token limits and
+    measured turnarounds per route and model (engine/batches.py, engine/turnaround.py)."""
+    add_columns(conn, schema.dispatches, ["model", "input_tokens_est"])

@@ -67,6 +67,18 @@ def dispatch_phases(conn: Connection, job_id: int) -> dict[str, int]:
     return {phase: count for phase, count in rows}
 
 
+def note_phase(conn: Connection, dispatch_id: int, phase: str | None, now: float) -> None:
+    """Record a batch dispatch's provider phase if it is not the one it was last seen in
+    (called before the poll writes the new phase over `dispatches.phase`)."""
+    from lowtide.store.schema import dispatch_phases
+
+    if phase is None:
+        return
+    last = conn.execute(select(dispatches.c.phase).where(dispatches.c.id == dispatch_id)).scalar()
+    if phase != last:
+        conn.execute(insert(dispatch_phases).values(dispatch_id=dispatch_id, phase=phase, at=now))
+
+
 def add_event(conn: Connection, job_id: int | None, kind: str, message: str, now: float) -> None:
     conn.execute(insert(events).values(job_id=job_id, at=now, kind=kind, message=message))
 

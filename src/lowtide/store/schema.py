@@ -190,6 +190,18 @@ attempts = Table(
     Index("ix_attempts_job", "job_id"),
 )
 
+# Each provider phase a batch dispatch was seen in, when first seen (the dashboard's batch
+# timeline); written by the poller when the phase differs from the dispatch's last one.
+dispatch_phases = Table(
+    "dispatch_phases",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("dispatch_id", Integer, nullable=False),
+    Column("phase", String(32), nullable=False),
+    Column("at", Float, nullable=False),
+    Index("ix_dispatch_phases_dispatch", "dispatch_id", "id"),
+)
+
 events = Table(
     "events",
     metadata,
@@ -247,4 +259,16 @@ serve_batches = Table(
     Column("cancelled_at", Float),
     Column("output_expires_after", Float),  # seconds an OpenAI batch's output files live (None: 30 days)
     Index("ix_serve_batches_status", "status"),
+)
+
+# An eval (core/evals.py): its spec as given, from which its member jobs (one per variant,
+# named EVAL.VARIANT) and its judge stage are derived again by `lowtide compare`.
+evals = Table(
+    "evals",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("name", String(64), nullable=False, unique=True),
+    Column("spec", Text, nullable=False),  # JSON
+    Column("created_at", Float, nullable=False),
+    Column("updated_at", Float, nullable=False),
 )

@@ -1,12 +1,17 @@
 // The lowtide dashboard: polls /dashboard/api/... and draws what it gets. Amounts arrive as
 // decimal strings (cost_report's own) and are shown with 2-6 decimals; the exact string is
 // kept in each figure's data-value (and title). An unknown cost is shown as "unknown".
+// "failed" is always failed requests; failed attempts (tries) are labelled as such.
 "use strict";
 
 const REFRESH_MS = Number(document.body.dataset.refresh) || 2000;
 const SVG = "http://www.w3.org/2000/svg";
+const PAGE = 50;  // failed rows per page
+// Request states in the order a bar draws them, with their legend words.
+const STATES = [["succeeded", "succeeded"], ["failed", "failed"], ["cancelled", "cancelled"], ["in_flight", "in flight"], ["waiting", "waiting"]];
 let selected = decodeURIComponent(location.hash.slice(1)) || null;
 let timer = null;
+const failedView = { reason: "", q: "", offset: 0 };  // the failed rows' filter and page
 
 // Formatting ------------------------------------------------------------------------------
 function plain(s) {
@@ -43,6 +48,15 @@ function cost(fig) {
 const count = (n) => (n === null || n === undefined ? "-" : Number(n).toLocaleString("en-US"));
 const percent = (s) => (s === null || s === undefined ? "-" : `${s}%`);
 const when = (t) => (t ? new Date(t * 1000).toISOString().replace("T", " ").slice(0, 16) : "-");
+const clock = (t) => (t ? new Date(t * 1000).toISOString().slice(11, 19) : "-");
+
+function duration(s) {
+  if (s === null || s === undefined) return "-";
+  if (s < 90) return `${Math.max(1, Math.round(s))} s`;
+  if (s < 5400) return `${Math.round(s / 60)} min`;
+  if (s < 129600) return `${(s / 3600).toFixed(1)} h`;
+  return `${(s / 86400).toFixed(1)} days`;
+}
 
 // DOM helpers ----------------------------------------------------------------------------
 function el(tag, attrs = {}, ...children) {
@@ -66,7 +80,16 @@ function rows(table, header, items) {
   table.replaceChildren(...head, ...body);
 }
 
-const cell = (child, cls) => el("td", { class: cls }, child);
+const cell = (child, cls, label) => el("td", { class: cls, "data-label": label }, child);
+
+function stateBar(p, big = false) {
+  // one segment per state, its width its share of the requests; the title says the counts
+  const total = p.total || 0;
+  const words = STATES.filter(([k]) => p[k]).map(([k, w]) => `${count(p[k])} ${w}`).join(", ") || "no requests";
+  return el("span", { class: big ? "bar big" : "bar", "data-bar": "", role: "img", title: words, "aria-label": `${words} of ${count(total)}` },
+    ...STATES.map(([k]) => el("span", { class: `seg ${k}`, "data-state": k, "data-count": p[k] || 0,
+      style: `width:${total ? ((100 * (p[k] || 0)) / total).toFixed(3) : 0}%` })));
+}
 
 // Rendering ------------------------------------------------------------------------------
 function renderTotals(data) {
@@ -77,8 +100,9 @@ function renderTotals(data) {
     ["saving", field("saving_usd", t.saving_usd, `${usd(t.saving_usd)} (${percent(t.saving_percent)})`)],
     ["tokens in / out", el("span", {}, field("input_tokens", t.input_tokens, count(t.input_tokens)), " / ",
       field("output_tokens", t.output_tokens, count(t.output_tokens)))],
-    ["attempts", field("attempts", t.attempts, count(t.attempts))],
-    ["failed attempts", field("failures", t.failures, count(t.failures))],
+    ["failed requests", field("failed_requests", data.failure_figures.requests, count(data.failure_figures.requests), { class: data.failure_figures.requests ? "bad" : "" })],
+    ["attempts (tries)", field("attempts", t.attempts, count(t.attempts))],
+    ["failed attempts", field("failures", t.failures, `${count(t.failures)} (${count(t.billed_failures)} billed)`)],
     ["API batches", field("api_batches", JSON.stringify(data.api_batches),
       Object.entries(data.api_batches).map(([s, n]) => `${n} ${s}`).join(", ") || "none")],
   ];
@@ -91,17 +115,17 @@ function renderJobs(data) {
   document.getElementById("job-count").textContent =
     data.job_count > data.jobs.length ? `(newest ${data.jobs.length} of ${data.job_count})` : `(${data.job_count})`;
   const items = data.jobs.map((job) => {
-    const c = job.cost, share = job.total ? (100 * job.done) / job.total : 0;
+    const c = job.cost;
     const row = el("tr", { "data-job": job.name, class: job.name === selected ? "selected" : "" },
-      cell(job.name), cell(field("state", job.state, job.state)), cell(job.route),
-      cell(el("span", {}, el("span", { class: "bar" }, el("span", { style: `width:${share.toFixed(1)}%` })),
-        field("done", job.done, count(job.done)), " / ", field("total", job.total, count(job.total)))),
-      cell(field("failed", job.counts.failed || 0, count(job.counts.failed || 0)), "num"),
-      cell(field("cost_usd", c.cost_usd, cost(c)), "num"),
-      cell(field("realtime_usd", c.realtime_usd, usd(c.realtime_usd)), "num"),
-      cell(field("saving_usd", c.saving_usd, `${usd(c.saving_usd)} (${percent(c.saving_percent)})`), "num"),
+      cell(el("strong", {}, job.name), "wide", ""), cell(field("state", job.state, job.state), "", "state"), cell(job.route, "", "route"),
+      cell(el("span", {}, stateBar(job.progress),
+        field("done", job.done, count(job.done)), " / ", field("total", job.total, count(job.total))), "", "done"),
+      cell(field("failed", job.failed, count(job.failed), { class: job.failed ? "bad" : "" }), "num", "failed"),
+      cell(field("cost_usd", c.cost_usd, cost(c)), "num", "cost"),
+      cell(field("realtime_usd", c.realtime_usd, usd(c.realtime_usd)), "num", "real time"),
+      cell(field("saving_usd", c.saving_usd, `${usd(c.saving_usd)} (${percent(c.saving_percent)})`), "num", "saving"),
       cell(el("span", {}, field("input_tokens", c.input_tokens, count(c.input_tokens)), " / ",
-        field("output_tokens", c.output_tokens, count(c.output_tokens))), "num"));
+        field("output_tokens", c.output_tokens, count(c.output_tokens))), "num", "tokens in / out"));
     row.addEventListener("click", () => select(job.name));
     return row;
   });
@@ -109,7 +133,8 @@ function renderJobs(data) {
   body.replaceChildren(...(items.length ? items : [el("tr", {}, el("td", { colspan: 9, class: "muted" }, "no jobs in this store yet"))]));
 }
 
-function renderFailures(failures) {
+function renderFailures(failures, total) {
+  document.getElementById("failed-total").textContent = `(${count(total)})`;
   const entries = Object.entries(failures);
   const most = Math.max(1, ...entries.map(([, n]) => n));
   const box = document.getElementById("failures");
@@ -158,6 +183,10 @@ function svgEl(tag, attrs, text) {
   return node;
 }
 
+function fact(label, value) {
+  return el("div", {}, el("div", { class: "label" }, label), el("div", {}, value));
+}
+
 function renderDetail(job) {
   const box = document.getElementById("detail");
   box.hidden = false;
@@ -166,7 +195,29 @@ function renderDetail(job) {
   document.getElementById("detail-state").replaceChildren(
     field("state", job.state, job.state), ` on ${job.route}, `, field("done", job.done, count(job.done)), " of ",
     field("total", job.total, count(job.total)), " done");
-  const c = job.cost;
+  const p = job.progress, f = job.failure_figures, c = job.cost;
+  document.getElementById("detail-progress").replaceChildren(
+    stateBar(p, true),
+    el("div", { class: "legend" }, ...STATES.map(([k, w]) => el("span", {}, el("i", { class: `swatch ${k}` }),
+      field(k, p[k], count(p[k]), k === "failed" && p[k] ? { class: "bad" } : {}), ` ${w}`))));
+  const eta = job.eta;
+  const est = job.estimate;
+  const facts = [
+    ["time left (at the rate so far)", eta
+      ? el("span", {}, field("eta", eta.remaining_s, `about ${duration(eta.remaining_s)}`), ` (≈ ${when(eta.at)}, ${eta.rate_per_s < 1 ? `${(eta.rate_per_s * 60).toFixed(1)}/min` : `${eta.rate_per_s.toFixed(1)}/s`})`)
+      : field("eta", "", p.pending ? "not known yet (nothing finished)" : "nothing left")],
+    ["cost so far / estimate", el("span", {}, field("cost_so_far", c.cost_usd, cost(c)), " of ",
+      field("estimate_usd", est.usd, est.usd === null ? `unknown (${est.note || "no price"})` : `≤ ${usd(est.usd)}`))],
+    ["failed requests", el("span", {}, field("failed_requests", f.requests, count(f.requests), { class: f.requests ? "bad" : "" }),
+      " · ", field("failed_attempts", f.attempts, `${count(f.attempts)} failed attempts (${count(f.billed_attempts)} billed)`))],
+    ["created / finished", el("span", {}, field("created_at", job.created_at, when(job.created_at)), " / ",
+      field("finished_at", job.finished_at || "", job.finished_at ? when(job.finished_at) : "-"))],
+  ];
+  if (job.budget_usd !== null) facts.push(["budget", field("budget", job.budget_usd, `${usd(job.budget_usd)} (${usd(job.reserved_usd)} reserved)`)]);
+  document.getElementById("detail-facts").replaceChildren(...facts.map(([k, v]) => fact(k, v)));
+  renderTimeline(job);
+  renderReasons(job.failures);
+
   const figures = [
     ["cost", field("cost_usd", c.cost_usd, cost(c))],
     ["real-time equivalent", field("realtime_usd", c.realtime_usd, usd(c.realtime_usd))],
@@ -179,7 +230,7 @@ function renderDetail(job) {
     ["output tokens", field("output_tokens", c.output_tokens, count(c.output_tokens))],
     ["reasoning tokens", field("reasoning_tokens", c.reasoning_tokens, count(c.reasoning_tokens))],
     ["cache hits", field("cache_hit_share", c.cache_hit_share, c.cache_hit_share === null ? "-" : `${(100 * Number(c.cache_hit_share)).toFixed(1)}%`)],
-    ["attempts", field("attempts", c.attempts, count(c.attempts))],
+    ["attempts (tries)", field("attempts", c.attempts, count(c.attempts))],
     ["failed attempts", field("failures", c.failures, `${count(c.failures)} (${count(c.billed_failures)} billed)`)],
     ["stale results", field("stale_attempts", c.stale_attempts, `${count(c.stale_attempts)} (${usd(c.stale_usd)})`)],
   ];
@@ -197,6 +248,61 @@ function renderDetail(job) {
   document.getElementById("detail-events").replaceChildren(...job.events.map((e) => el("li", {}, e)));
 }
 
+function renderReasons(failures) {
+  // the reason filter lists the job's reasons; the choice survives a refresh
+  const select = document.getElementById("failed-reason");
+  const wanted = ["", ...Object.keys(failures)];
+  if (failedView.reason && !wanted.includes(failedView.reason)) wanted.push(failedView.reason);
+  const have = [...select.options].map((o) => o.value);
+  if (have.join("\n") !== wanted.join("\n")) {
+    select.replaceChildren(...wanted.map((r) => el("option", { value: r }, r ? `${r} (${count(failures[r] || 0)})` : "all")));
+  }
+  select.value = failedView.reason;
+}
+
+function renderFailedRows(page) {
+  const body = document.querySelector("#failed-rows tbody");
+  const items = page.rows.map((r) => el("tr", { "data-custom-id": r.custom_id },
+    cell(el("code", {}, r.custom_id), "", "custom_id"), cell(el("span", { "data-col": "reason" }, r.reason), "", "reason"),
+    cell(el("span", { "data-col": "message" }, r.message || "-"), "wrap wide", "message"),
+    cell(el("span", { "data-col": "attempts" }, count(r.attempts)), "num", "attempts"), cell(r.route || "-", "", "route")));
+  body.replaceChildren(...(items.length ? items : [el("tr", {}, el("td", { colspan: 5, class: "muted", "data-label": "" },
+    page.reason || page.q ? "no failed request matches" : "no failed requests"))]));
+  const first = page.total ? page.offset + 1 : 0, last = page.offset + page.rows.length;
+  document.getElementById("failed-range").textContent = `${count(first)}–${count(last)} of ${count(page.total)}`;
+  document.getElementById("failed-count").textContent = `(${count(page.total)}${page.reason || page.q ? " matching" : ""})`;
+  document.getElementById("failed-prev").disabled = page.offset <= 0;
+  document.getElementById("failed-next").disabled = last >= page.total;
+}
+
+function renderTimeline(job) {
+  // one line per provider batch: created, each phase when first seen, ended, and its
+  // requests; the track places the batch's life on the span of all its batches
+  const batches = job.batches;
+  document.getElementById("batch-count").textContent =
+    job.batch_count > batches.length ? `(newest ${batches.length} of ${job.batch_count})` : `(${job.batch_count})`;
+  const now = Math.max(...batches.flatMap((b) => [b.created_at, b.ended_at || 0, ...b.phases.map((x) => x.at)]), 0);
+  const t0 = Math.min(...batches.map((b) => b.created_at)), span = Math.max(now - t0, 1e-9);
+  const items = batches.map((b) => {
+    const end = b.ended_at || now, left = (100 * (b.created_at - t0)) / span, width = (100 * (end - b.created_at)) / span;
+    const phases = b.phases.length
+      ? b.phases.map((x) => `${x.phase} ${clock(x.at)}`).join(" → ")
+      : b.submitted_at ? `submitted ${clock(b.submitted_at)}` : "not sent";
+    const k = b.counts;
+    return el("tr", { "data-batch": b.provider_id || String(b.id) },
+      cell(el("span", {}, el("code", {}, b.provider_id || `#${b.id}`), el("span", { class: "muted" }, ` ${b.route}`)), "wide", "batch"),
+      cell(el("span", { "data-col": "state" }, b.state + (b.error ? `: ${b.error}` : "")), "wrap", "state"),
+      cell(el("span", { "data-col": "created" }, when(b.created_at)), "", "created"),
+      cell(el("span", { "data-col": "phases" }, phases), "wrap", "phases"),
+      cell(el("span", { "data-col": "ended" }, b.ended_at ? when(b.ended_at) : "-"), "", "ended"),
+      cell(el("span", { "data-col": "requests", title: "succeeded / failed attempts from this batch / still in it, of its size" },
+        `${count(k.succeeded)} ok · ${count(k.failed)} failed · ${count(k.in_batch)} in it / ${count(b.size)}`), "num", "requests"),
+      cell(el("div", { class: "track" }, el("span", { class: b.ended_at ? "ended" : "", style: `left:${left.toFixed(2)}%;width:${Math.max(width, 0.5).toFixed(2)}%` })), "wide", "timeline"));
+  });
+  document.querySelector("#timeline tbody").replaceChildren(...(items.length ? items
+    : [el("tr", {}, el("td", { colspan: 7, class: "muted", "data-label": "" }, "no provider batches (a direct route, or nothing sent yet)"))]));
+}
+
 // Polling --------------------------------------------------------------------------------
 async function get(path) {
   const response = await fetch(path, { cache: "no-store", credentials: "same-origin" });
@@ -208,9 +314,19 @@ async function get(path) {
 }
 
 function select(name) {
+  if (name !== selected) Object.assign(failedView, { reason: "", q: "", offset: 0 });
+  document.getElementById("failed-search").value = failedView.q;
   selected = name;
-  history.replaceState(null, "", `#${encodeURIComponent(name)}`);
+  history.replaceState(null, "", name ? `#${encodeURIComponent(name)}` : location.pathname + location.search);
+  if (!name) document.getElementById("detail").hidden = true;
   refresh();
+}
+
+function failedQuery() {
+  const q = new URLSearchParams({ job: selected, offset: failedView.offset, limit: PAGE });
+  if (failedView.reason) q.set("reason", failedView.reason);
+  if (failedView.q) q.set("q", failedView.q);
+  return get(`dashboard/api/failed?${q}`);
 }
 
 async function refresh() {
@@ -220,13 +336,18 @@ async function refresh() {
     const jobsQuery = get("dashboard/api/jobs");
     const seriesQuery = get(`dashboard/api/series${selected ? `?job=${encodeURIComponent(selected)}` : ""}`);
     const detailQuery = selected ? get(`dashboard/api/jobs/${encodeURIComponent(selected)}`) : null;
+    const failedRowsQuery = selected ? failedQuery() : null;
+    for (const q of [seriesQuery, detailQuery, failedRowsQuery]) q?.catch(() => {});  // awaited below
     const data = await jobsQuery;
     renderTotals(data);
     renderJobs(data);
-    renderFailures(data.failures);
+    renderFailures(data.failures, data.failure_figures.requests);
     try {
       renderSeries(await seriesQuery);
-      if (detailQuery) renderDetail(await detailQuery);
+      if (detailQuery) {
+        renderDetail(await detailQuery);
+        renderFailedRows(await failedRowsQuery);
+      }
     } catch (err) {
       if (err.status !== 404) throw err;
       selected = null;  // the job is gone (or never was): back to all jobs
@@ -242,5 +363,19 @@ async function refresh() {
     timer = setTimeout(refresh, REFRESH_MS);
   }
 }
+
+// The failed rows' filter and pager ask again at once (the search after a short pause).
+let typing = null;
+document.getElementById("failed-reason").addEventListener("change", (e) => {
+  Object.assign(failedView, { reason: e.target.value, offset: 0 });
+  refresh();
+});
+document.getElementById("failed-search").addEventListener("input", (e) => {
+  clearTimeout(typing);
+  typing = setTimeout(() => { Object.assign(failedView, { q: e.target.value.trim(), offset: 0 }); refresh(); }, 250);
+});
+document.getElementById("failed-prev").addEventListener("click", () => { failedView.offset = Math.max(0, failedView.offset - PAGE); refresh(); });
+document.getElementById("failed-next").addEventListener("click", () => { failedView.offset += PAGE; refresh(); });
+document.getElementById("detail-close").addEventListener("click", (e) => { e.preventDefault(); select(null); });
 
 refresh();

@@ -1,0 +1,190 @@
+"""Evals: `lowtide run` of an eval spec (variants:), and `lowtide compare EVAL`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from lowtide.cli.common import (
+    EXIT_FAILURES,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    console,
+    fail,
+    open_store,
+    out,
+)
+from lowtide.cli.display import done_count, job_progress, status_table
+from lowtide.core.clock import SystemClock
+from lowtide.core.errors import LowtideError
+from lowtide.core.evals import load_eval
+from lowtide.engine.compare import EvalReport, compare
+from lowtide.engine.evals import load_eval as load_eval_jobs
+from lowtide.engine.evals import run_eval, stored_eval
+from lowtide.engine.tick import Engine
+from lowtide.store.db import Store
+
+
+def run(spec_path: Path, requeue_changed: bool = False) -> None:
+    """`lowtide run` of an eval spec: load every variant, run them together, print the report."""
+    try:
+        with open_store() as store:
+            ev = load_eval(spec_path)
+
+            def said(variant: str, report) -> None:
+                console.print(f"variant {variant}: {report.rows} rows, {report.new} new, {report.known} already stored", markup=False)
+                if line := report.changed_line():
+                    console.print(f"  {line}", markup=False)
+
+            load_eval_jobs(store, ev, SystemClock(), said, requeue_changed)
+            statuses = _drive(store, ev)
+            report = compare(store, ev)
+    except KeyboardInterrupt:
+        console.print("interrupted: the eval is resumable; run the same command again to continue")
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    except LowtideError as err:
+        raise fail(err) from None
+    out.print(status_table(statuses, out))
+    print_report(report)
+    raise typer.Exit(EXIT_OK if all(s.all_succeeded for s in statuses) else EXIT_FAILURES)
+
+
+def _drive(store: Store, ev):
+    async def go():
+        with job_progress() as progress:
+            tasks = {}
+
+            def on_tick(statuses) -> None:
+                for s in statuses:
+                    if s.name not in tasks:
+                        tasks[s.name] = progress.add_task(f"run {s.name}", total=None, detail="")
+                    progress.update(tasks[s.name], total=s.total, completed=done_count(s))
+
+            async with Engine(store) as engine:
+                return await run_eval(engine, ev, SystemClock(), on_tick)
+
+    return asyncio.run(go())
+
+
+def compare_command(
+    name: Annotated[str, typer.Argument(help="The eval's name (the `name:` of its spec).", show_default=False)],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the whole report as JSON.")] = False,
+    out_path: Annotated[Path | None, typer.Option("--out", "-o", help="Also write the per-variant table: .csv or .parquet.")] = None,
+    rows: Annotated[int, typer.Option("--rows", help="How many disagreeing rows to show.")] = 10,
+) -> None:
+    """Compare an eval's variants: accuracy with 95 % bootstrap intervals, failures, cost, cost per
+    correct answer, tokens, turnaround, paired McNemar tests, confusion matrices, disagreements.
+
+    Example: lowtide compare eval-tickets --out report.parquet
+    """
+    try:
+        with open_store() as store:
+            report = compare(store, stored_eval(store, name), disagreements=rows)
+    except LowtideError as err:
+        raise fail(err) from None
+    if out_path is not None:
+        try:
+            write_table(report, out_path)
+        except ValueError as err:
+            console.print(f"lowtide: --out: {err}")
+            raise typer.Exit(EXIT_USAGE) from None
+        console.print(f"wrote {len(report.variants)} variant rows to {out_path}")
+    if as_json:
+        print(json.dumps(report.to_dict(), indent=2, default=str))
+    else:
+        print_report(report)
+
+
+def variant_rows(report: EvalReport) -> list[dict]:
+    """The per-variant table as flat rows (CSV, Parquet, DataFrame)."""
+    rows = []
+    for v in report.variants:
+        d = {k: getattr(v, k) for k in v.__slots__ if k not in ("not_scored", "failures", "field_accuracy")}
+        d["not_scored"] = sum(v.not_scored.values())
+        d["failed"] = sum(v.failures.values())
+        d["failures"] = json.dumps(v.failures, sort_keys=True)
+        d |= {f"accuracy_{p}": a for p, a in v.field_accuracy.items()}
+        rows.append(d)
+    return rows
+
+
+def write_table(report: EvalReport, path: Path) -> None:
+    import pyarrow as pa
+
+    table = pa.Table.from_pylist(variant_rows(report))
+    suffix = path.suffix.lower()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        pq.write_table(table, path)
+    elif suffix == ".csv":
+        import pyarrow.csv as pcsv
+
+        pcsv.write_csv(table, path)
+    else:
+        raise ValueError(f'"{path.suffix}" is not a table format; use .csv or .parquet')
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def _usd(x: float | None) -> str:
+    return "-" if x is None else f"${x:,.4f}" if x < 100 else f"${x:,.2f}"
+
+
+def _secs(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1f}s" if x < 120 else f"{x / 60:.1f}m"
+
+
+def print_report(report: EvalReport) -> None:
+    t = Table(title=f"eval {report.name}" + (f" (scoring: {report.method})" if report.method else ""))
+    for col in ("variant", "model", "route", "scored", "accuracy", "95% CI", "not scored", "failed", "cost", "real-time", "$/correct", "tokens in/out", "p50", "p95"):
+        t.add_column(col, justify="left" if col in ("variant", "model", "route") else "right")
+    for v in report.variants:
+        t.add_row(
+            v.variant, v.model, v.route, str(v.scored), _pct(v.accuracy),
+            "-" if v.ci_low is None else f"{_pct(v.ci_low)}–{_pct(v.ci_high)}",
+            ", ".join(f"{n} {r}" for r, n in v.not_scored.items()) or "0",
+            ", ".join(f"{n} {r}" for r, n in v.failures.items()) or "0",
+            _usd(v.cost_usd), _usd(v.realtime_usd), _usd(v.cost_per_correct),
+            f"{v.input_tokens:,}/{v.output_tokens:,}", _secs(v.turnaround_p50_s), _secs(v.turnaround_p95_s),
+        )  # fmt: skip
+    out.print(t)
+    for v in report.variants:
+        if v.field_accuracy:
+            out.print(f"{v.variant} per field: " + ", ".join(f"{p} {_pct(a)}" for p, a in v.field_accuracy.items()), markup=False)
+    if report.pairs:
+        p = Table(title="pairwise (rows both scored; McNemar exact test)")
+        for col in ("A", "B", "n", "A only right", "B only right", "A − B", "95% CI", "p"):
+            p.add_column(col, justify="left" if col in ("A", "B") else "right")
+        for pr in report.pairs:
+            diff = "-" if pr.difference is None else f"{100 * pr.difference:+.1f} pt"
+            ci = "-" if pr.ci_low is None else f"{100 * pr.ci_low:+.1f} … {100 * pr.ci_high:+.1f}"
+            p.add_row(pr.a, pr.b, str(pr.n), str(pr.a_only), str(pr.b_only), diff, ci, f"{pr.p_value:.3g}")
+        out.print(p)
+    for variant, matrix in report.confusion.items():
+        labels = sorted({*matrix, *(g for row in matrix.values() for g in row)})
+        c = Table(title=f"confusion: {variant} (rows: expected, columns: answer)")
+        c.add_column("expected")
+        for label in labels:
+            c.add_column(label, justify="right")
+        for want in sorted(matrix):
+            c.add_row(want, *(str(matrix[want].get(g, 0) or "") for g in labels))
+        out.print(c)
+    if report.judge:
+        j = report.judge
+        out.print(f"judge {j['job']}: " + ("not run" if not j.get("run") else f"{j['model']} on {j['route']}, {j['states']}, cost {_usd(j['cost_usd'])}"), markup=False)
+    if report.disagreements:
+        out.print(f"{report.disagreeing_rows} row(s) where the variants disagree; the first {len(report.disagreements)}:", markup=False)
+        for row in report.disagreements:
+            answers = "  ".join(f"{n}={a[:40]!r}{'✓' if row['correct'].get(n) else '✗' if row['correct'].get(n) is False else ''}" for n, a in row["answers"].items())
+            exp = f" expected={row['expected']!r}" if "expected" in row else ""
+            out.print(f"  {row['key']}{exp}: {answers}", markup=False)

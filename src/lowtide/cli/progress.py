@@ -1,0 +1,115 @@
+"""The progress of a running job: item counts, and apart from them the provider phase of
+its batches (validating / in_progress / finalizing), batches done of total and an ETA from
+the measured rate. On a terminal it is a Rich progress display; in a pipe or a log file it
+degrades to a plain line now and then (and whenever the batches change phase)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from lowtide.cli.display import done_count, progress_detail
+from lowtide.core.states import DispatchState, RequestState
+from lowtide.engine.control import JobStatus
+
+PLAIN_EVERY = 30.0  # seconds between plain lines when nothing changes phase
+ENDED_DISPATCHES = (DispatchState.ENDED, DispatchState.FAILED, DispatchState.CANCELLED, DispatchState.ABANDONED)
+
+
+def batches_line(s: JobStatus) -> str:
+    """`batches 3 of 20 done (2 validating, 15 in_progress)`, or "" for a job without any."""
+    total = sum(s.dispatches.values())
+    if not total:
+        return ""
+    done = sum(s.dispatches.get(d.value, 0) for d in ENDED_DISPATCHES)
+    phases = ", ".join(f"{n} {p}" for p, n in sorted(s.phases.items()))
+    return f"batches {done:,} of {total:,} done" + (f" ({phases})" if phases else "")
+
+
+class Eta:
+    """Time left from the rate measured since the first update that saw progress."""
+
+    def __init__(self, now: Callable[[], float] = time.monotonic):
+        self.now = now
+        self.start: tuple[float, int] | None = None
+
+    def __call__(self, done: int, total: int) -> str:
+        t = self.now()
+        if self.start is None:
+            self.start = (t, done)
+            return ""
+        t0, done0 = self.start
+        if done >= total or done <= done0 or t <= t0:
+            return ""
+        left = (total - done) * (t - t0) / (done - done0)
+        return f"ETA {_duration(left)}"
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+class JobProgress:
+    """`with JobProgress(console, "run tickets") as p: p.update(status)`."""
+
+    def __init__(self, console: Console, label: str, every: float = PLAIN_EVERY, now: Callable[[], float] = time.monotonic):
+        self.console = console
+        self.label = label
+        self.every = every
+        self.now = now
+        self.eta = Eta(now)
+        self.live = console.is_jupyter or (console.is_terminal and not console.is_dumb_terminal)
+        self.progress: Progress | None = None
+        self.last_line: tuple[float, str] | None = None
+
+    def __enter__(self) -> JobProgress:
+        if self.live:
+            self.progress = Progress(
+                TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                TextColumn("{task.fields[detail]}"), TimeElapsedColumn(), console=self.console,
+            )  # fmt: skip
+            self.progress.__enter__()
+            self.requests = self.progress.add_task(self.label, total=None, detail="")
+            self.batches = self.progress.add_task("  batches", total=None, detail="", visible=False)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.progress is not None:
+            self.progress.__exit__(*exc)
+
+    def update(self, s: JobStatus) -> None:
+        done = done_count(s)
+        eta = self.eta(done, s.total)
+        if self.progress is not None:
+            self.progress.update(self.requests, total=s.total, completed=done, detail=_join(progress_detail(s), eta))
+            total = sum(s.dispatches.values())
+            if total:
+                ended = sum(s.dispatches.get(d.value, 0) for d in ENDED_DISPATCHES)
+                phases = ", ".join(f"{n} {p}" for p, n in sorted(s.phases.items()))
+                self.progress.update(self.batches, total=total, completed=ended, detail=f"[cyan]{phases}[/]", visible=True)
+            return
+        self.plain(s, done, eta)
+
+    def plain(self, s: JobStatus, done: int, eta: str) -> None:
+        """One line, when the phases changed or `every` seconds went by since the last."""
+        key = batches_line(s)
+        t = self.now()
+        if self.last_line is not None and self.last_line[1] == key and t - self.last_line[0] < self.every and done < s.total:
+            return
+        self.last_line = (t, key)
+        counts = f"{s.count(RequestState.SUCCEEDED):,} ok"
+        if s.count(RequestState.FAILED):
+            counts += f", {s.count(RequestState.FAILED):,} failed"
+        line = f"{self.label}: {done:,} of {s.total:,} done ({counts}), {s.in_flight:,} in flight, {s.queued:,} queued"
+        self.console.print(_join(line, key, eta, sep="; "), markup=False, highlight=False, soft_wrap=True)
+
+
+def _join(*parts: str, sep: str = "  ") -> str:
+    return sep.join(p for p in parts if p)

@@ -1,0 +1,283 @@
+"""The comparison report of an eval (`lowtide compare`, `Eval.compare()`, the dashboard).
+
+Per variant: rows, n scored, accuracy with a 95 % bootstrap interval, rows not scored by
+reason (no expected value, not judged: never counted as wrong), failures by reason, cost and
+its real-time equivalent, cost per correct answer, tokens, median and p95 turnaround. Per
+pair of variants: the paired difference over rows both scored, its bootstrap interval and
+McNemar's exact p-value. For `choices`: a confusion matrix per variant. And the rows where
+the variants' answers differ, for reading.
+
+Everything is read from the store in a few queries per member (no per-row query), and the
+expected answers from the source once.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from itertools import combinations
+from typing import Any
+
+from sqlalchemy import func, select
+
+from lowtide.core import fastjson
+from lowtide.core.errors import SourceError
+from lowtide.core.evals import EvalSpec, Member
+from lowtide.core.ids import key_of
+from lowtide.core.scoring import check_expected, field_equal, is_missing, normalise, scorer
+from lowtide.core.states import RequestState
+from lowtide.core.stats import accuracy_ci, mcnemar_p, paired_difference_ci, quantiles
+from lowtide.engine.stages import source_values
+from lowtide.store.db import Store
+from lowtide.store.schema import attempts, dispatches, jobs, requests
+
+PICO = 1e12
+OTHER = "(other)"  # a choices answer that is none of the choices
+
+
+@dataclass(slots=True)
+class VariantResult:
+    variant: str
+    job: str
+    model: str
+    route: str
+    prompt: str | None
+    param_set: str | None
+    rows: int = 0
+    succeeded: int = 0
+    scored: int = 0
+    correct: int = 0
+    accuracy: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    not_scored: dict[str, int] = field(default_factory=dict)
+    failures: dict[str, int] = field(default_factory=dict)
+    cost_usd: float | None = None
+    realtime_usd: float | None = None
+    cost_per_correct: float | None = None
+    unpriced_attempts: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    turnaround_p50_s: float | None = None
+    turnaround_p95_s: float | None = None
+    field_accuracy: dict[str, float] = field(default_factory=dict)  # json_fields
+
+
+@dataclass(slots=True)
+class PairResult:
+    a: str
+    b: str
+    n: int  # rows both scored
+    a_only: int  # A right, B wrong
+    b_only: int
+    difference: float | None  # accuracy(A) - accuracy(B) over those rows
+    ci_low: float | None
+    ci_high: float | None
+    p_value: float  # McNemar, exact
+
+
+@dataclass(slots=True)
+class EvalReport:
+    name: str
+    method: str | None
+    variants: list[VariantResult]
+    pairs: list[PairResult]
+    confusion: dict[str, dict[str, dict[str, int]]]  # variant -> expected -> answer -> n
+    disagreements: list[dict[str, Any]]
+    disagreeing_rows: int
+    judge: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(slots=True)
+class _Scored:
+    verdicts: dict[str, bool]  # key -> correct, for scored rows
+    answers: dict[str, str]  # key -> the answer as compared (normalised), succeeded rows
+
+
+def compare(store: Store, ev: EvalSpec, disagreements: int = 20) -> EvalReport:
+    values = source_values(ev.base)
+    s = ev.scoring
+    method = s.method if s else None
+    if s is not None and s.method in ("choice", "regex", "numeric"):
+        # The source may have changed since the run checked it: refused again, by row id.
+        pairs = ((k, v.get(s.expected)) for k, v in values.items())
+        problems = check_expected(s, pairs, ev.base.effective_choices, lambda k: f"{ev.base.source.path} row with id {k}")
+        if problems:
+            raise SourceError.from_problems(f"{ev.base.source.path}: cannot score", problems)
+    judged = _verdicts(store, ev) if method == "judge" else None
+    results: list[VariantResult] = []
+    scored: dict[str, _Scored] = {}
+    confusion: dict[str, dict[str, dict[str, int]]] = {}
+    with store.begin() as conn:
+        ids = dict(conn.execute(select(jobs.c.name, jobs.c.id).where(jobs.c.name.in_([m.spec.name for m in ev.members]))).all())
+        costs = _costs(conn, list(ids.values()))
+        for m in ev.members:
+            r = VariantResult(m.variant, m.spec.name, m.spec.model, m.spec.route, m.prompt, m.param_set)
+            results.append(r)
+            job_id = ids.get(m.spec.name)
+            if job_id is None:  # a variant added to the spec but not run yet
+                r.not_scored["not run"] = len(values)
+                continue
+            rows = conn.execute(
+                select(requests.c.custom_id, requests.c.source_key, requests.c.state, requests.c.output, requests.c.parsed, requests.c.error_code)
+                .where(requests.c.job_id == job_id)
+            ).all()  # fmt: skip
+            scored[m.variant] = _score(ev, m, r, rows, values, judged, confusion)
+            c = costs.get(job_id)
+            if c is not None:
+                cost, realtime, unpriced, tin, tout = c
+                r.cost_usd, r.realtime_usd = cost / PICO, realtime / PICO
+                r.unpriced_attempts, r.input_tokens, r.output_tokens = unpriced, tin, tout
+                r.cost_per_correct = r.cost_usd / r.correct if r.correct else None
+            r.turnaround_p50_s, r.turnaround_p95_s = quantiles(_turnarounds(conn, job_id))
+        judge = _judge_cost(conn, ev) if ev.parts.judge is not None else None
+    pairs = [_pair(a, b, scored[a].verdicts, scored[b].verdicts) for a, b in combinations([r.variant for r in results], 2) if a in scored and b in scored]
+    rows, count = _disagreements(ev, scored, values, disagreements)
+    return EvalReport(ev.name, method, results, pairs, confusion, rows, count, judge)
+
+
+def _score(ev: EvalSpec, m: Member, r: VariantResult, rows, values: dict[str, dict], judged: dict[str, bool] | None, confusion) -> _Scored:
+    s = ev.scoring
+    plain = scorer(s) if s is not None and s.method not in ("json_fields", "judge") else None
+    choices = ev.base.effective_choices
+    labels = {normalise(c): c for c in choices or []}
+    matrix: dict[str, dict[str, int]] = {}
+    fields_right: Counter[str] = Counter()
+    fields_seen: Counter[str] = Counter()
+    out = _Scored({}, {})
+    not_scored: Counter[str] = Counter()
+    failures: Counter[str] = Counter()
+    for cid, key, state, output, parsed_text, error_code in rows:
+        r.rows += 1
+        if state != RequestState.SUCCEEDED.value:
+            failures[error_code or state if state == RequestState.FAILED.value else state] += 1
+            continue
+        r.succeeded += 1
+        parsed = fastjson.loads(parsed_text) if parsed_text else None
+        row = values.get(key_of(key), {})
+        out.answers[key] = normalise(parsed if parsed is not None and not isinstance(parsed, str) else output)
+        if s is None:
+            continue
+        verdict: bool | None
+        if s.method == "judge":
+            verdict = judged.get(cid) if judged is not None else None
+            if verdict is None:
+                not_scored["not judged"] += 1
+                continue
+        elif s.method == "json_fields":
+            verdict = None
+            answer = parsed if isinstance(parsed, dict) else {}
+            for prop, column in s.fields.items():
+                want = row.get(column)
+                if is_missing(want):
+                    continue
+                ok = prop in answer and field_equal(answer[prop], want)
+                fields_seen[prop] += 1
+                fields_right[prop] += ok
+                verdict = ok if verdict is None else verdict and ok
+        else:
+            expected = row.get(s.expected)
+            verdict = plain(output, parsed, expected)
+            if verdict is not None and s.method == "choice":
+                want = labels.get(normalise(expected), str(expected))
+                got = labels.get(normalise(output), OTHER)
+                matrix.setdefault(want, {}).setdefault(got, 0)
+                matrix[want][got] += 1
+        if verdict is None:
+            not_scored["no expected value"] += 1
+            continue
+        out.verdicts[key] = verdict
+    r.scored = len(out.verdicts)
+    r.correct = sum(out.verdicts.values())
+    r.not_scored, r.failures = dict(not_scored), dict(failures)
+    if r.scored:
+        r.accuracy = r.correct / r.scored
+        r.ci_low, r.ci_high = accuracy_ci(r.correct, r.scored)
+    r.field_accuracy = {p: fields_right[p] / n for p, n in fields_seen.items() if n}
+    if s is not None and s.method == "choice":
+        confusion[m.variant] = matrix
+    return out
+
+
+def _pair(a: str, b: str, va: dict[str, bool], vb: dict[str, bool]) -> PairResult:
+    both = va.keys() & vb.keys()
+    a_only = sum(1 for k in both if va[k] and not vb[k])
+    b_only = sum(1 for k in both if vb[k] and not va[k])
+    n = len(both)
+    ci = paired_difference_ci(a_only, b_only, n)
+    return PairResult(a, b, n, a_only, b_only, (a_only - b_only) / n if n else None, *(ci or (None, None)), mcnemar_p(a_only, b_only))
+
+
+def _costs(conn, job_ids: list[int]) -> dict[int, tuple[int, int, int, int, int]]:
+    a = attempts.c
+    q = (
+        select(
+            a.job_id, func.coalesce(func.sum(a.cost_picousd), 0), func.coalesce(func.sum(a.realtime_picousd), 0),
+            func.count().filter(a.cost_picousd.is_(None)), func.coalesce(func.sum(a.input_tokens), 0), func.coalesce(func.sum(a.output_tokens), 0),
+        )
+        .where(a.job_id.in_(job_ids))
+        .group_by(a.job_id)
+    )  # fmt: skip
+    return {row[0]: tuple(int(x) for x in row[1:]) for row in conn.execute(q)}
+
+
+def _turnarounds(conn, job_id: int) -> list[float]:
+    """Seconds from a request's dispatch being sent to its answer being stored."""
+    a, d = attempts.c, dispatches.c
+    q = (
+        select(a.at - func.coalesce(d.submitted_at, d.created_at))
+        .select_from(attempts.join(dispatches, a.dispatch_id == d.id))
+        .where(a.job_id == job_id, a.applied.is_(True), a.ok.is_(True))
+    )
+    return [max(0.0, float(x)) for (x,) in conn.execute(q) if x is not None]
+
+
+def _verdicts(store: Store, ev: EvalSpec) -> dict[str, bool]:
+    """The judge's verdict for each first-stage custom_id it judged."""
+    field_name = ev.parts.judge.verdict_field
+    with store.begin() as conn:
+        job_id = conn.execute(select(jobs.c.id).where(jobs.c.name == ev.judge_name)).scalar()
+        if job_id is None:
+            return {}
+        rows = conn.execute(
+            select(requests.c.source_key, requests.c.parsed).where(requests.c.job_id == job_id, requests.c.state == RequestState.SUCCEEDED.value)
+        ).all()
+    out = {}
+    for row_id, parsed in rows:
+        verdict = fastjson.loads(parsed) if parsed else None
+        if isinstance(verdict, dict) and isinstance(verdict.get(field_name), bool):
+            out[row_id] = verdict[field_name]
+    return out
+
+
+def _judge_cost(conn, ev: EvalSpec) -> dict[str, Any] | None:
+    job_id = conn.execute(select(jobs.c.id).where(jobs.c.name == ev.judge_name)).scalar()
+    if job_id is None:
+        return {"job": ev.judge_name, "run": False}
+    c = _costs(conn, [job_id]).get(job_id, (0, 0, 0, 0, 0))
+    states = dict(conn.execute(select(requests.c.state, func.count()).where(requests.c.job_id == job_id).group_by(requests.c.state)).all())
+    return {"job": ev.judge_name, "run": True, "model": ev.parts.judge.model, "route": ev.parts.judge.route,
+            "states": states, "cost_usd": c[0] / PICO, "realtime_usd": c[1] / PICO}  # fmt: skip
+
+
+def _disagreements(ev: EvalSpec, scored: dict[str, _Scored], values: dict[str, dict], limit: int) -> tuple[list[dict], int]:
+    """Rows answered by every variant where the answers are not all the same."""
+    if len(scored) < 2:
+        return [], 0
+    names = list(scored)
+    common = set.intersection(*(set(scored[n].answers) for n in names))
+    differing = sorted(k for k in common if len({scored[n].answers[k] for n in names}) > 1)
+    s = ev.scoring
+    out = []
+    for key in differing[:limit]:
+        row = values.get(key_of(key), {})
+        item: dict[str, Any] = {"key": key}
+        if s is not None and s.expected:
+            item["expected"] = row.get(s.expected)
+        item["answers"] = {n: scored[n].answers[key] for n in names}
+        item["correct"] = {n: scored[n].verdicts.get(key) for n in names}
+        out.append(item)
+    return out, len(differing)

@@ -1,0 +1,164 @@
+"""Running an eval: store its spec, load its member jobs, drive them together, then the judge.
+
+Before any member is loaded, the things only an eval has are checked: the expected column
+(present in the source; labels inside the choices; patterns and numbers that parse) and the
+judge's template against the columns the first stage will produce. Then each member loads
+as any job does (all-or-nothing per member; the members share one source, so a bad row is
+refused on the first member, before anything is stored).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import orjson
+from sqlalchemy import select
+
+from lowtide.core.clock import Clock
+from lowtide.core.errors import JobNotFoundError, SourceError
+from lowtide.core.evals import EvalSpec, build_eval, check_judge_columns, judge_spec
+from lowtide.core.scoring import check_expected
+from lowtide.core.sources import Source
+from lowtide.engine.control import JobStatus, job_done, job_status
+from lowtide.engine.loader import LoadReport, load_job
+from lowtide.engine.runner import IDLE_WAIT_MAX
+from lowtide.engine.stages import Upstream, source_values, stage_rows, write_stage_source
+from lowtide.engine.tick import Engine, TickReport
+from lowtide.store.db import Store
+from lowtide.store.schema import evals
+
+STAGE_DIR = "lowtide-stages"  # under the spec's folder: the judge's source files
+
+
+def check_eval(ev: EvalSpec) -> None:
+    """What an eval adds to its members' checks: its expected column(s) and judge template."""
+    spec = ev.base
+    source = Source(spec.resolve(spec.source.path), spec.source.format)
+    columns = source.columns
+    s = ev.scoring
+    if s is not None:
+        wanted = list(s.fields.values()) if s.method == "json_fields" else [s.expected] if s.expected else []
+        if columns is not None:
+            for col in wanted:
+                if col not in columns:
+                    raise SourceError(
+                        f'{source.path}: no column "{col}" (scoring.{"fields" if s.method == "json_fields" else "expected"}); '
+                        f"columns are: {', '.join(columns)}. Name the column with the expected answers"
+                    )
+        if s.method in ("choice", "regex", "numeric"):
+            values = ((row.where(source.path), row.values.get(s.expected)) for chunk in source.chunks() for row in chunk)
+            problems = check_expected(s, values, spec.effective_choices, str)
+            if problems:
+                raise SourceError.from_problems(f"{source.path}: refused, nothing was stored", problems)
+    if ev.parts.judge is not None:
+        check_judge_columns(ev, list(columns or []))
+
+
+def save_eval(store: Store, ev: EvalSpec, now: float) -> None:
+    data = orjson.dumps(ev.data, default=str).decode()
+    with store.begin() as conn:
+        found = conn.execute(select(evals.c.id).where(evals.c.name == ev.name)).scalar()
+        if found is None:
+            conn.execute(evals.insert().values(name=ev.name, spec=data, created_at=now, updated_at=now))
+        else:
+            conn.execute(evals.update().where(evals.c.id == found).values(spec=data, updated_at=now))
+
+
+def stored_eval(store: Store, name: str) -> EvalSpec:
+    with store.begin() as conn:
+        data = conn.execute(select(evals.c.spec).where(evals.c.name == name)).scalar()
+        if data is None:
+            known = list(conn.scalars(select(evals.c.name).order_by(evals.c.name).limit(20)))
+            hint = f"; evals in this store: {', '.join(known)}" if known else "; this store has no evals yet (`lowtide run` an eval spec)"
+            raise JobNotFoundError(f'no eval named "{name}"{hint}')
+    return build_eval(orjson.loads(data), where=f"eval {name!r} (stored)")
+
+
+def load_eval(
+    store: Store,
+    ev: EvalSpec,
+    clock: Clock,
+    on_member: Callable[[str, LoadReport], None] | None = None,
+    requeue_changed: bool = False,
+) -> list[LoadReport]:
+    """Check the eval, store it and load every member; members already stored add only what
+    is new (a new variant is a new member: the stored ones are not changed by it)."""
+    check_eval(ev)
+    save_eval(store, ev, clock.now())
+    reports = []
+    for m in ev.members:
+        report = load_job(store, m.spec, clock, f"{ev.where} (variant {m.variant})", requeue_changed=requeue_changed)
+        reports.append(report)
+        if on_member:
+            on_member(m.variant, report)
+    return reports
+
+
+async def drive_jobs(
+    engine: Engine,
+    names: list[str],
+    on_tick: Callable[[list[JobStatus]], None] | None = None,
+    every: float = 0.5,
+    on_idle: Callable[[float], Awaitable[None]] | None = None,
+) -> list[JobStatus]:
+    """Tick several jobs until each is done: their batches are in flight together. When
+    nothing was due, `on_idle(seconds)` waits (default: sleeps; a test moves its clock)."""
+    left = list(names)
+    last = 0.0
+    while left:
+        busy = False
+        for name in list(left):
+            report: TickReport = await engine.tick(name)
+            busy = busy or report.busy
+            if job_done(engine.store, name):
+                left.remove(name)
+        if on_tick and (not left or time.monotonic() - last >= every):
+            on_tick([job_status(engine.store, n) for n in names])
+            last = time.monotonic()
+        if left and not busy:
+            due = engine.next_due()
+            wait = IDLE_WAIT_MAX if due is None else min(IDLE_WAIT_MAX, max(0.01, due - engine.clock.now()))
+            await (on_idle or asyncio.sleep)(wait)
+    return [job_status(engine.store, n) for n in names]
+
+
+def stage_path(ev: EvalSpec) -> Path:
+    return ev.base.resolve(STAGE_DIR) / f"{ev.judge_name}.jsonl"
+
+
+def load_judge(store: Store, ev: EvalSpec, clock: Clock) -> LoadReport | None:
+    """Write the judge's source from the members' succeeded answers and load the judge job
+    (rows already judged are left alone). None when there is no judge or nothing to judge."""
+    if ev.parts.judge is None:
+        return None
+    s = ev.scoring
+    expected = {"expected": s.expected} if s is not None and s.expected else {}
+    ups = [
+        Upstream(m.spec.name, {"variant": m.variant, "model": m.spec.model, "prompt": m.prompt}, expected)
+        for m in ev.members
+    ]
+    values = source_values(ev.base)
+    rows = stage_rows(store, ups, values)
+    if not rows:
+        return None
+    path = write_stage_source(stage_path(ev), rows)
+    columns = list(next(iter(values.values()), {}).keys())
+    spec = judge_spec(ev, path, columns)
+    return load_job(store, spec, clock, f"{ev.where} judge")
+
+
+async def run_eval(
+    engine: Engine,
+    ev: EvalSpec,
+    clock: Clock,
+    on_tick: Callable[[list[JobStatus]], None] | None = None,
+    on_idle: Callable[[float], Awaitable[None]] | None = None,
+) -> list[JobStatus]:
+    """Drive the members to the end, then the judge stage over their answers."""
+    statuses = await drive_jobs(engine, [m.spec.name for m in ev.members], on_tick, on_idle=on_idle)
+    if load_judge(engine.store, ev, clock) is not None:
+        statuses += await drive_jobs(engine, [ev.judge_name], on_tick, on_idle=on_idle)
+    return statuses

@@ -1,0 +1,78 @@
+"""Evals from Python (docs/evals.md): `Job.from_dataframe(..., variants=...)` returns one.
+
+    ev = lowtide.Job.from_dataframe(df, name="qa", id_column="id", user="{{ question }}",
+        variants={"models": [{"name": "mini", "model": "gpt-4o-mini", "route": "openai-batch"}],
+                  "prompts": [{"name": "v1", "user": "Q: {{ question }}"}]},
+        scoring={"method": "exact", "expected": "answer"})
+    ev.run()
+    ev.compare()        # one row per variant, as a DataFrame
+    ev.report()         # the whole report (pairs, confusion, disagreements)
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from lowtide.core.clock import SystemClock
+from lowtide.core.evals import EvalSpec, build_eval, load_eval
+from lowtide.engine.compare import EvalReport, compare
+from lowtide.engine.control import JobStatus
+from lowtide.engine.evals import load_eval as load_members
+from lowtide.engine.evals import run_eval
+from lowtide.engine.loader import LoadReport
+from lowtide.engine.tick import Engine
+from lowtide.store.db import Store
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+
+class Eval:
+    """An eval bound to a store: its variants run as member jobs (`EVAL.VARIANT`)."""
+
+    def __init__(self, spec: EvalSpec, store: Store | str | None = None):
+        self.spec = spec
+        self.store = store if isinstance(store, Store) else Store(store)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, store: Store | str | None = None) -> Eval:
+        return cls(load_eval(path), store)
+
+    @classmethod
+    def from_data(cls, data: dict[str, Any], store: Store | str | None = None) -> Eval:
+        return cls(build_eval(data, where=f"eval {data.get('name')!r}"), store)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def jobs(self) -> list[str]:
+        return [m.spec.name for m in self.spec.members]
+
+    def submit(self, requeue_changed: bool = False) -> list[LoadReport]:
+        return load_members(self.store, self.spec, SystemClock(), requeue_changed=requeue_changed)
+
+    def run(self) -> list[JobStatus]:
+        """Submit every variant and drive them (then the judge) to the end, blocking."""
+        self.submit()
+
+        async def go() -> list[JobStatus]:
+            async with Engine(self.store) as engine:
+                return await run_eval(engine, self.spec, SystemClock())
+
+        return asyncio.run(go())
+
+    def report(self, disagreements: int = 20) -> EvalReport:
+        return compare(self.store, self.spec, disagreements)
+
+    def compare(self) -> pd.DataFrame:
+        """One row per variant: scored, accuracy, ci_low/ci_high, failures, cost, … (the
+        columns of `lowtide compare --out`)."""
+        import pandas as pd
+
+        from lowtide.cli.evals import variant_rows
+
+        return pd.DataFrame.from_records(variant_rows(self.report()))

@@ -1,0 +1,225 @@
+"""`gemini-batch`: Gemini's batch mode (or any server speaking it, like `lowtide serve`), on
+the official `google-genai` SDK.
+
+One provider batch per dispatch, for one model (the model is in the create call's path). A
+chunk of up to `inline_bytes` (default 10 MB; Gemini takes inline batches under 20 MB) goes
+inline; a bigger one is written as a JSONL file of `{"key": custom_id, "request": body}`
+lines, uploaded with the SDK's resumable upload, and named as the batch's source. Either way
+each body travels verbatim: the SDK's `http_options.extra_body` carries the requests as they
+are, so nothing passes through the SDK's own request types (which would rename or refuse
+keys it does not know). The model stays out of the request lines: it is the batch's.
+
+Exactly-once: the batch's `displayName` is the dispatch's key, the create is made with the
+SDK's retries off, and after a crash `find` lists recent batches and adopts the one named
+so. Results are matched by `key` (file: its lines, streamed from a download to disk;
+inline: each response's `metadata.key`). States are the SDK's `JOB_STATE_*`.
+
+Options: `base_url`, `api_key_env` (default GEMINI_API_KEY, then GOOGLE_API_KEY),
+`max_requests` (≤ 100,000), `max_bytes` (≤ 2 GB), `inline_bytes`, `poll_interval`,
+`find_pages` (pages of 100 batches `find` reads, default 10), `timeout` (seconds, 120),
+`models` (model names to accept beyond the price catalog's Gemini models).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from collections.abc import AsyncIterator, Collection, Iterable
+from typing import Any, Literal
+
+from google import genai
+from google.genai import errors as genai_errors
+from google.genai import types
+
+from lowtide.core import fastjson
+from lowtide.core.errors import BatchRejected, RouteError
+from lowtide.core.types import Outcome, Refusal, Request
+from lowtide.routes._gemini import gemini_body, gemini_error, gemini_outcome
+from lowtide.routes._gemini_models import check_gemini_model
+from lowtide.routes._provider import check_options, poll_interval
+from lowtide.routes.base import BatchLimits, BatchStatus
+
+log = logging.getLogger(__name__)
+MAX_REQUESTS = 100_000
+MAX_BYTES = 2 * 2**30  # Gemini's largest input file
+INLINE_BYTES = 10 * 2**20  # Gemini takes inline requests under 20 MB a batch
+TERMINAL = {"JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED", "JOB_STATE_CANCELLED", "JOB_STATE_EXPIRED"}
+OPTIONS = {"base_url", "api_key_env", "max_requests", "max_bytes", "inline_bytes", "poll_interval", "find_pages",
+           "timeout", "models"}  # fmt: skip
+
+
+def gemini_key(options: dict[str, Any], route: str) -> str:
+    names = [options["api_key_env"]] if options.get("api_key_env") else ["GEMINI_API_KEY", "GOOGLE_API_KEY"]
+    for name in names:
+        if os.environ.get(name):
+            return os.environ[name]
+    raise RouteError(f"{route}: no API key; set the {' or '.join(names)} environment variable")
+
+
+def gemini_client(options: dict[str, Any], route: str) -> genai.Client:
+    http = types.HttpOptions(base_url=options.get("base_url"), api_version="v1beta", timeout=int(float(options.get("timeout", 120)) * 1000))
+    return genai.Client(api_key=gemini_key(options, route), http_options=http)
+
+
+def request_line(request: Request, body: dict[str, Any]) -> dict[str, Any]:
+    """One line of a batch input file: the body without its model (the batch's)."""
+    return {"key": request.custom_id, "request": {k: v for k, v in body.items() if k != "model"}}
+
+
+def parse_result_line(line: dict[str, Any]) -> Outcome:
+    """One line of a responses file: `{"key", "response"}` or `{"key", "error"}`. A line
+    whose key is not text names no request: TypeError (the line is skipped)."""
+    key = line["key"]
+    if not isinstance(key, str):
+        raise TypeError(f"key is {type(key).__name__}, not text")
+    if isinstance(line.get("response"), dict):
+        return gemini_outcome(key, line["response"], batch=True)
+    return gemini_error(key, line.get("error"))
+
+
+def translate_error(route: str, err: genai_errors.APIError) -> RouteError:
+    """A refusal that sending the same batch again cannot fix fails its requests; anything
+    else is transient and the next tick finds-or-submits again."""
+    message = f"{route}: HTTP {err.code}: {err.message or err.status}"
+    return BatchRejected(message) if err.code in (400, 401, 403, 404, 413) else RouteError(message)
+
+
+class GeminiBatchRoute:
+    kind: Literal["batch"] = "batch"
+    name = "gemini-batch"
+    group_by_prefix = True
+
+    def __init__(self, options: dict[str, Any]):
+        check_options(self.name, options, OPTIONS)
+        self.limits = BatchLimits(
+            max_requests=min(int(options.get("max_requests", MAX_REQUESTS)), MAX_REQUESTS),
+            max_bytes=min(int(options.get("max_bytes", MAX_BYTES)), MAX_BYTES),
+            one_model_per_batch=True,
+        )
+        self.inline_bytes = int(options.get("inline_bytes", INLINE_BYTES))
+        self.poll_interval = poll_interval(options, (30.0, 600.0))
+        self.find_pages = int(options.get("find_pages", 10))
+        self.models = frozenset(options.get("models") or ())
+        self.client = gemini_client(options, self.name)
+
+    def check_model(self, model: str) -> None:
+        check_gemini_model(self.name, model, self.models)
+
+    def refusal(self, request: Request) -> Refusal | None:
+        body = gemini_body(request, self.name)
+        return body if isinstance(body, Refusal) else None
+
+    async def submit(self, key: str, requests: Iterable[Request]) -> str:
+        models: set[str] = set()
+        inline: list[dict[str, Any]] | None = []
+        size = 0
+        with tempfile.SpooledTemporaryFile(max_size=16 * 2**20) as f:
+            for r in requests:
+                body = gemini_body(r, self.name)
+                if isinstance(body, Refusal):  # the loader refuses these; a store from before it did, here
+                    raise BatchRejected(f"{self.name}: request {r.custom_id}: {body.message(self.name)}")
+                models.add(r.model)
+                line = request_line(r, body)
+                data = fastjson.dumpb(line) + b"\n"
+                f.write(data)
+                size += len(data)
+                if inline is not None and size <= self.inline_bytes:
+                    inline.append({"request": line["request"], "metadata": {"key": r.custom_id}})
+                else:
+                    inline = None  # too big to send inline: the file goes
+            if len(models) != 1:  # sending it again cannot help: permanent, never retried
+                raise BatchRejected(f"{self.name}: one model per batch, got {sorted(models)}")
+            model = models.pop()
+            try:
+                if inline is not None:
+                    return await self._create(model, key, [], {"requests": {"requests": inline}})
+                f.seek(0)
+                uploaded = await self.client.aio.files.upload(file=f, config={"mime_type": "jsonl", "display_name": key})
+                return await self._create(model, key, uploaded.name, None)
+            except genai_errors.APIError as err:
+                raise translate_error(self.name, err) from None
+
+    async def _create(self, model: str, key: str, src: Any, inline: dict[str, Any] | None) -> str:
+        # Inline requests ride in `extra_body`, verbatim; the SDK's own list stays empty.
+        http = {"retry_options": {"attempts": 1}} | ({"extra_body": {"batch": {"inputConfig": inline}}} if inline else {})
+        batch = await self.client.aio.batches.create(model=model, src=src, config={"display_name": key, "http_options": http})
+        if not batch.name:
+            raise RouteError(f"{self.name}: the provider created a batch without a name")
+        return batch.name
+
+    async def find(self, key: str, size: int, not_before: float, known: Collection[str] = ()) -> str | None:
+        # Newest first; the pager fetches the next page as it goes, up to find_pages of them.
+        seen = 0
+        async for batch in await self.client.aio.batches.list(config={"page_size": 100}):
+            if batch.display_name == key:
+                return batch.name
+            seen += 1
+            if seen >= 100 * self.find_pages:
+                break
+        return None
+
+    async def poll(self, batch_id: str) -> BatchStatus:
+        batch = await self.client.aio.batches.get(name=batch_id)
+        state = batch.state.value if batch.state is not None else "JOB_STATE_UNSPECIFIED"
+        errors = []
+        if state == "JOB_STATE_FAILED":
+            error = batch.error
+            errors = [f"{error.code}: {error.message}" if error and error.message else "the provider failed the batch without saying why"]
+        counts = {}
+        if batch.completion_stats is not None:
+            counts = {k: v for k, v in batch.completion_stats.model_dump().items() if isinstance(v, int)}
+        return BatchStatus(phase=state, ended=state in TERMINAL, counts=counts, errors=errors)
+
+    async def results(self, batch_id: str) -> AsyncIterator[Outcome]:
+        batch = await self.client.aio.batches.get(name=batch_id)
+        dest = batch.dest
+        if dest is None:
+            return
+        for item in dest.inlined_responses or ():
+            outcome = _inline(item)
+            if outcome is not None:
+                yield outcome
+        if dest.file_name:
+            # To disk, then line by line: a big responses file is never held in memory.
+            with tempfile.NamedTemporaryFile(suffix=".jsonl") as spool:
+                await self.client.aio.files.download(file=dest.file_name, destination=spool.name)
+                with open(spool.name, encoding="utf-8", errors="replace") as lines:
+                    for text in lines:
+                        outcome = _parse(text) if text.strip() else None
+                        if outcome is not None:
+                            yield outcome
+
+    async def cancel(self, batch_id: str) -> None:
+        await self.client.aio.batches.cancel(name=batch_id)
+
+    async def aclose(self) -> None:
+        await self.client.aio.aclose()
+
+
+def _inline(item: types.InlinedResponse) -> Outcome | None:
+    key = (item.metadata or {}).get("key")
+    if not isinstance(key, str):
+        log.warning("gemini-batch: skipped an inline response without a key: %.200s", item)
+        return None
+    if item.response is not None:  # back to the REST shape it came in (camelCase)
+        body = item.response.model_dump(mode="json", by_alias=True, exclude_none=True,
+                                        exclude={"sdk_http_response", "automatic_function_calling_history", "parsed"})  # fmt: skip
+        return gemini_outcome(key, body, batch=True)
+    error = item.error.model_dump(mode="json", exclude_none=True) if item.error is not None else None
+    return gemini_error(key, error)
+
+
+def _parse(text: str) -> Outcome | None:
+    """A corrupt line names no request we can trust: it is skipped (and logged), and the
+    request it was for counts as missing from the output, so it is retried."""
+    try:
+        return parse_result_line(fastjson.loads(text))
+    except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as err:
+        log.warning("gemini-batch: skipped an unreadable result line (%s): %.200s", err, text)
+        return None
+
+
+def create(options: dict[str, Any]) -> GeminiBatchRoute:
+    return GeminiBatchRoute(options)

@@ -1,0 +1,144 @@
+"""Gemini's Files API, as the google-genai SDK calls it: the resumable upload
+(`POST /upload/v1beta/files` with `X-Goog-Upload-Command: start`, then the chunks to the
+`X-Goog-Upload-URL` it answers, each with its `X-Goog-Upload-Offset`, the last one
+`upload, finalize`), `GET /v1beta/files/{name}`, `DELETE`, and the media download
+(`GET /v1beta/files/{name}:download?alt=media`) of a batch's responses file.
+
+An upload in progress is a part file and its header in `uploads/` of the data dir; a chunk
+at the wrong offset is refused (400) and the client may start over. Files are rows of
+`serve_files` (purpose `gemini_input` / `gemini_output`), named `files/<id>` to the client.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from datetime import UTC, datetime
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import FileResponse, JSONResponse
+from sqlalchemy import Row
+
+from lowtide.server import records
+from lowtide.server.bodies import parse_object, read_body
+from lowtide.server.context import Server
+from lowtide.server.errors import ApiError
+
+router = APIRouter()
+FILE_DAYS = 2  # Gemini keeps an uploaded file 48 hours
+
+
+def rfc3339(t: float | None) -> str | None:
+    if t is None:
+        return None
+    return datetime.fromtimestamp(t, UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def _server(request: Request) -> Server:
+    return request.app.state.server
+
+
+def file_object(row: Row, base: str) -> dict[str, Any]:
+    generated = row.purpose == "gemini_output"
+    out = {
+        "name": f"files/{row.id}", "displayName": row.filename, "mimeType": "application/jsonl",
+        "sizeBytes": str(row.bytes), "createTime": rfc3339(row.created_at), "updateTime": rfc3339(row.created_at),
+        "expirationTime": rfc3339(row.expires_at), "uri": f"{base}/v1beta/files/{row.id}", "state": "ACTIVE",
+        "source": "GENERATED" if generated else "UPLOADED",
+    }  # fmt: skip
+    if generated:
+        out["downloadUri"] = f"{base}/v1beta/files/{row.id}:download?alt=media"
+    return out
+
+
+def get_file(server: Server, name: str) -> Row:
+    with server.store.read() as conn:
+        row = records.get_file(conn, name.removeprefix("files/"))
+    if row is None or not row.purpose.startswith("gemini") or (row.expires_at is not None and row.expires_at <= server.clock.now()):
+        raise ApiError(404, f"File files/{name} does not exist or you do not have permission to access it.")
+    return row
+
+
+def _base(request: Request) -> str:
+    return str(request.base_url).rstrip("/")
+
+
+@router.post("/upload/v1beta/files")
+async def upload(request: Request, upload_id: str | None = None):
+    server = _server(request)
+    command = request.headers.get("x-goog-upload-command", "").replace(" ", "")
+    staging = server.path("uploads")
+    staging.mkdir(parents=True, exist_ok=True)
+    if upload_id is None:
+        return await _start(request, server, command, staging)
+    if not upload_id.isalnum() or not (staging / f"{upload_id}.json").exists():
+        raise ApiError(404, f"No upload session {upload_id}; start the upload again.")
+    head = json.loads((staging / f"{upload_id}.json").read_text())
+    part = staging / f"{upload_id}.part"
+    offset = int(request.headers.get("x-goog-upload-offset", "-1"))
+    have = part.stat().st_size
+    if offset != have:
+        raise ApiError(400, f"X-Goog-Upload-Offset is {offset}; the upload has {have} bytes so far.")
+    with part.open("ab") as f:
+        async for chunk in request.stream():
+            f.write(chunk)
+            if f.tell() > server.config.max_file_bytes:
+                raise ApiError(413, f"A file may be at most {server.config.max_file_bytes:,} bytes.")
+    if "finalize" not in command.split(","):
+        return JSONResponse({}, headers={"X-Goog-Upload-Status": "active"})
+    size = part.stat().st_size
+    if head.get("size") is not None and size != head["size"]:
+        raise ApiError(400, f"The upload has {size} bytes; its start said {head['size']}.")
+    file_id = secrets.token_hex(8)
+    files_dir = server.path("files")
+    files_dir.mkdir(parents=True, exist_ok=True)
+    part.rename(files_dir / f"gemini-{file_id}")
+    (staging / f"{upload_id}.json").unlink()
+    now = server.clock.now()
+    with server.store.begin() as conn:
+        records.insert_file(conn, id=file_id, purpose="gemini_input", filename=head.get("displayName") or file_id, bytes=size,
+                            path=f"files/gemini-{file_id}", created_at=now, expires_at=now + FILE_DAYS * 86400)  # fmt: skip
+        row = records.get_file(conn, file_id)
+    return JSONResponse({"file": file_object(row, _base(request))}, headers={"X-Goog-Upload-Status": "final"})
+
+
+async def _start(request: Request, server: Server, command: str, staging) -> JSONResponse:
+    if request.headers.get("x-goog-upload-protocol") != "resumable" or command != "start":
+        raise ApiError(400, "Start a resumable upload: X-Goog-Upload-Protocol: resumable, X-Goog-Upload-Command: start.")
+    raw = await read_body(request, server.config.max_request_bytes, server.config.body_timeout)
+    body = parse_object(raw, server.config.max_json_depth) if raw.strip() else {}
+    given = body.get("file") if isinstance(body.get("file"), dict) else {}
+    size = request.headers.get("x-goog-upload-header-content-length")
+    upload_id = secrets.token_hex(12)
+    head = {"displayName": given.get("displayName"), "size": int(size) if size and size.isdigit() else None}
+    (staging / f"{upload_id}.json").write_text(json.dumps(head))
+    (staging / f"{upload_id}.part").write_bytes(b"")
+    url = f"{_base(request)}/upload/v1beta/files?upload_id={upload_id}&upload_protocol=resumable"
+    return JSONResponse({}, headers={"X-Goog-Upload-URL": url, "X-Goog-Upload-Status": "active"})
+
+
+@router.get("/v1beta/files/{name}:download")
+def download(name: str, request: Request, alt: str | None = None) -> FileResponse:
+    server = _server(request)
+    row = get_file(server, name)
+    if alt != "media":
+        raise ApiError(400, "Download the file's media with ?alt=media.")
+    if row.purpose != "gemini_output":
+        raise ApiError(400, "Only generated files can be downloaded; uploaded files cannot.")
+    return FileResponse(server.path(row.path), media_type="application/octet-stream")
+
+
+@router.get("/v1beta/files/{name}")
+def get(name: str, request: Request) -> dict[str, Any]:
+    return file_object(get_file(_server(request), name), _base(request))
+
+
+@router.delete("/v1beta/files/{name}")
+def delete(name: str, request: Request) -> dict[str, Any]:
+    server = _server(request)
+    row = get_file(server, name)
+    with server.store.begin() as conn:
+        records.delete_file(conn, row.id)
+    server.path(row.path).unlink(missing_ok=True)
+    return {}

@@ -1,0 +1,183 @@
+"""Evals end to end on both stores (engine/evals.py, engine/compare.py, engine/stages.py):
+every (row, variant) is a request with its KEY__VARIANT custom_id; batch routes get one model
+per batch; adding a variant runs only the new variant and changes no stored request; the
+judge stage is a job over the first stage's answers; the report's numbers are recomputed
+here from the rows; bad input is refused before anything is stored."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from lowtide.core.errors import SourceError, SpecError
+from lowtide.core.evals import build_eval
+from lowtide.core.stats import mcnemar_p
+from lowtide.engine.compare import compare
+from lowtide.engine.evals import load_eval, run_eval, stored_eval
+from lowtide.engine.tick import Engine
+from lowtide.store.schema import dispatches, events, jobs, requests
+from tests.conftest import ticket_rows, write_csv
+
+
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path, monkeypatch):
+    """Specs built here without a file live in the working folder: make it the test's."""
+    monkeypatch.chdir(tmp_path)
+
+
+CHOICES = ["billing", "technical", "account", "shipping", "feedback"]
+
+
+def spec(source, prompts=("right", "wrong"), models=None, **over) -> dict:
+    # echo answers with the first allowed choice the user message mentions: "right" names the
+    # row's own label (its body does), "wrong" names "technical" first, whatever the row.
+    users = {"right": "Ticket: {{ body }}", "wrong": "technical or {{ body }}?", "other": "Is it {{ body }}"}
+    data = {
+        "name": "ev",
+        "source": {"path": str(source), "id_column": "ticket_id"},
+        "template": {"system": "Sort the ticket."},
+        "choices": CHOICES,
+        "params": {"max_tokens": 8},
+        "variants": {
+            "models": models or [{"name": "e", "model": "echo-model", "route": "echo"}],
+            "prompts": [{"name": p, "user": users[p]} for p in prompts],
+        },
+        "scoring": {"method": "choice", "expected": "gold"},
+    }
+    return data | over
+
+
+def run(store, clock, data):
+    # The spec "lives" beside its source, so the judge stage's file is written there, not here.
+    ev = build_eval(data, where=str(Path(data["source"]["path"]).with_name("ev.yaml")))
+    reports = load_eval(store, ev, clock)
+
+    async def idle(_seconds):
+        clock.advance(3600)
+
+    async def go():
+        async with Engine(store, clock, seed=7) as engine:
+            return await run_eval(engine, ev, clock, on_idle=idle)
+
+    return ev, reports, asyncio.run(go())
+
+
+def test_every_row_and_variant_runs_and_the_report_is_right(store, clock, tmp_path):
+    source = write_csv(tmp_path / "t.csv", ticket_rows(40))
+    ev, _, statuses = run(store, clock, spec(source))
+    assert [s.counts for s in statuses] == [{"succeeded": 40}, {"succeeded": 40}]
+    with store.begin() as conn:
+        ids = set(conn.scalars(sa.select(requests.c.custom_id)))
+    assert ids == {f"T{1000 + i}__e-{p}" for i in range(40) for p in ("right", "wrong")}
+    report = compare(store, stored_eval(store, "ev"))
+    right, wrong = report.variants
+    assert (right.scored, right.correct, right.accuracy, right.ci_low, right.ci_high) == (40, 40, 1.0, 1.0, 1.0)
+    assert (wrong.scored, wrong.correct) == (40, 8)  # the 8 rows whose label is technical
+    assert wrong.ci_low < 0.2 < wrong.ci_high
+    (pair,) = report.pairs
+    assert (pair.n, pair.a_only, pair.b_only, pair.difference) == (40, 32, 0, 0.8)
+    assert pair.p_value == mcnemar_p(32, 0) == pytest.approx(2 * 0.5**32)
+    assert report.confusion["e-wrong"] == {label: {"technical": 8} for label in CHOICES}
+    assert report.confusion["e-right"] == {label: {label: 8} for label in CHOICES}
+    assert report.disagreeing_rows == 32 and len(report.disagreements) == 20
+    row = report.disagreements[0]
+    assert row["answers"]["e-wrong"] == "technical" and row["correct"] == {"e-right": True, "e-wrong": False}
+    assert right.input_tokens > 0 and right.turnaround_p50_s is not None and right.cost_usd is not None
+
+
+def test_a_row_without_expected_is_not_scored_never_wrong(store, clock, tmp_path):
+    rows = ticket_rows(10)
+    for r in rows[:3]:
+        r["gold"] = ""
+    ev, _, _ = run(store, clock, spec(write_csv(tmp_path / "t.csv", rows)))
+    right, wrong = compare(store, ev).variants
+    assert (right.rows, right.scored, right.correct, right.not_scored) == (10, 7, 7, {"no expected value": 3})
+    assert wrong.scored == 7 and wrong.not_scored == {"no expected value": 3}
+
+
+def test_adding_a_variant_runs_only_it_and_changes_nothing_stored(store, clock, tmp_path):
+    source = write_csv(tmp_path / "t.csv", ticket_rows(12))
+    run(store, clock, spec(source, prompts=("right",)))
+    with store.begin() as conn:
+        before = {r.custom_id: (r.payload, r.fingerprint, r.version, r.state) for r in conn.execute(sa.select(requests))}
+        old_spec = conn.execute(sa.select(jobs.c.spec).where(jobs.c.name == "ev.e-right")).scalar_one()
+    ev, reports, statuses = run(store, clock, spec(source, prompts=("right", "other")))
+    assert [(r.new, r.changed, r.applied) for r in reports] == [(0, 0, []), (12, 0, [])]
+    with store.begin() as conn:
+        after = {r.custom_id: (r.payload, r.fingerprint, r.version, r.state) for r in conn.execute(sa.select(requests))}
+        assert conn.execute(sa.select(jobs.c.spec).where(jobs.c.name == "ev.e-right")).scalar_one() == old_spec
+        kinds = set(conn.scalars(sa.select(events.c.kind)))
+    assert {k: v for k, v in after.items() if k in before} == before
+    assert len(after) == 24 and "spec_changed" not in kinds and "rows_changed" not in kinds
+    assert [v.scored for v in compare(store, ev).variants] == [12, 12]
+
+
+def test_batch_variants_are_split_by_model(store, clock, tmp_path, monkeypatch):
+    monkeypatch.setenv("LOWTIDE_ECHO_BATCH_DIR", str(tmp_path / "eb"))
+    models = [{"name": "m1", "model": "model-one", "route": "echo-batch"}, {"name": "m2", "model": "model-two", "route": "echo-batch"}]
+    _, _, statuses = run(store, clock, spec(write_csv(tmp_path / "t.csv", ticket_rows(15)), prompts=("right",), models=models))
+    assert all(s.counts == {"succeeded": 15} for s in statuses)
+    with store.begin() as conn:
+        per_batch = conn.execute(
+            sa.select(requests.c.dispatch_id, sa.func.count(sa.distinct(requests.c.model))).group_by(requests.c.dispatch_id)
+        ).all()
+        kinds = set(conn.scalars(sa.select(dispatches.c.kind)))
+    assert kinds == {"batch"} and len(per_batch) >= 2 and all(n == 1 for _, n in per_batch)
+
+
+def test_the_judge_stage_scores_from_its_verdicts(store, clock, tmp_path):
+    source = write_csv(tmp_path / "t.csv", ticket_rows(10))
+    data = spec(
+        source,
+        scoring={"method": "judge", "expected": "gold"},
+        judge={"model": "judge-model", "route": "echo", "params": {"max_tokens": 64},
+               "user": "Expected {{ expected }}; the {{ variant }} answer to {{ body }} was {{ output }}. Correct?"},
+    )  # fmt: skip
+    ev, _, statuses = run(store, clock, data)
+    assert statuses[-1].name == "ev.judge" and statuses[-1].counts == {"succeeded": 20}
+    with store.begin() as conn:
+        judge_id = conn.execute(sa.select(jobs.c.id).where(jobs.c.name == "ev.judge")).scalar_one()
+        verdicts = {k: json.loads(p)["correct"] for k, p in conn.execute(
+            sa.select(requests.c.source_key, requests.c.parsed).where(requests.c.job_id == judge_id))}  # fmt: skip
+        payload = json.loads(conn.execute(sa.select(requests.c.payload).where(requests.c.job_id == judge_id).limit(1)).scalar_one())
+    assert set(verdicts) == {f"T{1000 + i}__e-{p}" for i in range(10) for p in ("right", "wrong")}
+    assert "the e-" in payload["body"]["messages"][-1]["content"] and "Expected " in payload["body"]["messages"][-1]["content"]
+    report = compare(store, ev)
+    for v in report.variants:
+        mine = [ok for k, ok in verdicts.items() if k.endswith("__" + v.variant)]
+        assert (v.scored, v.correct) == (10, sum(mine))
+    assert report.judge["states"] == {"succeeded": 20}
+    # Run again: nothing new to judge, nothing re-run.
+    _, reports, statuses = run(store, clock, data)
+    assert [r.new for r in reports] == [0, 0] and statuses[-1].counts == {"succeeded": 20}
+
+
+def test_a_judge_template_using_a_column_the_first_stage_lacks_is_refused(store, clock, tmp_path):
+    data = spec(write_csv(tmp_path / "t.csv", ticket_rows(3)), judge={"model": "j", "route": "echo", "user": "{{ output }} vs {{ reference }}"})
+    with pytest.raises(SpecError) as err:
+        load_eval(store, build_eval(data, where="ev.yaml"), clock)
+    text = str(err.value)
+    assert 'judge.user uses "reference", which the first stage does not produce' in text and "output" in text and "body" in text
+    with store.begin() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(requests)).scalar_one() == 0
+
+
+def test_labels_outside_the_choices_are_refused_with_row_and_fix(store, clock, tmp_path):
+    rows = ticket_rows(6)
+    rows[4]["gold"] = "shiping"
+    with pytest.raises(SourceError) as err:
+        load_eval(store, build_eval(spec(write_csv(tmp_path / "t.csv", rows)), where="ev.yaml"), clock)
+    assert "t.csv row 5 (line 6): column \"gold\" (scoring.expected) holds 'shiping', which is not one of the choices" in str(err.value)
+    assert "add it to `choices`" in str(err.value)
+    with store.begin() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(jobs)).scalar_one() == 0
+
+
+def test_a_missing_expected_column_is_refused(store, clock, tmp_path):
+    source = write_csv(tmp_path / "t.csv", ticket_rows(3))
+    with pytest.raises(SourceError, match=r'no column "label" \(scoring.expected\)'):
+        load_eval(store, build_eval(spec(source, scoring={"method": "choice", "expected": "label"})), clock)
