@@ -112,6 +112,13 @@ def _fields(price: Any, notes: list[str]) -> dict[str, Decimal]:
     return out
 
 
+def model_ids(provider: str) -> list[str]:
+    """The package's model ids for one of lowtide's providers (for messages that list them)."""
+    pid = PROVIDER_IDS.get(provider)
+    found = next((p for p in data_snapshot.get_snapshot().providers if p.id == pid), None)
+    return sorted(m.id for m in found.models) if found else []
+
+
 def providers() -> list[str]:
     return [p.id for p in data_snapshot.get_snapshot().providers]
 

@@ -209,6 +209,10 @@ class Catalog:
                 return candidate, self.self_hosted[candidate]
         return None
 
+    def known_models(self, provider: str) -> list[str]:
+        """Every model name this catalog prices for `provider`: the price files' and genai-prices'."""
+        return sorted(set(self.models.get(provider, {})) | set(genai_source.model_ids(provider)))
+
     def describe(self) -> str:
         shipped = f"{genai_source.package()}, tiers it lacks derived by lowtide's catalog of {self.date or 'unknown date'}"
         return shipped + "".join(f", overridden by {f}" for f in self.overrides)
