@@ -123,7 +123,8 @@ class Embedder:
         for i in order:
             # Sorted ascending, so this input is the longest so far: it sets the padding.
             if current and (
-                len(current) == self.batch_size or (len(current) + 1) * lengths[i] > self.batch_tokens
+                len(current) == self.batch_size
+                or (len(current) + 1) * lengths[i] > self.batch_tokens
             ):
                 batches.append(current)
                 current = []
