@@ -75,6 +75,13 @@ class Embedder:
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.log_severity_level = 3  # warnings about unused initialisers are noise here
+        # Idle threads sleep instead of spinning: on a shared 2-core machine a spinning pool
+        # doubled the CPU time per document (8.6 -> 18.4 ms at batch 1) for no gain.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        # Every mini-batch has its own shape: the arena and memory patterns, made for one
+        # fixed shape, would only keep the largest batch's buffers for the process's life.
+        options.enable_cpu_mem_arena = False
+        options.enable_mem_pattern = False
         try:
             self._session = ort.InferenceSession(
                 str(files.onnx), sess_options=options, providers=["CPUExecutionProvider"]
