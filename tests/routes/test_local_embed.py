@@ -7,6 +7,7 @@ import json
 import random
 import shutil
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -81,6 +82,18 @@ def test_the_model_card_facts(model):
     assert model.max_tokens == 256
     vectors = model.embed(["one", "two words"])
     assert [len(v) for v in vectors] == [384, 384]
+
+
+def test_vectors_match_the_float32_model(model):
+    # Reference: the original float32 weights through an independent NumPy BERT
+    # (data/make_minilm_reference.py). A wrong tokenizer, pooling or normalisation would
+    # land far below 0.999; the int8 weights alone cost about 0.0004.
+    reference = json.loads(
+        (Path(__file__).parent / "data" / "minilm_fp32_reference.json").read_text()
+    )
+    ours = np.array(model.embed(reference["sentences"]))
+    cosines = (ours * np.array(reference["vectors"])).sum(axis=1)
+    assert cosines.min() > 0.999, cosines
 
 
 def test_vectors_are_unit_length_float32(model):
