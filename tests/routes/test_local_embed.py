@@ -126,7 +126,7 @@ def test_similar_sentences_are_closer_than_unrelated_ones(model):
 
 
 def test_a_batch_gives_the_one_at_a_time_vectors(model):
-    texts = docs(80)  # 80 inputs: three mini-batches of 32, each padded differently
+    texts = docs(80)  # 80 inputs: several mini-batches, each padded differently
     batched = np.array(model.embed(texts))
     alone = np.array([model.embed([t])[0] for t in texts])
     np.testing.assert_allclose(batched, alone, atol=1e-5, rtol=0)
