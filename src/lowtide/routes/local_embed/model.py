@@ -31,6 +31,13 @@ class EmbedInputError(InputError):
         self.indexes = indexes
 
 
+def _usable_cpus() -> int:
+    # The CPUs this process may run on (a container's share), not the host's count.
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 class Embedder:
     """One loaded model. Thread-safe: ONNX Runtime sessions and tokenizers may be shared."""
 
@@ -52,7 +59,7 @@ class Embedder:
         self.model_name = files.name
         self.max_tokens = files.max_tokens
         self.pooling = files.pooling
-        self.threads = threads or len(os.sched_getaffinity(0))
+        self.threads = threads or _usable_cpus()
         self.batch_size = batch_size
         # Padded tokens per mini-batch. Small batches keep each layer's activations in the
         # CPU caches: on 2 cores, 4-16 documents of ~36 tokens cost 7.3-7.5 ms of CPU per
