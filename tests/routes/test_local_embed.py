@@ -103,6 +103,9 @@ def test_vectors_are_unit_length_float32(model):
     # Python floats, each exactly a float32 value (what Parquet float32 columns will hold).
     assert all(type(x) is float for x in vectors[0])
     assert np.array_equal(array.astype(np.float32).astype(np.float64), array)
+    as_array = model.embed_array(docs(20))
+    assert as_array.dtype == np.float32 and as_array.shape == (20, 384)
+    assert np.array_equal(as_array.astype(np.float64), array)
 
 
 def test_deterministic_across_calls_and_loads(model):
