@@ -35,6 +35,7 @@ test: install-test
 bench: install
 	$(BIN)/python bench/pipeline.py
 	$(BIN)/python bench/local.py
+	$(BIN)/python bench/embed_local.py
 
 lint: install-test
 	$(BIN)/ruff check src tests bench
@@ -56,10 +57,10 @@ $(LLAMA_STAMP): | $(BIN)/python
 	touch $@
 
 install: $(LLAMA_STAMP)
-	$(BIN)/pip install --quiet -e ".[local,pandas]"
+	$(BIN)/pip install --quiet -e ".[local,embed,pandas]"
 
 install-test: $(LLAMA_STAMP)
-	$(BIN)/pip install --quiet -e ".[local,test]"
+	$(BIN)/pip install --quiet -e ".[local,embed,test]"
 
 clean:
 	rm -rf $(VENV) lowtide.db lowtide.db-wal lowtide.db-shm examples/results

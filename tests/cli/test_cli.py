@@ -332,3 +332,18 @@ def test_results_compare_with_an_unknown_column_in_jsonl_exits_2(cli, tmp_path):
     code, out = cli("results", "tickets", "-o", "y.jsonl", "--compare", "glod")
     assert code == 2, out
     assert 'no column "glod"' in out
+
+
+def test_the_command_list_says_each_command_whole_at_80_columns(monkeypatch, capsys):
+    """Click cuts a docstring's first sentence to fit (`Submit a job and drive it to...`):
+    every command has its own summary, and none is cut at 80 columns."""
+    from lowtide.cli import main  # noqa: PLC0415
+    from lowtide.cli.helptext import SUMMARIES  # noqa: PLC0415
+
+    monkeypatch.setenv("COLUMNS", "80")
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    listed = capsys.readouterr().out.split("Commands:")[1].strip().splitlines()
+    assert {line.split()[0] for line in listed} == set(SUMMARIES), "each command needs a summary in cli/helptext.py"
+    for line in listed:
+        assert "..." not in line and len(line) <= 80, line

@@ -90,7 +90,7 @@ def test_the_text_report(tmp_path):
     assert "output: 400 tokens assumed (the output limit (100) per request: an upper bound" in text
     assert "openai-batch ◀ this job" in text
     assert "$0.000125" in text and "(50%)" in text and "$0.000250" in text
-    assert "lowtide price catalog of" in text
+    assert "genai-prices" in text and "derived by lowtide" in text
 
 
 def test_sample_extrapolates_and_says_so(tmp_path):
@@ -194,3 +194,55 @@ def test_the_embedded_model_example():
 def test_the_example_prints_without_error(flag):
     result = estimate(ROOT / "examples" / "classify-tickets.yaml", *flag)
     assert result.exit_code == 0, result.output
+
+
+# ---- the cost curve and route: auto ----------------------------------------------------
+
+LONG_SYSTEM = "Classify the ticket into billing, shipping or other. " * 100  # 5,300 chars: 1,325 tokens
+
+
+def test_the_cost_curve_per_tier_with_a_prompt_cache(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no ./lowtide.db: the priors
+    spec = write_job(tmp_path, FOUR, model="gpt-5-mini", template={"system": LONG_SYSTEM, "user": "Ticket: {{ body }}"})
+    report = json.loads(estimate(spec, "--json").stdout)
+    tiers = {t["tier"]: t for t in report["tiers"]}
+    assert list(tiers) == ["real time", "real time + cache", "flex", "batch", "batch + prompt cache", "self-hosted"]
+    prefix = approx(LONG_SYSTEM.removesuffix("\n"))
+    assert prefix >= 1024
+    inp, out = report["input_tokens"], report["output_tokens"]
+    # gpt-5-mini today (genai-prices): 0.25 / cached 0.025 / out 2; batch and flex half
+    realtime = (Decimal(inp) * Decimal("0.25") + Decimal(out) * 2) / 10**6
+    assert Decimal(tiers["real time"]["usd"]) == realtime
+    reads = prefix * 3  # every request but the first reads the prefix
+    cached = (Decimal(inp - reads) * Decimal("0.25") + Decimal(reads) * Decimal("0.025") + Decimal(out) * 2) / 10**6
+    assert Decimal(tiers["real time + cache"]["usd"]) == cached
+    assert Decimal(tiers["batch"]["usd"]) == realtime / 2 and Decimal(tiers["batch + prompt cache"]["usd"]) == cached / 2
+    assert f"{prefix:,}-token shared prefix read from the cache by 3 requests" in tiers["batch + prompt cache"]["note"]
+    # waits: priors until the store has measured the route
+    assert tiers["batch"]["wait_p95_seconds"] == 86400 and tiers["batch"]["wait_basis"].startswith("prior: OpenAI")
+    assert tiers["real time"]["wait_p95_seconds"] == 4 * 2.0  # 2 s a request in effect, 4 requests
+    assert tiers["self-hosted"]["usd"] is None and report["auto"] is None
+
+
+def test_max_wait_says_which_tier_auto_would_take(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    spec = write_job(tmp_path, FOUR, model="gpt-5-mini")
+    report = json.loads(estimate(spec, "--json", "--max-wait", "1d").stdout)
+    assert report["auto"]["route"] == "openai" and report["auto"]["route_options"] == {"service_tier": "flex"}
+    assert report["auto"]["reason"].startswith("openai (flex): p95 40 s fits 24 h")
+    short = json.loads(estimate(spec, "--json", "--max-wait", "5s").stdout)["auto"]
+    assert short["route"] is None and "the fastest, openai, takes 8 s" in short["refused"]
+    text = estimate(spec, "--max-wait", "2h").stdout
+    assert "cost curve" in text and "auto, max_wait 2h (2 h): openai (flex): p95 40 s fits 2 h" in text
+    bad = estimate(spec, "--max-wait", "soon")
+    assert bad.exit_code == 2 and "--max-wait: 'soon' is not a duration" in bad.output
+
+
+def test_an_auto_spec_is_advised_over_its_own_candidates(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("OPENAI_API_KEY", "k")
+    spec = write_job(tmp_path, FOUR, model="gpt-5-mini", route="auto",
+                     auto={"max_wait": "1d", "candidates": [{"route": "openai-batch"}, {"route": "openai"}]})  # fmt: skip
+    report = json.loads(estimate(spec, "--json").stdout)
+    assert report["auto"]["max_wait"] == "1d (the spec's)"
+    assert report["auto"]["route"] == "openai-batch" and report["auto"]["next_tier_up"] == "openai"

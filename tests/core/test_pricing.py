@@ -1,12 +1,17 @@
 """The price catalog and the cost arithmetic, checked against costs computed by hand.
 
-Prices used below (USD per million tokens, from the shipped catalog):
-gpt-4o 2.50 / cached 1.25 / out 10.00, batch half; gpt-5 1.25 / 0.125 / 10.00, flex half;
-claude-sonnet-4 3.00 / read 0.30 / write 5m 3.75 / write 1h 6.00 / out 15.00, batch half.
+Prices used below (USD per million tokens, genai-prices 0.2.3, on the dates given):
+gpt-4o 2.50 / cached 1.25 / out 10.00; gpt-5 1.25 / 0.125 / 10.00;
+claude-sonnet-4 3.00 / read 0.30 / write 5m 3.75 / write 1h 6.00 / out 15.00.
+Before genai-prices' batch and flex history starts (2026-10-14 and 2026-10-12), batch and
+OpenAI flex are derived at 50 % of every real-time figure (prices.yaml `derived`); from then
+on they are the package's own (gpt-4o batch keeps the standard cached rate: OpenAI's batch
+table lists none). `EARLY` is a date before, `LATE` one after.
 """
 
 from __future__ import annotations
 
+from datetime import date
 from decimal import Decimal
 
 import pytest
@@ -27,6 +32,8 @@ from lowtide.core.pricing import (
 from lowtide.core.types import Outcome, Usage
 
 D = Decimal
+EARLY = date(2026, 3, 1)
+LATE = date(2026, 11, 15)
 
 
 @pytest.fixture(autouse=True)
@@ -63,7 +70,7 @@ def test_each_route_bills_at_its_tier(route, options, expected):
 def test_openai_realtime_bills_cached_tokens_at_the_cached_rate():
     # 10,000 prompt tokens of which 4,000 cached; 2,000 completion tokens (500 reasoning).
     usage = Usage(input_tokens=10_000, cached_input_tokens=4_000, output_tokens=2_000, reasoning_tokens=500)
-    cost = attempt_cost(usage, "gpt-4o", "openai")
+    cost = attempt_cost(usage, "gpt-4o", "openai", at=EARLY)
     # 6,000 × 2.50 + 4,000 × 1.25 + 2,000 × 10.00 = 15,000 + 5,000 + 20,000 = 40,000 per M
     assert cost.usd == D("0.04")
     assert cost.realtime_usd == D("0.04")
@@ -72,16 +79,24 @@ def test_openai_realtime_bills_cached_tokens_at_the_cached_rate():
 
 def test_openai_batch_is_half_and_keeps_the_realtime_equivalent():
     usage = Usage(input_tokens=10_000, cached_input_tokens=4_000, output_tokens=2_000, reasoning_tokens=500)
-    cost = attempt_cost(usage, "gpt-4o", "openai-batch")
-    # 6,000 × 1.25 + 4,000 × 0.625 + 2,000 × 5.00 = 7,500 + 2,500 + 10,000 = 20,000 per M
+    cost = attempt_cost(usage, "gpt-4o", "openai-batch", at=EARLY)
+    # derived: 6,000 × 1.25 + 4,000 × 0.625 + 2,000 × 5.00 = 7,500 + 2,500 + 10,000 = 20,000 per M
     assert cost.usd == D("0.02")
     assert cost.realtime_usd == D("0.04")
     assert cost.saving_usd == D("0.02")
 
 
+def test_openai_batch_follows_the_packages_dated_prices():
+    usage = Usage(input_tokens=10_000, cached_input_tokens=4_000, output_tokens=2_000)
+    cost = attempt_cost(usage, "gpt-4o", "openai-batch", at=LATE)
+    # genai-prices from 2026-10-14: input 1.25, cached input at the standard 1.25, output 5
+    # 6,000 × 1.25 + 4,000 × 1.25 + 2,000 × 5 = 22,500 per M
+    assert cost.usd == D("0.0225") and cost.realtime_usd == D("0.04")
+
+
 def test_openai_flex_on_the_realtime_route():
     usage = Usage(input_tokens=1_000_000, cached_input_tokens=200_000, output_tokens=100_000, reasoning_tokens=60_000)
-    cost = attempt_cost(usage, "gpt-5", "openai", {"service_tier": "flex"})
+    cost = attempt_cost(usage, "gpt-5", "openai", {"service_tier": "flex"}, at=EARLY)
     # 0.8 M × 0.625 + 0.2 M × 0.0625 + 0.1 M × 5.00 = 0.5 + 0.0125 + 0.5
     assert cost.usd == D("1.0125")
     assert cost.tier is Tier.FLEX
@@ -97,8 +112,10 @@ def test_reasoning_tokens_are_not_added_twice():
     assert attempt_cost(without, "o4-mini", "openai").usd == D("0.00451")
 
 
-def test_a_model_without_a_flex_price_has_an_unknown_flex_cost():
-    cost = attempt_cost(Usage(input_tokens=1_000), "gpt-4o", "openai", {"service_tier": "flex"})
+@pytest.mark.parametrize("at", [EARLY, LATE])
+def test_a_model_without_a_flex_price_has_an_unknown_flex_cost(at):
+    # genai-prices lists no flex variant for gpt-4o on any date: flex is never derived for it
+    cost = attempt_cost(Usage(input_tokens=1_000), "gpt-4o", "openai", {"service_tier": "flex"}, at=at)
     assert cost.usd is None and not cost.known
     assert cost.realtime_usd == D("0.0025")
     assert "no flex price" in cost.note
@@ -111,13 +128,13 @@ ANTHROPIC_USAGE = Usage(input_tokens=1_000, cached_input_tokens=10_000, cache_wr
 
 
 def test_anthropic_realtime_with_cache_reads_and_5_minute_writes():
-    cost = attempt_cost(ANTHROPIC_USAGE, "claude-sonnet-4", "anthropic")
+    cost = attempt_cost(ANTHROPIC_USAGE, "claude-sonnet-4", "anthropic", at=EARLY)
     # 1,000 × 3 + 10,000 × 0.30 + 2,000 × 3.75 + 500 × 15 = 3,000 + 3,000 + 7,500 + 7,500
     assert cost.usd == D("0.021")
 
 
 def test_anthropic_batch_with_1_hour_writes():
-    cost = attempt_cost(ANTHROPIC_USAGE, "claude-sonnet-4-20250514", "anthropic-batch", {"cache_prefix": True})
+    cost = attempt_cost(ANTHROPIC_USAGE, "claude-sonnet-4-20250514", "anthropic-batch", {"cache_prefix": True}, at=EARLY)
     # 1,000 × 1.50 + 10,000 × 0.15 + 2,000 × 3.00 + 500 × 7.50 = 1,500 + 1,500 + 6,000 + 3,750
     assert cost.usd == D("0.01275")
     # the same tokens in real time, writes still 1 h: 3,000 + 3,000 + 12,000 + 7,500
@@ -125,7 +142,7 @@ def test_anthropic_batch_with_1_hour_writes():
 
 
 def test_anthropic_batch_with_5_minute_writes():
-    cost = attempt_cost(ANTHROPIC_USAGE, "claude-sonnet-4", "anthropic-batch")
+    cost = attempt_cost(ANTHROPIC_USAGE, "claude-sonnet-4", "anthropic-batch", at=EARLY)
     # 1,500 + 1,500 + 2,000 × 1.875 + 3,750
     assert cost.usd == D("0.0105")
 
@@ -196,18 +213,20 @@ def test_an_unknown_route_is_unknown():
 @pytest.mark.parametrize(
     ("provider", "model", "entry"),
     [
+        # Entries are genai-prices' model ids, matched by the package's own rules.
         ("openai", "gpt-4o-mini", "gpt-4o-mini"),
         ("openai", "GPT-4o-Mini", "gpt-4o-mini"),
         ("openai", "gpt-4o-mini-2024-07-18", "gpt-4o-mini"),
         ("openai", "gpt-4o-2024-08-06", "gpt-4o"),
-        ("openai", "chatgpt-4o-latest", "gpt-4o"),
+        ("openai", "chatgpt-4o-latest", "chatgpt-4o-latest"),  # its own, dearer entry there (was: gpt-4o)
         ("openai", "gpt-4.1-nano-2025-04-14", "gpt-4.1-nano"),
-        ("anthropic", "claude-sonnet-4-0", "claude-sonnet-4"),
-        ("anthropic", "claude-sonnet-4-20250514", "claude-sonnet-4"),
-        ("anthropic", "claude-3-5-haiku-latest", "claude-3-5-haiku"),
+        ("anthropic", "claude-sonnet-4-0", "claude-sonnet-4-0"),
+        ("anthropic", "claude-sonnet-4-20250514", "claude-sonnet-4-0"),
+        ("anthropic", "claude-3-5-haiku-latest", "claude-3-5-haiku-latest"),
         ("anthropic", "claude-haiku-4-5-20251001", "claude-haiku-4-5"),
-        ("openai", "gpt-4o-mini-search", None),  # no prefix matching: never a borrowed price
-        ("openai", "gpt-4", None),
+        ("openai", "gpt-4o-mini-search", None),  # never a borrowed price
+        ("openai", "gpt-4", "gpt-4"),  # the package knows it (the hand-made catalog did not)
+        ("openai", "gpt-99-ultra", None),
         ("anthropic", "gpt-4o", None),
     ],
 )
@@ -216,22 +235,46 @@ def test_aliases_and_snapshots_resolve_to_the_base_entry(provider, model, entry)
     assert (found[0] if found else None) == entry
 
 
-def test_the_shipped_catalog_keeps_its_own_rules():
-    """Batch and flex are half of real time; Anthropic cache prices are 0.1x / 1.25x / 2x input."""
+MODELS = [("openai", m) for m in ("gpt-5", "gpt-5-mini", "gpt-5-nano", "gpt-4.1", "gpt-4.1-mini", "gpt-4o", "gpt-4o-mini", "o3", "o4-mini")]
+MODELS += [("anthropic", m) for m in ("claude-opus-4-5", "claude-sonnet-4-5", "claude-sonnet-4", "claude-haiku-4-5", "claude-3-5-haiku")]
+
+
+@pytest.mark.parametrize(("provider", "model"), MODELS)
+def test_derived_tiers_are_half_of_every_realtime_figure_with_their_source(provider, model):
+    """Before the package's batch history, batch (and OpenAI flex where offered) is 50 % of
+    every real-time figure of that date, and says where that rule comes from."""
+    catalog = load_catalog()
+    found = catalog.explain(provider, model, EARLY)
+    assert found is not None and found.day == EARLY
+    rt = found.prices.realtime
+    for tier in ("batch", "flex"):
+        prices = found.prices.tier_named(tier)
+        if prices is None:
+            assert tier in found.not_offered and tier not in found.origins
+            continue
+        assert f"derived.{provider}.{tier}" in found.origins[tier] and "50%" in found.origins[tier]
+        for key in ("input", "output", "cached_input", "cache_write_5m", "cache_write_1h"):
+            assert getattr(prices, key) == (None if getattr(rt, key) is None else getattr(rt, key) / 2), (model, tier, key)
+    assert "genai-prices" in found.origins["realtime"]
+    if provider == "anthropic":  # the package's Anthropic cache prices: 0.1x / 1.25x / 2x input
+        assert (rt.cached_input, rt.cache_write_5m, rt.cache_write_1h) == (rt.input / 10, rt.input * D("1.25"), rt.input * 2)
+        assert found.prices.flex is None
+
+
+def test_a_tier_the_package_has_is_its_own_not_derived():
+    found = load_catalog().explain("openai", "gpt-5", LATE)
+    assert found is not None
+    assert all("genai-prices" in found.origins[t] for t in ("realtime", "batch", "flex", "priority"))
+    assert found.prices.flex.input == D("0.625") and found.prices.priority.input == D("2.5")
+
+
+def test_the_shipped_file_keeps_only_what_the_package_lacks():
     catalog = load_catalog()
     assert catalog.date is not None and catalog.source
-    for provider, models in catalog.models.items():
-        for name, entry in models.items():
-            rt = entry.realtime
-            for tier in (entry.batch, entry.flex):
-                if tier is not None:
-                    for key in ("input", "output", "cached_input", "cache_write_5m", "cache_write_1h"):
-                        assert getattr(tier, key) == (None if getattr(rt, key) is None else getattr(rt, key) / 2), (name, key)
-            if provider == "anthropic":
-                assert rt.cached_input == rt.input / 10, name
-                assert rt.cache_write_5m == rt.input * D("1.25"), name
-                assert rt.cache_write_1h == rt.input * 2, name
-                assert entry.flex is None
+    assert all(not entries for entries in catalog.models.values())  # no hand-compiled model prices
+    assert set(catalog.derived) == {"openai", "anthropic", "google"}
+    assert all(rule.source for rules in catalog.derived.values() for rule in rules.values())
+    assert "genai-prices" in catalog.describe()
 
 
 # ---- the user's price file -------------------------------------------------------------
@@ -254,6 +297,7 @@ def test_a_user_file_replaces_entries_and_adds_new_ones(tmp_path, monkeypatch):
     assert catalog.overrides == (str(path),)
     assert str(path) in catalog.describe()
     usage = Usage(input_tokens=1_000, cached_input_tokens=400, output_tokens=100)
+    assert catalog.explain("openai", "gpt-4o").origins == {"realtime": f"price file {path}: openai.gpt-4o.realtime"}
     # the whole entry is replaced: no cached rate (input price), and no batch tier any more
     assert attempt_cost(usage, "gpt-4o", "openai", catalog=catalog).usd == D("0.007")  # 1,000 × 5 + 100 × 20
     assert attempt_cost(usage, "gpt-4o", "openai-batch", catalog=catalog).usd is None
@@ -296,7 +340,7 @@ def test_a_user_file_is_read_again_when_it_changes(tmp_path):
             "openai:\n  gpt-4o:\n    realtime: {input: -1, output: 2}\n",
             "my.yaml line 3: `openai.gpt-4o.realtime.input`: Input should be greater than or equal to 0",
         ),
-        ("gemini:\n  gemini-2.5-pro: {}\n", "my.yaml line 1: unknown key `gemini`; known keys here: date, source, openai, anthropic, google, self_hosted"),
+        ("gemini:\n  gemini-2.5-pro: {}\n", "my.yaml line 1: unknown key `gemini`; known keys here: date, source, openai, anthropic, google, self_hosted, derived"),
         (
             "self_hosted:\n  llama:\n    gpu_hourly_usd: 2\n    tokens_per_second: 5\n",
             "my.yaml line 4: unknown key `self_hosted.llama.tokens_per_second`; known keys here: gpu_hourly_usd, input_tokens_per_second, output_tokens_per_second, note",
@@ -363,5 +407,5 @@ def test_an_unbilled_attempt_costs_nothing():
     cost = outcome_cost(expired, "gpt-4o", "openai-batch")
     assert cost.usd == D(0) and not cost.billed
     answered = Outcome("b", False, usage=Usage(input_tokens=1_000, output_tokens=100), error_code="invalid_output")
-    assert outcome_cost(answered, "gpt-4o", "openai-batch").usd == D("0.00175")  # 1,000 × 1.25 + 100 × 5
+    assert outcome_cost(answered, "gpt-4o", "openai-batch").usd == D("0.00175")  # 1,000 × 1.25 + 100 × 5 (either date)
     assert "batch_cancelled" in NOT_BILLED

@@ -251,3 +251,22 @@ def test_an_answer_that_fails_validation_is_a_failed_attempt_still_billed(store,
         assert (row.ok, row.error_code, row.billed) == (False, "invalid_output", True)
         assert _cost(row)[0] == D("0.000135")
     assert "after one repair attempt" in rows[("r0", second)].error_message
+
+
+def test_the_ledger_prices_an_attempt_at_its_own_dates_prices():
+    """genai-prices' batch price for gpt-4o starts 2026-10-14 with no cached-input discount;
+    before it, lowtide derives 50 % of every real-time figure. The date is the attempt's."""
+    from datetime import UTC, datetime
+
+    from lowtide.core.pricing import load_catalog
+    from lowtide.core.types import Outcome as O
+    from lowtide.core.types import Usage as U
+    from lowtide.engine.ledger import Ledger
+
+    ledger = Ledger(load_catalog())
+    outcome = O("a", True, usage=U(input_tokens=1_000_000, cached_input_tokens=1_000_000))
+    early = datetime(2026, 3, 1, tzinfo=UTC).timestamp()
+    late = datetime(2026, 11, 15, tzinfo=UTC).timestamp()
+    _, early_cost, _ = ledger.columns(outcome, ledger.rate("openai-batch", {}, "gpt-4o", None, early))
+    _, late_cost, _ = ledger.columns(outcome, ledger.rate("openai-batch", {}, "gpt-4o", None, late))
+    assert (early_cost, late_cost) == (625_000_000_000, 1_250_000_000_000)  # picodollars: $0.625, $1.25

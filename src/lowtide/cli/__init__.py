@@ -10,7 +10,7 @@ import typer
 from typer.exceptions import TyperException
 
 from lowtide import __version__
-from lowtide.cli import estimate, evals, gateway, jobs, report, serve, worker
+from lowtide.cli import estimate, evals, gateway, jobs, prices, report, serve, worker
 from lowtide.cli.argv import VALUE_OPTIONS, hoist_global_options
 from lowtide.cli.common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, state
 from lowtide.cli.helptext import tidy
@@ -52,7 +52,7 @@ def _main(
     tune_gc()  # this process is lowtide's own: collect garbage less often (core/runtime.py)
 
 
-for command in (jobs.run, jobs.submit, estimate.estimate, jobs.status, jobs.results, jobs.cancel, jobs.retry, report.report, worker.tick, worker.worker, serve.serve):
+for command in (jobs.run, jobs.submit, estimate.estimate, prices.prices, jobs.status, jobs.results, jobs.cancel, jobs.retry, report.report, worker.tick, worker.worker, serve.serve):
     app.command()(command)
 app.command("compare")(evals.compare_command)
 gateway.register(app)

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass, field
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
 from typing import Annotated, Any
@@ -17,10 +20,11 @@ import typer
 from rich.markup import escape as markup_escape
 from rich.progress import Progress, TextColumn, TimeElapsedColumn
 
-from lowtide.cli.common import console, fail, out
+from lowtide.cli.common import console, fail, open_store, out, state
 from lowtide.cli.tables import Col, fitted_table
+from lowtide.core.auto_spec import AUTO, duration_text, parse_duration
 from lowtide.core.endpoints import EMBEDDINGS
-from lowtide.core.errors import LowtideError, SourceError, SpecError
+from lowtide.core.errors import InputError, LowtideError
 from lowtide.core.pricing import (
     PRICES_ENV,
     PROVIDERS,
@@ -31,45 +35,19 @@ from lowtide.core.pricing import (
     billing_of,
     load_catalog,
 )
-from lowtide.core.sources import Source
 from lowtide.core.spec import JobSpec, load_spec
-from lowtide.core.templates import MessageTemplate
 from lowtide.core.tokens import TokenCounter, counter_for
-from lowtide.core.types import Request, Usage
-from lowtide.engine.loader import RowRenderer
-from lowtide.engine.packs import PackCount, packing
+from lowtide.core.types import Usage
+from lowtide.engine import advisor
+from lowtide.engine.auto import Choice, money, wait_of
+from lowtide.engine.counting import Count, count_rows
 
-MAX_SHOWN_PROBLEMS = 5
 LATENCY = {
     Tier.REALTIME: "seconds per request",
     Tier.FLEX: "seconds to minutes per request",
     Tier.BATCH: "up to 24 h",
     Tier.FREE: "immediate",
 }
-
-
-@dataclass
-class Count:
-    """Tokens of the rows counted, and how many rows there are in all."""
-
-    rows: int = 0  # every data row of the source
-    counted: int = 0  # rows rendered and counted (all of them, or the --sample)
-    refused: int = 0  # counted rows `submit` would refuse
-    input_tokens: int = 0
-    output_tokens: int = 0
-    problems: list[str] = field(default_factory=list)
-    # Embedding jobs: the provider requests the counted rows make, packed (engine/packs.py).
-    packs: PackCount | None = None
-
-    @property
-    def extrapolated(self) -> bool:
-        return self.counted < self.rows
-
-    def scaled(self, tokens: int) -> int:
-        """Tokens of the counted rows, extrapolated to every row."""
-        if not self.extrapolated or self.counted == 0:
-            return tokens
-        return round(tokens * self.rows / self.counted)
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,75 +72,111 @@ def estimate(
         typer.Option("--output-tokens", min=0, help="Assume this many output tokens per request (default: max_tokens)."),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the estimate as JSON.")] = False,
+    max_wait: Annotated[
+        str | None,
+        typer.Option("--max-wait", help="Say which tier `route: auto` would take if the work may wait this long (90m, 2h, 1d)."),
+    ] = None,
 ) -> None:
-    """Estimate a job's tokens, cost and duration on each route, before submitting it.
+    """Estimate a job's tokens, cost and wait on each tier and route, before submitting it.
 
     Counts the input tokens of every rendered request (tiktoken for OpenAI models where its
     files are cached, else characters / 4; the output says which) and assumes max_tokens of
-    output per request, an upper bound. Nothing is stored or sent.
+    output per request, an upper bound. Prints the cost curve (real time, real time with a
+    prompt cache, flex, batch, batch with a prompt cache, self-hosted) with each tier's
+    expected wait, and with --max-wait (or a `route: auto` spec) the tier auto would take.
+    Nothing is stored or sent.
 
-    Example: lowtide estimate examples/classify-tickets.yaml --sample 1000
+    Example: lowtide estimate examples/classify-tickets.yaml --sample 1000 --max-wait 2h
     """
     try:
         spec = load_spec(spec_path)
+        wait_text = max_wait
+        try:
+            wait = parse_duration(max_wait) if max_wait is not None else None
+        except ValueError as err:
+            raise InputError(f"--max-wait: {err}") from None
+        if wait is None and spec.auto is not None:
+            wait, wait_text = wait_of(spec, time.time()), f"{spec.auto.max_wait} (the spec's)"
         catalog = load_catalog(prices)
-        own = billing_of(spec.route, spec.route_options)
+        first = spec.auto.candidates[0] if spec.auto is not None else None
+        own = billing_of(first.route, first.route_options) if first else billing_of(spec.route, spec.route_options)
         provider = (own.provider if own else None) or catalog.provider_of(spec.model)
         counter = counter_for(spec.model, provider)
         count = _count(spec, str(spec_path), counter, sample, output_tokens, show=not as_json)
+        with _measurements() as conn:
+            points = advisor.curve(conn, spec, provider, count, catalog)
+            pick = advisor.auto_pick(conn, spec, points, count, catalog, wait) if wait is not None else None
     except LowtideError as err:
         raise fail(err) from None
-    usage = Usage(input_tokens=count.scaled(count.input_tokens), output_tokens=count.scaled(count.output_tokens))
+    usage = count.usage
     lines = _lines(spec, provider, usage, catalog)
     if as_json:
-        print(json.dumps(_as_json(spec, count, counter, usage, lines, catalog, output_tokens), indent=2))
+        report = _as_json(spec, count, counter, usage, lines, catalog, output_tokens)
+        report["tiers"] = [_point_json(p) for p in points]
+        report["auto"] = _pick_json(pick, wait, wait_text)
+        print(json.dumps(report, indent=2))
     else:
         _print(spec, count, counter, usage, lines, catalog, output_tokens)
+        _print_curve(points, pick, wait, wait_text)
+
+
+@contextmanager
+def _measurements() -> Iterator[Any]:
+    """A connection to the store for measured turnarounds, when there is one (--db, or
+    ./lowtide.db); None otherwise (the priors)."""
+    if state.db is None and not Path("lowtide.db").exists():
+        yield None
+        return
+    with open_store() as store, store.begin() as conn:
+        yield conn
+
+
+def _print_curve(points: list[advisor.Point], pick: Choice | str | None, wait: float | None, wait_text: str | None) -> None:
+    rows = [
+        [markup_escape(p.tier), markup_escape(p.route + _options_text(p.options)), _money(p.cost.usd), p.took.text(),
+         markup_escape(p.took.basis), markup_escape(p.note)]
+        for p in points
+    ]  # fmt: skip
+    cols = [Col("tier"), Col("route"), Col("cost", figure=True), Col("expected wait"), Col("basis", drop=1), Col("note", drop=2)]
+    out.print(fitted_table(out, cols, rows, title="cost curve"))
+    if isinstance(pick, Choice):
+        out.print(f"auto, max_wait {wait_text} ({duration_text(wait or 0)}): {pick.reason}", markup=False)
+    elif isinstance(pick, str):
+        out.print(f"auto, max_wait {wait_text}: {pick}", markup=False)
+
+
+def _options_text(options: dict[str, Any]) -> str:
+    return "" if not options else " (" + ", ".join(f"{k}: {v}" for k, v in options.items()) + ")"
+
+
+def _point_json(p: advisor.Point) -> dict[str, Any]:
+    return {
+        "tier": p.tier, "route": p.route, "route_options": p.options,
+        "usd": None if p.cost.usd is None else str(p.cost.usd),
+        "wait_p50_seconds": p.took.p50, "wait_p95_seconds": p.took.p95, "wait_basis": p.took.basis, "note": p.note,
+    }  # fmt: skip
+
+
+def _pick_json(pick: Choice | str | None, wait: float | None, wait_text: str | None) -> dict[str, Any] | None:
+    if pick is None:
+        return None
+    if isinstance(pick, str):
+        return {"max_wait": wait_text, "max_wait_seconds": wait, "route": None, "refused": pick}
+    c = pick.option.candidate
+    return {
+        "max_wait": wait_text, "max_wait_seconds": wait, "route": c.route, "route_options": c.route_options,
+        "label": pick.option.label, "usd": money(pick.option.cost.usd).lstrip("$"), "wait_p95_seconds": pick.option.took.p95,
+        "next_tier_up": pick.faster.label if pick.faster else None, "reason": pick.reason,
+    }  # fmt: skip
 
 
 def _count(spec: JobSpec, where: str, counter: TokenCounter, sample: int | None, output_tokens: int | None, show: bool) -> Count:
-    template = MessageTemplate.from_spec(spec, where)
-    source = Source(spec.resolve(spec.source.path), spec.source.format)
-    if source.columns is not None:
-        if spec.source.id_column not in source.columns:
-            raise SourceError(
-                f'{source.path}: no column "{spec.source.id_column}" (source.id_column); columns are: {", ".join(source.columns)}'
-            )
-        template.check_columns(source.columns, source.path.name)
-    render = RowRenderer(spec, template, source)
-    count = Count(packs=PackCount() if packing(spec) else None)
-    embedding = spec.request_endpoint == EMBEDDINGS
     progress = Progress(TextColumn("[bold]{task.description}"), TextColumn("{task.completed:,} rows"), TimeElapsedColumn(),
                         console=console, transient=True, disable=not show)  # fmt: skip
     with progress:
         task = progress.add_task(f"count {spec.name}", total=None)
-        for chunk in source.chunks():
-            for row in chunk:
-                count.rows += 1
-                if sample is not None and count.counted >= sample:
-                    continue  # past the sample: only the rows are counted
-                count.counted += 1
-                item = render(row)
-                if isinstance(item, str):
-                    count.refused += 1
-                    if len(count.problems) < MAX_SHOWN_PROBLEMS:
-                        count.problems.append(item)
-                    continue
-                request = Request.from_payload("", json.loads(item["payload"]))
-                count.input_tokens += counter.count_request(request.endpoint, request.body)
-                if embedding:  # input tokens only; packing changes the requests, not the tokens
-                    if count.packs is not None:
-                        count.packs.add(request.body)
-                    continue
-                limit = request.output_limit if output_tokens is None else output_tokens
-                if limit is None:
-                    raise SpecError(
-                        f"{where}: the requests set no output limit, so their output has no bound to estimate; "
-                        "pass --output-tokens N, or set params.max_tokens"
-                    )
-                count.output_tokens += limit
-            progress.update(task, completed=count.rows)
-    return count
+        return count_rows(spec, where, counter, sample, output_tokens, lambda n: progress.update(task, completed=n),
+                          routes_checked=spec.route == AUTO)  # fmt: skip
 
 
 def _lines(spec: JobSpec, provider: str | None, usage: Usage, catalog: Catalog) -> list[Line]:

@@ -6,11 +6,34 @@ from __future__ import annotations
 
 from typing import Any
 
+# The command list's one line per command. Click would cut each docstring's first sentence
+# at the width left (`Submit a job and drive it to completion, then write its...`); these fit
+# beside the longest command name in 80 columns.
+SUMMARIES = {
+    "run": "Submit a job and drive it to the end.",
+    "submit": "Check a job and store its requests; send nothing.",
+    "estimate": "A job's tokens, cost and wait on each tier.",
+    "prices": "The prices that apply to a model, and their sources.",
+    "status": "How far jobs are: requests by state, live batches.",
+    "results": "Write a job's results joined to its source rows.",
+    "cancel": "Cancel a job's unsent requests and live batches.",
+    "retry": "Queue failed (or cancelled) requests again.",
+    "report": "Tokens, cost, real-time equivalent and savings.",
+    "tick": "One non-blocking pass over every job.",
+    "worker": "Tick every job in a loop.",
+    "serve": "A local OpenAI/Anthropic/Gemini batch API.",
+    "compare": "Compare an eval's variants, with statistics and cost.",
+    "gateway": "Real time for urgent calls, batches for the rest.",
+    "gateway-status": "The gateway's deferred requests by state.",
+}
+
 
 def tidy(command: Any) -> None:
     """Tidy `command` (Typer's click command) and its subcommands' help in place."""
     if command.help:
         command.help = _examples_apart(command.help)
+    if command.name in SUMMARIES and not command.short_help:
+        command.short_help = SUMMARIES[command.name]
     for param in command.params:
         if getattr(param, "is_flag", False):
             continue

@@ -55,7 +55,7 @@ def serve(
     body_timeout: Annotated[float, typer.Option("--body-timeout", min=0.01, help="Seconds a client may pause while sending a body (then 408).")] = 30.0,
     max_json_depth: Annotated[int, typer.Option("--max-json-depth", min=2, max=MAX_DEPTH, help="Deepest nesting of a JSON body or batch line.")] = 64,
 ) -> None:
-    """Serve the OpenAI Batch and Anthropic Message Batches APIs; batches run as lowtide jobs.
+    """Serve the OpenAI Batch, Anthropic Message Batches and Gemini batch APIs; batches run as lowtide jobs.
 
     Point the official SDKs at it: OpenAI(base_url="http://127.0.0.1:8000/v1"),
     Anthropic(base_url="http://127.0.0.1:8000").

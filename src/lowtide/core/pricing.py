@@ -1,7 +1,9 @@
 """Prices and cost arithmetic: the one place that knows what tokens cost.
 
-    prices.yaml (shipped, dated) ─┐
-    $LOWTIDE_PRICES / --prices ───┴─► load_catalog() ─► Catalog
+    genai-prices (base catalog, dated) ──────┐
+    prices.yaml (shipped: derived tiers,     │
+                 self-hosted entries) ───────┤
+    $LOWTIDE_PRICES / --prices ──────────────┴─► load_catalog() ─► Catalog.explain(provider, model, day)
     route, route_options ─► billing_of() ─► Billing(provider, tier, cache-write TTL)
     Usage × Billing × Catalog ─► attempt_cost() ─► Cost(usd, realtime_usd)
     Outcome ─► is_billed()
@@ -18,6 +20,12 @@ Each provider counts differently, and each rule is written out once, in `token_u
 
 `reasoning_tokens` is therefore never added: it is already inside `output_tokens`.
 A model the catalog does not know has an unknown cost (`Cost.usd is None`), never a guess.
+
+Where a price comes from, in order: an entry of the user's price file (whole, by name or
+alias); else genai-prices at the request's date (core/genai_source.py); a tier the package
+has no price for on that date (its batch history starts late 2026, for example) is derived
+from that date's real-time price by the provider's documented discount (prices.yaml
+`derived`, with its source), and is otherwise not offered. `lowtide prices MODEL` shows it.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import date as Date
+from datetime import datetime
 from decimal import Decimal
 from enum import StrEnum
 from functools import lru_cache
@@ -36,6 +45,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from lowtide.core import genai_source
 from lowtide.core.errors import InputError
 from lowtide.core.types import Usage
 from lowtide.core.yamlfile import parse_mapping, read_text, validate
@@ -55,6 +65,8 @@ class Tier(StrEnum):
     SELF_HOSTED = "self_hosted"
     FREE = "free"
 
+
+PROVIDER_TIERS = (Tier.REALTIME, Tier.BATCH, Tier.FLEX, Tier.PRIORITY)  # tiers a provider's price list has
 
 # ---- the catalog file ------------------------------------------------------------------
 
@@ -84,6 +96,9 @@ class ModelPrices(_Strict):
     aliases: list[str] = Field(default_factory=list)
     note: str | None = None
 
+    def tier_named(self, tier: str) -> TierPrices | None:
+        return self.tier(Tier(tier))
+
     def tier(self, tier: Tier) -> TierPrices | None:
         return {Tier.REALTIME: self.realtime, Tier.BATCH: self.batch, Tier.FLEX: self.flex, Tier.PRIORITY: self.priority}.get(tier)
 
@@ -105,6 +120,16 @@ class SelfHosted(_Strict):
         return prefill / self.input_tokens_per_second + usage.output_tokens / self.output_tokens_per_second
 
 
+class DerivedTier(_Strict):
+    """A tier genai-prices has no price for on a request's date, as a fraction of that
+    date's real-time prices (every figure, cache prices included), with its source.
+    `where: offered` derives it only for models the package lists that tier for at all."""
+
+    factor: Annotated[Decimal, Field(gt=0, le=10)]
+    source: str
+    where: Literal["always", "offered"] = "always"
+
+
 class PriceFile(_Strict):
     date: Date | None = None
     source: str | None = None
@@ -112,6 +137,22 @@ class PriceFile(_Strict):
     anthropic: dict[str, ModelPrices] = Field(default_factory=dict)
     google: dict[str, ModelPrices] = Field(default_factory=dict)  # Gemini API
     self_hosted: dict[str, SelfHosted] = Field(default_factory=dict)
+    derived: dict[Literal["openai", "anthropic", "google"], dict[Literal["batch", "flex", "priority"], DerivedTier]] = Field(
+        default_factory=dict
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class PriceLookup:
+    """What applies to one model on one day, and where each tier's figures come from."""
+
+    provider: str
+    model: str  # as asked
+    name: str  # the entry found: the price file's name, or genai-prices' model id
+    day: Date
+    prices: ModelPrices
+    origins: Mapping[str, str]  # tier -> where its prices come from (offered tiers only)
+    not_offered: tuple[str, ...] = ()
 
 
 _SNAPSHOT = re.compile(r"-(\d{4}-\d{2}-\d{2}|\d{8}|latest)$")
@@ -127,10 +168,28 @@ class Catalog:
     models: Mapping[str, Mapping[str, ModelPrices]]  # provider -> name -> prices
     self_hosted: Mapping[str, SelfHosted]
     aliases: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # provider -> alias -> name
+    derived: Mapping[str, Mapping[str, DerivedTier]] = field(default_factory=dict)  # provider -> tier -> rule
 
-    def lookup(self, provider: str, model: str) -> tuple[str, ModelPrices] | None:
-        """The entry for `model`: by name or alias (case-insensitive), then again without a
-        trailing snapshot date (`-2024-07-18`, `-20250514`) or `-latest`. Nothing looser."""
+    def lookup(self, provider: str, model: str, at: Date | datetime | float | None = None) -> tuple[str, ModelPrices] | None:
+        """The prices of `model` at `provider` on the request's date `at` (today if None)."""
+        found = self.explain(provider, model, at)
+        return None if found is None else (found.name, found.prices)
+
+    def explain(self, provider: str, model: str, at: Date | datetime | float | None = None) -> PriceLookup | None:
+        """`lookup`, with where each tier comes from (see the module doc for the order)."""
+        day = genai_source.as_day(at)
+        own = self._own(provider, model)
+        if own is not None:
+            name, entry = own
+            where = f"price file {self.overrides[-1]}" if self.overrides else "lowtide/core/prices.yaml"
+            origins = {t.value: f"{where}: {provider}.{name}.{t.value}" for t in PROVIDER_TIERS if entry.tier(t) is not None}
+            missing = tuple(t.value for t in PROVIDER_TIERS if entry.tier(t) is None)
+            return PriceLookup(provider, model, name, day, entry, origins, missing)
+        return _from_genai(provider, model, day, self.derived.get(provider, {}))
+
+    def _own(self, provider: str, model: str) -> tuple[str, ModelPrices] | None:
+        """An entry of a price file for `model`: by name or alias (case-insensitive), then
+        again without a trailing snapshot date (`-2024-07-18`, `-20250514`) or `-latest`."""
         names = self.models.get(provider, {})
         aliases = self.aliases.get(provider, {})
         wanted = model.strip().lower()
@@ -150,19 +209,49 @@ class Catalog:
                 return candidate, self.self_hosted[candidate]
         return None
 
+    def known_models(self, provider: str) -> list[str]:
+        """Every model name this catalog prices for `provider`: the price files' and genai-prices'."""
+        return sorted(set(self.models.get(provider, {})) | set(genai_source.model_ids(provider)))
+
     def describe(self) -> str:
-        shipped = f"lowtide price catalog of {self.date or 'unknown date'}"
+        shipped = f"{genai_source.package()}, tiers it lacks derived by lowtide's catalog of {self.date or 'unknown date'}"
         return shipped + "".join(f", overridden by {f}" for f in self.overrides)
+
+
+def _from_genai(provider: str, model: str, day: Date, rules: Mapping[str, DerivedTier]) -> PriceLookup | None:
+    entry = genai_source.lookup(provider, model.strip(), day)
+    realtime = (entry.tiers["realtime"] or {}) if entry is not None else {}
+    if entry is not None and "output" not in realtime and "input" in realtime and "embedding" in entry.name.lower():
+        realtime = realtime | {"output": Decimal(0)}  # an embedding model bills input tokens only: it has no output
+    if entry is None or not {"input", "output"} <= set(realtime):
+        return None  # unknown, or priced in units lowtide does not bill by (images, audio)
+    source = f"{genai_source.package()} ({entry.provider_id} {entry.name}, prices of {day})"
+    tiers: dict[str, TierPrices] = {"realtime": TierPrices(**realtime)}
+    origins = {"realtime": source}
+    for tier in ("batch", "flex", "priority"):
+        fields = entry.tiers[tier]
+        rule = rules.get(tier)
+        if fields is not None:
+            tiers[tier], origins[tier] = TierPrices(**fields), source
+        elif rule is not None and (rule.where == "always" or tier in entry.offered):
+            tiers[tier] = TierPrices(**{k: v * rule.factor for k, v in realtime.items()})
+            origins[tier] = f"derived: {rule.factor:%} of real time (lowtide/core/prices.yaml derived.{provider}.{tier}; {rule.source})"
+    prices = ModelPrices(**tiers, note=entry.note)
+    missing = tuple(t for t in ("batch", "flex", "priority") if t not in tiers)
+    return PriceLookup(provider, model, entry.name, day, prices, origins, missing)
 
 
 def _merge(files: list[tuple[str | None, PriceFile]]) -> Catalog:
     """Entries of later files replace entries of the same name (tiers and aliases included)."""
     models: dict[str, dict[str, ModelPrices]] = {p: {} for p in PROVIDERS}
     self_hosted: dict[str, SelfHosted] = {}
+    derived: dict[str, dict[str, DerivedTier]] = {}
     for _, f in files:
         for provider in PROVIDERS:
             models[provider].update({k.lower(): v for k, v in getattr(f, provider).items()})
         self_hosted.update({k.lower(): v for k, v in f.self_hosted.items()})
+        for provider, rules in f.derived.items():
+            derived.setdefault(provider, {}).update(rules)
     aliases = {
         p: {a.lower(): name for name, entry in entries.items() for a in entry.aliases if a.lower() not in entries}
         for p, entries in models.items()
@@ -175,6 +264,7 @@ def _merge(files: list[tuple[str | None, PriceFile]]) -> Catalog:
         models=models,
         self_hosted=self_hosted,
         aliases=aliases,
+        derived=derived,
     )
 
 
@@ -329,9 +419,11 @@ def attempt_cost(
     *,
     billed: bool = True,
     catalog: Catalog | None = None,
+    at: Date | datetime | float | None = None,
 ) -> Cost:
     """The cost of one attempt's `usage` on `route` at the tier it used, and its real-time
-    equivalent. `billed` False (see `is_billed`) costs nothing."""
+    equivalent, at the prices of the request's date `at` (today if None). `billed` False
+    (see `is_billed`) costs nothing."""
     billing = billing_of(route, route_options)
     if billing is None:
         return Cost(None, None, None, billed, note=f'no price rule for route "{route}"')
@@ -349,7 +441,7 @@ def attempt_cost(
         note = hosted.note or ("" if usd is not None else f"self_hosted.{name} has no throughput; add input_ and output_tokens_per_second")
         return Cost(usd, usd, Tier.SELF_HOSTED, entry=name, note=note)
     assert billing.provider is not None
-    found_model = catalog.lookup(billing.provider, model)
+    found_model = catalog.lookup(billing.provider, model, at)
     if found_model is None:
         return Cost(
             None, None, billing.tier,

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from lowtide.core.auto_spec import AUTO, AutoSpec
 from lowtide.core.embeddings import check_dimensions
 from lowtide.core.endpoints import (
     CHAT,
@@ -193,6 +194,8 @@ class JobSpec(_Strict):
     deadline: datetime | None = None
     retry: RetrySpec = Field(default_factory=RetrySpec)
     fallback: FallbackSpec | None = None
+    # `route: auto`: candidate routes and how long the work may wait (core/auto_spec.py).
+    auto: AutoSpec | None = None
     output: OutputSpec | None = None
     # Requests per provider batch, below the route's own limit (batch routes only).
     chunk_size: int | None = Field(None, ge=1)
@@ -327,6 +330,15 @@ class JobSpec(_Strict):
                 "budget_usd needs an output limit to estimate against: set params.max_tokens "
                 "(or max_completion_tokens / max_output_tokens); without one an answer's cost has no bound"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _auto(self) -> JobSpec:
+        decided = self.auto is not None and self.auto.chosen == self.route  # lowtide's own record of its choice
+        if (self.route == AUTO) != (self.auto is not None) and not decided:
+            raise ValueError("`route: auto` and an `auto:` section (max_wait, candidates) go together; give both or neither")
+        if self.auto is not None and self.auto.max_wait == "deadline" and self.deadline is None:
+            raise ValueError("`auto.max_wait: deadline` needs a `deadline:`; set one, or give max_wait as a duration such as 2h")
         return self
 
     @model_validator(mode="after")

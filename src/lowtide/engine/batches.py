@@ -26,7 +26,7 @@ from lowtide.core.embeddings import MAX_INPUTS
 from lowtide.core.errors import BatchRejected
 from lowtide.core.states import DispatchState, RequestState
 from lowtide.core.types import Outcome, Request
-from lowtide.engine import budget
+from lowtide.engine import budget, queue_limit
 from lowtide.engine.context import JobContext
 from lowtide.engine.control import cancelled_values
 from lowtide.engine.dispatch import assign, iter_dispatched, left_in_dispatch, new_dispatch
@@ -77,31 +77,51 @@ def plan(store: Store, job: JobContext, route: BatchRoute, clock: Clock, lane: s
     )
     if lane is not None:
         due = due.where(requests.c.lane == lane)
+    limit_of = getattr(route, "token_limit", None)  # a provider's per-model enqueued-token limit
     with store.begin() as conn:
         # Read whole before the updates below touch the same rows.
         # A packed job's chunks are twice the usual: fewer of them per tick keep the read the same size.
         chunks = PACKED_CHUNKS_PER_TICK if packing(job.spec) else CHUNKS_PER_TICK
         rows = conn.execute(due.order_by(*order).limit(limit * chunks)).all()
         chunk: list[int] = []
-        size = 0
+        size = tokens = 0
         one_model = route.limits.one_model_per_batch
         chunk_model = None
+        models: set[str] = set()
+        rooms: dict[str, int | None] = {}  # model -> enqueued tokens it may still take
         for rid, nbytes, model in rows:
             if chunk and (
                 len(chunk) >= limit or size + nbytes > route.limits.max_bytes or (one_model and model != chunk_model)
             ):  # a provider that takes one model per batch never gets two in a chunk
-                planned += _plan_one(conn, job, route, chunk, now)
-                chunk, size = [], 0
+                planned += _plan_one(conn, job, route, chunk, now, models, tokens)
+                chunk, size, tokens, models = [], 0, 0, set()
+            need = queue_limit.tokens_of(nbytes - LINE_OVERHEAD)
+            if limit_of is not None:
+                if model not in rooms:
+                    rooms[model] = queue_limit.room(conn, route.name, model, limit_of(model))
+                left = rooms[model]
+                if left is not None and need > left:
+                    whole = limit_of(model)
+                    if whole is not None and need > whole:  # can never be queued: fails now, by name
+                        queue_limit.refuse_oversized(conn, job, route.name, model, rid, need, whole, now)
+                    else:
+                        rooms[model] = 0  # the queue is full for this model: the rest waits
+                    continue
+                if left is not None:
+                    rooms[model] = left - need
             chunk.append(rid)
             chunk_model = model
+            models.add(model)
             size += nbytes
+            tokens += need
         if chunk:
-            planned += _plan_one(conn, job, route, chunk, now)
+            planned += _plan_one(conn, job, route, chunk, now, models, tokens)
     return planned
 
 
-def _plan_one(conn, job: JobContext, route: BatchRoute, ids: list[int], now: float) -> int:
-    dispatch_id = new_dispatch(conn, job.id, route.name, "batch", DispatchState.PLANNED, now)
+def _plan_one(conn, job: JobContext, route: BatchRoute, ids: list[int], now: float, models: set[str], tokens: int) -> int:
+    model = next(iter(models)) if len(models) == 1 else None
+    dispatch_id = new_dispatch(conn, job.id, route.name, "batch", DispatchState.PLANNED, now, model=model, input_tokens_est=tokens)
     return assign(conn, dispatch_id, ids, route.name, now)
 
 
@@ -351,7 +371,11 @@ async def poll(
                     lease_until=clock.now() + POLL_LEASE if status.ended else 0.0,
                 )
             )  # fmt: skip
-        if status.errors:
+        if status.queue_full:  # not the requests' failure: they are sent again once there is room
+            with store.begin() as conn:
+                queue_limit.requeue(conn, job, route.name, dispatch_id, DispatchState.SUBMITTED, "; ".join(status.errors),
+                                    clock.now(), interval[0])  # fmt: skip
+        elif status.errors:
             _reject(store, job, route, dispatch_id, DispatchState.SUBMITTED, "; ".join(status.errors), clock, rng)
         elif status.ended:
             try:

@@ -59,7 +59,8 @@ async def run_direct(
             if not pending_ids(conn, job.id, now, 1, lane_name):
                 return IngestCounts()
             dispatch_id = new_dispatch(
-                conn, job.id, route.name, "direct", DispatchState.RUNNING, now, owner=owner, lease_until=now + lease
+                conn, job.id, route.name, "direct", DispatchState.RUNNING, now, owner=owner, lease_until=now + lease,
+                model=(lane.model if lane else None) or job.spec.model,  # turnarounds are kept per model
             )
             claim_due(conn, dispatch_id, job.id, now, route.dispatch_size, route.name, lane_name)
             refused = budget.reserve(conn, job, dispatch_id, route.name)

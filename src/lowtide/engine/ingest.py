@@ -114,7 +114,7 @@ def apply_outcomes(
         model = lane_model or req.model
         rate = rates.get((model, outcome.tier))
         if rate is None:
-            rate = rates[(model, outcome.tier)] = ledger.rate(route, options, model, outcome.tier)
+            rate = rates[(model, outcome.tier)] = ledger.rate(route, options, model, outcome.tier, now)
         billed, cost, realtime = ledger.columns(outcome, rate)
         if cost is None:
             unknown_costs[model] = rate.note

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from datetime import date
 from decimal import Decimal
 from typing import Any
 
 from sqlalchemy import Connection, select
 
 from lowtide.core.errors import InputError
+from lowtide.core.genai_source import as_day
 from lowtide.core.pricing import (
     Catalog,
     SelfHosted,
@@ -81,21 +83,29 @@ class Ledger:
     def __init__(self, catalog: Catalog | None, problem: str | None = None):
         self.catalog = catalog
         self.problem = problem
-        self._rates: dict[tuple[str, str, str, str | None], Rate] = {}
+        self._rates: dict[tuple, Rate] = {}
         # Costs by (rate, billed, token counts): attempts of one job repeat the same few
         # counts, and Decimal arithmetic costs more than the rest of ingesting an outcome.
         self._costs: dict[tuple, tuple[int | None, int | None]] = {}
 
-    def rate(self, route: str, options: Mapping[str, Any] | None, model: str, reported: str | None = None) -> Rate:
+    def rate(
+        self, route: str, options: Mapping[str, Any] | None, model: str, reported: str | None = None, at: float | None = None
+    ) -> Rate:
         """`reported`: the tier the provider said it served at (`Outcome.tier`); it wins
-        over the one the route's options imply, on a route a provider bills."""
-        key = (route, repr(sorted((options or {}).items())), model, reported)
+        over the one the route's options imply, on a route a provider bills. `at`: when the
+        attempt ran (Unix seconds): prices are those of its date."""
+        day = as_day(at)
+        key = (route, repr(sorted((options or {}).items())), model, reported, day)
         rate = self._rates.get(key)
         if rate is None:
-            rate = self._rates[key] = self._resolve(route, options, model, reported)
+            if len(self._rates) >= MAX_MEMO:
+                self._rates.clear()
+            rate = self._rates[key] = self._resolve(route, options, model, reported, day)
         return rate
 
-    def _resolve(self, route: str, options: Mapping[str, Any] | None, model: str, reported: str | None = None) -> Rate:
+    def _resolve(
+        self, route: str, options: Mapping[str, Any] | None, model: str, reported: str | None = None, day: date | None = None
+    ) -> Rate:
         billing = billing_of(route, options)
         if billing is None:
             return Rate(None, note=f'no price rule for route "{route}"')
@@ -114,7 +124,7 @@ class Ledger:
             note = "" if known else f"self_hosted.{name} has no throughput; add input_ and output_tokens_per_second"
             return Rate(billing.tier, hosted=hosted, note=note)
         assert billing.provider is not None
-        found_model = self.catalog.lookup(billing.provider, model)
+        found_model = self.catalog.lookup(billing.provider, model, day)
         if found_model is None:
             note = f'{billing.provider} model "{model}" is not in the price catalog; add it to a price file (docs/costs.md)'
             return Rate(billing.tier, provider=billing.provider, note=note)

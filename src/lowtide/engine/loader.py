@@ -24,6 +24,7 @@ from sqlalchemy import Connection, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 
 from lowtide.core import fastjson, shapes
+from lowtide.core.auto_spec import AUTO
 from lowtide.core.clock import Clock
 from lowtide.core.endpoints import (
     CHAT,
@@ -347,6 +348,11 @@ def load_job(
     routes_checked: bool = False,
 ) -> LoadReport:
     """Validate, render and persist every row of the job's source; see the module doc."""
+    choice = None
+    if spec.route == AUTO:  # decided before anything is stored (engine/auto.py)
+        from lowtide.engine.auto import resolve
+
+        spec, choice = resolve(store, spec, clock, where)
     template, source = check_job(spec, where)
     render = RowRenderer(spec, template, source, routes_checked)
     insert_requests = (postgresql.insert if not store.is_sqlite else sqlite.insert)(requests)
@@ -358,6 +364,8 @@ def load_job(
         if changes.altering:
             _check_spec_change(conn, spec, changes, where, requeue_changed)
         job_id, created = save_job(conn, spec.name, spec.model_dump_json(), spec.route, now)
+        if choice is not None:
+            add_event(conn, job_id, "route_choice", choice.reason, now)
         budget.resume(conn, job_id, spec.budget_usd, now)  # a budget_exhausted job, submitted again
         before = _count(conn, job_id)
         ids = _IdWatch()

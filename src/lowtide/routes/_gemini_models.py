@@ -1,5 +1,5 @@
-"""Which Gemini models the Gemini routes accept: those of the price catalog's `google`
-section (core/prices.yaml, or the user's price file), plus `route_options.models`. Gemini
+"""Which Gemini models the Gemini routes accept: those the price catalog prices for `google`
+(genai-prices' Gemini models, or the user's price file), plus `route_options.models`. Gemini
 rejects an unknown model only when the batch is created or the call made, so lowtide asks
 before anything is stored (DESIGN invariant 7)."""
 
@@ -16,7 +16,7 @@ def check_gemini_model(route: str, model: str, extra: Collection[str] = ()) -> N
     catalog = load_catalog()
     if name in extra or catalog.lookup("google", name) is not None:
         return
-    known = sorted(catalog.models.get("google", {}))
+    known = [m for m in catalog.known_models("google") if m.startswith("gemini")]
     raise RouteError(
         f'{route}: unknown Gemini model "{model}"; known: {", ".join(known)}. Fix `model:` in the job spec, or, for a '
         f"model newer than lowtide's price catalog, add it to route_options.models (and its prices to your price file)"

@@ -55,6 +55,9 @@ class BatchStatus:
     counts: dict[str, int] = field(default_factory=dict)
     # Set when the provider refused the whole batch (e.g. validation): its messages.
     errors: list[str] = field(default_factory=list)
+    # The refusal was only that the provider's queue was full (OpenAI's enqueued-token
+    # limit): the same batch is sent again later, and its requests lose no attempt.
+    queue_full: bool = False
 
 
 @runtime_checkable

@@ -9,7 +9,11 @@ Output and error files are streamed line by line.
 Options: `base_url`, `api_key_env` (default OPENAI_API_KEY), `max_requests` (≤ 50,000),
 `max_bytes` (≤ 200 MB), `poll_interval` ([first, longest] seconds, default [30, 600]),
 `find_hours` (how far back `find` looks, default 48), `timeout` (seconds a connect, read or
-write may stall, 120).
+write may stall, 120), `tier` (your OpenAI usage tier, 1..5: the batch queue limits that
+apply, core/batch_limits.py) and `max_enqueued_tokens` (one number, or one per model with
+`*` for the rest: wins over `tier`). With either, the engine plans batches so that the
+input tokens enqueued per model stay within the limit; a batch the provider still fails
+with `token_limit_exceeded` is sent again once in-flight batches ended (`queue_full`).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from typing import Any, Literal
 import openai
 
 from lowtide.core import fastjson
+from lowtide.core.batch_limits import TIERS, enqueued_token_limit
 from lowtide.core.errors import BatchRejected, RouteError
 from lowtide.core.types import Outcome, Refusal, Request
 from lowtide.routes._provider import (
@@ -40,8 +45,10 @@ MAX_REQUESTS = 50_000
 MAX_BYTES = 200 * 2**20
 ENDPOINT = "/v1/chat/completions"  # the default: a batch's endpoint is its requests' own
 TERMINAL = {"completed", "failed", "expired", "cancelled"}
-OPTIONS = {"base_url", "api_key_env", "max_requests", "max_bytes", "poll_interval", "find_hours", "timeout"}
+OPTIONS = {"base_url", "api_key_env", "max_requests", "max_bytes", "poll_interval", "find_hours", "timeout",
+           "tier", "max_enqueued_tokens"}  # fmt: skip
 METADATA_KEY = "lowtide_key"
+QUEUE_FULL = "token_limit_exceeded"  # the validation error of a batch over the enqueued-token limit
 
 
 def request_line(request: Request) -> dict[str, Any]:
@@ -82,6 +89,7 @@ class OpenAIBatchRoute:
             one_model_per_batch=True,
         )
         self.poll_interval = poll_interval(options, (30.0, 600.0))
+        self.tier, self.max_enqueued_tokens = _queue_options(self.name, options)
         self.find_seconds = float(options.get("find_hours", 48)) * 3600
         self.client = openai.AsyncOpenAI(
             api_key=api_key(self.name, options, "OPENAI_API_KEY"),
@@ -92,6 +100,10 @@ class OpenAIBatchRoute:
 
     def check_model(self, model: str) -> None:
         """The provider says which models it has; an unknown one fails the batch at validation."""
+
+    def token_limit(self, model: str) -> int | None:
+        """Input tokens of `model` that may be enqueued at once (None: no limit planned)."""
+        return enqueued_token_limit(model, self.tier, self.max_enqueued_tokens)
 
     def refusal(self, request: Request) -> Refusal | None:
         return openai_refusal(request, self.name)
@@ -135,11 +147,13 @@ class OpenAIBatchRoute:
         batch = await self.client.batches.retrieve(batch_id)
         counts = batch.request_counts.model_dump() if batch.request_counts else {}
         errors = []
+        queue_full = False
         if batch.status == "failed":
             data = batch.errors.data if batch.errors and batch.errors.data else []
             errors = [f"line {e.line}: {e.code}: {e.message}" if e.line else f"{e.code}: {e.message}" for e in data]
             errors = errors or ["the provider failed the batch without saying why"]
-        return BatchStatus(phase=batch.status, ended=batch.status in TERMINAL, counts=counts, errors=errors)
+            queue_full = bool(data) and all(e.code == QUEUE_FULL for e in data)
+        return BatchStatus(phase=batch.status, ended=batch.status in TERMINAL, counts=counts, errors=errors, queue_full=queue_full)
 
     async def results(self, batch_id: str) -> AsyncIterator[Outcome]:
         batch = await self.client.batches.retrieve(batch_id)
@@ -177,6 +191,20 @@ def translate_create_error(route: str, err: openai.APIStatusError) -> RouteError
     if err.status_code in (400, 401, 403, 404, 413, 422):
         return BatchRejected(message)
     return RouteError(message)
+
+
+def _queue_options(route: str, options: dict[str, Any]) -> tuple[int | None, int | dict[str, int] | None]:
+    tier = options.get("tier")
+    if tier is not None and (isinstance(tier, bool) or tier not in TIERS):
+        raise RouteError(f"{route}: route_options.tier must be your OpenAI usage tier, one of 1, 2, 3, 4, 5; got {tier!r}")
+    limit = options.get("max_enqueued_tokens")
+    values = list(limit.values()) if isinstance(limit, dict) else [limit]
+    if limit is not None and not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values):
+        raise RouteError(
+            f"{route}: route_options.max_enqueued_tokens must be a positive whole number of tokens, or a mapping "
+            f"of model to one (`*` for any other model); got {limit!r}"
+        )
+    return tier, limit
 
 
 def create(options: dict[str, Any]) -> OpenAIBatchRoute:

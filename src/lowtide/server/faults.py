@@ -18,6 +18,10 @@
         drop_lines: 1                  # the first N result lines are left out,
         duplicate_lines: 1             # the next N are written twice,
         corrupt_lines: 1               # the next N are cut in half (not valid JSON)
+    enqueued_tokens:                   # OpenAI's batch queue limit, per model (`*`: any other)
+      gpt-4o-mini: 2000000             # a batch whose input tokens (request bodies' characters
+      "*": 90000                       # / 4), with those of the model's batches in progress,
+                                       # exceed it fails validation: token_limit_exceeded
 
 Each rule counts the calls (or batches) it matches from 1, from server start; a rule
 without first/every/calls fires on every match. For HTTP faults the first rule that fires
@@ -32,7 +36,7 @@ import re
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from fastapi import FastAPI, Request
@@ -119,6 +123,10 @@ class FaultPlan(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     http: list[HttpRule] = Field(default_factory=list)
     batches: list[BatchRule] = Field(default_factory=list)
+    enqueued_tokens: dict[str, Annotated[int, Field(gt=0)]] = Field(default_factory=dict)
+
+    def token_limit(self, model: str) -> int | None:
+        return self.enqueued_tokens.get(model, self.enqueued_tokens.get("*"))
 
     @classmethod
     def load(cls, path: Path) -> FaultPlan:

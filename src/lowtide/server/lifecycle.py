@@ -36,7 +36,7 @@ from lowtide.engine.control import cancel_job, job_done
 from lowtide.engine.loader import load_job
 from lowtide.engine.tick import Engine
 from lowtide.routes import create_route
-from lowtide.server import records
+from lowtide.server import queue, records
 from lowtide.server.context import Server
 from lowtide.server.finalize import batch_folder, build_anthropic, build_openai
 from lowtide.server.gemini_outputs import build_gemini
@@ -189,6 +189,8 @@ class Worker:
         if row.api in ("openai", "gemini"):  # a Gemini batch was taken in at create: only a fault fails it
             fault = faults.get("fail_validation")
             errors = [dict(fault, param=None, line=None)] if fault else self._take_openai(row) if row.api == "openai" else []
+            if not errors and row.api == "openai" and server.faults.plan.enqueued_tokens:
+                errors = queue.over_limit(server, row.id)  # the simulated batch queue limit
             if errors:
                 with server.store.begin() as conn:
                     records.move_batch(conn, row.id, S.VALIDATING, S.FAILED, now,

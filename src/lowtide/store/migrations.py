@@ -166,3 +166,10 @@ def _backfill_rendered(conn: Connection, page: int = 5000) -> None:
 def m012_evals(conn: Connection) -> None:
     """Eval specs (core/evals.py): the variants an eval runs as member jobs, kept for `compare`."""
     schema.metadata.create_all(conn, tables=[schema.evals])
+
+
+@migration
+def m013_tiers_dispatch_model(conn: Connection) -> None:
+    """Dispatches keep their model and estimated input tokens: enqueued-token limits and
+    measured turnarounds per route and model (engine/batches.py, engine/turnaround.py)."""
+    add_columns(conn, schema.dispatches, ["model", "input_tokens_est"])

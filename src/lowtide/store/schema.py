@@ -150,6 +150,11 @@ dispatches = Table(
     # retried): the anchor of a route's `find` window, which planning time is not (a chunk
     # may wait many ticks, or many transient errors, between being planned and being sent).
     Column("submit_started_at", Float),
+    # The model of its requests (a batch route that takes one model per batch), and their
+    # input tokens as estimated when it was planned (characters / 4): what it holds of the
+    # provider's per-model enqueued-token limit, and what turnarounds are kept by.
+    Column("model", String(256)),
+    Column("input_tokens_est", BigInteger),
     Index("ix_dispatches_job_state", "job_id", "state"),
 )
 

@@ -1,0 +1,181 @@
+"""`route: auto`: the cheapest candidate route expected to finish the job's work in time.
+
+    for each candidate:  cost      its tier's prices × the job's counted tokens (engine/counting.py)
+                         turnaround p95 measured in this store, per route and model, else a
+                                    documented prior (engine/turnaround.py)
+    fits: p95 ≤ max_wait (a duration from submission, or the time left to the deadline)
+    take: the cheapest that fits (ties: the faster); refuse when none fits, naming the fastest
+    next tier up: the cheapest faster candidate that fits; it becomes the job's fallback
+                  route and the end of max_wait its deadline, so today's cut-over moves
+                  work up a tier as that deadline nears (engine/fallback.py)
+
+Decided before anything is stored (`lowtide submit` and `lowtide estimate` alike), recorded
+as a `route_choice` event with its reason, and kept: submitting the same spec again keeps
+the choice rather than changing the route of work in flight.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from decimal import Decimal
+
+from sqlalchemy import Connection, select
+
+from lowtide.core.auto_spec import AUTO, CandidateSpec, duration_text
+from lowtide.core.clock import Clock
+from lowtide.core.errors import SpecError
+from lowtide.core.pricing import Catalog, Cost, Tier, attempt_cost, billing_of, load_catalog
+from lowtide.core.spec import FallbackSpec, JobSpec
+from lowtide.core.tokens import counter_for
+from lowtide.core.types import Usage
+from lowtide.engine import turnaround
+from lowtide.store.db import Store
+from lowtide.store.schema import jobs
+
+SAMPLE_ROWS = 1000  # rows rendered and counted to price the candidates; the rest extrapolated
+MIN_MARGIN = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    """One candidate, evaluated for this job's work."""
+
+    index: int
+    candidate: CandidateSpec
+    kind: str  # batch | direct
+    cost: Cost
+    took: turnaround.Turnaround
+
+    @property
+    def label(self) -> str:
+        return self.candidate.label
+
+    def fits(self, wait: float) -> bool:
+        return self.took.p95 is not None and self.took.p95 <= wait
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    option: Option
+    faster: Option | None  # the next tier up: the job's fallback route
+    wait: float
+    reason: str
+    options: tuple[Option, ...]
+
+
+def kind_of(route: str, options: dict) -> str:
+    billing = billing_of(route, options)
+    return "batch" if (billing and billing.tier is Tier.BATCH) or route.endswith("-batch") else "direct"
+
+
+def evaluate(conn: Connection | None, spec: JobSpec, usage: Usage, requests: int, catalog: Catalog) -> list[Option]:
+    assert spec.auto is not None
+    out = []
+    for i, c in enumerate(spec.auto.candidates):
+        kind = kind_of(c.route, c.route_options)
+        cost = attempt_cost(usage, spec.model, c.route, c.route_options, catalog=catalog)
+        took = turnaround.expected(conn, c.route, c.route_options, spec.model, kind, requests)
+        out.append(Option(i, c, kind, cost, took))
+    return out
+
+
+def money(usd: Decimal | None) -> str:
+    if usd is None:
+        return "unknown"
+    return f"${usd:,.2f}" if usd >= 1 else (f"${usd:.4f}".rstrip("0").rstrip(".") if usd else "$0")
+
+
+def choose(options: list[Option], wait: float, where: str = "job spec", *, strict_prices: bool = True) -> Choice:
+    """The cheapest option that fits `wait` seconds; SpecError naming the fix when none can."""
+    unpriced = [o for o in options if o.cost.usd is None]
+    if strict_prices and unpriced:
+        o = unpriced[0]
+        raise SpecError(
+            f"{where}: auto.candidates[{o.index}] ({o.label}) has no price: {o.cost.note}; "
+            "add one to a price file (docs/costs.md) or drop the candidate"
+        )
+    fitting = [o for o in options if o.fits(wait) and o.cost.usd is not None]
+    if not fitting:
+        timed = [o for o in options if o.took.p95 is not None]
+        if not timed:
+            raise SpecError(f"{where}: auto.max_wait: no candidate has a known turnaround ({options[0].took.basis}); add a route lowtide knows")
+        fastest = min(timed, key=lambda o: o.took.p95 or 0)
+        raise SpecError(
+            f"{where}: auto.max_wait {duration_text(wait)}: no candidate is expected to finish in time; the fastest, "
+            f"{fastest.label}, takes {duration_text(fastest.took.p95 or 0)} (p95, {fastest.took.basis}); "
+            "raise max_wait, or add a faster candidate"
+        )
+    best = min(fitting, key=lambda o: (o.cost.usd, o.took.p95))
+    faster = [o for o in fitting if (o.took.p95 or 0) < (best.took.p95 or 0) and o.candidate.route != best.candidate.route]
+    up = min(faster, key=lambda o: (o.cost.usd, o.took.p95)) if faster and best.kind == "batch" else None
+    others = " / ".join(
+        f"{o.label} {money(o.cost.usd)}" + ("" if o.fits(wait) else " (too slow)") for o in options if o is not best
+    )
+    reason = (
+        f"{best.label}: p95 {duration_text(best.took.p95 or 0)} fits {duration_text(wait)} ({best.took.basis}), "
+        f"{money(best.cost.usd)}" + (f" vs {others}" if others else "")
+    )
+    if up is not None:
+        reason += f"; {up.label} takes over as the end of max_wait nears"
+    return Choice(best, up, wait, reason, tuple(options))
+
+
+def wait_of(spec: JobSpec, now: float) -> float:
+    assert spec.auto is not None
+    seconds = spec.auto.wait_seconds()
+    if seconds is None:
+        assert spec.deadline is not None
+        return spec.deadline.timestamp() - now
+    if spec.deadline is not None:
+        return min(seconds, spec.deadline.timestamp() - now)
+    return seconds
+
+
+def resolve(store: Store, spec: JobSpec, clock: Clock, where: str = "job spec") -> tuple[JobSpec, Choice | None]:
+    """The job's spec with `route: auto` decided (see the module doc); None as the choice
+    when an earlier submission decided it already."""
+    assert spec.route == AUTO and spec.auto is not None
+    with store.begin() as conn:
+        stored = conn.execute(select(jobs.c.spec).where(jobs.c.name == spec.name)).scalar_one_or_none()
+        if stored is not None:
+            before = JobSpec.model_validate_json(stored)
+            if before.auto is not None and before.auto.undecided() == spec.auto and before.route != AUTO:  # decided: kept
+                keep = ("route", "route_options", "fallback", "deadline", "auto")
+                return spec.model_copy(update={k: getattr(before, k) for k in keep}), None
+    now = clock.now()
+    wait = wait_of(spec, now)
+    if wait <= 0:
+        raise SpecError(f"{where}: auto.max_wait: the deadline {spec.deadline} has passed; set a later one")
+    first = spec.auto.candidates[0]
+    counted_spec = spec.model_copy(update={"route": first.route, "route_options": first.route_options})
+    from lowtide.engine.counting import count_rows  # the loader imports this module
+
+    catalog = load_catalog()
+    billing = billing_of(first.route, first.route_options)
+    counter = counter_for(spec.model, (billing.provider if billing else None) or catalog.provider_of(spec.model))
+    count = count_rows(counted_spec, where, counter, SAMPLE_ROWS, None, routes_checked=True)
+    with store.begin() as conn:
+        options = evaluate(conn, spec, count.usage, count.rows, catalog)
+    choice = choose(options, wait, where)
+    return effective(spec, choice, now), choice
+
+
+def effective(spec: JobSpec, choice: Choice, now: float) -> JobSpec:
+    """The spec the engine runs: the chosen route; the next tier up as its fallback and the
+    end of max_wait as its deadline (unless the spec gives its own fallback)."""
+    c = choice.option.candidate
+    assert spec.auto is not None
+    update: dict = {"route": c.route, "route_options": c.route_options, "auto": spec.auto.model_copy(update={"chosen": c.route})}
+    if spec.fallback is None and choice.faster is not None:
+        # The end of max_wait becomes the deadline the cut-over works to. Only here: on a
+        # direct route (or with the spec's own fallback) max_wait never fails a request.
+        end = datetime.fromtimestamp(now + choice.wait, tz=UTC)
+        update["deadline"] = end if spec.deadline is None or end < spec.deadline else spec.deadline
+        up = choice.faster
+        update["fallback"] = FallbackSpec(
+            route=up.candidate.route, route_options=up.candidate.route_options,
+            safety_margin=max(MIN_MARGIN, min(up.took.p95 or MIN_MARGIN, choice.wait / 2)),
+            expected_turnaround=max(1.0, choice.option.took.p50 or 1.0),
+        )  # fmt: skip
+    return spec.model_copy(update=update)

@@ -1,0 +1,119 @@
+"""A job's tokens before anything is stored: rows rendered exactly as `submit` renders
+them (the loader's own row renderer) and counted; what `lowtide estimate` and `route: auto`
+price candidates with. Nothing is stored and no route is contacted."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from lowtide.core.endpoints import EMBEDDINGS
+from lowtide.core.errors import SourceError, SpecError
+from lowtide.core.sources import Source
+from lowtide.core.spec import JobSpec
+from lowtide.core.templates import MessageTemplate
+from lowtide.core.tokens import TokenCounter
+from lowtide.core.types import Request, Usage
+from lowtide.engine.loader import RowRenderer
+from lowtide.engine.packs import PackCount, packing
+
+MAX_SHOWN_PROBLEMS = 5
+
+
+@dataclass
+class Count:
+    """Tokens of the rows counted, and how many rows there are in all."""
+
+    rows: int = 0  # every data row of the source
+    counted: int = 0  # rows rendered and counted (all of them, or the sample)
+    refused: int = 0  # counted rows `submit` would refuse
+    input_tokens: int = 0
+    output_tokens: int = 0
+    # Tokens of the first request's system prompt (instructions): the prefix every request
+    # of a templated job shares, which a provider's prompt cache can serve.
+    prefix_tokens: int = 0
+    problems: list[str] = field(default_factory=list)
+    # Embedding jobs: the provider requests the counted rows make, packed (engine/packs.py).
+    packs: PackCount | None = None
+
+    @property
+    def extrapolated(self) -> bool:
+        return self.counted < self.rows
+
+    def scaled(self, tokens: int) -> int:
+        """Tokens of the counted rows, extrapolated to every row."""
+        if not self.extrapolated or self.counted == 0:
+            return tokens
+        return round(tokens * self.rows / self.counted)
+
+    @property
+    def usage(self) -> Usage:
+        return Usage(input_tokens=self.scaled(self.input_tokens), output_tokens=self.scaled(self.output_tokens))
+
+
+def system_text(body: dict) -> str:
+    """The system prompt of a body: Anthropic's `system`, Responses' `instructions`, or a
+    leading system / developer message's text."""
+    for key in ("system", "instructions"):
+        value = body.get(key)
+        if isinstance(value, str):
+            return value
+        if isinstance(value, list):
+            return "".join(b.get("text", "") for b in value if isinstance(b, dict))
+    messages = body.get("messages") or body.get("input")
+    if isinstance(messages, list) and messages and isinstance(messages[0], dict) and messages[0].get("role") in ("system", "developer"):
+        content = messages[0].get("content")
+        if isinstance(content, str):
+            return content
+        if isinstance(content, list):
+            return "".join(b.get("text", "") for b in content if isinstance(b, dict))
+    return ""
+
+
+def count_rows(
+    spec: JobSpec, where: str, counter: TokenCounter, sample: int | None, output_tokens: int | None,
+    on_rows: Callable[[int], None] | None = None, routes_checked: bool = False,
+) -> Count:  # fmt: skip
+    """Render and count the first `sample` rows (all when None); count every row."""
+    template = MessageTemplate.from_spec(spec, where)
+    source = Source(spec.resolve(spec.source.path), spec.source.format)
+    if source.columns is not None:
+        if spec.source.id_column not in source.columns:
+            raise SourceError(
+                f'{source.path}: no column "{spec.source.id_column}" (source.id_column); columns are: {", ".join(source.columns)}'
+            )
+        template.check_columns(source.columns, source.path.name)
+    render = RowRenderer(spec, template, source, routes_checked)
+    count = Count(packs=PackCount() if packing(spec) else None)
+    embedding = spec.request_endpoint == EMBEDDINGS
+    for chunk in source.chunks():
+        for row in chunk:
+            count.rows += 1
+            if sample is not None and count.counted >= sample:
+                continue  # past the sample: only the rows are counted
+            count.counted += 1
+            item = render(row)
+            if not isinstance(item, dict):
+                count.refused += 1
+                if len(count.problems) < MAX_SHOWN_PROBLEMS:
+                    count.problems.append(item if isinstance(item, str) else f"row {item.row}: {item.message}")
+                continue
+            request = Request.from_payload("", json.loads(item["payload"]))
+            count.input_tokens += counter.count_request(request.endpoint, request.body)
+            if count.counted == 1:
+                count.prefix_tokens = counter.count_text(system_text(request.body))
+            if embedding:  # input tokens only; packing changes the requests, not the tokens
+                if count.packs is not None:
+                    count.packs.add(request.body)
+                continue
+            limit = request.output_limit if output_tokens is None else output_tokens
+            if limit is None:
+                raise SpecError(
+                    f"{where}: the requests set no output limit, so their output has no bound to estimate; "
+                    "pass --output-tokens N, or set params.max_tokens"
+                )
+            count.output_tokens += limit
+        if on_rows:
+            on_rows(count.rows)
+    return count

@@ -1,0 +1,108 @@
+"""How long work takes on a route: measured in this store, per route and model, with
+documented priors until there is enough data.
+
+    batch routes   one batch's submit → end time (chunks run side by side, so a job's work
+                   takes about one batch's time): p50 and p95 of the route's last batches
+                   of the model that ended on their own (not cut by a deadline)
+    direct routes  seconds per request, in effect (a dispatch's run time / its requests,
+                   with all it runs at once): a job's work takes requests × that
+    self-hosted    the catalog's measured throughput (core/pricing.py `SelfHosted`)
+
+A route and model with fewer than MIN_SAMPLES measured dispatches use the route's PRIOR
+(docs/routing.md says where each comes from); a route with neither is unknown.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from sqlalchemy import Connection, select
+
+from lowtide.core.auto_spec import duration_text
+from lowtide.core.states import DispatchState
+from lowtide.store.schema import dispatches
+
+HISTORY = 50  # recent dispatches a turnaround is measured over
+MIN_SAMPLES = 3
+
+
+@dataclass(frozen=True, slots=True)
+class Prior:
+    p50: float
+    p95: float
+    per_request: bool  # seconds per request (direct routes) or per batch
+    source: str
+
+
+# Seconds. Batch: the providers' own statements; direct: a request's latency divided by
+# the requests a route keeps in flight (16 by default), rounded up.
+PRIORS: dict[str, Prior] = {
+    "openai-batch": Prior(4 * 3600, 24 * 3600, False, "OpenAI: completion window 24 h, no typical time published"),
+    "anthropic-batch": Prior(3600, 24 * 3600, False, "Anthropic: most batches finish in less than 1 h, all within 24 h"),
+    "openai": Prior(0.5, 2.0, True, "about 8-30 s a request, 16 in flight"),
+    "openai:flex": Prior(2.0, 10.0, True, "flex: slower answers and 429s when capacity is short (OpenAI flex guide)"),
+    "anthropic": Prior(0.5, 2.0, True, "about 8-30 s a request, 16 in flight"),
+    "echo": Prior(0.001, 0.01, True, "lowtide's echo route"),
+    "echo-batch": Prior(1.0, 5.0, False, "lowtide's echo batch route"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Turnaround:
+    """Expected seconds for a job's work of `requests` requests on one route."""
+
+    p50: float | None
+    p95: float | None
+    basis: str  # "measured: 12 batches", "prior: …", or why unknown
+
+    @property
+    def known(self) -> bool:
+        return self.p95 is not None
+
+    def text(self) -> str:
+        if self.p95 is None:
+            return "unknown"
+        return f"p50 {duration_text(self.p50 or 0)}, p95 {duration_text(self.p95)}"
+
+
+def prior_key(route: str, options: dict) -> str:
+    tier = options.get("service_tier")
+    return f"{route}:{tier}" if isinstance(tier, str) and f"{route}:{tier}" in PRIORS else route
+
+
+def measured(conn: Connection, route: str, model: str, kind: str) -> list[float]:
+    """Seconds per batch (kind batch) or per request (kind direct), newest first."""
+    if kind == "batch":
+        took = dispatches.c.ended_at - dispatches.c.submitted_at
+        start = dispatches.c.submitted_at
+    else:
+        took = (dispatches.c.ended_at - dispatches.c.created_at) / dispatches.c.size
+        start = dispatches.c.created_at
+    rows = conn.scalars(
+        select(took).where(
+            dispatches.c.route == route, dispatches.c.model == model, dispatches.c.kind == kind,
+            dispatches.c.state == DispatchState.ENDED.value, start.is_not(None), dispatches.c.cut_at.is_(None),
+            dispatches.c.size > 0,
+        ).order_by(dispatches.c.ended_at.desc()).limit(HISTORY)
+    )  # fmt: skip
+    return [float(t) for t in rows if t is not None and t >= 0]
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def expected(conn: Connection | None, route: str, options: dict, model: str, kind: str, requests: int) -> Turnaround:
+    """The turnaround of `requests` requests of `model` on `route` (see the module doc)."""
+    scale = requests if kind == "direct" else 1
+    what = "dispatches" if kind == "direct" else "batches"
+    samples = measured(conn, route, model, kind) if conn is not None else []
+    if len(samples) >= MIN_SAMPLES:
+        return Turnaround(percentile(samples, 0.5) * scale, percentile(samples, 0.95) * scale, f"measured: {len(samples)} {what}")
+    prior = PRIORS.get(prior_key(route, options))
+    if prior is None:
+        return Turnaround(None, None, f"no {what} of {route} measured yet and no prior for it")
+    scale = requests if prior.per_request else 1
+    return Turnaround(prior.p50 * scale, prior.p95 * scale, f"prior: {prior.source}")
