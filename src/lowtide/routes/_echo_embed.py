@@ -13,10 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from lowtide.core.embeddings import ECHO_DIMENSIONS, echo_vector, encode_base64, model_facts
-from lowtide.core.endpoints import known_keys
+from lowtide.core.endpoints import EMBEDDINGS, known_keys
 from lowtide.core.types import Outcome, Refusal, Request, Usage
-
-EMBEDDINGS = "/v1/embeddings"
 
 
 def refusal(request: Request) -> Refusal | None:
