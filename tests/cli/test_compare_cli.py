@@ -41,5 +41,10 @@ def test_run_an_eval_spec_then_compare(tmp_path, monkeypatch):
         table = read(tmp_path / name).to_pylist()
         assert [(r["variant"], r["accuracy"]) for r in table] == [("e-right", 1.0), ("e-wrong", 0.2)]
     assert runner.invoke(app, ["compare", "cli-ev", "--out", str(tmp_path / "r.txt")]).exit_code == 2
+    monkeypatch.setenv("COLUMNS", "80")  # a log or a small terminal: every figure shown is whole
+    narrow = runner.invoke(app, ["compare", "cli-ev"])
+    assert narrow.exit_code == 0, narrow.output
+    assert all(len(line) <= 80 for line in narrow.output.splitlines()), narrow.output
+    assert "100.0%" in narrow.output and "0.00781" in narrow.output and "20.0%" in narrow.output and "not shown at 80 columns" in narrow.output
     missing = runner.invoke(app, ["compare", "nope"])
     assert missing.exit_code != 0 and 'no eval named "nope"' in missing.output and "cli-ev" in missing.output

@@ -141,7 +141,8 @@ LOADS: list[Load] = [
     Load("no id column", {"t.csv": "id,body\nT1,x\n"}, SourceError,
          '{dir}/t.csv: no column "ticket_id" (source.id_column); columns are: id, body'),
     Load("an unquoted comma", {"t.csv": CSV + "T3,web,refund, please\n"}, SourceError,
-         "t.csv row 3 (line 4): has 4 fields, the header has 3; quote values that contain commas"),
+         "{dir}/t.csv: refused, nothing was stored: 1 problem(s)\n"
+         "  - t.csv row 3 (line 4): has 4 fields, the header has 3; quote values that contain commas"),
     Load("empty id", {"t.csv": CSV + ",web,hello\n"}, SourceError,
          "{dir}/t.csv: refused, nothing was stored: 1 problem(s)\n"
          '  - t.csv row 3 (line 4): id column "ticket_id" is empty; every row needs a unique id (source.id_column)'),
@@ -149,10 +150,12 @@ LOADS: list[Load] = [
          "{dir}/t.csv: refused, nothing was stored: 1 problem(s)\n"
          '  - t.csv rows 1, 3: duplicate id "T1" in column "ticket_id"; ids must be unique (remove or renumber the repeats)'),
     Load("JSONL line that is not JSON", {"t.jsonl": '{"ticket_id": "A", "body": "x"}\n{"ticket_id": "B", body: "y"}\n'},
-         SourceError, "t.jsonl line 2: not valid JSON (Expecting property name enclosed in double quotes, column 20)",
+         SourceError, "{dir}/t.jsonl: refused, nothing was stored: 1 problem(s)\n"
+         "  - t.jsonl line 2: not valid JSON (Expecting property name enclosed in double quotes, column 20)",
          source="t.jsonl"),
     Load("JSONL line that is a list", {"t.jsonl": '["A", "x"]\n'}, SourceError,
-         "t.jsonl line 1: each line must be a JSON object, got list", source="t.jsonl"),
+         "{dir}/t.jsonl: refused, nothing was stored: 1 problem(s)\n  - t.jsonl line 1: each line must be a JSON object, got list",
+         source="t.jsonl"),
     Load("template syntax error", {"t.csv": CSV}, TemplateError,
          "job spec template.user line 2: template syntax error: Encountered unknown tag 'endfor'.",
          overrides={"template": {"user": "Ticket: {{ body }}\n{% endfor %}"}}),

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from lowtide.cli.common import (
@@ -21,6 +22,7 @@ from lowtide.cli.common import (
     out,
 )
 from lowtide.cli.display import done_count, job_progress, status_table
+from lowtide.cli.tables import Col, fitted_table
 from lowtide.core.clock import SystemClock
 from lowtide.core.errors import LowtideError
 from lowtide.core.evals import load_eval
@@ -144,32 +146,43 @@ def _secs(x: float | None) -> str:
     return "-" if x is None else f"{x:.1f}s" if x < 120 else f"{x / 60:.1f}m"
 
 
+# The per-variant table: at 80 columns the least useful figures are left out first (named
+# under the table, all in --json); accuracy, its interval and cost are always shown.
+VARIANT_COLS = [
+    Col("variant"), Col("model", drop=5), Col("route", drop=6), Col("scored", figure=True), Col("accuracy", figure=True),
+    Col("95% CI", figure=True), Col("not scored", figure=True, drop=3), Col("failed", figure=True, drop=2),
+    Col("cost", figure=True), Col("real-time", figure=True, drop=4), Col("$/correct", figure=True, drop=1),
+    Col("tokens in/out", figure=True, drop=7), Col("p50", figure=True, drop=8), Col("p95", figure=True, drop=9),
+]  # fmt: skip
+PAIR_COLS = [Col("A"), Col("B"), Col("n", figure=True), Col("A only right", figure=True, drop=2),
+             Col("B only right", figure=True, drop=2), Col("A − B", figure=True), Col("95% CI", figure=True),
+             Col("p", figure=True)]  # fmt: skip
+
+
 def print_report(report: EvalReport) -> None:
-    t = Table(title=f"eval {report.name}" + (f" (scoring: {report.method})" if report.method else ""))
-    for col in ("variant", "model", "route", "scored", "accuracy", "95% CI", "not scored", "failed", "cost", "real-time", "$/correct", "tokens in/out", "p50", "p95"):
-        t.add_column(col, justify="left" if col in ("variant", "model", "route") else "right")
-    for v in report.variants:
-        t.add_row(
-            v.variant, v.model, v.route, str(v.scored), _pct(v.accuracy),
+    rows = [
+        [
+            v.variant, v.model, v.route, f"{v.scored:,}", _pct(v.accuracy),
             "-" if v.ci_low is None else f"{_pct(v.ci_low)}–{_pct(v.ci_high)}",
-            ", ".join(f"{n} {r}" for r, n in v.not_scored.items()) or "0",
-            ", ".join(f"{n} {r}" for r, n in v.failures.items()) or "0",
+            ", ".join(f"{n:,} {r}" for r, n in v.not_scored.items()) or "0",
+            ", ".join(f"{n:,} {r}" for r, n in v.failures.items()) or "0",
             _usd(v.cost_usd), _usd(v.realtime_usd), _usd(v.cost_per_correct),
             f"{v.input_tokens:,}/{v.output_tokens:,}", _secs(v.turnaround_p50_s), _secs(v.turnaround_p95_s),
-        )  # fmt: skip
-    out.print(t)
+        ]  # fmt: skip
+        for v in report.variants
+    ]
+    title = f"eval {report.name}" + (f" (scoring: {report.method})" if report.method else "")
+    out.print(fitted_table(out, VARIANT_COLS, [[escape(c) for c in r] for r in rows], title=title))
     for v in report.variants:
         if v.field_accuracy:
             out.print(f"{v.variant} per field: " + ", ".join(f"{p} {_pct(a)}" for p, a in v.field_accuracy.items()), markup=False)
     if report.pairs:
-        p = Table(title="pairwise (rows both scored; McNemar exact test)")
-        for col in ("A", "B", "n", "A only right", "B only right", "A − B", "95% CI", "p"):
-            p.add_column(col, justify="left" if col in ("A", "B") else "right")
+        pairs = []
         for pr in report.pairs:
             diff = "-" if pr.difference is None else f"{100 * pr.difference:+.1f} pt"
             ci = "-" if pr.ci_low is None else f"{100 * pr.ci_low:+.1f} … {100 * pr.ci_high:+.1f}"
-            p.add_row(pr.a, pr.b, str(pr.n), str(pr.a_only), str(pr.b_only), diff, ci, f"{pr.p_value:.3g}")
-        out.print(p)
+            pairs.append([escape(pr.a), escape(pr.b), f"{pr.n:,}", f"{pr.a_only:,}", f"{pr.b_only:,}", diff, ci, f"{pr.p_value:.3g}"])
+        out.print(fitted_table(out, PAIR_COLS, pairs, title="pairwise (rows both scored; McNemar exact test)"))
     for variant, matrix in report.confusion.items():
         labels = sorted({*matrix, *(g for row in matrix.values() for g in row)})
         c = Table(title=f"confusion: {variant} (rows: expected, columns: answer)")

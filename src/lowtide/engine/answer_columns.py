@@ -43,36 +43,6 @@ def answer_values(response: Any) -> dict[str, Any]:
     }
 
 
-# Keys whose presence makes a chat answer more than text (compact JSON, as ingest stores it).
-_NOT_PLAIN = ('"tool_calls":', '"reasoning_content":', '"reasoning":')
-
-
-def text_answer_values(text: str | None) -> dict[str, Any] | None:
-    """The answer columns of a stored response read from its text without parsing it, for
-    the plain chat answer (one choice of text); None where the text must be parsed.
-
-    Ingest stores responses as compact JSON, and a key in compact JSON is the only place
-    `"key":` can occur (inside a string every quote is escaped), so a key missing from the
-    text is missing from the answer. Anything unexpected (spaced JSON, two choices, a
-    refusal or logprobs that are not null) is left to the parse: this path may only decline.
-    """
-    if not text:
-        return _EMPTY
-    if text.count('"finish_reason":') != 1 or text.count('"message":{') != 1 or text.count('"choices":[{') != 1:
-        return None
-    if any(key in text for key in _NOT_PLAIN):
-        return None
-    if text.count('"logprobs":') != text.count('"logprobs":null') or text.count('"refusal":') != text.count('"refusal":null'):
-        return None
-    if '"finish_reason":null' in text:
-        return _EMPTY
-    at = text.find('"finish_reason":"') + 17
-    end = text.find('"', at)
-    if at == 16 or end < 0 or "\\" in text[at:end]:
-        return None
-    return {**_EMPTY, "finish_reason": text[at:end]}
-
-
 def _plain_chat(response: dict[str, Any]) -> dict[str, Any] | None:
     """The columns of the most common answer, one chat choice of text alone, in a few
     lookups (a 100,000-row export reads one per row); None for any other answer."""

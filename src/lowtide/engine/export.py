@@ -41,7 +41,6 @@ from lowtide.engine.answer_columns import (
     answer_values,
     fit,
     schema_type,
-    text_answer_values,
 )
 from lowtide.engine.loader import RowRenderer
 from lowtide.store.bulk import among
@@ -140,16 +139,12 @@ class ResultRows:
         record[names["route"]] = route
         if text is None:
             text = answers.get(rid)
-        values = None if self.full else text_answer_values(text)  # the usual answer, without a parse
-        response = None
-        if values is None:
-            response = fastjson.loads(text) if text else None
-            values = answer_values(response)
+        response = fastjson.loads(text) if text else None
         if self.answers_renamed:
-            for name, value in values.items():
+            for name, value in answer_values(response).items():
                 record[names[name]] = value
         else:
-            record.update(values)
+            record.update(answer_values(response))
         if self.full:
             record[names["response"]] = response
         return record
