@@ -84,15 +84,29 @@ def test_serve_answers_an_sdk_embeddings_batch_in_openais_line_shape(serve, tmp_
     assert c["status_code"] == 400 and "input" in c["body"]["error"]["message"]
 
 
-def test_a_backend_that_does_not_embed_refuses_each_line_by_name(serve, tmp_path):  # noqa: F811
+def test_serve_on_the_local_backend_embeds_with_the_embedded_model_and_refuses_what_it_lacks(serve, tmp_path):  # noqa: F811
+    from lowtide.routes.local_embed import embedder  # noqa: PLC0415
+
     url = serve("--backend", "local")
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="test-key", max_retries=0)
-    line = {"custom_id": "a", "method": "POST", "url": "/v1/embeddings", "body": {"model": "m", "input": "hello"}}
-    file = client.files.create(file=("in.jsonl", (json.dumps(line) + "\n").encode()), purpose="batch")
+    lines = [
+        {"custom_id": "a", "method": "POST", "url": "/v1/embeddings", "body": {"model": "all-MiniLM-L6-v2", "input": "hello"}},
+        {"custom_id": "b", "method": "POST", "url": "/v1/embeddings", "body": {"model": "all-MiniLM-L6-v2", "input": "hi", "user": "u"}},
+        {"custom_id": "c", "method": "POST", "url": "/v1/embeddings",
+         "body": {"model": "all-MiniLM-L6-v2", "input": "hello", "dimensions": 64}},
+    ]  # fmt: skip
+    file = client.files.create(file=("in.jsonl", "".join(json.dumps(x) + "\n" for x in lines).encode()), purpose="batch")
     batch = client.batches.create(input_file_id=file.id, endpoint="/v1/embeddings", completion_window="24h")
     from tests.conftest import wait_until
 
     done = wait_until(lambda: (b := client.batches.retrieve(batch.id)).status in ("completed", "failed") and b, what="the batch")
-    (item,) = [json.loads(x) for x in client.files.content(done.error_file_id).text.splitlines()]
-    assert item["response"]["status_code"] == 400
-    assert item["response"]["body"]["error"]["message"].startswith("endpoint: embeddings on route local")
+    out = {}
+    for f in (done.output_file_id, done.error_file_id):
+        for line in client.files.content(f).text.splitlines() if f else []:
+            item = json.loads(line)
+            out[item["custom_id"]] = item["response"]
+    assert out["a"]["status_code"] == 200, out
+    (vector,) = [d["embedding"] for d in out["a"]["body"]["data"]]
+    assert max(abs(x - y) for x, y in zip(vector, embedder().embed(["hello"])[0], strict=True)) < 1e-5
+    assert out["b"]["status_code"] == 400 and out["b"]["body"]["error"]["message"].startswith("user: not honoured by the local route")
+    assert out["c"]["status_code"] == 400 and out["c"]["body"]["error"]["message"].startswith("dimensions: all-MiniLM-L6-v2 makes vectors of 384")

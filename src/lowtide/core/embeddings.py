@@ -38,6 +38,8 @@ MODELS: dict[str, EmbeddingModel] = {
     "text-embedding-3-small": EmbeddingModel(1536, True),
     "text-embedding-3-large": EmbeddingModel(3072, True),
     "text-embedding-ada-002": EmbeddingModel(1536, False),
+    # The local route's embedded model (routes/local_embed): 256 tokens with [CLS] and [SEP].
+    "all-minilm-l6-v2": EmbeddingModel(384, False, 256),
 }
 
 

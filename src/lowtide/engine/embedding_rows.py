@@ -6,8 +6,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from lowtide.core.embeddings import MAX_INPUT_TOKENS, model_facts
+from lowtide.core.errors import LowtideError
 from lowtide.core.spec import JobSpec
 from lowtide.core.tokens import TokenCounter, counter_for
+from lowtide.routes import create_route
 
 
 class EmbeddingInput:
@@ -16,7 +18,7 @@ class EmbeddingInput:
         facts = model_facts(spec.model)
         self.limit = facts.max_input_tokens if facts else MAX_INPUT_TOKENS
         self.truncate = spec.truncate
-        self.counter: TokenCounter = counter_for(spec.model, None)
+        self.counter: TokenCounter = _route_counter(spec) or counter_for(spec.model, None)
         # A token is at least one UTF-8 byte and a character at most four: text of up to
         # limit / 4 characters cannot be over the limit and is not counted.
         self.safe_chars = self.limit // 4
@@ -52,3 +54,14 @@ class EmbeddingInput:
             else:
                 hi = mid - 1
         return text[:lo]
+
+
+def _route_counter(spec: JobSpec) -> TokenCounter | None:
+    """The route's own count for its model, where it has the model's tokenizer (`local`'s
+    embedding model): then the limit and `truncate` are exact."""
+    try:
+        route = create_route(spec.route, spec.route_options)
+    except LowtideError:  # a missing key, say: the spec's check says so
+        return None
+    counter = getattr(route, "token_counter", None)
+    return counter(spec.model) if counter is not None else None

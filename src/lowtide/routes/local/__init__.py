@@ -59,14 +59,16 @@ from pathlib import Path
 from typing import Any, Literal
 
 from lowtide.core.errors import RouteError
+from lowtide.core.tokens import TokenCounter
 from lowtide.core.types import Outcome, Refusal, Request
+from lowtide.routes.local.embeddings import LocalEmbeddings, is_embedding
 from lowtide.routes.local.honours import refusal
 
 __all__ = ["DEFAULT_MODEL", "LocalRoute", "create"]
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 MAX_SLOTS = 32
-OPTIONS = ("model_path", "slots", "n_ctx", "threads", "requantize", "seed", "calibrate")
+OPTIONS = ("model_path", "slots", "n_ctx", "threads", "requantize", "seed", "calibrate", "embedding_model_path")
 REQUANTIZE = ("q4_0", "none")
 
 
@@ -117,6 +119,11 @@ class LocalRoute:
                 f"route_options.requantize for the local route must be one of "
                 f"{', '.join(REQUANTIZE)}; got {self.requantize!r}"
             )
+        embedding_path = options.get("embedding_model_path")
+        if embedding_path is not None and not isinstance(embedding_path, str | os.PathLike):
+            raise RouteError(f"route_options.embedding_model_path must be a folder path; got {embedding_path!r}")
+        # /v1/embeddings: the embedded embedding model (embeddings.py), loaded on first use.
+        self.embeddings = LocalEmbeddings(Path(embedding_path).expanduser() if embedding_path else None, self.threads)
         # Keep slots fed: the engine refills a slot the moment one frees.
         self.dispatch_size = 4 * self.slots
         self._engine: Any = None  # engine.Engine, imported late: llama_cpp is an extra
@@ -124,6 +131,8 @@ class LocalRoute:
         self._closed = False
 
     def check_model(self, model: str) -> None:
+        if self.embeddings.takes(model) and self.embeddings.model_path is None:
+            return  # the embedding model: refused per request on any other endpoint
         if self.model_path is None:
             if model.lower() != DEFAULT_MODEL:
                 raise RouteError(
@@ -137,10 +146,25 @@ class LocalRoute:
             )
 
     def refusal(self, request: Request) -> Refusal | None:
+        if is_embedding(request):
+            return self.embeddings.refusal(request)
+        if self.model_path is None and request.model.lower() != DEFAULT_MODEL and self.embeddings.takes(request.model):
+            return Refusal("model", f"{request.model} is the local route's embedding model (endpoint: embeddings); "
+                                    f"text generation runs {DEFAULT_MODEL}")  # fmt: skip
         return refusal(request)
+
+    def token_counter(self, model: str) -> TokenCounter | None:
+        """The exact token count of the embedding model, for the loader's limit check and
+        `truncate` (None for the chat model: its counts come from the engine's own)."""
+        return self.embeddings.token_counter() if self.embeddings.takes(model) else None
 
     async def execute(self, requests: Sequence[Request]) -> AsyncIterator[Outcome]:
         """Yield one outcome per request as each finishes, in any order."""
+        vectors = [r for r in requests if is_embedding(r)]
+        if vectors:  # the embedding model, on a worker thread: the loop stays free
+            for outcome in await asyncio.to_thread(self.embeddings.outcomes, vectors):
+                yield outcome
+            requests = [r for r in requests if not is_embedding(r)]
         runnable = []
         for request in requests:
             try:

@@ -12,7 +12,6 @@ anything runs (no llama.cpp needed: `LocalRoute.refusal` runs at load time).
 
 from __future__ import annotations
 
-from lowtide.core.endpoints import EMBEDDINGS
 from lowtide.core.types import Refusal, Request
 from lowtide.routes._own import read_plain
 from lowtide.routes._structure import json_ask
@@ -29,9 +28,6 @@ HONOURS = {
 
 def refusal(request: Request) -> Refusal | None:
     """What the local route cannot honour in `request`, said before anything runs."""
-    if request.endpoint == EMBEDDINGS:  # the lead wires emb-local's embedder in here at merge
-        return Refusal("endpoint", "embeddings on route local: coming from emb-local; for now send embedding jobs to "
-                                   "route echo, openai, openai-compatible or openai-batch")  # fmt: skip
     plain = read_plain(request, HONOURS)
     if isinstance(plain, Refusal):
         return plain
