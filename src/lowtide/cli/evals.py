@@ -180,7 +180,7 @@ def print_report(report: EvalReport) -> None:
         pairs = []
         for pr in report.pairs:
             diff = "-" if pr.difference is None else f"{100 * pr.difference:+.1f} pt"
-            ci = "-" if pr.ci_low is None else f"{100 * pr.ci_low:+.1f} … {100 * pr.ci_high:+.1f}"
+            ci = "-" if pr.ci_low is None else f"{100 * pr.ci_low:+.1f}…{100 * pr.ci_high:+.1f}"  # one word: never split
             pairs.append([escape(pr.a), escape(pr.b), f"{pr.n:,}", f"{pr.a_only:,}", f"{pr.b_only:,}", diff, ci, f"{pr.p_value:.3g}"])
         out.print(fitted_table(out, PAIR_COLS, pairs, title="pairwise (rows both scored; McNemar exact test)"))
     for variant, matrix in report.confusion.items():

@@ -13,6 +13,7 @@ expected answers from the source once.
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from itertools import combinations
@@ -158,7 +159,10 @@ def _score(ev: EvalSpec, m: Member, r: VariantResult, rows, values: dict[str, di
         r.succeeded += 1
         parsed = fastjson.loads(parsed_text) if parsed_text else None
         row = values.get(key_of(key), {})
-        out.answers[key] = normalise(parsed if parsed is not None and not isinstance(parsed, str) else output)
+        # A JSON answer as its sorted JSON (normalising would strip its braces and quotes:
+        # `category": "billing`); a text answer normalised, as exact match compares it.
+        is_json = parsed is not None and not isinstance(parsed, str)
+        out.answers[key] = json.dumps(parsed, sort_keys=True, ensure_ascii=False) if is_json else normalise(output)
         if s is None:
             continue
         verdict: bool | None
