@@ -65,6 +65,7 @@ def test_the_eval_page_and_json_show_compares_report(serve, tmp_path, monkeypatc
         assert page.text.count('<tr data-variant="') == 2 and page.text.count('class="point"') == 2
         assert "McNemar" in page.text and "mini" in page.text
         assert 'href="/dashboard/evals/dash-ev"' in httpx.get(f"{s.url}/dashboard/evals").text
+        assert 'href="/dashboard/evals"' in httpx.get(f"{s.url}/dashboard").text  # reached from the dashboard
         assert httpx.get(f"{s.url}/dashboard/api/evals/nope").status_code == 404
 
 
