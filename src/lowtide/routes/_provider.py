@@ -8,6 +8,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from lowtide.core.errors import RouteError
+from lowtide.routes.base import BatchLimits
 
 # Provider error codes and types that may succeed when sent again.
 RETRYABLE_CODES = frozenset(
@@ -21,6 +22,15 @@ RETRYABLE_CODES = frozenset(
 
 def retryable_status(status: int) -> bool:
     return status in (408, 409, 429) or status >= 500
+
+
+def batch_limits(options: dict[str, Any], max_requests: int, max_bytes: int, one_model_per_batch: bool = False) -> BatchLimits:
+    """The provider's limits per batch, or tighter ones from route_options (never looser)."""
+    return BatchLimits(
+        max_requests=min(int(options.get("max_requests", max_requests)), max_requests),
+        max_bytes=min(int(options.get("max_bytes", max_bytes)), max_bytes),
+        one_model_per_batch=one_model_per_batch,
+    )
 
 
 def check_options(route: str, options: dict[str, Any], known: set[str]) -> None:

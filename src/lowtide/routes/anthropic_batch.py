@@ -26,14 +26,20 @@ import anthropic
 from lowtide.core import fastjson
 from lowtide.core.errors import BatchRejected, RouteError
 from lowtide.core.types import Outcome, Refusal, Request
-from lowtide.routes._provider import RETRYABLE_CODES, api_key, check_options, poll_interval
+from lowtide.routes._provider import (
+    RETRYABLE_CODES,
+    api_key,
+    batch_limits,
+    check_options,
+    poll_interval,
+)
 from lowtide.routes._wire import (
     anthropic_outcome,
     anthropic_params,
     anthropic_refusal,
     text_or_none,
 )
-from lowtide.routes.base import BatchLimits, BatchStatus
+from lowtide.routes.base import BatchStatus
 
 log = logging.getLogger(__name__)
 MAX_REQUESTS = 100_000
@@ -71,10 +77,7 @@ class AnthropicBatchRoute:
 
     def __init__(self, options: dict[str, Any]):
         check_options(self.name, options, OPTIONS)
-        self.limits = BatchLimits(
-            max_requests=min(int(options.get("max_requests", MAX_REQUESTS)), MAX_REQUESTS),
-            max_bytes=min(int(options.get("max_bytes", MAX_BYTES)), MAX_BYTES),
-        )
+        self.limits = batch_limits(options, MAX_REQUESTS, MAX_BYTES)
         self.poll_interval = poll_interval(options, (30.0, 600.0))
         self.find_window = float(options.get("find_window", 600))
         self.cache_prefix = bool(options.get("cache_prefix", False))

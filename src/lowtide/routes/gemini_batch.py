@@ -38,8 +38,8 @@ from lowtide.core.errors import BatchRejected, RouteError
 from lowtide.core.types import Outcome, Refusal, Request
 from lowtide.routes._gemini import gemini_body, gemini_error, gemini_outcome
 from lowtide.routes._gemini_models import check_gemini_model
-from lowtide.routes._provider import check_options, poll_interval
-from lowtide.routes.base import BatchLimits, BatchStatus
+from lowtide.routes._provider import batch_limits, check_options, poll_interval
+from lowtide.routes.base import BatchStatus
 
 log = logging.getLogger(__name__)
 MAX_REQUESTS = 100_000
@@ -93,11 +93,7 @@ class GeminiBatchRoute:
 
     def __init__(self, options: dict[str, Any]):
         check_options(self.name, options, OPTIONS)
-        self.limits = BatchLimits(
-            max_requests=min(int(options.get("max_requests", MAX_REQUESTS)), MAX_REQUESTS),
-            max_bytes=min(int(options.get("max_bytes", MAX_BYTES)), MAX_BYTES),
-            one_model_per_batch=True,
-        )
+        self.limits = batch_limits(options, MAX_REQUESTS, MAX_BYTES, one_model_per_batch=True)
         self.inline_bytes = int(options.get("inline_bytes", INLINE_BYTES))
         self.poll_interval = poll_interval(options, (30.0, 600.0))
         self.find_pages = int(options.get("find_pages", 10))

@@ -33,12 +33,13 @@ from lowtide.core.types import Outcome, Refusal, Request
 from lowtide.routes._provider import (
     RETRYABLE_CODES,
     api_key,
+    batch_limits,
     check_options,
     poll_interval,
     retryable_status,
 )
 from lowtide.routes._wire import openai_outcome, openai_refusal, text_or_none
-from lowtide.routes.base import BatchLimits, BatchStatus
+from lowtide.routes.base import BatchStatus
 
 log = logging.getLogger(__name__)
 MAX_REQUESTS = 50_000
@@ -83,11 +84,7 @@ class OpenAIBatchRoute:
 
     def __init__(self, options: dict[str, Any]):
         check_options(self.name, options, OPTIONS)
-        self.limits = BatchLimits(
-            max_requests=min(int(options.get("max_requests", MAX_REQUESTS)), MAX_REQUESTS),
-            max_bytes=min(int(options.get("max_bytes", MAX_BYTES)), MAX_BYTES),
-            one_model_per_batch=True,
-        )
+        self.limits = batch_limits(options, MAX_REQUESTS, MAX_BYTES, one_model_per_batch=True)
         self.poll_interval = poll_interval(options, (30.0, 600.0))
         self.tier, self.max_enqueued_tokens = _queue_options(self.name, options)
         self.find_seconds = float(options.get("find_hours", 48)) * 3600
