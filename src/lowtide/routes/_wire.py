@@ -43,7 +43,8 @@ def openai_refusal(request: Request, route: str, extras: frozenset[str] = frozen
     """Why an OpenAI route cannot take `request`: an Anthropic body, a stream, or a key the
     SDK's request type does not know (beyond `extras`, what the route's server also takes)."""
     if PROTOCOL.get(request.endpoint) != "openai":
-        return Refusal("endpoint", f"{request.endpoint} is not an OpenAI endpoint; send it to an Anthropic route")
+        other = {"anthropic": "an Anthropic", "gemini": "a Gemini"}.get(PROTOCOL.get(request.endpoint, ""), "another")
+        return Refusal("endpoint", f"{request.endpoint} is not an OpenAI endpoint; send it to {other} route")
     known = known_keys(request.endpoint)
     for key in request.body:
         if key in NEVER:

@@ -25,6 +25,7 @@ import typing_extensions
 from lowtide.core.endpoints import (
     CHAT,
     COMPLETIONS,
+    GEMINI,
     MESSAGES,
     PROTOCOL,
     RESPONSES,
@@ -41,11 +42,15 @@ ROUTES: dict[str, dict[str, Any]] = {
     "openai-compatible": {"base_url": "http://127.0.0.1:9/v1"},
     "anthropic-batch": {"api_key_env": "LOWTIDE_SUPPORT_KEY"},
     "anthropic": {"api_key_env": "LOWTIDE_SUPPORT_KEY"},
+    "gemini-batch": {"api_key_env": "LOWTIDE_SUPPORT_KEY"},
+    "gemini": {"api_key_env": "LOWTIDE_SUPPORT_KEY"},
     "echo": {},
     "local": {},
 }
 OWN = frozenset({"echo", "echo-batch", "local"})
-ENDPOINT_ORDER = (CHAT, RESPONSES, COMPLETIONS, MESSAGES)
+ENDPOINT_ORDER = (CHAT, RESPONSES, COMPLETIONS, MESSAGES, GEMINI)
+# Each provider route's own protocol: a body of another protocol is translated (or refused).
+ROUTE_PROTOCOL = {"anthropic": "anthropic", "anthropic-batch": "anthropic", "gemini": "gemini", "gemini-batch": "gemini"}
 
 
 # Sample values from the SDKs' annotations ------------------------------------------------
@@ -55,6 +60,11 @@ REALISTIC = {
     "file_data": "data:application/pdf;base64,JVBERi0xLjQK",
     "data": "iVBORw0KGgo=",
 }
+# Gemini's generationConfig values: the REST body's nested values are the API's to judge and
+# the routes pass them verbatim, so any value of the right kind serves; these read naturally.
+GEMINI_SAMPLES = {"stopSequences": ["END"], "responseMimeType": "application/json", "responseModalities": ["TEXT"],
+                  "temperature": 0.5, "topP": 0.9, "responseSchema": {"type": "OBJECT"}, "responseJsonSchema": {"type": "object"},
+                  "thinkingConfig": {"thinkingBudget": 0}, "mediaResolution": "MEDIA_RESOLUTION_LOW"}  # fmt: skip
 _WRAPPERS = (typing.Required, typing.NotRequired, typing.Annotated, typing_extensions.Required,
              typing_extensions.NotRequired, typing_extensions.Annotated)  # fmt: skip
 def sample(tp: Any, depth: int = 0) -> Any:
@@ -96,12 +106,30 @@ def base_body(endpoint: str, model: str = "m") -> dict[str, Any]:
         return {"model": model, "input": "Say hi."}
     if endpoint == COMPLETIONS:
         return {"model": model, "prompt": "Say hi."}
+    if endpoint == GEMINI:
+        return {"model": model, "contents": [{"role": "user", "parts": [{"text": "Say hi."}]}]}
     return {"model": model, "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 16}
 
 
 def param_keys(endpoint: str) -> list[str]:
     """The endpoint's keys beyond what `base_body` sets, sorted."""
     return sorted(known_keys(endpoint) - set(base_body(endpoint)))
+
+
+def param_samples(endpoint: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(item, the keys to add to `base_body`) for each parameter of `endpoint`. Gemini's
+    sampling parameters live inside `generationConfig`: one item each, as the SDK writes them."""
+    if endpoint != GEMINI:
+        for key in param_keys(endpoint):
+            yield key, {key: sample_param(endpoint, key)}
+        return
+    from lowtide.core.gemini import rest_keys
+
+    top, generation = rest_keys()
+    for key in sorted(top - set(base_body(endpoint)) - {"generationConfig"}):
+        yield key, {key: sample_param(endpoint, key)}
+    for key in sorted(generation):
+        yield f"generationConfig.{key}", {"generationConfig": {key: GEMINI_SAMPLES.get(key, 1)}}
 
 
 def union_arms(tp: Any) -> list[Any]:
@@ -163,7 +191,7 @@ def action(route: Any, name: str, endpoint: str, body: dict[str, Any]) -> tuple[
         return "refused", refused.reason
     if name in OWN:
         return "honours", ""
-    native = PROTOCOL[endpoint] == ("anthropic" if name.startswith("anthropic") else "openai")
+    native = PROTOCOL[endpoint] == ROUTE_PROTOCOL.get(name, "openai")
     return ("passes", "") if native else ("translates", "")
 
 
@@ -176,8 +204,8 @@ def verdicts(routes: Iterable[str] = ROUTES) -> Iterator[Verdict]:
             yield Verdict(name, endpoint, f"(a request: {', '.join(base)})", act, why)
             if act == "refused":
                 continue
-            for key in param_keys(endpoint):
-                yield Verdict(name, endpoint, key, *action(route, name, endpoint, base | {key: sample_param(endpoint, key)}))
+            for key, value in param_samples(endpoint):
+                yield Verdict(name, endpoint, key, *action(route, name, endpoint, base | value))
             if endpoint in (CHAT, MESSAGES):
                 for item, message in message_samples(endpoint):
                     messages = conversation_with(message, base["messages"][0])
@@ -193,7 +221,7 @@ def markdown() -> str:
         "each route's own check (`src/lowtide/routes/support.py`); a test keeps this file current.",
         "",
         "- **passes**: sent to the provider exactly as given.",
-        "- **translates**: sent in the route's protocol by the one mapping of `routes/_translate.py`.",
+        "- **translates**: sent in the route's protocol by its one mapping: `routes/_translate.py` (Anthropic), `routes/_gemini.py` (Gemini).",
         "- **honours**: lowtide's own engine (`echo`, `local`) acts on it.",
         "- **refused**: the request is refused before anything is submitted, naming the field and the route.",
         "",
