@@ -18,7 +18,10 @@ from fastapi import FastAPI, Request
 
 
 def marker_of(body: dict[str, Any]) -> str:
-    """The first text of the first user turn (chat, messages, responses) or the prompt."""
+    """The first text of the first user turn (chat, messages, responses, Gemini's contents)
+    or the prompt."""
+    if "contents" in body:
+        body = {"messages": [{"role": c.get("role"), "content": c.get("parts")} for c in body["contents"] if isinstance(c, dict)]}
     asked = body.get("messages", body.get("input", body.get("prompt")))
     if isinstance(asked, str):
         return asked
@@ -37,16 +40,17 @@ class Capture:
     def __init__(self) -> None:
         self.seen: dict[str, tuple[str, dict[str, Any]]] = {}  # marker -> (path, body)
         self.app = FastAPI()
-        self.app.post("/v1/chat/completions")(self._handler("/v1/chat/completions", _chat))
-        self.app.post("/v1/responses")(self._handler("/v1/responses", _response))
-        self.app.post("/v1/completions")(self._handler("/v1/completions", _completion))
-        self.app.post("/v1/messages")(self._handler("/v1/messages", _message))
+        self.app.post("/v1/chat/completions")(self._handler(_chat))
+        self.app.post("/v1/responses")(self._handler(_response))
+        self.app.post("/v1/completions")(self._handler(_completion))
+        self.app.post("/v1/messages")(self._handler(_message))
+        self.app.post("/v1beta/models/{model}:generateContent")(self._handler(_gemini))
         self.url = ""
 
-    def _handler(self, path: str, answer):
+    def _handler(self, answer):
         async def handle(request: Request) -> dict[str, Any]:
             body = await request.json()
-            self.seen[marker_of(body)] = (path, body)
+            self.seen[marker_of(body)] = (request.url.path, body)  # Gemini's carries the model
             return answer(body)
 
         return handle
@@ -69,6 +73,12 @@ def _completion(body: dict[str, Any]) -> dict[str, Any]:
     return {"id": "cmpl-1", "object": "text_completion", "created": 1, "model": body.get("model"),
             "choices": [{"index": 0, "text": "ok", "finish_reason": "stop", "logprobs": None}],
             "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}}  # fmt: skip
+
+
+def _gemini(body: dict[str, Any]) -> dict[str, Any]:
+    return {"candidates": [{"content": {"role": "model", "parts": [{"text": "ok"}]}, "finishReason": "STOP", "index": 0}],
+            "usageMetadata": {"promptTokenCount": 3, "candidatesTokenCount": 1, "totalTokenCount": 4},
+            "modelVersion": body.get("model") or "m"}  # fmt: skip
 
 
 def _message(body: dict[str, Any]) -> dict[str, Any]:
