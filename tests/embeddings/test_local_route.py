@@ -90,3 +90,19 @@ def test_the_chat_model_is_not_asked_for_vectors_nor_the_embedding_model_for_tex
     assert route.refusal(chat).field == "model"
     vectors = Request("e1", "/v1/embeddings", {"model": "smollm2-135m-instruct", "input": "hi"})
     assert route.refusal(vectors).field == "model"
+
+
+def test_a_model_folder_of_ones_own_takes_its_own_model_name(tmp_path):
+    from lowtide.routes import create_route
+    from lowtide.routes.local_embed.files import default_files
+
+    files = default_files()
+    folder = tmp_path / "my-model"
+    folder.mkdir()
+    (folder / "model.onnx").symlink_to(files.onnx)
+    (folder / "tokenizer.json").symlink_to(files.tokenizer)
+    route = create_route("local", {"embedding_model_path": str(folder)})
+    route.check_model("my-minilm")  # no RouteError: the folder is the model
+    from lowtide.core.types import Request
+
+    assert route.refusal(Request("e1", "/v1/embeddings", {"model": "my-minilm", "input": "hi"})) is None

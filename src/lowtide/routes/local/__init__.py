@@ -131,8 +131,8 @@ class LocalRoute:
         self._closed = False
 
     def check_model(self, model: str) -> None:
-        if self.embeddings.takes(model) and self.embeddings.model_path is None:
-            return  # the embedding model: refused per request on any other endpoint
+        if self.embeddings.takes(model):
+            return  # the embedding model (refusal() keeps it to /v1/embeddings)
         if self.model_path is None:
             if model.lower() != DEFAULT_MODEL:
                 raise RouteError(
