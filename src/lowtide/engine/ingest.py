@@ -35,7 +35,7 @@ from lowtide.engine.ledger import Rate, current_ledger, note_once
 from lowtide.engine.policy import retry_delay
 from lowtide.store.bulk import among, executemany, fixed
 from lowtide.store.schema import attempts, requests
-from lowtide.store.transitions import settle_dispatched
+from lowtide.store.transitions import lock_job, settle_dispatched
 
 TOKENS = ("input_tokens", "cached_input_tokens", "cache_write_tokens", "output_tokens", "reasoning_tokens")
 # What an outcome writes on its request: a success only these (its error columns are
@@ -85,6 +85,10 @@ def apply_outcomes(
     counts = IngestCounts()
     if not outcomes:
         return counts
+    # The job's state now, its row held (store/transitions.lock_job): a cancel that landed
+    # since this tick read the job must decide, not the tick's copy (a retryable outcome
+    # would be requeued in a cancelled job and stay pending for ever).
+    state = JobState(lock_job(conn, job.id))
     current, seen = _lookup(conn, job.id, dispatch_id, outcomes, whole_dispatch)
     # An answer that is a tool call is checked against the tools its request declared, read
     # from the stored body for those answers only (any other answer costs a few lookups).
@@ -137,7 +141,7 @@ def apply_outcomes(
             "output_tokens": u.output_tokens, "reasoning_tokens": u.reasoning_tokens,
         }  # fmt: skip
         called = calls.get(outcome.custom_id)
-        target = _decide(job, req, outcome, row, route, choices, now, rng, (called, *tools[req.id]) if called else None)
+        target = _decide(job, state, req, outcome, row, route, choices, now, rng, (called, *tools[req.id]) if called else None)
         if row.get("error_code") == "invalid_output":  # an answer that failed validation is a failure, still billed
             attempt.update(ok=False, error_code="invalid_output", error_message=row["error_message"])
         by_target.setdefault(target, []).append(row)
@@ -217,7 +221,7 @@ def _tools(conn: Connection, ids: list[int]) -> dict[int, tuple[str, ToolSchemas
 
 
 def _decide(
-    job: JobContext, req, outcome: Outcome, row: dict, route: str, choices, now: float, rng,
+    job: JobContext, state: JobState, req, outcome: Outcome, row: dict, route: str, choices, now: float, rng,
     called: tuple[list[dict], str, ToolSchemas] | None = None,
 ) -> RequestState:  # fmt: skip
     """The request's next state after this outcome; fills in `row` to match (SUCCEEDED_COLUMNS
@@ -235,7 +239,7 @@ def _decide(
         except InvalidOutput as err:
             _not_succeeded(row, req, outcome)
             row["error_code"] = "invalid_output"
-            if req.repair is None and job.state in (JobState.ACTIVE, JobState.BUDGET_EXHAUSTED):
+            if req.repair is None and state in (JobState.ACTIVE, JobState.BUDGET_EXHAUSTED):
                 # One more try, with the validation error in the conversation.
                 row["error_message"] = f"answer invalid, retrying once: {err}"
                 turns = (
@@ -250,7 +254,7 @@ def _decide(
             row["parsed"] = json.dumps(parsed, ensure_ascii=False)
         return RequestState.SUCCEEDED
     _not_succeeded(row, req, outcome)
-    if job.state is JobState.CANCELLED:
+    if state is JobState.CANCELLED:
         return RequestState.CANCELLED
     tries = req.attempts - req.lane_base_attempts  # on this lane
     if outcome.retryable and spec.fallback is not None and req.lane == "main":
