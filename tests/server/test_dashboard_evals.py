@@ -6,6 +6,7 @@ one chart point per variant, and with keys it needs one."""
 from __future__ import annotations
 
 import asyncio
+import json
 
 import httpx
 
@@ -54,6 +55,10 @@ def test_the_eval_page_and_json_show_compares_report(serve, tmp_path, monkeypatc
         mini = report["variants"][0]
         assert (mini["route"], mini["scored"], mini["not_scored"]) == ("openai-batch", 11, {"no expected value": 1})
         assert mini["turnaround_p50_s"] is not None
+        # A JSON answer reads as its JSON among the rows where variants disagree (not a
+        # normalised text with its braces and quotes stripped).
+        assert report["disagreements"], report
+        assert all(isinstance(json.loads(a), dict) for row in report["disagreements"] for a in row["answers"].values())
         got = httpx.get(f"{s.url}/dashboard/api/evals/dash-ev").json()
         assert got == httpx.get(f"{s.url}/dashboard/api/evals/dash-ev").json()
         assert [v["variant"] for v in got["variants"]] == ["mini", "echo"]
