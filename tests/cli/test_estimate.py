@@ -246,3 +246,23 @@ def test_an_auto_spec_is_advised_over_its_own_candidates(tmp_path, monkeypatch):
     report = json.loads(estimate(spec, "--json").stdout)
     assert report["auto"]["max_wait"] == "1d (the spec's)"
     assert report["auto"]["route"] == "openai-batch" and report["auto"]["next_tier_up"] == "openai"
+
+
+def test_an_auto_job_runs_on_its_pick_not_on_a_route_called_auto(tmp_path, monkeypatch):
+    # "auto" is no route: the estimate marks the candidate auto takes as this job's line,
+    # priced, and never lists an unpriced "auto" line ("no price rule for route auto").
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("OPENAI_API_KEY", "k")
+    candidates = [{"route": "openai-batch"}, {"route": "openai", "route_options": {"service_tier": "flex"}}, {"route": "openai"}]
+    spec = write_job(tmp_path, FOUR, model="gpt-5-mini", route="auto", auto={"max_wait": "2h", "candidates": candidates})
+    report = json.loads(estimate(spec, "--json").stdout)
+    assert report["auto"]["label"] == "openai (flex)"
+    assert "auto" not in [r["route"] for r in report["routes"]]
+    mine = [r for r in report["routes"] if r["this_job"]]
+    assert [(r["route"], r["tier"]) for r in mine] == [("openai (flex)", "flex")] and mine[0]["usd"] is not None
+    text = estimate(spec).stdout
+    assert "openai (flex) ◀ this job" in text and "auto ◀" not in text
+    # No candidate fits: the job would run nowhere, so no line is this job's.
+    spec = write_job(tmp_path, FOUR, model="gpt-5-mini", route="auto", auto={"max_wait": "5s", "candidates": candidates})
+    report = json.loads(estimate(spec, "--json").stdout)
+    assert report["auto"]["route"] is None and not any(r["this_job"] for r in report["routes"])

@@ -109,7 +109,12 @@ def estimate(
     except LowtideError as err:
         raise fail(err) from None
     usage = count.usage
-    lines = _lines(spec, provider, usage, catalog)
+    # A `route: auto` job runs where auto takes it (nowhere, when no candidate fits): "auto"
+    # itself is no route and has no price.
+    runs_on = (spec.route, spec.route_options)
+    if spec.route == AUTO:
+        runs_on = (pick.option.candidate.route, pick.option.candidate.route_options) if isinstance(pick, Choice) else None
+    lines = _lines(spec, provider, usage, catalog, runs_on)
     if as_json:
         report = _as_json(spec, count, counter, usage, lines, catalog, output_tokens)
         report["tiers"] = [_point_json(p) for p in points]
@@ -179,18 +184,21 @@ def _count(spec: JobSpec, where: str, counter: TokenCounter, sample: int | None,
                           routes_checked=spec.route == AUTO)  # fmt: skip
 
 
-def _lines(spec: JobSpec, provider: str | None, usage: Usage, catalog: Catalog) -> list[Line]:
-    """One line per route the job could take: its provider's tiers, self-hosted, and its own
-    route where that is neither. A model no provider's price list has gets one unknown line
-    per provider tier."""
-    own = billing_of(spec.route, spec.route_options)
+def _lines(
+    spec: JobSpec, provider: str | None, usage: Usage, catalog: Catalog, runs_on: tuple[str, dict[str, Any]] | None
+) -> list[Line]:
+    """One line per route the job could take: its provider's tiers, self-hosted, and the
+    route it runs on (`runs_on`: route and options) where that is neither. A model no
+    provider's price list has gets one unknown line per provider tier."""
+    own_route, own_options = runs_on or ("", {})
+    own = billing_of(own_route, own_options) if runs_on else None
     routes: list[tuple[str, dict[str, Any]]] = {
         "openai": [("openai", {}), ("openai", {"service_tier": "flex"}), ("openai-batch", {})],
         "anthropic": [("anthropic", {}), ("anthropic-batch", {})],
     }.get(provider or "", [])
-    routes.append(("local" if spec.route == "local" else "openai-compatible", {}))
-    if own is None or own.tier is Tier.FREE:
-        routes.append((spec.route, spec.route_options))
+    routes.append(("local" if own_route == "local" else "openai-compatible", {}))
+    if runs_on and (own is None or own.tier is Tier.FREE):
+        routes.append((own_route, own_options))
     lines = []
     if provider is None:
         unknown = f'no {" or ".join(PROVIDERS)} price for "{spec.model}"'
@@ -198,8 +206,8 @@ def _lines(spec: JobSpec, provider: str | None, usage: Usage, catalog: Catalog) 
             lines.append(Line(label, Cost(None, None, tier, note=unknown), None, LATENCY[tier], False))
     for route, options in routes:
         billing = billing_of(route, options)
-        this_job = route == spec.route and billing == own
-        cost = attempt_cost(usage, spec.model, route, spec.route_options if this_job else options, catalog=catalog)
+        this_job = runs_on is not None and route == own_route and billing == own
+        cost = attempt_cost(usage, spec.model, route, own_options if this_job else options, catalog=catalog)
         label = f"{route} (flex)" if billing and billing.tier is Tier.FLEX else route
         duration, latency = _latency(billing.tier if billing else None, spec.model, usage, catalog)
         lines.append(Line(label, cost, duration, latency, this_job))
