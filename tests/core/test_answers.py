@@ -10,6 +10,7 @@ import anthropic.types as at
 import openai.types.chat as oc
 import openai.types.responses as orsp
 import pytest
+from google.genai import types as gt
 from openai.types.responses.response_output_message import Content
 
 from lowtide.core import answers
@@ -31,6 +32,13 @@ LEFT = {
     },
     "response parts": set(),
     "chat tool calls": set(),
+    # Gemini parts that are not the model's text, thoughts or function calls: media, code it
+    # ran, tool runs of its own, and metadata.
+    "gemini parts": {
+        "mediaResolution", "codeExecutionResult", "executableCode", "fileData", "functionResponse", "inlineData",
+        "thoughtSignature", "videoMetadata", "toolCall", "toolResponse", "partMetadata", "audioTranscription",
+        "mediaProcessing", "speechMetadata", "documentMetadata", "spreadsheetMetadata", "audioMetadata",
+    },
 }  # fmt: skip
 
 
@@ -57,6 +65,40 @@ def test_every_sdk_type_is_read_or_knowingly_left(what, union, read):
     assert read <= names, f"{what}: read types the SDK no longer has: {sorted(read - names)}"
 
 
+def test_every_gemini_part_key_is_read_or_knowingly_left():
+    names = {f.alias or n for n, f in gt.Part.model_fields.items()}
+    undecided = names - answers.GEMINI_PARTS_READ - LEFT["gemini parts"]
+    assert not undecided, f"gemini parts: the SDK has keys core/answers.py neither reads nor leaves: {sorted(undecided)}"
+    assert names >= answers.GEMINI_PARTS_READ
+
+
+def test_a_gemini_answer_is_read_candidate_by_candidate():
+    # Built with the SDK's own types and dumped to the REST shape Gemini sends (camelCase).
+    lp = gt.LogprobsResult(
+        chosen_candidates=[gt.LogprobsResultCandidate(token="Hi", log_probability=-0.5)],
+        top_candidates=[gt.LogprobsResultTopCandidates(candidates=[gt.LogprobsResultCandidate(token="Hi", log_probability=-0.5),
+                                                                   gt.LogprobsResultCandidate(token="Yo", log_probability=-1.5)])],
+    )  # fmt: skip
+    first = gt.Candidate(
+        index=0, finish_reason="STOP", logprobs_result=lp,
+        content=gt.Content(role="model", parts=[
+            gt.Part(text="thinking it over", thought=True), gt.Part(text="Hi"), gt.Part(text=" there"),
+            gt.Part(function_call=gt.FunctionCall(id="f1", name="lookup", args={"q": "café"})),
+        ]),
+    )  # fmt: skip
+    second = gt.Candidate(index=1, finish_reason="MAX_TOKENS", content=gt.Content(role="model", parts=[gt.Part(text="Hey")]))
+    body = gt.GenerateContentResponse(candidates=[first, second]).model_dump(mode="json", by_alias=True, exclude_none=True)
+    a = answers.read_answer(body)
+    assert [c.index for c in a.choices] == [0, 1]
+    one = a.first
+    assert (one.text, one.reasoning, one.finish_reason) == ("Hi there", "thinking it over", "STOP")
+    assert one.tool_calls == [{"id": "f1", "type": "function", "name": "lookup", "arguments": '{"q": "café"}'}]
+    assert one.logprobs == [{"token": "Hi", "logprob": -0.5, "bytes": None, "top_logprobs": [
+        {"token": "Hi", "logprob": -0.5, "bytes": None}, {"token": "Yo", "logprob": -1.5, "bytes": None}]}]  # fmt: skip
+    assert (a.choices[1].text, a.choices[1].finish_reason, a.choices[1].tool_calls) == ("Hey", "MAX_TOKENS", None)
+    assert answers.tool_calls(body) == one.tool_calls
+
+
 def test_a_custom_tool_call_is_read_with_its_free_text():
     call = oc.ChatCompletionMessageCustomToolCall(id="c1", type="custom", custom={"name": "sql", "input": "select 1"})
     message = oc.ChatCompletionMessage(role="assistant", content=None, tool_calls=[call])
@@ -67,7 +109,9 @@ def test_a_custom_tool_call_is_read_with_its_free_text():
     assert answers.tool_calls(body) == [{"id": "c1", "type": "custom", "name": "sql", "arguments": "select 1"}]
 
 
-@pytest.mark.parametrize("body", [None, {}, {"choices": "x"}, {"choices": [{"message": "odd"}]}, {"output": [1, None]}, {"type": "message", "content": [None]}])
+@pytest.mark.parametrize("body", [None, {}, {"choices": "x"}, {"choices": [{"message": "odd"}]}, {"output": [1, None]}, {"type": "message", "content": [None]},
+                                  {"candidates": [None, {"content": "odd"}, {"content": {"parts": [None, {"functionCall": 3}]}}]},
+                                  {"candidates": [{"logprobsResult": {"chosenCandidates": [None], "topCandidates": "x"}}]}])
 def test_an_odd_body_reads_as_no_answer_fields_and_never_raises(body):
     first = answers.read_answer(body).first
     assert first.tool_calls is None and first.logprobs is None and answers.tool_calls(body) == []

@@ -11,6 +11,7 @@ shape says what it is, so no endpoint needs to be stored beside it:
 | completion (`choices[].text`) | each of `choices` | `text` | - | - | `finish_reason` | `logprobs` (tokens, token_logprobs, top_logprobs) | - |
 | response (`object: "response"`) | the one response | `message` items' `output_text` parts | `function_call`, `custom_tool_call` items | `refusal` parts | `status` (`incomplete_details.reason` if incomplete) | `output_text` parts' `logprobs` | `reasoning` items' summary and text |
 | Anthropic message (`type: "message"`) | the one message | `text` blocks | `tool_use` blocks (`input` as JSON text) | - (`stop_reason` says `refusal`) | `stop_reason` | - | `thinking` blocks |
+| Gemini `GenerateContentResponse` (`candidates[]`) | each of `candidates` | `text` parts but thoughts | `functionCall` parts (`args` as JSON text) | - (`finishReason` says `SAFETY`, …) | `finishReason` | `logprobsResult.chosenCandidates` (with `topCandidates`) | `text` parts marked `thought` |
 
 A tool call is `{id, type, name, arguments}`: `type` is `function` (arguments: the JSON text
 the provider sent; an Anthropic `input` object written as JSON) or `custom` (free text).
@@ -33,6 +34,7 @@ CHAT_TOOL_CALLS_READ = frozenset({"function", "custom"})
 RESPONSE_ITEMS_READ = frozenset({"message", "function_call", "custom_tool_call", "reasoning"})
 RESPONSE_PARTS_READ = frozenset({"output_text", "refusal"})
 ANTHROPIC_BLOCKS_READ = frozenset({"text", "thinking", "tool_use"})
+GEMINI_PARTS_READ = frozenset({"text", "thought", "functionCall"})  # a Part's keys (camelCase, as sent)
 
 TOOL_CALL_KEYS = ("id", "type", "name", "arguments")
 LOGPROB_KEYS = ("token", "logprob", "bytes", "top_logprobs")
@@ -75,6 +77,9 @@ def read_answer(data: Any) -> Answer:
         return Answer([_anthropic(data)])
     if isinstance(data.get("output"), list):
         return Answer([_response(data)])
+    candidates = data.get("candidates")
+    if isinstance(candidates, list):
+        return Answer([_gemini(i, c) for i, c in enumerate(candidates) if isinstance(c, dict)])
     return Answer()
 
 
@@ -179,7 +184,7 @@ def _completion_logprobs(lp: Any) -> list[dict[str, Any]] | None:
             "token": _str(token), "logprob": _num(values[i]) if i < len(values) else None, "bytes": None,
             "top_logprobs": [{"token": _str(k), "logprob": _num(v), "bytes": None} for k, v in top.items()] if isinstance(top, dict) else None,
         })  # fmt: skip
-    return out
+    return out or None
 
 
 def _response(data: dict[str, Any]) -> Choice:
@@ -240,3 +245,42 @@ def _anthropic(data: dict[str, Any]) -> Choice:
         0, "".join(texts) if texts else None, calls or None, None, _str(data.get("stop_reason")), None,
         "\n".join(thinking) if thinking else None,
     )  # fmt: skip
+
+
+def _gemini(i: int, candidate: dict[str, Any]) -> Choice:
+    texts: list[str] = []
+    thoughts: list[str] = []
+    calls: list[dict[str, Any]] = []
+    for part in _list(_dict(candidate.get("content")).get("parts")):
+        if not isinstance(part, dict):
+            continue
+        if isinstance(part.get("text"), str):
+            (thoughts if part.get("thought") is True else texts).append(part["text"])
+        call = part.get("functionCall")
+        if isinstance(call, dict):
+            calls.append({"id": _str(call.get("id")), "type": "function", "name": _str(call.get("name")),
+                          "arguments": json.dumps(call.get("args", {}), ensure_ascii=False)})  # fmt: skip
+    index = candidate.get("index")
+    return Choice(
+        index if isinstance(index, int) and not isinstance(index, bool) else i,
+        "".join(texts) if texts else None, calls or None, None, _str(candidate.get("finishReason")),
+        _gemini_logprobs(candidate.get("logprobsResult")), "".join(thoughts) if thoughts else None,
+    )  # fmt: skip
+
+
+def _gemini_logprobs(result: Any) -> list[dict[str, Any]] | None:
+    """`chosenCandidates[k]` is the k-th token; `topCandidates[k].candidates` its alternatives."""
+    if not isinstance(result, dict) or not isinstance(result.get("chosenCandidates"), list):
+        return None
+    tops = _list(result.get("topCandidates"))
+    out = []
+    for k, chosen in enumerate(result["chosenCandidates"]):
+        if not isinstance(chosen, dict):
+            continue
+        alternatives = _list(_dict(tops[k]).get("candidates")) if k < len(tops) else []
+        out.append({
+            "token": _str(chosen.get("token")), "logprob": _num(chosen.get("logProbability")), "bytes": None,
+            "top_logprobs": [{"token": _str(t.get("token")), "logprob": _num(t.get("logProbability")), "bytes": None}
+                             for t in alternatives if isinstance(t, dict)],
+        })  # fmt: skip
+    return out or None
