@@ -186,7 +186,7 @@ def test_late_chunks_go_to_flex_and_near_the_end_each_tier_hands_over_to_the_nex
     # every attempt recorded at its tier and priced there.
     tries = _attempts(store)
     applied = {}
-    for cid, route, tier, ok, was_applied, cost in tries:
+    for cid, _, tier, ok, was_applied, _ in tries:
         if ok and was_applied:
             assert cid not in applied, f"{cid} answered twice"
             applied[cid] = tier

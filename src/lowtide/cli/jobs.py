@@ -21,7 +21,14 @@ from lowtide.cli.common import (
     open_store,
     out,
 )
-from lowtide.cli.display import job_progress, money, placement_table, status_json, status_table, tiers_table
+from lowtide.cli.display import (
+    job_progress,
+    money,
+    placement_table,
+    status_json,
+    status_table,
+    tiers_table,
+)
 from lowtide.cli.progress import JobProgress
 from lowtide.cli.tables import Col, fitted_table
 from lowtide.core.clock import SystemClock
