@@ -312,3 +312,16 @@ def test_a_store_with_lanes_from_before_still_runs(store, clock, tmp_path):
         c: ("succeeded", "fallback", "echo") if c in ("T1000", "T1001") else ("succeeded", "main", "echo-batch") for c in placed
     }
     assert job_status(store, "tickets").tiers == []  # no chain: the placement table says where they ran
+
+
+def test_a_worker_wakes_for_each_hand_over_of_the_chain(store, clock, tmp_path, upstream):
+    from lowtide.engine.tick import _cut_over_time
+
+    _batch_history(store)
+    load_job(store, _spec(tmp_path, upstream, 20), clock)
+    spec = _stored(store)
+    end = spec.deadline.timestamp()
+    raw = spec.model_dump_json()
+    assert _cut_over_time(raw, clock.now()) == end - 200  # echo-batch hands over to flex
+    assert _cut_over_time(raw, end - 200) == end - 60  # then flex to real time
+    assert _cut_over_time(raw, end - 60) is None
