@@ -325,3 +325,32 @@ def test_a_worker_wakes_for_each_hand_over_of_the_chain(store, clock, tmp_path, 
     assert _cut_over_time(raw, clock.now()) == end - 200  # echo-batch hands over to flex
     assert _cut_over_time(raw, end - 200) == end - 60  # then flex to real time
     assert _cut_over_time(raw, end - 60) is None
+
+
+def test_what_a_batch_hands_back_after_the_next_tiers_hand_over_goes_on_up(store, clock, tmp_path, upstream):
+    """The worker last ticked well before echo-batch's hand-over and next after flex's: the
+    cancelled batch's unfinished requests come back to flex (the next tier) at ingest, and
+    flex, past its own hand-over, does not take them: real time does, at the next tick."""
+    _batch_history(store)
+    load_job(store, _spec(tmp_path, upstream, 20, polls_to_complete=10), clock)
+    end = _stored(store).deadline.timestamp()
+    engine = Engine(store, clock, seed=5)
+
+    async def run() -> None:
+        for _ in range(2):
+            await engine.tick("tickets")
+            clock.advance(10)
+        clock.advance(end - 50 - clock.now())
+        for _ in range(4):
+            await engine.tick("tickets")
+            clock.advance(1)
+        await engine.aclose()
+
+    asyncio.run(run())
+    placed = _requests(store)
+    assert {p[0] for p in placed.values()} == {"succeeded"}
+    handed_back = {c for c, p in placed.items() if p[2] != "echo-batch"}
+    assert handed_back and all(placed[c][1:3] == ("tier2", "openai") for c in handed_back)
+    assert placed[min(handed_back)][3].startswith("openai: p95 ")
+    assert "openai (flex) hands over 60 s before the end of max_wait" in placed[min(handed_back)][3]
+    assert not [s for s in upstream.seen if s.body.get("service_tier") == "flex"]  # flex was never asked

@@ -115,21 +115,24 @@ class Engine:
                 report.to_fallback += cut_over(self.store, job, main.kind, main.name, self.clock).to_fallback
             elif job.spec.chain:
                 report.to_fallback += tiers.step(self.store, job, [route.kind for _, route in lanes], self.clock)
+            # A tier past its hand-over takes no new work (what ingest hands it now goes up at the next tick).
+            handed_over = tiers.handed_over(job.spec, self.clock.now())
             for lane, route in lanes:
-                await self._work(job, lane, route, report)
+                await self._work(job, lane, route, report, takes_work=lane.name not in handed_over)
             if self.finish(job):
                 report.finished.append(job.name)
         return report
 
-    async def _work(self, job: JobContext, lane: Lane, route: Route, report: TickReport) -> None:
-        """The steps of one lane of a job: plan, submit and poll batches; or run directly."""
+    async def _work(self, job: JobContext, lane: Lane, route: Route, report: TickReport, takes_work: bool = True) -> None:
+        """The steps of one lane of a job: plan, submit and poll batches; or run directly.
+        `takes_work` False: only bring in what was sent (a chain's tier past its hand-over)."""
         if route.kind == "batch":
-            if job.state is JobState.ACTIVE:
+            if job.state is JobState.ACTIVE and takes_work:
                 report.planned += batches.plan(self.store, job, route, self.clock, lane.name)
             worker = batches.Worker(self.owner, self._owner_alive)
             report.submitted += await batches.submit(self.store, job, route, self.clock, self.rng, worker, lane.model)
             report.ingested.add(await batches.poll(self.store, job, route, self.clock, self.rng, worker))
-        elif job.state is JobState.ACTIVE:
+        elif job.state is JobState.ACTIVE and takes_work:
             if lane.name not in (None, "main") and job.spec.deadline is not None:  # a fallback lane, a tier up
                 self._ask_for_speed(job, route, lane.name)
             report.ingested.add(

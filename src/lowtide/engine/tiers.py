@@ -86,6 +86,15 @@ def cut_times(spec: JobSpec, now: float) -> list[float]:
     return [end - t.margin for t in chain[1:] if end - t.margin > now]
 
 
+def handed_over(spec: JobSpec, now: float) -> set[str]:
+    """The lanes of a chain's tiers whose hand-over time has come (none for other jobs)."""
+    chain = spec.chain
+    if not chain or spec.deadline is None:
+        return set()
+    end = spec.deadline.timestamp()
+    return {tier_lane(i) for i in range(len(chain) - 1) if now >= end - chain[i + 1].margin}
+
+
 def step(store: Store, job: JobContext, kinds: list[str], clock: Clock) -> int:
     """One pass over a chain job's tiers (see the module doc); the requests moved."""
     if not job.spec.chain or job.spec.deadline is None or job.state is not JobState.ACTIVE:
