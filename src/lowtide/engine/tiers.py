@@ -104,13 +104,16 @@ def step(store: Store, job: JobContext, kinds: list[str], clock: Clock) -> int:
     end = job.spec.deadline.timestamp()
     moved = 0
     with store.begin() as conn:
-        moved += _adopt_orphans(conn, job, tiers, now)
+        waiting = _waiting(conn, job.id)  # lane -> pending requests, kept up to date as they move
+        if set(waiting) - {t.lane for t in tiers}:
+            moved += _adopt_orphans(conn, job, tiers, now)
+            waiting = _waiting(conn, job.id)
         for tier in tiers[:-1]:
             above = tiers[tier.index + 1 :]
             if now >= tier.cut:
-                moved += _hand_over(conn, job, tier, above, now, end)
+                moved += _hand_over(conn, job, tier, above, now, end, waiting)
                 continue
-            pending = _pending(conn, job.id, tier.lane)
+            pending = waiting.get(tier.lane, 0)
             if not pending:
                 continue
             took = _expected(conn, job, tier, 1)
@@ -119,7 +122,7 @@ def step(store: Store, job: JobContext, kinds: list[str], clock: Clock) -> int:
                 if took.p95 is not None and took.p95 <= left:
                     continue
                 why = f"{tier.label}: p95 {_text(took.p95)} does not fit the {duration_text(left)} left"
-                moved += _move(conn, job, tier, above, now, end, pending, why, took.basis)
+                moved += _move(conn, job, tier, above, now, end, waiting, pending, why, took.basis)
             else:
                 room = math.floor(left / took.p95) if took.p95 else 0
                 if pending <= room:
@@ -128,24 +131,27 @@ def step(store: Store, job: JobContext, kinds: list[str], clock: Clock) -> int:
                     f"{tier.label}: {pending - room} request(s) beyond the {room} its p95 ({_text(took.p95)} a request) "
                     f"fits in the {duration_text(left)} left"
                 )
-                moved += _move(conn, job, tier, above, now, end, pending - room, why, took.basis, keep=room)
+                moved += _move(conn, job, tier, above, now, end, waiting, pending - room, why, took.basis, keep=room)
     return moved
 
 
-def _hand_over(conn: Connection, job: JobContext, tier: Tier, above: list[Tier], now: float, end: float) -> int:
+def _hand_over(
+    conn: Connection, job: JobContext, tier: Tier, above: list[Tier], now: float, end: float, waiting: dict[str, int]
+) -> int:
     """Tier `tier`'s cut time has come: what it has not finished goes up."""
     margin = end - tier.cut
     why = f"{tier.label} hands over {duration_text(margin)} before the end of max_wait"
     moved = 0
-    pending = _pending(conn, job.id, tier.lane)
+    pending = waiting.get(tier.lane, 0)
     if pending:
-        moved += _move(conn, job, tier, above, now, end, pending, why, None)
+        moved += _move(conn, job, tier, above, now, end, waiting, pending, why, None)
     if tier.kind == "batch":
         route = tier.spec.route
         dst, reason, _ = _target(conn, job, above, now, end, 1, why)
         n = unplan(conn, job.id, route, now, dst.lane, reason) + release_stuck(conn, job.id, route, now, margin / 3, dst.lane, reason)
         if n:
             add_event(conn, job.id, "tier_move", f"{n} request(s) {tier.label} → {dst.label}: {reason}", now)
+            waiting[dst.lane] = waiting.get(dst.lane, 0) + n
             moved += n
         cancelled = cancel_in_flight(conn, job.id, route, now)
         if cancelled:
@@ -154,11 +160,13 @@ def _hand_over(conn: Connection, job: JobContext, tier: Tier, above: list[Tier],
 
 
 def _move(
-    conn: Connection, job: JobContext, src: Tier, above: list[Tier], now: float, end: float, count: int, why: str,
-    basis: str | None, keep: int = 0,
+    conn: Connection, job: JobContext, src: Tier, above: list[Tier], now: float, end: float, waiting: dict[str, int],
+    count: int, why: str, basis: str | None, keep: int = 0,
 ) -> int:  # fmt: skip
     dst, reason, dst_basis = _target(conn, job, above, now, end, count, why)
     n = move_pending(conn, job.id, now, reason, src.lane, dst.lane, keep)
+    waiting[src.lane] = waiting.get(src.lane, 0) - n
+    waiting[dst.lane] = waiting.get(dst.lane, 0) + n
     if n:
         bases = "; ".join(b for b in (basis and f"{src.label} {basis}", f"{dst.label} {dst_basis}") if b)
         add_event(conn, job.id, "tier_move", f"{n} request(s) {src.label} → {dst.label}: {reason} ({bases})", now)
@@ -192,12 +200,15 @@ def _expected(conn: Connection, job: JobContext, tier: Tier, count: int) -> turn
     return turnaround.expected(conn, tier.spec.route, tier.spec.route_options, job.spec.model, tier.kind, count)
 
 
-def _pending(conn: Connection, job_id: int, lane: str) -> int:
-    return conn.execute(
-        select(func.count()).where(
-            requests.c.job_id == job_id, requests.c.state == RequestState.PENDING.value, requests.c.lane == lane
-        )
-    ).scalar_one()
+def _waiting(conn: Connection, job_id: int) -> dict[str, int]:
+    """Pending requests of the job by lane: one pass over the job's pending rows."""
+    return dict(
+        conn.execute(
+            select(requests.c.lane, func.count())
+            .where(requests.c.job_id == job_id, requests.c.state == RequestState.PENDING.value)
+            .group_by(requests.c.lane)
+        ).all()
+    )
 
 
 def _adopt_orphans(conn: Connection, job: JobContext, tiers: list[Tier], now: float) -> int:
