@@ -246,6 +246,7 @@ def test_an_auto_spec_is_advised_over_its_own_candidates(tmp_path, monkeypatch):
     report = json.loads(estimate(spec, "--json").stdout)
     assert report["auto"]["max_wait"] == "1d (the spec's)"
     assert report["auto"]["route"] == "openai-batch" and report["auto"]["next_tier_up"] == "openai"
+    assert report["auto"]["chain"] == ["openai"]
 
 
 def test_an_auto_job_runs_on_its_pick_not_on_a_route_called_auto(tmp_path, monkeypatch):

@@ -64,9 +64,10 @@ def test_a_day_takes_batch_with_real_time_as_the_next_tier_up(store, clock, tmp_
     load_job(store, _spec(tmp_path, "1d", candidates=[CANDIDATES[0], CANDIDATES[2]]), clock)
     spec, notes = _stored(store)
     assert spec.route == "openai-batch" and spec.auto.chosen == "openai-batch"
-    assert spec.fallback is not None and (spec.fallback.route, spec.fallback.route_options) == ("openai", {})
+    assert spec.fallback is None  # the tiers are the chain's, not a fallback's
+    assert [(t.route, t.route_options) for t in spec.auto.chain] == [("openai-batch", {}), ("openai", {})]
     assert spec.deadline.timestamp() == clock.now() + 86400  # the end of max_wait: the cut-over's deadline
-    assert spec.fallback.safety_margin == 80  # real time's p95 for 40 requests: cut over that long before the end
+    assert [t.margin for t in spec.auto.chain] == [0, 80]  # real time's p95 for 40 requests: it takes over that long before the end
     assert "openai-batch: p95 24 h fits 24 h" in notes[0] and "openai takes over as the end of max_wait nears" in notes[0]
 
 

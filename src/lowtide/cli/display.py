@@ -94,6 +94,13 @@ def placement_table(status: JobStatus, console: Console) -> Table:
     return fitted_table(console, cols, rows, title="where requests ran")
 
 
+def tiers_table(status: JobStatus, console: Console) -> Table:
+    """A `route: auto` job's requests by the tier of its chain they are on (docs/routing.md)."""
+    rows = [[tier, state, f"{n:,}"] for tier, state, n in status.tiers]
+    cols = [Col("tier"), Col("state"), Col("requests", figure=True)]
+    return fitted_table(console, cols, rows, title="requests by tier")
+
+
 def status_json(s: JobStatus) -> dict[str, Any]:
     """The documented `--json` shape of one job's status (docs/cli.md); amounts as strings."""
     return {
@@ -106,6 +113,7 @@ def status_json(s: JobStatus) -> dict[str, Any]:
         "spent_usd": str(s.spent_usd), "unknown_costs": s.unknown_costs,
         "budget_usd": None if s.budget_usd is None else str(s.budget_usd), "reserved_usd": str(s.reserved_usd),
         "placement": [{"route": r, "why": why, "state": st, "requests": n} for r, why, st, n in s.placement],
+        "tiers": [{"tier": t, "state": st, "requests": n} for t, st, n in s.tiers],
         "events": list(s.events),
         "done": s.done,
     }  # fmt: skip

@@ -171,7 +171,8 @@ def _pick_json(pick: Choice | str | None, wait: float | None, wait_text: str | N
     return {
         "max_wait": wait_text, "max_wait_seconds": wait, "route": c.route, "route_options": c.route_options,
         "label": pick.option.label, "usd": money(pick.option.cost.usd).lstrip("$"), "wait_p95_seconds": pick.option.took.p95,
-        "next_tier_up": pick.faster.label if pick.faster else None, "reason": pick.reason,
+        "next_tier_up": pick.faster.label if pick.faster else None, "chain": [o.label for o in pick.chain[1:]],
+        "reason": pick.reason,
     }  # fmt: skip
 
 

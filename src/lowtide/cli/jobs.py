@@ -21,7 +21,14 @@ from lowtide.cli.common import (
     open_store,
     out,
 )
-from lowtide.cli.display import job_progress, money, placement_table, status_json, status_table
+from lowtide.cli.display import (
+    job_progress,
+    money,
+    placement_table,
+    status_json,
+    status_table,
+    tiers_table,
+)
 from lowtide.cli.progress import JobProgress
 from lowtide.cli.tables import Col, fitted_table
 from lowtide.core.clock import SystemClock
@@ -176,6 +183,8 @@ def status(
     out.print(status_table([s], out))
     if len(s.placement) > 1 or any(why for _, why, _, _ in s.placement):
         out.print(placement_table(s, out))
+    if s.tiers:
+        out.print(tiers_table(s, out))
     if s.failures:
         out.print("failures: " + ", ".join(f"{code} × {n}" for code, n in sorted(s.failures.items())))
     out.print(f"tokens: {s.tokens.get('input_tokens', 0):,} in, {s.tokens.get('output_tokens', 0):,} out over {s.tokens.get('attempts', 0):,} attempts")

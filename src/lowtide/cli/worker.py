@@ -99,9 +99,8 @@ def _ray_pools(store, address: str, routes: list[str], actors: int, cpus: float,
         specs = [JobSpec.model_validate_json(r.spec) for r in list_jobs(conn, [JobState.ACTIVE])]
     options: dict[str, dict] = {}
     for spec in specs:
-        options.setdefault(spec.route, spec.route_options)
-        if spec.fallback is not None:
-            options.setdefault(spec.fallback.route, spec.fallback.route_options)
+        for route, route_options, _ in spec.sending_routes:  # the route; its fallback, or its chain's tiers
+            options.setdefault(route, route_options)
     return {
         name: RayPool(
             name, options.get(name, {}), actors=actors, num_cpus=cpus, num_gpus=gpus,

@@ -48,6 +48,12 @@ def duration_text(seconds: float) -> str:
     return f"{seconds / 86400:.1f} d".replace(".0 d", " d")
 
 
+def route_label(route: str, options: dict[str, Any]) -> str:
+    """A route as the choice's reasons name it: `openai (flex)` for a service tier."""
+    tier = options.get("service_tier")
+    return f"{route} ({tier})" if isinstance(tier, str) and tier not in ("auto", "default") else route
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -65,8 +71,20 @@ class CandidateSpec(_Strict):
 
     @property
     def label(self) -> str:
-        tier = self.route_options.get("service_tier")
-        return f"{self.route} ({tier})" if isinstance(tier, str) and tier not in ("auto", "default") else self.route
+        return route_label(self.route, self.route_options)
+
+
+class TierSpec(_Strict):
+    """One tier of a decided job's chain (engine/tiers.py): a candidate, and how many seconds
+    before the end of max_wait it takes over from the tier before it (0 for the first)."""
+
+    route: str
+    route_options: dict[str, Any] = Field(default_factory=dict)
+    margin: float = Field(0.0, ge=0)
+
+    @property
+    def label(self) -> str:
+        return route_label(self.route, self.route_options)
 
 
 class AutoSpec(_Strict):
@@ -76,6 +94,9 @@ class AutoSpec(_Strict):
     candidates: list[CandidateSpec] = Field(min_length=1)
     # Set by lowtide when it decides (engine/auto.py): the route taken. Not for specs.
     chosen: str | None = None
+    # Set by lowtide with `chosen` when the choice is a batch route with faster candidates:
+    # the chosen tier first, then each faster one it hands over to (docs/routing.md).
+    chain: list[TierSpec] | None = None
 
     @field_validator("max_wait")
     @classmethod
@@ -92,7 +113,7 @@ class AutoSpec(_Strict):
         return self
 
     def undecided(self) -> AutoSpec:
-        return self.model_copy(update={"chosen": None})
+        return self.model_copy(update={"chosen": None, "chain": None})
 
     def wait_seconds(self) -> float | None:
         """`max_wait` in seconds; None when it is the job's deadline."""

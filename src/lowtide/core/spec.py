@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from lowtide.core.auto_spec import AUTO, AutoSpec
+from lowtide.core.auto_spec import AUTO, AutoSpec, TierSpec
 from lowtide.core.embeddings import check_dimensions
 from lowtide.core.endpoints import (
     CHAT,
@@ -342,6 +342,13 @@ class JobSpec(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _chain(self) -> JobSpec:
+        chain = self.auto.chain if self.auto is not None else None
+        if chain and (self.fallback is not None or (chain[0].route, chain[0].route_options) != (self.route, self.route_options)):
+            raise ValueError("`auto.chain` is lowtide's record of a decided `route: auto`; remove it (with `chosen`) to decide again")
+        return self
+
+    @model_validator(mode="after")
     def _fallback_elsewhere(self) -> JobSpec:
         if self.fallback is not None and self.fallback.route == self.route:
             raise ValueError(f"`fallback.route` must differ from `route` ({self.route}); retries on the same route are `retry:`")
@@ -358,6 +365,23 @@ class JobSpec(_Strict):
             if isinstance(self.params.get(key), int):
                 return self.params[key]
         return None
+
+    @property
+    def chain(self) -> list[TierSpec] | None:
+        """The tiers of a decided `route: auto` job (engine/tiers.py), when it has more than one."""
+        chain = self.auto.chain if self.auto is not None else None
+        return chain if chain and len(chain) > 1 else None
+
+    @property
+    def sending_routes(self) -> list[tuple[str, dict[str, Any], str | None]]:
+        """Every route the job's requests may run on, as (route, route options, the model it
+        sends instead of the job's, if any): its route and its fallback's, or its chain's tiers."""
+        if self.chain:
+            return [(t.route, t.route_options, None) for t in self.chain]
+        out: list[tuple[str, dict[str, Any], str | None]] = [(self.route, self.route_options, None)]
+        if self.fallback is not None:
+            out.append((self.fallback.route, self.fallback.route_options, self.fallback.model))
+        return out
 
     @property
     def fallback_model(self) -> str:
@@ -382,7 +406,7 @@ class JobSpec(_Strict):
 # base_url or concurrency) is applied to the stored job as it is.
 RENDERING_KEYS = ("model", "endpoint", "params", "param_columns", "template", "choices", "response_schema", "source.id_column",
                   "truncate")
-SENDING_KEYS = ("route", "fallback", "fallback.route", "fallback.model")
+SENDING_KEYS = ("route", "fallback", "fallback.route", "fallback.model", "auto.chain")
 # Route options that change what is sent or how it is billed, not only how it travels.
 PAYLOAD_OPTIONS = ("service_tier", "cache_prefix")
 

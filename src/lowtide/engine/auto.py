@@ -5,9 +5,12 @@
                                     documented prior (engine/turnaround.py)
     fits: p95 ≤ max_wait (a duration from submission, or the time left to the deadline)
     take: the cheapest that fits (ties: the faster); refuse when none fits, naming the fastest
-    next tier up: the cheapest faster candidate that fits; it becomes the job's fallback
-                  route and the end of max_wait its deadline, so today's cut-over moves
-                  work up a tier as that deadline nears (engine/fallback.py)
+    the chain:    when the take is a batch route, each faster candidate that fits, slowest
+                  first (one a faster candidate is no dearer than is left out; a batch
+                  route once): the tiers work moves up as the end of max_wait nears, each
+                  taking over its p95 before that end (engine/tiers.py). The end of
+                  max_wait becomes the job's deadline. A spec's own `fallback:` is kept
+                  instead (engine/fallback.py): it has no chain.
 
 Decided before anything is stored (`lowtide submit` and `lowtide estimate` alike), recorded
 as a `route_choice` event with its reason, and kept: submitting the same spec again keeps
@@ -22,11 +25,11 @@ from decimal import Decimal
 
 from sqlalchemy import Connection, select
 
-from lowtide.core.auto_spec import AUTO, CandidateSpec, duration_text
+from lowtide.core.auto_spec import AUTO, CandidateSpec, TierSpec, duration_text
 from lowtide.core.clock import Clock
 from lowtide.core.errors import SpecError
 from lowtide.core.pricing import Catalog, Cost, Tier, attempt_cost, billing_of, load_catalog
-from lowtide.core.spec import FallbackSpec, JobSpec
+from lowtide.core.spec import JobSpec
 from lowtide.core.tokens import counter_for
 from lowtide.core.types import Usage
 from lowtide.engine import turnaround
@@ -58,10 +61,16 @@ class Option:
 @dataclass(frozen=True, slots=True)
 class Choice:
     option: Option
-    faster: Option | None  # the next tier up: the job's fallback route
+    faster: Option | None  # the next tier up (the chain's second), if any
     wait: float
     reason: str
     options: tuple[Option, ...]
+    chain: tuple[Option, ...] = ()  # the chosen option, then each tier up, slowest first
+
+    def margins(self) -> list[float]:
+        """Seconds before the end of max_wait at which each tier takes over (0 for the
+        first): its p95 for the job's work, at least MIN_MARGIN, at most half of max_wait."""
+        return [0.0] + [max(MIN_MARGIN, min(o.took.p95 or MIN_MARGIN, self.wait / 2)) for o in self.chain[1:]]
 
 
 def kind_of(route: str, options: dict) -> str:
@@ -107,8 +116,8 @@ def choose(options: list[Option], wait: float, where: str = "job spec", *, stric
             "raise max_wait, or add a faster candidate"
         )
     best = min(fitting, key=lambda o: (o.cost.usd, o.took.p95))
-    faster = [o for o in fitting if (o.took.p95 or 0) < (best.took.p95 or 0) and o.candidate.route != best.candidate.route]
-    up = min(faster, key=lambda o: (o.cost.usd, o.took.p95)) if faster and best.kind == "batch" else None
+    chain = tiers_up(best, fitting) if best.kind == "batch" else [best]
+    up = chain[1] if len(chain) > 1 else None
     others = " / ".join(
         f"{o.label} {money(o.cost.usd)}" + ("" if o.fits(wait) else " (too slow)") for o in options if o is not best
     )
@@ -116,9 +125,28 @@ def choose(options: list[Option], wait: float, where: str = "job spec", *, stric
         f"{best.label}: p95 {duration_text(best.took.p95 or 0)} fits {duration_text(wait)} ({best.took.basis}), "
         f"{money(best.cost.usd)}" + (f" vs {others}" if others else "")
     )
-    if up is not None:
-        reason += f"; {up.label} takes over as the end of max_wait nears"
-    return Choice(best, up, wait, reason, tuple(options))
+    if len(chain) == 2:
+        reason += f"; {chain[1].label} takes over as the end of max_wait nears"
+    elif len(chain) > 2:
+        reason += f"; {', then '.join(o.label for o in chain[1:])} take over, tier by tier, as the end of max_wait nears"
+    return Choice(best, up, wait, reason, tuple(options), tuple(chain))
+
+
+def tiers_up(best: Option, fitting: list[Option]) -> list[Option]:
+    """`best`, then each fitting candidate faster than the tier before it, slowest first.
+    Left out: one a faster candidate is no dearer than (it would only cost more), and a
+    second tier on a batch route already in the chain (its batches are told apart by route)."""
+
+    def p95(o: Option) -> float:
+        return o.took.p95 or 0.0
+
+    chain = [best]
+    for o in sorted((o for o in fitting if p95(o) < p95(best)), key=lambda o: (-p95(o), o.cost.usd)):
+        dominated = any(p95(q) < p95(o) and (q.cost.usd or 0) <= (o.cost.usd or 0) for q in fitting)
+        same_batch = o.kind == "batch" and any(t.candidate.route == o.candidate.route for t in chain)
+        if not dominated and not same_batch and p95(o) < p95(chain[-1]):
+            chain.append(o)
+    return chain
 
 
 def wait_of(spec: JobSpec, now: float) -> float:
@@ -162,20 +190,20 @@ def resolve(store: Store, spec: JobSpec, clock: Clock, where: str = "job spec") 
 
 
 def effective(spec: JobSpec, choice: Choice, now: float) -> JobSpec:
-    """The spec the engine runs: the chosen route; the next tier up as its fallback and the
-    end of max_wait as its deadline (unless the spec gives its own fallback)."""
+    """The spec the engine runs: the chosen route; with tiers up (and no fallback of the
+    spec's own), the chain in `auto.chain` and the end of max_wait as its deadline."""
     c = choice.option.candidate
     assert spec.auto is not None
-    update: dict = {"route": c.route, "route_options": c.route_options, "auto": spec.auto.model_copy(update={"chosen": c.route})}
-    if spec.fallback is None and choice.faster is not None:
-        # The end of max_wait becomes the deadline the cut-over works to. Only here: on a
-        # direct route (or with the spec's own fallback) max_wait never fails a request.
+    auto = spec.auto.model_copy(update={"chosen": c.route})
+    update: dict = {"route": c.route, "route_options": c.route_options, "auto": auto}
+    if spec.fallback is None and len(choice.chain) > 1:
+        # The end of max_wait becomes the deadline the tiers work to. Only here: on a direct
+        # route (or with the spec's own fallback) max_wait never fails a request.
         end = datetime.fromtimestamp(now + choice.wait, tz=UTC)
         update["deadline"] = end if spec.deadline is None or end < spec.deadline else spec.deadline
-        up = choice.faster
-        update["fallback"] = FallbackSpec(
-            route=up.candidate.route, route_options=up.candidate.route_options,
-            safety_margin=max(MIN_MARGIN, min(up.took.p95 or MIN_MARGIN, choice.wait / 2)),
-            expected_turnaround=max(1.0, choice.option.took.p50 or 1.0),
-        )  # fmt: skip
+        chain = [
+            TierSpec(route=o.candidate.route, route_options=o.candidate.route_options, margin=margin)
+            for o, margin in zip(choice.chain, choice.margins(), strict=True)
+        ]
+        update["auto"] = auto.model_copy(update={"chain": chain})
     return spec.model_copy(update=update)

@@ -11,6 +11,7 @@ from lowtide.core.clock import Clock
 from lowtide.core.spec import JobSpec
 from lowtide.core.states import DispatchState, JobState, RequestState
 from lowtide.engine.budget import position
+from lowtide.engine.context import tier_lane
 from lowtide.store.db import Store
 from lowtide.store.money import from_pico
 from lowtide.store.queries import (
@@ -38,6 +39,8 @@ class JobStatus:
     failures: dict[str, int] = field(default_factory=dict)
     # Where requests ran and why they moved there: (route, reason or None, state, count).
     placement: list[tuple[str, str | None, str, int]] = field(default_factory=list)
+    # A `route: auto` job's chain (engine/tiers.py): requests by the tier they are on, and state.
+    tiers: list[tuple[str, str, int]] = field(default_factory=list)
     # The known cost of its attempts, how many have an unknown cost, and its budget.
     spent_usd: Decimal = Decimal(0)
     unknown_costs: int = 0
@@ -85,7 +88,8 @@ def job_status(store: Store, name: str, events: int = 5) -> JobStatus:
             ).all()
         )
         tokens = token_totals(conn, job.id)
-        budget = JobSpec.model_validate_json(job.spec).budget_usd
+        spec = JobSpec.model_validate_json(job.spec)
+        budget = spec.budget_usd
         return JobStatus(
             name=job.name,
             state=job.state,
@@ -96,6 +100,7 @@ def job_status(store: Store, name: str, events: int = 5) -> JobStatus:
             events=[f"{e.kind}: {e.message}" for e in recent_events(conn, job.id, events)],
             failures={k or "unknown": v for k, v in failures.items()},
             placement=_placement(conn, job.id),
+            tiers=_tiers(conn, job.id, spec),
             spent_usd=from_pico(tokens["cost_picousd"]),
             unknown_costs=tokens["unknown_cost"],
             budget_usd=budget,
@@ -132,6 +137,21 @@ def _placement(conn, job_id: int) -> list[tuple[str, str | None, str, int]]:
         .group_by(requests.c.route, requests.c.lane_reason, requests.c.state)
     ).all()
     return sorted(((route or "-", why, state, n) for route, why, state, n in rows), key=lambda r: (r[0], r[1] or "", r[2]))
+
+
+def _tiers(conn, job_id: int, spec: JobSpec) -> list[tuple[str, str, int]]:
+    """Requests by the tier of the job's chain their lane is (in the chain's order), and state."""
+    if not spec.chain:
+        return []
+    labels = {tier_lane(i): t.label for i, t in enumerate(spec.chain)}
+    order = list(labels)
+    rows = conn.execute(
+        select(requests.c.lane, requests.c.state, func.count())
+        .where(requests.c.job_id == job_id)
+        .group_by(requests.c.lane, requests.c.state)
+    ).all()
+    ranked = sorted(rows, key=lambda r: (order.index(r[0]) if r[0] in labels else len(order), r[0], r[1]))
+    return [(labels.get(lane, f"lane {lane}"), state, n) for lane, state, n in ranked]
 
 
 def job_done(store: Store, name: str) -> bool:

@@ -83,12 +83,12 @@ async def run_direct(
         nonlocal buffer, last_flush
         now = clock.now()
         with store.begin() as conn:
-            counts.add(apply_outcomes(conn, job, dispatch_id, route.name, buffer, now, rng, whole_dispatch=True))
+            counts.add(apply_outcomes(conn, job, dispatch_id, route.name, buffer, now, rng, whole_dispatch=True, lane=lane_name))
             if final:
                 # A route that returned nothing for a request: treat it as a retryable loss.
                 missing = left_in_dispatch(conn, dispatch_id)
                 lost = [Outcome.failure(c, "no_result", f"route {route.name} returned no result", True) for c in missing]
-                counts.add(apply_outcomes(conn, job, dispatch_id, route.name, lost, now, rng))
+                counts.add(apply_outcomes(conn, job, dispatch_id, route.name, lost, now, rng, lane=lane_name))
                 move_dispatch(conn, dispatch_id, DispatchState.RUNNING, DispatchState.ENDED, ended_at=now)
             else:
                 conn.execute(dispatches.update().where(dispatches.c.id == dispatch_id).values(lease_until=now + lease))

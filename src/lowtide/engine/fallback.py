@@ -19,6 +19,9 @@ A job with a `deadline` and a `fallback` route is watched each tick:
 
 Requests failed retryably more often than `retry.max_attempts` allows, or expired, also go
 to the fallback route; that is decided where outcomes are applied (engine/ingest.py).
+
+The steps below take the lanes they move between, so a `route: auto` job's chain of tiers
+(engine/tiers.py) uses them tier by tier.
 """
 
 from __future__ import annotations
@@ -77,10 +80,10 @@ def cut_over(store: Store, job: JobContext, route_kind: str, route_name: str, cl
     cut_at = spec.deadline.timestamp() - fb.safety_margin
     with store.begin() as conn:
         if now >= cut_at:
-            report.to_fallback += _pending_to_fallback(conn, job.id, now, "deadline cut-over")
-            report.to_fallback += _unplan(conn, job.id, route_name, now)
-            report.cancelled_batches = _cancel_in_flight(conn, job.id, route_name, now)
-            report.to_fallback += _release_stuck(conn, job.id, route_name, now, fb.safety_margin / 3)
+            report.to_fallback += move_pending(conn, job.id, now, "deadline cut-over")
+            report.to_fallback += unplan(conn, job.id, route_name, now)
+            report.cancelled_batches = cancel_in_flight(conn, job.id, route_name, now)
+            report.to_fallback += release_stuck(conn, job.id, route_name, now, fb.safety_margin / 3)
         elif route_kind == "batch":
             turnaround = expected_turnaround(conn, route_name, fb.expected_turnaround)
             if now + turnaround > cut_at:
@@ -88,7 +91,7 @@ def cut_over(store: Store, job: JobContext, route_kind: str, route_name: str, cl
                     f"batches on {route_name} are expected to take {turnaround:.0f} s; "
                     f"{max(0.0, cut_at - now):.0f} s were left before the cut-over"
                 )
-                report.to_fallback += _pending_to_fallback(conn, job.id, now, why)
+                report.to_fallback += move_pending(conn, job.id, now, why)
         if report.to_fallback or report.cancelled_batches:
             add_event(
                 conn, job.id, "cut_over",
@@ -98,17 +101,24 @@ def cut_over(store: Store, job: JobContext, route_kind: str, route_name: str, cl
     return report
 
 
-def _pending_to_fallback(conn: Connection, job_id: int, now: float, why: str) -> int:
-    """Pending requests of the main route move lanes (not states: they stay pending)."""
+def move_pending(
+    conn: Connection, job_id: int, now: float, why: str, src: str = "main", dst: str = "fallback", keep: int = 0
+) -> int:
+    """Pending requests of lane `src` move to lane `dst` (not states: they stay pending);
+    the `keep` oldest stay (a direct tier of a chain keeps what it can still finish)."""
+    which = and_(
+        requests.c.job_id == job_id,
+        requests.c.state == RequestState.PENDING.value,
+        requests.c.lane == src,
+    )
+    if keep > 0:
+        kept = select(requests.c.id).where(which).order_by(requests.c.not_before, requests.c.id).limit(keep)
+        which = and_(which, requests.c.id.not_in(kept))
     return conn.execute(
         update(requests)
-        .where(
-            requests.c.job_id == job_id,
-            requests.c.state == RequestState.PENDING.value,
-            requests.c.lane == "main",
-        )
+        .where(which)
         .values(
-            lane="fallback",
+            lane=dst,
             lane_reason=why,
             lane_base_attempts=requests.c.attempts,
             not_before=now,
@@ -117,8 +127,8 @@ def _pending_to_fallback(conn: Connection, job_id: int, now: float, why: str) ->
     ).rowcount
 
 
-def _unplan(conn: Connection, job_id: int, route: str, now: float) -> int:
-    """Batches planned but not sent: their requests go to the fallback route unsent."""
+def unplan(conn: Connection, job_id: int, route: str, now: float, dst: str = "fallback", why: str | None = None) -> int:
+    """Batches planned but not sent: their requests go to lane `dst` unsent."""
     moved = 0
     planned = conn.scalars(
         select(dispatches.c.id).where(
@@ -131,11 +141,11 @@ def _unplan(conn: Connection, job_id: int, route: str, now: float) -> int:
         # The dispatch first: one another worker has just begun to send keeps its requests
         # (that batch is cut like any other in flight once it is submitted).
         if move_dispatch(conn, dispatch_id, DispatchState.PLANNED, DispatchState.CANCELLED, ended_at=now):
-            moved += _release(conn, dispatch_id, now, "deadline cut-over before the batch was sent", sent=False)
+            moved += _release(conn, dispatch_id, now, why or "deadline cut-over before the batch was sent", dst, sent=False)
     return moved
 
 
-def _cancel_in_flight(conn: Connection, job_id: int, route: str, now: float) -> int:
+def cancel_in_flight(conn: Connection, job_id: int, route: str, now: float) -> int:
     """Ask the provider to cancel every in-flight batch of the main route (at the next poll,
     which is made due now)."""
     return conn.execute(
@@ -150,7 +160,9 @@ def _cancel_in_flight(conn: Connection, job_id: int, route: str, now: float) -> 
     ).rowcount
 
 
-def _release_stuck(conn: Connection, job_id: int, route: str, now: float, grace: float) -> int:
+def release_stuck(
+    conn: Connection, job_id: int, route: str, now: float, grace: float, dst: str = "fallback", why: str | None = None
+) -> int:
     """Cancelled batches that have not ended within `grace`: go on without them."""
     moved = 0
     stuck = conn.scalars(
@@ -162,16 +174,16 @@ def _release_stuck(conn: Connection, job_id: int, route: str, now: float, grace:
         )
     ).all()
     for dispatch_id in stuck:
-        moved += _release(conn, dispatch_id, now, "its batch did not end after being cancelled at the cut-over", sent=True)
+        moved += _release(conn, dispatch_id, now, why or "its batch did not end after being cancelled at the cut-over", dst, sent=True)
     return moved
 
 
-def _release(conn: Connection, dispatch_id: int, now: float, why: str, *, sent: bool) -> int:
-    """Requests still waiting on a dispatch go back to pending on the fallback lane. An
-    unsent dispatch's claim is undone (it was no attempt); a sent one's counts."""
+def _release(conn: Connection, dispatch_id: int, now: float, why: str, dst: str, *, sent: bool) -> int:
+    """Requests still waiting on a dispatch go back to pending on lane `dst`. An unsent
+    dispatch's claim is undone (it was no attempt); a sent one's counts."""
     values = {
         "dispatch_id": None,
-        "lane": "fallback",
+        "lane": dst,
         "lane_reason": why,
         "not_before": now,
         "updated_at": now,

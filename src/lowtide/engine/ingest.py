@@ -79,9 +79,11 @@ def apply_outcomes(
     rng: random.Random,
     *,
     whole_dispatch: bool = False,
+    lane: str | None = None,
 ) -> IngestCounts:
     """`whole_dispatch`: the dispatch is small (a direct route's), so its requests are read
-    by dispatch rather than looked up one custom_id at a time."""
+    by dispatch rather than looked up one custom_id at a time. `lane`: the dispatch's lane,
+    where tiers of a chain share a route (priced at its options)."""
     counts = IngestCounts()
     if not outcomes:
         return counts
@@ -99,7 +101,7 @@ def apply_outcomes(
     spec = job.spec
     choices = spec.effective_choices
     ledger = current_ledger()  # the catalog, loaded once per price-file version
-    options, lane_model = job.sent_as(route)
+    options, lane_model = job.sent_as(route, lane)
     rates: dict[tuple[str, str | None], Rate] = {}  # (model, reported tier) -> rate, looked up once
     unknown_costs: dict[str, str] = {}  # model -> why its cost is unknown
     for outcome in outcomes:
@@ -257,11 +259,12 @@ def _decide(
     if state is JobState.CANCELLED:
         return RequestState.CANCELLED
     tries = req.attempts - req.lane_base_attempts  # on this lane
-    if outcome.retryable and spec.fallback is not None and req.lane == "main":
+    up = job.next_lane(req.lane) if outcome.retryable else None  # the fallback lane, or a chain's next tier
+    if up is not None:
         out_of_time = outcome.error_code in OUT_OF_TIME
         if out_of_time or tries >= spec.retry.max_attempts:
             why = outcome.error_code if out_of_time else f"failed {tries} time(s), last: {outcome.error_code}"
-            row.update(lane="fallback", lane_base_attempts=req.attempts, lane_reason=f"{why} on {route}")
+            row.update(lane=up, lane_base_attempts=req.attempts, lane_reason=f"{why} on {route}")
             return RequestState.PENDING
     if outcome.retryable and tries < spec.retry.max_attempts:
         row["not_before"] = now + retry_delay(spec.retry, tries, rng)

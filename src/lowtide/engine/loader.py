@@ -267,11 +267,9 @@ def request_base(spec: JobSpec) -> dict:
 
 
 def refusal_checks(spec: JobSpec) -> list[Callable[[dict], str | None]]:
-    """For the job's route and its fallback's: a body's refusal message, or None."""
+    """For the job's route and its fallback's (or its chain's tiers): a body's refusal message, or None."""
     checks = []
-    lanes = [(spec.route, spec.route_options, None)]
-    if spec.fallback is not None:
-        lanes.append((spec.fallback.route, spec.fallback.route_options, spec.fallback.model))
+    lanes = spec.sending_routes
     endpoint, choices, schema = spec.request_endpoint, spec.effective_choices, spec.response_schema
     for name, options, model in lanes:
         try:
@@ -313,9 +311,8 @@ def check_job(spec: JobSpec, where: str = "job spec") -> tuple[MessageTemplate, 
     """Everything about a job that can be checked without reading its rows."""
     template = MessageTemplate.from_spec(spec, where)
     try:
-        create_route(spec.route, spec.route_options).check_model(spec.model)
-        if spec.fallback is not None:
-            create_route(spec.fallback.route, spec.fallback.route_options).check_model(spec.fallback_model)
+        for route, options, model in spec.sending_routes:  # the route; its fallback, or its chain's tiers
+            create_route(route, options).check_model(model or spec.model)
     except UnknownRouteError:
         raise
     except RouteError as err:  # a wrong model or option is a problem with the spec

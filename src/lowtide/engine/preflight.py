@@ -59,10 +59,8 @@ def check_prices(spec: JobSpec, where: str) -> None:
         catalog = load_catalog()
     except InputError as err:
         raise SpecError(f"{where}: budget_usd is set but the price file did not load: {err}") from None
-    lanes = [(spec.route, spec.model, spec.route_options)]
-    if spec.fallback is not None:
-        lanes.append((spec.fallback.route, spec.fallback_model, spec.fallback.route_options))
-    for route, model, options in lanes:
+    for route, options, lane_model in spec.sending_routes:
+        model = lane_model or spec.model
         cost = attempt_cost(Usage(input_tokens=1, output_tokens=1), model, route, options, catalog=catalog)
         if cost.usd is None:
             raise SpecError(

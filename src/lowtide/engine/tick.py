@@ -2,7 +2,8 @@
 
     reclaim   requests held by a dead worker or an expired lease go back to pending
     deadline  past a job's deadline, requests not yet sent fail with `deadline_passed`
-    cut-over  near a job's deadline, move what its route cannot finish to the fallback route
+    cut-over  near a job's deadline, move what its route cannot finish to the fallback route;
+              for a `route: auto` job's chain, to the first tier up that can (engine/tiers.py)
     plan      batch routes: group due pending requests into chunks
     submit    batch routes: send planned chunks (exactly once; adopt after a crash), each
               within the job's budget (engine/budget.py)
@@ -27,7 +28,7 @@ from sqlalchemy import and_, func, or_, select
 from lowtide.core.clock import Clock, SystemClock
 from lowtide.core.spec import JobSpec
 from lowtide.core.states import DispatchState, JobState, RequestState
-from lowtide.engine import batches
+from lowtide.engine import batches, tiers
 from lowtide.engine.context import JobContext, Lane
 from lowtide.engine.direct import run_direct
 from lowtide.engine.fallback import cut_over
@@ -112,29 +113,35 @@ class Engine:
             if job.spec.fallback is not None:
                 main = lanes[0][1]
                 report.to_fallback += cut_over(self.store, job, main.kind, main.name, self.clock).to_fallback
+            elif job.spec.chain:
+                report.to_fallback += tiers.step(self.store, job, [route.kind for _, route in lanes], self.clock)
+            # A tier past its hand-over takes no new work (what ingest hands it now goes up at the next tick).
+            handed_over = tiers.handed_over(job.spec, self.clock.now())
             for lane, route in lanes:
-                await self._work(job, lane, route, report)
+                await self._work(job, lane, route, report, takes_work=lane.name not in handed_over)
             if self.finish(job):
                 report.finished.append(job.name)
         return report
 
-    async def _work(self, job: JobContext, lane: Lane, route: Route, report: TickReport) -> None:
-        """The steps of one lane of a job: plan, submit and poll batches; or run directly."""
+    async def _work(self, job: JobContext, lane: Lane, route: Route, report: TickReport, takes_work: bool = True) -> None:
+        """The steps of one lane of a job: plan, submit and poll batches; or run directly.
+        `takes_work` False: only bring in what was sent (a chain's tier past its hand-over)."""
         if route.kind == "batch":
-            if job.state is JobState.ACTIVE:
+            if job.state is JobState.ACTIVE and takes_work:
                 report.planned += batches.plan(self.store, job, route, self.clock, lane.name)
             worker = batches.Worker(self.owner, self._owner_alive)
             report.submitted += await batches.submit(self.store, job, route, self.clock, self.rng, worker, lane.model)
             report.ingested.add(await batches.poll(self.store, job, route, self.clock, self.rng, worker))
-        elif job.state is JobState.ACTIVE:
-            if lane.name == "fallback" and job.spec.deadline is not None:
-                self._ask_for_speed(job, route)
+        elif job.state is JobState.ACTIVE and takes_work:
+            if lane.name not in (None, "main") and job.spec.deadline is not None:  # a fallback lane, a tier up
+                self._ask_for_speed(job, route, lane.name)
             report.ingested.add(
                 await run_direct(self.store, job, route, self.clock, self.owner, self.lease, self.rng, lane)
             )
 
-    def _ask_for_speed(self, job: JobContext, route: Route) -> None:
-        """Tell a fallback route that can scale (`plan_for`) how much must finish by the deadline."""
+    def _ask_for_speed(self, job: JobContext, route: Route, lane: str) -> None:
+        """Tell a fallback route (or a tier up) that can scale (`plan_for`) how much must
+        finish by the deadline."""
         plan_for = getattr(route, "plan_for", None)
         if plan_for is None:
             return
@@ -144,7 +151,7 @@ class Engine:
                 select(func.count()).where(
                     requests.c.job_id == job.id,
                     requests.c.state == RequestState.PENDING.value,
-                    requests.c.lane == "fallback",
+                    requests.c.lane == lane,
                 )
             ).scalar_one()
         if waiting and left > 0:
@@ -276,8 +283,11 @@ class Engine:
 
 
 def _cut_over_time(spec_json: str, now: float) -> float | None:
-    """When a job's deadline cut-over is still ahead, its time: a worker must wake for it."""
+    """When a job's deadline cut-over (or the next hand-over of its chain) is still ahead,
+    its time: a worker must wake for it."""
     spec = JobSpec.model_validate_json(spec_json)
+    if spec.chain:
+        return min(tiers.cut_times(spec, now), default=None)
     if spec.fallback is None or spec.deadline is None:
         return None
     cut_at = spec.deadline.timestamp() - spec.fallback.safety_margin

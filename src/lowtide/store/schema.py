@@ -75,7 +75,9 @@ requests = Table(
     Column("reasoning_tokens", Integer),
     Column("updated_at", Float),
     # "main" (the job's route) or "fallback" (the spec's fallback route), and why it moved
-    # there; attempts made before the move do not count against the fallback's retries.
+    # there; attempts made before the move do not count against the fallback's retries. A
+    # `route: auto` job's chain uses "main" for its chosen tier, then "tier1", "tier2", …
+    # (engine/tiers.py): no migration, the values fit and old ones keep their meaning.
     Column("lane", String(8), nullable=False, server_default="main"),
     Column("lane_reason", Text),
     Column("lane_base_attempts", Integer, nullable=False, server_default="0"),

@@ -1,0 +1,115 @@
+"""What a `route: auto` chain's per-tick pass costs (engine/tiers.py), beside the two-lane
+deadline cut-over (engine/fallback.py) on the same requests.
+
+    .venv/bin/python bench/tiers.py              # 100,000 pending requests
+    .venv/bin/python bench/tiers.py --n 20000 --repeat 5
+
+Each job's requests are written straight into a SQLite store (no route is called). Timed,
+in CPU seconds (time.process_time, this process only: nothing else runs):
+
+    quiet   one pass well before any hand-over: nothing moves (the chain counts each
+            tier's waiting requests; the cut-over reads the batch route's turnaround)
+    cut     one pass at the (first) hand-over: every pending request changes lane
+
+A/B runs are interleaved, `--repeat` times; medians and the chain / cut-over ratio are
+printed, with peak RSS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import sqlalchemy as sa
+
+sys.path.insert(0, str(Path(__file__).parent))
+from lowtide.core.clock import ManualClock  # noqa: E402
+from lowtide.core.spec import JobSpec  # noqa: E402
+from lowtide.core.types import Request  # noqa: E402
+from lowtide.engine import tiers  # noqa: E402
+from lowtide.engine.context import JobContext  # noqa: E402
+from lowtide.engine.fallback import cut_over  # noqa: E402
+from lowtide.store.db import Store  # noqa: E402
+from lowtide.store.queries import save_job  # noqa: E402
+from lowtide.store.schema import jobs, requests  # noqa: E402
+
+NOW = 1_700_000_000.0
+HOUR = 3600.0
+
+
+def _spec(name: str, chain: bool) -> JobSpec:
+    base = {
+        "name": name, "source": {"path": "unused.csv", "id_column": "id"}, "template": {"user": "{{ body }}"},
+        "model": "team-model", "route": "echo-batch", "params": {"max_tokens": 16},
+        "deadline": datetime.fromtimestamp(NOW + 2 * HOUR, UTC).isoformat(),
+    }  # fmt: skip
+    if chain:
+        candidates = [{"route": "echo-batch"}, {"route": "echo", "route_options": {"answer": "a"}}, {"route": "echo"}]
+        tiers_ = [{"route": "echo-batch", "margin": 0}, {"route": "echo", "route_options": {"answer": "a"}, "margin": 600},
+                  {"route": "echo", "margin": 60}]  # fmt: skip
+        base["auto"] = {"max_wait": "2h", "chosen": "echo-batch", "candidates": candidates, "chain": tiers_}
+    else:
+        base["fallback"] = {"route": "echo", "safety_margin": 600, "expected_turnaround": 1}
+    return JobSpec.model_validate(base)
+
+
+def _job(store: Store, spec: JobSpec, n: int) -> JobContext:
+    payload = json.dumps(Request.chat("x", spec.model, [{"role": "user", "content": "y" * 200}], max_tokens=16).to_payload())
+    with store.begin() as conn:
+        conn.execute(sa.delete(requests))
+        conn.execute(sa.delete(jobs))
+        job_id, _ = save_job(conn, spec.name, spec.model_dump_json(), spec.route, NOW)
+        for start in range(0, n, 10_000):
+            conn.execute(sa.insert(requests), [
+                {"job_id": job_id, "custom_id": f"r{i}", "source_key": f"r{i}", "source_row": i + 1, "payload": payload,
+                 "state": "pending", "attempts": 0, "not_before": 0.0, "model": spec.model}
+                for i in range(start, min(n, start + 10_000))
+            ])  # fmt: skip
+        return JobContext.from_row(conn.execute(sa.select(jobs).where(jobs.c.id == job_id)).one())
+
+
+def _timed(fn) -> float:
+    t = time.process_time()
+    fn()
+    return time.process_time() - t
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", type=int, default=100_000)
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args()
+    results: dict[str, list[float]] = {k: [] for k in ("chain quiet", "cut-over quiet", "chain cut", "cut-over cut")}
+    with tempfile.TemporaryDirectory() as tmp:
+        store = Store(str(Path(tmp) / "lowtide.db"))
+        for _ in range(args.repeat):
+            for kind in ("chain", "cut-over"):
+                job = _job(store, _spec("bench", kind == "chain"), args.n)
+                quiet, cut = ManualClock(NOW), ManualClock(NOW + 2 * HOUR - 600)
+                if kind == "chain":
+                    kinds = ["batch", "direct", "direct"]
+                    results["chain quiet"].append(_timed(lambda: tiers.step(store, job, kinds, quiet)))  # noqa: B023
+                    results["chain cut"].append(_timed(lambda: tiers.step(store, job, kinds, cut)))  # noqa: B023
+                else:
+                    results["cut-over quiet"].append(_timed(lambda: cut_over(store, job, "batch", "echo-batch", quiet)))  # noqa: B023
+                    results["cut-over cut"].append(_timed(lambda: cut_over(store, job, "batch", "echo-batch", cut)))  # noqa: B023
+        store.close()
+    med = {k: statistics.median(v) for k, v in results.items()}
+    print(f"{args.n:,} pending requests, median of {args.repeat} (CPU seconds, this process)")
+    for k, v in med.items():
+        print(f"  {k:<15} {v:8.4f} s   ({', '.join(f'{x:.4f}' for x in results[k])})")
+    for phase in ("quiet", "cut"):
+        base = med[f"cut-over {phase}"]
+        print(f"  chain / cut-over, {phase}: {med[f'chain {phase}'] / base:.2f}x" if base else f"  {phase}: cut-over took 0 s")
+    print(f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
+
+
+if __name__ == "__main__":
+    main()
