@@ -28,6 +28,7 @@ import os
 import tempfile
 from collections.abc import AsyncIterator, Collection, Iterable
 from typing import Any, Literal
+from urllib.parse import urlencode
 
 from google import genai
 from google.genai import errors as genai_errors
@@ -38,6 +39,8 @@ from lowtide.core.errors import BatchRejected, RouteError
 from lowtide.core.types import Outcome, Refusal, Request
 from lowtide.routes._gemini import gemini_body, gemini_error, gemini_outcome
 from lowtide.routes._gemini_models import check_gemini_model
+from lowtide.routes._gemini_operation import (FIND_FIELDS, POLL_FIELDS, counts_of, error_of, inline_responses, output_of,
+                                              responses_file, state_of)  # fmt: skip
 from lowtide.routes._provider import batch_limits, check_options, poll_interval
 from lowtide.routes.base import BatchStatus
 
@@ -99,6 +102,7 @@ class GeminiBatchRoute:
         self.find_pages = int(options.get("find_pages", 10))
         self.models = frozenset(options.get("models") or ())
         self.client = gemini_client(options, self.name)
+        self.field_masks = True  # until the server refuses one
 
     def check_model(self, model: str) -> None:
         check_gemini_model(self.name, model, self.models)
@@ -146,46 +150,62 @@ class GeminiBatchRoute:
         return batch.name
 
     async def find(self, key: str, size: int, not_before: float, known: Collection[str] = ()) -> str | None:
-        # Newest first; the pager fetches the next page as it goes, up to find_pages of them.
-        seen = 0
-        async for batch in await self.client.aio.batches.list(config={"page_size": 100}):
-            if batch.display_name == key:
-                return batch.name
-            seen += 1
-            if seen >= 100 * self.find_pages:
+        # Newest first, page by page (names only: a page of ended inline batches carries
+        # every response otherwise), up to find_pages of them.
+        token = None
+        for _ in range(self.find_pages):
+            query = {"pageSize": 100} | ({"pageToken": token} if token else {})
+            page = await self._get(f"batches?{urlencode(query)}", FIND_FIELDS)
+            for operation in page.get("operations") or ():
+                if isinstance(operation, dict) and (operation.get("metadata") or {}).get("displayName") == key:
+                    return operation.get("name")
+            token = page.get("nextPageToken")
+            if not token:
                 break
         return None
 
     async def poll(self, batch_id: str) -> BatchStatus:
-        batch = await self.client.aio.batches.get(name=batch_id)
-        state = batch.state.value if batch.state is not None else "JOB_STATE_UNSPECIFIED"
-        errors = []
-        if state == "JOB_STATE_FAILED":
-            error = batch.error
-            errors = [f"{error.code}: {error.message}" if error and error.message else "the provider failed the batch without saying why"]
-        counts = {}
-        if batch.completion_stats is not None:
-            counts = {k: v for k, v in batch.completion_stats.model_dump().items() if isinstance(v, int)}
-        return BatchStatus(phase=state, ended=state in TERMINAL, counts=counts, errors=errors)
+        operation = await self._get(batch_name(batch_id), POLL_FIELDS)
+        state = state_of(operation)
+        errors = [error_of(operation)] if state == "JOB_STATE_FAILED" else []
+        return BatchStatus(phase=state, ended=state in TERMINAL, counts=counts_of(operation), errors=errors)
 
     async def results(self, batch_id: str) -> AsyncIterator[Outcome]:
-        batch = await self.client.aio.batches.get(name=batch_id)
-        dest = batch.dest
-        if dest is None:
-            return
-        for item in dest.inlined_responses or ():
+        output = output_of(await self._get(batch_name(batch_id)))
+        items = inline_responses(output)
+        for i, item in enumerate(items):
+            items[i] = None  # each response is let go once read: the batch is not held twice
             outcome = _inline(item)
             if outcome is not None:
                 yield outcome
-        if dest.file_name:
+        name = responses_file(output)
+        if name:
             # To disk, then line by line: a big responses file is never held in memory.
             with tempfile.NamedTemporaryFile(suffix=".jsonl") as spool:
-                await self.client.aio.files.download(file=dest.file_name, destination=spool.name)
+                await self.client.aio.files.download(file=name, destination=spool.name)
                 with open(spool.name, encoding="utf-8", errors="replace") as lines:
                     for text in lines:
                         outcome = _parse(text) if text.strip() else None
                         if outcome is not None:
                             yield outcome
+
+    async def _get(self, path: str, fields: str | None = None) -> dict[str, Any]:
+        """GET `path` (under v1beta) through the SDK's own client (its key, base URL, timeout
+        and errors), its JSON read as sent: `batches.get` would type every inline response.
+        `fields` asks for a partial response; a server that refuses the mask (400) is asked
+        again without it, and not asked with one again."""
+        masked = fields is not None and self.field_masks
+        sep = "&" if "?" in path else "?"
+        try:
+            response = await self.client.aio._api_client.async_request(
+                "get", f"{path}{sep}{urlencode({'fields': fields})}" if masked else path, {}, None)  # fmt: skip
+        except genai_errors.ClientError as err:
+            if not masked or err.code != 400:
+                raise
+            response = await self.client.aio._api_client.async_request("get", path, {}, None)
+            self.field_masks = False
+            log.warning("%s: the server refused a fields mask (%s); asking for whole batches from now on", self.name, err.message)
+        return fastjson.loads(response.body) if response.body else {}
 
     async def cancel(self, batch_id: str) -> None:
         await self.client.aio.batches.cancel(name=batch_id)
@@ -194,17 +214,19 @@ class GeminiBatchRoute:
         await self.client.aio.aclose()
 
 
-def _inline(item: types.InlinedResponse) -> Outcome | None:
-    key = (item.metadata or {}).get("key")
+def _inline(item: Any) -> Outcome | None:
+    """One inline response, `{"response" | "error", "metadata": {"key"}}`, as it came."""
+    key = (item.get("metadata") or {}).get("key") if isinstance(item, dict) else None
     if not isinstance(key, str):
         log.warning("gemini-batch: skipped an inline response without a key: %.200s", item)
         return None
-    if item.response is not None:  # back to the REST shape it came in (camelCase)
-        body = item.response.model_dump(mode="json", by_alias=True, exclude_none=True,
-                                        exclude={"sdk_http_response", "automatic_function_calling_history", "parsed"})  # fmt: skip
-        return gemini_outcome(key, body, batch=True)
-    error = item.error.model_dump(mode="json", exclude_none=True) if item.error is not None else None
-    return gemini_error(key, error)
+    if isinstance(item.get("response"), dict):
+        return gemini_outcome(key, item["response"], batch=True)
+    return gemini_error(key, item.get("error"))
+
+
+def batch_name(batch_id: str) -> str:
+    return batch_id if batch_id.startswith("batches/") else f"batches/{batch_id}"
 
 
 def _parse(text: str) -> Outcome | None:
