@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -66,11 +67,19 @@ def run_one(route: str, n: int) -> dict:
         asyncio.run(run())
         batch = time.perf_counter() - t
         store.close()
-        return {"route": route, "n": n, "persist_s": persist, "batch_s": batch, "rss_mb": peak_rss_mb()}
+        result = {"route": route, "n": n, "persist_s": persist, "batch_s": batch, "rss_mb": peak_rss_mb(),
+                  "client_cpu_s": cpu_s(resource.RUSAGE_SELF)}  # fmt: skip
     finally:
         server.terminate()
         server.wait(30)
         shutil.rmtree(tmp, ignore_errors=True)
+    result["server_cpu_s"] = cpu_s(resource.RUSAGE_CHILDREN)  # the server, reaped above
+    return result
+
+
+def cpu_s(who: int) -> float:
+    usage = resource.getrusage(who)
+    return usage.ru_utime + usage.ru_stime
 
 
 def main() -> None:
@@ -88,12 +97,15 @@ def main() -> None:
             raise SystemExit(f"{route} failed:\n{out.stderr[-3000:]}")
         results[route] = json.loads(out.stdout.strip().splitlines()[-1])
     print(f"{args.n:,} requests against lowtide serve (echo backend, fast clock), one child process per route")
-    print(f"  {'route':<14} {'render+persist':>15} {'submit..ingest':>15} {'total':>8} {'req/s':>8} {'peak RSS':>9}")
+    print(f"  {'route':<14} {'render+persist':>15} {'submit..ingest':>15} {'total':>8} {'req/s':>8} {'peak RSS':>9}"
+          f" {'client CPU':>11} {'server CPU':>11}")  # fmt: skip
     for route, r in results.items():
         total = r["persist_s"] + r["batch_s"]
-        print(f"  {route:<14} {r['persist_s']:>13.2f} s {r['batch_s']:>13.2f} s {total:>6.2f} s {r['n'] / total:>8,.0f} {r['rss_mb']:>6.0f} MB")
+        print(f"  {route:<14} {r['persist_s']:>13.2f} s {r['batch_s']:>13.2f} s {total:>6.2f} s {r['n'] / total:>8,.0f} {r['rss_mb']:>6.0f} MB"
+              f" {r['client_cpu_s']:>9.2f} s {r['server_cpu_s']:>9.2f} s")  # fmt: skip
     g, o = results["gemini-batch"], results["openai-batch"]
     print(f"  gemini-batch / openai-batch: wall {(g['persist_s'] + g['batch_s']) / (o['persist_s'] + o['batch_s']):.2f}x, "
+          f"client CPU {g['client_cpu_s'] / o['client_cpu_s']:.2f}x, server CPU {g['server_cpu_s'] / o['server_cpu_s']:.2f}x, "
           f"peak RSS {g['rss_mb'] / o['rss_mb']:.2f}x")
 
 

@@ -4,9 +4,13 @@ both sides of a real HTTP connection, inline and file batches, adoption, bad inp
 from __future__ import annotations
 
 import asyncio
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import sqlalchemy as sa
+import yaml
 
 from lowtide.core.clock import SystemClock
 from lowtide.core.errors import LowtideError
@@ -93,3 +97,117 @@ def test_a_chat_parameter_without_a_gemini_mapping_is_refused_by_name(tmp_path, 
     with pytest.raises(LowtideError) as err:
         load_job(store, spec, SystemClock())
     assert "logprobs: has no Gemini mapping" in str(err.value) and "gemini-batch" in str(err.value)
+
+
+def test_poll_reads_a_failed_batchs_error_and_counts_from_the_operation(serve, tmp_path, monkeypatch):
+    # The SDK's BatchJob (Gemini API) carries neither the operation's error nor batchStats.
+    plan = tmp_path / "faults.yaml"
+    plan.write_text(yaml.safe_dump({"batches": [{"api": "gemini", "fail_validation": {"code": "invalid", "message": "quota gone"}}]}))
+    url = serve("--faults", str(plan))
+    monkeypatch.setenv(KEY_ENV, "test-key")
+
+    async def go():
+        route = create_route("gemini-batch", _options(url))
+        try:
+            name = await route.submit("job-1.d1", [Request.chat(f"r{i}", MODEL, [{"role": "user", "content": "hi"}]) for i in range(3)])
+            for _ in range(200):  # the server's fast clock ends it within a few polls
+                status = await route.poll(name)
+                if status.ended:
+                    return status
+                await asyncio.sleep(0.02)
+            raise AssertionError("the batch did not end")
+        finally:
+            await route.aclose()
+
+    status = asyncio.run(go())
+    assert status.phase == "JOB_STATE_FAILED"
+    assert status.errors == ["400 INVALID_ARGUMENT: quota gone"]
+    assert status.counts["requestCount"] == 3
+
+
+class _Gemini(BaseHTTPRequestHandler):
+    """A Gemini API of one ended inline batch, answering as `batches.get` does; it refuses
+    field masks (400) when `refuse_masks` is set. Each GET's query is kept."""
+
+    batch: dict = {}
+    refuse_masks = False
+    queries: list[str] = []
+
+    def do_GET(self):  # noqa: N802 (http.server's name)
+        path, _, query = self.path.partition("?")
+        self.queries.append(query)
+        if self.refuse_masks and "fields=" in query:
+            self._send(400, {"error": {"code": 400, "message": "Invalid field selection", "status": "INVALID_ARGUMENT"}})
+        elif path == "/v1beta/batches/b1":
+            self._send(200, self.batch)
+        else:
+            self._send(404, {"error": {"code": 404, "message": "not found", "status": "NOT_FOUND"}})
+
+    def _send(self, code: int, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):  # quiet
+        pass
+
+
+@pytest.fixture
+def gemini_api(monkeypatch):
+    monkeypatch.setenv(KEY_ENV, "test-key")
+    _Gemini.queries = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Gemini)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+# A response with keys the installed SDK's types lack (a newer API's), and values a typed
+# round trip would rewrite: each must reach the outcome exactly as sent.
+SENT = {
+    "candidates": [{"content": {"role": "model", "parts": [{"text": "hi", "thoughtSignature": "q+/w", "futurePart": {"x": 1}}]},
+                    "finishReason": "STOP", "index": 0, "futureCandidateField": [1, 2]}],
+    "usageMetadata": {"promptTokenCount": 3, "candidatesTokenCount": 1, "totalTokenCount": 4, "futureCount": 7},
+    "modelVersion": "gemini-2.5-flash", "responseId": "r-1", "futureTopLevel": {"nested": {"deep": True}},
+}  # fmt: skip
+
+
+def _ended(items: list, state: str = "BATCH_STATE_SUCCEEDED") -> dict:
+    output = {"inlinedResponses": {"inlinedResponses": items}}
+    meta = {"@type": "type.googleapis.com/google.ai.generativelanguage.v1main.GenerateContentBatch", "model": f"models/{MODEL}",
+            "displayName": "k", "state": state, "name": "batches/b1", "output": output,
+            "batchStats": {"requestCount": str(len(items)), "successfulRequestCount": str(len(items))}}  # fmt: skip
+    return {"name": "batches/b1", "metadata": meta, "done": True, "response": output}
+
+
+@pytest.mark.parametrize("refuse_masks", [False, True], ids=["masked", "mask-refused"])
+def test_inline_responses_reach_the_outcome_exactly_as_sent(gemini_api, refuse_masks):
+    _Gemini.batch = _ended([{"response": SENT, "metadata": {"key": "a"}},
+                            {"error": {"code": 429, "message": "slow down", "status": "RESOURCE_EXHAUSTED"}, "metadata": {"key": "b"}},
+                            {"response": SENT}])  # fmt: skip  (no key: names no request, skipped)
+    _Gemini.refuse_masks = refuse_masks
+
+    async def go():
+        route = create_route("gemini-batch", _options(gemini_api))
+        try:
+            polls = [await route.poll("batches/b1") for _ in range(2)]
+            return polls, [o async for o in route.results("batches/b1")]
+        finally:
+            await route.aclose()
+
+    polls, outcomes = asyncio.run(go())
+    assert [p.phase for p in polls] == ["JOB_STATE_SUCCEEDED"] * 2 and polls[0].ended
+    assert polls[0].counts == {"requestCount": 3, "successfulRequestCount": 3}
+    by_key = {o.custom_id: o for o in outcomes}
+    assert set(by_key) == {"a", "b"}
+    assert by_key["a"].ok and by_key["a"].text == "hi" and by_key["a"].tier == "batch"
+    assert by_key["a"].response == SENT  # every key, camelCase, as the server sent it
+    assert not by_key["b"].ok and by_key["b"].error_code == "resource_exhausted" and by_key["b"].retryable
+    # A poll asks only for what it reads; a server that refuses the mask is asked without one from then on.
+    masked = ["fields=" in q for q in _Gemini.queries]
+    assert masked == ([True, False, False, False] if refuse_masks else [True, True, False])
