@@ -37,10 +37,9 @@ from google.genai import types
 from lowtide.core import fastjson
 from lowtide.core.errors import BatchRejected, RouteError
 from lowtide.core.types import Outcome, Refusal, Request
+from lowtide.routes import _gemini_operation as op
 from lowtide.routes._gemini import gemini_body, gemini_error, gemini_outcome
 from lowtide.routes._gemini_models import check_gemini_model
-from lowtide.routes._gemini_operation import (FIND_FIELDS, POLL_FIELDS, counts_of, error_of, inline_responses, output_of,
-                                              responses_file, state_of)  # fmt: skip
 from lowtide.routes._provider import batch_limits, check_options, poll_interval
 from lowtide.routes.base import BatchStatus
 
@@ -155,30 +154,30 @@ class GeminiBatchRoute:
         token = None
         for _ in range(self.find_pages):
             query = {"pageSize": 100} | ({"pageToken": token} if token else {})
-            page = await self._get(f"batches?{urlencode(query)}", FIND_FIELDS)
-            for operation in page.get("operations") or ():
-                if isinstance(operation, dict) and (operation.get("metadata") or {}).get("displayName") == key:
-                    return operation.get("name")
+            page = await self._get(f"batches?{urlencode(query)}", op.FIND_FIELDS)
+            for batch in page.get("operations") or ():
+                if isinstance(batch, dict) and (batch.get("metadata") or {}).get("displayName") == key:
+                    return batch.get("name")
             token = page.get("nextPageToken")
             if not token:
                 break
         return None
 
     async def poll(self, batch_id: str) -> BatchStatus:
-        operation = await self._get(batch_name(batch_id), POLL_FIELDS)
-        state = state_of(operation)
-        errors = [error_of(operation)] if state == "JOB_STATE_FAILED" else []
-        return BatchStatus(phase=state, ended=state in TERMINAL, counts=counts_of(operation), errors=errors)
+        batch = await self._get(batch_name(batch_id), op.POLL_FIELDS)
+        state = op.state_of(batch)
+        errors = [op.error_of(batch)] if state == "JOB_STATE_FAILED" else []
+        return BatchStatus(phase=state, ended=state in TERMINAL, counts=op.counts_of(batch), errors=errors)
 
     async def results(self, batch_id: str) -> AsyncIterator[Outcome]:
-        output = output_of(await self._get(batch_name(batch_id)))
-        items = inline_responses(output)
+        output = op.output_of(await self._get(batch_name(batch_id)))
+        items = op.inline_responses(output)
         for i, item in enumerate(items):
             items[i] = None  # each response is let go once read: the batch is not held twice
             outcome = _inline(item)
             if outcome is not None:
                 yield outcome
-        name = responses_file(output)
+        name = op.responses_file(output)
         if name:
             # To disk, then line by line: a big responses file is never held in memory.
             with tempfile.NamedTemporaryFile(suffix=".jsonl") as spool:
