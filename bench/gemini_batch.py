@@ -38,7 +38,7 @@ from pipeline import make_source, peak_rss_mb  # noqa: E402
 ROUTES = {"openai-batch": "gpt-4o-mini", "gemini-batch": "gemini-2.5-flash"}
 
 
-def run_one(route: str, n: int) -> dict:
+def run_one(route: str, n: int, inline_bytes: int | None = None) -> dict:
     tune_gc()
     tmp = Path(tempfile.mkdtemp(prefix=f"lowtide-bench-{route}-"))
     server, url = start_server(tmp)
@@ -51,7 +51,8 @@ def run_one(route: str, n: int) -> dict:
             "template": {"system": "Classify the ticket.", "user": "Channel: {{ channel }}\n{{ body }}"},
             "model": ROUTES[route], "route": route, "params": {"max_tokens": 64},
             "route_options": {"base_url": base, "api_key_env": "LOWTIDE_BENCH_KEY", "poll_interval": [0.2, 0.5],
-                              "max_requests": 50_000},
+                              "max_requests": 50_000}
+                             | ({"inline_bytes": inline_bytes} if route == "gemini-batch" and inline_bytes is not None else {}),
         })  # fmt: skip
         store = Store(str(tmp / "client.db"))
         t = time.perf_counter()
@@ -85,14 +86,16 @@ def cpu_s(who: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--n", type=int, default=100_000)
+    parser.add_argument("--inline-bytes", type=int, help="gemini-batch's inline_bytes (0: every chunk as an uploaded file)")
     parser.add_argument("--only", choices=list(ROUTES), help=argparse.SUPPRESS)  # a child's one route
     args = parser.parse_args()
     if args.only:
-        print(json.dumps(run_one(args.only, args.n)))
+        print(json.dumps(run_one(args.only, args.n, args.inline_bytes)))
         return
     results = {}
     for route in ROUTES:
-        out = subprocess.run([sys.executable, __file__, "--n", str(args.n), "--only", route], capture_output=True, text=True, check=False)
+        more = ["--inline-bytes", str(args.inline_bytes)] if args.inline_bytes is not None else []
+        out = subprocess.run([sys.executable, __file__, "--n", str(args.n), "--only", route, *more], capture_output=True, text=True, check=False)
         if out.returncode != 0:
             raise SystemExit(f"{route} failed:\n{out.stderr[-3000:]}")
         results[route] = json.loads(out.stdout.strip().splitlines()[-1])

@@ -210,4 +210,4 @@ def test_inline_responses_reach_the_outcome_exactly_as_sent(gemini_api, refuse_m
     assert not by_key["b"].ok and by_key["b"].error_code == "resource_exhausted" and by_key["b"].retryable
     # A poll asks only for what it reads; a server that refuses the mask is asked without one from then on.
     masked = ["fields=" in q for q in _Gemini.queries]
-    assert masked == ([True, False, False, False] if refuse_masks else [True, True, False])
+    assert masked == ([True, False, False, False] if refuse_masks else [True, True, True])

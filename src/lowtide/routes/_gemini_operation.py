@@ -10,8 +10,9 @@ route's poll was mostly that), its Gemini-API mapping keeps neither the operatio
 nor `batchStats`, and a typed response dumped back drops the keys its types lack. Here the
 route reads the few keys it acts on and hands each inline response on as the dict it came as.
 
-`POLL_FIELDS` and `FIND_FIELDS` are Google's partial-response masks (the `fields` system
-parameter every Google API takes): a poll asks for the state, not for 50,000 responses.
+The `*_FIELDS` are Google's partial-response masks (the `fields` system parameter every
+Google API takes): a poll asks for the state, not for 50,000 responses, and the results ask
+for the output once, not twice.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 POLL_FIELDS = "name,done,error,metadata(state,batchStats)"
+RESULTS_FIELDS = "metadata.output"  # the operation's `response` is the same output again
 FIND_FIELDS = "operations(name,metadata(displayName)),nextPageToken"
 
 

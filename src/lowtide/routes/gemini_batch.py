@@ -170,7 +170,7 @@ class GeminiBatchRoute:
         return BatchStatus(phase=state, ended=state in TERMINAL, counts=op.counts_of(batch), errors=errors)
 
     async def results(self, batch_id: str) -> AsyncIterator[Outcome]:
-        output = op.output_of(await self._get(batch_name(batch_id)))
+        output = op.output_of(await self._get(batch_name(batch_id), op.RESULTS_FIELDS))
         items = op.inline_responses(output)
         for i, item in enumerate(items):
             items[i] = None  # each response is let go once read: the batch is not held twice
