@@ -29,7 +29,8 @@ def _options(url: str, **more) -> dict:
     return {"base_url": url, "api_key_env": KEY_ENV, "poll_interval": [0.05, 0.2], **more}
 
 
-@pytest.mark.parametrize("inline_bytes", [10 * 2**20, 0], ids=["inline", "file"])
+# "switch": a chunk goes over inline_bytes part way, and its first lines go into the file too
+@pytest.mark.parametrize("inline_bytes", [10 * 2**20, 0, 700], ids=["inline", "file", "switch"])
 def test_a_templated_job_runs_through_geminis_batch_protocol(inline_bytes, serve, tmp_path):
     url = serve()
     source = write_csv(tmp_path / "t.csv", ticket_rows(25))
@@ -42,13 +43,13 @@ def test_a_templated_job_runs_through_geminis_batch_protocol(inline_bytes, serve
         outputs = dict(conn.execute(sa.select(requests.c.custom_id, requests.c.output)).all())
         payload = conn.execute(sa.select(requests.c.payload).where(requests.c.custom_id == "T1003")).scalar_one()
         provider_ids = conn.execute(sa.select(dispatches.c.provider_id)).scalars().all()
-        tiers = set(conn.execute(sa.select(attempts.c.tier)).scalars())
+        tiers = list(conn.execute(sa.select(attempts.c.tier)).scalars())
         usage = conn.execute(sa.select(sa.func.sum(attempts.c.input_tokens), sa.func.sum(attempts.c.cost_picousd),
                                        sa.func.sum(attempts.c.realtime_picousd))).one()  # fmt: skip
     assert outputs["T1003"] == "Ticket: ticket 1003 about shipping"  # echo, matched by key
     assert '"endpoint": "/v1/chat/completions"' in payload or '"endpoint":"/v1/chat/completions"' in payload  # stored as rendered
     assert len(provider_ids) == 3 and all(p.startswith("batches/") for p in provider_ids)  # 10 + 10 + 5
-    assert tiers == {"batch"}
+    assert tiers == ["batch"] * 25  # one attempt each: none was lost and retried
     assert usage[0] > 0 and usage[1] > 0  # priced from the catalog's gemini-2.5-flash batch tier:
     assert usage[2] == 2 * usage[1]  # half the real-time price
 

@@ -122,12 +122,15 @@ class GeminiBatchRoute:
                 models.add(r.model)
                 line = request_line(r, body)
                 data = fastjson.dumpb(line) + b"\n"
-                f.write(data)
                 size += len(data)
                 if inline is not None and size <= self.inline_bytes:
                     inline.append({"request": line["request"], "metadata": {"key": r.custom_id}})
-                else:
-                    inline = None  # too big to send inline: the file goes
+                    continue  # not written to the file too: an inline chunk is held once
+                if inline is not None:  # too big to send inline: the file goes, with those before
+                    for item in inline:
+                        f.write(fastjson.dumpb({"key": item["metadata"]["key"], "request": item["request"]}) + b"\n")
+                    inline = None
+                f.write(data)
             if len(models) != 1:  # sending it again cannot help: permanent, never retried
                 raise BatchRejected(f"{self.name}: one model per batch, got {sorted(models)}")
             model = models.pop()
