@@ -4,10 +4,14 @@ side by side with `openai-batch` on the same job in the same run: render → per
 
     .venv/bin/python bench/gemini_batch.py            # 100,000 requests, each route
     .venv/bin/python bench/gemini_batch.py --n 5000   # a quick run
+    .venv/bin/python bench/gemini_batch.py --inline-bytes 0   # every gemini chunk as a file
 
 Each route runs in its own child process (so each peak RSS is that route's alone) with its
 own server, on the same source rows and template (bench/batch.py's machinery). Prints the
-client's wall time, requests per second and peak RSS per route, and the ratios.
+client's wall time, requests per second and peak RSS per route, the client's and the
+server's CPU seconds (steadier than wall time on a shared machine), and the ratios. The
+engine's default chunk is 10,000 requests, which go inline (about 3 MB, under
+`inline_bytes`); `--inline-bytes 0` runs the upload / download path instead.
 """
 
 from __future__ import annotations

@@ -14,6 +14,13 @@ SDK's retries off, and after a crash `find` lists recent batches and adopts the 
 so. Results are matched by `key` (file: its lines, streamed from a download to disk;
 inline: each response's `metadata.key`). States are the SDK's `JOB_STATE_*`.
 
+Reading a batch (poll, results, find) is a GET through the SDK's own HTTP client (its key,
+base URL, timeout and errors) whose JSON is read as sent (_gemini_operation.py), not
+`batches.get`: that types every inline response on each call, keeps neither the
+operation's `error` nor `batchStats`, and dumped back to camelCase it loses keys its types
+lack and rewrites others (a `thoughtSignature` came back urlsafe-base64). A poll asks for a
+partial response (Google's `fields` mask: the state and counts, not the responses).
+
 Options: `base_url`, `api_key_env` (default GEMINI_API_KEY, then GOOGLE_API_KEY),
 `max_requests` (≤ 100,000), `max_bytes` (≤ 2 GB), `inline_bytes`, `poll_interval`,
 `find_pages` (pages of 100 batches `find` reads, default 10), `timeout` (seconds, 120),
