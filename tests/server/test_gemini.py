@@ -150,5 +150,8 @@ def test_a_field_mask_keeps_what_it_names_and_the_sdk_still_reads_the_whole_batc
     assert httpx.get(url, params={"fields": "*"}).json() == httpx.get(url).json()
     listed = httpx.get(f"{server.url}/v1beta/batches", params={"fields": "operations(name,metadata.displayName)"}).json()
     assert listed == {"operations": [{"name": made.name, "metadata": {"displayName": "masked"}}]}
+    newer = c.batches.create(model=MODEL, src=[ask("n")], config={"display_name": "newer"})
+    page = httpx.get(f"{server.url}/v1beta/batches", params={"pageSize": 1, "fields": "operations(name),nextPageToken"}).json()
+    assert page["operations"] == [{"name": newer.name}] and page["nextPageToken"]
     bad = httpx.get(url, params={"fields": "metadata(state"})
     assert bad.status_code == 400 and bad.json()["error"]["status"] == "INVALID_ARGUMENT" and "metadata(state" in bad.json()["error"]["message"]
