@@ -190,7 +190,7 @@ def _ended(items: list, state: str = "BATCH_STATE_SUCCEEDED") -> dict:
 def test_inline_responses_reach_the_outcome_exactly_as_sent(gemini_api, refuse_masks):
     _Gemini.batch = _ended([{"response": SENT, "metadata": {"key": "a"}},
                             {"error": {"code": 429, "message": "slow down", "status": "RESOURCE_EXHAUSTED"}, "metadata": {"key": "b"}},
-                            {"response": SENT}])  # fmt: skip  (no key: names no request, skipped)
+                            {"response": SENT}, {"response": SENT, "metadata": "a"}])  # fmt: skip  (no key: names no request, skipped)
     _Gemini.refuse_masks = refuse_masks
 
     async def go():
@@ -203,7 +203,7 @@ def test_inline_responses_reach_the_outcome_exactly_as_sent(gemini_api, refuse_m
 
     polls, outcomes = asyncio.run(go())
     assert [p.phase for p in polls] == ["JOB_STATE_SUCCEEDED"] * 2 and polls[0].ended
-    assert polls[0].counts == {"requestCount": 3, "successfulRequestCount": 3}
+    assert polls[0].counts == {"requestCount": 4, "successfulRequestCount": 4}
     by_key = {o.custom_id: o for o in outcomes}
     assert set(by_key) == {"a", "b"}
     assert by_key["a"].ok and by_key["a"].text == "hi" and by_key["a"].tier == "batch"

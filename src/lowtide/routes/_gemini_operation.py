@@ -28,6 +28,15 @@ def _dict(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+def display_name_of(operation: Any) -> Any:
+    return _dict(_dict(operation).get("metadata")).get("displayName")
+
+
+def key_of(item: Any) -> Any:
+    """An inline response's key (its `metadata.key`)."""
+    return _dict(_dict(item).get("metadata")).get("key")
+
+
 def state_of(operation: dict[str, Any]) -> str:
     """The batch's state in the SDK's words (`JOB_STATE_*`, which the API spells `BATCH_STATE_*`)."""
     state = _dict(operation.get("metadata")).get("state")

@@ -166,7 +166,7 @@ class GeminiBatchRoute:
             query = {"pageSize": 100} | ({"pageToken": token} if token else {})
             page = await self._get(f"batches?{urlencode(query)}", op.FIND_FIELDS)
             for batch in page.get("operations") or ():
-                if isinstance(batch, dict) and (batch.get("metadata") or {}).get("displayName") == key:
+                if op.display_name_of(batch) == key:
                     return batch.get("name")
             token = page.get("nextPageToken")
             if not token:
@@ -225,7 +225,7 @@ class GeminiBatchRoute:
 
 def _inline(item: Any) -> Outcome | None:
     """One inline response, `{"response" | "error", "metadata": {"key"}}`, as it came."""
-    key = (item.get("metadata") or {}).get("key") if isinstance(item, dict) else None
+    key = op.key_of(item)
     if not isinstance(key, str):
         log.warning("gemini-batch: skipped an inline response without a key: %.200s", item)
         return None
