@@ -127,20 +127,24 @@ def test_poll_reads_a_failed_batchs_error_and_counts_from_the_operation(serve, t
 
 
 class _Gemini(BaseHTTPRequestHandler):
-    """A Gemini API of one ended inline batch, answering as `batches.get` does; it refuses
-    field masks (400) when `refuse_masks` is set. Each GET's query is kept."""
+    """A Gemini API of one ended inline batch, answering as `batches.get` and `list` do. Its
+    field masks: "ignored" (the whole answer), "refused" (400), "misapplied" (an answer
+    without the metadata asked for). Each GET's query is kept."""
 
     batch: dict = {}
-    refuse_masks = False
+    masks = "ignored"
     queries: list[str] = []
 
     def do_GET(self):  # noqa: N802 (http.server's name)
         path, _, query = self.path.partition("?")
         self.queries.append(query)
-        if self.refuse_masks and "fields=" in query:
+        masked = "fields=" in query
+        if masked and self.masks == "refused":
             self._send(400, {"error": {"code": 400, "message": "Invalid field selection", "status": "INVALID_ARGUMENT"}})
         elif path == "/v1beta/batches/b1":
-            self._send(200, self.batch)
+            self._send(200, {"name": "batches/b1", "done": True} if masked and self.masks == "misapplied" else self.batch)
+        elif path == "/v1beta/batches":
+            self._send(200, {"operations": [{"name": "batches/b1"} if masked and self.masks == "misapplied" else self.batch]})
         else:
             self._send(404, {"error": {"code": 404, "message": "not found", "status": "NOT_FOUND"}})
 
@@ -186,22 +190,24 @@ def _ended(items: list, state: str = "BATCH_STATE_SUCCEEDED") -> dict:
     return {"name": "batches/b1", "metadata": meta, "done": True, "response": output}
 
 
-@pytest.mark.parametrize("refuse_masks", [False, True], ids=["masked", "mask-refused"])
-def test_inline_responses_reach_the_outcome_exactly_as_sent(gemini_api, refuse_masks):
+@pytest.mark.parametrize("masks", ["ignored", "refused", "misapplied"])
+def test_inline_responses_reach_the_outcome_exactly_as_sent(gemini_api, masks):
     _Gemini.batch = _ended([{"response": SENT, "metadata": {"key": "a"}},
                             {"error": {"code": 429, "message": "slow down", "status": "RESOURCE_EXHAUSTED"}, "metadata": {"key": "b"}},
                             {"response": SENT}, {"response": SENT, "metadata": "a"}])  # fmt: skip  (no key: names no request, skipped)
-    _Gemini.refuse_masks = refuse_masks
+    _Gemini.masks = masks
 
     async def go():
         route = create_route("gemini-batch", _options(gemini_api))
         try:
             polls = [await route.poll("batches/b1") for _ in range(2)]
-            return polls, [o async for o in route.results("batches/b1")]
+            found = await route.find("k", 4, 0.0)
+            return polls, found, [o async for o in route.results("batches/b1")]
         finally:
             await route.aclose()
 
-    polls, outcomes = asyncio.run(go())
+    polls, found, outcomes = asyncio.run(go())
+    assert found == "batches/b1"
     assert [p.phase for p in polls] == ["JOB_STATE_SUCCEEDED"] * 2 and polls[0].ended
     assert polls[0].counts == {"requestCount": 4, "successfulRequestCount": 4}
     by_key = {o.custom_id: o for o in outcomes}
@@ -209,6 +215,7 @@ def test_inline_responses_reach_the_outcome_exactly_as_sent(gemini_api, refuse_m
     assert by_key["a"].ok and by_key["a"].text == "hi" and by_key["a"].tier == "batch"
     assert by_key["a"].response == SENT  # every key, camelCase, as the server sent it
     assert not by_key["b"].ok and by_key["b"].error_code == "resource_exhausted" and by_key["b"].retryable
-    # A poll asks only for what it reads; a server that refuses the mask is asked without one from then on.
+    # Each GET asks only for what it reads; a server that refuses or misapplies the mask is
+    # asked again without one, and from then on (poll, poll, find, results).
     masked = ["fields=" in q for q in _Gemini.queries]
-    assert masked == ([True, False, False, False] if refuse_masks else [True, True, True])
+    assert masked == ([True, True, True, True] if masks == "ignored" else [True, False, False, False, False])

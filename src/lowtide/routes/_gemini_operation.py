@@ -28,6 +28,20 @@ def _dict(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+# What a masked answer must hold, else the mask went wrong and the whole batch is asked for.
+def has_state(operation: dict[str, Any]) -> bool:
+    return isinstance(_dict(operation.get("metadata")).get("state"), str)
+
+
+def has_output(operation: dict[str, Any]) -> bool:
+    return bool(output_of(operation))
+
+
+def has_names(page: dict[str, Any]) -> bool:
+    operations = page.get("operations")
+    return not operations or any(display_name_of(b) is not None for b in operations)
+
+
 def display_name_of(operation: Any) -> Any:
     return _dict(_dict(operation).get("metadata")).get("displayName")
 

@@ -33,7 +33,7 @@ import json
 import logging
 import os
 import tempfile
-from collections.abc import AsyncIterator, Collection, Iterable
+from collections.abc import AsyncIterator, Callable, Collection, Iterable
 from typing import Any, Literal
 from urllib.parse import urlencode
 
@@ -164,7 +164,7 @@ class GeminiBatchRoute:
         token = None
         for _ in range(self.find_pages):
             query = {"pageSize": 100} | ({"pageToken": token} if token else {})
-            page = await self._get(f"batches?{urlencode(query)}", op.FIND_FIELDS)
+            page = await self._get(f"batches?{urlencode(query)}", op.FIND_FIELDS, has=op.has_names)
             for batch in page.get("operations") or ():
                 if op.display_name_of(batch) == key:
                     return batch.get("name")
@@ -174,13 +174,13 @@ class GeminiBatchRoute:
         return None
 
     async def poll(self, batch_id: str) -> BatchStatus:
-        batch = await self._get(batch_name(batch_id), op.POLL_FIELDS)
+        batch = await self._get(batch_name(batch_id), op.POLL_FIELDS, has=op.has_state)
         state = op.state_of(batch)
         errors = [op.error_of(batch)] if state == "JOB_STATE_FAILED" else []
         return BatchStatus(phase=state, ended=state in TERMINAL, counts=op.counts_of(batch), errors=errors)
 
     async def results(self, batch_id: str) -> AsyncIterator[Outcome]:
-        output = op.output_of(await self._get(batch_name(batch_id), op.RESULTS_FIELDS))
+        output = op.output_of(await self._get(batch_name(batch_id), op.RESULTS_FIELDS, has=op.has_output))
         items = op.inline_responses(output)
         for i, item in enumerate(items):
             items[i] = None  # each response is let go once read: the batch is not held twice
@@ -198,22 +198,33 @@ class GeminiBatchRoute:
                         if outcome is not None:
                             yield outcome
 
-    async def _get(self, path: str, fields: str | None = None) -> dict[str, Any]:
+    async def _get(self, path: str, fields: str | None = None, has: Callable[[dict[str, Any]], bool] | None = None) -> dict[str, Any]:
         """GET `path` (under v1beta) through the SDK's own client (its key, base URL, timeout
         and errors), its JSON read as sent: `batches.get` would type every inline response.
-        `fields` asks for a partial response; a server that refuses the mask (400) is asked
-        again without it, and not asked with one again."""
-        masked = fields is not None and self.field_masks
-        sep = "&" if "?" in path else "?"
+
+        `fields` asks for a partial response. A server that refuses the mask (400), or whose
+        masked answer lacks what `has` looks for where the whole answer has it, is asked
+        again without one, and not asked with one again: a mask only ever saves work."""
+        if fields is None or not self.field_masks:
+            return await self._fetch(path)
+        refused = False
         try:
-            response = await self.client.aio._api_client.async_request(
-                "get", f"{path}{sep}{urlencode({'fields': fields})}" if masked else path, {}, None)  # fmt: skip
+            got = await self._fetch(f"{path}{'&' if '?' in path else '?'}{urlencode({'fields': fields})}")
+            if has is None or has(got):
+                return got
+            why = "its answer left out what was asked for"
         except genai_errors.ClientError as err:
-            if not masked or err.code != 400:
+            if err.code != 400:
                 raise
-            response = await self.client.aio._api_client.async_request("get", path, {}, None)
+            refused, why = True, f"it refused the mask ({err.message})"
+        whole = await self._fetch(path)
+        if refused or has is None or has(whole):  # the mask was the trouble, not the batch
             self.field_masks = False
-            log.warning("%s: the server refused a fields mask (%s); asking for whole batches from now on", self.name, err.message)
+            log.warning("%s: asked for part of %s, %s; asking for whole batches from now on", self.name, path, why)
+        return whole
+
+    async def _fetch(self, path: str) -> dict[str, Any]:
+        response = await self.client.aio._api_client.async_request("get", path, {}, None)
         return fastjson.loads(response.body) if response.body else {}
 
     async def cancel(self, batch_id: str) -> None:
