@@ -133,3 +133,25 @@ def test_generate_content_in_real_time_through_the_sdk_and_the_gemini_route(serv
     assert outcomes["a"].ok and outcomes["a"].text == "native body"
     assert outcomes["b"].ok and outcomes["b"].text == "from chat"
     assert outcomes["a"].response["candidates"][0]["content"]["role"] == "model"  # the provider's own answer, kept
+
+
+def test_a_field_mask_keeps_what_it_names_and_the_sdk_still_reads_the_whole_batch(server):
+    c = client(server)
+    made = c.batches.create(model=MODEL, src=[ask(f"m{i}") for i in range(3)], config={"display_name": "masked"})
+    done = wait(c, made.name)
+    assert len(done.dest.inlined_responses) == 3  # unmasked: the SDK's whole batch
+    url = f"{server.url}/v1beta/{made.name}"
+    part = httpx.get(url, params={"fields": "name,done,metadata(state,batchStats.requestCount)"}).json()
+    assert part == {"name": made.name, "done": True, "metadata": {"state": "BATCH_STATE_SUCCEEDED", "batchStats": {"requestCount": "3"}}}
+    dotted = httpx.get(url, params={"$fields": "metadata.output"}).json()
+    assert len(dotted["metadata"]["output"]["inlinedResponses"]["inlinedResponses"]) == 3 and set(dotted) == {"metadata"}
+    header = httpx.get(url, headers={"X-Goog-FieldMask": "metadata/displayName"}).json()
+    assert header == {"metadata": {"displayName": "masked"}}
+    assert httpx.get(url, params={"fields": "*"}).json() == httpx.get(url).json()
+    listed = httpx.get(f"{server.url}/v1beta/batches", params={"fields": "operations(name,metadata.displayName)"}).json()
+    assert listed == {"operations": [{"name": made.name, "metadata": {"displayName": "masked"}}]}
+    newer = c.batches.create(model=MODEL, src=[ask("n")], config={"display_name": "newer"})
+    page = httpx.get(f"{server.url}/v1beta/batches", params={"pageSize": 1, "fields": "operations(name),nextPageToken"}).json()
+    assert page["operations"] == [{"name": newer.name}] and page["nextPageToken"]
+    bad = httpx.get(url, params={"fields": "metadata(state"})
+    assert bad.status_code == 400 and bad.json()["error"]["status"] == "INVALID_ARGUMENT" and "metadata(state" in bad.json()["error"]["message"]

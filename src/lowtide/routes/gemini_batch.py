@@ -14,6 +14,13 @@ SDK's retries off, and after a crash `find` lists recent batches and adopts the 
 so. Results are matched by `key` (file: its lines, streamed from a download to disk;
 inline: each response's `metadata.key`). States are the SDK's `JOB_STATE_*`.
 
+Reading a batch (poll, results, find) is a GET through the SDK's own HTTP client (its key,
+base URL, timeout and errors) whose JSON is read as sent (_gemini_operation.py), not
+`batches.get`: that types every inline response on each call, keeps neither the
+operation's `error` nor `batchStats`, and dumped back to camelCase it loses keys its types
+lack and rewrites others (a `thoughtSignature` came back urlsafe-base64). A poll asks for a
+partial response (Google's `fields` mask: the state and counts, not the responses).
+
 Options: `base_url`, `api_key_env` (default GEMINI_API_KEY, then GOOGLE_API_KEY),
 `max_requests` (≤ 100,000), `max_bytes` (≤ 2 GB), `inline_bytes`, `poll_interval`,
 `find_pages` (pages of 100 batches `find` reads, default 10), `timeout` (seconds, 120),
@@ -26,8 +33,9 @@ import json
 import logging
 import os
 import tempfile
-from collections.abc import AsyncIterator, Collection, Iterable
+from collections.abc import AsyncIterator, Callable, Collection, Iterable
 from typing import Any, Literal
+from urllib.parse import urlencode
 
 from google import genai
 from google.genai import errors as genai_errors
@@ -36,6 +44,7 @@ from google.genai import types
 from lowtide.core import fastjson
 from lowtide.core.errors import BatchRejected, RouteError
 from lowtide.core.types import Outcome, Refusal, Request
+from lowtide.routes import _gemini_operation as op
 from lowtide.routes._gemini import gemini_body, gemini_error, gemini_outcome
 from lowtide.routes._gemini_models import check_gemini_model
 from lowtide.routes._provider import batch_limits, check_options, poll_interval
@@ -99,6 +108,7 @@ class GeminiBatchRoute:
         self.find_pages = int(options.get("find_pages", 10))
         self.models = frozenset(options.get("models") or ())
         self.client = gemini_client(options, self.name)
+        self.field_masks = True  # until the server refuses one
 
     def check_model(self, model: str) -> None:
         check_gemini_model(self.name, model, self.models)
@@ -119,12 +129,15 @@ class GeminiBatchRoute:
                 models.add(r.model)
                 line = request_line(r, body)
                 data = fastjson.dumpb(line) + b"\n"
-                f.write(data)
                 size += len(data)
                 if inline is not None and size <= self.inline_bytes:
                     inline.append({"request": line["request"], "metadata": {"key": r.custom_id}})
-                else:
-                    inline = None  # too big to send inline: the file goes
+                    continue  # not written to the file too: an inline chunk is held once
+                if inline is not None:  # too big to send inline: the file goes, with those before
+                    for item in inline:
+                        f.write(fastjson.dumpb({"key": item["metadata"]["key"], "request": item["request"]}) + b"\n")
+                    inline = None
+                f.write(data)
             if len(models) != 1:  # sending it again cannot help: permanent, never retried
                 raise BatchRejected(f"{self.name}: one model per batch, got {sorted(models)}")
             model = models.pop()
@@ -146,46 +159,73 @@ class GeminiBatchRoute:
         return batch.name
 
     async def find(self, key: str, size: int, not_before: float, known: Collection[str] = ()) -> str | None:
-        # Newest first; the pager fetches the next page as it goes, up to find_pages of them.
-        seen = 0
-        async for batch in await self.client.aio.batches.list(config={"page_size": 100}):
-            if batch.display_name == key:
-                return batch.name
-            seen += 1
-            if seen >= 100 * self.find_pages:
+        # Newest first, page by page (names only: a page of ended inline batches carries
+        # every response otherwise), up to find_pages of them.
+        token = None
+        for _ in range(self.find_pages):
+            query = {"pageSize": 100} | ({"pageToken": token} if token else {})
+            page = await self._get(f"batches?{urlencode(query)}", op.FIND_FIELDS, has=op.has_names)
+            for batch in page.get("operations") or ():
+                if op.display_name_of(batch) == key:
+                    return batch.get("name")
+            token = page.get("nextPageToken")
+            if not token:
                 break
         return None
 
     async def poll(self, batch_id: str) -> BatchStatus:
-        batch = await self.client.aio.batches.get(name=batch_id)
-        state = batch.state.value if batch.state is not None else "JOB_STATE_UNSPECIFIED"
-        errors = []
-        if state == "JOB_STATE_FAILED":
-            error = batch.error
-            errors = [f"{error.code}: {error.message}" if error and error.message else "the provider failed the batch without saying why"]
-        counts = {}
-        if batch.completion_stats is not None:
-            counts = {k: v for k, v in batch.completion_stats.model_dump().items() if isinstance(v, int)}
-        return BatchStatus(phase=state, ended=state in TERMINAL, counts=counts, errors=errors)
+        batch = await self._get(batch_name(batch_id), op.POLL_FIELDS, has=op.has_state)
+        state = op.state_of(batch)
+        errors = [op.error_of(batch)] if state == "JOB_STATE_FAILED" else []
+        return BatchStatus(phase=state, ended=state in TERMINAL, counts=op.counts_of(batch), errors=errors)
 
     async def results(self, batch_id: str) -> AsyncIterator[Outcome]:
-        batch = await self.client.aio.batches.get(name=batch_id)
-        dest = batch.dest
-        if dest is None:
-            return
-        for item in dest.inlined_responses or ():
+        output = op.output_of(await self._get(batch_name(batch_id), op.RESULTS_FIELDS, has=op.has_output))
+        items = op.inline_responses(output)
+        for i, item in enumerate(items):
+            items[i] = None  # each response is let go once read: the batch is not held twice
             outcome = _inline(item)
             if outcome is not None:
                 yield outcome
-        if dest.file_name:
+        name = op.responses_file(output)
+        if name:
             # To disk, then line by line: a big responses file is never held in memory.
             with tempfile.NamedTemporaryFile(suffix=".jsonl") as spool:
-                await self.client.aio.files.download(file=dest.file_name, destination=spool.name)
+                await self.client.aio.files.download(file=name, destination=spool.name)
                 with open(spool.name, encoding="utf-8", errors="replace") as lines:
                     for text in lines:
                         outcome = _parse(text) if text.strip() else None
                         if outcome is not None:
                             yield outcome
+
+    async def _get(self, path: str, fields: str | None = None, has: Callable[[dict[str, Any]], bool] | None = None) -> dict[str, Any]:
+        """GET `path` (under v1beta) through the SDK's own client (its key, base URL, timeout
+        and errors), its JSON read as sent: `batches.get` would type every inline response.
+
+        `fields` asks for a partial response. A server that refuses the mask (400), or whose
+        masked answer lacks what `has` looks for where the whole answer has it, is asked
+        again without one, and not asked with one again: a mask only ever saves work."""
+        if fields is None or not self.field_masks:
+            return await self._fetch(path)
+        refused = False
+        try:
+            got = await self._fetch(f"{path}{'&' if '?' in path else '?'}{urlencode({'fields': fields})}")
+            if has is None or has(got):
+                return got
+            why = "its answer left out what was asked for"
+        except genai_errors.ClientError as err:
+            if err.code != 400:
+                raise
+            refused, why = True, f"it refused the mask ({err.message})"
+        whole = await self._fetch(path)
+        if refused or has is None or has(whole):  # the mask was the trouble, not the batch
+            self.field_masks = False
+            log.warning("%s: asked for part of %s, %s; asking for whole batches from now on", self.name, path, why)
+        return whole
+
+    async def _fetch(self, path: str) -> dict[str, Any]:
+        response = await self.client.aio._api_client.async_request("get", path, {}, None)
+        return fastjson.loads(response.body) if response.body else {}
 
     async def cancel(self, batch_id: str) -> None:
         await self.client.aio.batches.cancel(name=batch_id)
@@ -194,17 +234,19 @@ class GeminiBatchRoute:
         await self.client.aio.aclose()
 
 
-def _inline(item: types.InlinedResponse) -> Outcome | None:
-    key = (item.metadata or {}).get("key")
+def _inline(item: Any) -> Outcome | None:
+    """One inline response, `{"response" | "error", "metadata": {"key"}}`, as it came."""
+    key = op.key_of(item)
     if not isinstance(key, str):
         log.warning("gemini-batch: skipped an inline response without a key: %.200s", item)
         return None
-    if item.response is not None:  # back to the REST shape it came in (camelCase)
-        body = item.response.model_dump(mode="json", by_alias=True, exclude_none=True,
-                                        exclude={"sdk_http_response", "automatic_function_calling_history", "parsed"})  # fmt: skip
-        return gemini_outcome(key, body, batch=True)
-    error = item.error.model_dump(mode="json", exclude_none=True) if item.error is not None else None
-    return gemini_error(key, error)
+    if isinstance(item.get("response"), dict):
+        return gemini_outcome(key, item["response"], batch=True)
+    return gemini_error(key, item.get("error"))
+
+
+def batch_name(batch_id: str) -> str:
+    return batch_id if batch_id.startswith("batches/") else f"batches/{batch_id}"
 
 
 def _parse(text: str) -> Outcome | None:

@@ -22,10 +22,12 @@ import secrets
 import shutil
 from typing import Any
 
-from fastapi import APIRouter, Request
+import orjson
+from fastapi import APIRouter, Request, Response
 from sqlalchemy import Row
 from starlette.concurrency import run_in_threadpool
 
+from lowtide.core import fastjson
 from lowtide.core.endpoints import GEMINI
 from lowtide.core.types import Request as LowtideRequest
 from lowtide.routes._replies import Ids, in_shape, text_body
@@ -34,6 +36,7 @@ from lowtide.server.bodies import parse_object, read_body
 from lowtide.server.context import Server
 from lowtide.server.errors import ApiError
 from lowtide.server.finalize import Summary, batch_folder, live_summary
+from lowtide.server.gemini_fields import Mask, apply, mask_of, selects
 from lowtide.server.gemini_files import get_file, rfc3339
 from lowtide.server.gemini_outputs import INLINE, meta_of
 from lowtide.server.intake import Intake
@@ -62,7 +65,9 @@ def _get(server: Server, name: str) -> Row:
     return row
 
 
-def batch_object(server: Server, row: Row) -> dict[str, Any]:
+def batch_object(server: Server, row: Row, mask: Mask | None = None) -> dict[str, Any]:
+    """The batch as its operation, with what `mask` keeps (the output, and an inline
+    batch's responses in it, only read when kept)."""
     ended = row.status in TERMINAL
     stamps = [t for t in (row.created_at, row.in_progress_at, row.finalizing_at, row.cancelling_at, row.completed_at,
                           row.failed_at, row.expired_at, row.cancelled_at) if t is not None]  # fmt: skip
@@ -84,14 +89,15 @@ def batch_object(server: Server, row: Row) -> dict[str, Any]:
     if ended:
         batch["endTime"] = rfc3339(max(stamps))
         if row.status != S.FAILED:
-            batch["output"] = _output(server, row, meta)
+            wanted = selects(mask, "metadata", "output") or selects(mask, "response")
+            batch["output"] = _output(server, row, meta) if wanted else {}
     out: dict[str, Any] = {"name": f"batches/{row.id}", "metadata": batch, "done": ended}
     if row.status == S.FAILED:
         errors = json.loads(row.errors)["data"] if row.errors else []
         out["error"] = {"code": 400, "message": "; ".join(e["message"] for e in errors) or "the batch failed", "status": "INVALID_ARGUMENT"}
     elif ended:
         out["response"] = {"@type": BATCH_TYPE.replace("GenerateContentBatch", "GenerateContentBatchOutput")} | batch["output"]
-    return out
+    return apply(mask, out)
 
 
 def _output(server: Server, row: Row, meta: dict[str, Any]) -> dict[str, Any]:
@@ -103,14 +109,14 @@ def _output(server: Server, row: Row, meta: dict[str, Any]) -> dict[str, Any]:
         with path.open(encoding="utf-8") as f:
             for line in f:
                 try:
-                    items.append(json.loads(line))
+                    items.append(fastjson.loads(line))
                 except ValueError:  # a corrupt line (fault plan): the request has no response
                     continue
     return {"inlinedResponses": {"inlinedResponses": items}}
 
 
 @router.post("/models/{model}:batchGenerateContent")
-async def create(model: str, request: Request) -> dict[str, Any]:
+async def create(model: str, request: Request) -> Response:
     server = _server(request)
     raw = await read_body(request, max(server.config.max_request_bytes, INLINE_MAX_BYTES), server.config.body_timeout)
     body = parse_object(raw, server.config.max_json_depth)
@@ -126,7 +132,7 @@ async def create(model: str, request: Request) -> dict[str, Any]:
     meta = {"displayName": batch.get("displayName"), "inline": inline}
     row = await run_in_threadpool(_store, server, batch_id, model, meta, intake)
     server.notify()
-    return batch_object(server, row)
+    return _json(batch_object(server, row))
 
 
 def _items(server: Server, source: dict[str, Any]):
@@ -188,14 +194,16 @@ def _store(server: Server, batch_id: str, model: str, meta: dict[str, Any], inta
 
 
 @router.get("/batches/{name}")
-def get(name: str, request: Request) -> dict[str, Any]:
+def get(name: str, request: Request) -> Response:
     server = _server(request)
-    return batch_object(server, _get(server, name))
+    mask = mask_of(request)
+    return _json(batch_object(server, _get(server, name), mask))
 
 
 @router.get("/batches")
-def list_(request: Request, pageSize: int = 50, pageToken: str | None = None) -> dict[str, Any]:  # noqa: N803 (Gemini's names)
+def list_(request: Request, pageSize: int = 50, pageToken: str | None = None) -> Response:  # noqa: N803 (Gemini's names)
     server = _server(request)
+    mask = mask_of(request)
     if not 1 <= pageSize <= 1000:
         raise ApiError(400, f"pageSize must be between 1 and 1000; got {pageSize}.")
     with server.store.read() as conn:
@@ -203,10 +211,21 @@ def list_(request: Request, pageSize: int = 50, pageToken: str | None = None) ->
     if page is None:
         raise ApiError(400, f"pageToken {pageToken} is not valid.")
     rows, more = page
-    out: dict[str, Any] = {"operations": [batch_object(server, r) for r in rows]}
+    each = mask.get("operations", {}) if mask is not None else None  # what each operation keeps
+    out: dict[str, Any] = {"operations": [batch_object(server, r, each) for r in rows]}
     if more and rows:
         out["nextPageToken"] = rows[-1].id
-    return out
+    return _json(apply(mask, out))
+
+
+def _json(value: dict[str, Any]) -> Response:
+    # orjson, not FastAPI's encoder: an ended inline batch is 50,000 responses. What orjson
+    # refuses (a lone surrogate, an integer past 64 bits) is written escaped, as valid UTF-8.
+    try:
+        data = orjson.dumps(value)
+    except TypeError:
+        data = json.dumps(value).encode()
+    return Response(data, media_type="application/json")
 
 
 @router.post("/batches/{name}:cancel")
