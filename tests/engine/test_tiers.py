@@ -213,7 +213,9 @@ def test_late_chunks_go_to_flex_and_near_the_end_each_tier_hands_over_to_the_nex
     ]
 
 
-def test_work_arriving_after_a_tiers_hand_over_skips_the_tiers_that_can_no_longer_make_it(store, clock, tmp_path, upstream):
+def _rows_arrive_late(store, clock, tmp_path, upstream, left: float, rows: int) -> dict:
+    """A 20-row job ticks four times; then, `left` seconds before the end of max_wait, the
+    source has grown to `rows` rows and is loaded again and ticked once. The requests placed."""
     _batch_history(store)
     spec = _spec(tmp_path, upstream, 20)
     load_job(store, spec, clock)
@@ -224,15 +226,19 @@ def test_work_arriving_after_a_tiers_hand_over_skips_the_tiers_that_can_no_longe
         for _ in range(4):
             await engine.tick("tickets")
             clock.advance(10)
-        # After both echo-batch's (200 s) and flex's (60 s) hand-over: straight to real time.
-        clock.advance(end - 50 - clock.now())
-        write_csv(tmp_path / "t.csv", ticket_rows(25))
+        clock.advance(end - left - clock.now())
+        write_csv(tmp_path / "t.csv", ticket_rows(rows))
         load_job(store, spec, clock)
         await engine.tick("tickets")
         await engine.aclose()
 
     asyncio.run(run())
-    placed = _requests(store)
+    return _requests(store)
+
+
+def test_work_arriving_after_a_tiers_hand_over_skips_the_tiers_that_can_no_longer_make_it(store, clock, tmp_path, upstream):
+    # After both echo-batch's (200 s) and flex's (60 s) hand-over: straight to real time.
+    placed = _rows_arrive_late(store, clock, tmp_path, upstream, left=50, rows=25)
     late = {f"T{i}" for i in range(1020, 1025)}
     assert {c for c, p in placed.items() if p[1] == "tier2"} == late
     assert all(placed[c][0] == "succeeded" and placed[c][2] == "openai" for c in late)
@@ -242,25 +248,8 @@ def test_work_arriving_after_a_tiers_hand_over_skips_the_tiers_that_can_no_longe
 
 
 def test_a_direct_tier_keeps_what_it_can_still_do_and_passes_on_the_rest(store, clock, tmp_path, upstream):
-    _batch_history(store)
-    spec = _spec(tmp_path, upstream, 20)
-    load_job(store, spec, clock)
-    end = _stored(store).deadline.timestamp()
-    engine = Engine(store, clock, seed=5)
-
-    async def run() -> None:
-        for _ in range(4):
-            await engine.tick("tickets")
-            clock.advance(10)
-        # 150 s left, after echo-batch's hand-over: flex (10 s a request) can do 15 of 20.
-        clock.advance(end - 150 - clock.now())
-        write_csv(tmp_path / "t.csv", ticket_rows(40))
-        load_job(store, spec, clock)
-        await engine.tick("tickets")
-        await engine.aclose()
-
-    asyncio.run(run())
-    placed = _requests(store)
+    # 150 s left, after echo-batch's hand-over: flex (10 s a request) can do 15 of 20.
+    placed = _rows_arrive_late(store, clock, tmp_path, upstream, left=150, rows=40)
     late = [f"T{i}" for i in range(1020, 1040)]
     assert [placed[c][1] for c in late] == ["tier1"] * 15 + ["tier2"] * 5  # the oldest stay
     assert placed["T1035"][3] == (
