@@ -11,7 +11,6 @@ per row).
 from __future__ import annotations
 
 import copy
-import weakref
 from collections.abc import Sequence
 from operator import itemgetter
 from typing import Any
@@ -33,23 +32,24 @@ from sqlalchemy.sql import Executable, Insert
 from lowtide.core import fastjson
 
 _SQLITE_QMARK = sqlite.dialect(paramstyle="qmark")
-_POSITIONAL: weakref.WeakKeyDictionary[Dialect, Dialect] = weakref.WeakKeyDictionary()
 
 
 def _positional(dialect: Dialect) -> Dialect:
     """`dialect`, compiling `%s` where it compiles `%(name)s` (psycopg takes both): a copy,
-    so that everything else the live dialect knows (server version, casts) is kept."""
+    so that everything else the live dialect knows (server version, casts) is kept. Made
+    once per engine and kept on its dialect (a cache keyed by dialect would keep each alive:
+    the copy refers back to it)."""
     if dialect.name == "sqlite":
         return _SQLITE_QMARK
     if dialect.positional:
         return dialect
-    found = _POSITIONAL.get(dialect)
+    found = dialect.__dict__.get("_lowtide_positional")
     if found is None:
         if dialect.paramstyle != "pyformat":
             raise ValueError(f"bulk.executemany cannot bind by position with paramstyle {dialect.paramstyle}")
         found = copy.copy(dialect)
         found.paramstyle, found.positional = "format", True
-        _POSITIONAL[dialect] = found
+        dialect.__dict__["_lowtide_positional"] = found
     return found
 
 
