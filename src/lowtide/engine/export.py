@@ -174,7 +174,7 @@ class ResultRows:
                     case((cols.fingerprint.is_(None), cols.payload), else_=None),  # stored before fingerprints
                     cols.id, length, case((length <= INLINE_BYTES, cols.response), else_=None),
                 ).where(cols.job_id == self.job_id, among(conn, cols.custom_id, wanted))  # fmt: skip
-                return {r[0]: tuple(r) for r in conn.execute(stmt)}
+                return {r[0]: tuple(r) for r in conn.execute(stmt).fetchall()}  # whole: no fetch per row
 
             found = fetch(ids)
             legacy = {old: cid for cid, key in zip(ids, keys, strict=True) if cid not in found for old in legacy_custom_ids(key)}
@@ -329,7 +329,7 @@ class _ParquetWriter:
                 values = [v if v is None or v.__class__ is str else _text(v) for v in values]
             # A column with no value in the chunk (no tool calls anywhere, say) is made as
             # nulls: converting Nones to a nested type costs as much as real values.
-            columns[f.name] = pa.nulls(len(values), f.type) if not any(v is not None for v in values) else values
+            columns[f.name] = pa.nulls(len(values), f.type) if values.count(None) == len(values) else values
         self.writer.write_table(pa.Table.from_pydict(columns, schema=self.schema))
 
     def close(self) -> None:

@@ -51,6 +51,7 @@ FORMATS = {
     "uuid": lambda n: str(uuid.UUID(int=n % 2**128)),
     "duration": lambda n: f"P{n % 30 + 1}D",
 }
+VERDICTS = 4096  # distinct made values whose validity one schema's Instances remembers
 MAX_DEPTH = 24  # a $ref cycle that has to be followed this deep has no finite instance here
 TYPES = ("object", "array", "string", "integer", "number", "boolean", "null")
 
@@ -78,6 +79,7 @@ class Instances:
             raise Unsatisfiable(where, f"not a valid JSON Schema: {err.message}") from None
         self.schema = schema
         self.validator = cls(schema)
+        self._verdicts: dict[str, bool] = {}  # repr of a made value -> valid (`_valid`)
         self.first = self._make(0)
         if not self.validator.is_valid(self.first):
             error = jsonschema.exceptions.best_match(self.validator.iter_errors(self.first))
@@ -91,7 +93,20 @@ class Instances:
             value = self._make(seed)
         except Unsatisfiable:
             return self.first
-        return value if self.validator.is_valid(value) else self.first
+        return value if self._valid(value) else self.first
+
+    def _valid(self, value: Any) -> bool:
+        """jsonschema's verdict on a made value, remembered per distinct value: checking costs
+        more than making, and a schema of enums and flags makes few distinct values over a
+        whole batch. The key is the value's repr, which tells apart what JSON equality would
+        not (1, 1.0 and True; NaN)."""
+        key = repr(value)
+        verdict = self._verdicts.get(key)
+        if verdict is None:
+            if len(self._verdicts) >= VERDICTS:
+                self._verdicts.clear()
+            verdict = self._verdicts[key] = self.validator.is_valid(value)
+        return verdict
 
     def _make(self, seed: int) -> Any:
         return _Maker(self.schema, seed).make(self.schema, "", 0, "value")

@@ -105,7 +105,7 @@ def _turns(messages: Any, roles: dict[str, str], part_types: tuple[str, ...], al
     out = []
     for i, m in enumerate(messages):
         role = m.get("role") if isinstance(m, dict) else None
-        if role not in roles:
+        if not isinstance(role, str) or role not in roles:  # a list or object role is no key at all
             raise _Refused(f"messages[{i}].role", f"role {role!r} is not taken by this route (only {', '.join(roles)})")
         if len(m) != 2 or "content" not in m:  # anything but {role, content}: look closer
             extra = set(m) - allowed
@@ -191,7 +191,7 @@ def _gemini(body: dict[str, Any]) -> Plain:
         raise _Refused("contents", "expected a non-empty list of contents")
     for i, content in enumerate(contents):
         role = content.get("role", "user") if isinstance(content, dict) else None
-        if role not in GEMINI_ROLES:
+        if not isinstance(role, str) or role not in GEMINI_ROLES:
             raise _Refused(f"contents[{i}].role", f"role {role!r} is not taken by this route (only user, model)")
         turns.append({"role": GEMINI_ROLES[role], "content": _gemini_text(content, f"contents[{i}]")})
     config = body.get("generationConfig") or {}

@@ -54,7 +54,7 @@ from lowtide.core.errors import RouteError
 from lowtide.core.types import Outcome, Refusal, Request, Usage
 from lowtide.routes import _echo_embed
 from lowtide.routes._instances import Instances, Unsatisfiable, instances_for
-from lowtide.routes._own import Plain, read_plain
+from lowtide.routes._own import CHAT_ROLES, Plain, read_plain
 from lowtide.routes._replies import Call, Reply, arguments_text, reply_body
 from lowtide.routes._structure import JsonAsk, Tool, json_ask, required_call, tools
 
@@ -100,6 +100,49 @@ class Plan:
 
 
 def plan(request: Request, instances: bool = True) -> Plan | Refusal:
+    plain = _plain_chat(request)
+    if plain is not None:  # the common body, read the short way: the same Plan as below
+        return Plan(plain, None, None, [])
+    return _plan(request, instances)
+
+
+# A chat body with only these keys asks echo for nothing but the text echo (no n, tools,
+# tool_choice, response_format, seed, top_p): `_plain_chat` may read it.
+_PLAIN_CHAT_KEYS = frozenset({"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "stop"})
+
+
+def _plain_chat(request: Request) -> Plain | None:
+    """What `read_plain` makes of a chat body of text messages asking nothing else echo
+    honours, with less work (this runs for every request `lowtide serve --backend echo`
+    checks and answers); None for any other body, which `_plan` reads the general way.
+    Exact types only: anything unusual goes the general way, which says what is wrong."""
+    body = request.body
+    if request.endpoint != CHAT or request.response_schema is not None or not _PLAIN_CHAT_KEYS.issuperset(body):
+        return None
+    messages = body.get("messages")
+    if type(messages) is not list or not messages:
+        return None
+    turns = []
+    for m in messages:
+        if type(m) is not dict or len(m) != 2:
+            return None
+        role, content = m.get("role"), m.get("content")
+        if type(role) is not str or type(content) is not str or role not in CHAT_ROLES:
+            return None
+        turns.append({"role": CHAT_ROLES[role], "content": content})
+    stop = body.get("stop")
+    if stop is None:
+        stops = []
+    elif type(stop) is str:
+        stops = [stop]
+    elif type(stop) is list and all(type(s) is str for s in stop):
+        stops = stop
+    else:
+        return None
+    return Plain(turns, body.get("max_completion_tokens", body.get("max_tokens")), body.get("temperature"), stops)
+
+
+def _plan(request: Request, instances: bool) -> Plan | Refusal:
     plain = read_plain(request, HONOURS)
     if isinstance(plain, Refusal):
         return plain
@@ -147,6 +190,12 @@ def _unsatisfiable(field: str, err: Unsatisfiable) -> Refusal:
 def replies(request: Request, p: Plan) -> list[Reply]:
     out = []
     for i in range(p.plain.n):
+        if not p.calls and p.json is None and not request.choices:  # the text echo: no seed to draw
+            full = _last_user(p.plain)
+            text = full if p.plain.max_tokens is None else full[: p.plain.max_tokens * 4]
+            finish = "length" if len(text) < len(full) else "stop"  # cut at the limit
+            out.append(Reply(text=text, finish=finish, output_tokens=_tokens(text)))
+            continue
         seed = zlib.crc32((request.custom_id if i == 0 else f"{request.custom_id}#{i}").encode())
         if p.calls:
             tool, made = p.calls[seed % len(p.calls)]
@@ -158,11 +207,8 @@ def replies(request: Request, p: Plan) -> list[Reply]:
             text = arguments_text(p.schema.make(seed))
         elif p.json is not None:
             text = arguments_text({"echo": answer(request, p.plain, seed)})
-        else:
+        else:  # one of the request's choices
             text = answer(request, p.plain, seed)
-            if not request.choices and p.plain.max_tokens is not None and len(text) < len(_last_user(p.plain)):
-                out.append(Reply(text=text, finish="length", output_tokens=_tokens(text)))  # cut at the limit
-                continue
         out.append(Reply(text=text, output_tokens=_tokens(text)))
     return out
 

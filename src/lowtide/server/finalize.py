@@ -10,6 +10,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Row, func, select
 
+from lowtide.core.endpoints import MESSAGES
 from lowtide.core.states import RequestState
 from lowtide.server import records
 from lowtide.server.context import Server
@@ -51,7 +52,7 @@ def build_openai(server: Server, row: Row, ending: str) -> dict[str, Any]:
     files_dir.mkdir(parents=True, exist_ok=True)
     paths = {True: f"files/{row.id}_output.jsonl", False: f"files/{row.id}_error.jsonl"}
     created = int(server.clock.now())
-    found = results(server.store, batch_folder(server, row.id), row, records.jobs_of(row), ending)
+    found = results(server.store, batch_folder(server, row.id), row, records.jobs_of(row), ending, row.endpoint)
 
     def lines():
         for r in found:
@@ -84,7 +85,7 @@ def build_anthropic(server: Server, row: Row, ending: str) -> dict[str, Any]:
     summary = Summary()
     folder = batch_folder(server, row.id)
     folder.mkdir(parents=True, exist_ok=True)
-    found = results(server.store, folder, row, records.jobs_of(row), ending)
+    found = results(server.store, folder, row, records.jobs_of(row), ending, MESSAGES)
 
     def lines():
         for r in found:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, Row, select
+from sqlalchemy import Connection, Row, Select, select
 
 from lowtide.core import fastjson
 from lowtide.core.endpoints import CHAT, MESSAGES
@@ -26,6 +26,7 @@ from lowtide.core.states import RequestState
 from lowtide.core.types import Request, Usage
 from lowtide.routes._replies import Ids, finish_of, in_shape, text_body
 from lowtide.server.translate import decode_key
+from lowtide.store.bulk import among
 from lowtide.store.db import Store
 from lowtide.store.schema import jobs, requests
 
@@ -63,9 +64,13 @@ class Result:
     message: str = ""
 
 
-def results(store: Store, folder: Path, batch: Row, jobs_list: list[dict[str, Any]], ending: str) -> Iterator[Result]:
+def results(
+    store: Store, folder: Path, batch: Row, jobs_list: list[dict[str, Any]], ending: str, endpoint: str | None = None
+) -> Iterator[Result]:
     """Every request of the batch, once. `ending` is how the batch ends (completed,
-    cancelled, expired): it decides what a request that never ran becomes."""
+    cancelled, expired): it decides what a request that never ran becomes. Given the
+    `endpoint` whose shape the answers are written in, a request's payload is read only for
+    an answer that is not already in that shape (the one `answer` builds from the text)."""
     unfinished = "expired" if ending == "expired" else "cancelled"
     for job in jobs_list:
         with store.read() as conn:
@@ -73,15 +78,18 @@ def results(store: Store, folder: Path, batch: Row, jobs_list: list[dict[str, An
         if job_id is None:  # never loaded (cancelled while validating): nothing of it ran
             yield from _not_run(folder / f"{job['name']}.jsonl", job["model"], unfinished)
             continue
+        model = job["model"]
         last = 0
         while True:
             with store.read() as conn:
-                page = _page(conn, job_id, last)
-            for r in page:
-                yield _result(r, job["model"], unfinished)
+                page = conn.execute(_page(job_id, last, with_payload=endpoint is None)).fetchall()
+                found = [_result(r, model, unfinished) for r in page]
+                if endpoint is not None:
+                    _add_payloads(conn, endpoint, page, found)
+            yield from found
             if len(page) < PAGE:
                 break
-            last = page[-1].id
+            last = page[-1][0]
     rejected = folder / "rejected.jsonl"
     if rejected.exists():
         with rejected.open(encoding="utf-8") as f:
@@ -91,17 +99,23 @@ def results(store: Store, folder: Path, batch: Row, jobs_list: list[dict[str, An
                              error_code=r["code"], param=r.get("param"), message=r["message"])  # fmt: skip
 
 
-def _page(conn: Connection, job_id: int, after: int) -> list[Row]:
-    c = requests.c
-    return list(
-        conn.execute(
-            select(c.id, c.source_key, c.state, c.output, c.payload, c.response, c.error_code, c.error_message,
-                   c.input_tokens, c.cached_input_tokens, c.cache_write_tokens, c.output_tokens, c.reasoning_tokens)  # fmt: skip
-            .where(c.job_id == job_id, c.id > after)
-            .order_by(c.id)
-            .limit(PAGE)
-        )
-    )
+_c = requests.c
+# The order `_result` unpacks; the payload, when read with the page, comes last.
+_COLUMNS = (_c.id, _c.source_key, _c.state, _c.output, _c.response, _c.error_code, _c.error_message,
+            _c.input_tokens, _c.cached_input_tokens, _c.cache_write_tokens, _c.output_tokens, _c.reasoning_tokens)  # fmt: skip
+
+
+def _page(job_id: int, after: int, with_payload: bool) -> Select:
+    columns = (*_COLUMNS, _c.payload) if with_payload else _COLUMNS
+    return select(*columns).where(_c.job_id == job_id, _c.id > after).order_by(_c.id).limit(PAGE)
+
+
+def _add_payloads(conn: Connection, endpoint: str, page: list[Row], found: list[Result]) -> None:
+    """The payloads of the page's succeeded requests whose answer `answer` must build."""
+    wanted = {row[0]: r for row, r in zip(page, found, strict=True) if r.kind == "succeeded" and not in_shape(endpoint, r.response)}
+    if wanted:
+        for request_id, payload in conn.execute(select(_c.id, _c.payload).where(among(conn, _c.id, list(wanted)))):
+            wanted[request_id].payload = payload
 
 
 def _not_run(path: Path, model: str, kind: str) -> Iterator[Result]:
@@ -112,20 +126,21 @@ def _not_run(path: Path, model: str, kind: str) -> Iterator[Result]:
 
 
 def _result(r: Row, model: str, unfinished: str) -> Result:
-    custom_id = decode_key(r.source_key)
-    if r.state == SUCCEEDED:
-        usage = Usage(r.input_tokens or 0, r.cached_input_tokens or 0, r.cache_write_tokens or 0, r.output_tokens or 0,
-                      r.reasoning_tokens or 0)  # fmt: skip
-        response = fastjson.loads(r.response) if r.response is not None else None
-        return Result(custom_id, "succeeded", model, text=r.output or "", usage=usage, response=response,
-                      payload=r.payload)  # fmt: skip
-    if r.error_code in EXPIRED_CODES:
+    # Unpacked, not read by name: this runs once per request of the batch.
+    _, key, state, output, response, error_code, error_message, tin, tcached, twrite, tout, treason, *payload = r
+    custom_id = decode_key(key)
+    if state == SUCCEEDED:
+        usage = Usage(tin or 0, tcached or 0, twrite or 0, tout or 0, treason or 0)
+        return Result(custom_id, "succeeded", model, text=output or "", usage=usage,
+                      response=None if response is None else fastjson.loads(response),
+                      payload=payload[0] if payload else None)  # fmt: skip
+    if error_code in EXPIRED_CODES:
         return Result(custom_id, "expired", model)
-    if r.state == FAILED:
-        message = r.error_message or "the request failed"
-        if r.error_code in TIMEOUT_CODES:
+    if state == FAILED:
+        message = error_message or "the request failed"
+        if error_code in TIMEOUT_CODES:
             return Result(custom_id, "failed", model, status=None, error_code="request_timeout", message=message)
-        status, kind, code = HTTP_ERRORS.get(r.error_code, (500, "server_error", r.error_code))
+        status, kind, code = HTTP_ERRORS.get(error_code, (500, "server_error", error_code))
         return Result(custom_id, "failed", model, status=status, error_type=kind, error_code=code, message=message)
     return Result(custom_id, unfinished, model)  # cancelled, or never finished
 
