@@ -4,9 +4,10 @@ and the route options that point the official SDKs at it."""
 from __future__ import annotations
 
 import asyncio
-import socket
+import collections
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -22,10 +23,15 @@ KEY_ENV = "LOWTIDE_TEST_PROVIDER_KEY"
 ROUTES = ["openai-batch", "anthropic-batch"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _printed_url(proc: subprocess.Popen) -> str:
+    """The server's base URL, from the Anthropic line of the banner it writes (to stderr)
+    once it listens."""
+    said = []
+    for line in proc.stderr:
+        if 'Anthropic(base_url="' in line:
+            return line.split('base_url="', 1)[1].split('"', 1)[0]
+        said.append(line)
+    raise AssertionError("lowtide serve ended before printing its URLs: " + "".join(said)[-2000:])
 
 
 @pytest.fixture
@@ -35,22 +41,26 @@ def serve(tmp_path, monkeypatch):
     procs = []
 
     def start(*extra: str) -> str:
-        port = _free_port()
+        # Port 0: the server takes a free port itself and prints it; a port picked here and
+        # bound there could be taken in between by another server, which the tests would
+        # then talk to instead.
         proc = subprocess.Popen(
-            [LOWTIDE, "serve", "--backend", "echo", "--port", str(port), "--time-scale", "3600",
+            [LOWTIDE, "serve", "--backend", "echo", "--port", "0", "--time-scale", "3600",
              "--db", str(tmp_path / "server.db"), "--data-dir", str(tmp_path / "server-data"), *extra],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
         procs.append(proc)
-        url = f"http://127.0.0.1:{port}"
+        url = _printed_url(proc)
+        said = collections.deque(maxlen=40)  # what it says later, kept for a failure's message
+        threading.Thread(target=said.extend, args=(proc.stderr,), daemon=True).start()  # the pipe kept drained
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+            assert proc.poll() is None, "".join(said)
             try:
                 httpx.get(f"{url}/v1/batches", headers={"Authorization": "Bearer x"}, timeout=1)
                 return url
             except httpx.TransportError:
-                time.sleep(0.05)  # the server is still starting
+                time.sleep(0.05)  # bound, not yet accepting
         raise AssertionError("lowtide serve did not start")
 
     yield start

@@ -70,3 +70,33 @@ def test_a_batch_in_flight_survives_sigkill_and_a_restart(tmp_path):
     finally:
         second.terminate()
         second.communicate(timeout=30)
+
+
+def test_port_0_listens_on_a_free_port_and_prints_the_one_it_got(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOWTIDE_")}
+    cmd = [str(LOWTIDE), "serve", "--port", "0", "--backend", "echo", "--db", str(tmp_path / "lt.db"), "--data-dir", str(tmp_path / "data")]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        line = ""
+        while 'OpenAI(base_url="' not in line:  # the banner comes once the socket listens
+            line = proc.stdout.readline()
+            assert line, "lowtide serve ended before printing its URLs"
+        url = line.split('base_url="', 1)[1].split('"', 1)[0]
+        assert not url.startswith("http://127.0.0.1:0/") and url.endswith("/v1")
+        assert openai.OpenAI(base_url=url, api_key="k", max_retries=0).batches.list().data == []
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=30)
+
+
+def test_a_port_in_use_is_refused_by_name_before_serving(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("LOWTIDE_")}
+        cmd = [str(LOWTIDE), "serve", "--port", str(port), "--db", str(tmp_path / "lt.db"), "--data-dir", str(tmp_path / "data")]
+        done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert f"lowtide: cannot listen on 127.0.0.1:{port}: Address already in use; give another --port (0: any free one)" in done.stderr
+    assert "OpenAI(base_url=" not in done.stdout

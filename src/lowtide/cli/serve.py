@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import os
+import socket
+import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
 import yaml
 
-from lowtide.cli.common import EXIT_USAGE, console, fail, state
+from lowtide.cli.common import EXIT_ERROR, EXIT_USAGE, console, fail, state
 from lowtide.core.errors import LowtideError
 from lowtide.server.safejson import MAX_DEPTH
 from lowtide.store.db import default_location
@@ -34,7 +36,7 @@ def _size(flag: str, text: str) -> int:
 
 def serve(
     backend: Annotated[str, typer.Option(help="The route batches run on: echo, local, …")] = "echo",
-    port: Annotated[int, typer.Option(help="TCP port.")] = 8000,
+    port: Annotated[int, typer.Option(help="TCP port (0: any free one; the URLs printed say which).")] = 8000,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     db: Annotated[str | None, typer.Option("--db", help="The store (default: lowtide --db, LOWTIDE_DB, ./lowtide.db).")] = None,
     data_dir: Annotated[Path, typer.Option("--data-dir", help="Where uploaded and produced files live.")] = Path("lowtide-serve"),
@@ -87,6 +89,14 @@ def serve(
     except LowtideError as err:
         raise fail(err) from None
     server = app.state.server
+    # Listening before anything is printed: the URLs below are the port it got (`--port 0`:
+    # any free one), and a port already taken fails here, by name, not inside uvicorn.
+    try:
+        sock = _listen(host, port)
+    except OSError as err:
+        print(f"lowtide: cannot listen on {host}:{port}: {err.strerror or err}; give another --port (0: any free one)", file=sys.stderr)
+        raise typer.Exit(EXIT_ERROR) from None
+    port = sock.getsockname()[1]
     console.print(f"lowtide serve: backend {backend}, store {server.store.describe()}, files in {server.data_dir}")
     console.print(f"  OpenAI:    OpenAI(base_url=\"http://{host}:{port}/v1\")")
     console.print(f"  Anthropic: Anthropic(base_url=\"http://{host}:{port}\")")
@@ -94,4 +104,16 @@ def serve(
         console.print(f"  testing: time scale {time_scale:g}, complete after {complete_after:g} s, faults {faults or 'none'}")
     if keys:  # with none, the app itself warns that any key is accepted
         console.print(f"  {len(keys)} API key(s) accepted")
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A listening socket on host:port, as uvicorn would bind it (IPv6 for an address with ':')."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restart need not wait out TIME_WAIT
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
