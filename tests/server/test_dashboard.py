@@ -11,11 +11,17 @@ from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
 import httpx
+import sqlalchemy as sa
 
+from lowtide.core.pricing import PRICES_ENV
 from lowtide.engine.control import job_status
+from lowtide.engine.loader import load_job
 from lowtide.engine.report import cost_report
+from lowtide.store.schema import requests
 from tests.cli.test_cli import LOWTIDE, Cli
 from tests.engine.ledger_helpers import dispatch, ingest, ok, stored_job
+from tests.engine.test_tiers import PRICES, _batch_history, _spec
+from tests.routes.upstream import Upstream
 from tests.server.browser import figures, leave
 from tests.server.conftest import Running, chat_line, create_batch, wait_openai
 from tests.server.test_metrics import run_priced_job
@@ -90,6 +96,7 @@ def test_the_api_gives_lowtide_reports_figures_and_the_stores_counts(serve, tmp_
     assert Decimal(report["cost_usd"]) > 0 and report["saving_percent"] == "50.0"
     assert [g["group"] for g in detail["routes"]] == ["openai-batch"]
     assert detail["placement"] == [{"route": "openai-batch", "reason": None, "state": "succeeded", "count": 5}]
+    assert detail["tiers"] == []  # not a chain: the page hides the tiers table
     assert (detail["phases"], detail["failures"], detail["budget_usd"]) == ({}, {}, None)
     assert batch_detail["failures"] == status.failures and batch_detail["counts"] == status.counts
     assert any(e.startswith("finished") for e in detail["events"])
@@ -204,3 +211,33 @@ def test_the_page_follows_a_running_job_without_a_reload(serve, gate, page):
         expect(page.locator('#detail [data-field="attempts"]')).to_have_text("3")
         assert page.evaluate("window.stillTheSamePage") is True
         leave(page)
+
+
+def test_a_chain_jobs_page_shows_its_requests_by_tier_as_lowtide_status_does(serve, page, tmp_path, monkeypatch, clock):
+    """A `route: auto` chain (echo-batch, then openai flex, then openai): where its pending
+    requests wait, tier by tier in the chain's order, as `lowtide status` counts them."""
+    from playwright.sync_api import expect
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-0123456789abcdef")
+    (tmp_path / "prices.yaml").write_text(PRICES)
+    monkeypatch.setenv(PRICES_ENV, str(tmp_path / "prices.yaml"))
+    with Upstream() as upstream, serve() as s:
+        store = s.server.store
+        _batch_history(store)
+        load_job(store, _spec(tmp_path, upstream, 20), clock)
+        with store.begin() as conn:  # five have moved up to flex, as a hand-over does
+            moved = sa.select(requests.c.id).where(requests.c.custom_id.in_([f"T{1000 + i}" for i in range(5)]))
+            conn.execute(sa.update(requests).where(requests.c.id.in_(moved)).values(lane="tier1"))
+        detail = get(s, "/dashboard/api/jobs/tickets")
+        status = job_status(store, "tickets")
+        page.goto(f"{s.url}/dashboard?refresh=0.5")
+        page.click('#jobs tr[data-job="tickets"]')
+        box = page.locator("#detail-tiers-box")
+        expect(box).to_be_visible()
+        expect(page.locator('#detail-tiers tr[data-tier="openai (flex)"]')).to_contain_text("5")
+        shown = page.eval_on_selector_all("#detail-tiers tr[data-tier]", "trs => trs.map(tr => [...tr.cells].map(c => c.textContent))")
+        leave(page)
+
+    assert status.tiers == [("echo-batch", "pending", 15), ("openai (flex)", "pending", 5)]
+    assert detail["tiers"] == [{"tier": t, "state": st, "count": n} for t, st, n in status.tiers]
+    assert shown == [[t, st, str(n)] for t, st, n in status.tiers]

@@ -162,6 +162,7 @@ def job_detail(request: Request, name: str) -> Response:
         "eta": None if eta is None else asdict(eta), "estimate": overview.estimate_dict(estimate),
         "batch_count": batch_count, "batches": batches,
         "placement": [{"route": r, "reason": why, "state": s, "count": n} for r, why, s, n in status.placement],
+        "tiers": [{"tier": t, "state": s, "count": n} for t, s, n in status.tiers],
         "events": status.events,
         "budget_usd": _money(status.budget_usd), "reserved_usd": _money(status.reserved_usd),
         "cost": report.total.as_dict(), "routes": [g.as_dict() for g in report.groups],

@@ -242,6 +242,10 @@ function renderDetail(job) {
   rows(document.getElementById("detail-failures"), null, pairs(job.failures));
   rows(document.getElementById("detail-placement"), ["route", "moved because", "state", "requests"],
     job.placement.map((p) => el("tr", {}, cell(p.route), cell(p.reason || "-", "num"), cell(p.state, "num"), cell(count(p.count), "num"))));
+  // a route: auto chain's tiers (engine/tiers.py), in the chain's order; other jobs have none
+  document.getElementById("detail-tiers-box").hidden = job.tiers.length === 0;
+  rows(document.getElementById("detail-tiers"), ["tier", "state", "requests"],
+    job.tiers.map((t) => el("tr", { "data-tier": t.tier }, cell(t.tier), cell(t.state, "num"), cell(count(t.count), "num"))));
   rows(document.getElementById("detail-routes"), ["route", "tier", "cost", "saving"],
     job.routes.map((g) => el("tr", { "data-route": g.group }, cell(g.group), cell(g.tiers.join(", ") || "-", "num"),
       cell(cost(g), "num"), cell(`${usd(g.saving_usd)} (${percent(g.saving_percent)})`, "num"))));
