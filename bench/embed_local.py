@@ -11,6 +11,11 @@ Documents are synthetic support tickets of 8 to 80 tokens (about 40 on average, 
 - batched: `embed(all --n documents)`: sorted by length, mini-batches of `batch_size`
   padded to their own longest document, for the default and each of `--batch-sizes`.
 
+- on one thread, a second copy of the model with `threads=1`: one at a time and batched.
+  Batching cannot use more than every core, so `cores x (batched rate on one thread)` bounds
+  what it can reach on this machine; the bench prints that ceiling beside the speed-up, so a
+  figure below the target says whether the model or the batching is the limit.
+
 Each configuration runs `--repeat` times, round-robin, and its fastest run is reported
 (the development machines are shared; a neighbour taking a core skews single runs).
 Checks that the batched vectors equal the one-at-a-time ones (max abs difference), then
@@ -102,20 +107,24 @@ def main() -> None:
     default = model.batch_size
     sizes = [default] + [int(s) for s in args.batch_sizes.split(",") if s and int(s) != default]
     configs = {"one at a time": None} | {f"batched, batch_size={b}": b for b in sizes}
+    single = Embedder(files, 1) if model.threads > 1 else None
+    if single is not None:
+        configs |= {"one at a time, 1 thread": None, "batched, 1 thread": default}
     best: dict[str, float] = {}
     cpu_ms: dict[str, float] = {}
     vectors: dict[str, np.ndarray] = {}
     for _ in range(args.repeat):
         for name, size in configs.items():
+            runner = single if name.endswith("1 thread") else model
             if size is None:
                 work = serial_docs
                 seconds, cpu, out = timed_cpu(
-                    lambda: np.array([model.embed([d])[0] for d in serial_docs])
+                    lambda runner=runner: np.array([runner.embed([d])[0] for d in serial_docs])
                 )
             else:
                 work = docs
-                model.batch_size = size
-                seconds, cpu, out = timed_cpu(lambda: model.embed_array(docs))
+                runner.batch_size = size
+                seconds, cpu, out = timed_cpu(lambda runner=runner: runner.embed_array(docs))
             best[name] = max(best.get(name, 0.0), len(work) / seconds)
             cpu_ms[name] = min(cpu_ms.get(name, float("inf")), 1000 * cpu / len(work))
             vectors[name] = out
@@ -139,8 +148,16 @@ def main() -> None:
         f"batching speed-up (default batch_size={default}): {ratio:.2f}x in documents/s "
         f"({verdict} the 3x target), {cpu_ratio:.2f}x in CPU time per document"
     )
+    if single is not None:
+        ceiling = model.threads * best["batched, 1 thread"] / serial_rate
+        per_core = best["batched, 1 thread"] / best["one at a time, 1 thread"]
+        print(
+            f"ceiling on {model.threads} cores: {ceiling:.2f}x ({model.threads} x the batched rate "
+            f"on one thread, over one at a time on all); on one core batching gains {per_core:.2f}x"
+        )
     print(f"batched vectors vs one at a time: max abs difference {diff:.2e}")
-    print(f"peak RSS {peak_rss_mb():.0f} MB (after loading the model: {rss_loaded:.0f} MB)")
+    second = ", with the 1-thread copy loaded after that" if single is not None else ""
+    print(f"peak RSS {peak_rss_mb():.0f} MB (after loading the model: {rss_loaded:.0f} MB{second})")
 
 
 if __name__ == "__main__":
