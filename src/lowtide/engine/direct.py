@@ -10,7 +10,7 @@ import time
 from lowtide.core.clock import Clock
 from lowtide.core.states import DispatchState
 from lowtide.core.types import Outcome
-from lowtide.engine import budget
+from lowtide.engine import budget, turnaround
 from lowtide.engine.context import JobContext, Lane
 from lowtide.engine.dispatch import (
     claim_due,
@@ -61,6 +61,7 @@ async def run_direct(
             dispatch_id = new_dispatch(
                 conn, job.id, route.name, "direct", DispatchState.RUNNING, now, owner=owner, lease_until=now + lease,
                 model=(lane.model if lane else None) or job.spec.model,  # turnarounds are kept per model
+                tier=turnaround.service_tier(lane.options if lane else job.spec.route_options),  # ... and tier
             )
             claim_due(conn, dispatch_id, job.id, now, route.dispatch_size, route.name, lane_name)
             refused = budget.reserve(conn, job, dispatch_id, route.name)

@@ -8,7 +8,9 @@ documented priors until there is enough data.
                    with all it runs at once): a job's work takes requests × that
     self-hosted    the catalog's measured throughput (core/pricing.py `SelfHosted`)
 
-A route and model with fewer than MIN_SAMPLES measured dispatches use the route's PRIOR
+Measurements are kept per service tier too (a dispatch's `tier`: flex work on `openai` is
+not read as real time's, nor the other way round). A route, model and tier with fewer than
+MIN_SAMPLES measured dispatches use the route's PRIOR
 (docs/routing.md says where each comes from); a route with neither is unknown.
 """
 
@@ -66,13 +68,19 @@ class Turnaround:
         return f"p50 {duration_text(self.p50 or 0)}, p95 {duration_text(self.p95)}"
 
 
-def prior_key(route: str, options: dict) -> str:
+def service_tier(options: dict) -> str | None:
+    """The service tier route options ask for (flex, priority, …); None: the route's default."""
     tier = options.get("service_tier")
-    return f"{route}:{tier}" if isinstance(tier, str) and f"{route}:{tier}" in PRIORS else route
+    return tier if isinstance(tier, str) else None
 
 
-def measured(conn: Connection, route: str, model: str, kind: str) -> list[float]:
-    """Seconds per batch (kind batch) or per request (kind direct), newest first."""
+def prior_key(route: str, options: dict) -> str:
+    tier = service_tier(options)
+    return f"{route}:{tier}" if tier is not None and f"{route}:{tier}" in PRIORS else route
+
+
+def measured(conn: Connection, route: str, model: str, kind: str, tier: str | None = None) -> list[float]:
+    """Seconds per batch (kind batch) or per request (kind direct) at `tier`, newest first."""
     if kind == "batch":
         took = dispatches.c.ended_at - dispatches.c.submitted_at
         start = dispatches.c.submitted_at
@@ -82,6 +90,7 @@ def measured(conn: Connection, route: str, model: str, kind: str) -> list[float]
     rows = conn.scalars(
         select(took).where(
             dispatches.c.route == route, dispatches.c.model == model, dispatches.c.kind == kind,
+            dispatches.c.tier.is_(None) if tier is None else dispatches.c.tier == tier,
             dispatches.c.state == DispatchState.ENDED.value, start.is_not(None), dispatches.c.cut_at.is_(None),
             dispatches.c.size > 0,
         ).order_by(dispatches.c.ended_at.desc()).limit(HISTORY)
@@ -98,7 +107,7 @@ def expected(conn: Connection | None, route: str, options: dict, model: str, kin
     """The turnaround of `requests` requests of `model` on `route` (see the module doc)."""
     scale = requests if kind == "direct" else 1
     what = "dispatches" if kind == "direct" else "batches"
-    samples = measured(conn, route, model, kind) if conn is not None else []
+    samples = measured(conn, route, model, kind, service_tier(options)) if conn is not None else []
     if len(samples) >= MIN_SAMPLES:
         return Turnaround(percentile(samples, 0.5) * scale, percentile(samples, 0.95) * scale, f"measured: {len(samples)} {what}")
     prior = PRIORS.get(prior_key(route, options))

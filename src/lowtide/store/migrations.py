@@ -173,3 +173,10 @@ def m013_tiers_dispatch_model(conn: Connection) -> None:
     """Dispatches keep their model and estimated input tokens: enqueued-token limits and
     measured turnarounds per route and model (engine/batches.py, engine/turnaround.py)."""
     add_columns(conn, schema.dispatches, ["model", "input_tokens_est"])
+
+
+@migration
+def m014_dispatch_tier(conn: Connection) -> None:
+    """Direct dispatches keep the service tier they asked for: turnarounds per tier
+    (engine/turnaround.py). Those from before read as the route's default tier."""
+    add_columns(conn, schema.dispatches, ["tier"])

@@ -157,6 +157,9 @@ dispatches = Table(
     # provider's per-model enqueued-token limit, and what turnarounds are kept by.
     Column("model", String(256)),
     Column("input_tokens_est", BigInteger),
+    # The service tier a direct dispatch asked for (route_options.service_tier, e.g. flex);
+    # NULL: the route's default. Turnarounds are kept per tier: flex is slower than real time.
+    Column("tier", String(32)),
     Index("ix_dispatches_job_state", "job_id", "state"),
 )
 
