@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from sqlalchemy import Connection, func, select, update
+from sqlalchemy import Connection, and_, func, select, update
 
 from lowtide.core.auto_spec import TierSpec, duration_text
 from lowtide.core.clock import Clock
@@ -104,29 +104,30 @@ def step(store: Store, job: JobContext, kinds: list[str], clock: Clock) -> int:
     end = job.spec.deadline.timestamp()
     moved = 0
     with store.begin() as conn:
-        waiting = _waiting(conn, job.id)  # lane -> pending requests, kept up to date as they move
-        if set(waiting) - {t.lane for t in tiers}:
+        waiting = Waiting(conn, job.id)
+        if waiting.lanes - {t.lane for t in tiers}:
             moved += _adopt_orphans(conn, job, tiers, now)
-            waiting = _waiting(conn, job.id)
+            waiting = Waiting(conn, job.id)
         for tier in tiers[:-1]:
             above = tiers[tier.index + 1 :]
             if now >= tier.cut:
                 moved += _hand_over(conn, job, tier, above, now, end, waiting)
                 continue
-            pending = waiting.get(tier.lane, 0)
-            if not pending:
+            if not waiting.any(tier.lane):
                 continue
             took = _expected(conn, job, tier, 1)
             left = end - now
             if tier.kind == "batch":
                 if took.p95 is not None and took.p95 <= left:
                     continue
+                pending = waiting.count(tier.lane)
                 why = f"{tier.label}: p95 {_text(took.p95)} does not fit the {duration_text(left)} left"
                 moved += _move(conn, job, tier, above, now, end, waiting, pending, why, took.basis)
             else:
                 room = math.floor(left / took.p95) if took.p95 else 0
-                if pending <= room:
+                if not waiting.more_than(tier.lane, room):
                     continue
+                pending = waiting.count(tier.lane)
                 why = (
                     f"{tier.label}: {pending - room} request(s) beyond the {room} its p95 ({_text(took.p95)} a request) "
                     f"fits in the {duration_text(left)} left"
@@ -136,22 +137,21 @@ def step(store: Store, job: JobContext, kinds: list[str], clock: Clock) -> int:
 
 
 def _hand_over(
-    conn: Connection, job: JobContext, tier: Tier, above: list[Tier], now: float, end: float, waiting: dict[str, int]
+    conn: Connection, job: JobContext, tier: Tier, above: list[Tier], now: float, end: float, waiting: Waiting
 ) -> int:
     """Tier `tier`'s cut time has come: what it has not finished goes up."""
     margin = end - tier.cut
     why = f"{tier.label} hands over {duration_text(margin)} before the end of max_wait"
     moved = 0
-    pending = waiting.get(tier.lane, 0)
-    if pending:
-        moved += _move(conn, job, tier, above, now, end, waiting, pending, why, None)
+    if waiting.any(tier.lane):
+        moved += _move(conn, job, tier, above, now, end, waiting, waiting.count(tier.lane), why, None)
     if tier.kind == "batch":
         route = tier.spec.route
         dst, reason, _ = _target(conn, job, above, now, end, 1, why)
         n = unplan(conn, job.id, route, now, dst.lane, reason) + release_stuck(conn, job.id, route, now, margin / 3, dst.lane, reason)
         if n:
             add_event(conn, job.id, "tier_move", f"{n} request(s) {tier.label} → {dst.label}: {reason}", now)
-            waiting[dst.lane] = waiting.get(dst.lane, 0) + n
+            waiting.arrived(dst.lane, n)
             moved += n
         cancelled = cancel_in_flight(conn, job.id, route, now)
         if cancelled:
@@ -160,13 +160,13 @@ def _hand_over(
 
 
 def _move(
-    conn: Connection, job: JobContext, src: Tier, above: list[Tier], now: float, end: float, waiting: dict[str, int],
+    conn: Connection, job: JobContext, src: Tier, above: list[Tier], now: float, end: float, waiting: Waiting,
     count: int, why: str, basis: str | None, keep: int = 0,
 ) -> int:  # fmt: skip
     dst, reason, dst_basis = _target(conn, job, above, now, end, count, why)
     n = move_pending(conn, job.id, now, reason, src.lane, dst.lane, keep)
-    waiting[src.lane] = waiting.get(src.lane, 0) - n
-    waiting[dst.lane] = waiting.get(dst.lane, 0) + n
+    waiting.left(src.lane, n)
+    waiting.arrived(dst.lane, n)
     if n:
         bases = "; ".join(b for b in (basis and f"{src.label} {basis}", f"{dst.label} {dst_basis}") if b)
         add_event(conn, job.id, "tier_move", f"{n} request(s) {src.label} → {dst.label}: {reason} ({bases})", now)
@@ -200,15 +200,67 @@ def _expected(conn: Connection, job: JobContext, tier: Tier, count: int) -> turn
     return turnaround.expected(conn, tier.spec.route, tier.spec.route_options, job.spec.model, tier.kind, count)
 
 
-def _waiting(conn: Connection, job_id: int) -> dict[str, int]:
-    """Pending requests of the job by lane: one pass over the job's pending rows."""
-    return dict(
-        conn.execute(
-            select(requests.c.lane, func.count())
-            .where(requests.c.job_id == job_id, requests.c.state == RequestState.PENDING.value)
-            .group_by(requests.c.lane)
-        ).all()
-    )
+class Waiting:
+    """A chain job's pending requests by lane, read as the pass needs them, inside its
+    transaction: which lanes have any (one seek per lane), and a lane's count only where a
+    decision needs it (a batch tier that no longer fits, a direct tier with more than it can
+    do), so a quiet tick reads a few index entries however many requests wait. Moves made in
+    the pass are told to it (`arrived`, `left`). The index on (job_id, state, lane) answers
+    each read (store/migrations.py m014)."""
+
+    def __init__(self, conn: Connection, job_id: int):
+        self._conn = conn
+        self._pending = and_(requests.c.job_id == job_id, requests.c.state == RequestState.PENDING.value)
+        self.lanes = self._lanes()
+        self._counts: dict[str, int] = {}
+
+    def _lanes(self) -> set[str]:
+        """Each lane with pending requests, found as the least lane after the last one found
+        (a skip scan: the index gives each in one seek, instead of a GROUP BY over every row)."""
+        first = select(requests.c.lane).where(self._pending).order_by(requests.c.lane).limit(1)
+        found: set[str] = set()
+        lane = self._conn.execute(first).scalar()
+        while lane is not None:
+            found.add(lane)
+            lane = self._conn.execute(first.where(requests.c.lane > lane)).scalar()
+        return found
+
+    def any(self, lane: str) -> bool:
+        return lane in self.lanes
+
+    def count(self, lane: str) -> int:
+        if lane not in self.lanes:
+            return 0
+        if lane not in self._counts:
+            self._counts[lane] = self._conn.execute(
+                select(func.count()).where(self._pending, requests.c.lane == lane)
+            ).scalar_one()
+        return self._counts[lane]
+
+    def more_than(self, lane: str, n: int) -> bool:
+        """Whether more than `n` wait on `lane`: at most n + 1 index entries read."""
+        if lane not in self.lanes:
+            return False
+        if lane not in self._counts:
+            cap = min(n, 2**62) + 1  # a LIMIT the databases take, however small a p95 made `n`
+            some = select(requests.c.id).where(self._pending, requests.c.lane == lane).limit(cap).subquery()
+            seen = self._conn.execute(select(func.count()).select_from(some)).scalar_one()
+            if seen <= n:
+                self._counts[lane] = seen  # all of them
+            return seen > n
+        return self._counts[lane] > n
+
+    def arrived(self, lane: str, n: int) -> None:
+        if n:
+            self.lanes.add(lane)
+            if lane in self._counts:
+                self._counts[lane] += n
+
+    def left(self, lane: str, n: int) -> None:
+        """`n` left `lane`, whose count was read (a move counts what it moves from first)."""
+        self._counts[lane] = self.count(lane) - n
+        if self._counts[lane] <= 0:
+            self.lanes.discard(lane)
 
 
 def _adopt_orphans(conn: Connection, job: JobContext, tiers: list[Tier], now: float) -> int:

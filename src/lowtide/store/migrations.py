@@ -180,3 +180,12 @@ def m014_dispatch_tier(conn: Connection) -> None:
     """Direct dispatches keep the service tier they asked for: turnarounds per tier
     (engine/turnaround.py). Those from before read as the route's default tier."""
     add_columns(conn, schema.dispatches, ["tier"])
+
+
+@migration
+def m015_requests_lane_index(conn: Connection) -> None:
+    """Requests are indexed by job, state and lane: a chain's tick finds which lanes have
+    pending requests by one seek each, and a tier claims its due requests in order, without
+    reading every pending row of the job (engine/tiers.py, engine/dispatch.py)."""
+    index = next(i for i in schema.requests.indexes if i.name == "ix_requests_job_lane")
+    index.create(conn, checkfirst=True)  # a store made by m001 from this schema has it already

@@ -96,6 +96,9 @@ requests = Table(
     # Claims read "due pending requests of a job, earliest first" straight off this index.
     Index("ix_requests_job_state", "job_id", "state", "not_before", "id"),
     Index("ix_requests_dispatch", "dispatch_id"),
+    # A lane's due pending requests, earliest first (a chain's tier, a fallback lane); and
+    # which lanes have any, by one seek each (engine/tiers.py): no pass over the job's rows.
+    Index("ix_requests_job_lane", "job_id", "state", "lane", "not_before", "id"),
 )
 
 # An earlier version of a request, kept when `--requeue-changed` re-rendered a request that
