@@ -13,17 +13,34 @@ in CPU seconds (time.process_time, this process only: nothing else runs):
 
 A/B runs are interleaved, `--repeat` times; medians and the chain / cut-over ratio are
 printed, with peak RSS.
+
+    .venv/bin/python bench/tiers.py --quiet                       # 10,000 and 100,000 pending
+    .venv/bin/python bench/tiers.py --quiet --sizes 100000 --ticks 50 --pg postgresql://…
+
+`--quiet`: what a chain job's quiet tick costs as its pending requests grow. Its requests
+wait on the chosen (batch) tier for a retry an hour away, so nothing moves, is planned or
+claimed; per size, `--ticks` ticks of each are timed and the median per tick printed, in
+CPU ms (this process; on PostgreSQL the server's own work is not in it, so wall ms too):
+
+    step    tiers.step alone (the chain's pass)
+    tick    a whole Engine.tick of the job (the pass, then each tier's plan or claim)
+
+`--pg ADMIN_URL` runs on PostgreSQL, in a schema of its own dropped afterwards.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import os
 import resource
 import statistics
 import sys
 import tempfile
 import time
+import uuid
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -36,6 +53,7 @@ from lowtide.core.types import Request  # noqa: E402
 from lowtide.engine import tiers  # noqa: E402
 from lowtide.engine.context import JobContext  # noqa: E402
 from lowtide.engine.fallback import cut_over  # noqa: E402
+from lowtide.engine.tick import Engine  # noqa: E402
 from lowtide.store.db import Store  # noqa: E402
 from lowtide.store.queries import save_job  # noqa: E402
 from lowtide.store.schema import jobs, requests  # noqa: E402
@@ -51,8 +69,8 @@ def _spec(name: str, chain: bool) -> JobSpec:
         "deadline": datetime.fromtimestamp(NOW + 2 * HOUR, UTC).isoformat(),
     }  # fmt: skip
     if chain:
-        candidates = [{"route": "echo-batch"}, {"route": "echo", "route_options": {"answer": "a"}}, {"route": "echo"}]
-        tiers_ = [{"route": "echo-batch", "margin": 0}, {"route": "echo", "route_options": {"answer": "a"}, "margin": 600},
+        candidates = [{"route": "echo-batch"}, {"route": "echo", "route_options": {"answer": "message"}}, {"route": "echo"}]
+        tiers_ = [{"route": "echo-batch", "margin": 0}, {"route": "echo", "route_options": {"answer": "message"}, "margin": 600},
                   {"route": "echo", "margin": 60}]  # fmt: skip
         base["auto"] = {"max_wait": "2h", "chosen": "echo-batch", "candidates": candidates, "chain": tiers_}
     else:
@@ -60,7 +78,7 @@ def _spec(name: str, chain: bool) -> JobSpec:
     return JobSpec.model_validate(base)
 
 
-def _job(store: Store, spec: JobSpec, n: int) -> JobContext:
+def _job(store: Store, spec: JobSpec, n: int, not_before: float = 0.0) -> JobContext:
     payload = json.dumps(Request.chat("x", spec.model, [{"role": "user", "content": "y" * 200}], max_tokens=16).to_payload())
     with store.begin() as conn:
         conn.execute(sa.delete(requests))
@@ -69,7 +87,7 @@ def _job(store: Store, spec: JobSpec, n: int) -> JobContext:
         for start in range(0, n, 10_000):
             conn.execute(sa.insert(requests), [
                 {"job_id": job_id, "custom_id": f"r{i}", "source_key": f"r{i}", "source_row": i + 1, "payload": payload,
-                 "state": "pending", "attempts": 0, "not_before": 0.0, "model": spec.model}
+                 "state": "pending", "attempts": 0, "not_before": not_before, "model": spec.model}
                 for i in range(start, min(n, start + 10_000))
             ])  # fmt: skip
         return JobContext.from_row(conn.execute(sa.select(jobs).where(jobs.c.id == job_id)).one())
@@ -81,11 +99,79 @@ def _timed(fn) -> float:
     return time.process_time() - t
 
 
+@contextmanager
+def _store(tmp: str, pg: str | None):
+    """A SQLite store in `tmp`, or one in a new PostgreSQL schema (dropped after)."""
+    if pg is None:
+        store = Store(str(Path(tmp) / "lowtide.db"))
+        try:
+            yield store
+        finally:
+            store.close()
+        return
+    schema = f"lowtide_bench_{uuid.uuid4().hex[:10]}"
+    admin = sa.create_engine(pg, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
+    store = Store(f"{pg}?options=-csearch_path%3D{schema}")
+    try:
+        yield store
+    finally:
+        store.close()
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'DROP SCHEMA "{schema}" CASCADE'))
+        admin.dispose()
+
+
+def _per_tick(fn, ticks: int) -> tuple[float, float]:
+    """Median CPU and wall milliseconds of `ticks` calls of `fn`."""
+    cpu, wall = [], []
+    for _ in range(ticks):
+        c, w = time.process_time(), time.perf_counter()
+        fn()
+        cpu.append((time.process_time() - c) * 1000)
+        wall.append((time.perf_counter() - w) * 1000)
+    return statistics.median(cpu), statistics.median(wall)
+
+
+def quiet_ticks(sizes: list[int], ticks: int, pg: str | None) -> None:
+    kinds = ["batch", "direct", "direct"]
+    clock = ManualClock(NOW)
+    with tempfile.TemporaryDirectory() as tmp, _store(tmp, pg) as store:
+        os.environ["LOWTIDE_ECHO_BATCH_DIR"] = str(Path(tmp) / "echo-batch")
+        print(f"quiet ticks of a chain job ({'PostgreSQL' if pg else 'SQLite'}), median of {ticks}: CPU ms (wall ms)")
+        for n in sizes:
+            job = _job(store, _spec("bench", True), n, not_before=NOW + HOUR)  # a retry an hour away
+            step_ms = _per_tick(lambda: tiers.step(store, job, kinds, clock), ticks)  # noqa: B023
+
+            async def engine_ticks() -> tuple[float, float]:
+                async with Engine(store, clock, seed=1) as engine:
+                    await engine.tick("bench")  # builds the routes
+                    loop = asyncio.get_running_loop()
+                    out = []
+                    for _ in range(ticks):
+                        c, w = time.process_time(), loop.time()
+                        report = await engine.tick("bench")
+                        out.append(((time.process_time() - c) * 1000, (loop.time() - w) * 1000))
+                        assert not report.busy, report
+                    return statistics.median(x for x, _ in out), statistics.median(y for _, y in out)
+
+            tick_ms = asyncio.run(engine_ticks())
+            print(f"  {n:>9,} pending   step {step_ms[0]:8.2f} ({step_ms[1]:8.2f})   tick {tick_ms[0]:8.2f} ({tick_ms[1]:8.2f})")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=100_000)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--quiet", action="store_true", help="time quiet ticks of a chain job at each of --sizes")
+    ap.add_argument("--sizes", default="10000,100000")
+    ap.add_argument("--ticks", type=int, default=20)
+    ap.add_argument("--pg", help="PostgreSQL admin URL (with --quiet): run there, in a schema of its own")
     args = ap.parse_args()
+    if args.quiet:
+        quiet_ticks([int(x) for x in args.sizes.split(",")], args.ticks, args.pg)
+        return
     results: dict[str, list[float]] = {k: [] for k in ("chain quiet", "cut-over quiet", "chain cut", "cut-over cut")}
     with tempfile.TemporaryDirectory() as tmp:
         store = Store(str(Path(tmp) / "lowtide.db"))
