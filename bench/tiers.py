@@ -7,8 +7,9 @@ deadline cut-over (engine/fallback.py) on the same requests.
 Each job's requests are written straight into a SQLite store (no route is called). Timed,
 in CPU seconds (time.process_time, this process only: nothing else runs):
 
-    quiet   one pass well before any hand-over: nothing moves (the chain counts each
-            tier's waiting requests; the cut-over reads the batch route's turnaround)
+    quiet   one pass well before any hand-over: nothing moves (the chain finds which
+            lanes have waiting requests, one index seek each; the cut-over reads the
+            batch route's turnaround)
     cut     one pass at the (first) hand-over: every pending request changes lane
 
 A/B runs are interleaved, `--repeat` times; medians and the chain / cut-over ratio are

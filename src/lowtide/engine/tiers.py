@@ -25,6 +25,11 @@ Each tick, before anything is planned, tier by tier from the chosen one up:
 Requests moved up land on a tier that is checked next in the same pass, so work skips
 tiers that can no longer make it. Every move is a `tier_move` event, and the request's
 `lane_reason`, saying why in the words of the route choice.
+
+A pass reads the pending requests by lane only as its decisions need them (`Waiting`):
+which lanes have any, then a lane's count only for a batch tier that no longer fits or a
+direct tier with more than it can do. A quiet tick, with nothing to move, reads a few
+index entries however many requests wait (bench/tiers.py --quiet).
 """
 
 from __future__ import annotations
