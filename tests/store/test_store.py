@@ -133,8 +133,8 @@ def test_m007_gives_dispatches_of_an_older_store_a_submit_started_at(store):
         reopened.close()
 
 
-def test_m014_indexes_the_requests_of_an_older_store_by_lane(store):
-    """A store from before m014 gets the (job_id, state, lane, …) index when it opens
+def test_m015_indexes_the_requests_of_an_older_store_by_lane(store):
+    """A store from before m015 gets the (job_id, state, lane, …) index when it opens
     (engine/tiers.py reads pending requests by lane off it); a new store has it from m001."""
     def lane_index(s):
         with s.begin() as conn:
@@ -143,7 +143,7 @@ def test_m014_indexes_the_requests_of_an_older_store_by_lane(store):
     assert lane_index(store) == [["job_id", "state", "lane", "not_before", "id"]]
     with store.begin() as conn:
         conn.exec_driver_sql("DROP INDEX ix_requests_job_lane")
-        conn.execute(migrations.delete().where(migrations.c.name == "m014_requests_lane_index"))
+        conn.execute(migrations.delete().where(migrations.c.name == "m015_requests_lane_index"))
     assert lane_index(store) == []
     reopened = Store(store.location)
     try:

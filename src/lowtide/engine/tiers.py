@@ -211,7 +211,7 @@ class Waiting:
     decision needs it (a batch tier that no longer fits, a direct tier with more than it can
     do), so a quiet tick reads a few index entries however many requests wait. Moves made in
     the pass are told to it (`arrived`, `left`). The index on (job_id, state, lane) answers
-    each read (store/migrations.py m014)."""
+    each read (store/migrations.py m015)."""
 
     def __init__(self, conn: Connection, job_id: int):
         self._conn = conn
