@@ -35,6 +35,10 @@ TEXT_PARTS = {CHAT: ("text",), RESPONSES: ("input_text", "output_text"), MESSAGE
 # Keys on a text part that change nothing an own engine answers (a caching hint).
 HARMLESS_PART_KEYS = frozenset({"type", "text", "cache_control"})
 MAX_N = 128  # OpenAI's own limit on n
+_MESSAGES_ROLES = {"user": "user", "assistant": "assistant"}
+_NONE: frozenset[str] = frozenset()
+_ROLE_CONTENT = frozenset({"role", "content"})  # the keys a message may have
+_ROLE_CONTENT_TYPE = frozenset({"role", "content", "type"})  # a responses input item's
 Honours = Mapping[str, frozenset[str]] | frozenset[str]
 
 
@@ -62,11 +66,12 @@ def read_plain(request: Request, honours: Honours = frozenset()) -> Plain | Refu
     base = BASE_KEYS.get(endpoint)
     if base is None:
         return Refusal("endpoint", f"{endpoint} is not served by this route")
-    if not isinstance(honours, frozenset):
-        honours = honours.get(endpoint, frozenset())
-    for key in body:
-        if key not in base and key not in honours:
-            return Refusal(key, "not honoured by this route; remove it or use a provider route that takes it")
+    if honours.__class__ is not frozenset:
+        honours = honours.get(endpoint, _NONE)
+    if not base.issuperset(body):  # (a set test in C first: most bodies have no other key)
+        for key in body:
+            if key not in base and key not in honours:
+                return Refusal(key, "not honoured by this route; remove it or use a provider route that takes it")
     try:
         plain = _READERS[endpoint](body)
     except _Refused as refused:
@@ -78,7 +83,7 @@ def read_plain(request: Request, honours: Honours = frozenset()) -> Plain | Refu
         plain.n = n
     elif n != 1:
         return Refusal("n", f"this route returns one choice per request; got n={n!r}")
-    plain.params = {k: body[k] for k in honours if k in body}
+    plain.params = {} if honours.isdisjoint(body) else {k: body[k] for k in honours if k in body}
     return plain
 
 
@@ -104,15 +109,25 @@ def _turns(messages: Any, roles: dict[str, str], part_types: tuple[str, ...], al
         raise _Refused("messages", "expected a non-empty list of messages")
     out = []
     for i, m in enumerate(messages):
-        role = m.get("role") if isinstance(m, dict) else None
-        if not isinstance(role, str) or role not in roles:  # a list or object role is no key at all
-            raise _Refused(f"messages[{i}].role", f"role {role!r} is not taken by this route (only {', '.join(roles)})")
-        if len(m) != 2 or "content" not in m:  # anything but {role, content}: look closer
-            extra = set(m) - allowed
-            if extra:
-                raise _Refused(f"messages[{i}].{sorted(extra)[0]}", "not honoured by this route")
-        out.append({"role": roles[role], "content": _text(m.get("content"), f"messages[{i}].content", part_types)})
+        if m.__class__ is dict and len(m) == 2:  # {role, content} of text, most messages: told at once
+            role, content = m.get("role"), m.get("content")
+            if role.__class__ is str and content.__class__ is str and role in roles:
+                out.append({"role": roles[role], "content": content})
+                continue
+        out.append(_turn(m, i, roles, part_types, allowed))
     return out
+
+
+def _turn(m: Any, i: int, roles: dict[str, str], part_types: tuple[str, ...], allowed: frozenset[str]) -> dict[str, str]:
+    """Message `i`, read the general way (what `_turns` makes of one at once, it makes alike)."""
+    role = m.get("role") if isinstance(m, dict) else None
+    if not isinstance(role, str) or role not in roles:  # a list or object role is no key at all
+        raise _Refused(f"messages[{i}].role", f"role {role!r} is not taken by this route (only {', '.join(roles)})")
+    if len(m) != 2 or "content" not in m:  # anything but {role, content}: look closer
+        extra = set(m) - allowed
+        if extra:
+            raise _Refused(f"messages[{i}].{sorted(extra)[0]}", "not honoured by this route")
+    return {"role": roles[role], "content": _text(m.get("content"), f"messages[{i}].content", part_types)}
 
 
 def _stops(value: Any, name: str) -> list[str]:
@@ -126,7 +141,7 @@ def _stops(value: Any, name: str) -> list[str]:
 
 
 def _chat(body: dict[str, Any]) -> Plain:
-    messages = _turns(body.get("messages"), CHAT_ROLES, TEXT_PARTS[CHAT], frozenset({"role", "content"}))
+    messages = _turns(body.get("messages"), CHAT_ROLES, TEXT_PARTS[CHAT], _ROLE_CONTENT)
     limit = body.get("max_completion_tokens", body.get("max_tokens"))
     return Plain(messages, limit, body.get("temperature"), _stops(body.get("stop"), "stop"))
 
@@ -135,8 +150,7 @@ def _messages(body: dict[str, Any]) -> Plain:
     turns = []
     if body.get("system") is not None:
         turns.append({"role": "system", "content": _text(body["system"], "system", TEXT_PARTS[MESSAGES])})
-    roles = {"user": "user", "assistant": "assistant"}
-    turns += _turns(body.get("messages"), roles, TEXT_PARTS[MESSAGES], frozenset({"role", "content"}))
+    turns += _turns(body.get("messages"), _MESSAGES_ROLES, TEXT_PARTS[MESSAGES], _ROLE_CONTENT)
     return Plain(turns, body.get("max_tokens"), body.get("temperature"), _stops(body.get("stop_sequences"), "stop_sequences"))
 
 
@@ -148,12 +162,11 @@ def _responses(body: dict[str, Any]) -> Plain:
     if isinstance(given, str):
         turns.append({"role": "user", "content": given})
     else:
-        allowed = frozenset({"role", "content", "type"})
         if isinstance(given, list):
             for i, item in enumerate(given):
                 if isinstance(item, dict) and item.get("type", "message") != "message":
                     raise _Refused(f"input[{i}].type", f"input item {item['type']!r} is not taken by this route (messages only)")
-        turns += _turns(given, CHAT_ROLES, TEXT_PARTS[RESPONSES], allowed)
+        turns += _turns(given, CHAT_ROLES, TEXT_PARTS[RESPONSES], _ROLE_CONTENT_TYPE)
     return Plain(turns, body.get("max_output_tokens"), body.get("temperature"))
 
 

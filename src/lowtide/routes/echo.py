@@ -49,12 +49,14 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import orjson
+
 from lowtide.core.endpoints import CHAT, COMPLETIONS, MESSAGES, RESPONSES
 from lowtide.core.errors import RouteError
 from lowtide.core.types import Outcome, Refusal, Request, Usage
 from lowtide.routes import _echo_embed
 from lowtide.routes._instances import Instances, Unsatisfiable, instances_for
-from lowtide.routes._own import CHAT_ROLES, Plain, read_plain
+from lowtide.routes._own import Plain, read_plain
 from lowtide.routes._replies import Call, Reply, arguments_text, reply_body
 from lowtide.routes._structure import JsonAsk, Tool, json_ask, required_call, tools
 
@@ -100,54 +102,57 @@ class Plan:
 
 
 def plan(request: Request, instances: bool = True) -> Plan | Refusal:
-    plain = _plain_chat(request)
-    if plain is not None:  # the common body, read the short way: the same Plan as below
-        return Plan(plain, None, None, [])
-    return _plan(request, instances)
-
-
-# A chat body with only these keys asks echo for nothing but the text echo (no n, tools,
-# tool_choice, response_format, seed, top_p): `_plain_chat` may read it.
-_PLAIN_CHAT_KEYS = frozenset({"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "stop"})
-
-
-def _plain_chat(request: Request) -> Plain | None:
-    """What `read_plain` makes of a chat body of text messages asking nothing else echo
-    honours, with less work (this runs for every request `lowtide serve --backend echo`
-    checks and answers); None for any other body, which `_plan` reads the general way.
-    Exact types only: anything unusual goes the general way, which says what is wrong."""
-    body = request.body
-    if request.endpoint != CHAT or request.response_schema is not None or not _PLAIN_CHAT_KEYS.issuperset(body):
-        return None
-    messages = body.get("messages")
-    if type(messages) is not list or not messages:
-        return None
-    turns = []
-    for m in messages:
-        if type(m) is not dict or len(m) != 2:
-            return None
-        role, content = m.get("role"), m.get("content")
-        if type(role) is not str or type(content) is not str or role not in CHAT_ROLES:
-            return None
-        turns.append({"role": CHAT_ROLES[role], "content": content})
-    stop = body.get("stop")
-    if stop is None:
-        stops = []
-    elif type(stop) is str:
-        stops = [stop]
-    elif type(stop) is list and all(type(s) is str for s in stop):
-        stops = stop
-    else:
-        return None
-    return Plain(turns, body.get("max_completion_tokens", body.get("max_tokens")), body.get("temperature"), stops)
-
-
-def _plan(request: Request, instances: bool) -> Plan | Refusal:
     plain = read_plain(request, HONOURS)
     if isinstance(plain, Refusal):
         return plain
     if not instances:  # answer: message: the text echo, whatever the body asks
         return Plan(plain, None, None, [])
+    made = _structure(request)
+    if isinstance(made, Refusal):
+        return made
+    ask, schema, calls = made
+    return Plan(plain, ask, schema, list(calls) if calls else [])
+
+
+# The body keys (besides the endpoint and lowtide's response_schema) the answer's structure
+# is read from: a JSON ask, the tools, the required call.
+STRUCTURE_KEYS = ("response_format", "text", "output_config", "tools", "tool_choice")
+Structure = tuple[JsonAsk | None, Instances | None, tuple[tuple[Tool, Instances], ...]]
+_NOTHING_ASKED: Structure = (None, None, ())
+_MEMO: dict[bytes, tuple[list[Any], Structure | Refusal]] = {}
+_MEMO_SIZE = 512
+
+
+def _structure(request: Request) -> Structure | Refusal:
+    """What the body asks of the answer's structure, read once per distinct ask: a job's
+    requests (and a batch's lines, checked at intake and answered later) share one, and
+    reading it (the tools, the schemas) costs more than the rest of a plan. Where nothing is
+    asked it is told in a few lookups."""
+    body = request.body
+    if request.response_schema is None and body.keys().isdisjoint(STRUCTURE_KEYS):
+        return _NOTHING_ASKED
+    asked = [body.get(k) for k in STRUCTURE_KEYS]
+    asked.append(request.response_schema)
+    if asked.count(None) == len(asked):  # absent and null are the same to every reader
+        return _NOTHING_ASKED
+    asked.append(request.endpoint)
+    try:  # exact types only (orjson refuses a subclass), in the body's own key order
+        key = orjson.dumps(asked, option=orjson.OPT_PASSTHROUGH_SUBCLASS)
+    except TypeError:  # a value orjson does not write: read as it is, not remembered
+        return _read_structure(request)
+    found = _MEMO.get(key)
+    # The same text is the same ask, but for what JSON text cannot tell apart (a tuple from
+    # a list, NaN from null): equality tells those.
+    if found is not None and found[0] == asked:
+        return found[1]
+    made = _read_structure(request)
+    if len(_MEMO) >= _MEMO_SIZE:
+        _MEMO.clear()
+    _MEMO[key] = (asked, made)
+    return made
+
+
+def _read_structure(request: Request) -> Structure | Refusal:
     ask = json_ask(request)
     if isinstance(ask, Refusal):
         return ask
@@ -179,7 +184,7 @@ def _plan(request: Request, instances: bool) -> Plan | Refusal:
             schema = instances_for(ask.schema)
         except Unsatisfiable as err:
             return _unsatisfiable(ask.field, err)
-    return Plan(plain, ask, schema, calls)
+    return ask, schema, tuple(calls)
 
 
 def _unsatisfiable(field: str, err: Unsatisfiable) -> Refusal:
