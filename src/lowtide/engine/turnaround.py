@@ -107,7 +107,8 @@ def expected(conn: Connection | None, route: str, options: dict, model: str, kin
     """The turnaround of `requests` requests of `model` on `route` (see the module doc)."""
     scale = requests if kind == "direct" else 1
     what = "dispatches" if kind == "direct" else "batches"
-    samples = measured(conn, route, model, kind, service_tier(options)) if conn is not None else []
+    tier = service_tier(options) if kind == "direct" else None  # only direct dispatches keep a tier
+    samples = measured(conn, route, model, kind, tier) if conn is not None else []
     if len(samples) >= MIN_SAMPLES:
         return Turnaround(percentile(samples, 0.5) * scale, percentile(samples, 0.95) * scale, f"measured: {len(samples)} {what}")
     prior = PRIORS.get(prior_key(route, options))
