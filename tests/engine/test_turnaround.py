@@ -88,3 +88,18 @@ def test_a_direct_job_records_the_tier_it_asked_for(store, clock, tmp_path):
             .group_by(jobs.c.name, dispatches.c.tier).order_by(jobs.c.name)
         ).all()  # fmt: skip
     assert [tuple(t) for t in tiers] == [("flex-job", "flex", 2), ("real-time-job", None, 2)]
+
+
+def test_a_batch_route_reads_its_batches_whatever_service_tier_its_options_name(store):
+    # batch dispatches keep no tier: options naming one must not hide their measured batches
+    with store.begin() as conn:
+        job_id = conn.execute(
+            sa.insert(jobs).values(name="earlier", spec="{}", route="openai-batch", state="finished", created_at=0, updated_at=0)
+        ).inserted_primary_key[0]
+        for i in range(3):
+            conn.execute(sa.insert(dispatches).values(
+                job_id=job_id, route="openai-batch", kind="batch", key=f"b{i}", state="ended", size=10, polls=1,
+                cancel_requested=False, created_at=0, submitted_at=1000, ended_at=1000 + 600 * (i + 1), model=MODEL,
+            ))  # fmt: skip
+        took = turnaround.expected(conn, "openai-batch", {"service_tier": "flex"}, MODEL, "batch", 100)
+    assert (took.p95, took.basis) == (1800, "measured: 3 batches")
