@@ -60,16 +60,26 @@ def leave(page) -> None:
     page.goto("about:blank")
 
 
+def on_all(page, selector: str, function: str) -> Any:
+    """`function` applied, in the page, to the elements matching `selector`, in one script run.
+    (Playwright's eval_on_selector_all finds the elements and runs the function in two round
+    trips: a refresh between them hands the function detached elements, whose computed style
+    is empty and which have no boxes.)"""
+    return page.evaluate(f"selector => ({function})([...document.querySelectorAll(selector)])", selector)
+
+
 def figures(page, scope: str) -> dict[str, tuple[str, str]]:
     """Every figure under `scope`: data-field -> (data-value, the text shown)."""
-    return page.eval_on_selector_all(
+    return on_all(
+        page,
         f"{scope} [data-field]", "els => Object.fromEntries(els.map(e => [e.dataset.field, [e.dataset.value, e.textContent]]))"
     )
 
 
 def boxes(page, selector: str) -> list[dict[str, float]]:
     """The border boxes (x, y, width, height, right, bottom) of the visible elements matching."""
-    return page.eval_on_selector_all(
+    return on_all(
+        page,
         selector,
         """els => els.filter(e => e.getClientRects().length).map(e => {
              const r = e.getBoundingClientRect();
@@ -88,7 +98,8 @@ def overlap(a: dict[str, float], b: dict[str, float]) -> float:
 def overflowing(page, selector: str) -> list[str]:
     """Elements matching `selector` whose content is wider than they are (cut or spilling),
     by tag, class and text."""
-    return page.eval_on_selector_all(
+    return on_all(
+        page,
         selector,
         """els => els.filter(e => e.getClientRects().length && e.scrollWidth > e.clientWidth + 1)
                      .map(e => `${e.tagName.toLowerCase()}.${e.className}: ${e.textContent.slice(0, 60)}`)""",

@@ -22,7 +22,7 @@ from tests.cli.test_cli import LOWTIDE, Cli
 from tests.engine.ledger_helpers import dispatch, ingest, ok, stored_job
 from tests.engine.test_tiers import PRICES, _batch_history, _spec
 from tests.routes.upstream import Upstream
-from tests.server.browser import figures, leave
+from tests.server.browser import figures, leave, on_all
 from tests.server.conftest import Running, chat_line, create_batch, wait_openai
 from tests.server.test_metrics import run_priced_job
 
@@ -167,7 +167,7 @@ def test_the_page_shows_a_finished_jobs_figures_as_lowtide_report_does(serve, pa
         expect(page.locator('#detail[data-job="tickets"]')).to_be_visible()
         shown = figures(page, "#detail")
         listed = figures(page, '#jobs tr[data-job="tickets"]')
-        failures = page.eval_on_selector_all("#failures [data-reason]", "els => els.map(e => e.dataset.reason)")
+        failures = on_all(page, "#failures [data-reason]", "els => els.map(e => e.dataset.reason)")
         leave(page)
 
     for name in FIGURES:
@@ -184,6 +184,31 @@ def test_the_page_shows_a_finished_jobs_figures_as_lowtide_report_does(serve, pa
     assert (shown["done"], shown["total"]) == (["5", "5"], ["5", "5"])
     assert (listed["input_tokens"][0], listed["output_tokens"][0]) == (str(report["input_tokens"]), str(report["output_tokens"]))
     assert failures == ["invalid_request"]  # the echo batch's request "bad"
+
+
+def test_a_refresh_that_brings_nothing_new_leaves_the_page_as_it_was(serve, page, tmp_path, monkeypatch):
+    """A reader's text selection survives the polling: a section is drawn again only when
+    what it shows changed (before, every refresh replaced every table row)."""
+    from playwright.sync_api import expect
+
+    with serve() as s:
+        run_priced_job(s, tmp_path, monkeypatch)
+        page.goto(f"{s.url}/dashboard?refresh=0.2#tickets")
+        expect(page.locator('#detail[data-job="tickets"]')).to_be_visible()
+        expect(page.locator('#jobs tr[data-job="tickets"] [data-field="state"]')).to_have_text("finished")
+        page.evaluate("""() => {
+            const cell = document.querySelector('#jobs tr[data-job="tickets"] [data-field="cost_usd"]');
+            window.held = [cell, document.querySelector("#detail-facts div"), document.querySelector("#series-chart *"),
+                           document.querySelector("#totals .tile")];
+            getSelection().selectAllChildren(cell);
+        }""")
+        selected = page.evaluate("getSelection().toString()")
+        for _ in range(2):  # the first refresh after the mark has drawn all it would when the second answers
+            with page.expect_response(lambda r: "/dashboard/api/jobs" in r.url and "/jobs/" not in r.url):
+                pass
+        assert page.evaluate("window.held.map(e => e.isConnected)") == [True] * 4
+        assert selected and page.evaluate("getSelection().toString()") == selected
+        leave(page)
 
 
 def test_the_page_follows_a_running_job_without_a_reload(serve, gate, page):
@@ -235,7 +260,7 @@ def test_a_chain_jobs_page_shows_its_requests_by_tier_as_lowtide_status_does(ser
         box = page.locator("#detail-tiers-box")
         expect(box).to_be_visible()
         expect(page.locator('#detail-tiers tr[data-tier="openai (flex)"]')).to_contain_text("5")
-        shown = page.eval_on_selector_all("#detail-tiers tr[data-tier]", "trs => trs.map(tr => [...tr.cells].map(c => c.textContent))")
+        shown = on_all(page, "#detail-tiers tr[data-tier]", "trs => trs.map(tr => [...tr.cells].map(c => c.textContent))")
         leave(page)
 
     assert status.tiers == [("echo-batch", "pending", 15), ("openai (flex)", "pending", 5)]

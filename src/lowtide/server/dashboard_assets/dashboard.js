@@ -308,6 +308,22 @@ function renderTimeline(job) {
 }
 
 // Polling --------------------------------------------------------------------------------
+// A section is drawn again only when what it shows changed: a refresh that brought nothing
+// new leaves the page as it was, so a reader's text selection (and a held element) survives.
+const drawn = new Map();
+function changed(section, ...inputs) {
+  const now = JSON.stringify(inputs);
+  if (drawn.get(section) === now) return false;
+  drawn.set(section, now);
+  return true;
+}
+
+function hideDetail() {
+  document.getElementById("detail").hidden = true;
+  drawn.delete("detail");
+  drawn.delete("failed");
+}
+
 async function get(path) {
   const response = await fetch(path, { cache: "no-store", credentials: "same-origin" });
   if (!response.ok) {
@@ -322,7 +338,7 @@ function select(name) {
   document.getElementById("failed-search").value = failedView.q;
   selected = name;
   history.replaceState(null, "", name ? `#${encodeURIComponent(name)}` : location.pathname + location.search);
-  if (!name) document.getElementById("detail").hidden = true;
+  if (!name) hideDetail();
   refresh();
 }
 
@@ -343,19 +359,23 @@ async function refresh() {
     const failedRowsQuery = selected ? failedQuery() : null;
     for (const q of [seriesQuery, detailQuery, failedRowsQuery]) q?.catch(() => {});  // awaited below
     const data = await jobsQuery;
-    renderTotals(data);
-    renderJobs(data);
-    renderFailures(data.failures, data.failure_figures.requests);
+    if (changed("jobs", { ...data, generated_at: null }, selected)) {  // the time it was read is not shown
+      renderTotals(data);
+      renderJobs(data);
+      renderFailures(data.failures, data.failure_figures.requests);
+    }
     try {
-      renderSeries(await seriesQuery);
+      const series = await seriesQuery;
+      if (changed("series", series, document.getElementById("series-chart").clientWidth)) renderSeries(series);
       if (detailQuery) {
-        renderDetail(await detailQuery);
-        renderFailedRows(await failedRowsQuery);
+        const job = await detailQuery, rows = await failedRowsQuery;
+        if (changed("detail", job, failedView)) renderDetail(job);
+        if (changed("failed", rows, failedView)) renderFailedRows(rows);
       }
     } catch (err) {
       if (err.status !== 404) throw err;
       selected = null;  // the job is gone (or never was): back to all jobs
-      document.getElementById("detail").hidden = true;
+      hideDetail();
       history.replaceState(null, "", location.pathname + location.search);
     }
     status.className = "";
