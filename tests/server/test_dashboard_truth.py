@@ -141,7 +141,7 @@ WIDTHS = (1400, 800, 390)
 
 
 def segment_widths(tab, row: str) -> dict[str, float]:
-    return on_all(tab, 
+    return on_all(tab,
         f"{row} [data-bar] .seg", "els => Object.fromEntries(els.map(e => [e.dataset.state, e.getBoundingClientRect().width]))"
     )
 
@@ -167,7 +167,7 @@ def test_the_page_reads_true_and_reflows(serve, browser, tmp_path, monkeypatch, 
             bar = boxes(tab, '#jobs tr[data-job="allbad"] [data-bar]')[0]["width"]
             assert bar > 40 and abs(bad["failed"] - bar) < 1 and bad["succeeded"] == 0, (bad, bar)
             assert abs(good["succeeded"] - bar) < 1 and good["failed"] == 0, good
-            colours = on_all(tab, 
+            colours = on_all(tab,
                 '#jobs tr[data-job="allbad"] [data-bar] .seg', "els => Object.fromEntries(els.map(e => [e.dataset.state, getComputedStyle(e).backgroundColor]))"
             )
             assert colours["failed"] == "rgb(192, 68, 58)" and len(set(colours.values())) == 5, colours
@@ -193,7 +193,7 @@ def test_the_page_reads_true_and_reflows(serve, browser, tmp_path, monkeypatch, 
             else:  # one card per row, labelled cells; one column
                 assert len({round(c["y"]) for c in cells}) > 2 and reasons["y"] >= series["bottom"]
                 assert not tab.is_visible("#jobs thead")
-                labels = on_all(tab, 
+                labels = on_all(tab,
                     '#jobs tr[data-job="allbad"] td', "els => els.map(e => getComputedStyle(e, '::before').content)"
                 )
                 assert '"failed"' in labels and '"cost"' in labels, labels
