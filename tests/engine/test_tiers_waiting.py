@@ -16,6 +16,8 @@ from lowtide.core.spec import JobSpec
 from lowtide.core.types import Request
 from lowtide.engine import tiers
 from lowtide.engine.context import JobContext
+from lowtide.engine.dispatch import pending_ids
+from lowtide.engine.fallback import move_pending
 from lowtide.store.queries import save_job
 from lowtide.store.schema import dispatches, events, jobs, requests
 
@@ -100,6 +102,28 @@ def test_a_quiet_tick_reads_as_much_for_20000_waiting_requests_as_for_2000(sqlit
             assert tiers.step(sqlite_store, job, KINDS, clock) == 0
         cost[job.name] = steps[0]
     # Counting every pending row, the large job took about ten times the small one's.
+    assert cost["large"] <= cost["small"] + 20, cost
+
+
+def test_a_tier_reads_its_due_requests_without_reading_the_other_lanes_waiting(sqlite_store):
+    """The index of pending requests by lane is partial (pending rows only, off the query's
+    literal state): a tier's claim and the count asked for its speed read as much whether
+    2,000 or 20,000 requests wait on the tier below."""
+    small = _job(sqlite_store, "small", {"main": 2000, "tier1": 20})
+    large = _job(sqlite_store, "large", {"main": 20_000, "tier1": 20})
+    cost = {}
+    for job in (small, large):
+        def read():
+            with sqlite_store.begin() as conn:
+                ids = pending_ids(conn, job.id, NOW, 10, lane="tier1")
+                waiting = move_pending(conn, job.id, NOW, "test", src="tier1", dst="tier1", keep=10)
+            return ids, waiting
+
+        read()  # statements prepared once
+        with _sqlite_steps(sqlite_store) as steps:
+            ids, moved = read()
+        assert len(ids) == 10 and moved == 10
+        cost[job.name] = steps[0]
     assert cost["large"] <= cost["small"] + 20, cost
 
 

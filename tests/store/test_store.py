@@ -133,16 +133,17 @@ def test_m007_gives_dispatches_of_an_older_store_a_submit_started_at(store):
         reopened.close()
 
 
-def test_m015_indexes_the_requests_of_an_older_store_by_lane(store):
-    """A store from before m015 gets the (job_id, state, lane, …) index when it opens
-    (engine/tiers.py reads pending requests by lane off it); a new store has it from m001."""
+def test_m015_indexes_the_pending_requests_of_an_older_store_by_lane(store):
+    """A store from before m015 gets the partial (job_id, state, lane, …) index of pending requests
+    when it opens (engine/tiers.py reads pending requests by lane off it); a new store has it
+    from m001."""
     def lane_index(s):
         with s.begin() as conn:
-            return [i["column_names"] for i in sa.inspect(conn).get_indexes("requests") if i["name"] == "ix_requests_job_lane"]
+            return [i["column_names"] for i in sa.inspect(conn).get_indexes("requests") if i["name"] == "ix_requests_pending_lane"]
 
     assert lane_index(store) == [["job_id", "state", "lane", "not_before", "id"]]
     with store.begin() as conn:
-        conn.exec_driver_sql("DROP INDEX ix_requests_job_lane")
+        conn.exec_driver_sql("DROP INDEX ix_requests_pending_lane")
         conn.execute(migrations.delete().where(migrations.c.name == "m015_requests_lane_index"))
     assert lane_index(store) == []
     reopened = Store(store.location)

@@ -36,7 +36,7 @@ from lowtide.engine.policy import poll_delay
 from lowtide.routes.base import BatchRoute
 from lowtide.store.db import Store
 from lowtide.store.queries import add_event, note_phase
-from lowtide.store.schema import dispatches, requests
+from lowtide.store.schema import PENDING, dispatches, requests
 from lowtide.store.transitions import lock_job, move_dispatch, move_requests
 
 INGEST_CHUNK = 2000
@@ -72,7 +72,7 @@ def plan(store: Store, job: JobContext, route: BatchRoute, clock: Clock, lane: s
     planned = 0
     due = select(requests.c.id, func.length(requests.c.payload) + LINE_OVERHEAD, requests.c.model).where(
         requests.c.job_id == job.id,
-        requests.c.state == RequestState.PENDING.value,
+        requests.c.state == PENDING,  # with a lane: off the partial index of pending requests by lane
         requests.c.not_before <= now,
     )
     if lane is not None:

@@ -11,7 +11,7 @@ from lowtide.core import fastjson
 from lowtide.core.states import DispatchState, RequestState
 from lowtide.core.types import Request
 from lowtide.store.bulk import among
-from lowtide.store.schema import dispatches, requests
+from lowtide.store.schema import PENDING, dispatches, requests
 from lowtide.store.transitions import move_requests
 
 
@@ -42,7 +42,7 @@ def _due(conn: Connection, job_id: int, now: float, limit: int, lane: str | None
         select(requests.c.id)
         .where(
             requests.c.job_id == job_id,
-            requests.c.state == RequestState.PENDING.value,
+            requests.c.state == PENDING,  # with a lane: off the partial index of pending requests by lane
             requests.c.not_before <= now,
         )
         .order_by(requests.c.not_before, requests.c.id)  # the index's order: no sort

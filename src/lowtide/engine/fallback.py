@@ -36,7 +36,7 @@ from lowtide.core.states import DispatchState, JobState, RequestState
 from lowtide.engine.context import JobContext
 from lowtide.store.db import Store
 from lowtide.store.queries import add_event
-from lowtide.store.schema import dispatches, requests
+from lowtide.store.schema import PENDING, dispatches, requests
 from lowtide.store.transitions import move_dispatch, move_requests
 
 HISTORY = 20  # recent batches of a route its turnaround is estimated from
@@ -108,7 +108,7 @@ def move_pending(
     the `keep` oldest stay (a direct tier of a chain keeps what it can still finish)."""
     which = and_(
         requests.c.job_id == job_id,
-        requests.c.state == RequestState.PENDING.value,
+        requests.c.state == PENDING,  # the partial lane index
         requests.c.lane == src,
     )
     if keep > 0:

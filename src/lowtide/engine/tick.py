@@ -36,7 +36,7 @@ from lowtide.engine.ingest import IngestCounts
 from lowtide.routes import Route, create_route
 from lowtide.store.db import Store
 from lowtide.store.queries import add_event
-from lowtide.store.schema import dispatches, jobs, requests
+from lowtide.store.schema import PENDING, dispatches, jobs, requests
 from lowtide.store.transitions import lock_job, move_dispatch, move_job, move_requests
 
 LIVE = (RequestState.PENDING.value, RequestState.DISPATCHED.value)
@@ -150,7 +150,7 @@ class Engine:
             waiting = conn.execute(
                 select(func.count()).where(
                     requests.c.job_id == job.id,
-                    requests.c.state == RequestState.PENDING.value,
+                    requests.c.state == PENDING,  # the partial lane index
                     requests.c.lane == lane,
                 )
             ).scalar_one()

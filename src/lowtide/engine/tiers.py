@@ -42,13 +42,13 @@ from sqlalchemy import Connection, and_, func, select, update
 from lowtide.core.auto_spec import TierSpec, duration_text
 from lowtide.core.clock import Clock
 from lowtide.core.spec import JobSpec
-from lowtide.core.states import JobState, RequestState
+from lowtide.core.states import JobState
 from lowtide.engine import turnaround
 from lowtide.engine.context import JobContext, tier_lane
 from lowtide.engine.fallback import cancel_in_flight, move_pending, release_stuck, unplan
 from lowtide.store.db import Store
 from lowtide.store.queries import add_event
-from lowtide.store.schema import requests
+from lowtide.store.schema import PENDING, requests
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,11 +211,11 @@ class Waiting:
     decision needs it (a batch tier that no longer fits, a direct tier with more than it can
     do), so a quiet tick reads a few index entries however many requests wait. Moves made in
     the pass are told to it (`arrived`, `left`). The index on (job_id, state, lane) answers
-    each read (store/migrations.py m015)."""
+    each read (store/schema.py, m015)."""
 
     def __init__(self, conn: Connection, job_id: int):
         self._conn = conn
-        self._pending = and_(requests.c.job_id == job_id, requests.c.state == RequestState.PENDING.value)
+        self._pending = and_(requests.c.job_id == job_id, requests.c.state == PENDING)  # the partial lane index
         self.lanes = self._lanes()
         self._counts: dict[str, int] = {}
 
@@ -274,7 +274,7 @@ def _adopt_orphans(conn: Connection, job: JobContext, tiers: list[Tier], now: fl
     lanes = [t.lane for t in tiers]
     return conn.execute(
         update(requests)
-        .where(requests.c.job_id == job.id, requests.c.state == RequestState.PENDING.value, requests.c.lane.not_in(lanes))
+        .where(requests.c.job_id == job.id, requests.c.state == PENDING, requests.c.lane.not_in(lanes))
         .values(lane=lanes[0], lane_reason=None, lane_base_attempts=requests.c.attempts, updated_at=now)
     ).rowcount
 

@@ -184,8 +184,9 @@ def m014_dispatch_tier(conn: Connection) -> None:
 
 @migration
 def m015_requests_lane_index(conn: Connection) -> None:
-    """Requests are indexed by job, state and lane: a chain's tick finds which lanes have
+    """Pending requests are indexed by job and lane: a chain's tick finds which lanes have
     pending requests by one seek each, and a tier claims its due requests in order, without
-    reading every pending row of the job (engine/tiers.py, engine/dispatch.py)."""
-    index = next(i for i in schema.requests.indexes if i.name == "ix_requests_job_lane")
+    reading every pending row of the job (engine/tiers.py, engine/dispatch.py). A partial
+    index: a request is in it only while pending, so answers do not update it."""
+    index = next(i for i in schema.requests.indexes if i.name == "ix_requests_pending_lane")
     index.create(conn, checkfirst=True)  # a store made by m001 from this schema has it already

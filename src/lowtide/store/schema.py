@@ -15,9 +15,16 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    literal_column,
+    text,
 )
 
 metadata = MetaData()
+
+# 'pending' written into a query's text, not bound: a plan made before the values are known
+# (PostgreSQL's generic plan of a prepared statement) can use a partial index only where the
+# query's own WHERE implies the index's.
+PENDING = literal_column("'pending'")
 
 meta = Table(
     "lowtide_meta",
@@ -98,7 +105,13 @@ requests = Table(
     Index("ix_requests_dispatch", "dispatch_id"),
     # A lane's due pending requests, earliest first (a chain's tier, a fallback lane); and
     # which lanes have any, by one seek each (engine/tiers.py): no pass over the job's rows.
-    Index("ix_requests_job_lane", "job_id", "state", "lane", "not_before", "id"),
+    # Pending requests only (queries name state = PENDING): a request leaves it once, when
+    # it is sent, and later moves (an answer, a failure) do not touch it. `state`, the same
+    # in every entry, makes it the planner's choice over ix_requests_job_state for a lane.
+    Index(
+        "ix_requests_pending_lane", "job_id", "state", "lane", "not_before", "id",
+        sqlite_where=text("state = 'pending'"), postgresql_where=text("state = 'pending'"),
+    ),
 )
 
 # An earlier version of a request, kept when `--requeue-changed` re-rendered a request that
