@@ -112,16 +112,16 @@ def test_a_tier_reads_its_due_requests_without_reading_the_other_lanes_waiting(s
     small = _job(sqlite_store, "small", {"main": 2000, "tier1": 20})
     large = _job(sqlite_store, "large", {"main": 20_000, "tier1": 20})
     cost = {}
-    for job in (small, large):
-        def read():
-            with sqlite_store.begin() as conn:
-                ids = pending_ids(conn, job.id, NOW, 10, lane="tier1")
-                waiting = move_pending(conn, job.id, NOW, "test", src="tier1", dst="tier1", keep=10)
-            return ids, waiting
 
-        read()  # statements prepared once
+    def read(job: JobContext) -> tuple[list[int], int]:
+        with sqlite_store.begin() as conn:
+            ids = pending_ids(conn, job.id, NOW, 10, lane="tier1")
+            return ids, move_pending(conn, job.id, NOW, "test", src="tier1", dst="tier1", keep=10)
+
+    for job in (small, large):
+        read(job)  # statements prepared once
         with _sqlite_steps(sqlite_store) as steps:
-            ids, moved = read()
+            ids, moved = read(job)
         assert len(ids) == 10 and moved == 10
         cost[job.name] = steps[0]
     assert cost["large"] <= cost["small"] + 20, cost
