@@ -6,7 +6,6 @@ counts SQLite's own steps (deterministic; no clock)."""
 from __future__ import annotations
 
 import json
-from contextlib import contextmanager
 from datetime import UTC, datetime
 
 import sqlalchemy as sa
@@ -20,6 +19,7 @@ from lowtide.engine.dispatch import pending_ids
 from lowtide.engine.fallback import move_pending
 from lowtide.store.queries import save_job
 from lowtide.store.schema import dispatches, events, jobs, requests
+from tests.sqlite_steps import sqlite_steps
 
 NOW = 1_700_000_000.0
 END = NOW + 7200
@@ -72,25 +72,6 @@ def _lanes(store, job: JobContext) -> dict[str, str]:
         return dict(conn.execute(sa.select(requests.c.custom_id, requests.c.lane).where(requests.c.job_id == job.id)).all())
 
 
-@contextmanager
-def _sqlite_steps(store):
-    """SQLite virtual-machine steps (in tens) run by the store's statements meanwhile."""
-    steps = [0]
-
-    def count() -> int:
-        steps[0] += 1
-        return 0  # go on
-
-    def watch(conn, *_):
-        conn.connection.driver_connection.set_progress_handler(count, 10)
-
-    sa.event.listen(store.engine, "before_cursor_execute", watch)
-    try:
-        yield steps
-    finally:
-        sa.event.remove(store.engine, "before_cursor_execute", watch)
-
-
 def test_a_quiet_tick_reads_as_much_for_20000_waiting_requests_as_for_2000(sqlite_store):
     # echo-batch's prior p95 (5 s) fits: nothing moves; flex-like tier1 waits empty.
     small, large = _job(sqlite_store, "small", {"main": 2000}), _job(sqlite_store, "large", {"main": 20_000})
@@ -98,7 +79,7 @@ def test_a_quiet_tick_reads_as_much_for_20000_waiting_requests_as_for_2000(sqlit
     cost = {}
     for job in (small, large):
         tiers.step(sqlite_store, job, KINDS, clock)  # statements prepared once
-        with _sqlite_steps(sqlite_store) as steps:
+        with sqlite_steps(sqlite_store) as steps:
             assert tiers.step(sqlite_store, job, KINDS, clock) == 0
         cost[job.name] = steps[0]
     # Counting every pending row, the large job took about ten times the small one's.
@@ -120,7 +101,7 @@ def test_a_tier_reads_its_due_requests_without_reading_the_other_lanes_waiting(s
 
     for job in (small, large):
         read(job)  # statements prepared once
-        with _sqlite_steps(sqlite_store) as steps:
+        with sqlite_steps(sqlite_store) as steps:
             ids, moved = read(job)
         assert len(ids) == 10 and moved == 10
         cost[job.name] = steps[0]

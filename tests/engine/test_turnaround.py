@@ -19,6 +19,7 @@ from lowtide.store.schema import dispatches, jobs
 from tests.conftest import make_spec, ticket_rows, write_csv
 from tests.engine.test_tiers import MODEL, PRICES
 from tests.routes.upstream import Upstream
+from tests.sqlite_steps import sqlite_steps
 
 FLEX = {"service_tier": "flex"}
 
@@ -103,3 +104,33 @@ def test_a_batch_route_reads_its_batches_whatever_service_tier_its_options_name(
             ))  # fmt: skip
         took = turnaround.expected(conn, "openai-batch", {"service_tier": "flex"}, MODEL, "batch", 100)
     assert (took.p95, took.basis) == (1800, "measured: 3 batches")
+
+
+def _many(store, job: str, n: int, **values) -> None:
+    """`n` ended dispatches of an earlier job, inserted at once."""
+    with store.begin() as conn:
+        job_id = conn.execute(
+            sa.insert(jobs).values(name=job, spec="{}", route="openai", state="finished", created_at=0, updated_at=0)
+        ).inserted_primary_key[0]
+        row = {"job_id": job_id, "route": "openai", "kind": "direct", "state": "ended", "size": 10, "polls": 0,
+               "cancel_requested": False, "created_at": 1000, "model": MODEL} | values  # fmt: skip
+        conn.execute(sa.insert(dispatches), [{**row, "key": f"{job}-{i}", "ended_at": 1000 + i} for i in range(n)])
+
+
+def test_a_tick_reads_a_tiers_recent_turnarounds_without_reading_the_stores_history(sqlite_store):
+    """Each tick of a chain reads each tier's turnaround: off the index of dispatches by
+    route, model, kind, tier and state, the newest 50 ended, whatever else the store holds
+    (other routes, tiers, kinds, and older dispatches of the same)."""
+    cost = {}
+    for name, n in (("small", 100), ("large", 3000)):
+        _many(sqlite_store, f"{name}-same", n)
+        _many(sqlite_store, f"{name}-flex", n, tier="flex")
+        _many(sqlite_store, f"{name}-batch", n, kind="batch", submitted_at=1000)
+        _many(sqlite_store, f"{name}-other", n, route="anthropic")
+        _expected(sqlite_store, {})  # statements prepared once
+        with sqlite_steps(sqlite_store) as steps:
+            took = _expected(sqlite_store, {})
+        assert took.basis == "measured: 50 dispatches"
+        cost[name] = steps[0]
+    # Without the index, every dispatch was read and the newest sorted out: 30 times more.
+    assert cost["large"] <= cost["small"] + 20, cost

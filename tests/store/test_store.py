@@ -151,3 +151,23 @@ def test_m015_indexes_the_pending_requests_of_an_older_store_by_lane(store):
         assert lane_index(reopened) == [["job_id", "state", "lane", "not_before", "id"]]
     finally:
         reopened.close()
+
+
+def test_m016_indexes_the_dispatches_of_an_older_store_by_turnaround(store):
+    """A store from before m016 gets the (route, model, kind, tier, state, ended_at) index of
+    dispatches when it opens (engine/turnaround.py reads a tier's newest off it)."""
+    def turnaround_index(s):
+        with s.begin() as conn:
+            return [i["column_names"] for i in sa.inspect(conn).get_indexes("dispatches") if i["name"] == "ix_dispatches_turnaround"]
+
+    wanted = [["route", "model", "kind", "tier", "state", "ended_at"]]
+    assert turnaround_index(store) == wanted
+    with store.begin() as conn:
+        conn.exec_driver_sql("DROP INDEX ix_dispatches_turnaround")
+        conn.execute(migrations.delete().where(migrations.c.name == "m016_dispatches_turnaround_index"))
+    assert turnaround_index(store) == []
+    reopened = Store(store.location)
+    try:
+        assert turnaround_index(reopened) == wanted
+    finally:
+        reopened.close()

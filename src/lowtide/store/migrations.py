@@ -190,3 +190,11 @@ def m015_requests_lane_index(conn: Connection) -> None:
     index: a request is in it only while pending, so answers do not update it."""
     index = next(i for i in schema.requests.indexes if i.name == "ix_requests_pending_lane")
     index.create(conn, checkfirst=True)  # a store made by m001 from this schema has it already
+
+
+@migration
+def m016_dispatches_turnaround_index(conn: Connection) -> None:
+    """Dispatches are indexed by route, model, kind, tier and state, newest ended last: a
+    chain's tick reads a tier's recent turnarounds off it (engine/turnaround.py)."""
+    index = next(i for i in schema.dispatches.indexes if i.name == "ix_dispatches_turnaround")
+    index.create(conn, checkfirst=True)  # a store made by m001 from this schema has it already

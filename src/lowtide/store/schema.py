@@ -177,6 +177,10 @@ dispatches = Table(
     # NULL: the route's default. Turnarounds are kept per tier: flex is slower than real time.
     Column("tier", String(32)),
     Index("ix_dispatches_job_state", "job_id", "state"),
+    # A route's recent turnarounds (engine/turnaround.py, each tick of a `route: auto` chain):
+    # the newest ended dispatches of one route, model, kind and tier, without reading the
+    # store's whole history of dispatches.
+    Index("ix_dispatches_turnaround", "route", "model", "kind", "tier", "state", "ended_at"),
 )
 
 # One try of one request. The ledger is the sum of attempts; `applied` is False for a result
