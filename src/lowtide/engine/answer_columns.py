@@ -14,8 +14,10 @@ declared properties; keys an answer adds beyond them are in its `output` text.
 from __future__ import annotations
 
 import json
+from functools import lru_cache
 from typing import Any
 
+from lowtide.core import fastjson
 from lowtide.core.answers import Answer, read_answer
 
 ANSWER_COLUMNS = ("finish_reason", "tool_calls", "refusal", "reasoning", "logprobs", "choices")
@@ -58,6 +60,20 @@ def _plain_chat(response: dict[str, Any]) -> dict[str, Any] | None:
         return None
     finish = first.get("finish_reason")
     return {**_EMPTY, "finish_reason": finish} if finish is None or finish.__class__ is str else None
+
+
+def plain_record(response: Any) -> str | None:
+    """What ingest stores beside a response (`requests.plain_answer`) where it is a plain
+    answer: its finish_reason as JSON, all `plain_values` needs to give the same columns as
+    `answer_values(response)`. None for any other answer (or none), read whole by the export."""
+    plain = None if response is None else _plain_chat(response)
+    return None if plain is None else fastjson.dumps(plain["finish_reason"])
+
+
+@lru_cache(maxsize=256)  # a job's answers share a handful of finish reasons
+def plain_values(record: str) -> dict[str, Any]:
+    """The answer columns of a plain answer from its `plain_record` (shared: not to be changed)."""
+    return {**_EMPTY, "finish_reason": fastjson.loads(record)}
 
 
 def answer_types() -> dict[str, Any]:

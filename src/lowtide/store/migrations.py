@@ -189,3 +189,10 @@ def m015_requests_lane_index(conn: Connection) -> None:
     reading every pending row of the job (engine/tiers.py, engine/dispatch.py)."""
     index = next(i for i in schema.requests.indexes if i.name == "ix_requests_job_lane")
     index.create(conn, checkfirst=True)  # a store made by m001 from this schema has it already
+
+
+@migration
+def m016_plain_answers(conn: Connection) -> None:
+    """Requests keep a plain answer's finish_reason beside its response (schema.py), so an
+    export of plain answers reads no response. Older rows stay NULL and are read as before."""
+    add_columns(conn, schema.requests, ["plain_answer"])
