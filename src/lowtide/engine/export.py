@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import case, func, null, select
+from sqlalchemy import Row, case, func, null, select
 
 from lowtide.core import fastjson
 from lowtide.core.errors import LowtideError
@@ -116,7 +116,7 @@ class ResultRows:
                 answers = self._answers([res[12] for _, _, res in page if res is not None and (res[13] or 0) > INLINE_BYTES])
                 yield [self._record(row, cid, res, answers, names) for row, cid, res in page]
 
-    def _record(self, row, cid: str, res: tuple | None, answers: dict[int, str], names: dict[str, str]) -> dict[str, Any]:
+    def _record(self, row, cid: str, res: Row | None, answers: dict[int, str], names: dict[str, str]) -> dict[str, Any]:
         record = dict(row.values)
         record[names["custom_id"]] = cid
         if res is None:
@@ -162,7 +162,7 @@ class ResultRows:
             stmt = select(requests.c.id, requests.c.response).where(among(conn, requests.c.id, row_ids))
             return dict(conn.execute(stmt).all())
 
-    def _lookup(self, ids: list[str], keys: list[str]) -> dict[str, tuple]:
+    def _lookup(self, ids: list[str], keys: list[str]) -> dict[str, Row]:
         """custom_id -> (stored custom_id, state, output, parsed, error_code, error_message,
         input_tokens, output_tokens, attempts, route, fingerprint, payload if no fingerprint,
         row id, length of the stored response, the response if at most INLINE_BYTES, its
@@ -176,14 +176,14 @@ class ResultRows:
         length = case((plain.is_(None), func.length(cols.response)), else_=None)
         with self.store.begin() as conn:
 
-            def fetch(wanted: list[str]) -> dict[str, tuple]:
+            def fetch(wanted: list[str]) -> dict[str, Row]:
                 stmt = select(
                     cols.custom_id, cols.state, cols.output, cols.parsed, cols.error_code, cols.error_message,
                     cols.input_tokens, cols.output_tokens, cols.attempts, cols.route, cols.fingerprint,
                     case((cols.fingerprint.is_(None), cols.payload), else_=None),  # stored before fingerprints
                     cols.id, length, case((length <= INLINE_BYTES, cols.response), else_=None), plain,
                 ).where(cols.job_id == self.job_id, among(conn, cols.custom_id, wanted))  # fmt: skip
-                return {r[0]: tuple(r) for r in conn.execute(stmt).fetchall()}  # whole: no fetch per row
+                return {r[0]: r for r in conn.execute(stmt).fetchall()}  # whole: no fetch per row; Rows unpack as tuples do
 
             found = fetch(ids)
             legacy = {old: cid for cid, key in zip(ids, keys, strict=True) if cid not in found for old in legacy_custom_ids(key)}
