@@ -150,3 +150,21 @@ def test_m015_indexes_the_requests_of_an_older_store_by_lane(store):
         assert lane_index(reopened) == [["job_id", "state", "lane", "not_before", "id"]]
     finally:
         reopened.close()
+
+
+def test_m016_gives_the_requests_of_an_older_store_a_plain_answer(store, tmp_path):
+    """A store from before m016 gets the column when it opens; its requests keep NULL there,
+    so the export reads their answer columns from the responses, as before."""
+    from tests.engine.ledger_helpers import stored_job
+
+    stored_job(store, tmp_path, n=1)
+    with store.begin() as conn:
+        conn.exec_driver_sql("ALTER TABLE requests DROP COLUMN plain_answer")
+        conn.execute(migrations.delete().where(migrations.c.name == "m016_plain_answers"))
+    reopened = Store(store.location)
+    try:
+        with reopened.begin() as conn:
+            assert "m016_plain_answers" in set(conn.scalars(sa.select(migrations.c.name)))
+            assert conn.execute(sa.select(requests.c.custom_id, requests.c.plain_answer)).all() == [("r0", None)]
+    finally:
+        reopened.close()
