@@ -171,3 +171,21 @@ def test_m016_indexes_the_dispatches_of_an_older_store_by_turnaround(store):
         assert turnaround_index(reopened) == wanted
     finally:
         reopened.close()
+
+
+def test_m017_gives_the_requests_of_an_older_store_a_plain_answer(store, tmp_path):
+    """A store from before m017 gets the column when it opens; its requests keep NULL there,
+    so the export reads their answer columns from the responses, as before."""
+    from tests.engine.ledger_helpers import stored_job
+
+    stored_job(store, tmp_path, n=1)
+    with store.begin() as conn:
+        conn.exec_driver_sql("ALTER TABLE requests DROP COLUMN plain_answer")
+        conn.execute(migrations.delete().where(migrations.c.name == "m017_plain_answers"))
+    reopened = Store(store.location)
+    try:
+        with reopened.begin() as conn:
+            assert "m017_plain_answers" in set(conn.scalars(sa.select(migrations.c.name)))
+            assert conn.execute(sa.select(requests.c.custom_id, requests.c.plain_answer)).all() == [("r0", None)]
+    finally:
+        reopened.close()

@@ -14,8 +14,10 @@ declared properties; keys an answer adds beyond them are in its `output` text.
 from __future__ import annotations
 
 import json
+from functools import lru_cache
 from typing import Any
 
+from lowtide.core import fastjson
 from lowtide.core.answers import Answer, read_answer
 
 ANSWER_COLUMNS = ("finish_reason", "tool_calls", "refusal", "reasoning", "logprobs", "choices")
@@ -46,6 +48,16 @@ def answer_values(response: Any) -> dict[str, Any]:
 def _plain_chat(response: dict[str, Any]) -> dict[str, Any] | None:
     """The columns of the most common answer, one chat choice of text alone, in a few
     lookups (a 100,000-row export reads one per row); None for any other answer."""
+    finish = _plain_finish(response)
+    return None if finish is _NOT_PLAIN else {**_EMPTY, "finish_reason": finish}
+
+
+_NOT_PLAIN = object()
+
+
+def _plain_finish(response: Any) -> Any:
+    """The finish_reason (text or None) of one chat choice of text alone; _NOT_PLAIN for any
+    other answer."""
     try:
         (first,) = response["choices"]
         message = first["message"]
@@ -53,11 +65,30 @@ def _plain_chat(response: dict[str, Any]) -> dict[str, Any] | None:
             message.get("tool_calls") or first.get("logprobs") or message.get("refusal")
             or message.get("reasoning_content") or message.get("reasoning")
         ):  # fmt: skip
-            return None
+            return _NOT_PLAIN
     except (KeyError, TypeError, ValueError, AttributeError):  # not one chat choice
-        return None
+        return _NOT_PLAIN
     finish = first.get("finish_reason")
-    return {**_EMPTY, "finish_reason": finish} if finish is None or finish.__class__ is str else None
+    return finish if finish is None or finish.__class__ is str else _NOT_PLAIN
+
+
+def plain_record(response: Any) -> str | None:
+    """What ingest stores beside a response (`requests.plain_answer`) where it is a plain
+    answer: its finish_reason as JSON, all `plain_values` needs to give the same columns as
+    `answer_values(response)`. None for any other answer (or none), read whole by the export."""
+    finish = _NOT_PLAIN if response is None else _plain_finish(response)
+    return None if finish is _NOT_PLAIN else _as_json(finish)
+
+
+@lru_cache(maxsize=256)  # a job's answers share a handful of finish reasons
+def plain_values(record: str) -> dict[str, Any]:
+    """The answer columns of a plain answer from its `plain_record` (shared: not to be changed)."""
+    return {**_EMPTY, "finish_reason": fastjson.loads(record)}
+
+
+@lru_cache(maxsize=256)
+def _as_json(finish: str | None) -> str:
+    return fastjson.dumps(finish)
 
 
 def answer_types() -> dict[str, Any]:

@@ -118,7 +118,7 @@ def requeue(conn: Connection, job_id: int, pairs: list[tuple[Stored, dict]], now
         state = RequestState.PENDING.value if s.state == RequestState.DISPATCHED else s.state
         by_state.setdefault(state, []).append({"_id": s.id, **{k: item[k] for k in rendered}})
     fresh = {
-        "attempts": 0, "not_before": 0.0, "dispatch_id": None, "repair": None, "output": None, "parsed": None, "response": None,
+        "attempts": 0, "not_before": 0.0, "dispatch_id": None, "repair": None, "output": None, "parsed": None, "response": None, "plain_answer": None,
         "error_code": None, "error_message": None, "lane": "main", "lane_reason": None, "lane_base_attempts": 0,
         "updated_at": now,
     }  # fmt: skip

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import case, func, select
+from sqlalchemy import Row, case, func, null, select
 
 from lowtide.core import fastjson
 from lowtide.core.errors import LowtideError
@@ -40,6 +40,7 @@ from lowtide.engine.answer_columns import (
     answer_types,
     answer_values,
     fit,
+    plain_values,
     schema_type,
 )
 from lowtide.engine.loader import RowRenderer
@@ -115,13 +116,13 @@ class ResultRows:
                 answers = self._answers([res[12] for _, _, res in page if res is not None and (res[13] or 0) > INLINE_BYTES])
                 yield [self._record(row, cid, res, answers, names) for row, cid, res in page]
 
-    def _record(self, row, cid: str, res: tuple | None, answers: dict[int, str], names: dict[str, str]) -> dict[str, Any]:
+    def _record(self, row, cid: str, res: Row | None, answers: dict[int, str], names: dict[str, str]) -> dict[str, Any]:
         record = dict(row.values)
         record[names["custom_id"]] = cid
         if res is None:
             record[names["state"]] = "not_loaded"
             return record
-        cid, state, output, parsed, error_code, error_message, input_tokens, output_tokens, tries, route, fp, payload, rid, _, text = res
+        cid, state, output, parsed, error_code, error_message, input_tokens, output_tokens, tries, route, fp, payload, rid, _, text, plain = res
         record[names["custom_id"]] = cid
         if self.render is not None:
             record[names["source_changed"]] = _changed(self.render, row, fp, payload)
@@ -137,14 +138,18 @@ class ResultRows:
         record[names["output_tokens"]] = output_tokens
         record[names["attempts"]] = tries
         record[names["route"]] = route
-        if text is None:
-            text = answers.get(rid)
-        response = fastjson.loads(text) if text else None
+        if plain is not None:  # its response is not read (nor wanted: not `full`)
+            values = plain_values(plain)
+        else:
+            if text is None:
+                text = answers.get(rid)
+            response = fastjson.loads(text) if text else None
+            values = answer_values(response)
         if self.answers_renamed:
-            for name, value in answer_values(response).items():
+            for name, value in values.items():
                 record[names[name]] = value
         else:
-            record.update(answer_values(response))
+            record.update(values)
         if self.full:
             record[names["response"]] = response
         return record
@@ -157,24 +162,28 @@ class ResultRows:
             stmt = select(requests.c.id, requests.c.response).where(among(conn, requests.c.id, row_ids))
             return dict(conn.execute(stmt).all())
 
-    def _lookup(self, ids: list[str], keys: list[str]) -> dict[str, tuple]:
+    def _lookup(self, ids: list[str], keys: list[str]) -> dict[str, Row]:
         """custom_id -> (stored custom_id, state, output, parsed, error_code, error_message,
         input_tokens, output_tokens, attempts, route, fingerprint, payload if no fingerprint,
-        row id, length of the stored response, the response if at most INLINE_BYTES) of the
-        job's requests among `ids`; an id not found is looked for under its legacy custom_ids
-        too. Larger responses are read page by page (`_answers`)."""
+        row id, length of the stored response, the response if at most INLINE_BYTES, its
+        `plain_answer`) of the job's requests among `ids`; an id not found is looked for under
+        its legacy custom_ids too. Larger responses are read page by page (`_answers`). Where
+        the plain answer is taken, and `full` wants no response, the response is not read: its
+        length and text are NULL."""
         cols = requests.c
-        length = func.length(cols.response)
+        # Only beside a response (a request started again has neither, whatever is left).
+        plain = null() if self.full else case((cols.response.is_not(None), cols.plain_answer), else_=None)
+        length = case((plain.is_(None), func.length(cols.response)), else_=None)
         with self.store.begin() as conn:
 
-            def fetch(wanted: list[str]) -> dict[str, tuple]:
+            def fetch(wanted: list[str]) -> dict[str, Row]:
                 stmt = select(
                     cols.custom_id, cols.state, cols.output, cols.parsed, cols.error_code, cols.error_message,
                     cols.input_tokens, cols.output_tokens, cols.attempts, cols.route, cols.fingerprint,
                     case((cols.fingerprint.is_(None), cols.payload), else_=None),  # stored before fingerprints
-                    cols.id, length, case((length <= INLINE_BYTES, cols.response), else_=None),
+                    cols.id, length, case((length <= INLINE_BYTES, cols.response), else_=None), plain,
                 ).where(cols.job_id == self.job_id, among(conn, cols.custom_id, wanted))  # fmt: skip
-                return {r[0]: tuple(r) for r in conn.execute(stmt).fetchall()}  # whole: no fetch per row
+                return {r[0]: r for r in conn.execute(stmt).fetchall()}  # whole: no fetch per row; Rows unpack as tuples do
 
             found = fetch(ids)
             legacy = {old: cid for cid, key in zip(ids, keys, strict=True) if cid not in found for old in legacy_custom_ids(key)}

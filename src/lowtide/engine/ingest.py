@@ -30,6 +30,7 @@ from lowtide.core.outputs import (
 )
 from lowtide.core.states import JobState, RequestState
 from lowtide.core.types import Outcome, Request
+from lowtide.engine.answer_columns import plain_record
 from lowtide.engine.context import JobContext
 from lowtide.engine.ledger import Rate, current_ledger, note_once
 from lowtide.engine.policy import retry_delay
@@ -39,8 +40,9 @@ from lowtide.store.transitions import lock_job, settle_dispatched
 
 TOKENS = ("input_tokens", "cached_input_tokens", "cache_write_tokens", "output_tokens", "reasoning_tokens")
 # What an outcome writes on its request: a success only these (its error columns are
-# cleared); any other outcome these and more (see `_not_succeeded`).
-SUCCEEDED_COLUMNS = ("output", "parsed", "response", *TOKENS)
+# cleared); any other outcome these and more (see `_not_succeeded`). `plain_answer` goes
+# with `response` wherever that is written (the export trusts one for the other).
+SUCCEEDED_COLUMNS = ("output", "parsed", "response", "plain_answer", *TOKENS)
 OTHER_COLUMNS = (*SUCCEEDED_COLUMNS, "error_code", "error_message", "not_before", "repair", "lane", "lane_reason", "lane_base_attempts")
 ATTEMPT_COLUMNS = (
     "request_id", "ok", "applied", "error_code", "error_message", *TOKENS, "billed", "cost_picousd", "realtime_picousd",
@@ -139,6 +141,7 @@ def apply_outcomes(
         row = {
             "_id": req.id, "output": outcome.text, "parsed": None, "input_tokens": u.input_tokens,
             "response": None if outcome.response is None else fastjson.dumps(outcome.response),
+            "plain_answer": plain_record(outcome.response),
             "cached_input_tokens": u.cached_input_tokens, "cache_write_tokens": u.cache_write_tokens,
             "output_tokens": u.output_tokens, "reasoning_tokens": u.reasoning_tokens,
         }  # fmt: skip

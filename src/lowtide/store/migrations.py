@@ -198,3 +198,10 @@ def m016_dispatches_turnaround_index(conn: Connection) -> None:
     chain's tick reads a tier's recent turnarounds off it (engine/turnaround.py)."""
     index = next(i for i in schema.dispatches.indexes if i.name == "ix_dispatches_turnaround")
     index.create(conn, checkfirst=True)  # a store made by m001 from this schema has it already
+
+
+@migration
+def m017_plain_answers(conn: Connection) -> None:
+    """Requests keep a plain answer's finish_reason beside its response (schema.py), so an
+    export of plain answers reads no response. Older rows stay NULL and are read as before."""
+    add_columns(conn, schema.requests, ["plain_answer"])

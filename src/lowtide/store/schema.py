@@ -99,6 +99,11 @@ requests = Table(
     Column("version", Integer, nullable=False, server_default="1"),
     # The provider's whole answer body, as JSON (m009): everything it returned is kept.
     Column("response", Text),
+    # Where that body is a plain answer (one chat choice of text alone), its finish_reason as
+    # JSON (m017, engine/answer_columns.py `plain_record`): the export takes the answer
+    # columns from this and reads no response. NULL for any other answer and for answers
+    # stored before m017: the export reads those from the response.
+    Column("plain_answer", Text),
     UniqueConstraint("job_id", "custom_id", name="uq_requests_job_custom_id"),
     # Claims read "due pending requests of a job, earliest first" straight off this index.
     Index("ix_requests_job_state", "job_id", "state", "not_before", "id"),
