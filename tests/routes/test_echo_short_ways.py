@@ -223,3 +223,80 @@ def test_a_role_that_is_not_text_is_refused_by_name(endpoint, body, field):
     refused = read_plain(Request("a", endpoint, body))
     assert isinstance(refused, Refusal) and refused.field.endswith(field), refused
     assert "is not taken by this route" in refused.reason
+
+
+class _Text(str):
+    """A str subclass: the short way leaves it to the general one."""
+
+
+# Chat bodies at the edge of what `echo.text_chat` tells at once: a plain body (text turns,
+# limits that cut a long text or not) with at most one thing changed: an odd limit, stop,
+# role or message shape, a key more, lowtide's own choices or schema, another endpoint.
+LONG_TEXT = st.text(st.characters(codec="utf-8"), max_size=80)
+SMALL_LIMIT = st.one_of(st.none(), st.integers(0, 25))
+PLAIN_TURN = st.fixed_dictionaries({"role": st.sampled_from(["system", "developer", "user", "assistant"]), "content": LONG_TEXT})
+PLAIN_CHAT = st.fixed_dictionaries(
+    {"model": st.just("gpt-4o-mini"), "messages": st.lists(PLAIN_TURN, min_size=1, max_size=4)},
+    optional={"max_tokens": SMALL_LIMIT, "max_completion_tokens": SMALL_LIMIT, "temperature": st.floats(0, 2),
+              "stop": st.one_of(st.none(), TEXT, st.lists(TEXT, max_size=2))},
+)  # fmt: skip
+ODD_MESSAGE = st.one_of(
+    MESSAGE,
+    st.builds(lambda t: {"role": "user", "content": _Text(t)}, TEXT),
+    st.builds(lambda t: {"role": _Text("user"), "content": t}, TEXT),
+    st.just(["user", "hi"]),
+)
+CHANGES = st.one_of(
+    st.builds(lambda v: ("max_tokens", v), st.one_of(st.booleans(), st.floats(0, 9), st.just("7"), st.integers(-5, -1))),
+    st.builds(lambda v: ("max_completion_tokens", v), st.one_of(st.booleans(), st.floats(0, 9), st.just("7"))),
+    st.builds(lambda v: ("stop", v), st.one_of(st.integers(), st.lists(st.integers(), min_size=1, max_size=2), st.just([_Text("x")]),
+                                               st.just(_Text("x")), st.just(("a",)), st.just(["a", 1]))),
+    st.builds(lambda v: ("n", v), st.sampled_from([1, 2, True, 1.0])),
+    st.builds(lambda k, v: (k, v), st.sampled_from(["seed", "top_p", "logprobs", "user", "tools", "response_format", "tool_choice"]),
+              st.sampled_from([None, 1, {"type": "json_object"}, "auto"])),
+    st.builds(lambda m, at: ("message", (m, at)), ODD_MESSAGE, st.integers(0, 3)),
+    st.builds(lambda v: ("messages", v), st.sampled_from([None, [], "hi", ({"role": "user", "content": "hi"},)])),
+    st.just(("choices", [])), st.just(("choices", ["billing", "tech"])), st.just(("response_schema", {})),
+    st.just(("response_schema", {"type": "object"})), st.just(("endpoint", COMPLETIONS)), st.just(("endpoint", RESPONSES)),
+    st.just(("endpoint", MESSAGES)),
+)  # fmt: skip
+
+
+def _changed(custom_id: str, body: dict, change) -> Request:
+    request = Request(custom_id, CHAT, body)
+    if change is None:
+        return request
+    what, value = change
+    if what in ("choices", "response_schema", "endpoint"):
+        setattr(request, what, value)
+    elif what == "message":
+        message, at = value
+        messages = list(body["messages"])
+        messages.insert(at % (len(messages) + 1), message)
+        request.body = body | {"messages": messages}
+    else:
+        request.body = body | {what: value}
+    return request
+
+
+TEXT_CHAT = st.builds(_changed, TEXT, PLAIN_CHAT, st.one_of(st.none(), CHANGES))
+
+
+@settings(max_examples=1500, deadline=None)
+@given(request=st.one_of(TEXT_CHAT, REQUEST, STRUCTURED), answer=st.sampled_from(["instance", "message"]))
+def test_a_text_chat_told_at_once_is_refused_and_answered_as_the_general_way_does(request, answer):
+    """`echo.text_chat` takes a request only where the general way answers it with the text
+    echo, and the answer is the general way's byte for byte (the whole response too)."""
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(_replies, "time", _Frozen)
+        route = echo.EchoRoute({"answer": answer})
+        told = echo.text_chat(request)
+        short = (_run(lambda: route.refusal(request)), _run(lambda: _said(route.outcome(request))))
+        m.setattr(echo, "text_chat", lambda _request: None)  # the general way only
+        general = (_run(lambda: route.refusal(request)), _run(lambda: _said(route.outcome(request))))
+    assert short == general
+    if told is not None:
+        assert general[0] == ("ok", None) and general[1][0] == "ok"
+        plan = echo.plan(request, answer == "instance")
+        assert not isinstance(plan, Refusal) and plan.json is None and not plan.calls and plan.plain.n == 1
+    event("told at once" if told is not None else "general")

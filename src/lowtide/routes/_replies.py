@@ -129,8 +129,7 @@ def reply_body(request: Request, route: str, replies: list[Reply], usage: Usage,
     unless given."""
     ids = ids or Ids.own(route, request.custom_id)
     created = int(time.time()) if created is None else created
-    build = {RESPONSES: _response, COMPLETIONS: _completion, MESSAGES: _message, GEMINI: _gemini}.get(request.endpoint, _chat)
-    return build(request, ids, replies, usage, created)
+    return _BUILDERS.get(request.endpoint, _chat)(request, ids, replies, usage, created)
 
 
 def text_body(request: Request, text: str, finish: str, usage: Usage, *, ids: Ids, created: int) -> dict[str, Any]:
@@ -224,3 +223,6 @@ def _gemini(request: Request, ids: Ids, replies: list[Reply], usage: Usage, crea
     if usage.reasoning_tokens:
         meta["thoughtsTokenCount"] = usage.reasoning_tokens
     return {"candidates": candidates, "usageMetadata": meta, "modelVersion": request.model, "responseId": ids("")}
+
+
+_BUILDERS = {RESPONSES: _response, COMPLETIONS: _completion, MESSAGES: _message, GEMINI: _gemini}  # else chat

@@ -56,7 +56,7 @@ from lowtide.core.errors import RouteError
 from lowtide.core.types import Outcome, Refusal, Request, Usage
 from lowtide.routes import _echo_embed
 from lowtide.routes._instances import Instances, Unsatisfiable, instances_for
-from lowtide.routes._own import Plain, read_plain
+from lowtide.routes._own import CHAT_ROLES, Plain, read_plain
 from lowtide.routes._replies import Call, Reply, arguments_text, reply_body
 from lowtide.routes._structure import JsonAsk, Tool, json_ask, required_call, tools
 
@@ -77,6 +77,41 @@ def _tokens(text: str) -> int:
 
 def _last_user(plain: Plain) -> str:
     return next((m["content"] for m in reversed(plain.messages) if m["role"] == "user"), "")
+
+
+# The keys of the commonest body by far (a rendered template: text turns and a limit).
+TEXT_CHAT_KEYS = frozenset({"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "stop"})
+
+
+def text_chat(request: Request) -> tuple[str, int, int | None] | None:
+    """For a chat request that echo answers with the text echo and that nothing in it can
+    refuse (text turns, a whole-number limit, text stops; no structure asked, no choices,
+    one choice), told in a few lookups: its last user turn, its input tokens and its output
+    limit. None for any other request, which is planned the general way. The answer is the
+    general way's, byte for byte (tests/routes/test_echo_short_ways.py)."""
+    body = request.body
+    if request.endpoint != CHAT or request.choices or request.response_schema is not None or not TEXT_CHAT_KEYS.issuperset(body):
+        return None
+    messages = body.get("messages")
+    if messages.__class__ is not list or not messages:
+        return None
+    last_user, input_tokens = "", 0
+    for m in messages:  # {role, content} of text, with a role chat takes: as `_own._turns` reads it at once
+        if m.__class__ is not dict or len(m) != 2:
+            return None
+        role, content = m.get("role"), m.get("content")
+        if role.__class__ is not str or content.__class__ is not str or role not in CHAT_ROLES:
+            return None
+        if role == "user":  # (the only role read as user)
+            last_user = content
+        input_tokens += -(-len(content) // 4)
+    stop = body.get("stop")
+    if stop is not None and stop.__class__ is not str and not (stop.__class__ is list and all(s.__class__ is str for s in stop)):
+        return None
+    limit = body.get("max_completion_tokens", body.get("max_tokens"))
+    if limit is not None and limit.__class__ is not int:
+        return None
+    return last_user, input_tokens, limit
 
 
 def answer(request: Request, plain: Plain, seed: int | None = None) -> str:
@@ -239,6 +274,8 @@ class EchoRoute:
     def refusal(self, request: Request) -> Refusal | None:
         if request.endpoint == _echo_embed.EMBEDDINGS:
             return _echo_embed.refusal(request)
+        if text_chat(request) is not None:  # nothing in it to refuse
+            return None
         p = plan(request, self.answer == "instance")
         return p if isinstance(p, Refusal) else None
 
@@ -249,6 +286,9 @@ class EchoRoute:
             return Outcome.failure(request.custom_id, "server_error", f"echo: injected failure on attempt {request.attempt}", True)
         if request.endpoint == _echo_embed.EMBEDDINGS:  # vectors (routes/_echo_embed.py)
             return _echo_embed.outcome(request)
+        told = text_chat(request)
+        if told is not None:
+            return self._text_echo(request, *told)
         p = plan(request, self.answer == "instance")
         if isinstance(p, Refusal):
             return Outcome.failure(request.custom_id, "invalid_request", p.message(self.name), False)
@@ -260,6 +300,15 @@ class EchoRoute:
         first = answers[0]
         return Outcome(request.custom_id, True, text=first.text, usage=usage, finish_reason=first.finish,
                        response=reply_body(request, self.name, answers, usage))  # fmt: skip
+
+    def _text_echo(self, request: Request, full: str, input_tokens: int, limit: int | None) -> Outcome:
+        """What `outcome` answers a `text_chat` request: what `replies` makes of its plan."""
+        text = full if limit is None else full[: limit * 4]
+        finish = "length" if len(text) < len(full) else "stop"  # cut at the limit
+        usage = Usage(input_tokens=input_tokens, output_tokens=_tokens(text))
+        reply = Reply(text=text, finish=finish, output_tokens=usage.output_tokens)
+        return Outcome(request.custom_id, True, text=text, usage=usage, finish_reason=finish,
+                       response=reply_body(request, self.name, [reply], usage))  # fmt: skip
 
     async def execute(self, requests: Sequence[Request]) -> AsyncIterator[Outcome]:
         for request in requests:

@@ -177,6 +177,9 @@ def apply_line_faults(lines: Iterator[tuple[str, Any]], actions: dict[str, Any])
     """Drop the first `drop_lines`, write the next `duplicate_lines` twice, cut the next
     `corrupt_lines` in half. Lines travel with a tag (which file they go to)."""
     drop, dup, corrupt = (int(actions.get(k) or 0) for k in LINE_ACTIONS)
+    if drop == dup == corrupt == 0:  # the usual batch: its lines as they come, no step between
+        yield from lines
+        return
     for n, (line, tag) in enumerate(lines):
         if n < drop:
             continue

@@ -19,6 +19,7 @@ from lowtide.server.outputs import anthropic_line, openai_line, results
 from lowtide.store.schema import jobs, requests
 
 OUTPUT_FILE_DAYS = 30
+WRITE_BUFFER = 1 << 20  # an output file is written in few large writes
 # A lone surrogate (in a custom_id taken before the intake refused them) can only sit in a
 # JSON string, where "\ud800" is its own escape: written so, a line stays valid UTF-8 JSON.
 LONE_SURROGATES = "backslashreplace"
@@ -60,7 +61,7 @@ def build_openai(server: Server, row: Row, ending: str) -> dict[str, Any]:
             yield openai_line(row.id, r, created, row.endpoint)
 
     sizes = {True: 0, False: 0}
-    with open(server.path(paths[True]), "wb") as out, open(server.path(paths[False]), "wb") as err:
+    with open(server.path(paths[True]), "wb", buffering=WRITE_BUFFER) as out, open(server.path(paths[False]), "wb") as err:
         for line, is_output in apply_line_faults(lines(), records.faults_of(row)):
             data = (line + "\n").encode("utf-8", LONE_SURROGATES)
             (out if is_output else err).write(data)

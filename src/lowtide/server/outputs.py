@@ -13,15 +13,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson
 from sqlalchemy import Connection, Row, Select, select
 
 from lowtide.core import fastjson
-from lowtide.core.endpoints import CHAT, MESSAGES
+from lowtide.core.endpoints import CHAT, COMPLETIONS, MESSAGES
 from lowtide.core.states import RequestState
 from lowtide.core.types import Request, Usage
 from lowtide.routes._replies import Ids, finish_of, in_shape, text_body
@@ -43,6 +45,18 @@ HTTP_ERRORS = {
     "rate_limit": (429, "requests", "rate_limit_exceeded"),
     "rate_limited": (429, "requests", "rate_limit_exceeded"),
 }
+# A kept chat or text completion as ingest wrote it (`fastjson.dumps`, by orjson: compact,
+# so the same text as orjson writes what it reads), told by its first keys: an output line
+# takes it verbatim with the model named in place, as writing the parsed answer with that
+# model would (its value stays where it was), and it is not read. Text the standard
+# library wrote (`": "` after a key) is not told so, and is read as before.
+_KEPT_HEADS = {
+    endpoint: re.compile(r'\{"id":"[^"\\]*","object":"' + re.escape(kind) + r'","created":-?[0-9]+,"model":("(?:[^"\\]|\\.)*")')
+    for endpoint, kind in ((CHAT, "chat.completion"), (COMPLETIONS, "text_completion"))
+}
+# An output line nests its body two levels down; orjson writes 254 at most. Text with fewer
+# brackets than this is surely not too deep to be written so.
+_SHALLOW = 250
 ANTHROPIC_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                          404: "not_found_error", 429: "rate_limit_error", 529: "overloaded_error"}  # fmt: skip
 
@@ -55,6 +69,9 @@ class Result:
     text: str = ""
     usage: Usage = field(default_factory=Usage)
     response: dict[str, Any] | None = None  # succeeded: the upstream's whole answer, if it gave one
+    # succeeded, instead of `response`: that answer as it was kept (a `_KEPT_HEADS` text), and
+    # where its model's value is in it
+    kept: tuple[str, int, int] | None = None
     # succeeded: what was asked (the stored payload's text), read only for an answer built here
     payload: str | None = None
     status: int | None = None  # failed: the HTTP status of this request's failure (None: a timeout)
@@ -79,11 +96,12 @@ def results(
             yield from _not_run(folder / f"{job['name']}.jsonl", job["model"], unfinished)
             continue
         model = job["model"]
+        head = _KEPT_HEADS.get(endpoint)  # (None: every kept answer is read)
         last = 0
         while True:
             with store.read() as conn:
                 page = conn.execute(_page(job_id, last, with_payload=endpoint is None)).fetchall()
-                found = [_result(r, model, unfinished) for r in page]
+                found = [_result(r, model, unfinished, head) for r in page]
                 if endpoint is not None:
                     _add_payloads(conn, endpoint, page, found)
             yield from found
@@ -112,7 +130,7 @@ def _page(job_id: int, after: int, with_payload: bool) -> Select:
 
 def _add_payloads(conn: Connection, endpoint: str, page: list[Row], found: list[Result]) -> None:
     """The payloads of the page's succeeded requests whose answer `answer` must build."""
-    wanted = {row[0]: r for row, r in zip(page, found, strict=True) if r.kind == "succeeded" and not in_shape(endpoint, r.response)}
+    wanted = {row[0]: r for row, r in zip(page, found, strict=True) if r.kind == "succeeded" and r.kept is None and not in_shape(endpoint, r.response)}  # fmt: skip
     if wanted:
         for request_id, payload in conn.execute(select(_c.id, _c.payload).where(among(conn, _c.id, list(wanted)))):
             wanted[request_id].payload = payload
@@ -125,12 +143,15 @@ def _not_run(path: Path, model: str, kind: str) -> Iterator[Result]:
                 yield Result(decode_key(json.loads(line)["custom_id"]), kind, model)
 
 
-def _result(r: Row, model: str, unfinished: str) -> Result:
+def _result(r: Row, model: str, unfinished: str, head: re.Pattern[str] | None = None) -> Result:
     # Unpacked, not read by name: this runs once per request of the batch.
     _, key, state, output, response, error_code, error_message, tin, tcached, twrite, tout, treason, *payload = r
     custom_id = decode_key(key)
     if state == SUCCEEDED:
         usage = Usage(tin or 0, tcached or 0, twrite or 0, tout or 0, treason or 0)
+        if head is not None and response is not None and (told := head.match(response)) is not None:
+            start, end = told.span(1)
+            return Result(custom_id, "succeeded", model, text=output or "", usage=usage, kept=(response, start, end))
         return Result(custom_id, "succeeded", model, text=output or "", usage=usage,
                       response=None if response is None else fastjson.loads(response),
                       payload=payload[0] if payload else None)  # fmt: skip
@@ -152,6 +173,8 @@ def _ids(batch_id: str, custom_id: str) -> str:
 def answer(endpoint: str, r: Result, ids: Ids, created: int) -> dict[str, Any]:
     """A succeeded request's answer in `endpoint`'s shape, naming the model it asked for: the
     upstream's whole answer when it is in that shape, else built from the text it kept."""
+    if r.kept is not None:
+        r.response, r.kept = fastjson.loads(r.kept[0]), None
     if in_shape(endpoint, r.response):  # the usual case: the request's payload is not read
         return r.response | {"model": r.model}
     request = Request.from_payload(r.custom_id, fastjson.loads(r.payload)) if r.payload else None
@@ -169,6 +192,8 @@ def openai_line(batch_id: str, r: Result, created: int, endpoint: str = CHAT) ->
     h = _ids(batch_id, r.custom_id)
     line: dict[str, Any] = {"id": f"batch_req_{h[:32]}", "custom_id": r.custom_id, "response": None, "error": None}
     if r.kind == "succeeded":
+        if r.kept is not None and (written := _kept_line(line, h, r)) is not None:
+            return written, True
         body = answer(endpoint, r, Ids(h[32:56]), created)
         line["response"] = {"status_code": 200, "request_id": f"req_{h[:32]}", "body": body}
         return _dumps(line), True
@@ -182,6 +207,23 @@ def openai_line(batch_id: str, r: Result, created: int, endpoint: str = CHAT) ->
     else:
         line["error"] = {"code": "batch_cancelled", "message": "This request was not executed because the batch was cancelled."}
     return _dumps(line), False
+
+
+def _kept_line(line: dict[str, Any], h: str, r: Result) -> str | None:
+    """The output line of a kept answer, its text taken as it is (`_KEPT_HEADS`); None where
+    it must be read and written the general way (a line orjson does not write: a lone
+    surrogate, a model that is not JSON to it, an answer nested too deep)."""
+    text, start, end = r.kept
+    if text.count("{") + text.count("[") >= _SHALLOW:
+        return None
+    try:
+        model = orjson.dumps(r.model).decode()
+        if text[start:end] != model:
+            text = text[:start] + model + text[end:]
+        line["response"] = {"status_code": 200, "request_id": f"req_{h[:32]}", "body": orjson.Fragment(text)}
+        return orjson.dumps(line).decode()
+    except TypeError:  # orjson.JSONEncodeError is a TypeError
+        return None
 
 
 def anthropic_line(batch_id: str, r: Result) -> str:
