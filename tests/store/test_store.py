@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import pytest
 import sqlalchemy as sa
 
@@ -113,6 +116,22 @@ def test_among_matches_more_values_than_a_statement_may_bind(store, clock, tmp_p
         assert sorted(conn.scalars(sa.select(requests.c.custom_id).where(among(conn, requests.c.id, ids)))) == sorted(wanted)
 
 
+@contextmanager
+def opened_before(store: Store, migration: str, undo: str) -> Iterator[Store]:
+    """The store as it was before `migration` (`undo` is the SQL that takes it back), opened
+    again: the migration has run, and is recorded."""
+    with store.begin() as conn:
+        conn.exec_driver_sql(undo)
+        conn.execute(migrations.delete().where(migrations.c.name == migration))
+    reopened = Store(store.location)
+    try:
+        with reopened.begin() as conn:
+            assert migration in set(conn.scalars(sa.select(migrations.c.name)))
+        yield reopened
+    finally:
+        reopened.close()
+
+
 def test_m007_gives_dispatches_of_an_older_store_a_submit_started_at(store):
     """A store from before m007: the column is added; its dispatches keep NULL there, and
     `find` is anchored at their created_at as before (engine/batches.py)."""
@@ -122,55 +141,29 @@ def test_m007_gives_dispatches_of_an_older_store_a_submit_started_at(store):
     with store.begin() as conn:
         job_id, _ = save_job(conn, "old", "{}", "echo-batch", 1.0)
         conn.execute(dispatches.insert().values(job_id=job_id, route="echo-batch", kind="batch", key="k", state="submitting", size=1, created_at=5.0))
-        conn.exec_driver_sql("ALTER TABLE dispatches DROP COLUMN submit_started_at")
-        conn.execute(migrations.delete().where(migrations.c.name == "m007_dispatch_submit_started"))
-    reopened = Store(store.location)
-    try:
-        with reopened.begin() as conn:
-            assert "m007_dispatch_submit_started" in set(conn.scalars(sa.select(migrations.c.name)))
-            assert conn.execute(sa.select(dispatches.c.created_at, dispatches.c.submit_started_at)).one() == (5.0, None)
-    finally:
-        reopened.close()
+    with opened_before(store, "m007_dispatch_submit_started", "ALTER TABLE dispatches DROP COLUMN submit_started_at") as reopened, reopened.begin() as conn:
+        assert conn.execute(sa.select(dispatches.c.created_at, dispatches.c.submit_started_at)).one() == (5.0, None)
 
 
-def test_m015_indexes_the_pending_requests_of_an_older_store_by_lane(store):
-    """A store from before m015 gets the partial (job_id, state, lane, …) index of pending requests
-    when it opens (engine/tiers.py reads pending requests by lane off it); a new store has it
-    from m001."""
-    def lane_index(s):
+INDEX_MIGRATIONS = [
+    # m015: pending requests by lane (engine/tiers.py); partial: pending rows only
+    ("m015_requests_lane_index", "requests", "ix_requests_pending_lane", ["job_id", "state", "lane", "not_before", "id"]),
+    # m016: a tier's newest turnarounds (engine/turnaround.py)
+    ("m016_dispatches_turnaround_index", "dispatches", "ix_dispatches_turnaround", ["route", "model", "kind", "tier", "state", "ended_at"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("migration", "table", "index", "columns"), INDEX_MIGRATIONS)
+def test_a_store_from_before_an_index_migration_gets_the_index_when_it_opens(store, migration, table, index, columns):
+    """A new store has the index from m001 (made from the schema); an older one gets it from
+    its migration."""
+    def found(s):
         with s.begin() as conn:
-            return [i["column_names"] for i in sa.inspect(conn).get_indexes("requests") if i["name"] == "ix_requests_pending_lane"]
+            return [i["column_names"] for i in sa.inspect(conn).get_indexes(table) if i["name"] == index]
 
-    assert lane_index(store) == [["job_id", "state", "lane", "not_before", "id"]]
-    with store.begin() as conn:
-        conn.exec_driver_sql("DROP INDEX ix_requests_pending_lane")
-        conn.execute(migrations.delete().where(migrations.c.name == "m015_requests_lane_index"))
-    assert lane_index(store) == []
-    reopened = Store(store.location)
-    try:
-        assert lane_index(reopened) == [["job_id", "state", "lane", "not_before", "id"]]
-    finally:
-        reopened.close()
-
-
-def test_m016_indexes_the_dispatches_of_an_older_store_by_turnaround(store):
-    """A store from before m016 gets the (route, model, kind, tier, state, ended_at) index of
-    dispatches when it opens (engine/turnaround.py reads a tier's newest off it)."""
-    def turnaround_index(s):
-        with s.begin() as conn:
-            return [i["column_names"] for i in sa.inspect(conn).get_indexes("dispatches") if i["name"] == "ix_dispatches_turnaround"]
-
-    wanted = [["route", "model", "kind", "tier", "state", "ended_at"]]
-    assert turnaround_index(store) == wanted
-    with store.begin() as conn:
-        conn.exec_driver_sql("DROP INDEX ix_dispatches_turnaround")
-        conn.execute(migrations.delete().where(migrations.c.name == "m016_dispatches_turnaround_index"))
-    assert turnaround_index(store) == []
-    reopened = Store(store.location)
-    try:
-        assert turnaround_index(reopened) == wanted
-    finally:
-        reopened.close()
+    assert found(store) == [columns]
+    with opened_before(store, migration, f"DROP INDEX {index}") as reopened:
+        assert found(reopened) == [columns]
 
 
 def test_m017_gives_the_requests_of_an_older_store_a_plain_answer(store, tmp_path):
@@ -179,13 +172,5 @@ def test_m017_gives_the_requests_of_an_older_store_a_plain_answer(store, tmp_pat
     from tests.engine.ledger_helpers import stored_job
 
     stored_job(store, tmp_path, n=1)
-    with store.begin() as conn:
-        conn.exec_driver_sql("ALTER TABLE requests DROP COLUMN plain_answer")
-        conn.execute(migrations.delete().where(migrations.c.name == "m017_plain_answers"))
-    reopened = Store(store.location)
-    try:
-        with reopened.begin() as conn:
-            assert "m017_plain_answers" in set(conn.scalars(sa.select(migrations.c.name)))
-            assert conn.execute(sa.select(requests.c.custom_id, requests.c.plain_answer)).all() == [("r0", None)]
-    finally:
-        reopened.close()
+    with opened_before(store, "m017_plain_answers", "ALTER TABLE requests DROP COLUMN plain_answer") as reopened, reopened.begin() as conn:
+        assert conn.execute(sa.select(requests.c.custom_id, requests.c.plain_answer)).all() == [("r0", None)]
