@@ -107,22 +107,27 @@ def test_status_reports_counts(store, clock, tmp_path):
 
 
 def test_batches_default_to_10000_requests_and_a_tick_sends_two(store, clock, tmp_path):
+    """The first tick plans only the two chunks it sends (the provider starts at once); the
+    next plans up to ten and sends two; what is planned and not sent waits."""
     import asyncio
 
     from lowtide.engine.tick import Engine
     from lowtide.store.schema import dispatches
 
-    source = write_csv(tmp_path / "t.csv", ticket_rows(25_000))
+    source = write_csv(tmp_path / "t.csv", ticket_rows(45_000))
     spec = make_spec(source, route="echo-batch", route_options={"dir": str(tmp_path / "provider"), "max_requests": 50_000})
     load_job(store, spec, clock)
 
-    async def one_tick():
+    async def ticks():
         async with Engine(store, clock) as engine:
-            return await engine.tick("tickets")
+            return [await engine.tick("tickets"), await engine.tick("tickets")]
 
-    report = asyncio.run(one_tick())
-    assert (report.planned, report.submitted) == (25_000, 2)  # the third waits for the next tick
-    with store.begin() as conn:
-        rows = conn.execute(sa.select(dispatches.c.size, dispatches.c.provider_id).order_by(dispatches.c.id)).all()
-    assert [size for size, _ in rows] == [10_000, 10_000, 5_000]
-    assert [provider is not None for _, provider in rows] == [True, True, False]
+    def sent() -> list[tuple[int, bool]]:
+        with store.begin() as conn:
+            rows = conn.execute(sa.select(dispatches.c.size, dispatches.c.provider_id).order_by(dispatches.c.id)).all()
+        return [(size, provider is not None) for size, provider in rows]
+
+    first, second = asyncio.run(ticks())
+    assert (first.planned, first.submitted) == (20_000, 2)
+    assert (second.planned, second.submitted) == (25_000, 2)
+    assert sent() == [(10_000, True)] * 4 + [(5_000, False)]  # the fifth waits for the next tick

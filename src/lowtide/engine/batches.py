@@ -82,6 +82,8 @@ def plan(store: Store, job: JobContext, route: BatchRoute, clock: Clock, lane: s
         # Read whole before the updates below touch the same rows.
         # A packed job's chunks are twice the usual: fewer of them per tick keep the read the same size.
         chunks = PACKED_CHUNKS_PER_TICK if packing(job.spec) else CHUNKS_PER_TICK
+        if _first_on(conn, job.id, route.name):  # only what this tick sends: the provider starts at once
+            chunks = min(chunks, SUBMITS_PER_TICK)
         rows = conn.execute(due.order_by(*order).limit(limit * chunks)).all()
         chunk: list[int] = []
         size = tokens = 0
@@ -117,6 +119,15 @@ def plan(store: Store, job: JobContext, route: BatchRoute, clock: Clock, lane: s
         if chunk:
             planned += _plan_one(conn, job, route, chunk, now, models, tokens)
     return planned
+
+
+def _first_on(conn, job_id: int, route: str) -> bool:
+    """Has the job no batch on this route yet? Its first tick plans only what it sends, so
+    the provider starts on the first chunk without waiting for nine more to be planned."""
+    some = select(dispatches.c.id).where(
+        dispatches.c.job_id == job_id, dispatches.c.route == route, dispatches.c.kind == "batch"
+    )
+    return conn.execute(some.limit(1)).first() is None
 
 
 def _plan_one(conn, job: JobContext, route: BatchRoute, ids: list[int], now: float, models: set[str], tokens: int) -> int:
