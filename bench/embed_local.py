@@ -4,18 +4,20 @@
                                           [--batch-sizes 8,32,64] [--threads N]
 
 Documents are synthetic support tickets of 8 to 80 tokens (about 40 on average, the issue's
-"short documents"), made from a fixed seed. Runs, in one process, on one loaded model:
+"short documents"), made from a fixed seed. Runs, in one process, three copies of the model:
 
-- one at a time: `embed([doc])` for each of `--serial-n` documents (how one would call a
-  model without lowtide's batching; the per-call cost, not the document count, dominates);
-- batched: `embed(all --n documents)`: sorted by length, mini-batches of `batch_size`
-  padded to their own longest document, for the default and each of `--batch-sizes`.
+- lowtide's (`Embedder(files)`): `embed(all --n documents)`, sorted by length, cut into
+  mini-batches of `batch_size` padded to their own longest document, the mini-batches run
+  side by side, one lane per core; for the default and each of `--batch-sizes`;
+- one run at a time on every thread (`lanes=1`, how one calls a model without lowtide):
+  `embed([doc])` for each of `--serial-n` documents, and the same mini-batches one after
+  another (what the lanes add);
+- on one thread (`threads=1`): one at a time and batched. Batching cannot use more than every
+  core, so `cores x (batched rate on one thread)` bounds what it can reach on this machine;
+  the bench prints that ceiling beside the speed-up, so a figure below the target says
+  whether the model or the batching is the limit.
 
-- on one thread, a second copy of the model with `threads=1`: one at a time and batched.
-  Batching cannot use more than every core, so `cores x (batched rate on one thread)` bounds
-  what it can reach on this machine; the bench prints that ceiling beside the speed-up, so a
-  figure below the target says whether the model or the batching is the limit.
-
+One at a time is judged at its best: the faster of every thread and one thread.
 Each configuration runs `--repeat` times, round-robin, and its fastest run is reported
 (the development machines are shared; a neighbour taking a core skews single runs).
 Checks that the batched vectors equal the one-at-a-time ones (max abs difference), then
@@ -99,23 +101,29 @@ def main() -> None:
     serial_docs = docs[: args.serial_n]
     tokens = [model.count_tokens(d) for d in docs]
     print(
-        f"{model.model_name} ({model.dimensions} dims) on {model.threads} thread(s), "
-        f"loaded in {load_s:.2f} s; {args.n} documents, {np.mean(tokens):.1f} tokens on "
-        f"average ({min(tokens)}-{max(tokens)}), {args.serial_n} of them one at a time"
+        f"{model.model_name} ({model.dimensions} dims) on {model.threads} thread(s) in "
+        f"{model.lanes} lane(s), loaded in {load_s:.2f} s; {args.n} documents, "
+        f"{np.mean(tokens):.1f} tokens on average ({min(tokens)}-{max(tokens)}), "
+        f"{args.serial_n} of them one at a time"
     )
 
     default = model.batch_size
     sizes = [default] + [int(s) for s in args.batch_sizes.split(",") if s and int(s) != default]
-    configs = {"one at a time": None} | {f"batched, batch_size={b}": b for b in sizes}
+    # The ways to call the model: lowtide's (`model`: mini-batches side by side), one run at
+    # a time on every thread (`whole`, how one calls a model without lowtide), and one thread.
+    whole = Embedder(files, model.threads, lanes=1) if model.lanes > 1 else model
     single = Embedder(files, 1) if model.threads > 1 else None
+    configs: dict[str, tuple[Embedder, int | None]] = {"one at a time": (whole, None)}
+    configs |= {f"batched, batch_size={b}": (model, b) for b in sizes}
+    if whole is not model:
+        configs["batched, one run at a time"] = (whole, default)
     if single is not None:
-        configs |= {"one at a time, 1 thread": None, "batched, 1 thread": default}
+        configs |= {"one at a time, 1 thread": (single, None), "batched, 1 thread": (single, default)}
     best: dict[str, float] = {}
     cpu_ms: dict[str, float] = {}
     vectors: dict[str, np.ndarray] = {}
     for _ in range(args.repeat):
-        for name, size in configs.items():
-            runner = single if name.endswith("1 thread") else model
+        for name, (runner, size) in configs.items():
             if size is None:
                 work = serial_docs
                 seconds, cpu, out = timed_cpu(
@@ -130,7 +138,9 @@ def main() -> None:
             vectors[name] = out
     model.batch_size = default
 
-    serial_rate = best["one at a time"]
+    # One at a time is judged at its best: on every thread or on one, whichever is faster.
+    serial_name = max((n for n in configs if n.startswith("one at a time")), key=best.__getitem__)
+    serial_rate = best[serial_name]
     batched_name = f"batched, batch_size={default}"
     diff = np.abs(vectors[batched_name][: args.serial_n] - vectors["one at a time"]).max()
     mean_tokens = float(np.mean(tokens))
@@ -142,22 +152,24 @@ def main() -> None:
             f"{cpu_ms[name]:12.2f}"
         )
     ratio = best[batched_name] / serial_rate
-    cpu_ratio = cpu_ms["one at a time"] / cpu_ms[batched_name]
+    cpu_ratio = cpu_ms[serial_name] / cpu_ms[batched_name]
     verdict = "meets" if ratio >= 3 else "MISSES"
     print(
-        f"batching speed-up (default batch_size={default}): {ratio:.2f}x in documents/s "
-        f"({verdict} the 3x target), {cpu_ratio:.2f}x in CPU time per document"
+        f"batching speed-up (default batch_size={default}, against {serial_name!r}): "
+        f"{ratio:.2f}x in documents/s ({verdict} the 3x target), "
+        f"{cpu_ratio:.2f}x in CPU time per document"
     )
     if single is not None:
         ceiling = model.threads * best["batched, 1 thread"] / serial_rate
         per_core = best["batched, 1 thread"] / best["one at a time, 1 thread"]
         print(
             f"ceiling on {model.threads} cores: {ceiling:.2f}x ({model.threads} x the batched rate "
-            f"on one thread, over one at a time on all); on one core batching gains {per_core:.2f}x"
+            f"on one thread, over one at a time at its best); on one core batching gains "
+            f"{per_core:.2f}x"
         )
     print(f"batched vectors vs one at a time: max abs difference {diff:.2e}")
-    second = ", with the 1-thread copy loaded after that" if single is not None else ""
-    print(f"peak RSS {peak_rss_mb():.0f} MB (after loading the model: {rss_loaded:.0f} MB{second})")
+    more = ", with the other copies loaded after that" if whole is not model or single else ""
+    print(f"peak RSS {peak_rss_mb():.0f} MB (after loading the model: {rss_loaded:.0f} MB{more})")
 
 
 if __name__ == "__main__":

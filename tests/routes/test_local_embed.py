@@ -148,6 +148,24 @@ def test_small_batches_give_the_same_vectors():
     np.testing.assert_allclose(small, big, atol=1e-5, rtol=0)
 
 
+def test_lanes_give_the_vectors_of_one_run_at_a_time():
+    texts = docs(80)
+    files = default_files()
+    before = set(threading.enumerate())
+    side_by_side = Embedder(files, threads=2, batch_size=4)
+    one_at_a_time = Embedder(files, threads=2, batch_size=4, lanes=1)
+    assert (side_by_side.lanes, one_at_a_time.lanes) == (2, 1)
+    np.testing.assert_array_equal(side_by_side.embed_array(texts), one_at_a_time.embed_array(texts))
+    # The mini-batches ran on the lanes, and callers at once share them: no more lane threads.
+    callers = [threading.Thread(target=side_by_side.embed_array, args=(texts,)) for _ in range(4)]
+    for t in callers:
+        t.start()
+    for t in callers:
+        t.join()
+    lanes = [t for t in set(threading.enumerate()) - before if t.name.startswith("lowtide-embed")]
+    assert 1 <= len(lanes) <= 2
+
+
 def test_concurrent_callers_get_their_own_vectors(model):
     texts = [docs(16, seed=s) for s in range(4)]
     expected = [model.embed(t) for t in texts]
