@@ -267,3 +267,14 @@ def test_an_auto_job_runs_on_its_pick_not_on_a_route_called_auto(tmp_path, monke
     spec = write_job(tmp_path, FOUR, model="gpt-5-mini", route="auto", auto={"max_wait": "5s", "candidates": candidates})
     report = json.loads(estimate(spec, "--json").stdout)
     assert report["auto"]["route"] is None and not any(r["this_job"] for r in report["routes"])
+
+
+def test_a_db_that_names_no_store_is_not_made_one(tmp_path, monkeypatch):
+    # "Nothing is stored": a --db without a store gets the priors; estimate made the file.
+    monkeypatch.chdir(tmp_path)
+    spec = write_job(tmp_path, FOUR)
+    result = CliRunner().invoke(app, ["--db", str(tmp_path / "none.db"), "estimate", str(spec), "--json"], env=ENV)
+    assert result.exit_code == 0, result.output
+    batch = next(t for t in json.loads(result.stdout)["tiers"] if t["tier"] == "batch")
+    assert batch["wait_basis"].startswith("prior: OpenAI")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["job.yaml", "tickets.csv"]

@@ -13,6 +13,7 @@ import json
 import pytest
 import sqlalchemy as sa
 
+from lowtide.core.errors import InputError
 from lowtide.engine.loader import load_job
 from lowtide.store.schema import requests
 from tests.conftest import make_spec, write_csv
@@ -97,6 +98,24 @@ def test_images_and_files_become_native_parts_on_each_endpoint(sqlite_store, clo
         {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": png}},
         {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": base64.b64encode(PDF).decode()}},
     ]
+
+
+def test_a_user_template_without_variables_still_gets_the_rows_parts(sqlite_store, clock, tmp_path):
+    # The same question for every photo: a constant user text, rendered once. Its images
+    # were dropped silently (the body went out as text alone), and echo took the job.
+    (tmp_path / "a.png").write_bytes(PNG)
+    source = write_csv(tmp_path / "t.csv", [{"ticket_id": "A", "photo": "a.png"}])
+    template = {"system": None, "user": "What is in this photo?", "images": [{"column": "photo"}]}
+    spec = make_spec(source, route="openai-batch", base_dir=str(tmp_path), template=template)
+    load_job(sqlite_store, spec, clock)
+    png = base64.b64encode(PNG).decode()
+    assert stored(sqlite_store)["A"]["body"]["messages"] == [{"role": "user", "content": [
+        {"type": "text", "text": "What is in this photo?"},
+        {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{png}"}},
+    ]}]  # fmt: skip
+
+    with pytest.raises(InputError, match=r"content part 'image_url' is not taken by this route \(text only\) \(route echo\)"):
+        load_job(sqlite_store, make_spec(source, name="on-echo", base_dir=str(tmp_path), template=template), clock)
 
 
 def test_parquet_binary_cells_are_images(sqlite_store, clock, tmp_path):

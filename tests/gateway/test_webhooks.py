@@ -77,6 +77,10 @@ def test_after_max_attempts_a_delivery_is_a_dead_letter(gateway, receiver, clock
     result = CliRunner().invoke(cli, ["--db", str(tmp_path / "lowtide.db"), "gateway-status"])
     assert result.exit_code == 0, result.output
     assert "dead letters" in result.output and gid in result.output and "HTTP 500" in result.output
+    # README: every table-printing command takes --json
+    shape = json.loads(CliRunner().invoke(cli, ["--db", str(tmp_path / "lowtide.db"), "gateway-status", "--json"]).stdout)
+    assert shape["requests"]["delivery"] == {"dead": 1} and shape["redelivered"] is None
+    assert [(d["id"], d["attempts"]) for d in shape["dead_letters"]] == [(gid, 2)] and "HTTP 500" in shape["dead_letters"][0]["last_error"]
     again = CliRunner().invoke(cli, ["--db", str(tmp_path / "lowtide.db"), "gateway-status", "--redeliver"])
     assert "1 dead-letter" in again.output
 

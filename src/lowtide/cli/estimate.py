@@ -20,11 +20,11 @@ import typer
 from rich.markup import escape as markup_escape
 from rich.progress import Progress, TextColumn, TimeElapsedColumn
 
-from lowtide.cli.common import console, fail, open_store, out, state
+from lowtide.cli.common import console, fail, out, state
 from lowtide.cli.tables import Col, fitted_table
 from lowtide.core.auto_spec import AUTO, duration_text, parse_duration
 from lowtide.core.endpoints import EMBEDDINGS
-from lowtide.core.errors import InputError, LowtideError
+from lowtide.core.errors import InputError, LowtideError, MissingStoreError
 from lowtide.core.pricing import (
     PRICES_ENV,
     PROVIDERS,
@@ -41,6 +41,7 @@ from lowtide.core.types import Usage
 from lowtide.engine import advisor
 from lowtide.engine.auto import Choice, money, wait_of
 from lowtide.engine.counting import Count, count_rows
+from lowtide.store.db import Store
 
 LATENCY = {
     Tier.REALTIME: "seconds per request",
@@ -128,12 +129,18 @@ def estimate(
 @contextmanager
 def _measurements() -> Iterator[Any]:
     """A connection to the store for measured turnarounds, when there is one (--db, or
-    ./lowtide.db); None otherwise (the priors)."""
-    if state.db is None and not Path("lowtide.db").exists():
+    ./lowtide.db); None otherwise (the priors). Nothing is stored: a --db that names no
+    store is not made one."""
+    try:
+        store = Store(state.db, create=False)
+    except MissingStoreError:
         yield None
         return
-    with open_store() as store, store.begin() as conn:
-        yield conn
+    try:
+        with store.begin() as conn:
+            yield conn
+    finally:
+        store.close()
 
 
 def _print_curve(points: list[advisor.Point], pick: Choice | str | None, wait: float | None, wait_text: str | None) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Annotated
@@ -12,6 +13,7 @@ from rich.table import Table
 from lowtide.cli.common import console, fail, out, state
 from lowtide.core.errors import LowtideError
 from lowtide.store.db import Store, default_location
+from lowtide.store.money import from_pico
 
 
 def gateway(
@@ -51,6 +53,7 @@ def gateway(
 def gateway_status(
     dead: Annotated[int, typer.Option(help="List up to this many dead-letter deliveries.")] = 20,
     redeliver: Annotated[bool, typer.Option("--redeliver", help="Queue every dead-letter delivery again (a running gateway sends them).")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the outcome as JSON (shape: docs/cli.md).")] = False,
 ) -> None:
     """Show the gateway's deferred requests by state and decision, webhook deliveries and
     dead letters, and the money saved so far (estimated).
@@ -65,13 +68,24 @@ def gateway_status(
         raise fail(err) from None
     try:
         with store.begin() as conn:
+            redelivered = None
             if redeliver:
-                n = records.redeliver_dead(conn, time.time())
-                console.print(f"{n} dead-letter deliver(ies) queued again")
+                redelivered = records.redeliver_dead(conn, time.time())
+                console.print(f"{redelivered} dead-letter deliver(ies) queued again")
             summary = records.summary(conn)
             letters = records.dead_letters(conn, dead)
     finally:
         store.close()
+    if as_json:
+        shape = {
+            "requests": {by: dict(sorted(summary[by].items())) for by in ("state", "decision", "delivery")},
+            "saved_usd": str(from_pico(summary["saved_picousd"])),
+            "dead_letters": [{"id": r.id, "tenant": r.tenant, "attempts": r.delivery_attempts, "last_error": r.delivery_error}
+                             for r in letters],
+            "redelivered": redelivered,
+        }  # fmt: skip
+        print(json.dumps(shape, indent=2))
+        return
     table = Table(title="deferred requests")
     for column in ("by", "value", "requests"):
         table.add_column(column, justify="right" if column == "requests" else "left")

@@ -32,7 +32,7 @@ from lowtide.cli.display import (
 from lowtide.cli.progress import JobProgress
 from lowtide.cli.tables import Col, fitted_table
 from lowtide.core.clock import SystemClock
-from lowtide.core.errors import LowtideError, MissingStoreError
+from lowtide.core.errors import InputError, LowtideError, MissingStoreError
 from lowtide.core.evals import is_eval_file
 from lowtide.core.spec import JobSpec, load_spec
 from lowtide.core.states import JobState
@@ -229,7 +229,7 @@ def results(
     Example: lowtide results doc-vectors --out vectors.npy --pg-url postgresql://127.0.0.1/app --pg-table doc_vectors
     """
     if out_path is None and pg_url is None:
-        raise fail(LowtideError("say where the results go: --out FILE, or --pg-url URL for an embedding job's vectors"))
+        raise fail(InputError("say where the results go: --out FILE, or --pg-url URL for an embedding job's vectors"))
     try:
         if out_path is not None and out_path.suffix.lower() != ".npy":  # .npy: an embedding job's matrix
             check_output(out_path, "--out")

@@ -117,7 +117,10 @@ class MessageTemplate:
         messages = []
         for part in self.parts:
             if part.constant is not None:  # no variables: rendered once, at compile time
-                messages.append({"role": part.role, "content": part.constant})
+                if self.media and part.role == "user":  # the row's images and files still follow it
+                    messages.append({"role": "user", "content": self._with_parts(part.constant, values, row, where)})
+                else:
+                    messages.append({"role": part.role, "content": part.constant})
                 continue
             try:
                 if part.pieces is not None:

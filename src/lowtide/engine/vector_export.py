@@ -25,7 +25,7 @@ from sqlalchemy import func, select
 
 from lowtide.core import fastjson
 from lowtide.core.embeddings import vector_of
-from lowtide.core.errors import LowtideError
+from lowtide.core.errors import InputError, LowtideError
 from lowtide.core.spec import JobSpec
 from lowtide.store.db import Store
 from lowtide.store.queries import get_job
@@ -84,7 +84,7 @@ def export_vectors(store: Store, job_name: str, out: str | Path) -> VectorReport
     out = Path(out)
     suffix = out.suffix.lower()
     if suffix not in FORMATS:
-        raise LowtideError(f"{out}: an embedding job's results are written as {', '.join(FORMATS)}; pick one of those extensions")
+        raise InputError(f"{out}: an embedding job's results are written as {', '.join(FORMATS)}; pick one of those extensions")
     with store.begin() as conn:
         job = get_job(conn, job_name)
     spec = JobSpec.model_validate_json(job.spec)
@@ -215,7 +215,7 @@ def upsert_vectors(store: Store, job_name: str, url: str, table: str) -> dict[st
     import sqlalchemy as sa
 
     if not TABLE_NAME.match(table):
-        raise LowtideError(f"--pg-table {table!r}: use a plain table name (letters, digits, _), optionally schema.table")
+        raise InputError(f"--pg-table {table!r}: use a plain table name (letters, digits, _), optionally schema.table")
     with store.begin() as conn:
         job = get_job(conn, job_name)
     spec = JobSpec.model_validate_json(job.spec)
