@@ -20,7 +20,7 @@ MESSAGES: dict[str, str] = {
     'spec-no-name': 'lowtide: job.yaml: invalid job spec: 1 problem(s)\n  - job.yaml: `name` is required',
     'spec-unknown-route': 'lowtide: unknown route "carrier-pigeon"; known routes: anthropic, anthropic-batch, echo, echo-batch, gemini, gemini-batch, local, openai, openai-batch, openai-compatible. Fix the `route:` key of the job spec, or install the plugin that provides it.',
     'spec-unknown-param': 'lowtide: job.yaml: invalid job spec: 1 problem(s)\n  - job.yaml line 7: `params`: "warp" is not a parameter of /v1/chat/completions; its parameters are: audio, frequency_penalty, function_call, functions, logit_bias, logprobs, max_completion_tokens, max_tokens, metadata, modalities, moderation, n, parallel_tool_calls, prediction, presence_penalty, prompt_cache_key, prompt_cache_options, prompt_cache_retention, reasoning_effort, response_format, safety_identifier, seed, service_tier, stop, store, temperature, tool_choice, tools, top_logprobs, top_p, user, verbosity, web_search_options',
-    'output-unknown-extension': 'lowtide: output.path {tmp}/out.txt2: unknown file extension ".txt2"; use .csv, .jsonl or .parquet',
+    'output-unknown-extension': 'lowtide: output.path {tmp}/out.txt2: unknown file extension ".txt2"; use .csv, .jsonl or .parquet, or set output.format',
     'output-in-proc': 'lowtide: output.path /proc/x.csv: cannot write in /proc (No such file or directory); choose a path you can write',
     'output-under-a-file': 'lowtide: --out t.csv/r.csv: {tmp}/t.csv is a file, not a folder; choose another path',
     'output-is-a-folder': 'lowtide: --out outdir: is a folder; name a file in it, e.g. outdir/results.csv',

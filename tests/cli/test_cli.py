@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import os
 import re
 import subprocess
@@ -14,6 +15,8 @@ import pytest
 import sqlalchemy as sa
 import yaml
 
+from lowtide.core.errors import SpecError
+from lowtide.engine.preflight import check_output
 from lowtide.routes import known_routes
 from lowtide.store.schema import attempts
 from tests.conftest import ticket_rows, write_csv
@@ -155,6 +158,17 @@ def test_run_exits_1_when_the_job_finished_with_failures(cli, tmp_path):
         assert code == 2, (args, out)  # an unknown job name is bad input
         assert 'lowtide: no job named "nope"; jobs in this store: tickets' in out
         assert "Traceback" not in out
+
+
+def test_run_writes_the_results_in_the_specs_output_format(cli, tmp_path):
+    write_job(tmp_path, output={"path": "results.data", "format": "jsonl"})
+    code, out = cli("run", "job.yaml")
+    assert code == 0, out
+    lines = (tmp_path / "results.data").read_text(encoding="utf-8").splitlines()
+    assert len(lines) == 6 and all(json.loads(line)["state"] == "succeeded" for line in lines)
+    # An embedding job's vectors are named by extension: a format given beside them is refused.
+    with pytest.raises(SpecError, match="output.format 'csv'.*remove output.format"):
+        check_output(tmp_path / "vectors.npy", embedding=True, fmt="csv")
 
 
 def test_retryable_failures_that_recover_still_exit_0(cli, tmp_path):

@@ -103,13 +103,15 @@ def run(
     try:
         spec = load_spec(spec_path)
         target = out_path or (spec.resolve(spec.output.path) if spec.output else None)
+        # The spec's output.format goes with its output.path; --out names its format by extension.
+        fmt = spec.output.format if spec.output and out_path is None else None
         if target is not None:  # before anything is paid for: a bad path fails now, not after the run
-            check_output(target, "--out" if out_path else "output.path", embedding=spec.request_endpoint == "/v1/embeddings")
+            check_output(target, "--out" if out_path else "output.path", embedding=spec.request_endpoint == "/v1/embeddings", fmt=fmt)
         with open_store() as store:
             spec = _load(store, spec_path, requeue_changed)
             status = _drive(store, spec.name)
             if target is not None:
-                written = export_results(store, spec.name, target)
+                written = export_results(store, spec.name, target, fmt)
                 console.print(f"results: {written.path} ({written.rows} rows)")
     except KeyboardInterrupt:
         console.print("interrupted: the job is resumable; run the same command again to continue")

@@ -13,21 +13,24 @@ from lowtide.core.spec import JobSpec, format_of
 from lowtide.core.types import Usage
 
 
-def check_output(path: str | Path, where: str = "output.path", embedding: bool = False) -> Path:
+def check_output(path: str | Path, where: str = "output.path", embedding: bool = False, fmt: str | None = None) -> Path:
     """Refuse a results path whose format is unknown or that cannot be written, by name.
-    `embedding`: an embedding job's vectors (.parquet, .jsonl or .npy, docs/embeddings.md)."""
+    `embedding`: an embedding job's vectors (.parquet, .jsonl or .npy, docs/embeddings.md);
+    `fmt`: the spec's `output.format`, which names the format instead of the extension."""
     path = Path(path)
+    if embedding and fmt is not None:
+        raise SpecError(f"output.format {fmt!r}: an embedding job's vectors take their format from the file's extension "
+                        "(.parquet, .jsonl or .npy); remove output.format")  # fmt: skip
     if path.is_dir():
         raise SpecError(f"{where} {path}: is a folder; name a file in it, e.g. {path / 'results.csv'}")
     if embedding and path.suffix.lower() not in (".parquet", ".jsonl", ".npy"):
         raise SpecError(f'{where} {path}: an embedding job\'s vectors are written as .parquet, .jsonl or .npy, not "{path.suffix}"')
     try:
         if not embedding:
-            format_of(path)
+            format_of(path, fmt)
     except SpecError:
-        raise SpecError(
-            f'{where} {path}: unknown file extension "{path.suffix}"; use .csv, .jsonl or .parquet'
-        ) from None
+        hint = ", or set output.format" if where == "output.path" else ""
+        raise SpecError(f'{where} {path}: unknown file extension "{path.suffix}"; use .csv, .jsonl or .parquet{hint}') from None
     folder = _existing_parent(path)
     if not folder.is_dir():
         raise SpecError(f"{where} {path}: {folder} is a file, not a folder; choose another path")
