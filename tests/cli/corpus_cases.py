@@ -57,6 +57,7 @@ CASES = [
     Case("report-no-store", ["report"], 3),
     Case("cancel-no-store", ["cancel", "tickets"], 3),
     Case("retry-no-store", ["retry", "tickets", "--failed"], 3),
+    Case("gateway-status-no-store", ["gateway-status"], 3),
     Case("db-not-a-database", ["--db", "notes.txt", "status"], 3,
          files={"notes.txt": "just some notes, not SQLite\n" * 20}),
     Case("db-after-the-command", ["status", "--db", "notes.txt"], 3,

@@ -8,6 +8,7 @@ MESSAGES: dict[str, str] = {
     'report-no-store': 'lowtide: no store at lowtide.db: no job has been submitted here; run `lowtide submit` or `lowtide run` first, or point --db (or LOWTIDE_DB) at the store',
     'cancel-no-store': 'lowtide: no store at lowtide.db: no job has been submitted here; run `lowtide submit` or `lowtide run` first, or point --db (or LOWTIDE_DB) at the store',
     'retry-no-store': 'lowtide: no store at lowtide.db: no job has been submitted here; run `lowtide submit` or `lowtide run` first, or point --db (or LOWTIDE_DB) at the store',
+    'gateway-status-no-store': 'lowtide: no store at lowtide.db: no job has been submitted here; run `lowtide submit` or `lowtide run` first, or point --db (or LOWTIDE_DB) at the store',
     'db-not-a-database': 'lowtide: cannot open the store at notes.txt: file is not a database; check --db or LOWTIDE_DB',
     'db-after-the-command': 'lowtide: cannot open the store at notes.txt: file is not a database; check --db or LOWTIDE_DB',
     'db-equals-after-the-argument': 'lowtide: cannot open the store at notes.txt: file is not a database; check --db or LOWTIDE_DB',
