@@ -220,6 +220,15 @@ def test_jsonl_id_with_a_lone_surrogate_is_refused_cleanly(sqlite_store, clock, 
     assert "t.jsonl row 1" in msg and "ticket_id" in msg
 
 
+def test_a_lone_surrogate_in_a_cell_is_refused_naming_row_and_column(store, clock, tmp_path, finished):
+    # JSON reads "\ud800" as a lone surrogate: the store's insert raised UnicodeEncodeError
+    rows = [{"ticket_id": "A", "body": "fine"}, {"ticket_id": "B", "body": "half an emoji \ud83d"}]
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    msg = str(refused(store, spec_for(tmp_path / "t.jsonl"), clock, SourceError))
+    assert 't.jsonl row 2: column "body" holds a lone surrogate' in msg and "fix the cell" in msg
+    assert snapshot(store) == finished
+
+
 # 7-9. templates -------------------------------------------------------------------------
 
 
