@@ -208,6 +208,17 @@ def test_csv_header_with_a_repeated_column_is_refused(tmp_path):
         rows_of(Source(tmp_path / "t.csv"))
 
 
+def test_parquet_with_a_repeated_column_name_is_refused(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    # rows are read as dicts: the second "body" silently replaced the first
+    table = pa.Table.from_arrays([pa.array(["A"]), pa.array(["x"]), pa.array(["y"])], names=["id", "body", "body"])
+    pq.write_table(table, tmp_path / "t.parquet")
+    with pytest.raises(SourceError, match=r'^t\.parquet schema names "body" more than once; give each column its own name'):
+        Source(tmp_path / "t.parquet")
+
+
 def test_a_csv_cell_larger_than_the_csv_modules_default_limit_is_read_whole(tmp_path):
     from lowtide.core.sources import Source
 

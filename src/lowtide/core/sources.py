@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import json
 import sys
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,16 +67,12 @@ class Source:
                     raise SourceError(f"{self.path}: empty file; a CSV source needs a header row")
                 if not header:  # a blank first line: the reader would take it for a header of no columns
                     raise SourceError(f"{self.path.name} line 1: blank; a CSV source's first line is its header row (remove the blank lines above it)")
-                columns = [h.strip() for h in header]
-                repeated = sorted({c for c in columns if columns.count(c) > 1})
-                if repeated:
-                    names = ", ".join(f'"{c}"' for c in repeated)
-                    raise SourceError(f"{self.path.name} line 1: the header names {names} more than once; give each column its own name")
-                return columns
+                return self._distinct([h.strip() for h in header], "line 1: the header")
             if self.format == "parquet":
                 import pyarrow.parquet as pq
 
-                return list(pq.ParquetFile(self.path).schema_arrow.names)
+                # a row is read as a dict: of two columns with one name, the last would win silently
+                return self._distinct(list(pq.ParquetFile(self.path).schema_arrow.names), "schema")
         except UnicodeDecodeError:
             raise self._not_utf8() from None
         except OSError as err:
@@ -85,6 +82,13 @@ class Source:
         except Exception as err:  # pyarrow raises its own errors for corrupt files
             raise SourceError(f"{self.path}: cannot read as {self.format} ({err})") from None
         return None
+
+    def _distinct(self, columns: list[str], where: str) -> list[str]:
+        repeated = sorted(c for c, n in Counter(columns).items() if n > 1)
+        if repeated:
+            names = ", ".join(f'"{c}"' for c in repeated)
+            raise SourceError(f"{self.path.name} {where} names {names} more than once; give each column its own name")
+        return columns
 
     def _not_utf8(self) -> SourceError:
         line, col = _first_bad_utf8(self.path)
