@@ -351,6 +351,17 @@ def test_unknown_route_option_is_refused(sqlite_store, clock, tmp_path):
         load_job(sqlite_store, spec_for(tmp_path / "t.csv", route_options={"rejects": ["T1000"]}), clock)
 
 
+@pytest.mark.parametrize("route", ["openai-batch", "anthropic-batch", "gemini-batch", "openai", "anthropic", "gemini", "openai-compatible"])
+def test_a_key_pasted_into_api_key_env_is_not_repeated_in_the_error(store, clock, tmp_path, finished, route):
+    # The error said "set the environment variable sk-proj-…": the key itself, in the terminal and the logs
+    key = "sk-proj-Zq3xY9" + "a1B2c3D4" * 5
+    spec = spec_for(tmp_path / "t.csv", route=route, model="gpt-4o-mini", route_options={"api_key_env": key, "base_url": "http://127.0.0.1:9/v1"})
+    msg = str(refused(store, spec, clock, SpecError))
+    assert key not in msg and key[:12] not in msg
+    assert f"{route}: no API key: route_options.api_key_env must name the environment variable that holds the key" in msg
+    assert snapshot(store) == finished
+
+
 # 13. the spec file ----------------------------------------------------------------------
 
 SPEC_WITH_UNKNOWN_KEYS = """\
