@@ -54,7 +54,7 @@ from lowtide.routes._provider import (
     pasted_key,
     poll_interval,
 )
-from lowtide.routes.base import BatchStatus
+from lowtide.routes.base import BatchStatus, secret_of
 
 log = logging.getLogger(__name__)
 MAX_REQUESTS = 100_000
@@ -115,6 +115,7 @@ class GeminiBatchRoute:
         self.poll_interval = poll_interval(options, (30.0, 600.0))
         self.find_pages = int(options.get("find_pages", 10))
         self.models = frozenset(options.get("models") or ())
+        self.secret = secret_of(gemini_key(options, self.name))  # scrubbed from the errors the engine keeps (routes/base.py)
         self.client = gemini_client(options, self.name)
         self.field_masks = True  # until the server refuses one
 
