@@ -41,6 +41,35 @@ def test_csv_row_after_a_multiline_value_with_wrong_width_names_its_line(tmp_pat
         rows_of(Source(tmp_path / "t.csv"))
 
 
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        # the lenient reader returned rows 2 and 3 inside row 1's cell, and nothing said so
+        ('id,body\nA,"5 inch\nB,fine\nC,fine\n', r'row 1 \(line 2\): a quoted value starts in this row and is never closed'),
+        ('id,body\nA,ok\nB,"5 inch\nC,"fine"\nD,x\n', r"row 2 \(line 3\): not valid CSV at line 4 \(',' expected after '\"'\)"),
+    ],
+)
+def test_csv_quote_that_is_never_closed_is_refused_not_read_as_one_cell(tmp_path, text, problem):
+    (tmp_path / "t.csv").write_text(text, encoding="utf-8")
+    with pytest.raises(SourceError, match=r"t\.csv " + problem) as info:
+        rows_of(Source(tmp_path / "t.csv"))
+    assert len(info.value.problems) == 1
+
+
+def test_csv_quotes_that_are_valid_still_read(tmp_path):
+    (tmp_path / "t.csv").write_text('id,body\nA,5" screen\nB,"say ""hi"""\n', encoding="utf-8")
+    assert [r.values["body"] for r in rows_of(Source(tmp_path / "t.csv"))] == ['5" screen', 'say "hi"']
+
+
+def test_csv_header_with_an_unclosed_quote_or_a_blank_first_line(tmp_path):
+    (tmp_path / "t.csv").write_text('id,"body\nA,x\n', encoding="utf-8")
+    with pytest.raises(SourceError, match=r"^t\.csv line 1: the header row: a quoted value starts in this row and is never closed"):
+        Source(tmp_path / "t.csv")
+    (tmp_path / "t.csv").write_text("\nid,body\nA,x\n", encoding="utf-8")
+    with pytest.raises(SourceError, match=r"^t\.csv line 1: blank; a CSV source's first line is its header row"):
+        Source(tmp_path / "t.csv")
+
+
 def test_csv_with_a_bom_and_padded_header(tmp_path):
     (tmp_path / "t.csv").write_bytes("\ufeffid , body\nA,x\n".encode())
     source = Source(tmp_path / "t.csv")
@@ -177,6 +206,17 @@ def test_csv_header_with_a_repeated_column_is_refused(tmp_path):
     (tmp_path / "t.csv").write_text("id,body,body\nA,first,second\n", encoding="utf-8")
     with pytest.raises(SourceError, match='"body"'):
         rows_of(Source(tmp_path / "t.csv"))
+
+
+def test_parquet_with_a_repeated_column_name_is_refused(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    # rows are read as dicts: the second "body" silently replaced the first
+    table = pa.Table.from_arrays([pa.array(["A"]), pa.array(["x"]), pa.array(["y"])], names=["id", "body", "body"])
+    pq.write_table(table, tmp_path / "t.parquet")
+    with pytest.raises(SourceError, match=r'^t\.parquet schema names "body" more than once; give each column its own name'):
+        Source(tmp_path / "t.parquet")
 
 
 def test_a_csv_cell_larger_than_the_csv_modules_default_limit_is_read_whole(tmp_path):

@@ -245,3 +245,40 @@ def test_param_columns_and_parts_are_rendering_keys():
     old = build_spec(minimal())
     new = build_spec(minimal(param_columns={"seed": "s"}))
     assert spec_changes(old, new).rendering == ['param_columns.seed (none) → s']
+
+
+def test_a_spec_whose_aliases_expand_past_the_limit_is_refused_at_once(tmp_path):
+    # Each line repeats the one before ten times: six lines are 111,111 values to every reader
+    # after the parser (nine are a billion: `lowtide submit` ran for minutes)
+    lines = ["name: t", "source: {path: t.csv, id_column: id}", "template: {user: x}", "model: m", "route: echo"]
+    lines.append("x0: &a0 [" + ", ".join(["x"] * 10) + "]")
+    lines += [f"x{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]" for i in range(1, 6)]
+    (tmp_path / "job.yaml").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    with pytest.raises(SpecError, match=r"job\.yaml: more than 100,000 values once its aliases \(\*name\) are expanded"):
+        load_spec(tmp_path / "job.yaml")
+
+
+def test_a_spec_nested_deeper_than_the_parser_goes_is_a_spec_error(tmp_path):
+    (tmp_path / "job.yaml").write_text("name: t\nparams: {stop: " + "[" * 5000 + "]" * 5000 + "}\n", encoding="utf-8")
+    with pytest.raises(SpecError, match=r"job\.yaml: nested too deep to read"):
+        load_spec(tmp_path / "job.yaml")
+
+
+@pytest.mark.parametrize("where", ["response_schema", "tools"])
+def test_a_schema_nested_deeper_than_the_checker_goes_is_named(where):
+    schema: dict[str, Any] = {"type": "string"}
+    for _ in range(150):
+        schema = {"type": "object", "properties": {"a": schema}}
+    tools = [{"type": "function", "function": {"name": "f", "parameters": schema}}]
+    spec = minimal(response_schema=schema) if where == "response_schema" else minimal(params={"tools": tools})
+    with pytest.raises(SpecError, match="not a valid JSON Schema: nested too deep to check; flatten it"):
+        build_spec(spec)
+
+
+def test_a_lone_surrogate_in_a_spec_is_named_by_key_and_line(tmp_path):
+    # YAML reads "\ud800" as a lone surrogate, which no JSON encoder or store takes
+    (tmp_path / "job.yaml").write_text(
+        'name: t\nsource: {path: t.csv, id_column: id}\ntemplate:\n  user: "Say \\ud800 {{ body }}"\nmodel: m\nroute: echo\n', encoding="utf-8"
+    )
+    with pytest.raises(SpecError, match=r"job\.yaml line 4: `template\.user` holds a lone surrogate"):
+        load_spec(tmp_path / "job.yaml")

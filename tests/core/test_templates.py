@@ -161,3 +161,34 @@ def test_a_plain_template_still_names_a_missing_variable():
     template = MessageTemplate.from_spec(spec({"user": "one\n{{ body }}"}))
     with pytest.raises(TemplateError, match=r"row 3: .*template.user line 2: 'body' is undefined"):
         template.render({}, "tickets.csv row 3")
+
+
+@pytest.mark.parametrize(
+    "user",
+    [
+        "{{ ''.__class__.__mro__[1].__subclasses__() }}",  # no variables: rendered once, when compiled
+        "{{ body.__class__.__mro__[1].__subclasses__() }}",
+        "{{ body }}{{ cycler.__init__.__globals__.os.popen('id').read() }}",
+        "{{ body }}{{ lipsum.__globals__['__builtins__'].open(path).read() }}",
+        "{{ body }}{{ (body | attr('__class__')).__base__ }}",
+    ],
+)
+def test_a_template_cannot_reach_python_internals(tmp_path, user):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("s3cr3t")
+    with pytest.raises(TemplateError, match="is unsafe: a template may not reach Python internals") as info:
+        t = MessageTemplate.from_spec(spec({"user": user}), where="job.yaml")
+        t.render({"body": "hi", "path": str(secret)}, "t.csv row 1")
+    assert "template.user line 1" in str(info.value) and "s3cr3t" not in str(info.value)
+
+
+def test_jinja_globals_render_on_every_row():
+    # range and namespace are Jinja's own globals, not columns: the row's context must have them
+    t = MessageTemplate.from_spec(spec({"user": "{% set ns = namespace(n=0) %}{% for i in range(2) %}{{ body }}{% set ns.n = i %}{% endfor %}{{ ns.n }}"}))
+    assert t.render({"body": "hi"}, "r") == [{"role": "user", "content": "hihi1"}]
+
+
+def test_a_template_without_variables_that_fails_names_the_template_and_line():
+    with pytest.raises(TemplateError) as info:
+        MessageTemplate.from_spec(spec({"system": "fine", "user": "a\n{{ 1 // 0 }}"}), where="job.yaml")
+    assert str(info.value) == "job.yaml template.user line 2: ZeroDivisionError: integer division or modulo by zero"

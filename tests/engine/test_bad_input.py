@@ -220,6 +220,15 @@ def test_jsonl_id_with_a_lone_surrogate_is_refused_cleanly(sqlite_store, clock, 
     assert "t.jsonl row 1" in msg and "ticket_id" in msg
 
 
+def test_a_lone_surrogate_in_a_cell_is_refused_naming_row_and_column(store, clock, tmp_path, finished):
+    # JSON reads "\ud800" as a lone surrogate: the store's insert raised UnicodeEncodeError
+    rows = [{"ticket_id": "A", "body": "fine"}, {"ticket_id": "B", "body": "half an emoji \ud83d"}]
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    msg = str(refused(store, spec_for(tmp_path / "t.jsonl"), clock, SourceError))
+    assert 't.jsonl row 2: column "body" holds a lone surrogate' in msg and "fix the cell" in msg
+    assert snapshot(store) == finished
+
+
 # 7-9. templates -------------------------------------------------------------------------
 
 
@@ -340,6 +349,17 @@ def test_unknown_route_option_is_refused(sqlite_store, clock, tmp_path):
     write_csv(tmp_path / "t.csv", ticket_rows(2))
     with pytest.raises(SpecError, match=r"unknown route_options \['rejects'\]"):
         load_job(sqlite_store, spec_for(tmp_path / "t.csv", route_options={"rejects": ["T1000"]}), clock)
+
+
+@pytest.mark.parametrize("route", ["openai-batch", "anthropic-batch", "gemini-batch", "openai", "anthropic", "gemini", "openai-compatible"])
+def test_a_key_pasted_into_api_key_env_is_not_repeated_in_the_error(store, clock, tmp_path, finished, route):
+    # The error said "set the environment variable sk-proj-…": the key itself, in the terminal and the logs
+    key = "sk-proj-Zq3xY9" + "a1B2c3D4" * 5
+    spec = spec_for(tmp_path / "t.csv", route=route, model="gpt-4o-mini", route_options={"api_key_env": key, "base_url": "http://127.0.0.1:9/v1"})
+    msg = str(refused(store, spec, clock, SpecError))
+    assert key not in msg and key[:12] not in msg
+    assert f"{route}: no API key: route_options.api_key_env must name the environment variable that holds the key" in msg
+    assert snapshot(store) == finished
 
 
 # 13. the spec file ----------------------------------------------------------------------

@@ -65,3 +65,17 @@ def test_a_missing_upstream_key_is_refused_at_start(tmp_path, monkeypatch):
                                    "data_dir": str(tmp_path)})
     with pytest.raises(SpecError, match="GW_TEST_MISSING_KEY"):
         create_gateway_app(config, db=str(tmp_path / "x.db"))
+
+
+def test_a_secret_pasted_where_a_variable_is_named_is_refused_without_repeating_it(tmp_path):
+    path = tmp_path / "gateway.yaml"
+    path.write_text(
+        "upstreams:\n  openai: {base_url: 'http://x/v1', api_key_env: sk-proj-Zq3xY9a1B2c3D4a1B2c3D4}\n"
+        "webhooks: {secret_env: whsec_Zq3xY9a1B2c3D4}\n"
+    )
+    with pytest.raises(SpecError) as err:
+        load_gateway_config(path)
+    said = str(err.value)
+    assert "Zq3xY9" not in said
+    assert "line 2: `upstreams.openai.api_key_env`: must name an environment variable" in said
+    assert "line 3: `webhooks.secret_env`: must name an environment variable" in said

@@ -133,6 +133,8 @@ def check_schema(schema: Any) -> None:
         jsonschema.Draft202012Validator.check_schema(schema)
     except jsonschema.SchemaError as err:
         raise ValueError(err.message) from None
+    except RecursionError:  # the checker recurses several frames per level of the schema
+        raise ValueError("nested too deep to check; flatten it, or name repeated parts in $defs") from None
     if isinstance(schema, dict):
         check_refs(schema)
 

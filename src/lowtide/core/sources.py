@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import json
 import sys
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,19 +58,21 @@ class Source:
         try:
             if self.format == "csv":
                 with self.path.open(newline="", encoding="utf-8-sig") as f:
-                    header = next(csv.reader(f), None)
-                if not header:
+                    reader = csv.reader(f, strict=True)
+                    try:
+                        header = next(reader, None)
+                    except csv.Error as err:
+                        raise SourceError(f"{self.path.name} line 1: the header row: {_csv_reason(err, reader.line_num)}") from None
+                if header is None:
                     raise SourceError(f"{self.path}: empty file; a CSV source needs a header row")
-                columns = [h.strip() for h in header]
-                repeated = sorted({c for c in columns if columns.count(c) > 1})
-                if repeated:
-                    names = ", ".join(f'"{c}"' for c in repeated)
-                    raise SourceError(f"{self.path.name} line 1: the header names {names} more than once; give each column its own name")
-                return columns
+                if not header:  # a blank first line: the reader would take it for a header of no columns
+                    raise SourceError(f"{self.path.name} line 1: blank; a CSV source's first line is its header row (remove the blank lines above it)")
+                return self._distinct([h.strip() for h in header], "line 1: the header")
             if self.format == "parquet":
                 import pyarrow.parquet as pq
 
-                return list(pq.ParquetFile(self.path).schema_arrow.names)
+                # a row is read as a dict: of two columns with one name, the last would win silently
+                return self._distinct(list(pq.ParquetFile(self.path).schema_arrow.names), "schema")
         except UnicodeDecodeError:
             raise self._not_utf8() from None
         except OSError as err:
@@ -79,6 +82,13 @@ class Source:
         except Exception as err:  # pyarrow raises its own errors for corrupt files
             raise SourceError(f"{self.path}: cannot read as {self.format} ({err})") from None
         return None
+
+    def _distinct(self, columns: list[str], where: str) -> list[str]:
+        repeated = sorted(c for c, n in Counter(columns).items() if n > 1)
+        if repeated:
+            names = ", ".join(f'"{c}"' for c in repeated)
+            raise SourceError(f"{self.path.name} {where} names {names} more than once; give each column its own name")
+        return columns
 
     def _not_utf8(self) -> SourceError:
         line, col = _first_bad_utf8(self.path)
@@ -112,25 +122,30 @@ class Source:
 
     def _csv(self) -> Iterator[SourceRow]:
         with self.path.open(newline="", encoding="utf-8-sig") as f:
-            reader = csv.reader(f)
+            # strict: a quote opened and never closed is an error, not a value that swallows
+            # every row after it (the lenient reader returns them as one cell, silently)
+            reader = csv.reader(f, strict=True)
             header = [h.strip() for h in next(reader)]
             width = len(header)
             number = 0
             line = reader.line_num + 1
-            for record in reader:
-                if not record:  # blank line
+            try:
+                for record in reader:
+                    if not record:  # blank line
+                        line = reader.line_num + 1
+                        continue
+                    number += 1
+                    if len(record) != width:
+                        self._problem(
+                            f"{self.path.name} row {number} (line {line}): has {len(record)} fields, "
+                            f"the header has {width}; quote values that contain commas"
+                        )
+                        line = reader.line_num + 1
+                        continue
+                    yield SourceRow(number, line, dict(zip(header, record, strict=True)))
                     line = reader.line_num + 1
-                    continue
-                number += 1
-                if len(record) != width:
-                    self._problem(
-                        f"{self.path.name} row {number} (line {line}): has {len(record)} fields, "
-                        f"the header has {width}; quote values that contain commas"
-                    )
-                    line = reader.line_num + 1
-                    continue
-                yield SourceRow(number, line, dict(zip(header, record, strict=True)))
-                line = reader.line_num + 1
+            except csv.Error as err:  # the rows after it cannot be told apart: reading stops here
+                self._problem(f"{self.path.name} row {number + 1} (line {line}): {_csv_reason(err, reader.line_num)}")
 
     def _jsonl(self) -> Iterator[SourceRow]:
         with self.path.open(encoding="utf-8-sig") as f:
@@ -169,6 +184,15 @@ def _first_bad_utf8(path: Path) -> tuple[int, int]:
             except UnicodeDecodeError as err:
                 return lineno, err.start + 1
     return 0, 0
+
+
+def _csv_reason(err: csv.Error, line: int) -> str:
+    if str(err) == "unexpected end of data":
+        return (
+            "a quoted value starts in this row and is never closed (the file ends inside it); "
+            'close the quote, or write a quote inside a quoted value as two ("")'
+        )
+    return f'not valid CSV at line {line} ({err}); write a quote inside a quoted value as two (""), or quote the whole value'
 
 
 def _reason(err: Exception) -> str:

@@ -2,7 +2,8 @@
 (images, files) the template adds from the row's columns (`parts.py`).
 
 StrictUndefined: a variable the row lacks is an error naming the template line and the row,
-never an empty string sent to a model and paid for.
+never an empty string sent to a model and paid for. Sandboxed: a template is text, and may not
+reach Python internals (`''.__class__`, a global's `__globals__`) to run code or read files.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 import jinja2
 from jinja2 import meta, nodes
+from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 
 from lowtide.core import conversations
 from lowtide.core.endpoints import CHAT
@@ -22,7 +24,7 @@ from lowtide.core.parts import PARTS, PartError, PartMaker
 from lowtide.core.spec import JobSpec
 
 # finalize: a null value (JSONL, Parquet) renders as "", as an empty CSV cell does, not "None".
-_ENV = jinja2.Environment(
+_ENV = ImmutableSandboxedEnvironment(
     undefined=jinja2.StrictUndefined,
     autoescape=False,
     keep_trailing_newline=False,
@@ -41,6 +43,7 @@ class _Part:
     # rendered by joining strings, as Jinja would, at a fraction of its cost per row.
     pieces: tuple[tuple[str | None, str | None], ...] | None = None
     source: str = ""  # the template text itself: part of what a request was rendered from
+    uses_globals: bool = False  # names one of Jinja's globals (`range`, `namespace`, ...)
 
 
 class MessageTemplate:
@@ -125,15 +128,17 @@ class MessageTemplate:
             try:
                 if part.pieces is not None:
                     text = _join(part.pieces, values)
-                else:  # shared=True: the row's dict is the context itself, not copied (we have no globals)
+                else:  # shared=True: the row's dict is the context itself, not copied, and holds no globals
                     template = part.template
-                    text = "".join(template.root_render_func(template.new_context(values, shared=True)))
+                    text = "".join(template.root_render_func(template.new_context(values, shared=not part.uses_globals)))
             except Exception:
                 err = _rewritten_error(part.template, values)
                 name = where(row) if where is not None else row
-                line = _error_line(err, part)
+                line = _error_line(err, part.name)
                 if isinstance(err, jinja2.UndefinedError):
                     raise TemplateError(f"{name}: {part.name} line {line}: {err.message}; add the column or fix the template") from None
+                if isinstance(err, SecurityError):
+                    raise TemplateError(f"{name}: {part.name} line {line}: {_unsafe(err)}") from None
                 # a filter or expression that fails on this row's value
                 raise TemplateError(f"{name}: {part.name} line {line}: {type(err).__name__}: {err}") from None
             if self.media and part.role == "user":
@@ -176,8 +181,25 @@ def _compile(role: str, name: str, source: str) -> _Part:
     for node in ast.find_all(nodes.Name):
         if node.ctx == "load" and node.name in declared:
             lines[node.name] = min(lines.get(node.name, node.lineno), node.lineno)
-    constant = template.render() if not declared else None
-    return _Part(role, name, template, lines, constant, _plain_pieces(ast) if declared else None, source)
+    constant = _render_constant(template, name) if not declared else None
+    names = {node.name for node in ast.find_all(nodes.Name) if node.ctx == "load"}
+    uses_globals = not names.isdisjoint(_ENV.globals)
+    return _Part(role, name, template, lines, constant, _plain_pieces(ast) if declared else None, source, uses_globals)
+
+
+def _unsafe(err: SecurityError) -> str:
+    return f"{str(err).rstrip('.')}: a template may not reach Python internals; use the row's columns and Jinja's filters"
+
+
+def _render_constant(template: jinja2.Template, name: str) -> str:
+    """A template without variables is rendered once, here: its failure names the template,
+    as a row's would."""
+    try:
+        return template.render()
+    except Exception as err:
+        line = _error_line(err, name)
+        reason = _unsafe(err) if isinstance(err, SecurityError) else f"{type(err).__name__}: {err}"
+        raise TemplateError(f"{name} line {line}: {reason}") from None
 
 
 def _plain_pieces(ast: nodes.Template) -> tuple[tuple[str | None, str | None], ...] | None:
@@ -220,10 +242,10 @@ def _rewritten_error(template: jinja2.Template, values: dict[str, Any]) -> Excep
     return RuntimeError("template failed once and then rendered")
 
 
-def _error_line(err: Exception, part: _Part) -> int | str:
+def _error_line(err: Exception, name: str) -> int | str:
     """The template line that raised, from Jinja's rewritten traceback."""
     for frame in reversed(traceback.extract_tb(err.__traceback__)):
-        if frame.filename in (part.name, "<template>"):
+        if frame.filename in (name, "<template>"):
             return frame.lineno or "?"
     return "?"
 

@@ -18,6 +18,10 @@ from lowtide.core.errors import InputError, SpecError
 
 M = TypeVar("M", bound=BaseModel)
 Lines = dict[tuple[str, ...], int]
+# Values in a file once its aliases (`*name`) are expanded: every reader after the parser
+# (key lines, validation, the store's JSON) walks them all, and nested aliases multiply
+# (nine lines of them make a billion).
+MAX_VALUES = 100_000
 
 
 class _KeyTwice(Exception):
@@ -47,6 +51,17 @@ def parse_mapping(
         mark = getattr(err, "problem_mark", None)
         line = f" line {mark.line + 1}" if mark else ""
         raise error(f"{where}{line}: not valid YAML ({getattr(err, 'problem', err)})") from None
+    except RecursionError:  # the parser recurses per level of nesting
+        raise error(f"{where}: nested too deep to read (hundreds of levels); flatten it") from None
+    if _expanded(node, {}) > MAX_VALUES:
+        raise error(
+            f"{where}: more than {MAX_VALUES:,} values once its aliases (*name) are expanded; "
+            "write the values out, or use fewer nested aliases"
+        )
+    if (found := _surrogate(data)) is not None:
+        line = key_lines(node).get(found)
+        at = f"{where} line {line}" if line else where
+        raise error(f"{at}: `{'.'.join(found) or '(top level)'}` holds a lone surrogate (an unpaired \\ud800-\\udfff escape), which is not valid Unicode; remove it")
     if data is None and empty_ok:
         data = {}
     if not isinstance(data, dict):
@@ -56,6 +71,46 @@ def parse_mapping(
     except _KeyTwice as err:
         raise error(f"{where} {err}") from None
     return data, lines
+
+
+def _expanded(node: yaml.Node | None, sizes: dict[int, int]) -> int:
+    """How many values `node` holds with its aliases expanded; an alias is the same node
+    object again, so each node is counted once (`sizes`) and the walk stays linear."""
+    if node is None:
+        return 0
+    if (size := sizes.get(id(node))) is not None:
+        return size
+    size = 1
+    if isinstance(node, yaml.MappingNode):
+        size += sum(_expanded(k, sizes) + _expanded(v, sizes) for k, v in node.value)
+    elif isinstance(node, yaml.SequenceNode):
+        size += sum(_expanded(item, sizes) for item in node.value)
+    sizes[id(node)] = size
+    return size
+
+
+def _surrogate(value: Any, path: tuple[str, ...] = ()) -> tuple[str, ...] | None:
+    """The key path of the first text holding a lone surrogate (YAML reads "\\ud800" as one)."""
+    if isinstance(value, str):
+        return None if value.isascii() or _is_utf8(value) else path
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found = _surrogate(key, (*path, str(key))) or _surrogate(item, (*path, str(key)))
+            if found is not None:
+                return found
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            if (found := _surrogate(item, (*path, str(i)))) is not None:
+                return found
+    return None
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def key_lines(node: yaml.Node | None, prefix: tuple[str, ...] = ()) -> Lines:

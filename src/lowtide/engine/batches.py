@@ -33,7 +33,7 @@ from lowtide.engine.dispatch import assign, iter_dispatched, left_in_dispatch, n
 from lowtide.engine.ingest import IngestCounts, apply_outcomes
 from lowtide.engine.packs import Packer, pack_size, packing, unpack_stored, vector_check
 from lowtide.engine.policy import poll_delay
-from lowtide.routes.base import BatchRoute
+from lowtide.routes.base import BatchRoute, scrub
 from lowtide.store.db import Store
 from lowtide.store.queries import add_event, note_phase
 from lowtide.store.schema import PENDING, dispatches, requests
@@ -185,11 +185,12 @@ async def submit(
             try:
                 provider_id = await route.find(key, size, started_at, _known_batches(store, route.name, started_at))
             except Exception as err:  # cannot tell whether it was sent: wait, never guess
+                said = scrub(route, str(err))
                 with store.begin() as conn:
                     conn.execute(
-                        update(dispatches).where(dispatches.c.id == dispatch_id).values(error=str(err)[:2000], lease_until=0.0)
+                        update(dispatches).where(dispatches.c.id == dispatch_id).values(error=said[:2000], lease_until=0.0)
                     )
-                    add_event(conn, job.id, "find_error", f"{route.name}: {err}", clock.now())
+                    add_event(conn, job.id, "find_error", f"{route.name}: {said}", clock.now())
                 continue
         with store.begin() as conn:
             waiting = len(left_in_dispatch(conn, dispatch_id))
@@ -206,14 +207,15 @@ async def submit(
                 # An embedding job's rows go packed (engine/packs.py): the store keeps them one per row.
                 provider_id = await route.submit(key, Packer()(given) if packing(job.spec) else given)
         except BatchRejected as err:
-            _reject(store, job, route, dispatch_id, DispatchState.SUBMITTING, str(err), clock, rng)
+            _reject(store, job, route, dispatch_id, DispatchState.SUBMITTING, scrub(route, str(err)), clock, rng)
             continue
         except Exception as err:  # transient: the next tick (this worker's or another's) finds-or-submits again
+            said = scrub(route, str(err))
             with store.begin() as conn:
                 conn.execute(
-                    update(dispatches).where(dispatches.c.id == dispatch_id).values(error=str(err)[:2000], lease_until=0.0)
+                    update(dispatches).where(dispatches.c.id == dispatch_id).values(error=said[:2000], lease_until=0.0)
                 )  # nobody is inside the create now
-                add_event(conn, job.id, "submit_error", f"{route.name}: {err}", clock.now())
+                add_event(conn, job.id, "submit_error", f"{route.name}: {said}", clock.now())
             continue
         now = clock.now()
         interval = getattr(route, "poll_interval", DEFAULT_POLL_INTERVAL)
@@ -361,14 +363,15 @@ async def poll(
                 if not cancel_requested:
                     status = await route.poll(provider_id)
         except Exception as err:
+            said = scrub(route, str(err))
             with store.begin() as conn:
                 conn.execute(
                     update(dispatches).where(dispatches.c.id == dispatch_id).values(
-                        polls=polls + 1, error=str(err)[:2000], next_poll_at=clock.now() + poll_delay(interval, polls, rng),
+                        polls=polls + 1, error=said[:2000], next_poll_at=clock.now() + poll_delay(interval, polls, rng),
                         lease_until=0.0,
                     )
                 )
-                add_event(conn, job.id, "poll_error", f"{route.name} batch {provider_id}: {err}", clock.now())
+                add_event(conn, job.id, "poll_error", f"{route.name} batch {provider_id}: {said}", clock.now())
             continue
         # The flag is cleared only once acted on: a cancel that arrived during this poll stays.
         settled = {"cancel_requested": False} if status.ended or (asked and not cancel_requested) else {}
@@ -384,17 +387,17 @@ async def poll(
             )  # fmt: skip
         if status.queue_full:  # not the requests' failure: they are sent again once there is room
             with store.begin() as conn:
-                queue_limit.requeue(conn, job, route.name, dispatch_id, DispatchState.SUBMITTED, "; ".join(status.errors),
+                queue_limit.requeue(conn, job, route.name, dispatch_id, DispatchState.SUBMITTED, scrub(route, "; ".join(status.errors)),
                                     clock.now(), interval[0])  # fmt: skip
         elif status.errors:
-            _reject(store, job, route, dispatch_id, DispatchState.SUBMITTED, "; ".join(status.errors), clock, rng)
+            _reject(store, job, route, dispatch_id, DispatchState.SUBMITTED, scrub(route, "; ".join(status.errors)), clock, rng)
         elif status.ended:
             try:
                 counts.add(await _ingest(store, job, route, dispatch_id, provider_id, clock, rng))
             except Exception as err:  # a download broke off: what was applied stays, the rest comes next poll
                 with store.begin() as conn:
                     conn.execute(update(dispatches).where(dispatches.c.id == dispatch_id).values(lease_until=0.0))
-                    add_event(conn, job.id, "ingest_error", f"{route.name} batch {provider_id}: {err}", clock.now())
+                    add_event(conn, job.id, "ingest_error", scrub(route, f"{route.name} batch {provider_id}: {err}"), clock.now())
     return counts
 
 
@@ -404,7 +407,7 @@ async def _cancel(store: Store, job: JobContext, route: BatchRoute, provider_id:
         return True
     except Exception as err:
         with store.begin() as conn:
-            add_event(conn, job.id, "cancel_error", f"{route.name} batch {provider_id}: {err}", clock.now())
+            add_event(conn, job.id, "cancel_error", scrub(route, f"{route.name} batch {provider_id}: {err}"), clock.now())
         return False
 
 
@@ -414,7 +417,10 @@ async def _ingest(store, job: JobContext, route: BatchRoute, dispatch_id: int, p
     chunk: list[Outcome] = []
     vectors = vector_check(job.spec)  # an embedding job's: packs unpacked, vectors checked
     rows = 0  # the rows the chunk's outcomes are for: a pack's answer is for up to 2,048
+    secret = getattr(route, "secret", None)
     async for outcome in route.results(provider_id):
+        if secret and not outcome.ok and outcome.error_message and secret in outcome.error_message:
+            outcome.error_message = scrub(route, outcome.error_message)  # a request's own error, echoing the key
         chunk.append(outcome)
         rows += pack_size(outcome.custom_id) if vectors is not None else 1
         if rows >= INGEST_CHUNK:

@@ -21,7 +21,7 @@ from lowtide.engine.dispatch import (
 )
 from lowtide.engine.ingest import IngestCounts, apply_outcomes
 from lowtide.engine.packs import execute_packed, packing
-from lowtide.routes.base import DirectRoute
+from lowtide.routes.base import DirectRoute, scrub
 from lowtide.store.db import Store
 from lowtide.store.queries import add_event
 from lowtide.store.schema import dispatches
@@ -105,13 +105,10 @@ async def run_direct(
                 flush()
     except Exception as err:  # the route broke: every request it did not answer is retried
         answered = {o.custom_id for o in buffer}  # flushed ones are skipped by ingest
-        buffer.extend(
-            Outcome.failure(r.custom_id, "route_error", f"{type(err).__name__}: {err}", True)
-            for r in batch
-            if r.custom_id not in answered
-        )
+        said = scrub(route, f"{type(err).__name__}: {err}")
+        buffer.extend(Outcome.failure(r.custom_id, "route_error", said, True) for r in batch if r.custom_id not in answered)
         with store.begin() as conn:
-            add_event(conn, job.id, "route_error", f"{route.name}: {type(err).__name__}: {err}", clock.now())
+            add_event(conn, job.id, "route_error", f"{route.name}: {said}", clock.now())
     finally:
         heartbeat.cancel()
         await asyncio.gather(heartbeat, return_exceptions=True)

@@ -173,10 +173,18 @@ class RowRenderer:
             payload = self.prefix + _dumps(body[self.conversation]) + "}}"
         else:
             payload = _dumps({"endpoint": self.endpoint} | ({"lowtide": self.own} if self.own else {}) | {"body": body})
+        if not payload.isascii() and not _is_utf8(payload):  # a JSON "\ud800" in a cell: no store can keep it
+            return self.surrogate(values, row)
         return {
             "custom_id": custom_id_for(key_of(key), self.variant), "source_key": key, "source_row": row.number,
             "payload": payload, "model": self.model, "fingerprint": self.fingerprint(values),
         }  # fmt: skip
+
+    def surrogate(self, values: dict, row: SourceRow) -> str:
+        """The problem with a row whose request holds a lone surrogate, naming its column."""
+        columns = [k for k in self.used if not _is_utf8(v if (v := values.get(k)).__class__ is str else _dumps(v))]
+        where = f'column "{columns[0]}"' if columns else "a value"
+        return f"{self.where(row)}: {where} holds a lone surrogate (an unpaired \\ud800-\\udfff escape), which is not valid Unicode; fix the cell in the source"
 
     def row_params_of(self, values: dict, row: SourceRow) -> dict | str:
         """The body parameters this row's `param_columns` give (an empty cell gives none:

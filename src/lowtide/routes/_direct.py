@@ -36,6 +36,7 @@ from lowtide.core.types import Outcome, Request
 from lowtide.routes._adaptive import Controller
 from lowtide.routes._provider import retryable_status
 from lowtide.routes._ratelimit import Pacer
+from lowtide.routes.base import scrub, secret_of
 
 POOL_OPTIONS = {
     "concurrency", "min_concurrency", "max_concurrency", "adaptive", "rpm", "tpm", "timeout",
@@ -209,7 +210,7 @@ class PooledRoute:
         self.backoff = (float(backoff[0]), float(backoff[1]))
         self.clock = clock
         self.sleep = sleep
-        self.secret = secret if secret and len(secret) >= 8 else None
+        self.secret = secret_of(secret)
         self.rng = random.Random()
         self._prepared = False
 
@@ -327,7 +328,7 @@ class PooledRoute:
         return min(longest, first * 2 ** (tries - 1)) * self.rng.uniform(0.5, 1.0)
 
     def scrub(self, text: str) -> str:
-        return text.replace(self.secret, "[api key]") if self.secret else text
+        return scrub(self, text)
 
 
 def _estimate(request: Request) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -42,13 +43,29 @@ def check_options(route: str, options: dict[str, Any], known: set[str]) -> None:
 def api_key(route: str, options: dict[str, Any], default_env: str) -> str:
     """The key, from the environment variable the spec names (never from the spec itself)."""
     env = options.get("api_key_env", default_env)
-    key = os.environ.get(env)
+    key = os.environ.get(env) if isinstance(env, str) else None
     if not key:
+        if not_a_variable(env):
+            raise RouteError(pasted_key(route))
         raise RouteError(
             f"{route}: no API key: set the environment variable {env}"
             + ("" if "api_key_env" in options else ", or name another one in route_options.api_key_env")
         )
     return key
+
+
+def not_a_variable(env: Any) -> bool:
+    """Whether `api_key_env` holds something other than a conventional variable name: most
+    likely the key itself, pasted in, which an error must not repeat."""
+    return not (isinstance(env, str) and re.fullmatch(r"[A-Z_][A-Z0-9_]{0,127}", env))
+
+
+def pasted_key(route: str) -> str:
+    return (
+        f"{route}: no API key: route_options.api_key_env must name the environment variable that holds "
+        "the key (capitals, digits, _), and its value does not look like one (is it the key itself? it is "
+        "not repeated here). Put the key in a variable, say MY_API_KEY, and write api_key_env: MY_API_KEY"
+    )
 
 
 LOOPBACK_POLL = (1.0, 10.0)  # a server on this machine (`lowtide serve`, a test): poll soon and often

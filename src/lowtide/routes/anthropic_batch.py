@@ -39,7 +39,7 @@ from lowtide.routes._wire import (
     anthropic_refusal,
     text_or_none,
 )
-from lowtide.routes.base import BatchStatus
+from lowtide.routes.base import BatchStatus, secret_of
 
 log = logging.getLogger(__name__)
 MAX_REQUESTS = 100_000
@@ -81,8 +81,10 @@ class AnthropicBatchRoute:
         self.poll_interval = poll_interval(options, (30.0, 600.0))
         self.find_window = float(options.get("find_window", 600))
         self.cache_prefix = bool(options.get("cache_prefix", False))
+        key = api_key(self.name, options, "ANTHROPIC_API_KEY")
+        self.secret = secret_of(key)  # scrubbed from the errors the engine keeps (routes/base.py)
         self.client = anthropic.AsyncAnthropic(
-            api_key=api_key(self.name, options, "ANTHROPIC_API_KEY"),
+            api_key=key,
             base_url=options.get("base_url"),
             # Per read or write, not per call: a stalled download gives up and the next poll resumes.
             timeout=float(options.get("timeout", 120)),

@@ -60,6 +60,19 @@ class BatchStatus:
     queue_full: bool = False
 
 
+def scrub(route: object, text: str) -> str:
+    """`text` without the route's API key (`route.secret`, where it holds one): a proxy or a
+    self-hosted server may echo the request's Authorization header in an error, which the
+    engine would otherwise keep in the store and print."""
+    secret = getattr(route, "secret", None)
+    return text.replace(secret, "[api key]") if secret else text
+
+
+def secret_of(key: str | None) -> str | None:
+    """The key as `scrub` looks for it: a placeholder too short to be one is not replaced."""
+    return key if key and len(key) >= 8 else None
+
+
 @runtime_checkable
 class BatchRoute(Protocol):
     kind: Literal["batch"]

@@ -47,8 +47,14 @@ from lowtide.core.types import Outcome, Refusal, Request
 from lowtide.routes import _gemini_operation as op
 from lowtide.routes._gemini import gemini_body, gemini_error, gemini_outcome
 from lowtide.routes._gemini_models import check_gemini_model
-from lowtide.routes._provider import batch_limits, check_options, poll_interval
-from lowtide.routes.base import BatchStatus
+from lowtide.routes._provider import (
+    batch_limits,
+    check_options,
+    not_a_variable,
+    pasted_key,
+    poll_interval,
+)
+from lowtide.routes.base import BatchStatus, secret_of
 
 log = logging.getLogger(__name__)
 MAX_REQUESTS = 100_000
@@ -62,8 +68,10 @@ OPTIONS = {"base_url", "api_key_env", "max_requests", "max_bytes", "inline_bytes
 def gemini_key(options: dict[str, Any], route: str) -> str:
     names = [options["api_key_env"]] if options.get("api_key_env") else ["GEMINI_API_KEY", "GOOGLE_API_KEY"]
     for name in names:
-        if os.environ.get(name):
+        if isinstance(name, str) and os.environ.get(name):
             return os.environ[name]
+    if not_a_variable(names[0]):
+        raise RouteError(pasted_key(route))
     raise RouteError(f"{route}: no API key; set the {' or '.join(names)} environment variable")
 
 
@@ -107,6 +115,7 @@ class GeminiBatchRoute:
         self.poll_interval = poll_interval(options, (30.0, 600.0))
         self.find_pages = int(options.get("find_pages", 10))
         self.models = frozenset(options.get("models") or ())
+        self.secret = secret_of(gemini_key(options, self.name))  # scrubbed from the errors the engine keeps (routes/base.py)
         self.client = gemini_client(options, self.name)
         self.field_masks = True  # until the server refuses one
 

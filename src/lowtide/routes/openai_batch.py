@@ -39,7 +39,7 @@ from lowtide.routes._provider import (
     retryable_status,
 )
 from lowtide.routes._wire import openai_outcome, openai_refusal, text_or_none
-from lowtide.routes.base import BatchStatus
+from lowtide.routes.base import BatchStatus, secret_of
 
 log = logging.getLogger(__name__)
 MAX_REQUESTS = 50_000
@@ -88,8 +88,10 @@ class OpenAIBatchRoute:
         self.poll_interval = poll_interval(options, (30.0, 600.0))
         self.tier, self.max_enqueued_tokens = _queue_options(self.name, options)
         self.find_seconds = float(options.get("find_hours", 48)) * 3600
+        key = api_key(self.name, options, "OPENAI_API_KEY")
+        self.secret = secret_of(key)  # scrubbed from the errors the engine keeps (routes/base.py)
         self.client = openai.AsyncOpenAI(
-            api_key=api_key(self.name, options, "OPENAI_API_KEY"),
+            api_key=key,
             base_url=options.get("base_url"),
             # Per read or write, not per call: a stalled download gives up and the next poll resumes.
             timeout=float(options.get("timeout", 120)),

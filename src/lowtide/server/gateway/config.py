@@ -31,6 +31,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from lowtide.core.yamlfile import parse_mapping, read_text, validate
+from lowtide.routes._provider import not_a_variable
 
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
@@ -80,6 +81,13 @@ def describe_duration(seconds: float) -> str:
 Duration = Annotated[float, BeforeValidator(parse_duration)]
 
 
+def _variable(name: str) -> str:
+    """An environment variable's name; never repeated in the error: it may be the key itself."""
+    if not_a_variable(name):
+        raise ValueError("must name an environment variable (capitals, digits, _), not hold the secret itself; the value is not repeated here")
+    return name
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -113,6 +121,11 @@ class Upstream(_Strict):
         if not v.startswith(("http://", "https://")):
             raise ValueError("give an http:// or https:// URL")
         return v.rstrip("/")
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _key_env(cls, v: str | None) -> str | None:
+        return v if v is None else _variable(v)
 
 
 class Upstreams(_Strict):
@@ -210,6 +223,11 @@ class Webhooks(_Strict):
     max_backoff: Duration = 600.0
     timeout: Duration = 10.0
     concurrency: int = Field(32, ge=1)
+
+    @field_validator("secret_env")
+    @classmethod
+    def _secret_env(cls, v: str) -> str:
+        return _variable(v)
 
 
 class GatewayConfig(_Strict):
