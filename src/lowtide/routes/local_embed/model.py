@@ -9,7 +9,9 @@ Padding is masked out of attention and pooling, so a vector does not depend on i
 
 The mini-batches of one call run side by side, one per core (`lanes`): a core is busiest on
 a whole mini-batch of its own, while one small product split across every core spends much of
-its time waiting for the slowest part.
+its time waiting for the slowest part (on 2 cores: 284-315 documents/s one mini-batch at a
+time on both, 347-363 side by side). A call of one mini-batch (a single input) runs on one
+core: on 2 cores, one input at a time, 117-119 documents/s against 115-154 on both.
 """
 
 from __future__ import annotations
@@ -74,9 +76,9 @@ class Embedder:
         self._lanes: ThreadPoolExecutor | None = None
         self._lanes_lock = threading.Lock()
         # Padded tokens per mini-batch. Small batches keep each layer's activations in the
-        # CPU caches: on 2 cores, 4-16 documents of ~36 tokens cost 7.3-7.5 ms of CPU per
-        # document, 32 cost 8.0 and 64 cost 9.3 (bench/embed_local.py). A single input over
-        # the budget still goes, alone.
+        # CPU caches: on 2 cores in 2 lanes, 8-24 documents of ~36 tokens cost 5.2-5.5 ms of
+        # CPU per document, 4 cost 5.7 and 32 cost 5.75 (bench/embed_local.py). A single
+        # input over the budget still goes, alone.
         self.batch_tokens = max(batch_tokens, files.max_tokens)
 
         try:
