@@ -36,7 +36,7 @@ from lowtide.core.types import Outcome, Request
 from lowtide.routes._adaptive import Controller
 from lowtide.routes._provider import retryable_status
 from lowtide.routes._ratelimit import Pacer
-from lowtide.routes.base import scrub, secret_of
+from lowtide.routes.base import flag_option, number_option, scrub, secret_of
 
 POOL_OPTIONS = {
     "concurrency", "min_concurrency", "max_concurrency", "adaptive", "rpm", "tpm", "timeout",
@@ -154,19 +154,6 @@ def retry_after(headers: Mapping[str, str]) -> float | None:
         return None
 
 
-def _number(route: str, options: dict[str, Any], key: str, default: Any, kind: type, minimum: float) -> Any:
-    value = options.get(key, default)
-    if value is None:
-        return None
-    try:
-        number = kind(value)
-    except (TypeError, ValueError):
-        raise RouteError(f"{route}: route_options.{key} must be a number; got {value!r}") from None
-    if isinstance(value, bool) or number < minimum:
-        raise RouteError(f"{route}: route_options.{key} must be a number ≥ {minimum}; got {value!r}")
-    return number
-
-
 class PooledRoute:
     """Base of the real-time routes. Subclasses set `name`, implement `send`, and may
     override `prepare` (runs once, before the first send)."""
@@ -189,21 +176,21 @@ class PooledRoute:
         """The keyword arguments are the route's defaults; `options` (the job spec's
         route_options) override them. `secret` is scrubbed from every message."""
         n = self.name
-        initial = _number(n, options, "concurrency", concurrency, int, 1)
-        maximum = _number(n, options, "max_concurrency", max_concurrency or max(initial, 2 * initial), int, 1)
-        minimum = _number(n, options, "min_concurrency", 1, int, 1)
+        initial = number_option(n, options, "concurrency", concurrency, int, 1)
+        maximum = number_option(n, options, "max_concurrency", max_concurrency or max(initial, 2 * initial), int, 1)
+        minimum = number_option(n, options, "min_concurrency", 1, int, 1)
         if minimum > maximum:
             raise RouteError(f"{n}: route_options.min_concurrency ({minimum}) is above max_concurrency ({maximum})")
         self.controller = Controller(
-            initial, minimum, max(maximum, initial), adaptive=bool(options.get("adaptive", True)), clock=clock
+            initial, minimum, max(maximum, initial), adaptive=flag_option(n, options, "adaptive", True), clock=clock
         )
         self.pacer = Pacer(
-            _number(n, options, "rpm", None, float, 1e-9), _number(n, options, "tpm", None, float, 1e-9), clock, sleep
+            number_option(n, options, "rpm", None, float, 1e-9), number_option(n, options, "tpm", None, float, 1e-9), clock, sleep
         )
-        self.timeout = _number(n, options, "timeout", timeout, float, 1e-3)
-        self.max_retries = _number(n, options, "max_retries", 3, int, 0)
-        self.expected_latency = _number(n, options, "expected_latency", expected_latency, float, 1e-6)
-        self.dispatch_size = _number(n, options, "dispatch_size", 2000, int, 1)
+        self.timeout = number_option(n, options, "timeout", timeout, float, 1e-3)
+        self.max_retries = number_option(n, options, "max_retries", 3, int, 0)
+        self.expected_latency = number_option(n, options, "expected_latency", expected_latency, float, 1e-6)
+        self.dispatch_size = number_option(n, options, "dispatch_size", 2000, int, 1)
         backoff = options.get("retry_backoff", (0.5, 8.0))
         if not (isinstance(backoff, list | tuple) and len(backoff) == 2 and 0 <= backoff[0] <= backoff[1]):
             raise RouteError(f"{n}: route_options.retry_backoff must be [first, longest] seconds; got {backoff!r}")

@@ -9,7 +9,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from lowtide.core.errors import RouteError
-from lowtide.routes.base import BatchLimits
+from lowtide.routes.base import BatchLimits, number_option
 
 # Provider error codes and types that may succeed when sent again.
 RETRYABLE_CODES = frozenset(
@@ -25,11 +25,11 @@ def retryable_status(status: int) -> bool:
     return status in (408, 409, 429) or status >= 500
 
 
-def batch_limits(options: dict[str, Any], max_requests: int, max_bytes: int, one_model_per_batch: bool = False) -> BatchLimits:
+def batch_limits(route: str, options: dict[str, Any], max_requests: int, max_bytes: int, one_model_per_batch: bool = False) -> BatchLimits:
     """The provider's limits per batch, or tighter ones from route_options (never looser)."""
     return BatchLimits(
-        max_requests=min(int(options.get("max_requests", max_requests)), max_requests),
-        max_bytes=min(int(options.get("max_bytes", max_bytes)), max_bytes),
+        max_requests=min(number_option(route, options, "max_requests", max_requests, int, 1), max_requests),
+        max_bytes=min(number_option(route, options, "max_bytes", max_bytes, int, 1), max_bytes),
         one_model_per_batch=one_model_per_batch,
     )
 

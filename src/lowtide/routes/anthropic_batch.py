@@ -39,7 +39,7 @@ from lowtide.routes._wire import (
     anthropic_refusal,
     text_or_none,
 )
-from lowtide.routes.base import BatchStatus, secret_of
+from lowtide.routes.base import BatchStatus, flag_option, number_option, secret_of, text_option
 
 log = logging.getLogger(__name__)
 MAX_REQUESTS = 100_000
@@ -77,17 +77,17 @@ class AnthropicBatchRoute:
 
     def __init__(self, options: dict[str, Any]):
         check_options(self.name, options, OPTIONS)
-        self.limits = batch_limits(options, MAX_REQUESTS, MAX_BYTES)
+        self.limits = batch_limits(self.name, options, MAX_REQUESTS, MAX_BYTES)
         self.poll_interval = poll_interval(options, (30.0, 600.0))
-        self.find_window = float(options.get("find_window", 600))
-        self.cache_prefix = bool(options.get("cache_prefix", False))
+        self.find_window = number_option(self.name, options, "find_window", 600, float)
+        self.cache_prefix = flag_option(self.name, options, "cache_prefix", False)
         key = api_key(self.name, options, "ANTHROPIC_API_KEY")
         self.secret = secret_of(key)  # scrubbed from the errors the engine keeps (routes/base.py)
         self.client = anthropic.AsyncAnthropic(
             api_key=key,
-            base_url=options.get("base_url"),
+            base_url=text_option(self.name, options, "base_url"),
             # Per read or write, not per call: a stalled download gives up and the next poll resumes.
-            timeout=float(options.get("timeout", 120)),
+            timeout=number_option(self.name, options, "timeout", 120, float, 1e-3),
         )
 
     def check_model(self, model: str) -> None:

@@ -28,6 +28,7 @@ from lowtide.routes._direct import (
 )
 from lowtide.routes._provider import api_key, check_options
 from lowtide.routes._wire import anthropic_outcome, anthropic_params, anthropic_refusal
+from lowtide.routes.base import flag_option, text_option
 
 OPTIONS = POOL_OPTIONS | {"base_url", "api_key_env", "cache_prefix"}
 
@@ -38,9 +39,9 @@ class AnthropicMessagesRoute(PooledRoute):
     def __init__(self, options: dict[str, Any], **pool: Any):
         check_options(self.name, options, OPTIONS)
         key = api_key(self.name, options, "ANTHROPIC_API_KEY")
-        self.cache_ttl = "5m" if options.get("cache_prefix") else None
+        self.cache_ttl = "5m" if flag_option(self.name, options, "cache_prefix", False) else None
         super().__init__(options, concurrency=16, max_concurrency=256, secret=key, **pool)
-        self.client = self.sdk_client(anthropic.AsyncAnthropic, anthropic.DefaultAioHttpClient, key, options.get("base_url"), anthropic.Omit())
+        self.client = self.sdk_client(anthropic.AsyncAnthropic, anthropic.DefaultAioHttpClient, key, text_option(self.name, options, "base_url"), anthropic.Omit())
         self.url = self.endpoint("v1/messages")
 
     def refusal(self, request: Request) -> Refusal | None:

@@ -59,6 +59,7 @@ from lowtide.routes._instances import Instances, Unsatisfiable, instances_for
 from lowtide.routes._own import CHAT_ROLES, Plain, read_plain
 from lowtide.routes._replies import Call, Reply, arguments_text, reply_body
 from lowtide.routes._structure import JsonAsk, Tool, json_ask, required_call, tools
+from lowtide.routes.base import number_option, texts_option
 
 KNOWN_OPTIONS = {"fail_attempts", "reject", "dispatch_size", "answer"}
 ANSWERS = ("instance", "message")
@@ -253,6 +254,13 @@ def replies(request: Request, p: Plan) -> list[Reply]:
     return out
 
 
+def _fail_attempts(value: Any) -> dict[str, int]:
+    """{custom_id: n}: whole numbers of attempts that fail, by custom_id."""
+    if not isinstance(value, dict) or not all(isinstance(k, str) and type(n) is int and n >= 0 for k, n in value.items()):
+        raise RouteError(f"echo: route_options.fail_attempts must map custom_ids to whole numbers of attempts; got {value!r}")
+    return dict(value)
+
+
 class EchoRoute:
     kind: Literal["direct"] = "direct"
     name = "echo"
@@ -261,9 +269,9 @@ class EchoRoute:
         unknown = set(options) - KNOWN_OPTIONS
         if unknown:
             raise RouteError(f"echo: unknown route_options {sorted(unknown)}; known: {sorted(KNOWN_OPTIONS)}")
-        self.fail_attempts: dict[str, int] = dict(options.get("fail_attempts") or {})
-        self.reject = set(options.get("reject") or [])
-        self.dispatch_size = int(options.get("dispatch_size", 5000))
+        self.fail_attempts = _fail_attempts(options.get("fail_attempts") or {})
+        self.reject = set(texts_option(self.name, options, "reject"))
+        self.dispatch_size = number_option(self.name, options, "dispatch_size", 5000, int, 1)
         self.answer = options.get("answer", "instance")
         if self.answer not in ANSWERS:
             raise RouteError(f"echo: route_options.answer must be one of {', '.join(ANSWERS)}; got {self.answer!r}")

@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from lowtide.core.errors import RouteError
 from lowtide.core.types import Outcome, Refusal, Request
-from lowtide.routes.base import BatchLimits, BatchStatus
+from lowtide.routes.base import BatchLimits, BatchStatus, number_option, text_option, texts_option
 from lowtide.routes.echo import EchoRoute
 
 KNOWN_OPTIONS = {"dir", "polls_to_complete", "cancel_polls", "max_requests", "drop", "fail_attempts", "reject", "answer"}
@@ -37,11 +37,11 @@ class EchoBatchRoute:
         if unknown:
             raise RouteError(f"echo-batch: unknown route_options {sorted(unknown)}; known: {sorted(KNOWN_OPTIONS)}")
         default_dir = os.environ.get("LOWTIDE_ECHO_BATCH_DIR") or "~/.cache/lowtide/echo-batch"
-        self.dir = Path(options.get("dir") or default_dir).expanduser()
-        self.polls_to_complete = int(options.get("polls_to_complete", 1))
-        self.cancel_polls = int(options.get("cancel_polls", 1))
-        self.drop = set(options.get("drop") or [])
-        self.limits = BatchLimits(max_requests=int(options.get("max_requests", 1000)), max_bytes=100 * 2**20)
+        self.dir = Path(text_option(self.name, options, "dir") or default_dir).expanduser()
+        self.polls_to_complete = number_option(self.name, options, "polls_to_complete", 1)
+        self.cancel_polls = number_option(self.name, options, "cancel_polls", 1)
+        self.drop = set(texts_option(self.name, options, "drop"))
+        self.limits = BatchLimits(max_requests=number_option(self.name, options, "max_requests", 1000, int, 1), max_bytes=100 * 2**20)
         self.echo = EchoRoute({k: options[k] for k in ("fail_attempts", "reject", "answer") if k in options})
 
     def check_model(self, model: str) -> None:

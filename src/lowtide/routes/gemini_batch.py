@@ -54,7 +54,7 @@ from lowtide.routes._provider import (
     pasted_key,
     poll_interval,
 )
-from lowtide.routes.base import BatchStatus, secret_of
+from lowtide.routes.base import BatchStatus, number_option, secret_of, text_option, texts_option
 
 log = logging.getLogger(__name__)
 MAX_REQUESTS = 100_000
@@ -76,7 +76,7 @@ def gemini_key(options: dict[str, Any], route: str) -> str:
 
 
 def gemini_client(options: dict[str, Any], route: str) -> genai.Client:
-    http = types.HttpOptions(base_url=options.get("base_url"), api_version="v1beta", timeout=int(float(options.get("timeout", 120)) * 1000))
+    http = types.HttpOptions(base_url=text_option("gemini-batch", options, "base_url"), api_version="v1beta", timeout=int(number_option("gemini-batch", options, "timeout", 120, float, 1e-3) * 1000))
     return genai.Client(api_key=gemini_key(options, route), http_options=http)
 
 
@@ -110,11 +110,11 @@ class GeminiBatchRoute:
 
     def __init__(self, options: dict[str, Any]):
         check_options(self.name, options, OPTIONS)
-        self.limits = batch_limits(options, MAX_REQUESTS, MAX_BYTES, one_model_per_batch=True)
-        self.inline_bytes = int(options.get("inline_bytes", INLINE_BYTES))
+        self.limits = batch_limits(self.name, options, MAX_REQUESTS, MAX_BYTES, one_model_per_batch=True)
+        self.inline_bytes = number_option(self.name, options, "inline_bytes", INLINE_BYTES)
         self.poll_interval = poll_interval(options, (30.0, 600.0))
-        self.find_pages = int(options.get("find_pages", 10))
-        self.models = frozenset(options.get("models") or ())
+        self.find_pages = number_option(self.name, options, "find_pages", 10, int, 1)
+        self.models = frozenset(texts_option(self.name, options, "models"))
         self.secret = secret_of(gemini_key(options, self.name))  # scrubbed from the errors the engine keeps (routes/base.py)
         self.client = gemini_client(options, self.name)
         self.field_masks = True  # until the server refuses one

@@ -37,6 +37,7 @@ from lowtide.routes._direct import (
 from lowtide.routes._gemini import gemini_body, gemini_outcome
 from lowtide.routes._gemini_models import check_gemini_model
 from lowtide.routes._provider import check_options
+from lowtide.routes.base import texts_option
 from lowtide.routes.gemini_batch import gemini_client
 
 OPTIONS = POOL_OPTIONS | {"base_url", "api_key_env", "service_tier", "models"}
@@ -53,7 +54,7 @@ class GeminiRoute(PooledRoute):
             raise RouteError(f"gemini: route_options.service_tier must be one of {', '.join(TIERS)}; got {self.service_tier!r}")
         timeout = 900.0 if self.service_tier == "flex" else 600.0
         super().__init__(options, concurrency=16, max_concurrency=256, timeout=timeout, **pool)
-        self.models = frozenset(options.get("models") or ())
+        self.models = frozenset(texts_option(self.name, options, "models"))
         self.client = gemini_client({**options, "timeout": self.timeout}, self.name)
 
     def check_model(self, model: str) -> None:

@@ -39,7 +39,7 @@ from lowtide.routes._provider import (
     retryable_status,
 )
 from lowtide.routes._wire import openai_outcome, openai_refusal, text_or_none
-from lowtide.routes.base import BatchStatus, secret_of
+from lowtide.routes.base import BatchStatus, number_option, secret_of, text_option
 
 log = logging.getLogger(__name__)
 MAX_REQUESTS = 50_000
@@ -84,17 +84,17 @@ class OpenAIBatchRoute:
 
     def __init__(self, options: dict[str, Any]):
         check_options(self.name, options, OPTIONS)
-        self.limits = batch_limits(options, MAX_REQUESTS, MAX_BYTES, one_model_per_batch=True)
+        self.limits = batch_limits(self.name, options, MAX_REQUESTS, MAX_BYTES, one_model_per_batch=True)
         self.poll_interval = poll_interval(options, (30.0, 600.0))
         self.tier, self.max_enqueued_tokens = _queue_options(self.name, options)
-        self.find_seconds = float(options.get("find_hours", 48)) * 3600
+        self.find_seconds = number_option(self.name, options, "find_hours", 48, float) * 3600
         key = api_key(self.name, options, "OPENAI_API_KEY")
         self.secret = secret_of(key)  # scrubbed from the errors the engine keeps (routes/base.py)
         self.client = openai.AsyncOpenAI(
             api_key=key,
-            base_url=options.get("base_url"),
+            base_url=text_option(self.name, options, "base_url"),
             # Per read or write, not per call: a stalled download gives up and the next poll resumes.
-            timeout=float(options.get("timeout", 120)),
+            timeout=number_option(self.name, options, "timeout", 120, float, 1e-3),
         )
 
     def check_model(self, model: str) -> None:

@@ -41,6 +41,7 @@ from lowtide.routes._direct import (
 )
 from lowtide.routes._provider import api_key, check_options
 from lowtide.routes._wire import openai_outcome, openai_refusal
+from lowtide.routes.base import number_option, text_option
 
 COMPATIBLE_OPTIONS = POOL_OPTIONS | {"base_url", "api_key_env", "max_num_seqs", "service_tier"}
 OPENAI_OPTIONS = POOL_OPTIONS | {"base_url", "api_key_env", "service_tier"}
@@ -52,24 +53,24 @@ class OpenAIChatRoute(PooledRoute):
         self.name = name
         compatible = name == "openai-compatible"
         check_options(name, options, COMPATIBLE_OPTIONS if compatible else OPENAI_OPTIONS)
-        self.service_tier = options.get("service_tier")
+        self.service_tier = text_option(name, options, "service_tier")
         if compatible:
-            if not options.get("base_url"):
+            if not text_option(name, options, "base_url"):
                 raise RouteError(
                     f"{name}: route_options.base_url is required: the server's OpenAI-compatible "
                     "root, e.g. http://127.0.0.1:8000/v1"
                 )
             key = api_key(name, options, "") if options.get("api_key_env") else NO_KEY
-            seqs = options.get("max_num_seqs")
+            seqs = number_option(name, options, "max_num_seqs", None, int, 1)
             self.probe_slots = seqs is None and "concurrency" not in options
-            defaults = {"concurrency": int(seqs or 256), "expected_latency": 30.0}
+            defaults = {"concurrency": seqs or 256, "expected_latency": 30.0}
         else:
             key = api_key(name, options, "OPENAI_API_KEY")
             self.probe_slots = False
             defaults = {"concurrency": 32, "max_concurrency": 512, "expected_latency": 10.0}
         timeout = 900.0 if self.service_tier == "flex" else 600.0
         super().__init__(options, timeout=timeout, secret=key, **defaults, **pool)
-        self.client = self.sdk_client(openai.AsyncOpenAI, openai.DefaultAioHttpClient, key, options.get("base_url"), openai.Omit())
+        self.client = self.sdk_client(openai.AsyncOpenAI, openai.DefaultAioHttpClient, key, text_option(name, options, "base_url"), openai.Omit())
         self.urls = {e: self.endpoint(e.removeprefix("/v1/")) for e in (CHAT, RESPONSES, COMPLETIONS, EMBEDDINGS)}
         # A self-hosted server takes its engine's own sampling parameters too.
         self.extras = ENGINE_EXTRAS if compatible else frozenset()
