@@ -105,6 +105,7 @@ CASES = [
     Case("status-unknown-job", ["status", "nope"], 2, files=BASE, setup="submitted"),
     Case("cancel-unknown-job", ["cancel", "nope"], 2, files=BASE, setup="submitted"),
     Case("results-compare-missing-column", ["results", "tickets", "--out", "r.csv", "--compare", "gold"], 2, files=BASE, setup="ran"),
+    Case("results-npy-of-answers", ["results", "tickets", "--out", "r.npy"], 2, files=BASE, setup="ran"),
     Case("unknown-command", ["frobnicate"], 2),
     Case("run-without-spec", ["run"], 2),
     Case("estimate-sample-zero", ["estimate", "job.yaml", "--sample", "0"], 2, files=BASE),

@@ -27,6 +27,7 @@ MESSAGES: dict[str, str] = {
     'output-is-a-folder': 'lowtide: --out outdir: is a folder; name a file in it, e.g. outdir/results.csv',
     'budget-unknown-price': 'lowtide: job.yaml: budget_usd is set, but model "test-model" on route openai-compatible has no price (no self_hosted price for "test-model"; add one to a price file (docs/costs.md)); no request could be checked against the budget. Add the price, or remove budget_usd',
     'results-bad-extension': 'lowtide: --out r.txt: unknown file extension ".txt"; use .csv, .jsonl or .parquet',
+    'results-npy-of-answers': 'lowtide: --out r.npy: unknown file extension ".npy"; use .csv, .jsonl or .parquet',
     'source-missing': 'lowtide: {tmp}/t.csv: no such file; check `source.path` (relative to the spec file)',
     'source-is-a-folder': 'lowtide: {tmp}/data: is a folder, not a file; point `source.path` at a file',
     'source-unknown-extension': 'lowtide: {tmp}/t.xlsx: unknown file extension ".xlsx"; use one of .csv, .jsonl, .ndjson, .parquet or set `format:` explicitly',

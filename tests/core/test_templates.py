@@ -91,6 +91,17 @@ def test_syntax_error_names_template_and_line():
     assert str(err).startswith("job.yaml template.user line 3: template syntax error:")
 
 
+@pytest.mark.parametrize(
+    "tag", ['{% include "other.j2" %}', '{% import "macros.j2" as m %}', '{% from "m.j2" import x %}', '{% extends "base.j2" %}']
+)
+def test_a_template_that_loads_another_is_refused_by_name(tag):
+    with pytest.raises(TemplateError) as info:
+        MessageTemplate.from_spec(spec({"user": "Ticket: {{ body }}\n" + tag}), where="job.yaml")
+    assert str(info.value) == (
+        "job.yaml template.user line 2: a template cannot include, import or extend another one; write that text into this template"
+    )
+
+
 def test_check_columns_lists_every_missing_variable():
     t = MessageTemplate.from_spec(spec({"system": "{{ kind }}", "user": "{{ body }}\n{{ subjet }}"}))
     t.check_columns(["kind", "body", "subjet"], "t.csv")

@@ -244,6 +244,8 @@ def results(
                 if out_path is None:
                     return
             spec = job_spec(store, job)
+            if out_path.suffix.lower() == ".npy" and spec.request_endpoint != "/v1/embeddings":
+                check_output(out_path, "--out")  # .npy holds vectors: this job's answers are refused by name
             report = export_results(store, job, out_path, full=full)
     except LowtideError as err:
         raise fail(err) from None

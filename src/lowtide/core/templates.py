@@ -176,6 +176,10 @@ def _compile(role: str, name: str, source: str) -> _Part:
     except jinja2.TemplateSyntaxError as err:
         raise TemplateError(f"{name} line {err.lineno}: template syntax error: {err.message}") from None
     template.name = name
+    for node in ast.find_all((nodes.Include, nodes.Import, nodes.FromImport, nodes.Extends)):
+        # There is no folder of templates to load from: say so here, not as Jinja's "no loader".
+        raise TemplateError(f"{name} line {node.lineno}: a template cannot include, import or extend another one; "
+                            "write that text into this template")  # fmt: skip
     declared = meta.find_undeclared_variables(ast)
     lines: dict[str, int] = {}
     for node in ast.find_all(nodes.Name):
