@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import socket
+from urllib.parse import urlsplit
 
 import anthropic
 import httpx
@@ -223,3 +224,53 @@ def test_the_dashboard_refresh_must_be_a_finite_number(server, refresh, status):
     assert answer.status_code == status
     if status == 200:  # clamped to 0.2 to 60 seconds
         assert f'data-refresh="{200 if refresh == "-5" else 60000}"' in answer.text
+
+
+def _gemini_upload(s, **headers: str | bytes) -> str:
+    """A resumable Gemini upload started; its upload URL."""
+    start = httpx.post(f"{s.url}/upload/v1beta/files", json={"file": {"displayName": "in.jsonl"}},
+                       headers={"x-goog-api-key": "k", "X-Goog-Upload-Protocol": "resumable",
+                                "X-Goog-Upload-Command": "start", **headers})  # fmt: skip
+    assert start.status_code == 200, start.text
+    return start.headers["x-goog-upload-url"]
+
+
+def _chunk_to(url: str, data: bytes, offset: str, command: str = "upload") -> httpx.Response:
+    return httpx.post(url, content=data, headers={"x-goog-api-key": "k", "X-Goog-Upload-Command": command,
+                                                  "X-Goog-Upload-Offset": offset})  # fmt: skip
+
+
+@pytest.mark.parametrize("offset", ["abc", "-1", "\u00b2", ""])
+def test_a_gemini_upload_offset_that_is_not_a_number_is_a_400(serve, offset):
+    with serve(api_keys=("k",)) as s:
+        url = _gemini_upload(s, **{"X-Goog-Upload-Header-Content-Length": "\u00b2".encode("latin-1")})
+        answer = _chunk_to(url, b"12345", offset.encode("latin-1"))  # type: ignore[arg-type]
+        assert answer.status_code == 400 and answer.json()["error"]["status"] == "INVALID_ARGUMENT"
+        assert "X-Goog-Upload-Offset" in answer.json()["error"]["message"]
+        assert _chunk_to(url, b"12345", "0", "upload, finalize").json()["file"]["sizeBytes"] == "5"
+
+
+def test_a_gemini_upload_chunk_over_the_file_limit_is_refused_and_not_kept(serve):
+    with serve(max_file_bytes=4 * KB, api_keys=("k",)) as s:
+        url = _gemini_upload(s)
+        assert _chunk_to(url, b"x" * (3 * KB), "0").status_code == 200
+        over = _chunk_to(url, b"y" * (64 * KB), str(3 * KB))
+        assert over.status_code == 413 and over.json()["error"]["message"] == "A file may be at most 4,096 bytes."
+        parts = [p.stat().st_size for p in (s.server.data_dir / "uploads").glob("*.part")]
+        assert parts == [3 * KB]  # what came of the refused chunk is not kept
+        done = _chunk_to(url, b"z" * KB, str(3 * KB), "upload, finalize")
+        assert done.json()["file"]["sizeBytes"] == str(4 * KB)
+
+
+def test_a_gemini_upload_chunk_that_stops_arriving_gets_408_and_can_be_sent_again(serve):
+    with serve(body_timeout=0.3, api_keys=("k",)) as s, socket.create_connection(("127.0.0.1", s.port)) as sock:
+        url = urlsplit(_gemini_upload(s))
+        sock.sendall(f"POST {url.path}?{url.query} HTTP/1.1\r\nhost: 127.0.0.1:{s.port}\r\nx-goog-api-key: k\r\n"
+                     "x-goog-upload-command: upload\r\nx-goog-upload-offset: 0\r\ncontent-length: 5000\r\n\r\n".encode()
+                     + b"x" * 1000)  # fmt: skip
+        status, headers, body = _answer(sock)
+        assert status == 408 and headers.get("connection") == "close"
+        assert "not received in time" in body["error"]["message"] and body["error"]["code"] == 408
+        assert sock.recv(100) == b""
+        again = _chunk_to(url.geturl(), b"x" * 5000, "0", "upload, finalize")  # the partial chunk was cut off
+        assert again.json()["file"]["sizeBytes"] == "5000"

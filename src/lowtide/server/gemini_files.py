@@ -21,7 +21,7 @@ from fastapi.responses import FileResponse, JSONResponse
 from sqlalchemy import Row
 
 from lowtide.server import records
-from lowtide.server.bodies import parse_object, read_body
+from lowtide.server.bodies import parse_object, read_body, stream_body
 from lowtide.server.context import Server
 from lowtide.server.errors import ApiError
 
@@ -60,6 +60,11 @@ def get_file(server: Server, name: str) -> Row:
     return row
 
 
+def _whole_number(text: str) -> bool:
+    """Digits only, ASCII ones: `str.isdigit` also takes '²', which `int` refuses."""
+    return text.isascii() and text.isdigit()
+
+
 def _base(request: Request) -> str:
     return str(request.base_url).rstrip("/")
 
@@ -76,15 +81,22 @@ async def upload(request: Request, upload_id: str | None = None):
         raise ApiError(404, f"No upload session {upload_id}; start the upload again.")
     head = json.loads((staging / f"{upload_id}.json").read_text())
     part = staging / f"{upload_id}.part"
-    offset = int(request.headers.get("x-goog-upload-offset", "-1"))
     have = part.stat().st_size
-    if offset != have:
-        raise ApiError(400, f"X-Goog-Upload-Offset is {offset}; the upload has {have} bytes so far.")
+    offset = request.headers.get("x-goog-upload-offset", "")
+    if not _whole_number(offset) or int(offset) != have:
+        raise ApiError(400, f"X-Goog-Upload-Offset is {offset[:40]!r}; give the bytes uploaded so far: {have}.")
+    limit = server.config.max_file_bytes
+    # Bounded and timed as every other body (bodies.py); a chunk that does not arrive whole
+    # is cut off again, so the client can send it once more at the same offset.
     with part.open("ab") as f:
-        async for chunk in request.stream():
-            f.write(chunk)
-            if f.tell() > server.config.max_file_bytes:
-                raise ApiError(413, f"A file may be at most {server.config.max_file_bytes:,} bytes.")
+        try:
+            async for chunk in stream_body(request, limit - have, server.config.body_timeout, "The upload"):
+                f.write(chunk)
+        except BaseException as err:
+            f.truncate(have)
+            if isinstance(err, ApiError) and err.status == 413:
+                raise ApiError(413, f"A file may be at most {limit:,} bytes.") from None
+            raise
     if "finalize" not in command.split(","):
         return JSONResponse({}, headers={"X-Goog-Upload-Status": "active"})
     size = part.stat().st_size
@@ -111,7 +123,7 @@ async def _start(request: Request, server: Server, command: str, staging) -> JSO
     given = body.get("file") if isinstance(body.get("file"), dict) else {}
     size = request.headers.get("x-goog-upload-header-content-length")
     upload_id = secrets.token_hex(12)
-    head = {"displayName": given.get("displayName"), "size": int(size) if size and size.isdigit() else None}
+    head = {"displayName": given.get("displayName"), "size": int(size) if size and _whole_number(size) else None}
     (staging / f"{upload_id}.json").write_text(json.dumps(head))
     (staging / f"{upload_id}.part").write_bytes(b"")
     url = f"{_base(request)}/upload/v1beta/files?upload_id={upload_id}&upload_protocol=resumable"
