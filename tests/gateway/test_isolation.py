@@ -178,3 +178,14 @@ def test_a_batch_file_is_passed_on_as_it_arrives_bounded_by_the_upload_limit(beh
     assert refused.value.status_code == 413
     assert refused.value.body["message"] == "The request body is too large: the limit is 1048576 bytes."
     assert [f.id for f in acme.files.list().data] == [file.id]  # nothing of the refused one was made
+
+
+@pytest.mark.parametrize("path", ["/v1/files", "/v1/batches", "/v1/messages/batches"])
+@pytest.mark.parametrize("limit", ["%C2%B2", "%D9%A1", "0", "ten"])
+def test_a_list_limit_that_is_not_a_whole_number_is_a_400_in_the_apis_shape(gateway, upstream, path, limit):
+    with gateway() as g, g.client(headers={"x-api-key": KEYS["acme"]}) as c:
+        answer = c.get(f"{path}?limit={limit}")  # '²' and '١' pass str.isdigit; int refuses '²'
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert "limit" in error["message"] and (error.get("param") == "limit" or path.startswith("/v1/messages"))
+    assert upstream.seen == []

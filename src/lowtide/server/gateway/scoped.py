@@ -135,7 +135,7 @@ async def _list(gw: Gateway, upstream: UpstreamClient, endpoint: Endpoint, tenan
     assert kind is not None
     q = request.query_params
     raw_limit = q.get("limit", "20")
-    if not raw_limit.isdigit() or int(raw_limit) < 1:
+    if not (raw_limit.isascii() and raw_limit.isdigit()) or int(raw_limit) < 1:  # isdigit alone takes '²'; int does not
         raise ApiError(400, f"limit: give a whole number from 1 to {MAX_PAGE}; got {raw_limit[:20]!r}", param="limit")
     limit = min(int(raw_limit), MAX_PAGE)
     after = q.get("after_id") if endpoint.api == "anthropic" else q.get("after")
