@@ -189,3 +189,20 @@ def test_a_list_limit_that_is_not_a_whole_number_is_a_400_in_the_apis_shape(gate
     error = answer.json()["error"]
     assert "limit" in error["message"] and (error.get("param") == "limit" or path.startswith("/v1/messages"))
     assert upstream.seen == []
+
+
+def test_a_batch_naming_its_input_file_twice_is_refused_before_the_upstream(behind_serve):
+    """JSON parsers differ on a repeated key (the first or the last wins): the gateway's
+    reading of input_file_id must be the upstream's, so a repeat is refused, never forwarded."""
+    g, serve = behind_serve
+    acme, globex = _openai(g, "acme"), _openai(g, "globex")
+    theirs = acme.files.create(file=("in.jsonl", jsonl([chat_line("a-1", "acme's secret")])), purpose="batch")
+    mine = globex.files.create(file=("in.jsonl", jsonl([chat_line("g-1")])), purpose="batch")
+    body = (f'{{"input_file_id": "{theirs.id}", "endpoint": "/v1/chat/completions", "completion_window": "24h", '
+            f'"input_file_id": "{mine.id}"}}')  # fmt: skip
+    with g.client("globex") as c:
+        answer = c.post("/v1/batches", content=body, headers={"content-type": "application/json"})
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == "input_file_id"
+    assert "more than once" in answer.json()["error"]["message"]
+    assert globex.batches.list().data == []
+    assert serve.openai(UPSTREAM_KEY).batches.list().data == []  # nothing reached the upstream

@@ -78,11 +78,26 @@ async def serve(
 async def _check_input_file(gw: Gateway, tenant: str, raw: bytes) -> None:
     """A batch is made only from the caller's own file: else it would read another's."""
     body = parse_object(raw, gw.config.max_json_depth)  # a 400 naming the problem
+    if _top_keys(raw).count("input_file_id") > 1:  # parsers differ on which one wins: the upstream's may not be ours
+        raise ApiError(400, "input_file_id: given more than once; give it once", param="input_file_id")
     file_id = body.get("input_file_id")
     if not isinstance(file_id, str) or not file_id:
         raise ApiError(400, "input_file_id: give the id of a file you uploaded (purpose 'batch')", param="input_file_id")
     if await _owner(gw, "openai", "file", file_id) != tenant:
         raise not_found("openai", "file", file_id, param="input_file_id")
+
+
+def _top_keys(raw: bytes) -> list[str]:
+    """The top-level object's keys as written, repeats kept (the body is known to be an
+    object within the depth limit by now, so the standard parser's recursion is bounded)."""
+    keys: list[str] = []
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        keys[:] = [k for k, _ in items]  # the top level is the last object to close
+        return dict(items)
+
+    json.loads(raw, object_pairs_hook=pairs)
+    return keys
 
 
 def _object_of(answer: httpx.Response) -> dict[str, Any] | None:
