@@ -166,3 +166,18 @@ def test_status_urls_come_from_public_url(gateway):
     with gateway(public_url="https://gw.example.com/") as g, g.client(headers={"host": "attacker.example"}) as c:
         r = c.post("/v1/chat/completions", json=CHAT, headers={"X-Lowtide-Defer": "1h"})
     assert r.headers["location"] == r.json()["status_url"] == f"https://gw.example.com/v1/deferred/{r.json()['id']}"
+
+
+@pytest.mark.parametrize("path, api", [("/v1/chat/completions", "openai"), ("/v1/messages", "anthropic")])
+def test_a_body_with_nan_is_refused_not_stored_as_null(gateway, upstream, path, api):
+    """NaN is not JSON: deferred, it was stored and sent on as `temperature: null` (a body
+    changed); forwarded, the upstream had it. Now a 400 naming the field, in the API's shape."""
+    body = json.dumps({**CHAT, "max_tokens": 5}).replace('"model"', '"temperature": NaN, "model"')
+    with gateway() as g, g.client() as c:
+        deferred = c.post(path, content=body, headers={"X-Lowtide-Defer": "1h", "content-type": "application/json"})
+        realtime = c.post(path, content=body, headers={"content-type": "application/json"})
+    for answer in (deferred, realtime):
+        assert answer.status_code == 400, answer.text
+        message = answer.json()["error"]["message"]
+        assert "'temperature'" in message and "NaN" in message
+    assert upstream.calls == []

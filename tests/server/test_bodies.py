@@ -164,6 +164,32 @@ def test_a_lone_surrogate_in_a_body_is_a_400_naming_the_field(server):
     assert answer.status_code == 400 and "requests.0" in answer.json()["error"]["message"], answer.text
 
 
+@pytest.mark.parametrize("number", ["NaN", "Infinity", "-Infinity", "1e400"])
+def test_a_number_json_cannot_hold_is_a_400_naming_the_field(server, number):
+    """The standard library reads NaN and Infinity (and 1e400 as inf); they are not JSON, and
+    read on they were written as null: a body changed, not refused."""
+    body = f'{{"model": "m", "temperature": {number}, "messages": [{{"role": "user", "content": "hi"}}]}}'.encode()
+    answer = httpx.post(f"{server.url}/v1/chat/completions", content=body, headers={"content-type": "application/json"})
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == "temperature", answer.text
+    assert "not valid JSON" in answer.json()["error"]["message"]
+    requests = (f'{{"requests": [{{"custom_id": "a", "params": {{"model": "m", "max_tokens": 5, "temperature": {number}, '
+                f'"messages": [{{"role": "user", "content": "hi"}}]}}}}]}}').encode()  # fmt: skip
+    answer = httpx.post(f"{server.url}/v1/messages/batches", content=requests, headers={"x-api-key": "k"})
+    assert answer.status_code == 400 and "requests.0" in answer.json()["error"]["message"], answer.text
+    fine = body.replace(number.encode(), b"1e-300")  # a 3-digit exponent that is finite still runs
+    assert httpx.post(f"{server.url}/v1/chat/completions", content=fine, headers={"content-type": "application/json"}).status_code == 200
+
+
+def test_a_batch_line_with_nan_fails_the_batch_naming_the_line_and_field(serve):
+    line = json.dumps(chat_line("nan")).replace('"model"', '"temperature": NaN, "model"')
+    with serve() as s:
+        client = s.openai()
+        ended = wait_openai(client, create_batch(client, [chat_line("ok"), line]).id)
+    assert ended.status == "failed"
+    (error,) = ended.errors.data
+    assert error.line == 2 and error.code == "invalid_json_line" and error.param == "body.temperature"
+
+
 def test_malformed_json_on_batches_says_what_and_names_no_position_as_a_param(server):
     answer = httpx.post(f"{server.url}/v1/batches", content=b'{"input_file_id": "f", "endpoint" "/v1/chat/completions"}',
                         headers={"content-type": "application/json"})  # fmt: skip

@@ -78,6 +78,8 @@ def parse_object(raw: bytes, max_depth: int = safejson.DEFAULT_DEPTH, what: str 
                        param=err.path or None) from None  # fmt: skip
     except safejson.NotText as err:
         raise ApiError(400, f"{_cap(what)}: {err}; send valid Unicode.", param=err.path or None) from None
+    except safejson.NotFinite as err:
+        raise ApiError(400, f"{_cap(what)} is not valid JSON: {err}.", param=err.path or None) from None
     except ValueError as err:
         raise ApiError(400, f"{_cap(what)} is not valid JSON: {_reason(err)}. Send one JSON object, UTF-8 encoded.") from None
     if not isinstance(value, dict):

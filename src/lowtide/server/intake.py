@@ -126,6 +126,8 @@ def _check_line(raw: bytes, lineno: int, endpoint: str, max_depth: int) -> tuple
         return _error("invalid_json_line", f"This line is {err}; a request may nest at most {max_depth} levels.", lineno, err.path or None)
     except safejson.NotText as err:  # the store and the output files could not carry it
         return _error("invalid_request", f"This line's {err}; send valid Unicode.", lineno, err.path or None)
+    except safejson.NotFinite as err:
+        return _error("invalid_json_line", f"This line is not parseable as valid JSON: {err}.", lineno, err.path or None)
     except ValueError:  # json.JSONDecodeError, UnicodeDecodeError
         return _error("invalid_json_line", "This line is not parseable as valid JSON.", lineno)
     if not isinstance(item, dict):

@@ -10,6 +10,7 @@ than the limit cannot nest deeper than it.
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -21,6 +22,8 @@ _TOO_DEEP = object()
 # One token of the scan that finds where a text nests too deep: a whole string (a bracket
 # inside one is text), a bracket, or a comma (to count array indexes).
 _SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")  # the escape of a surrogate, paired or not
+# What can read as a number that is not finite: the tokens, or an exponent of 3+ digits.
+_NOT_FINITE = re.compile(rb"NaN|Infinity|[eE][+-]?\d{3}")
 _TOKEN = re.compile(rb'"(?:[^"\\]++|\\.)*+"|[\[\]{},:]', re.S)
 
 
@@ -31,6 +34,16 @@ class NotText(ValueError):
     def __init__(self, path: str):
         self.path = path
         super().__init__(f"'{path or '(top)'}' holds a lone UTF-16 surrogate escape (such as \\ud800), which is not text")
+
+
+class NotFinite(ValueError):
+    """A number that JSON has no way to write: `NaN`, `Infinity` (tokens the standard library
+    reads, not JSON) or one too large for a double (`1e400`). Read on, it would be written
+    as `null` (fastjson.py), changing a body that must travel verbatim. `path` names it."""
+
+    def __init__(self, path: str):
+        self.path = path
+        super().__init__(f"'{path or '(top)'}' is NaN or infinite, which JSON cannot hold; send a finite number")
 
 
 class TooDeep(ValueError):
@@ -54,7 +67,23 @@ def loads(raw: bytes, max_depth: int = DEFAULT_DEPTH) -> Any:
         raise TooDeep(max_depth, deep_path(raw, max_depth))
     if _SURROGATE.search(raw) and (where := surrogate_path(value)) is not None:
         raise NotText(where)
+    if _NOT_FINITE.search(raw) and (where := infinite_path(value)) is not None:
+        raise NotFinite(where)
     return value
+
+
+def infinite_path(value: Any) -> str | None:
+    """The path of the first number that is NaN or infinite, or None."""
+    stack: list[tuple[Any, str]] = [(value, "")]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            return path
+        if isinstance(item, dict):
+            stack.extend((child, f"{path}.{key}" if path else str(key)) for key, child in item.items())
+        elif isinstance(item, list):
+            stack.extend((child, f"{path}.{i}" if path else str(i)) for i, child in enumerate(item))
+    return None
 
 
 def surrogate_path(value: Any) -> str | None:
