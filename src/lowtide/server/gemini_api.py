@@ -118,6 +118,8 @@ def _output(server: Server, row: Row, meta: dict[str, Any]) -> dict[str, Any]:
 @router.post("/models/{model}:batchGenerateContent")
 async def create(model: str, request: Request) -> Response:
     server = _server(request)
+    if "\x00" in model:  # no model has one, and PostgreSQL's text cannot hold it
+        raise ApiError(400, "model: it holds a NUL character, which no model name has.")
     raw = await read_body(request, max(server.config.max_request_bytes, INLINE_MAX_BYTES), server.config.body_timeout)
     body = parse_object(raw, server.config.max_json_depth)
     batch = body.get("batch")

@@ -121,6 +121,9 @@ async def _start(request: Request, server: Server, command: str, staging) -> JSO
     raw = await read_body(request, server.config.max_request_bytes, server.config.body_timeout)
     body = parse_object(raw, server.config.max_json_depth) if raw.strip() else {}
     given = body.get("file") if isinstance(body.get("file"), dict) else {}
+    name = given.get("displayName")
+    if name is not None and (not isinstance(name, str) or "\x00" in name):  # the store's text cannot hold a NUL
+        raise ApiError(400, "file.displayName: give text without NUL characters.")
     size = request.headers.get("x-goog-upload-header-content-length")
     upload_id = secrets.token_hex(12)
     head = {"displayName": given.get("displayName"), "size": int(size) if size and _whole_number(size) else None}

@@ -48,6 +48,8 @@ class Intake:
 
     def add(self, custom_id: str, model: str, row: dict[str, Any] | Rejection) -> None:
         self.total += 1
+        if "\x00" in model:  # no model has one, and the store's text columns cannot hold it
+            row, model = Rejection("model: it holds a NUL character, which no model name has", param="model"), ""
         if isinstance(row, Rejection):
             self.rejected += 1
             self._write("rejected", row.to_json(custom_id) | {"model": model})
@@ -145,4 +147,6 @@ def _check_line(raw: bytes, lineno: int, endpoint: str, max_depth: int) -> tuple
         return _error("invalid_request", "Missing required parameter: 'body' (a JSON object).", lineno, "body")
     if not isinstance(body.get("model"), str) or not body["model"]:
         return _error("invalid_request", "Missing required parameter: 'body.model'.", lineno, "body.model")
+    if "\x00" in body["model"]:  # no model has one, and PostgreSQL's text cannot hold it
+        return _error("invalid_request", "Invalid 'body.model': it holds a NUL character.", lineno, "body.model")
     return custom_id, body

@@ -106,10 +106,11 @@ def _short(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-# The loader strips ids and refuses lone surrogates; an API's custom_id may be any string.
-# Those that would not survive are carried as "~" + URL-safe base64 of their UTF-8.
+# The loader strips ids and refuses lone surrogates, and PostgreSQL's text holds no NUL; an
+# API's custom_id may be any string. Those that would not survive are carried as "~" +
+# URL-safe base64 of their UTF-8.
 def encode_key(custom_id: str) -> str:
-    if custom_id and custom_id == custom_id.strip() and not custom_id.startswith("~"):
+    if custom_id and custom_id == custom_id.strip() and not custom_id.startswith("~") and "\x00" not in custom_id:
         try:
             custom_id.encode("utf-8")
             return custom_id
