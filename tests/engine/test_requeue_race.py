@@ -1,0 +1,53 @@
+"""`--requeue-changed` against a worker claiming the same requests at the same moment, on two
+real connections: a changed request a worker took meanwhile is never reported re-queued while
+it runs with what was stored (docs/jobs.md "Changing a job")."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import sqlalchemy as sa
+
+from lowtide.core.errors import SpecError
+from lowtide.core.states import DispatchState
+from lowtide.engine.dispatch import claim_due, new_dispatch
+from lowtide.engine.loader import load_job
+from lowtide.store.schema import jobs, requests
+from tests.conftest import make_spec, ticket_rows, write_csv
+from tests.engine.concurrency import Background, held_before_commit, ran_or_waits, second_store
+
+
+def test_a_changed_request_claimed_during_the_load_is_refused_not_counted_requeued(store, clock, tmp_path):
+    rows = ticket_rows(3)
+    source = write_csv(tmp_path / "t.csv", rows)
+    load_job(store, make_spec(source), clock)
+    rows[1]["body"] = "an entirely new text"
+    write_csv(source, rows)
+    worker, _ = second_store(store)
+    other, other_name = second_store(store)  # opened first: on SQLite, opening waits for the store
+    try:
+        with held_before_commit(worker) as (entered, go):
+
+            def claim() -> int:  # what a tick's execute step does on a direct route
+                with worker.begin() as conn:
+                    job_id = conn.execute(sa.select(jobs.c.id)).scalar_one()
+                    dispatch = new_dispatch(conn, job_id, "echo", "direct", DispatchState.RUNNING, clock.now())
+                    return claim_due(conn, dispatch, job_id, clock.now(), 10, "echo")
+
+            claimer = Background(claim)
+            claimer.start()
+            assert entered.wait(60), "the claim never reached its commit"
+            loader = Background(lambda: load_job(other, make_spec(source), clock, requeue_changed=True))
+            loader.start()
+            ran_or_waits(other, other_name, loader)
+            go.set()
+            assert claimer.result() == 3
+            with pytest.raises(SpecError, match="already sent"):
+                loader.result()
+    finally:
+        other.close()
+        worker.close()
+    with store.begin() as conn:
+        payload = conn.execute(sa.select(requests.c.payload).where(requests.c.custom_id == "T1001")).scalar_one()
+    assert "entirely new" not in json.dumps(payload)  # nothing changed: the load was refused whole
