@@ -51,3 +51,25 @@ def test_a_changed_request_claimed_during_the_load_is_refused_not_counted_requeu
     with store.begin() as conn:
         payload = conn.execute(sa.select(requests.c.payload).where(requests.c.custom_id == "T1001")).scalar_one()
     assert "entirely new" not in json.dumps(payload)  # nothing changed: the load was refused whole
+
+
+def test_the_same_new_job_loaded_from_two_terminals_at_once_is_stored_once(store, clock, tmp_path):
+    """`lowtide run spec` twice at once, before the job exists: the second load waits for the
+    first and adds nothing (it crashed with a unique violation on jobs.name on PostgreSQL)."""
+    source = write_csv(tmp_path / "t.csv", ticket_rows(4))
+    other, other_name = second_store(store)
+    try:
+        with held_before_commit(store) as (entered, go):
+            first = Background(lambda: load_job(store, make_spec(source), clock))
+            first.start()
+            assert entered.wait(60), "the first load never reached its commit"
+            second = Background(lambda: load_job(other, make_spec(source), clock))
+            second.start()
+            ran_or_waits(other, other_name, second)
+            go.set()
+            assert (first.result().created, first.result().new) == (True, 4)
+            assert (second.result().created, second.result().new) == (False, 0)
+    finally:
+        other.close()
+    with store.begin() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(requests)).scalar_one() == 4
