@@ -1,6 +1,7 @@
-"""`--requeue-changed` against a worker claiming the same requests at the same moment, on two
-real connections: a changed request a worker took meanwhile is never reported re-queued while
-it runs with what was stored (docs/jobs.md "Changing a job")."""
+"""Loads racing other writers, on two real connections: `--requeue-changed` against a worker
+claiming the same requests (a changed request a worker took meanwhile is never reported
+re-queued while it runs with what was stored; docs/jobs.md "Changing a job"), and the same new
+job loaded from two terminals at once."""
 
 from __future__ import annotations
 
