@@ -9,7 +9,9 @@ A changed request is kept as it was unless asked; asked, it is re-rendered and q
 
 - pending: its payload is replaced;
 - in a batch planned but not sent: the batch is taken apart first (nothing was sent);
-- in a batch or call already sent: refused; that batch's answer is for the old payload;
+- in a batch or call already sent: refused; that batch's answer is for the old payload. The
+  states are read again with the rows locked (PostgreSQL) just before: a worker claiming one
+  meanwhile is seen, not raced;
 - failed or cancelled: queued again with a fresh attempt budget;
 - succeeded: its answer is kept in `request_versions`, and the request starts again as a
   new version (`store.transitions.start_new_version`).
@@ -17,7 +19,7 @@ A changed request is kept as it was unless asked; asked, it is re-rendered and q
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from sqlalchemy import Connection, bindparam, case, select, update
 
@@ -103,6 +105,7 @@ def note_changed(changes: Changes, stored: dict[str, Stored], items: list[dict],
 def requeue(conn: Connection, job_id: int, pairs: list[tuple[Stored, dict]], now: float, where: str) -> int:
     """Re-render and queue again every changed request (see the module doc); refuses, and
     changes nothing, if one of them is in a batch or call already sent."""
+    pairs = _locked(conn, pairs)
     sent = [item for s, item in pairs if s.state == RequestState.DISPATCHED and s.dispatch_state in SENT]
     if sent:
         raise SpecError(
@@ -137,6 +140,28 @@ def requeue(conn: Connection, job_id: int, pairs: list[tuple[Stored, dict]], now
             ids = [row["_id"] for row in rows]
             move_requests(conn, RequestState.PENDING, among(conn, r.id, ids), only=[RequestState(state)], values=fresh)
     return len(pairs)
+
+
+def _locked(conn: Connection, pairs: list[tuple[Stored, dict]]) -> list[tuple[Stored, dict]]:
+    """The pairs with their requests' states read again, their rows locked until the load
+    commits. On PostgreSQL a worker may have claimed one since it was read (a claim skips
+    locked rows, so none can after this); it would run with the stored payload while the
+    load counted it re-queued. The dispatches are read by a statement of their own: one
+    that waited for a row sees the claim's dispatch only from a fresh snapshot."""
+    r = requests.c
+    ids = [s.id for s, _ in pairs]
+    stmt = select(r.id, r.state, r.dispatch_id).where(among(conn, r.id, ids))
+    if conn.dialect.name == "postgresql":
+        stmt = stmt.with_for_update()
+    current = {rid: (state, did) for rid, state, did in conn.execute(stmt)}
+    dids = sorted({did for _, did in current.values() if did is not None})
+    d = dispatches.c
+    dstates = dict(conn.execute(select(d.id, d.state).where(among(conn, d.id, dids))).all()) if dids else {}
+    fresh = []
+    for s, item in pairs:
+        state, did = current[s.id]
+        fresh.append((replace(s, state=state, dispatch_id=did, dispatch_state=dstates.get(did)), item))
+    return fresh
 
 
 def _unplan(conn: Connection, dispatch_id: int, now: float, where: str) -> None:

@@ -31,6 +31,11 @@ def m001_initial(conn: Connection) -> None:
 
 def apply_migrations(conn: Connection) -> list[str]:
     """Apply what is missing, in order; return the names applied now."""
+    if conn.dialect.name == "postgresql":
+        # Processes opening one schema at once (workers started together on a new database)
+        # take turns: the next sees the tables the first made instead of failing to make them
+        # again. Held until this transaction ends; SQLite's BEGIN IMMEDIATE already does this.
+        conn.execute(text("SELECT pg_advisory_xact_lock(hashtext('lowtide migrations ' || current_schema()))"))
     schema.metadata.create_all(conn, tables=[schema.meta, schema.migrations])
     done = set(conn.scalars(select(schema.migrations.c.name)))
     known = {name for name, _ in MIGRATIONS}

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy import Connection, Row, and_, case, func, insert, or_, select, update
+from sqlalchemy.dialects import postgresql, sqlite
 
 from lowtide.core.errors import JobNotFoundError
 from lowtide.core.states import JobState
@@ -35,12 +36,18 @@ def save_job(conn: Connection, name: str, spec_json: str, route: str, now: float
             update(jobs).where(jobs.c.id == existing).values(spec=spec_json, route=route, updated_at=now)
         )
         return existing, False
-    result = conn.execute(
-        insert(jobs).values(
-            name=name, spec=spec_json, route=route, state=JobState.ACTIVE.value, created_at=now, updated_at=now
-        )
-    )
-    return result.inserted_primary_key[0], True
+    # ON CONFLICT: the same new job loaded twice at once (two `lowtide run`s) on PostgreSQL,
+    # where this one waits for the other's insert and then finds its job rather than failing.
+    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
+    job_id = conn.execute(
+        dialect.insert(jobs)
+        .values(name=name, spec=spec_json, route=route, state=JobState.ACTIVE.value, created_at=now, updated_at=now)
+        .on_conflict_do_nothing(index_elements=["name"])
+        .returning(jobs.c.id)
+    ).scalar()
+    if job_id is not None:
+        return job_id, True
+    return save_job(conn, name, spec_json, route, now)
 
 
 def request_counts(conn: Connection, job_id: int) -> dict[str, int]:

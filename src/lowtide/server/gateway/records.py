@@ -219,6 +219,18 @@ def due_deliveries(conn: Connection, now: float, limit: int) -> list[Row]:
     )
 
 
+def claim_delivery(conn: Connection, gid: str, seen_due: float, until: float) -> bool:
+    """Take a due delivery for one attempt: its due time moves to `until`, if it still is the
+    one read (`seen_due`). Another gateway on the store, or a later pass, finds it not due
+    while the attempt runs; one that died mid-attempt leaves it due again at `until`."""
+    stmt = (
+        update(gateway_requests)
+        .where(G.id == gid, G.delivery == V.PENDING.value, G.next_delivery_at == seen_due)
+        .values(next_delivery_at=until)
+    )
+    return conn.execute(stmt).rowcount == 1
+
+
 def next_delivery_time(conn: Connection) -> float | None:
     return conn.execute(
         select(func.min(G.next_delivery_at)).where(

@@ -47,6 +47,8 @@ from lowtide.store.db import Store
 
 log = logging.getLogger("lowtide.gateway")
 
+CLAIM_SLACK = 60.0  # seconds beyond the attempts' timeouts (the callback URL's DNS check, a slow commit)
+
 
 def sign(secret: bytes, timestamp: str, body: bytes) -> str:
     return "sha256=" + hmac.new(secret, timestamp.encode("ascii") + b"." + body, hashlib.sha256).hexdigest()
@@ -96,8 +98,17 @@ class Deliverer:
         """Attempt every delivery that is due; returns how many were attempted."""
         if self.secret is None:
             return 0
+        now = self.clock.now()
+        limit = self.hooks.concurrency * 4
+        # Claimed before any POST, so two gateways on one store (a rolling restart) never send
+        # the same attempt; the claim outlasts the pass: every attempt waits for the gate at
+        # most limit / concurrency timeouts.
+        until = now + (limit / self.hooks.concurrency + 1) * self.hooks.timeout + CLAIM_SLACK
         with self.store.begin() as conn:
-            due = records.due_deliveries(conn, self.clock.now(), self.hooks.concurrency * 4)
+            due = [
+                row for row in records.due_deliveries(conn, now, limit)
+                if records.claim_delivery(conn, row.id, row.next_delivery_at, until)
+            ]  # fmt: skip
         if not due:
             return 0
         if self._client is None:
@@ -108,8 +119,13 @@ class Deliverer:
         gate = asyncio.Semaphore(self.hooks.concurrency)
 
         async def one(row: Row) -> None:
-            async with gate:
-                await self.deliver(row)
+            try:
+                async with gate:
+                    await self.deliver(row)
+            except asyncio.CancelledError:  # a gateway stopping: what it did not finish is due again at once
+                with self.store.begin() as conn:
+                    records.claim_delivery(conn, row.id, until, row.next_delivery_at)
+                raise
 
         await asyncio.gather(*(one(r) for r in due))
         return len(due)

@@ -1,0 +1,76 @@
+"""Loads racing other writers, on two real connections: `--requeue-changed` against a worker
+claiming the same requests (a changed request a worker took meanwhile is never reported
+re-queued while it runs with what was stored; docs/jobs.md "Changing a job"), and the same new
+job loaded from two terminals at once."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import sqlalchemy as sa
+
+from lowtide.core.errors import SpecError
+from lowtide.core.states import DispatchState
+from lowtide.engine.dispatch import claim_due, new_dispatch
+from lowtide.engine.loader import load_job
+from lowtide.store.schema import jobs, requests
+from tests.conftest import make_spec, ticket_rows, write_csv
+from tests.engine.concurrency import Background, held_before_commit, ran_or_waits, second_store
+
+
+def test_a_changed_request_claimed_during_the_load_is_refused_not_counted_requeued(store, clock, tmp_path):
+    rows = ticket_rows(3)
+    source = write_csv(tmp_path / "t.csv", rows)
+    load_job(store, make_spec(source), clock)
+    rows[1]["body"] = "an entirely new text"
+    write_csv(source, rows)
+    worker, _ = second_store(store)
+    other, other_name = second_store(store)  # opened first: on SQLite, opening waits for the store
+    try:
+        with held_before_commit(worker) as (entered, go):
+
+            def claim() -> int:  # what a tick's execute step does on a direct route
+                with worker.begin() as conn:
+                    job_id = conn.execute(sa.select(jobs.c.id)).scalar_one()
+                    dispatch = new_dispatch(conn, job_id, "echo", "direct", DispatchState.RUNNING, clock.now())
+                    return claim_due(conn, dispatch, job_id, clock.now(), 10, "echo")
+
+            claimer = Background(claim)
+            claimer.start()
+            assert entered.wait(60), "the claim never reached its commit"
+            loader = Background(lambda: load_job(other, make_spec(source), clock, requeue_changed=True))
+            loader.start()
+            ran_or_waits(other, other_name, loader)
+            go.set()
+            assert claimer.result() == 3
+            with pytest.raises(SpecError, match="already sent"):
+                loader.result()
+    finally:
+        other.close()
+        worker.close()
+    with store.begin() as conn:
+        payload = conn.execute(sa.select(requests.c.payload).where(requests.c.custom_id == "T1001")).scalar_one()
+    assert "entirely new" not in json.dumps(payload)  # nothing changed: the load was refused whole
+
+
+def test_the_same_new_job_loaded_from_two_terminals_at_once_is_stored_once(store, clock, tmp_path):
+    """`lowtide run spec` twice at once, before the job exists: the second load waits for the
+    first and adds nothing (it crashed with a unique violation on jobs.name on PostgreSQL)."""
+    source = write_csv(tmp_path / "t.csv", ticket_rows(4))
+    other, other_name = second_store(store)
+    try:
+        with held_before_commit(store) as (entered, go):
+            first = Background(lambda: load_job(store, make_spec(source), clock))
+            first.start()
+            assert entered.wait(60), "the first load never reached its commit"
+            second = Background(lambda: load_job(other, make_spec(source), clock))
+            second.start()
+            ran_or_waits(other, other_name, second)
+            go.set()
+            assert (first.result().created, first.result().new) == (True, 4)
+            assert (second.result().created, second.result().new) == (False, 0)
+    finally:
+        other.close()
+    with store.begin() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(requests)).scalar_one() == 4

@@ -1,0 +1,80 @@
+"""Two gateways on one store for a moment (a rolling restart: the new one is up before the old
+one stops): a webhook being delivered by one is not delivered again by the other."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from lowtide.server.gateway import build_gateway_config
+from lowtide.server.gateway.webhooks import Deliverer
+from lowtide.store.db import Store
+
+from .conftest import SECRET, base_config, running_gateway, serving, wait_until
+
+CHAT = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "call me back"}]}
+
+
+class HoldingReceiver:
+    """Fails the first POST (500), holds the second until `release`, answers others at once."""
+
+    def __init__(self) -> None:
+        self.deliveries: list[str] = []
+        self.release = threading.Event()
+
+    def app(self) -> FastAPI:
+        app = FastAPI()
+
+        @app.post("/hook")
+        async def hook(request: Request) -> Any:
+            await request.body()
+            self.deliveries.append(request.headers["x-lowtide-attempt"])
+            if len(self.deliveries) == 1:
+                return JSONResponse({"error": "try later"}, status_code=500)
+            if len(self.deliveries) == 2:
+                await asyncio.to_thread(self.release.wait, 30)
+            return {"ok": True}
+
+        return app
+
+
+def test_a_delivery_in_flight_on_one_gateway_is_not_sent_again_by_another(tmp_path, upstream, clock):
+    rec = HoldingReceiver()
+    with serving(rec.app()) as hook_url:
+        config = base_config(tmp_path, upstream, webhooks={"backoff": 10, "max_backoff": 10})
+        with running_gateway(tmp_path, config, clock=clock) as g, g.client() as c:
+            r = c.post("/v1/chat/completions", json=CHAT, headers={"X-Lowtide-Defer": "1h", "X-Lowtide-Callback": f"{hook_url}/hook"})
+            gid = r.json()["id"]
+            wait_until(lambda: g.status(gid).json()["delivery"]["attempts"] == 1, what="the first (failed) attempt recorded")
+        clock.advance(60)  # the retry is due; two gateways' deliverers now find it
+        cfg = build_gateway_config(config)
+        old, new = Store(str(tmp_path / "lowtide.db")), Store(str(tmp_path / "lowtide.db"))
+
+        async def both() -> int:
+            a, b = Deliverer(old, cfg, clock, SECRET.encode()), Deliverer(new, cfg, clock, SECRET.encode())
+            try:
+                first = asyncio.create_task(a.run_due())
+                for _ in range(2000):  # until the old gateway's POST is at the receiver, held
+                    if len(rec.deliveries) == 2 or first.done():
+                        break
+                    await asyncio.sleep(0.01)
+                assert len(rec.deliveries) == 2, "the old gateway's retry never reached the receiver"
+                second = await b.run_due()
+                rec.release.set()
+                assert await first == 1
+                return second
+            finally:
+                rec.release.set()
+                await a.aclose()
+                await b.aclose()
+
+        try:
+            assert asyncio.run(both()) == 0
+        finally:
+            old.close()
+            new.close()
+    assert rec.deliveries == ["1", "2"]  # the retry went out once
