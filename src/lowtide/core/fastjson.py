@@ -61,3 +61,13 @@ def loads(text: str | bytes) -> Any:
     except RecursionError:  # the standard library recurses per level; orjson stops at 1,024
         doc = text if isinstance(text, str) else text.decode("utf-8", "replace")
         raise NestedTooDeep("nested more than 1,000 levels deep", doc, 0) from None
+
+
+def is_utf8(text: str) -> bool:
+    """Whether `text` can be written as UTF-8: not when it holds a lone surrogate (JSON's
+    "\\ud800" reads as one), which no store or file can keep."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from lowtide.core.errors import InputError, SpecError
+from lowtide.core.fastjson import is_utf8
 
 M = TypeVar("M", bound=BaseModel)
 Lines = dict[tuple[str, ...], int]
@@ -92,7 +93,7 @@ def _expanded(node: yaml.Node | None, sizes: dict[int, int]) -> int:
 def _surrogate(value: Any, path: tuple[str, ...] = ()) -> tuple[str, ...] | None:
     """The key path of the first text holding a lone surrogate (YAML reads "\\ud800" as one)."""
     if isinstance(value, str):
-        return None if value.isascii() or _is_utf8(value) else path
+        return None if value.isascii() or is_utf8(value) else path
     if isinstance(value, dict):
         for key, item in value.items():
             found = _surrogate(key, (*path, str(key))) or _surrogate(item, (*path, str(key)))
@@ -103,14 +104,6 @@ def _surrogate(value: Any, path: tuple[str, ...] = ()) -> tuple[str, ...] | None
             if (found := _surrogate(item, (*path, str(i)))) is not None:
                 return found
     return None
-
-
-def _is_utf8(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def key_lines(node: yaml.Node | None, prefix: tuple[str, ...] = ()) -> Lines:

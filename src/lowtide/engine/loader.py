@@ -36,6 +36,7 @@ from lowtide.core.endpoints import (
     conversation_key,
 )
 from lowtide.core.errors import RouteError, SourceError, SpecError, UnknownRouteError
+from lowtide.core.fastjson import is_utf8
 from lowtide.core.ids import custom_id_for, key_of
 from lowtide.core.params import cast, check_row
 from lowtide.core.sources import Source, SourceRow
@@ -133,7 +134,7 @@ class RowRenderer:
         if key is None or (key := str(key).strip()) == "":
             what = "is empty" if self.id_column in values else "is missing"
             return f'{self.where(row)}: id column "{self.id_column}" {what}; every row needs a unique id (source.id_column)'
-        if not key.isascii() and not _is_utf8(key):
+        if not key.isascii() and not is_utf8(key):
             return f'{self.where(row)}: id {key!r} in column "{self.id_column}" is not valid Unicode (a lone surrogate); fix the id in the source'
         if self.optional:  # a row (JSONL) may leave an optional column out altogether
             values = {**self.optional, **values}
@@ -173,7 +174,7 @@ class RowRenderer:
             payload = self.prefix + _dumps(body[self.conversation]) + "}}"
         else:
             payload = _dumps({"endpoint": self.endpoint} | ({"lowtide": self.own} if self.own else {}) | {"body": body})
-        if not payload.isascii() and not _is_utf8(payload):  # a JSON "\ud800" in a cell: no store can keep it
+        if not payload.isascii() and not is_utf8(payload):  # a JSON "\ud800" in a cell: no store can keep it
             return self.surrogate(values, row)
         return {
             "custom_id": custom_id_for(key_of(key), self.variant), "source_key": key, "source_row": row.number,
@@ -182,7 +183,7 @@ class RowRenderer:
 
     def surrogate(self, values: dict, row: SourceRow) -> str:
         """The problem with a row whose request holds a lone surrogate, naming its column."""
-        columns = [k for k in self.used if not _is_utf8(v if (v := values.get(k)).__class__ is str else _dumps(v))]
+        columns = [k for k in self.used if not is_utf8(v if (v := values.get(k)).__class__ is str else _dumps(v))]
         where = f'column "{columns[0]}"' if columns else "a value"
         return f"{self.where(row)}: {where} holds a lone surrogate (an unpaired \\ud800-\\udfff escape), which is not valid Unicode; fix the cell in the source"
 
@@ -305,14 +306,6 @@ def _canonical(value) -> bytes:
         return orjson.dumps(value, default=str)
     except TypeError:  # an integer beyond 64 bits, a lone surrogate
         return json.dumps(value, ensure_ascii=False, default=str).encode("utf-8", "surrogatepass")
-
-
-def _is_utf8(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def check_job(spec: JobSpec, where: str = "job spec") -> tuple[MessageTemplate, Source]:
@@ -521,7 +514,7 @@ def _duplicates(source: Source, id_column: str, ids: _IdWatch, variant: str | No
             key = row.values.get(id_column)
             if key is None or not (key := str(key).strip()):
                 continue
-            cid = custom_id_for(key_of(key), variant) if key.isascii() or _is_utf8(key) else None
+            cid = custom_id_for(key_of(key), variant) if key.isascii() or is_utf8(key) else None
             if cid is not None and hash(cid) in ids.repeated:
                 groups.setdefault(cid, []).append(row.number)
     return [
