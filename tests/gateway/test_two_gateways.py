@@ -4,6 +4,7 @@ one stops): a webhook being delivered by one is not delivered again by the other
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from typing import Any
 
@@ -78,3 +79,41 @@ def test_a_delivery_in_flight_on_one_gateway_is_not_sent_again_by_another(tmp_pa
             old.close()
             new.close()
     assert rec.deliveries == ["1", "2"]  # the retry went out once
+
+
+def test_a_gateway_stopping_mid_delivery_hands_it_back_at_once(tmp_path, upstream, clock):
+    rec = HoldingReceiver()
+    with serving(rec.app()) as hook_url:
+        config = base_config(tmp_path, upstream, webhooks={"backoff": 10, "max_backoff": 10})
+        with running_gateway(tmp_path, config, clock=clock) as g, g.client() as c:
+            r = c.post("/v1/chat/completions", json=CHAT, headers={"X-Lowtide-Defer": "1h", "X-Lowtide-Callback": f"{hook_url}/hook"})
+            gid = r.json()["id"]
+            wait_until(lambda: g.status(gid).json()["delivery"]["attempts"] == 1, what="the first (failed) attempt recorded")
+        clock.advance(60)
+        cfg = build_gateway_config(config)
+        old, new = Store(str(tmp_path / "lowtide.db")), Store(str(tmp_path / "lowtide.db"))
+
+        async def stop_then_take_over() -> int:
+            a, b = Deliverer(old, cfg, clock, SECRET.encode()), Deliverer(new, cfg, clock, SECRET.encode())
+            try:
+                first = asyncio.create_task(a.run_due())
+                for _ in range(2000):  # until the old gateway's POST is at the receiver, held
+                    if len(rec.deliveries) == 2 or first.done():
+                        break
+                    await asyncio.sleep(0.01)
+                assert len(rec.deliveries) == 2, "the old gateway's retry never reached the receiver"
+                first.cancel()  # the old gateway stops with its POST unanswered
+                with contextlib.suppress(asyncio.CancelledError):
+                    await first
+                return await b.run_due()  # same clock: due again now, not after the claim runs out
+            finally:
+                rec.release.set()
+                await a.aclose()
+                await b.aclose()
+
+        try:
+            assert asyncio.run(stop_then_take_over()) == 1
+        finally:
+            old.close()
+            new.close()
+    assert rec.deliveries == ["1", "2", "2"]  # the unanswered attempt is sent again by the new one
