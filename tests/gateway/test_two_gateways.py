@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -43,7 +44,10 @@ class HoldingReceiver:
         return app
 
 
-def test_a_delivery_in_flight_on_one_gateway_is_not_sent_again_by_another(tmp_path, upstream, clock):
+def two_gateways(tmp_path, upstream, clock, then: Callable[[asyncio.Task, Deliverer, threading.Event], Awaitable[int]]) -> tuple[int, list[str]]:
+    """A deferred call whose first webhook attempt failed; its retry is due and the old
+    gateway's POST of it is held at the receiver. `then(old's pass, new, release)` runs at that moment;
+    returns what it returned and the attempts the receiver saw."""
     rec = HoldingReceiver()
     with serving(rec.app()) as hook_url:
         config = base_config(tmp_path, upstream, webhooks={"backoff": 10, "max_backoff": 10})
@@ -55,7 +59,7 @@ def test_a_delivery_in_flight_on_one_gateway_is_not_sent_again_by_another(tmp_pa
         cfg = build_gateway_config(config)
         old, new = Store(str(tmp_path / "lowtide.db")), Store(str(tmp_path / "lowtide.db"))
 
-        async def both() -> int:
+        async def run() -> int:
             a, b = Deliverer(old, cfg, clock, SECRET.encode()), Deliverer(new, cfg, clock, SECRET.encode())
             try:
                 first = asyncio.create_task(a.run_due())
@@ -64,56 +68,39 @@ def test_a_delivery_in_flight_on_one_gateway_is_not_sent_again_by_another(tmp_pa
                         break
                     await asyncio.sleep(0.01)
                 assert len(rec.deliveries) == 2, "the old gateway's retry never reached the receiver"
-                second = await b.run_due()
-                rec.release.set()
-                assert await first == 1
-                return second
+                return await then(first, b, rec.release)
             finally:
                 rec.release.set()
                 await a.aclose()
                 await b.aclose()
 
         try:
-            assert asyncio.run(both()) == 0
+            result = asyncio.run(run())
         finally:
             old.close()
             new.close()
-    assert rec.deliveries == ["1", "2"]  # the retry went out once
+    return result, rec.deliveries
+
+
+def test_a_delivery_in_flight_on_one_gateway_is_not_sent_again_by_another(tmp_path, upstream, clock):
+    async def second_pass(first: asyncio.Task, new: Deliverer, release: threading.Event) -> int:
+        attempted = await new.run_due()
+        release.set()
+        assert await first == 1
+        return attempted
+
+    attempted, deliveries = two_gateways(tmp_path, upstream, clock, second_pass)
+    assert attempted == 0
+    assert deliveries == ["1", "2"]  # the retry went out once
 
 
 def test_a_gateway_stopping_mid_delivery_hands_it_back_at_once(tmp_path, upstream, clock):
-    rec = HoldingReceiver()
-    with serving(rec.app()) as hook_url:
-        config = base_config(tmp_path, upstream, webhooks={"backoff": 10, "max_backoff": 10})
-        with running_gateway(tmp_path, config, clock=clock) as g, g.client() as c:
-            r = c.post("/v1/chat/completions", json=CHAT, headers={"X-Lowtide-Defer": "1h", "X-Lowtide-Callback": f"{hook_url}/hook"})
-            gid = r.json()["id"]
-            wait_until(lambda: g.status(gid).json()["delivery"]["attempts"] == 1, what="the first (failed) attempt recorded")
-        clock.advance(60)
-        cfg = build_gateway_config(config)
-        old, new = Store(str(tmp_path / "lowtide.db")), Store(str(tmp_path / "lowtide.db"))
+    async def stop_then_take_over(first: asyncio.Task, new: Deliverer, release: threading.Event) -> int:
+        first.cancel()  # the old gateway stops with its POST unanswered
+        with contextlib.suppress(asyncio.CancelledError):
+            await first
+        return await new.run_due()  # same clock: due again now, not after the claim runs out
 
-        async def stop_then_take_over() -> int:
-            a, b = Deliverer(old, cfg, clock, SECRET.encode()), Deliverer(new, cfg, clock, SECRET.encode())
-            try:
-                first = asyncio.create_task(a.run_due())
-                for _ in range(2000):  # until the old gateway's POST is at the receiver, held
-                    if len(rec.deliveries) == 2 or first.done():
-                        break
-                    await asyncio.sleep(0.01)
-                assert len(rec.deliveries) == 2, "the old gateway's retry never reached the receiver"
-                first.cancel()  # the old gateway stops with its POST unanswered
-                with contextlib.suppress(asyncio.CancelledError):
-                    await first
-                return await b.run_due()  # same clock: due again now, not after the claim runs out
-            finally:
-                rec.release.set()
-                await a.aclose()
-                await b.aclose()
-
-        try:
-            assert asyncio.run(stop_then_take_over()) == 1
-        finally:
-            old.close()
-            new.close()
-    assert rec.deliveries == ["1", "2", "2"]  # the unanswered attempt is sent again by the new one
+    attempted, deliveries = two_gateways(tmp_path, upstream, clock, stop_then_take_over)
+    assert attempted == 1
+    assert deliveries == ["1", "2", "2"]  # the unanswered attempt is sent again by the new one
