@@ -74,3 +74,27 @@ def test_the_same_new_job_loaded_from_two_terminals_at_once_is_stored_once(store
         other.close()
     with store.begin() as conn:
         assert conn.execute(sa.select(sa.func.count()).select_from(requests)).scalar_one() == 4
+
+
+def test_a_new_job_loaded_at_once_with_another_spec_is_refused_not_written_over(store, clock, tmp_path):
+    """The second load found no job, so its spec was never compared with the first's: it is
+    refused, and the first load's spec is the one stored."""
+    source = write_csv(tmp_path / "t.csv", ticket_rows(4))
+    other, other_name = second_store(store)
+    try:
+        with held_before_commit(store) as (entered, go):
+            first = Background(lambda: load_job(store, make_spec(source), clock))
+            first.start()
+            assert entered.wait(60), "the first load never reached its commit"
+            second = Background(lambda: load_job(other, make_spec(source, model="another-model"), clock))
+            second.start()
+            ran_or_waits(other, other_name, second)
+            go.set()
+            assert first.result().new == 4
+            # SQLite runs the loads one after the other (the second sees the job); PostgreSQL at once
+            with pytest.raises(SpecError, match="created by another load at the same moment|was stored with model test-model"):
+                second.result()
+    finally:
+        other.close()
+    with store.begin() as conn:
+        assert '"model":"test-model"' in conn.execute(sa.select(jobs.c.spec)).scalar_one()

@@ -7,7 +7,7 @@ from typing import Any
 from sqlalchemy import Connection, Row, and_, case, func, insert, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
-from lowtide.core.errors import JobNotFoundError
+from lowtide.core.errors import JobNotFoundError, SpecError
 from lowtide.core.states import JobState
 from lowtide.store.schema import dispatches, events, jobs, requests
 
@@ -47,7 +47,12 @@ def save_job(conn: Connection, name: str, spec_json: str, route: str, now: float
     ).scalar()
     if job_id is not None:
         return job_id, True
-    return save_job(conn, name, spec_json, route, now)
+    # The other load's job: the same spec is this load's too; another one was never checked
+    # against it (the caller found no job), so it is refused rather than written over it.
+    existing, stored = conn.execute(select(jobs.c.id, jobs.c.spec).where(jobs.c.name == name)).one()
+    if stored != spec_json:
+        raise SpecError(f'job "{name}" was created by another load at the same moment, with another spec; run again to compare the two')
+    return existing, False
 
 
 def request_counts(conn: Connection, job_id: int) -> dict[str, int]:
