@@ -54,24 +54,33 @@ def test_a_changed_request_claimed_during_the_load_is_refused_not_counted_requeu
     assert "entirely new" not in json.dumps(payload)  # nothing changed: the load was refused whole
 
 
+def two_loads_at_once(store, clock, first_spec, second_spec) -> tuple[Background, Background]:
+    """Two loads of a new job, the second started (on its own connection) while the first
+    is held before its commit; both are finished when this returns."""
+    other, other_name = second_store(store)
+    try:
+        with held_before_commit(store) as (entered, go):
+            first = Background(lambda: load_job(store, first_spec, clock))
+            first.start()
+            assert entered.wait(60), "the first load never reached its commit"
+            second = Background(lambda: load_job(other, second_spec, clock))
+            second.start()
+            ran_or_waits(other, other_name, second)
+            go.set()
+            first.join(60)
+            second.join(60)
+    finally:
+        other.close()
+    return first, second
+
+
 def test_the_same_new_job_loaded_from_two_terminals_at_once_is_stored_once(store, clock, tmp_path):
     """`lowtide run spec` twice at once, before the job exists: the second load waits for the
     first and adds nothing (it crashed with a unique violation on jobs.name on PostgreSQL)."""
     source = write_csv(tmp_path / "t.csv", ticket_rows(4))
-    other, other_name = second_store(store)
-    try:
-        with held_before_commit(store) as (entered, go):
-            first = Background(lambda: load_job(store, make_spec(source), clock))
-            first.start()
-            assert entered.wait(60), "the first load never reached its commit"
-            second = Background(lambda: load_job(other, make_spec(source), clock))
-            second.start()
-            ran_or_waits(other, other_name, second)
-            go.set()
-            assert (first.result().created, first.result().new) == (True, 4)
-            assert (second.result().created, second.result().new) == (False, 0)
-    finally:
-        other.close()
+    first, second = two_loads_at_once(store, clock, make_spec(source), make_spec(source))
+    assert (first.result().created, first.result().new) == (True, 4)
+    assert (second.result().created, second.result().new) == (False, 0)
     with store.begin() as conn:
         assert conn.execute(sa.select(sa.func.count()).select_from(requests)).scalar_one() == 4
 
@@ -80,21 +89,10 @@ def test_a_new_job_loaded_at_once_with_another_spec_is_refused_not_written_over(
     """The second load found no job, so its spec was never compared with the first's: it is
     refused, and the first load's spec is the one stored."""
     source = write_csv(tmp_path / "t.csv", ticket_rows(4))
-    other, other_name = second_store(store)
-    try:
-        with held_before_commit(store) as (entered, go):
-            first = Background(lambda: load_job(store, make_spec(source), clock))
-            first.start()
-            assert entered.wait(60), "the first load never reached its commit"
-            second = Background(lambda: load_job(other, make_spec(source, model="another-model"), clock))
-            second.start()
-            ran_or_waits(other, other_name, second)
-            go.set()
-            assert first.result().new == 4
-            # SQLite runs the loads one after the other (the second sees the job); PostgreSQL at once
-            with pytest.raises(SpecError, match="created by another load at the same moment|was stored with model test-model"):
-                second.result()
-    finally:
-        other.close()
+    first, second = two_loads_at_once(store, clock, make_spec(source), make_spec(source, model="another-model"))
+    assert first.result().new == 4
+    # SQLite runs the loads one after the other (the second sees the job); PostgreSQL at once
+    with pytest.raises(SpecError, match="created by another load at the same moment|was stored with model test-model"):
+        second.result()
     with store.begin() as conn:
         assert '"model":"test-model"' in conn.execute(sa.select(jobs.c.spec)).scalar_one()
