@@ -210,3 +210,10 @@ def m017_plain_answers(conn: Connection) -> None:
     """Requests keep a plain answer's finish_reason beside its response (schema.py), so an
     export of plain answers reads no response. Older rows stay NULL and are read as before."""
     add_columns(conn, schema.requests, ["plain_answer"])
+
+
+@migration
+def m018_dispatch_lost_since(conn: Connection) -> None:
+    """Dispatches keep when the provider first said it does not know their batch: a batch
+    lost at the provider is given up after a grace instead of being polled for ever."""
+    add_columns(conn, schema.dispatches, ["lost_since"])

@@ -181,6 +181,10 @@ dispatches = Table(
     # The service tier a direct dispatch asked for (route_options.service_tier, e.g. flex);
     # NULL: the route's default. Turnarounds are kept per tier: flex is slower than real time.
     Column("tier", String(32)),
+    # When the provider first answered that it does not know this submitted batch (404 on a
+    # poll); cleared by the next poll it answers. Past a grace the batch is given up as lost
+    # (engine/fate.py): polled for ever it would hold its requests for ever.
+    Column("lost_since", Float),
     Index("ix_dispatches_job_state", "job_id", "state"),
     # A route's recent turnarounds (engine/turnaround.py, each tick of a `route: auto` chain):
     # the newest ended dispatches of one route, model, kind and tier, without reading the
