@@ -5,9 +5,7 @@ Every path in a spec file is relative to the spec file's folder.
 
 from __future__ import annotations
 
-import json
 import re
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -400,71 +398,6 @@ class JobSpec(_Strict):
         return [str(e) for e in enum] if enum else None
 
 
-# Keys whose change alters what a stored request is or where it is sent (docs/jobs.md
-# "Changing a job's spec"): refused unless `--requeue-changed`. Anything else (budget,
-# deadline, retry, output, chunk size, tags, the source's path, transport options such as
-# base_url or concurrency) is applied to the stored job as it is.
-RENDERING_KEYS = ("model", "endpoint", "params", "param_columns", "template", "choices", "response_schema", "source.id_column",
-                  "truncate")
-SENDING_KEYS = ("route", "fallback", "fallback.route", "fallback.model", "auto.chain")
-# Route options that change what is sent or how it is billed, not only how it travels.
-PAYLOAD_OPTIONS = ("service_tier", "cache_prefix")
-
-
-@dataclass(slots=True)
-class SpecChanges:
-    """What differs between a job's stored spec and a new one, as "key: old → new" lines."""
-
-    rendering: list[str] = field(default_factory=list)  # changes every request's payload
-    sending: list[str] = field(default_factory=list)  # changes the route or lane requests go to
-    applied: list[str] = field(default_factory=list)  # changes no request
-
-    @property
-    def altering(self) -> list[str]:
-        return self.rendering + self.sending
-
-
-def spec_changes(old: JobSpec, new: JobSpec) -> SpecChanges:
-    changes = SpecChanges()
-    before, after = _flat(old), _flat(new)
-    for key in sorted(before.keys() | after.keys()):
-        a, b = before.get(key), after.get(key)
-        if a == b:
-            continue
-        line = f"{key} {_show(a)} → {_show(b)}"
-        if any(key == k or key.startswith(k + ".") for k in RENDERING_KEYS):
-            changes.rendering.append(line)
-        elif key in SENDING_KEYS or key.rsplit(".", 1)[-1] in PAYLOAD_OPTIONS:
-            changes.sending.append(line)
-        else:
-            changes.applied.append(line)
-    return changes
-
-
-def _flat(spec: JobSpec) -> dict[str, Any]:
-    """The spec as dotted keys: a section's keys apart, route options one by one."""
-    out: dict[str, Any] = {}
-
-    def walk(prefix: str, value: Any) -> None:
-        if isinstance(value, dict) and prefix != "response_schema":
-            for key, v in value.items():
-                walk(f"{prefix}.{key}" if prefix else key, v)
-        else:
-            out[prefix] = value
-
-    data = spec.model_dump(mode="json")
-    walk("", data)
-    out["fallback"] = "set" if data["fallback"] is not None else None  # added or removed
-    return out
-
-
-def _show(value: Any) -> str:
-    if value is None:
-        return "(none)"
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, sort_keys=True)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
 def load_spec(path: str | Path) -> JobSpec:
     """Read a job spec file; every problem names the file, line and key, and the fix."""
     path = Path(path)
@@ -476,3 +409,7 @@ def load_spec(path: str | Path) -> JobSpec:
 
 def build_spec(data: dict[str, Any], where: str = "job spec", lines: dict | None = None) -> JobSpec:
     return validate(JobSpec, data, where, "job spec", lines)
+
+
+# The change classification lives in its own module; imported here for its older callers.
+from lowtide.core.spec_changes import SpecChanges, spec_changes  # noqa: E402, F401

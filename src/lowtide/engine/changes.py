@@ -164,12 +164,26 @@ def _locked(conn: Connection, pairs: list[tuple[Stored, dict]]) -> list[tuple[St
     return fresh
 
 
+def unplan_batches(conn: Connection, job_id: int, routes: set[str], now: float, where: str) -> int:
+    """Take apart the job's batches planned on `routes`, whose connection the load moves: a
+    worker that read the spec before the load would otherwise send them to the old place
+    after it. Taken here (a compare-and-set, like the worker's), they are planned again,
+    under the new spec, at the next tick; one being sent already makes the load refused."""
+    d = dispatches.c
+    planned = conn.execute(
+        select(d.id).where(d.job_id == job_id, d.kind == "batch", d.route.in_(routes), d.state == DispatchState.PLANNED.value)
+    ).scalars().all()
+    for dispatch_id in planned:
+        _unplan(conn, dispatch_id, now, where)
+    return len(planned)
+
+
 def _unplan(conn: Connection, dispatch_id: int, now: float, where: str) -> None:
-    """A planned batch holding a changed request is taken apart: its requests go back to
-    pending unsent (the claim did not count as an attempt). Another worker that started
-    sending it meanwhile wins, and the load is refused."""
+    """A planned batch is taken apart: its requests go back to pending unsent (the claim did
+    not count as an attempt). Another worker that started sending it meanwhile wins, and the
+    load is refused."""
     if not move_dispatch(conn, dispatch_id, DispatchState.PLANNED, DispatchState.CANCELLED, ended_at=now):
-        raise SpecError(f"{where}: a batch holding changed requests is being sent right now; submit again once it is")
+        raise SpecError(f"{where}: a planned batch of this job is being sent right now; submit again once it is")
     move_requests(
         conn, RequestState.PENDING,
         (requests.c.dispatch_id == dispatch_id) & (requests.c.state == RequestState.DISPATCHED.value),
