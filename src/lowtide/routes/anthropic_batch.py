@@ -1,12 +1,17 @@
 """`anthropic-batch`: Anthropic's Message Batches API (or any server speaking it).
 
 Anthropic keeps no metadata on a batch, so exactly-once submission cannot rely on a key.
-After a crash between "create sent" and "id recorded", `find` lists recent batches and adopts
-the one created within `find_window` seconds (default 600) after its create began (the
+After a crash between "create sent" and "id recorded", `find` lists recent batches and looks
+at those created within `find_window` seconds (default 600) after its create began (the
 engine passes the dispatch's `submit_started_at`, recorded just before the call, not the
-time it was planned) with exactly the dispatch's number of requests; if two batches match it refuses to guess
-(the dispatch stays `submitting` with an error event until a person resolves it), and if
-none match the chunk is submitted again.
+time it was planned) with exactly the dispatch's number of requests. Such a batch may be
+another client's on the same key, and nothing Anthropic shows about a running batch tells
+them apart (no metadata; its requests are readable only once it has ended), so a candidate
+is adopted only once it has ended and its results hold none but the dispatch's custom_ids
+(`sent`). While one still runs, `find` raises: the dispatch waits in `submitting`, and
+nothing that may be another client's is polled, cancelled or ingested. Candidates that each
+hold a request not ours prove the create never arrived (ours would be among them), and the
+chunk is sent again; two that could be ours are refused, not guessed between.
 
 Options: `base_url`, `api_key_env` (default ANTHROPIC_API_KEY), `max_requests`
 (≤ 100,000), `max_bytes` (≤ 256 MB), `poll_interval`, `find_window`, `cache_prefix`
@@ -109,25 +114,59 @@ class AnthropicBatchRoute:
             raise RouteError(message) from None
         return batch.id
 
-    async def find(self, key: str, size: int, not_before: float, known: Collection[str] = ()) -> str | None:
-        found = []
+    async def find(
+        self, key: str, size: int, not_before: float, known: Collection[str] = (), sent: Collection[str] | None = None
+    ) -> str | None:
+        """This dispatch's batch, proven by its results holding only `sent` (the custom_ids its
+        create carried); None only when no batch in the window can be it."""
+        found = [b async for b in self._candidates(size, not_before, known)]
+        running = [b.id for b in found if b.processing_status != "ended"]
+        if sent is None:  # an engine that does not pass `sent`: size and time decide, once they ended
+            ours = [b.id for b in found] if not running else []
+        else:
+            ids = set(sent)
+            ours = [b.id for b in found if b.id not in running and await self._holds_only(b.id, ids)]
+        if len(ours) > 1:
+            raise RouteError(
+                f"{self.name}: {len(ours)} batches ({', '.join(ours)}) match a dispatch of {size} requests "
+                "created in the same window; refusing to guess. Cancel the extra one at the provider, "
+                "then run `lowtide tick` again"
+            )
+        if not ours and running:
+            raise RouteError(
+                f"{self.name}: waiting: batch {', '.join(running)} of {size} requests was created in this dispatch's "
+                "window and may be another client's; Anthropic shows a batch's requests only once it has ended, "
+                "so it is neither adopted nor sent again before then"
+            )
+        return ours[0] if ours else None
+
+    async def _candidates(self, size: int, not_before: float, known: Collection[str]) -> AsyncIterator[Any]:
+        """Batches of `size` requests created in the window, other than those in `known`."""
         async for batch in self.client.messages.batches.list(limit=100):
             created = batch.created_at.timestamp()
             if created < not_before - 60:  # newest first: everything further is older
-                break
+                return
             if batch.id in known:  # another dispatch's batch (chunks of a job often have one size)
                 continue
             counts = batch.request_counts
             total = counts.processing + counts.succeeded + counts.errored + counts.canceled + counts.expired
             if created <= not_before + self.find_window and total == size:
-                found.append(batch.id)
-        if len(found) > 1:
-            raise RouteError(
-                f"{self.name}: {len(found)} batches ({', '.join(found)}) match a dispatch of {size} requests "
-                "created in the same window; refusing to guess. Cancel the extra one at the provider, "
-                "then run `lowtide tick` again"
-            )
-        return found[0] if found else None
+                yield batch
+
+    async def _holds_only(self, batch_id: str, ours: set[str]) -> bool:
+        """Whether an ended batch's results name no custom_id outside `ours` (unreadable lines
+        name none: adopting a batch whose lines are all unreadable applies nothing)."""
+        async with self.client.messages.batches.with_streaming_response.results(batch_id) as response:
+            async for text in response.iter_lines():
+                if not text.strip():
+                    continue
+                try:
+                    custom_id = fastjson.loads(text)["custom_id"]
+                except (json.JSONDecodeError, KeyError, TypeError):
+                    continue
+                if isinstance(custom_id, str) and custom_id not in ours:
+                    return False
+        return True
 
     async def poll(self, batch_id: str) -> BatchStatus:
         batch = await self.client.messages.batches.retrieve(batch_id)
