@@ -8,9 +8,10 @@ import random
 from fractions import Fraction
 
 import pytest
+import yaml
 
 from lowtide.core.errors import SpecError
-from lowtide.core.evals import ScoringSpec, build_eval
+from lowtide.core.evals import ScoringSpec, build_eval, load_eval
 from lowtide.core.ids import CUSTOM_ID_PATTERN, custom_id_for
 from lowtide.core.scoring import check_expected, field_equal, normalise, scorer
 from lowtide.core.stats import accuracy_ci, mcnemar_p, paired_difference_ci
@@ -67,6 +68,27 @@ def test_a_name_that_cannot_be_in_a_custom_id_is_refused(bad):
     data["variants"]["prompts"][0]["name"] = bad
     with pytest.raises(SpecError, match=r"variants.prompts.0.name"):
         build_eval(data, where="ev.yaml")
+
+
+def test_a_model_variant_named_judge_is_refused_at_load_naming_file_line_and_fix(tmp_path):
+    # Its member job would be EVAL.judge, the judge stage's job: both were paid, then the judge failed.
+    data = eval_data(judge={"model": "j", "route": "echo", "user": "{{ output }}"}, scoring={"method": "judge"})
+    data["variants"] = {"models": [{"name": "a", "model": "m1", "route": "echo"}, {"name": "judge", "model": "m2", "route": "echo"}]}
+    data["template"] = {"system": "Sort it.", "user": "{{ body }}"}
+    path = tmp_path / "ev.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    with pytest.raises(SpecError) as err:
+        load_eval(path)
+    text = str(err.value)
+    line = next(i for i, t in enumerate(path.read_text().splitlines(), 1) if "name: judge" in t)
+    assert f"{path} line {line}: variants.models[1].name 'judge' is reserved" in text
+    assert "'ev.judge'" in text and "judge stage" in text and "Rename the model variant" in text
+    # Without a judge section too (one may be added later); a prompt makes another name, which is fine.
+    data.pop("judge"), data.pop("scoring")
+    with pytest.raises(SpecError, match="reserved"):
+        build_eval(data, where="ev.yaml")
+    data["variants"]["prompts"] = [{"name": "p1", "user": "{{ body }}"}]
+    assert [m.spec.name for m in build_eval(data).members] == ["ev.a-p1", "ev.judge-p1"]
 
 
 def test_model_at_the_top_of_an_eval_is_refused_with_the_fix():

@@ -17,7 +17,7 @@ from lowtide.core.errors import SourceError, SpecError
 from lowtide.core.evals import build_eval
 from lowtide.core.stats import mcnemar_p
 from lowtide.engine.compare import compare
-from lowtide.engine.evals import load_eval, run_eval, stored_eval
+from lowtide.engine.evals import drive_jobs, load_eval, run_eval, stored_eval
 from lowtide.engine.tick import Engine
 from lowtide.store.schema import dispatches, events, jobs, requests
 from tests.conftest import ticket_rows, write_csv
@@ -51,17 +51,20 @@ def spec(source, prompts=("right", "wrong"), models=None, **over) -> dict:
     return data | over
 
 
-def run(store, clock, data):
+def run(store, clock, data, requeue_changed=False, members_only=False):
     # The spec "lives" beside its source, so the judge stage's file is written there, not here.
     ev = build_eval(data, where=str(Path(data["source"]["path"]).with_name("ev.yaml")))
-    reports = load_eval(store, ev, clock)
+    reports = load_eval(store, ev, clock, requeue_changed=requeue_changed)
 
     async def idle(_seconds):
         clock.advance(3600)
 
     async def go():
         async with Engine(store, clock, seed=7) as engine:
-            return await run_eval(engine, ev, clock, on_idle=idle)
+            if members_only:  # a worker, or a run stopped before the judge
+                return await drive_jobs(engine, [m.spec.name for m in ev.members], on_idle=idle)
+            again = {"requeue_changed": True} if requeue_changed else {}
+            return await run_eval(engine, ev, clock, on_idle=idle, **again)
 
     return ev, reports, asyncio.run(go())
 
@@ -154,6 +157,39 @@ def test_the_judge_stage_scores_from_its_verdicts(store, clock, tmp_path):
     # Run again: nothing new to judge, nothing re-run.
     _, reports, statuses = run(store, clock, data)
     assert [r.new for r in reports] == [0, 0] and statuses[-1].counts == {"succeeded": 20}
+
+
+def test_a_re_run_answer_is_never_shown_with_the_verdict_on_its_old_answer_and_is_judged_again(store, clock, tmp_path):
+    rows = ticket_rows(5)
+    source = write_csv(tmp_path / "t.csv", rows)
+    judge = {"model": "judge-model", "route": "echo", "params": {"max_tokens": 64}, "user": "Was {{ output }} right for {{ body }}?"}
+    data = spec(source, prompts=("right",), scoring={"method": "judge", "expected": "gold"}, judge=judge)
+    ev, _, _ = run(store, clock, data)
+    assert compare(store, ev).variants[0].scored == 5
+    rows[0]["body"] = "ticket 1000 about shipping"  # was billing: the member now answers shipping
+    write_csv(source, rows)
+
+    def judged(cid):
+        with store.begin() as conn:
+            q = sa.select(requests.c.output, requests.c.version).join(jobs)
+            answer = conn.execute(q.where(jobs.c.name == "ev.e-right", requests.c.custom_id == cid)).one()
+            q = sa.select(requests.c.payload, requests.c.version).join(jobs).where(jobs.c.name == "ev.judge", requests.c.source_key == cid)
+            payload, version = conn.execute(q).one()
+        return tuple(answer), json.loads(payload)["body"]["messages"][-1]["content"], version
+
+    # The member re-runs the row; the judge has not run yet (a worker, or a run stopped before it).
+    run(store, clock, data, requeue_changed=True, members_only=True)
+    assert judged("T1000__e-right") == (("shipping", 2), "Was billing right for ticket 1000 about billing?", 1)
+    (v,) = compare(store, ev).variants
+    assert (v.scored, v.not_scored) == (4, {"judged an earlier answer or row (run again with --requeue-changed)": 1})
+    # Run with --requeue-changed: the judge's row for it is rendered from the new answer and sent again.
+    run(store, clock, data, requeue_changed=True)
+    assert judged("T1000__e-right") == (("shipping", 2), "Was shipping right for ticket 1000 about shipping?", 2)
+    (v,) = compare(store, ev).variants
+    assert (v.scored, v.not_scored) == (5, {})
+    with store.begin() as conn:
+        states = conn.execute(sa.select(requests.c.state, sa.func.count()).join(jobs).where(jobs.c.name == "ev.judge").group_by(requests.c.state))
+        assert dict(states.all()) == {"succeeded": 5}
 
 
 def test_a_judge_template_using_a_column_the_first_stage_lacks_is_refused(store, clock, tmp_path):

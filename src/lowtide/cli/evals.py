@@ -45,7 +45,7 @@ def run(spec_path: Path, requeue_changed: bool = False) -> None:
                     console.print(f"  {line}", markup=False)
 
             load_eval_jobs(store, ev, SystemClock(), said, requeue_changed)
-            statuses = _drive(store, ev)
+            statuses = _drive(store, ev, requeue_changed)
             report = compare(store, ev)
     except KeyboardInterrupt:
         console.print("interrupted: the eval is resumable; run the same command again to continue")
@@ -57,7 +57,7 @@ def run(spec_path: Path, requeue_changed: bool = False) -> None:
     raise typer.Exit(EXIT_OK if all(s.all_succeeded for s in statuses) else EXIT_FAILURES)
 
 
-def _drive(store: Store, ev):
+def _drive(store: Store, ev, requeue_changed: bool):
     async def go():
         with job_progress() as progress:
             tasks = {}
@@ -69,7 +69,8 @@ def _drive(store: Store, ev):
                     progress.update(tasks[s.name], total=s.total, completed=done_count(s))
 
             async with Engine(store) as engine:
-                return await run_eval(engine, ev, SystemClock(), on_tick)
+                # --requeue-changed reaches the judge too: a verdict on a re-run answer is judged again.
+                return await run_eval(engine, ev, SystemClock(), on_tick, requeue_changed=requeue_changed)
 
     return asyncio.run(go())
 

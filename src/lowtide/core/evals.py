@@ -16,7 +16,8 @@ members are resumable and incremental like any job, and adding a variant adds a 
 without touching the stored spec of any other (so nothing is reported as changed).
 
 The judge is a second stage: a job (`EVAL.judge`) whose rows are the first stage's answers
-(engine/stages.py), scored by the verdict it returns.
+(engine/stages.py), scored by the verdict it returns. Its name is reserved: a variant named
+`judge` would be the same job, so it is refused (STAGES).
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ EVAL_KEYS = ("variants", "scoring", "judge")
 METHODS = ("exact", "choice", "json_fields", "regex", "numeric", "judge")
 # Columns a judge row has beside the source's own (engine/stages.py writes them).
 STAGE_COLUMNS = ("row_id", "key", "variant", "model", "prompt", "output", "answer", "expected")
+# Variant names an eval keeps for its own stages: member `EVAL.judge` would be the judge's job.
+STAGES = ("judge",)
 DEFAULT_VERDICT = {
     "type": "object",
     "properties": {"correct": {"type": "boolean"}, "reason": {"type": "string"}},
@@ -209,12 +212,19 @@ def build_eval(data: dict[str, Any], where: str = "eval spec", lines: Lines | No
     parts = validate(EvalParts, {k: data[k] for k in EVAL_KEYS if k in data}, where, "eval spec", lines)
     base = {k: v for k, v in data.items() if k not in EVAL_KEYS}
     v = parts.variants
-    combos = [(m, p, s) for m in v.models for p in (v.prompts or [None]) for s in (v.params or [None])]
+    combos = [(i, m, p, s) for i, m in enumerate(v.models) for p in (v.prompts or [None]) for s in (v.params or [None])]
     seen: dict[str, str] = {}
     members = []
-    for m, p, s in combos:
+    for i, m, p, s in combos:
         variant = "-".join(x.name for x in (m, p, s) if x is not None)
         said = f"variants: models[{m.name}]" + (f" × prompts[{p.name}]" if p else "") + (f" × params[{s.name}]" if s else "")
+        if variant in STAGES:  # only a model's name alone makes one: a prompt or params adds "-…"
+            line = (lines or {}).get(("variants", "models", str(i), "name"))
+            raise SpecError(
+                f"{where}{f' line {line}' if line else ''}: variants.models[{i}].name {variant!r} is reserved: member job "
+                f"{member_job_name(name, variant)!r} would be the eval's {variant} stage, and the two would clash. "
+                f"Rename the model variant (e.g. {variant}-model)"
+            )
         if variant in seen:
             raise SpecError(
                 f"{where}: {said} and {seen[variant]} are both named variant {variant!r}; "

@@ -9,6 +9,9 @@ the variants' answers differ, for reading.
 
 Everything is read from the store in a few queries per member (no per-row query), and the
 expected answers from the source once.
+
+A judge verdict counts only for the answer it judged: one rendered from an earlier answer (the
+member re-ran the row with `--requeue-changed`, the judge has not yet) leaves the row unscored.
 """
 
 from __future__ import annotations
@@ -26,14 +29,18 @@ from lowtide.core.errors import SourceError
 from lowtide.core.evals import EvalSpec, Member
 from lowtide.core.ids import key_of
 from lowtide.core.scoring import check_expected, field_equal, is_missing, normalise, scorer
+from lowtide.core.spec import JobSpec
 from lowtide.core.states import RequestState
 from lowtide.core.stats import accuracy_ci, mcnemar_p, paired_difference_ci, quantiles
-from lowtide.engine.stages import source_values
+from lowtide.engine.evals import judge_rows
+from lowtide.engine.stages import source_values, stage_fingerprints
 from lowtide.store.db import Store
 from lowtide.store.schema import attempts, dispatches, jobs, requests
 
 PICO = 1e12
 OTHER = "(other)"  # a choices answer that is none of the choices
+STALE = "judged an earlier answer or row (run again with --requeue-changed)"
+NO_STAGE_FILE = "judge's stage file is gone (run the eval again)"
 
 
 @dataclass(slots=True)
@@ -140,7 +147,7 @@ def compare(store: Store, ev: EvalSpec, disagreements: int = 20) -> EvalReport:
     return EvalReport(ev.name, method, results, pairs, confusion, rows, count, judge)
 
 
-def _score(ev: EvalSpec, m: Member, r: VariantResult, rows, values: dict[str, dict], judged: dict[str, bool] | None, confusion) -> _Scored:
+def _score(ev: EvalSpec, m: Member, r: VariantResult, rows, values: dict[str, dict], judged: _Verdicts | None, confusion) -> _Scored:
     s = ev.scoring
     plain = scorer(s) if s is not None and s.method not in ("json_fields", "judge") else None
     choices = ev.base.effective_choices
@@ -167,9 +174,9 @@ def _score(ev: EvalSpec, m: Member, r: VariantResult, rows, values: dict[str, di
             continue
         verdict: bool | None
         if s.method == "judge":
-            verdict = judged.get(cid) if judged is not None else None
+            verdict = judged.verdicts.get(cid) if judged is not None else None
             if verdict is None:
-                not_scored["not judged"] += 1
+                not_scored[judged.stale_reason if judged is not None and cid in judged.stale else "not judged"] += 1
                 continue
         elif s.method == "json_fields":
             verdict = None
@@ -239,21 +246,34 @@ def _turnarounds(conn, job_id: int) -> list[float]:
     return [max(0.0, float(x)) for (x,) in conn.execute(q) if x is not None]
 
 
-def _verdicts(store: Store, ev: EvalSpec) -> dict[str, bool]:
-    """The judge's verdict for each first-stage custom_id it judged."""
+@dataclass(slots=True)
+class _Verdicts:
+    verdicts: dict[str, bool]  # first-stage custom_id -> the judge's verdict on its answer now
+    stale: set[str]  # custom_ids whose verdict is not on their answer now
+    stale_reason: str = STALE
+
+
+def _verdicts(store: Store, ev: EvalSpec) -> _Verdicts:
+    """The judge's verdict for each first-stage custom_id it judged, if it judged the answer
+    stored now: its request's fingerprint is that of the judge row the answer makes now."""
     field_name = ev.parts.judge.verdict_field
     with store.begin() as conn:
-        job_id = conn.execute(select(jobs.c.id).where(jobs.c.name == ev.judge_name)).scalar()
-        if job_id is None:
-            return {}
+        job = conn.execute(select(jobs.c.id, jobs.c.spec).where(jobs.c.name == ev.judge_name)).first()
+        if job is None:
+            return _Verdicts({}, set())
         rows = conn.execute(
-            select(requests.c.source_key, requests.c.parsed).where(requests.c.job_id == job_id, requests.c.state == RequestState.SUCCEEDED.value)
-        ).all()
-    out = {}
-    for row_id, parsed in rows:
+            select(requests.c.source_key, requests.c.parsed, requests.c.fingerprint)
+            .where(requests.c.job_id == job.id, requests.c.state == RequestState.SUCCEEDED.value)
+        ).all()  # fmt: skip
+    now = stage_fingerprints(JobSpec.model_validate_json(job.spec), judge_rows(store, ev)[0])
+    out = _Verdicts({}, set(), STALE if now is not None else NO_STAGE_FILE)
+    for row_id, parsed, fingerprint in rows:
+        if fingerprint is not None and (now is None or now.get(row_id) != fingerprint):  # none: stored before m008
+            out.stale.add(row_id)
+            continue
         verdict = fastjson.loads(parsed) if parsed else None
         if isinstance(verdict, dict) and isinstance(verdict.get(field_name), bool):
-            out[row_id] = verdict[field_name]
+            out.verdicts[row_id] = verdict[field_name]
     return out
 
 

@@ -129,11 +129,8 @@ def stage_path(ev: EvalSpec) -> Path:
     return ev.base.resolve(STAGE_DIR) / f"{ev.judge_name}.jsonl"
 
 
-def load_judge(store: Store, ev: EvalSpec, clock: Clock) -> LoadReport | None:
-    """Write the judge's source from the members' succeeded answers and load the judge job
-    (rows already judged are left alone). None when there is no judge or nothing to judge."""
-    if ev.parts.judge is None:
-        return None
+def judge_rows(store: Store, ev: EvalSpec) -> tuple[list[dict], list[str]]:
+    """The judge's rows as the members' succeeded answers make them now, and the source's columns."""
     s = ev.scoring
     expected = {"expected": s.expected} if s is not None and s.expected else {}
     ups = [
@@ -141,13 +138,23 @@ def load_judge(store: Store, ev: EvalSpec, clock: Clock) -> LoadReport | None:
         for m in ev.members
     ]
     values = source_values(ev.base)
-    rows = stage_rows(store, ups, values)
+    return stage_rows(store, ups, values), list(next(iter(values.values()), {}).keys())
+
+
+def load_judge(store: Store, ev: EvalSpec, clock: Clock, requeue_changed: bool = False) -> LoadReport | None:
+    """Write the judge's source from the members' succeeded answers and load the judge job.
+    None when there is no judge or nothing to judge. Rows already judged are left alone; a
+    row whose answer changed since it was judged (the member re-ran it, `--requeue-changed`)
+    is, with `requeue_changed`, judged again (its old verdict kept as an earlier version);
+    without it the verdict is kept, and compare leaves it unscored (it is on an older answer)."""
+    if ev.parts.judge is None:
+        return None
+    rows, columns = judge_rows(store, ev)
     if not rows:
         return None
     path = write_stage_source(stage_path(ev), rows)
-    columns = list(next(iter(values.values()), {}).keys())
     spec = judge_spec(ev, path, columns)
-    return load_job(store, spec, clock, f"{ev.where} judge")
+    return load_job(store, spec, clock, f"{ev.where} judge", requeue_changed=requeue_changed)
 
 
 async def run_eval(
@@ -156,9 +163,21 @@ async def run_eval(
     clock: Clock,
     on_tick: Callable[[list[JobStatus]], None] | None = None,
     on_idle: Callable[[float], Awaitable[None]] | None = None,
+    requeue_changed: bool = False,
 ) -> list[JobStatus]:
-    """Drive the members to the end, then the judge stage over their answers."""
-    statuses = await drive_jobs(engine, [m.spec.name for m in ev.members], on_tick, on_idle=on_idle)
-    if load_judge(engine.store, ev, clock) is not None:
-        statuses += await drive_jobs(engine, [ev.judge_name], on_tick, on_idle=on_idle)
+    """Drive the members to the end, then the judge stage over their answers. A judge left
+    unfinished by an earlier run is driven with the members: a changed answer can be judged
+    again only once its old verdict is no longer in a batch in flight."""
+    names = [m.spec.name for m in ev.members]
+    earlier = [ev.judge_name] if ev.parts.judge is not None and _unfinished(engine.store, ev.judge_name) else []
+    statuses = await drive_jobs(engine, names + earlier, on_tick, on_idle=on_idle)
+    if load_judge(engine.store, ev, clock, requeue_changed) is not None:
+        statuses = statuses[: len(names)] + await drive_jobs(engine, [ev.judge_name], on_tick, on_idle=on_idle)
     return statuses
+
+
+def _unfinished(store: Store, name: str) -> bool:
+    try:
+        return not job_done(store, name)
+    except JobNotFoundError:
+        return False

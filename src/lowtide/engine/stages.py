@@ -8,6 +8,10 @@ adds per upstream job (an eval adds variant, model, prompt and expected). Loadin
 the usual load: rows already stored are left alone, so writing the file again after more
 upstream answers arrived adds only those (the moderation pattern: a cheap first pass, then a
 deeper pass over what it flagged, with `keep` choosing the rows).
+
+A stored stage request is for the upstream answer it was rendered from: `stage_fingerprints`
+says what each row renders as now, so a request (and its answer) rendered from an earlier
+upstream answer is told apart, never paired with the new one.
 """
 
 from __future__ import annotations
@@ -22,10 +26,13 @@ import orjson
 from sqlalchemy import select
 
 from lowtide.core import fastjson
+from lowtide.core.errors import SourceError
 from lowtide.core.ids import key_of
-from lowtide.core.sources import Source
+from lowtide.core.sources import Source, SourceRow
 from lowtide.core.spec import JobSpec
 from lowtide.core.states import RequestState
+from lowtide.core.templates import MessageTemplate
+from lowtide.engine.loader import RowRenderer
 from lowtide.store.db import Store
 from lowtide.store.queries import get_job
 from lowtide.store.schema import requests
@@ -86,3 +93,19 @@ def write_stage_source(path: Path, rows: list[dict]) -> Path:
             f.write(orjson.dumps(row, default=str) + b"\n")
     os.replace(tmp, path)
     return path
+
+
+def stage_fingerprints(spec: JobSpec, rows: list[dict]) -> dict[str, str] | None:
+    """By row_id, the fingerprint each row renders with under the stored stage job's `spec`
+    (engine/loader.py): a stored request whose fingerprint differs was rendered from an
+    earlier upstream answer or source row. None when the stage's file is gone (cannot tell)."""
+    try:
+        source = Source(spec.resolve(spec.source.path), spec.source.format)
+    except SourceError:
+        return None
+    render = RowRenderer(spec, MessageTemplate.from_spec(spec), source, routes_checked=True)
+    out = {}
+    for row in rows:
+        values = fastjson.loads(orjson.dumps(row, default=str).decode())  # as the stage file gives it back
+        out[row["row_id"]] = render.fingerprint(render.values_of(SourceRow(0, None, values)))
+    return out
