@@ -17,7 +17,7 @@ from lowtide.core.errors import SourceError, SpecError
 from lowtide.core.evals import build_eval
 from lowtide.core.stats import mcnemar_p
 from lowtide.engine.compare import compare
-from lowtide.engine.evals import drive_jobs, load_eval, run_eval, stored_eval
+from lowtide.engine.evals import drive_jobs, load_eval, load_judge, run_eval, stored_eval
 from lowtide.engine.tick import Engine
 from lowtide.store.schema import dispatches, events, jobs, requests
 from tests.conftest import ticket_rows, write_csv
@@ -190,6 +190,35 @@ def test_a_re_run_answer_is_never_shown_with_the_verdict_on_its_old_answer_and_i
     with store.begin() as conn:
         states = conn.execute(sa.select(requests.c.state, sa.func.count()).join(jobs).where(jobs.c.name == "ev.judge").group_by(requests.c.state))
         assert dict(states.all()) == {"succeeded": 5}
+
+
+def test_a_verdict_batch_left_in_flight_ends_before_its_changed_answer_is_judged_again(store, clock, tmp_path, monkeypatch):
+    # A run stopped while the judge's batch was out: --requeue-changed may not re-queue a row of a
+    # batch already sent (its answer would be for the old row), so the run collects that batch first.
+    monkeypatch.setenv("LOWTIDE_ECHO_BATCH_DIR", str(tmp_path / "eb"))
+    rows = ticket_rows(3)
+    source = write_csv(tmp_path / "t.csv", rows)
+    judge = {"model": "judge-model", "route": "echo-batch", "route_options": {"polls_to_complete": 3},
+             "params": {"max_tokens": 64}, "user": "Was {{ output }} right for {{ body }}?"}  # fmt: skip
+    data = spec(source, prompts=("right",), scoring={"method": "judge", "expected": "gold"}, judge=judge)
+    ev, _, _ = run(store, clock, data, members_only=True)
+
+    async def send_the_judge():
+        assert load_judge(store, ev, clock).new == 3
+        async with Engine(store, clock, seed=7) as engine:
+            await engine.tick("ev.judge")
+
+    asyncio.run(send_the_judge())
+    with store.begin() as conn:
+        assert set(conn.scalars(sa.select(dispatches.c.state).join(jobs).where(jobs.c.name == "ev.judge"))) == {"submitted"}
+    rows[0]["body"] = "ticket 1000 about shipping"
+    write_csv(source, rows)
+    _, _, statuses = run(store, clock, data, requeue_changed=True)
+    assert [(s.name, s.counts) for s in statuses] == [("ev.e-right", {"succeeded": 3}), ("ev.judge", {"succeeded": 3})]
+    with store.begin() as conn:
+        q = sa.select(requests.c.source_key, requests.c.version).join(jobs).where(jobs.c.name == "ev.judge")
+        assert dict(conn.execute(q).all()) == {"T1000__e-right": 2, "T1001__e-right": 1, "T1002__e-right": 1}
+    assert compare(store, ev).variants[0].scored == 3
 
 
 def test_a_judge_template_using_a_column_the_first_stage_lacks_is_refused(store, clock, tmp_path):
