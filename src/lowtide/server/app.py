@@ -36,7 +36,7 @@ from lowtide.server import (
     translate,
 )
 from lowtide.server.backend import Backend
-from lowtide.server.clock import ScaledClock
+from lowtide.server.clock import ScaledClock, SteppedClock
 from lowtide.server.context import ServeConfig, Server
 from lowtide.server.errors import ApiError, api_of
 from lowtide.server.faults import FaultPlan, Faults
@@ -61,7 +61,9 @@ def create_app(config: ServeConfig) -> FastAPI:
     data_dir = config.data_dir.expanduser().resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     store = Store(config.db)
-    server = Server(config, store, ScaledClock.open(store, config.time_scale), Faults(plan), data_dir, route=route)
+    clock = SteppedClock(config.clock) if config.clock is not None else ScaledClock.open(store, config.time_scale)
+    server = Server(config, store, clock, Faults(plan), data_dir, route=route)
+    worker = Worker(server)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -69,21 +71,23 @@ def create_app(config: ServeConfig) -> FastAPI:
             log.warning("lowtide serve: no API keys configured; any key is accepted")
         if backend is not None:
             backend.start()
-        worker = Worker(server)
-        worker.start()
+        if config.run_worker:
+            worker.start()
         try:
             yield
         finally:
             worker.stop()
+            await worker.aclose()
             if backend is not None:
                 backend.stop()
             store.close()
 
     app = FastAPI(title="lowtide Batch API", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url="/openapi.json")
     app.state.server = server
+    app.state.worker = worker  # run_worker=False: the embedder calls `await worker.run_once()`
     app.state.backend = backend  # None for a batch backend: real time then answers 501
     errors.install(app)
-    faults.install(app, server.faults)  # inner: runs after the key check
+    faults.install(app, server.faults, config.swappable_faults)  # inner: runs after the key check
     _install_auth(app, config.api_keys)
     for module in (files, openai_api, anthropic_api, gemini_files, gemini_api, realtime_api, dashboard, dashboard_evals, metrics):
         app.include_router(module.router)

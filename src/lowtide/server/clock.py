@@ -58,3 +58,19 @@ class ScaledClock:
             else:
                 conn.execute(meta.update().where(meta.c.key == ANCHOR_KEY).values(value=value))
         return clock
+
+
+class SteppedClock:
+    """An injected clock (ServeConfig.clock) with ScaledClock's face, at scale 1: it moves
+    only when its owner moves it, and one of its seconds counts as one real second."""
+
+    scale = 1.0
+
+    def __init__(self, clock):
+        self.clock = clock
+
+    def now(self) -> float:
+        return self.clock.now()
+
+    def real_seconds(self, scaled: float) -> float:
+        return scaled

@@ -11,7 +11,7 @@ from lowtide.server.translate import Rejection, rejection
 from lowtide.store.db import Store
 
 if TYPE_CHECKING:
-    from lowtide.server.clock import ScaledClock
+    from lowtide.server.clock import ScaledClock, SteppedClock
     from lowtide.server.faults import Faults
 
 MB = 1024 * 1024
@@ -46,6 +46,16 @@ class ServeConfig:
     # Ready-made route instances by route name, handed to the engine (an embedding
     # program's own, or a probe in a test); other routes are built from the name.
     routes: dict[str, Any] = field(default_factory=dict, repr=False)
+    # A clock to run on instead of real time (a `lowtide.core.clock.Clock`, e.g. the
+    # ManualClock a simulation shares with its client engine); `time_scale` is then unused
+    # and nothing of the clock is kept in the store.
+    clock: Any = field(default=None, repr=False)
+    # False: no worker thread; the embedding program moves batches on itself, one pass per
+    # `await app.state.worker.run_once()` (a simulation steps serve between client ticks).
+    run_worker: bool = True
+    # True: the fault plan may be swapped while serving (`Faults.swap`), so the HTTP fault
+    # layer is installed even when the first plan has no `http` rules.
+    swappable_faults: bool = False
 
 
 @dataclass(slots=True)
@@ -54,7 +64,7 @@ class Server:
 
     config: ServeConfig
     store: Store
-    clock: ScaledClock
+    clock: ScaledClock | SteppedClock
     faults: Faults
     data_dir: Path
     wake: Any = None  # callable: tell the worker there is news (a batch, a cancel)

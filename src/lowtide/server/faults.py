@@ -8,6 +8,10 @@
       - match: "GET /v1/files/*/content"
         every: 3
         delay: 5                       # wait 5 real seconds first (a client timeout)
+      - match: "POST /v1/batches"
+        first: 1
+        status: 500
+        after: true                    # run the call, then answer the error: a lost create
     batches:                           # do something to some batches, by creation order
       - api: openai                    # optional: only batches of this API
         first: 1
@@ -26,7 +30,8 @@
 Each rule counts the calls (or batches) it matches from 1, from server start; a rule
 without first/every/calls fires on every match. For HTTP faults the first rule that fires
 answers. Batch rules all apply (the first rule to set an action wins it), and what a batch
-got is stored with it, so a restart does not change its fate.
+got is stored with it, so a restart does not change its fate. A program embedding the
+server may swap the plan while it runs (`Faults.swap`; the counters start again).
 """
 
 from __future__ import annotations
@@ -77,11 +82,16 @@ class HttpRule(_Rule):
     delay: float | None = Field(None, ge=0)
     retry_after: float | None = Field(None, ge=0)
     message: str | None = None
+    # Run the call first, then answer `status`: what it did stands (a batch created), and
+    # the client hears only the error (a create whose answer was lost).
+    after: bool = False
 
     @model_validator(mode="after")
     def _does_something(self) -> HttpRule:
         if self.status is None and self.delay is None:
             raise ValueError("give `status` (an error answer), `delay` (seconds), or both")
+        if self.after and self.status is None:
+            raise ValueError("`after: true` needs `status`: the error answered after the call ran")
         return self
 
     def matches(self, method: str, path: str) -> bool:
@@ -147,10 +157,16 @@ class Faults:
     """The plan with its counters. Thread-safe: handlers run on several threads."""
 
     def __init__(self, plan: FaultPlan | None = None):
-        self.plan = plan or FaultPlan()
         self._lock = threading.Lock()
-        self._http = [0] * len(self.plan.http)
-        self._batches = [0] * len(self.plan.batches)
+        self.swap(plan or FaultPlan())
+
+    def swap(self, plan: FaultPlan) -> None:
+        """Serve by `plan` from the next call and the next batch on, counting from 1 again.
+        Batches created before keep the actions they got."""
+        with self._lock:
+            self.plan = plan
+            self._http = [0] * len(plan.http)
+            self._batches = [0] * len(plan.batches)
 
     def for_call(self, method: str, path: str) -> HttpRule | None:
         hit = None
@@ -176,25 +192,33 @@ class Faults:
 def apply_line_faults(lines: Iterator[tuple[str, Any]], actions: dict[str, Any]) -> Iterator[tuple[str, Any]]:
     """Drop the first `drop_lines`, write the next `duplicate_lines` twice, cut the next
     `corrupt_lines` in half. Lines travel with a tag (which file they go to)."""
+    for line, tag, _ in line_fates(lines, actions):
+        yield line, tag
+
+
+def line_fates(lines: Iterator[tuple[str, Any]], actions: dict[str, Any]) -> Iterator[tuple[str, Any, str]]:
+    """`apply_line_faults`, each line written with its fate: whole, or corrupt (cut)."""
     drop, dup, corrupt = (int(actions.get(k) or 0) for k in LINE_ACTIONS)
-    if drop == dup == corrupt == 0:  # the usual batch: its lines as they come, no step between
-        yield from lines
+    if drop == dup == corrupt == 0:  # the usual batch: its lines as they come
+        for line, tag in lines:
+            yield line, tag, "whole"
         return
     for n, (line, tag) in enumerate(lines):
         if n < drop:
             continue
         if n < drop + dup:
-            yield line, tag
-            yield line, tag
+            yield line, tag, "whole"
+            yield line, tag, "whole"
         elif n < drop + dup + corrupt:
-            yield line[: len(line) // 2], tag
+            yield line[: len(line) // 2], tag, "corrupt"
         else:
-            yield line, tag
+            yield line, tag, "whole"
 
 
-def install(app: FastAPI, faults: Faults) -> None:
-    """Answer planned HTTP faults before the real handler runs."""
-    if not faults.plan.http:
+def install(app: FastAPI, faults: Faults, swappable: bool = False) -> None:
+    """Answer planned HTTP faults before the real handler runs (or, `after`, once it ran).
+    Without http rules nothing is installed, unless the plan may be `swappable` later."""
+    if not faults.plan.http and not swappable:
         return
 
     @app.middleware("http")
@@ -206,6 +230,10 @@ def install(app: FastAPI, faults: Faults) -> None:
             await asyncio.sleep(rule.delay)
         if rule.status is None:
             return await call_next(request)
+        if rule.after:
+            done = await call_next(request)
+            async for _ in done.body_iterator:  # the handler ran to its end; its answer is lost
+                pass
         headers = {"retry-after": f"{rule.retry_after:g}"} if rule.retry_after is not None else None
         message = rule.message or DEFAULT_MESSAGES.get(rule.status, f"Injected error {rule.status} (fault plan)")
         return ApiError(rule.status, message, headers=headers).response(api_of(request.url.path))

@@ -13,8 +13,9 @@ from sqlalchemy import Connection, Row, func, select
 from lowtide.core.endpoints import MESSAGES
 from lowtide.core.states import RequestState
 from lowtide.server import records
+from lowtide.server.billing import Bill
 from lowtide.server.context import Server
-from lowtide.server.faults import apply_line_faults
+from lowtide.server.faults import line_fates
 from lowtide.server.outputs import anthropic_line, openai_line, results
 from lowtide.store.schema import jobs, requests
 
@@ -46,9 +47,10 @@ def batch_folder(server: Server, batch_id: str):
 
 
 def build_openai(server: Server, row: Row, ending: str) -> dict[str, Any]:
-    """Write the output and error files; return the column values for the batch row and the
-    file rows to insert (an empty file gets no id)."""
+    """Write the output and error files; return the column values for the batch row, the
+    file rows to insert (an empty file gets no id) and the bill's lines (billing.py)."""
     summary = Summary()
+    bill = Bill(row.id, "openai", server.clock.now())
     files_dir = server.path("files")
     files_dir.mkdir(parents=True, exist_ok=True)
     paths = {True: f"files/{row.id}_output.jsonl", False: f"files/{row.id}_error.jsonl"}
@@ -58,11 +60,13 @@ def build_openai(server: Server, row: Row, ending: str) -> dict[str, Any]:
     def lines():
         for r in found:
             _count(summary, r)
-            yield openai_line(row.id, r, created, row.endpoint)
+            line, is_output = openai_line(row.id, r, created, row.endpoint)
+            yield line, (is_output, r)
 
     sizes = {True: 0, False: 0}
     with open(server.path(paths[True]), "wb", buffering=WRITE_BUFFER) as out, open(server.path(paths[False]), "wb") as err:
-        for line, is_output in apply_line_faults(lines(), records.faults_of(row)):
+        for line, (is_output, r), fate in line_fates(lines(), records.faults_of(row)):
+            bill.note(r, fate)
             data = (line + "\n").encode("utf-8", LONE_SURROGATES)
             (out if is_output else err).write(data)
             sizes[is_output] += len(data)
@@ -79,11 +83,12 @@ def build_openai(server: Server, row: Row, ending: str) -> dict[str, Any]:
         new_files.append({"id": file_id, "purpose": "batch_output", "filename": paths[is_output].removeprefix("files/"),
                           "bytes": sizes[is_output], "path": paths[is_output], "created_at": now,
                           "expires_at": now + keep})  # fmt: skip
-    return {"values": values, "files": new_files}
+    return {"values": values, "files": new_files, "bill": bill.rows()}
 
 
 def build_anthropic(server: Server, row: Row, ending: str) -> dict[str, Any]:
     summary = Summary()
+    bill = Bill(row.id, "anthropic", server.clock.now())
     folder = batch_folder(server, row.id)
     folder.mkdir(parents=True, exist_ok=True)
     found = results(server.store, folder, row, records.jobs_of(row), ending, MESSAGES)
@@ -91,12 +96,13 @@ def build_anthropic(server: Server, row: Row, ending: str) -> dict[str, Any]:
     def lines():
         for r in found:
             _count(summary, r)
-            yield anthropic_line(row.id, r), None
+            yield anthropic_line(row.id, r), r
 
     with (folder / "results.jsonl").open("w", encoding="utf-8", errors=LONE_SURROGATES) as f:
-        for line, _ in apply_line_faults(lines(), records.faults_of(row)):
+        for line, r, fate in line_fates(lines(), records.faults_of(row)):
+            bill.note(r, fate)
             f.write(line + "\n")
-    return {"values": {"counts": summary.to_json()}, "files": []}
+    return {"values": {"counts": summary.to_json()}, "files": [], "bill": bill.rows()}
 
 
 def _count(summary: Summary, r) -> None:

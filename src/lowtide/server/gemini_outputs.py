@@ -19,9 +19,10 @@ from lowtide.core.endpoints import GEMINI
 from lowtide.core.types import Request
 from lowtide.routes._replies import Ids, in_shape, text_body
 from lowtide.server import records
+from lowtide.server.billing import Bill
 from lowtide.server.context import Server
 from lowtide.server.errors import GEMINI_STATUS
-from lowtide.server.faults import apply_line_faults
+from lowtide.server.faults import line_fates
 from lowtide.server.finalize import LONE_SURROGATES, OUTPUT_FILE_DAYS, Summary, _count, batch_folder
 from lowtide.server.outputs import Result, _ids, results
 
@@ -59,6 +60,7 @@ def outcome_of(r: Result, batch_id: str, created: int) -> dict[str, Any]:
 
 def build_gemini(server: Server, row: Row, ending: str) -> dict[str, Any]:
     summary = Summary()
+    bill = Bill(row.id, "gemini", server.clock.now())
     folder = batch_folder(server, row.id)
     folder.mkdir(parents=True, exist_ok=True)
     inline = bool(meta_of(row).get("inline"))
@@ -70,20 +72,21 @@ def build_gemini(server: Server, row: Row, ending: str) -> dict[str, Any]:
             _count(summary, r)
             said = outcome_of(r, row.id, created)
             line = said | {"metadata": {"key": r.custom_id}} if inline else {"key": r.custom_id} | said
-            yield fastjson.dumps(line), None
+            yield fastjson.dumps(line), r
 
     path = folder / INLINE if inline else server.path(f"files/{row.id}_responses.jsonl")
     path.parent.mkdir(parents=True, exist_ok=True)
     size = 0
     with path.open("w", encoding="utf-8", errors=LONE_SURROGATES) as f:
-        for line, _ in apply_line_faults(lines(), records.faults_of(row)):
+        for line, r, fate in line_fates(lines(), records.faults_of(row)):
+            bill.note(r, fate)
             size += f.write(line + "\n")
     values: dict[str, Any] = {"counts": summary.to_json()}
     if inline:
-        return {"values": values, "files": []}
+        return {"values": values, "files": [], "bill": bill.rows()}
     now = server.clock.now()
     file_id = f"batch-{row.id}"
     values["output_file_id"] = file_id
     file = {"id": file_id, "purpose": "gemini_output", "filename": path.name, "bytes": size,
             "path": f"files/{path.name}", "created_at": now, "expires_at": now + OUTPUT_FILE_DAYS * 86400}  # fmt: skip
-    return {"values": values, "files": [file]}
+    return {"values": values, "files": [file], "bill": bill.rows()}

@@ -36,7 +36,7 @@ from lowtide.engine.control import cancel_job, job_done
 from lowtide.engine.loader import load_job
 from lowtide.engine.tick import Engine
 from lowtide.routes import create_route
-from lowtide.server import queue, records
+from lowtide.server import billing, queue, records
 from lowtide.server.context import Server
 from lowtide.server.finalize import batch_folder, build_anthropic, build_openai
 from lowtide.server.gemini_outputs import build_gemini
@@ -61,6 +61,7 @@ class Worker:
         self._task: asyncio.Task | None = None
         self._stopping = False
         self._trouble: dict[str, float] = {}  # batch id -> when to try it again (monotonic)
+        self._stepped: Engine | None = None  # run_once's engine (no worker thread)
 
     # Running ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -83,6 +84,23 @@ class Worker:
                 self._loop.call_soon_threadsafe(self._task.cancel)
             self._thread.join()
 
+    async def run_once(self) -> bool:
+        """One pass on the caller's event loop, for a server made with run_worker=False
+        (a simulation steps serve between its client's ticks); whether anything moved."""
+        if self._stepped is None:
+            self._stepped = self._engine()
+        busy, _ = await self.step(self._stepped)
+        return busy
+
+    async def aclose(self) -> None:
+        engine, self._stepped = self._stepped, None
+        if engine is not None:
+            await engine.aclose()
+
+    def _engine(self) -> Engine:
+        clock = self.server.clock
+        return Engine(self.server.store, clock, lease=120.0 * clock.scale, routes=self.server.config.routes)
+
     def wake(self) -> None:
         loop, event = self._loop, self._wake
         if loop is not None and event is not None and not loop.is_closed():
@@ -98,9 +116,7 @@ class Worker:
         self._task = asyncio.current_task()
         self._wake = asyncio.Event()
         ready.set()
-        clock = self.server.clock
-        routes = self.server.config.routes
-        async with Engine(self.server.store, clock, lease=120.0 * clock.scale, routes=routes) as engine:
+        async with self._engine() as engine:
             while not self._stopping:
                 try:
                     busy, wait = await self.step(engine)
@@ -318,6 +334,7 @@ class Worker:
                 return False
             for file in built["files"]:
                 records.insert_file(conn, **file)
+            billing.record(conn, built["bill"])  # with the move: a redone end bills nothing twice
         return True
 
     def _exists(self, name: str) -> bool:

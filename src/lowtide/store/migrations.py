@@ -217,3 +217,9 @@ def m018_dispatch_lost_since(conn: Connection) -> None:
     """Dispatches keep when the provider first said it does not know their batch: a batch
     lost at the provider is given up after a grace instead of being polled for ever."""
     add_columns(conn, schema.dispatches, ["lost_since"])
+
+
+@migration
+def m019_serve_billing(conn: Connection) -> None:
+    """`lowtide serve` keeps what it would have charged, per result line (server/billing.py)."""
+    schema.metadata.create_all(conn, tables=[schema.serve_billing])

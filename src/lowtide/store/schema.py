@@ -295,6 +295,27 @@ serve_batches = Table(
     Index("ix_serve_batches_status", "status"),
 )
 
+# What `lowtide serve` would have charged (server/billing.py): one row per billable result
+# line it wrote for a batch (a succeeded request; a line written twice is billed once), with
+# the usage that line reports. `whole` False: the line was written cut (a fault plan's
+# corrupt_lines) and no client could read what it was billed for.
+serve_billing = Table(
+    "serve_billing",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("batch_id", String(64), nullable=False),
+    Column("api", String(16), nullable=False),  # openai | anthropic | gemini
+    Column("custom_id", Text, nullable=False),  # a Gemini line's key
+    Column("model", String(256)),
+    Column("input_tokens", Integer, nullable=False),
+    Column("cached_input_tokens", Integer, nullable=False),
+    Column("output_tokens", Integer, nullable=False),
+    Column("cost_picousd", BigInteger),  # NULL: a model serve has no batch price for
+    Column("whole", Boolean, nullable=False),
+    Column("at", Float, nullable=False),
+    Index("ix_serve_billing_batch", "batch_id"),
+)
+
 # An eval (core/evals.py): its spec as given, from which its member jobs (one per variant,
 # named EVAL.VARIANT) and its judge stage are derived again by `lowtide compare`.
 evals = Table(
