@@ -1,0 +1,69 @@
+"""The simulation's long form: more seeds and more steps than CI runs (tests/sim).
+
+    .venv/bin/python bench/simulate.py --steps 60 --seeds 20
+    .venv/bin/python bench/simulate.py --steps 40 --seeds 5 --store postgres --route openai-batch
+    .venv/bin/python bench/simulate.py --route gemini-batch --store sqlite --seed 3 --seeds 1 --examples 4 --steps 25
+
+Each seed runs `--examples` drawn sequences of up to `--steps` steps (load, append, tick,
+kill, cancel, retry, spec change, budget, deadline, clock steps, provider faults) on each
+route and store asked for, checking the invariants after every step and draining at the
+end (docs/simulation.md). Prints one line per seed and route, then the steps run, the seeds
+and the violations, each with the shrunk sequence and the command that replays it. Exits 1
+if any seed found a violation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests package
+
+from tests.sim.machine import SimMachine, replay_command, run  # noqa: E402
+
+ROUTES = ["openai-batch", "anthropic-batch", "gemini-batch", "echo-batch"]
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", type=int, default=40, help="steps per example, at most (default 40)")
+    p.add_argument("--seeds", type=int, default=5, help="how many seeds (default 5)")
+    p.add_argument("--seed", type=int, default=1, help="the first seed (default 1)")
+    p.add_argument("--examples", type=int, default=3, help="examples per seed (default 3)")
+    p.add_argument("--store", choices=["sqlite", "postgres", "both"], default="sqlite")
+    p.add_argument("--route", choices=ROUTES + ["all"], default="all")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    routes = ROUTES if args.route == "all" else [args.route]
+    stores = ["sqlite", "postgres"] if args.store == "both" else [args.store]
+    violations = []
+    started = time.monotonic()
+    for seed in range(args.seed, args.seed + args.seeds):
+        for store_kind in stores:
+            for route in routes:
+                t0 = time.monotonic()
+                try:
+                    run(route, store_kind, seed=seed, examples=args.examples, steps=args.steps)
+                    said = "ok"
+                except Exception as err:
+                    said = "VIOLATION"
+                    text = "".join(traceback.format_exception_only(err)) + "\n".join(getattr(err, "__notes__", []))
+                    violations.append((seed, store_kind, route, text))
+                print(f"seed {seed:4d}  {store_kind:8s} {route:16s} {said:9s} {time.monotonic() - t0:7.1f} s", flush=True)
+    print(f"\nsteps run: {SimMachine.steps_run}   seeds: {args.seeds} (from {args.seed})   routes: {', '.join(routes)}   "
+          f"stores: {', '.join(stores)}   violations: {len(violations)}   {time.monotonic() - started:.0f} s")  # fmt: skip
+    for seed, store_kind, route, text in violations:
+        print(f"\n--- seed {seed}, {store_kind}, {route}\n{text.strip()}")
+        if "replay:" not in text:
+            print(f"replay: {replay_command(route, store_kind, seed, args.examples, args.steps)}")
+    return 1 if violations else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

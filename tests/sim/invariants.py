@@ -1,0 +1,207 @@
+"""What must hold after every step of the simulation (DESIGN.md's invariants), read from
+the client's store and from each provider's own store and bill. Each check returns the
+violations it found, as sentences; an empty list is a pass.
+
+Not checked here, and why: a chunk created twice on anthropic-batch (Message Batches keep
+no metadata, so adoption after a lost create matches by size and time: docs/guarantees.md
+names that window); the bill of echo-batch (it is not a provider, nothing is charged).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+
+from lowtide.core import fastjson
+from lowtide.core.spec import JobSpec
+from lowtide.core.states import JobState, RequestState
+from lowtide.core.types import Request
+from lowtide.server import billing
+from lowtide.store.queries import LIVE_DISPATCH_STATES
+from lowtide.store.schema import attempts, dispatches, jobs, requests, serve_batches
+
+TERMINAL = {RequestState.SUCCEEDED.value, RequestState.FAILED.value, RequestState.CANCELLED.value}
+LIVE_SERVE = ("validating", "in_progress", "finalizing", "cancelling")
+
+
+def request_states(world) -> list[str]:
+    """Each request in one state, with columns that agree: dispatched ⇒ its dispatch is
+    live; pending or terminal ⇒ no live dispatch holds it."""
+    out = []
+    with world.store.read() as conn:
+        live = dict(conn.execute(sa.select(dispatches.c.id, dispatches.c.state).where(dispatches.c.state.in_(LIVE_DISPATCH_STATES))).all())
+        rows = conn.execute(sa.select(requests.c.custom_id, requests.c.state, requests.c.dispatch_id, requests.c.job_id)).all()
+    for cid, state, dispatch_id, _ in rows:
+        if state not in TERMINAL | {"pending", "dispatched"}:
+            out.append(f"request {cid}: unknown state {state!r}")
+        elif state == "dispatched" and dispatch_id not in live:
+            out.append(f"request {cid}: dispatched, but its dispatch {dispatch_id} is not live")
+        elif state != "dispatched" and dispatch_id in live:
+            out.append(f"request {cid}: {state}, but held by live dispatch {dispatch_id} ({live[dispatch_id]})")
+    return out
+
+
+def applied_once(world) -> list[str]:
+    """No result applied twice: one applied attempt per request and dispatch, and no more
+    applied successes than the request has had versions."""
+    out = []
+    with world.store.read() as conn:
+        per_dispatch = conn.execute(
+            sa.select(attempts.c.request_id, attempts.c.dispatch_id, sa.func.count())
+            .where(attempts.c.applied.is_(True)).group_by(attempts.c.request_id, attempts.c.dispatch_id)
+            .having(sa.func.count() > 1)
+        ).all()  # fmt: skip
+        successes = conn.execute(
+            sa.select(requests.c.custom_id, requests.c.version, sa.func.count())
+            .join(attempts, attempts.c.request_id == requests.c.id)
+            .where(attempts.c.applied.is_(True), attempts.c.ok.is_(True))
+            .group_by(requests.c.id, requests.c.custom_id, requests.c.version)
+        ).all()  # fmt: skip
+    out += [f"request id {r}: {n} applied attempts from dispatch {d}" for r, d, n in per_dispatch]
+    out += [f"request {cid}: {n} applied successes for {v} version(s)" for cid, v, n in successes if n > v]
+    return out
+
+
+def _serve_batches(world) -> list[tuple[str, Any]]:
+    found = []
+    for name, provider in world.providers.items():
+        with provider.store.read() as conn:
+            found += [(name, r) for r in conn.execute(sa.select(serve_batches)).all()]
+    return found
+
+
+def _key_of(batch) -> str | None:
+    """The lowtide dispatch key a provider batch carries: OpenAI's metadata, Gemini's displayName."""
+    meta = json.loads(batch.metadata) if batch.metadata else {}
+    if batch.api == "openai":
+        return (meta or {}).get("lowtide_key")
+    if batch.api == "gemini":
+        return (meta or {}).get("displayName")
+    return None  # anthropic: no handle (exempt, see the module doc)
+
+
+def created_once(world) -> list[str]:
+    """No chunk created twice where the provider keeps a handle: per dispatch key, at most
+    one provider batch that was taken (one refused at validation ran nothing)."""
+    keys = Counter()
+    for name, b in _serve_batches(world):
+        key = _key_of(b)
+        if key is not None and b.status != "failed":
+            keys[(name, key)] += 1
+    return [f"dispatch key {k} has {n} batches at provider {p}" for (p, k), n in keys.items() if n > 1]
+
+
+def _client_bill(world) -> dict[tuple[str, str], list[tuple[int, int]]]:
+    with world.store.read() as conn:
+        rows = conn.execute(
+            sa.select(dispatches.c.provider_id, requests.c.custom_id, attempts.c.input_tokens, attempts.c.output_tokens)
+            .join(dispatches, dispatches.c.id == attempts.c.dispatch_id)
+            .join(requests, requests.c.id == attempts.c.request_id)
+            .where(attempts.c.billed.is_(True), attempts.c.route.in_(["openai-batch", "anthropic-batch", "gemini-batch"]))
+        ).all()  # fmt: skip
+    booked: dict[tuple[str, str], list[tuple[int, int]]] = defaultdict(list)
+    for provider_id, cid, tin, tout in rows:
+        booked[(str(provider_id).removeprefix("batches/"), cid)].append((tin, tout))
+    return booked
+
+
+def _provider_bill(world) -> dict[tuple[str, str], billing.Line]:
+    return {(line.batch_id, line.custom_id): line for p in world.providers.values() for line in billing.lines(p.store)}
+
+
+def bill_matches(world, drained: bool = False) -> list[str]:
+    """Every billed line booked once, with the provider's token counts; drained: every line
+    the provider billed whole is booked by then."""
+    out = []
+    booked, billed = _client_bill(world), _provider_bill(world)
+    for key, got in booked.items():
+        line = billed.get(key)
+        if len(got) > 1:
+            out.append(f"{key}: booked {len(got)} times")
+        if line is None:
+            out.append(f"{key}: booked by the client, not billed by the provider")
+        elif got[0] != (line.input_tokens, line.output_tokens):
+            out.append(f"{key}: booked {got[0]} tokens, billed {(line.input_tokens, line.output_tokens)}")
+    if drained:
+        out += [f"{key}: billed by the provider, never booked" for key, line in billed.items() if line.whole and key not in booked]
+    return out
+
+
+def _asked(payload: str) -> str:
+    """What echo answers a text request: its last user message's text."""
+    body = Request.from_payload("x", fastjson.loads(payload)).body
+    for message in reversed(body.get("messages") or []):
+        if message.get("role") == "user":
+            content = message.get("content")
+            if isinstance(content, list):
+                content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+            return content or ""
+    return ""
+
+
+def answers_match(world) -> list[str]:
+    """No input paired with another input's answer: echo's answer is its own request's text."""
+    with world.store.read() as conn:
+        rows = conn.execute(
+            sa.select(requests.c.custom_id, requests.c.payload, requests.c.output).where(requests.c.state == RequestState.SUCCEEDED.value)
+        ).all()
+    return [f"request {cid}: answered {out!r}, asked {_asked(p)!r}" for cid, p, out in rows if out != _asked(p)]
+
+
+def _deadlines(world) -> tuple[dict[str, float], dict[str, float]]:
+    """Each job's deadline (as its spec says now), by dispatch key and by provider id."""
+    by_key, by_id = {}, {}
+    with world.store.read() as conn:
+        rows = conn.execute(sa.select(dispatches.c.key, dispatches.c.provider_id, jobs.c.spec).join(jobs, jobs.c.id == dispatches.c.job_id)).all()
+    for key, provider_id, spec_json in rows:
+        deadline: datetime | None = JobSpec.model_validate_json(spec_json).deadline
+        if deadline is not None:
+            by_key[key] = deadline.timestamp()
+            if provider_id:
+                by_id[str(provider_id).removeprefix("batches/")] = deadline.timestamp()
+    return by_key, by_id
+
+
+def nothing_after_deadline(world) -> list[str]:
+    """No provider batch created at or after the deadline of the job it belongs to."""
+    by_key, by_id = _deadlines(world)
+    out = []
+    for name, b in _serve_batches(world):
+        deadline = by_key.get(_key_of(b) or "", by_id.get(b.id))
+        if deadline is not None and b.created_at >= deadline:
+            out.append(f"batch {b.id} at {name} created {b.created_at - deadline:+.0f} s after its job's deadline")
+    return out
+
+
+STEP_CHECKS = (request_states, applied_once, created_once, bill_matches, answers_match, nothing_after_deadline)
+
+
+def check_step(world) -> list[str]:
+    return [f"{check.__name__}: {v}" for check in STEP_CHECKS for v in check(world)]
+
+
+def check_drained(world) -> list[str]:
+    """After the drain: every request terminal, every job finished or cancelled, no live
+    dispatch, and every whole billed line booked."""
+    out = []
+    with world.store.read() as conn:
+        open_requests = conn.execute(
+            sa.select(jobs.c.name, jobs.c.state, requests.c.state, sa.func.count())
+            .join(jobs, jobs.c.id == requests.c.job_id).where(requests.c.state.not_in(TERMINAL))
+            .group_by(jobs.c.name, jobs.c.state, requests.c.state)
+        ).all()  # fmt: skip
+        open_jobs = conn.execute(sa.select(jobs.c.name, jobs.c.state).where(jobs.c.state.not_in([JobState.FINISHED.value, JobState.CANCELLED.value]))).all()
+        live = conn.execute(sa.select(dispatches.c.id, dispatches.c.state, dispatches.c.provider_id, dispatches.c.error).where(dispatches.c.state.in_(LIVE_DISPATCH_STATES))).all()
+    out += [f"drain: {n} request(s) {state} in job {name} ({job_state})" for name, job_state, state, n in open_requests]
+    out += [f"drain: job {name} still {state}" for name, state in open_jobs]
+    out += [f"drain: dispatch {d} still {s} (provider batch {p}; last error: {(e or '')[:200]})" for d, s, p, e in live]
+    out += [f"drain: {v}" for v in bill_matches(world, drained=True)]
+    return out
+
+
+def batches_created(world) -> int:
+    return len(_serve_batches(world))

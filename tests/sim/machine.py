@@ -1,0 +1,307 @@
+"""The seeded, stateful simulation: Hypothesis draws a sequence of operator actions,
+provider faults and clock steps; after each one the invariants (invariants.py) are checked,
+and at the end of the sequence a drain must bring every request to a terminal state.
+
+    from tests.sim.machine import run
+    run("openai-batch", "sqlite", seed=1, examples=5, steps=30)
+
+A new route plugs in through `world.ROUTE_MODELS` and `World.route_options`; a new
+provider fault through `fault_plan`; a new operator action is one more `@rule`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import tempfile
+from datetime import UTC, datetime
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import hypothesis
+import hypothesis.strategies as st
+import sqlalchemy as sa
+from hypothesis import HealthCheck, settings
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from lowtide.core.errors import LowtideError
+from lowtide.core.spec import build_spec
+from lowtide.engine.control import cancel_job, retry_job
+from lowtide.engine.loader import load_job
+from lowtide.server.faults import FaultPlan
+from lowtide.store.queries import LIVE_DISPATCH_STATES
+from lowtide.store.schema import dispatches, jobs, requests
+from tests.conftest import write_csv
+from tests.sim import invariants
+from tests.sim.world import KEY_ENV, ROUTE_MODELS, SERVED, WRONG_KEY_ENV, KillPoint, World
+
+JOBS = ("a", "b")
+MAX_ROWS = 30
+DRAIN_ROUNDS = 40
+# Each API's calls, for HTTP faults: create, poll.
+CALLS = {
+    "openai-batch": ("POST /v1/batches", "GET /v1/batches/*"),
+    "anthropic-batch": ("POST /v1/messages/batches", "GET /v1/messages/batches/*"),
+    "gemini-batch": ("POST /v1beta/models/*", "GET /v1beta/batches/*"),
+}
+FAULTS = ("none", "queue_full", "queue_tight", "queue_room", "fail_validation", "expire", "drop_lines",
+          "duplicate_lines", "corrupt_lines", "create_429", "poll_500", "lost_create")  # fmt: skip
+
+
+def fault_plan(kind: str, route: str, standing: dict[str, int]) -> FaultPlan:
+    """The provider's plan for `kind`. `standing` is its enqueued-token limit (an account's
+    property, not a passing fault: it stays through the drain)."""
+    create, poll = CALLS.get(route, ("POST /none", "GET /none"))
+    plan: dict[str, Any] = {"enqueued_tokens": standing}
+    if kind == "fail_validation":
+        plan["batches"] = [{"first": 1, "fail_validation": True}]
+    elif kind == "expire":
+        plan["batches"] = [{"first": 1, "expire_after": 1}]
+    elif kind in ("drop_lines", "duplicate_lines", "corrupt_lines"):
+        plan["batches"] = [{"every": 2, kind: 1}]
+    elif kind == "create_429":
+        plan["http"] = [{"match": create, "first": 2, "status": 429, "retry_after": 0}]
+    elif kind == "poll_500":
+        plan["http"] = [{"match": poll, "first": 3, "status": 500, "retry_after": 0}]
+    elif kind == "lost_create":
+        plan["http"] = [{"match": create, "first": 1, "status": 500, "after": True}]
+    return FaultPlan.model_validate(plan)
+
+
+class SimMachine(RuleBasedStateMachine):
+    """One example: a fresh world (client store, two providers), then drawn steps."""
+
+    route = "openai-batch"
+    store_kind = "sqlite"
+    steps_run = 0  # over every example of this process (bench/simulate.py prints it)
+
+    def __init__(self):
+        super().__init__()
+        self._exit = contextlib.ExitStack()
+        self.root = Path(tempfile.mkdtemp(prefix="lowtide-sim-"))
+        self._exit.callback(shutil.rmtree, self.root, True)
+        if self.store_kind == "postgres":
+            from tests.conftest import fresh_pg_schema
+
+            url = self._exit.enter_context(fresh_pg_schema("lowtide_sim"))
+        else:
+            url = str(self.root / "client.db")
+        self.world = World(self.root, url)
+        self._exit.callback(self.world.close)
+        self.chunk = 4
+        self.standing: dict[str, int] = {}  # the main provider's enqueued-token limit
+        self.jobs: dict[str, dict[str, Any]] = {}  # what the operator last loaded, per job
+
+    # The job's source and spec ------------------------------------------------------------
+    def _spec(self, name: str, job: dict[str, Any]):
+        rows = [{"ticket_id": f"{name}-{i}", "body": f"ticket {i} of {name} rev {job['revs'].get(i, 0)}"} for i in range(job["rows"])]
+        path = write_csv(self.root / f"{name}.csv", rows)
+        data: dict[str, Any] = {
+            "name": name,
+            "source": {"path": str(path), "id_column": "ticket_id"},
+            "template": {"user": "Ticket: {{ body }}"},
+            "model": ROUTE_MODELS[self.route],
+            "route": self.route,
+            "route_options": self.world.route_options(self.route, self.chunk, job["provider"], job["key_env"]) | job["options"],
+            "params": {"max_tokens": 64},
+            "retry": {"max_attempts": 3, "backoff_seconds": 30},
+        }
+        if job["deadline"] is not None:
+            data["deadline"] = datetime.fromtimestamp(job["deadline"], UTC).isoformat()
+        if job["budget"] is not None:
+            data["budget_usd"] = str(job["budget"])
+        return build_spec(data)
+
+    def _load(self, name: str, job: dict[str, Any], requeue: bool = False) -> None:
+        try:
+            load_job(self.world.store, self._spec(name, job), self.world.clock, requeue_changed=requeue)
+        except LowtideError as err:  # refused, naming why: nothing stored changed
+            hypothesis.note(f"load {name} refused: {str(err)[:300]}")
+            return
+        self.jobs[name] = job
+
+    def _job(self, name: str) -> dict[str, Any]:
+        known = self.jobs.get(name)
+        return dict(known, revs=dict(known["revs"]), options=dict(known["options"])) if known else {
+            "rows": 0, "revs": {}, "provider": "main", "key_env": KEY_ENV, "deadline": None, "budget": None, "options": {}}  # fmt: skip
+
+    # Rules ----------------------------------------------------------------------------------
+    @initialize(chunk=st.integers(2, 6), rows=st.integers(3, 20))
+    def setup(self, chunk: int, rows: int) -> None:
+        """Every example starts with job `a` loaded: its steps then have something to move."""
+        self.chunk = chunk
+        self.load("a", rows)
+
+    @rule(name=st.sampled_from(JOBS), more=st.integers(1, 12))
+    def load(self, name: str, more: int) -> None:
+        """Load a job, or load it again with more rows."""
+        job = self._job(name)
+        job["rows"] = min(MAX_ROWS, job["rows"] + more)
+        self._load(name, job)
+
+    @rule(name=st.sampled_from(JOBS), count=st.integers(1, 3), requeue=st.booleans())
+    def change_rows(self, name: str, count: int, requeue: bool) -> None:
+        """Edit some source rows and load again (with or without --requeue-changed)."""
+        if name not in self.jobs:
+            return
+        job = self._job(name)
+        for i in range(min(count, job["rows"])):
+            job["revs"][i] = job["revs"].get(i, 0) + 1
+        self._load(name, job, requeue)
+
+    @rule(name=st.sampled_from(JOBS), change=st.sampled_from(["other_provider", "main_provider", "wrong_key", "right_key", "poll"]),
+          requeue=st.booleans())  # fmt: skip
+    def change_spec(self, name: str, change: str, requeue: bool) -> None:
+        """Load the same job with changed connection options."""
+        if name not in self.jobs or self.route not in SERVED:
+            return
+        job = self._job(name)
+        if change.endswith("provider"):
+            job["provider"] = change.removesuffix("_provider")
+        elif change.endswith("key"):
+            job["key_env"] = WRONG_KEY_ENV if change == "wrong_key" else KEY_ENV
+        else:
+            job["options"]["poll_interval"] = [30.0, 300.0]
+        self._load(name, job, requeue)
+
+    @rule(name=st.sampled_from(JOBS), usd=st.sampled_from(["0.000002", "0.00002", "0.0002"]))
+    def budget(self, name: str, usd: str) -> None:
+        if name not in self.jobs:
+            return
+        job = self._job(name)
+        job["budget"] = Decimal(usd)
+        self._load(name, job)
+
+    @rule(name=st.sampled_from(JOBS), seconds=st.sampled_from([60, 600, 3600, 7200]))
+    def deadline(self, name: str, seconds: int) -> None:
+        """A deadline soon, on the engine's clock."""
+        if name not in self.jobs:
+            return
+        job = self._job(name)
+        job["deadline"] = self.world.clock.now() + seconds
+        self._load(name, job)
+
+    @rule()
+    def tick(self) -> None:
+        self.world.tick()
+
+    @rule(call=st.integers(1, 8), after=st.booleans())
+    def kill(self, call: int, after: bool) -> None:
+        """The engine dies at its call-th route call of a tick; a new one takes over."""
+        died = self.world.tick_killed(KillPoint(call, after))
+        hypothesis.note(f"kill at call {call} ({'after' if after else 'before'}): {'died' if died else 'tick ended first'}")
+
+    @rule(rounds=st.integers(1, 5), seconds=st.sampled_from([60, 300, 900]))
+    def run_a_while(self, rounds: int, seconds: int) -> None:
+        """Rounds of tick, provider step and clock step: time passing with a worker running."""
+        for _ in range(rounds):
+            self.world.tick()
+            self.world.serve_step()
+            self.world.clock.advance(seconds)
+
+    @rule()
+    def serve_step(self) -> None:
+        self.world.serve_step()
+
+    @rule(seconds=st.sampled_from([1, 60, 600, 3600, 6 * 3600, 25 * 3600]))
+    def advance(self, seconds: int) -> None:
+        self.world.clock.advance(seconds)
+
+    @rule(name=st.sampled_from(JOBS))
+    def cancel(self, name: str) -> None:
+        if name in self.jobs:
+            cancel_job(self.world.store, name, self.world.clock)
+
+    @rule(name=st.sampled_from(JOBS), failed=st.booleans(), cancelled=st.booleans())
+    def retry(self, name: str, failed: bool, cancelled: bool) -> None:
+        if name in self.jobs:
+            retry_job(self.world.store, name, self.world.clock, failed=failed, cancelled=cancelled)
+
+    @rule(kind=st.sampled_from(FAULTS))
+    def faults(self, kind: str) -> None:
+        """The main provider's fault plan changes (queue_*: its enqueued-token limit)."""
+        if self.route not in SERVED:
+            return
+        if kind.startswith("queue_"):
+            self.standing = {"full": {"*": 1}, "tight": {"*": 60}, "room": {}}[kind.removeprefix("queue_")]
+        self.world.set_faults(fault_plan(kind, self.route, self.standing))
+
+    # Checks -----------------------------------------------------------------------------------
+    @invariant()
+    def holds(self) -> None:
+        SimMachine.steps_run += 1
+        found = invariants.check_step(self.world)
+        assert not found, "invariants broken:\n  " + "\n  ".join(found[:20])
+
+    def teardown(self) -> None:
+        try:
+            found = self.drain()
+            assert not found, "after the drain:\n  " + "\n  ".join(found[:20])
+        finally:
+            self._exit.close()
+
+    def _counts(self) -> tuple[int, int]:
+        with self.world.store.read() as conn:
+            open_requests = conn.execute(
+                sa.select(sa.func.count()).select_from(requests).where(requests.c.state.in_(["pending", "dispatched"]))
+            ).scalar_one()
+            made = conn.execute(sa.select(sa.func.count()).select_from(dispatches)).scalar_one()
+        return open_requests, made + invariants.batches_created(self.world)
+
+    def _settled(self) -> bool:
+        with self.world.store.read() as conn:
+            live = conn.execute(sa.select(dispatches.c.id).where(dispatches.c.state.in_(LIVE_DISPATCH_STATES)).limit(1)).first()
+            busy = conn.execute(sa.select(jobs.c.id).where(jobs.c.state.not_in(["finished", "cancelled"])).limit(1)).first()
+        return live is None and busy is None and self._counts()[0] == 0
+
+    def drain(self) -> list[str]:
+        """Clear the passing faults (an account's queue limit stays), then tick, step the
+        providers and move the clock on for a bounded number of rounds."""
+        if self.route in SERVED:
+            self.world.set_faults(fault_plan("none", self.route, self.standing))
+            self.world.set_faults(FaultPlan(), "other")
+        open_at_start, made_at_start = self._counts()
+        for round_ in range(DRAIN_ROUNDS):
+            self.world.tick()
+            self.world.serve_step()
+            if self._settled():
+                break
+            self.world.clock.advance(600 if round_ < DRAIN_ROUNDS // 2 else 6 * 3600)
+        found = invariants.check_step(self.world) + invariants.check_drained(self.world)
+        made = self._counts()[1] - made_at_start
+        bound = 2 * open_at_start + 8  # each open request's chunk sent again a time or two; more is a loop
+        if made > bound:
+            found.append(f"drain: {made} batches and dispatches created while draining {open_at_start} open request(s) (bound {bound})")
+        return found
+
+
+def machine_for(route: str, store_kind: str) -> type[SimMachine]:
+    return type(f"Sim_{route.replace('-', '_')}_{store_kind}", (SimMachine,), {"route": route, "store_kind": store_kind})
+
+
+def sim_settings(examples: int, steps: int) -> settings:
+    return settings(
+        max_examples=examples, stateful_step_count=steps, deadline=None, database=None,
+        suppress_health_check=list(HealthCheck), print_blob=False,
+    )  # fmt: skip
+
+
+def replay_command(route: str, store_kind: str, seed: int, examples: int, steps: int) -> str:
+    return (f".venv/bin/python bench/simulate.py --route {route} --store {store_kind} --seed {seed} "
+            f"--seeds 1 --examples {examples} --steps {steps}")  # fmt: skip
+
+
+def run(route: str, store_kind: str, *, seed: int, examples: int, steps: int) -> None:
+    """Run the simulation's examples drawn from `seed` (the same examples every run). A
+    failure raises with the shrunk sequence of steps and the command that replays it."""
+    from hypothesis.stateful import get_state_machine_test
+
+    machine = machine_for(route, store_kind)
+    test = hypothesis.seed(seed)(get_state_machine_test(machine, settings=sim_settings(examples, steps)))
+    try:
+        test()
+    except BaseException as err:
+        if isinstance(err, Exception):
+            err.add_note(f"replay: {replay_command(route, store_kind, seed, examples, steps)}")
+        raise

@@ -1,0 +1,26 @@
+"""The simulation in CI form: a fixed seed budget on every batch route and both stores.
+
+Each case runs the examples drawn from its seed against the real engine and store, with
+`lowtide serve` (echo backend) as the provider on a shared ManualClock (tests/sim). A
+failure prints the shrunk sequence of steps and the one command that replays it; the long
+form is `bench/simulate.py`.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.sim.machine import run
+
+ROUTES = ["openai-batch", "anthropic-batch", "gemini-batch", "echo-batch"]
+SEED = 27
+EXAMPLES = 4
+STEPS = 25
+
+
+@pytest.mark.parametrize("route", ROUTES)
+@pytest.mark.parametrize("store_kind", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_simulation(store_kind, route, request):
+    if store_kind == "postgres":
+        request.getfixturevalue("pg_schema_url")  # skips (or fails in CI) without PostgreSQL
+    run(route, store_kind, seed=SEED, examples=EXAMPLES, steps=STEPS)

@@ -1,0 +1,227 @@
+"""The simulation's world: the client's real store and engine, and `lowtide serve` (echo
+backend) in this process as the provider, all on one ManualClock.
+
+Two providers run: `main`, where every route points, and `other`, where a spec change may
+point `base_url` (a provider that never heard of the batches in flight). Each serves on a
+real loopback port (uvicorn in a thread, so the official SDKs talk HTTP unchanged), with
+no worker thread: `step()` runs its worker's passes here, between the client's ticks, so
+nothing races the test. Faults are swapped on the running servers (`set_faults`).
+
+A kill is a real task cancellation at a drawn await point: the engine's batch routes are
+wrapped so that the n-th route call of a tick cancels the tick, before the call or after
+it returned (the provider did it; the client never hears). The next tick runs on a new
+Engine over the same store, as after a crash.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+
+from lowtide.core.clock import ManualClock
+from lowtide.engine.tick import Engine
+from lowtide.server.app import create_app
+from lowtide.server.context import ServeConfig
+from lowtide.server.faults import FaultPlan
+from lowtide.store.db import Store
+
+KEY_ENV = "LOWTIDE_SIM_KEY"  # the key every provider takes
+WRONG_KEY_ENV = "LOWTIDE_SIM_WRONG_KEY"  # a key no provider takes (a spec change to api_key_env)
+KEY = "sim-key"
+START = 1_800_000_000.0
+ROUTE_MODELS = {"openai-batch": "gpt-4o-mini", "anthropic-batch": "claude-3-5-haiku-latest",
+                "gemini-batch": "gemini-2.5-flash", "echo-batch": "test-model"}  # fmt: skip
+SERVED = ("openai-batch", "anthropic-batch", "gemini-batch")  # through lowtide serve
+PASSES = 30  # serve worker passes per step, at most (a pass that moves nothing ends the step)
+
+
+class Provider:
+    """One `lowtide serve --backend echo` on a loopback port, stepped by hand."""
+
+    def __init__(self, name: str, root: Path, clock: ManualClock):
+        self.name = name
+        config = ServeConfig(backend="echo", data_dir=root / "data", db=str(root / "serve.db"), clock=clock,
+                             run_worker=False, swappable_faults=True, api_keys=(KEY,))  # fmt: skip
+        self.app = create_app(config)
+        self._uvicorn = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=0, log_level="error", lifespan="on"))
+        self._thread = threading.Thread(target=self._uvicorn.run, name=f"sim-serve-{name}", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 30  # a safety net for a server that never starts
+        while not self._uvicorn.started:
+            assert self._thread.is_alive() and time.monotonic() < deadline, f"serve {name} did not start"
+            time.sleep(0.005)
+        self.port = self._uvicorn.servers[0].sockets[0].getsockname()[1]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def server(self):
+        return self.app.state.server
+
+    @property
+    def store(self) -> Store:
+        return self.server.store
+
+    def set_faults(self, plan: FaultPlan) -> None:
+        self.server.faults.swap(plan)
+
+    async def step(self, passes: int = PASSES) -> int:
+        """Run the worker's passes until one moves nothing; how many moved something."""
+        moved = 0
+        for _ in range(passes):
+            if not await self.app.state.worker.run_once():
+                break
+            moved += 1
+        return moved
+
+    def stop(self) -> None:
+        self._uvicorn.should_exit = True
+        self._thread.join(30)
+
+
+class Killed(Exception):
+    """The tick was cancelled at a drawn await point (a crash)."""
+
+
+@dataclass
+class KillPoint:
+    call: int  # the n-th batch-route call of the tick (from 1)
+    after: bool  # cancel once it returned (it happened), else before it is made
+
+
+class _Fused:
+    """A batch route whose `call`-th call cancels the running task (a crash there)."""
+
+    def __init__(self, inner: Any, engine: SimEngine):
+        self._inner, self._engine = inner, engine
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def _guard(self, after: bool) -> None:
+        if self._engine.kill_due(after):
+            task = asyncio.current_task()
+            assert task is not None
+            task.cancel()
+            await asyncio.sleep(0)  # the cancellation lands here, as at any await
+
+    async def _call(self, name: str, *args: Any) -> Any:
+        self._engine.calls += 1
+        await self._guard(after=False)
+        result = await getattr(self._inner, name)(*args)
+        await self._guard(after=True)
+        return result
+
+    async def submit(self, key, batch):
+        return await self._call("submit", key, batch)
+
+    async def find(self, *args):
+        return await self._call("find", *args)
+
+    async def poll(self, batch_id):
+        return await self._call("poll", batch_id)
+
+    async def cancel(self, batch_id):
+        return await self._call("cancel", batch_id)
+
+    async def results(self, batch_id) -> AsyncIterator[Any]:
+        self._engine.calls += 1
+        await self._guard(after=False)
+        async for outcome in self._inner.results(batch_id):
+            yield outcome
+        await self._guard(after=True)
+
+
+class SimEngine(Engine):
+    """The real Engine; only its batch routes are wrapped in `_Fused` (the kill points)."""
+
+    kill: KillPoint | None = None
+    calls = 0
+
+    def route_for(self, lane):
+        route = super().route_for(lane)
+        return _Fused(route, self) if route.kind == "batch" else route
+
+    def kill_due(self, after: bool) -> bool:
+        return self.kill is not None and self.calls == self.kill.call and self.kill.after == after
+
+
+class World:
+    """Client store + engine, two providers, one clock and one event loop."""
+
+    def __init__(self, root: Path, store_url: str):
+        os.environ[KEY_ENV] = KEY
+        os.environ[WRONG_KEY_ENV] = "not-the-key"
+        self.root = root
+        self.clock = ManualClock(START)
+        self.loop = asyncio.new_event_loop()
+        self.providers = {n: Provider(n, root / f"serve-{n}", self.clock) for n in ("main", "other")}
+        self.store = Store(store_url)
+        self.generation = 0
+        self.engine = self._new_engine()
+
+    def _new_engine(self) -> SimEngine:
+        self.generation += 1
+        return SimEngine(self.store, self.clock, seed=self.generation)
+
+    def run(self, coro):
+        return self.loop.run_until_complete(coro)
+
+    def tick(self):
+        return self.run(self.engine.tick())
+
+    def tick_killed(self, kill: KillPoint) -> bool:
+        """A tick that dies at `kill` (if it gets that far); then a new engine. Whether it died."""
+        self.engine.kill, self.engine.calls = kill, 0
+        task = self.loop.create_task(self.engine.tick())
+        try:
+            self.loop.run_until_complete(task)
+            died = False
+        except asyncio.CancelledError:
+            died = True
+        old, self.engine = self.engine, self._new_engine()
+        old.kill = None
+        self.run(old.aclose())  # its connections close; its store rows stay as they were
+        return died
+
+    def serve_step(self) -> int:
+        return sum(self.run(p.step()) for p in self.providers.values())
+
+    def set_faults(self, plan: FaultPlan, provider: str = "main") -> None:
+        self.providers[provider].set_faults(plan)
+
+    def clear_faults(self) -> None:
+        for p in self.providers.values():
+            p.set_faults(FaultPlan())
+
+    def route_options(self, route: str, chunk: int, provider: str = "main", key_env: str = KEY_ENV) -> dict[str, Any]:
+        url = self.providers[provider].url
+        polls = [60.0, 600.0]
+        if route == "openai-batch":
+            return {"base_url": f"{url}/v1", "api_key_env": key_env, "poll_interval": polls, "max_requests": chunk}
+        if route == "anthropic-batch":
+            return {"base_url": url, "api_key_env": key_env, "poll_interval": polls, "max_requests": chunk}
+        if route == "gemini-batch":
+            return {"base_url": url, "api_key_env": key_env, "poll_interval": polls, "max_requests": chunk}
+        return {"dir": str(self.root / "echo-batch"), "max_requests": chunk, "polls_to_complete": 2}
+
+    def close(self) -> None:
+        try:
+            self.run(self.engine.aclose())
+            for p in self.providers.values():
+                self.run(p.app.state.worker.aclose())
+        finally:
+            for p in self.providers.values():
+                p.stop()
+            self.store.close()
+            self.loop.close()
