@@ -115,7 +115,7 @@ def compare(store: Store, ev: EvalSpec, disagreements: int = 20) -> EvalReport:
         problems = check_expected(s, pairs, ev.base.effective_choices, lambda k: f"{ev.base.source.path} row with id {k}")
         if problems:
             raise SourceError.from_problems(f"{ev.base.source.path}: cannot score", problems)
-    judged = _verdicts(store, ev) if method == "judge" else None
+    judged = _verdicts(store, ev, values) if method == "judge" else None
     results: list[VariantResult] = []
     scored: dict[str, _Scored] = {}
     confusion: dict[str, dict[str, dict[str, int]]] = {}
@@ -253,7 +253,7 @@ class _Verdicts:
     stale_reason: str = STALE
 
 
-def _verdicts(store: Store, ev: EvalSpec) -> _Verdicts:
+def _verdicts(store: Store, ev: EvalSpec, values: dict[str, dict]) -> _Verdicts:
     """The judge's verdict for each first-stage custom_id it judged, if it judged the answer
     stored now: its request's fingerprint is that of the judge row the answer makes now."""
     field_name = ev.parts.judge.verdict_field
@@ -265,7 +265,7 @@ def _verdicts(store: Store, ev: EvalSpec) -> _Verdicts:
             select(requests.c.source_key, requests.c.parsed, requests.c.fingerprint)
             .where(requests.c.job_id == job.id, requests.c.state == RequestState.SUCCEEDED.value)
         ).all()  # fmt: skip
-    now = stage_fingerprints(JobSpec.model_validate_json(job.spec), judge_rows(store, ev)[0])
+    now = stage_fingerprints(JobSpec.model_validate_json(job.spec), judge_rows(store, ev, values)[0])
     out = _Verdicts({}, set(), STALE if now is not None else NO_STAGE_FILE)
     for row_id, parsed, fingerprint in rows:
         if fingerprint is not None and (now is None or now.get(row_id) != fingerprint):  # none: stored before m008

@@ -129,15 +129,16 @@ def stage_path(ev: EvalSpec) -> Path:
     return ev.base.resolve(STAGE_DIR) / f"{ev.judge_name}.jsonl"
 
 
-def judge_rows(store: Store, ev: EvalSpec) -> tuple[list[dict], list[str]]:
-    """The judge's rows as the members' succeeded answers make them now, and the source's columns."""
+def judge_rows(store: Store, ev: EvalSpec, values: dict[str, dict] | None = None) -> tuple[list[dict], list[str]]:
+    """The judge's rows as the members' succeeded answers make them now, and the source's
+    columns; `values`: the source's rows by key (`source_values`), if read already."""
     s = ev.scoring
     expected = {"expected": s.expected} if s is not None and s.expected else {}
     ups = [
         Upstream(m.spec.name, {"variant": m.variant, "model": m.spec.model, "prompt": m.prompt}, expected)
         for m in ev.members
     ]
-    values = source_values(ev.base)
+    values = source_values(ev.base) if values is None else values
     return stage_rows(store, ups, values), list(next(iter(values.values()), {}).keys())
 
 
