@@ -304,17 +304,26 @@ def _print_accuracy(column: str, per: dict[str, list[int]], spec: JobSpec) -> No
     out.print(table)
 
 
-def cancel(job: JobName, as_json: AsJson = False) -> None:
+def cancel(
+    job: JobName,
+    force: Annotated[bool, typer.Option("--force", help="Do not wait for batches whose create may or may not have "
+                                        "reached the provider (a provider that cannot be reached): cancel their "
+                                        "requests now. If such a create did land, that batch runs and is paid for "
+                                        "there, and its results are not brought in.")] = False,
+    as_json: AsJson = False,
+) -> None:  # fmt: skip
     """Cancel a job: unsent requests are cancelled, provider batches asked to stop.
 
-    Results a provider had already produced are still brought in (they are paid for).
+    Results a provider had already produced are still brought in (they are paid for). A
+    batch being created when the cancel came is looked up at the provider first; while the
+    provider cannot be reached, that wait has no end: `--force` ends it, with the risk said.
 
     Example: lowtide cancel classify-tickets
     """
     try:
         with open_store(create=False) as store:
             was = job_status(store, job, events=0).state
-            n = cancel_job(store, job, SystemClock())
+            n = cancel_job(store, job, SystemClock(), force=force)
             now = job_status(store, job, events=0)
     except LowtideError as err:
         raise fail(err) from None

@@ -7,6 +7,8 @@
     │   └── TemplateError        a template (syntax, undefined variables)
     ├── RouteError               a route failed or is misconfigured
     │   ├── BatchRejected        a provider refused a batch for good (validation, 4xx)
+    │   ├── BatchGone            a provider does not know a batch it was polled for (404)
+    │   ├── NotSent              a create provably never reached the provider (refused connection)
     │   └── UnknownRouteError    no route of that name is registered
     ├── StoreError               the store cannot be opened or is from a newer release
     │   └── MissingStoreError    a read-only command found no store where it looked
@@ -59,6 +61,16 @@ class RouteError(LowtideError):
 
 class BatchRejected(RouteError):
     """The provider refused a batch for good; sending it again as it is cannot help."""
+
+
+class BatchGone(RouteError):
+    """The provider answered that it does not know a batch (404 on a poll): it was lost
+    there, or the route now points at another provider. Given up after a grace."""
+
+
+class NotSent(RouteError):
+    """A create that provably never reached the provider (the connection was refused, the
+    host not found): nothing was created, so nothing needs to be found."""
 
 
 class UnknownRouteError(RouteError, InputError):

@@ -19,16 +19,15 @@ import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from sqlalchemy import and_, case, func, select, update
+from sqlalchemy import case, func, select, update
 
 from lowtide.core.clock import Clock
 from lowtide.core.embeddings import MAX_INPUTS
-from lowtide.core.errors import BatchRejected
-from lowtide.core.states import DispatchState, RequestState
+from lowtide.core.errors import BatchGone, BatchRejected, NotSent
+from lowtide.core.states import DispatchState
 from lowtide.core.types import Outcome, Request
-from lowtide.engine import budget, queue_limit
+from lowtide.engine import budget, fate, queue_limit
 from lowtide.engine.context import JobContext
-from lowtide.engine.control import cancelled_values
 from lowtide.engine.dispatch import assign, iter_dispatched, left_in_dispatch, new_dispatch
 from lowtide.engine.ingest import IngestCounts, apply_outcomes
 from lowtide.engine.packs import Packer, pack_size, packing, unpack_stored, vector_check
@@ -37,7 +36,7 @@ from lowtide.routes.base import BatchRoute, scrub
 from lowtide.store.db import Store
 from lowtide.store.queries import add_event, note_phase
 from lowtide.store.schema import PENDING, dispatches, requests
-from lowtide.store.transitions import lock_job, move_dispatch, move_requests
+from lowtide.store.transitions import lock_job, move_dispatch
 
 INGEST_CHUNK = 2000
 CHUNKS_PER_TICK = 10  # planning more waits for the next tick: memory stays bounded
@@ -90,7 +89,7 @@ def plan(store: Store, job: JobContext, route: BatchRoute, clock: Clock, lane: s
         one_model = route.limits.one_model_per_batch
         chunk_model = None
         models: set[str] = set()
-        rooms: dict[str, int | None] = {}  # model -> enqueued tokens it may still take
+        rooms: dict[str, queue_limit.Room] = {}  # model -> what of its provider queue is left
         for rid, nbytes, model in rows:
             if chunk and (
                 len(chunk) >= limit or size + nbytes > route.limits.max_bytes or (one_model and model != chunk_model)
@@ -98,19 +97,14 @@ def plan(store: Store, job: JobContext, route: BatchRoute, clock: Clock, lane: s
                 planned += _plan_one(conn, job, route, chunk, now, models, tokens)
                 chunk, size, tokens, models = [], 0, 0, set()
             need = queue_limit.tokens_of(nbytes - LINE_OVERHEAD)
-            if limit_of is not None:
-                if model not in rooms:
-                    rooms[model] = queue_limit.room(conn, route.name, model, limit_of(model))
-                left = rooms[model]
-                if left is not None and need > left:
-                    whole = limit_of(model)
-                    if whole is not None and need > whole:  # can never be queued: fails now, by name
-                        queue_limit.refuse_oversized(conn, job, route.name, model, rid, need, whole, now)
-                    else:
-                        rooms[model] = 0  # the queue is full for this model: the rest waits
-                    continue
-                if left is not None:
-                    rooms[model] = left - need
+            if model not in rooms:
+                rooms[model] = queue_limit.room(conn, route.name, model, limit_of(model) if limit_of else None, now)
+            taken = rooms[model].take(need)
+            if taken is None:  # can never be queued: fails now, by name
+                queue_limit.refuse_oversized(conn, job, route.name, model, rid, need, rooms[model].limit, now)
+                continue
+            if not taken:  # the queue is full for this model: waits for a later tick
+                continue
             chunk.append(rid)
             chunk_model = model
             models.add(model)
@@ -128,6 +122,13 @@ def _first_on(conn, job_id: int, route: str) -> bool:
         dispatches.c.job_id == job_id, dispatches.c.route == route, dispatches.c.kind == "batch"
     )
     return conn.execute(some.limit(1)).first() is None
+
+
+def _together(route: BatchRoute) -> float:
+    """Retries on a batch route are due on a grid of its first poll interval: those due
+    within one interval of each other go in one batch (a provider batch is a round trip of
+    minutes to hours; sent one by one as each came due, 3,000 rows with faults became 399)."""
+    return getattr(route, "poll_interval", DEFAULT_POLL_INTERVAL)[0]
 
 
 def _plan_one(conn, job: JobContext, route: BatchRoute, ids: list[int], now: float, models: set[str], tokens: int) -> int:
@@ -195,8 +196,9 @@ async def submit(
         with store.begin() as conn:
             waiting = len(left_in_dispatch(conn, dispatch_id))
             cancelled = conn.execute(select(dispatches.c.cancel_requested).where(dispatches.c.id == dispatch_id)).scalar_one()
-            if provider_id is None and (cancelled or not waiting):
-                _cancel_unsent(conn, job, route, dispatch_id, clock.now())
+            # Nothing reached the provider: past the deadline it is not sent now (its requests fail).
+            if provider_id is None and (cancelled or not waiting or fate.deadline_passed(job.spec, clock.now())):
+                _end_unsent(conn, job, route, dispatch_id, clock.now())
                 continue
             if provider_id is None and state == DispatchState.SUBMITTING:
                 # Found nothing from the last try: this create is the one `find` must match next.
@@ -208,6 +210,12 @@ async def submit(
                 provider_id = await route.submit(key, Packer()(given) if packing(job.spec) else given)
         except BatchRejected as err:
             _reject(store, job, route, dispatch_id, DispatchState.SUBMITTING, scrub(route, str(err)), clock, rng)
+            continue
+        except NotSent as err:  # provably nothing at the provider: planned again, so a cancel needs no `find`
+            said = scrub(route, str(err))
+            with store.begin() as conn:
+                move_dispatch(conn, dispatch_id, DispatchState.SUBMITTING, DispatchState.PLANNED, error=said[:2000], owner=None, lease_until=0.0)
+                add_event(conn, job.id, "submit_error", f"{route.name}: {said} (nothing was sent)", clock.now())
             continue
         except Exception as err:  # transient: the next tick (this worker's or another's) finds-or-submits again
             said = scrub(route, str(err))
@@ -231,17 +239,12 @@ async def submit(
     return sent
 
 
-def _cancel_unsent(conn, job: JobContext, route: BatchRoute, dispatch_id: int, now: float) -> None:
-    """A `submitting` dispatch the provider has no batch for (never sent), now not wanted
-    (cancelled, or nothing left in it): it ends here, and what it held is cancelled."""
-    n = move_requests(
-        conn, RequestState.CANCELLED,
-        and_(requests.c.dispatch_id == dispatch_id, requests.c.state == RequestState.DISPATCHED.value),
-        values=cancelled_values(now),
-    )  # fmt: skip
+def _end_unsent(conn, job: JobContext, route: BatchRoute, dispatch_id: int, now: float) -> None:
+    """A `submitting` dispatch the provider has no batch for (never sent), now not wanted (a
+    cancel, a deadline, or nothing left in it): it ends here, and what it held leaves it
+    unsent (`fate.take_back`: cancelled in a cancelled job, failed past its deadline)."""
+    fate.take_back(conn, job, dispatch_id, now, sent=False)
     move_dispatch(conn, dispatch_id, DispatchState.SUBMITTING, DispatchState.CANCELLED, ended_at=now)
-    if n:
-        add_event(conn, job.id, "cancelled", f"{n} request(s) of a batch never sent to {route.name} cancelled", now)
 
 
 class _Refused(Exception):
@@ -268,7 +271,7 @@ def _begin_submit(store: Store, job: JobContext, route: BatchRoute, dispatch_id:
                 raise _Refused(refused)  # undoes the compare-and-set: nothing was sent
     except _Refused as refused:
         with store.begin() as conn:
-            budget.exhaust(conn, job.id, str(refused), now)
+            budget.exhaust(conn, job, str(refused), now)
         return False
     return True
 
@@ -316,16 +319,18 @@ def _known_batches(store: Store, route: str, since: float) -> set[str]:
 
 
 def _reject(
-    store: Store, job: JobContext, route, dispatch_id: int, current: DispatchState, reason: str, clock: Clock, rng
-) -> None:
-    """The provider refused the batch: its requests fail with the provider's reason."""
+    store: Store, job: JobContext, route, dispatch_id: int, current: DispatchState, reason: str, clock: Clock, rng,
+    code: str = "batch_rejected", retryable: bool = False,
+) -> None:  # fmt: skip
+    """The provider refused (or lost) the batch: each of its requests gets that failure, with
+    the provider's reason (engine/fate.py decides what it becomes)."""
     now = clock.now()
     with store.begin() as conn:
         ids = left_in_dispatch(conn, dispatch_id)
-        failures = [Outcome.failure(c, "batch_rejected", reason, False) for c in ids]
-        apply_outcomes(conn, job, dispatch_id, route.name, failures, now, rng)
+        failures = [Outcome.failure(c, code, reason, retryable) for c in ids]
+        apply_outcomes(conn, job, dispatch_id, route.name, failures, now, rng, together=_together(route))
         move_dispatch(conn, dispatch_id, current, DispatchState.FAILED, error=reason[:2000], ended_at=now)
-        add_event(conn, job.id, "batch_rejected", f"{route.name}: {reason}", now)
+        add_event(conn, job.id, code, f"{route.name}: {reason}", now)
 
 
 async def poll(
@@ -364,14 +369,17 @@ async def poll(
                     status = await route.poll(provider_id)
         except Exception as err:
             said = scrub(route, str(err))
+            gone = isinstance(err, BatchGone)
             with store.begin() as conn:
                 conn.execute(
                     update(dispatches).where(dispatches.c.id == dispatch_id).values(
                         polls=polls + 1, error=said[:2000], next_poll_at=clock.now() + poll_delay(interval, polls, rng),
-                        lease_until=0.0,
+                        lease_until=0.0, lost_since=func.coalesce(dispatches.c.lost_since, clock.now()) if gone else None,
                     )
                 )
                 add_event(conn, job.id, "poll_error", f"{route.name} batch {provider_id}: {said}", clock.now())
+            if gone:
+                _give_up_if_lost(store, job, route, dispatch_id, provider_id, said, clock, rng)
             continue
         # The flag is cleared only once acted on: a cancel that arrived during this poll stays.
         settled = {"cancel_requested": False} if status.ended or (asked and not cancel_requested) else {}
@@ -379,7 +387,7 @@ async def poll(
             note_phase(conn, dispatch_id, status.phase, clock.now())  # the batch timeline
             conn.execute(
                 update(dispatches).where(dispatches.c.id == dispatch_id).values(
-                    polls=polls + 1, phase=status.phase, error=None, **settled,
+                    polls=polls + 1, phase=status.phase, error=None, lost_since=None, **settled,
                     next_poll_at=clock.now() + poll_delay(interval, polls + 1, rng),
                     # Held while an ended batch is ingested; let go otherwise.
                     lease_until=clock.now() + POLL_LEASE if status.ended else 0.0,
@@ -399,6 +407,24 @@ async def poll(
                     conn.execute(update(dispatches).where(dispatches.c.id == dispatch_id).values(lease_until=0.0))
                     add_event(conn, job.id, "ingest_error", scrub(route, f"{route.name} batch {provider_id}: {err}"), clock.now())
     return counts
+
+
+LOST_GRACE = 3600.0  # seconds a provider may answer "no such batch" before the batch is given up
+
+
+def _give_up_if_lost(store: Store, job: JobContext, route: BatchRoute, dispatch_id: int, provider_id: str, said: str,
+                     clock: Clock, rng: random.Random) -> None:  # fmt: skip
+    """A batch the provider has not known for LOST_GRACE (lost there, or the route now
+    points elsewhere) is given up: polled for ever, it would hold its requests for ever.
+    Its requests get a retryable failure `batch_lost` (engine/fate.py decides: another
+    batch while attempts remain, cancelled in a cancelled job)."""
+    now = clock.now()
+    with store.begin() as conn:
+        since = conn.execute(select(dispatches.c.lost_since).where(dispatches.c.id == dispatch_id)).scalar_one()
+    if since is None or now - since < LOST_GRACE:
+        return
+    reason = f"the provider has not known batch {provider_id} for {now - since:.0f} s ({said}); given up as lost"
+    _reject(store, job, route, dispatch_id, DispatchState.SUBMITTED, reason, clock, rng, code="batch_lost", retryable=True)
 
 
 async def _cancel(store: Store, job: JobContext, route: BatchRoute, provider_id: str, clock: Clock) -> bool:
@@ -428,16 +454,16 @@ async def _ingest(store, job: JobContext, route: BatchRoute, dispatch_id: int, p
             with store.begin() as conn:
                 if vectors is not None:
                     chunk = unpack_stored(conn, job.id, dispatch_id, chunk, vectors.expected)
-                counts.add(apply_outcomes(conn, job, dispatch_id, route.name, chunk, clock.now(), rng))
+                counts.add(apply_outcomes(conn, job, dispatch_id, route.name, chunk, clock.now(), rng, together=_together(route)))
             chunk = []
     now = clock.now()
     with store.begin() as conn:
         if vectors is not None:
             chunk = unpack_stored(conn, job.id, dispatch_id, chunk, vectors.expected)
-        counts.add(apply_outcomes(conn, job, dispatch_id, route.name, chunk, now, rng))
+        counts.add(apply_outcomes(conn, job, dispatch_id, route.name, chunk, now, rng, together=_together(route)))
         missing = left_in_dispatch(conn, dispatch_id)
         expired = [Outcome.failure(c, "expired", "no result for this request in the batch output; treated as expired", True) for c in missing]
-        counts.add(apply_outcomes(conn, job, dispatch_id, route.name, expired, now, rng))
+        counts.add(apply_outcomes(conn, job, dispatch_id, route.name, expired, now, rng, together=_together(route)))
         move_dispatch(conn, dispatch_id, DispatchState.SUBMITTED, DispatchState.ENDED, ended_at=now)
         if counts.unknown:
             add_event(conn, job.id, "unknown_results", f"{len(counts.unknown)} result(s) with unknown custom_id in {provider_id}", now)

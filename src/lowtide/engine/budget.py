@@ -28,11 +28,12 @@ from lowtide.core.errors import InputError
 from lowtide.core.pricing import attempt_cost, load_catalog
 from lowtide.core.states import DispatchState, JobState, RequestState
 from lowtide.core.types import Request, Usage
+from lowtide.engine import fate
 from lowtide.engine.context import JobContext
 from lowtide.store.money import from_pico, to_pico
 from lowtide.store.queries import add_event
 from lowtide.store.schema import attempts, dispatches, jobs, requests
-from lowtide.store.transitions import lock_job, move_dispatch, move_job, move_requests
+from lowtide.store.transitions import lock_job, move_job
 
 # A dispatch holds its reservation from the moment it may reach the provider.
 RESERVING_STATES = (DispatchState.SUBMITTING.value, DispatchState.SUBMITTED.value, DispatchState.RUNNING.value)
@@ -150,24 +151,17 @@ def reserve(conn: Connection, job: JobContext, dispatch_id: int, route: str) -> 
     return None
 
 
-def exhaust(conn: Connection, job_id: int, reason: str, now: float) -> None:
+def exhaust(conn: Connection, job: JobContext, reason: str, now: float) -> None:
     """Stop sending: the job becomes budget_exhausted and its unsent batches are taken apart
     (their requests wait, pending, for the budget to be raised). The job's row is locked
     first, as `reserve` and `cancel` lock it, so that none of them waits on the other."""
+    job_id = job.id
     state = lock_job(conn, job_id)
     planned = conn.scalars(
         select(dispatches.c.id).where(dispatches.c.job_id == job_id, dispatches.c.state == DispatchState.PLANNED.value)
     ).all()
-    for dispatch_id in planned:
-        # The dispatch first: one another worker has just begun to send is not taken apart.
-        if not move_dispatch(conn, dispatch_id, DispatchState.PLANNED, DispatchState.CANCELLED, ended_at=now):
-            continue
-        move_requests(
-            conn,
-            RequestState.PENDING,
-            and_(requests.c.dispatch_id == dispatch_id, requests.c.state == RequestState.DISPATCHED.value),
-            values={"dispatch_id": None, "attempts": requests.c.attempts - 1, "updated_at": now},
-        )  # an unsent batch was no attempt
+    for dispatch_id in planned:  # one another worker has just begun to send is not taken apart
+        fate.undo_planned(conn, job, dispatch_id, now)
     if state == JobState.ACTIVE.value:
         move_job(conn, job_id, JobState.BUDGET_EXHAUSTED, updated_at=now)
         add_event(

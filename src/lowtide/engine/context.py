@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import Row
+from sqlalchemy import Connection, Row, select
 
 from lowtide.core.auto_spec import route_label
 from lowtide.core.spec import JobSpec
 from lowtide.core.states import JobState
+from lowtide.store.schema import jobs
 
 
 @dataclass(slots=True)
@@ -21,6 +22,10 @@ class JobContext:
     @classmethod
     def from_row(cls, row: Row) -> JobContext:
         return cls(row.id, row.name, JobState(row.state), JobSpec.model_validate_json(row.spec))
+
+    @classmethod
+    def load(cls, conn: Connection, job_id: int) -> JobContext:
+        return cls.from_row(conn.execute(select(jobs).where(jobs.c.id == job_id)).one())
 
     @property
     def lanes(self) -> list[Lane]:

@@ -5,11 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from decimal import Decimal
 
-from sqlalchemy import and_, func, select, update
+from sqlalchemy import and_, func, or_, select, update
 
 from lowtide.core.clock import Clock
 from lowtide.core.spec import JobSpec
 from lowtide.core.states import DispatchState, JobState, RequestState
+from lowtide.engine import fate
 from lowtide.engine.budget import position
 from lowtide.engine.context import tier_lane
 from lowtide.store.db import Store
@@ -24,7 +25,7 @@ from lowtide.store.queries import (
     token_totals,
 )
 from lowtide.store.schema import dispatches, requests
-from lowtide.store.transitions import lock_job, move_dispatch, move_job, move_requests
+from lowtide.store.transitions import lock_job, move_dispatch, move_job
 
 
 @dataclass(slots=True)
@@ -177,30 +178,37 @@ def job_spec(store: Store, name: str) -> JobSpec:
         return JobSpec.model_validate_json(get_job(conn, name).spec)
 
 
-def cancel_job(store: Store, name: str, clock: Clock) -> int:
+def cancel_job(store: Store, name: str, clock: Clock, *, force: bool = False) -> int:
     """Cancel what has not finished. Provider batches already sent are asked to cancel and
     their partial results are still brought in (they are paid for). A batch whose create may
     or may not have reached the provider (`submitting`) is flagged: the next tick adopts it
     through the route's `find` and cancels it there, or, if it was never sent, cancels its
-    requests; a worker inside that create right now finds the flag when it records the id."""
+    requests; a worker inside that create right now finds the flag when it records the id.
+
+    `force`: a `submitting` batch is not waited for. Against a provider that cannot be reached
+    its `find` never answers, and the cancel would wait for ever; forced, its requests are
+    cancelled now. The risk, said in the event: if that create did reach the provider, the
+    batch runs there, is paid for, and its results are never brought in."""
     now = clock.now()
     with store.begin() as conn:
         job = get_job(conn, name)
-        if lock_job(conn, job.id) not in (JobState.ACTIVE, JobState.BUDGET_EXHAUSTED):  # finished or already cancelled
+        state = lock_job(conn, job.id)
+        if force and state == JobState.CANCELLED:
+            return _abandon_submitting(conn, job.id, now)
+        if state not in (JobState.ACTIVE, JobState.BUDGET_EXHAUSTED):  # finished or already cancelled
             return 0
         move_job(conn, job.id, JobState.CANCELLED, updated_at=now)
-        values = cancelled_values(now)
-        n = move_requests(
-            conn, RequestState.CANCELLED, and_(requests.c.job_id == job.id, requests.c.state == RequestState.PENDING.value), values=values
-        )
-        # Direct dispatches and unsent batches: nothing will be paid for after this.
+        # Pending requests, and those of direct dispatches and unsent batches: nothing will be paid for after this.
         unsent = select(dispatches.c.id).where(
             dispatches.c.job_id == job.id,
             dispatches.c.state.in_([DispatchState.RUNNING.value, DispatchState.PLANNED.value]),
         )
-        n += move_requests(
-            conn, RequestState.CANCELLED, and_(requests.c.job_id == job.id, requests.c.dispatch_id.in_(unsent)), values=values
-        )
+        n = fate.cancel(
+            conn, job.id,
+            or_(requests.c.state == RequestState.PENDING.value,
+                and_(requests.c.state == RequestState.DISPATCHED.value, requests.c.dispatch_id.in_(unsent))),
+            now,
+        )  # fmt: skip
         for (dispatch_id,) in conn.execute(
             select(dispatches.c.id).where(dispatches.c.job_id == job.id, dispatches.c.state == DispatchState.PLANNED.value)
         ).all():
@@ -215,12 +223,30 @@ def cancel_job(store: Store, name: str, clock: Clock) -> int:
             .values(cancel_requested=True, next_poll_at=now)
         )
         add_event(conn, job.id, "cancelled", f"{n} request(s) cancelled by the user", now)
+        if force:
+            n += _abandon_submitting(conn, job.id, now)
     return n
 
 
-def cancelled_values(now: float) -> dict:
-    """What a request cancelled by the user carries."""
-    return {"error_code": "cancelled", "error_message": "cancelled by the user", "updated_at": now}
+def _abandon_submitting(conn, job_id: int, now: float) -> int:
+    """`cancel --force`: batches whose create may or may not have reached the provider end
+    here, their requests cancelled, without the `find` that would tell."""
+    submitting = conn.scalars(
+        select(dispatches.c.id).where(dispatches.c.job_id == job_id, dispatches.c.state == DispatchState.SUBMITTING.value)
+    ).all()
+    n = 0
+    for dispatch_id in submitting:
+        why = "abandoned by `lowtide cancel --force` before lowtide could tell whether its create reached the provider"
+        if move_dispatch(conn, dispatch_id, DispatchState.SUBMITTING, DispatchState.CANCELLED, ended_at=now, error=why):
+            n += fate.cancel(conn, job_id, and_(requests.c.dispatch_id == dispatch_id, requests.c.state == RequestState.DISPATCHED.value), now)
+    if submitting:
+        add_event(
+            conn, job_id, "cancel_forced",
+            f"{len(submitting)} batch(es) being created abandoned, {n} request(s) cancelled: if a create did reach the "
+            "provider, that batch runs and is paid for there, and its results are not brought in",
+            now,
+        )  # fmt: skip
+    return n
 
 
 def retry_job(store: Store, name: str, clock: Clock, *, failed: bool = True, cancelled: bool = False) -> int:
@@ -232,16 +258,7 @@ def retry_job(store: Store, name: str, clock: Clock, *, failed: bool = True, can
     with store.begin() as conn:
         job = get_job(conn, name)
         lock_job(conn, job.id)  # before the requests: a concurrent finish() waits, then sees them
-        n = move_requests(
-            conn,
-            RequestState.PENDING,
-            and_(requests.c.job_id == job.id, requests.c.state.in_([s.value for s in states])),
-            only=states,
-            values={
-                "attempts": 0, "not_before": 0.0, "repair": None, "dispatch_id": None, "updated_at": now,
-                "lane": "main", "lane_reason": None, "lane_base_attempts": 0,
-            },  # fmt: skip
-        )
+        n = fate.retry(conn, job.id, states, now)
         if n:
             move_job(conn, job.id, JobState.ACTIVE, finished_at=None, updated_at=now)
             add_event(conn, job.id, "retry", f"{n} request(s) queued again", now)

@@ -70,7 +70,7 @@ async def run_direct(
             batch = dispatched_requests(conn, dispatch_id)
     except _OverBudget as over:
         with store.begin() as conn:
-            budget.exhaust(conn, job.id, str(over), now)
+            budget.exhaust(conn, job, str(over), now)
         return IngestCounts()
     if lane is not None and lane.model:
         for request in batch:

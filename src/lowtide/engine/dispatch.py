@@ -10,9 +10,9 @@ from sqlalchemy import ColumnElement, Connection, insert, select, update
 from lowtide.core import fastjson
 from lowtide.core.states import DispatchState, RequestState
 from lowtide.core.types import Request
+from lowtide.engine import fate
 from lowtide.store.bulk import among
 from lowtide.store.schema import PENDING, dispatches, requests
-from lowtide.store.transitions import move_requests
 
 
 def pending_ids(conn: Connection, job_id: int, now: float, limit: int, lane: str | None = None) -> list[int]:
@@ -76,13 +76,7 @@ def assign(conn: Connection, dispatch_id: int, ids: list[int], route: str, now: 
 
 def _move_into(conn: Connection, dispatch_id: int, which: ColumnElement[bool], route: str, now: float) -> int:
     """The pending requests `which` selects join the dispatch: one attempt each."""
-    return move_requests(
-        conn,
-        RequestState.DISPATCHED,
-        which,
-        only=[RequestState.PENDING],
-        values={"dispatch_id": dispatch_id, "attempts": requests.c.attempts + 1, "route": route, "updated_at": now},
-    )
+    return fate.send(conn, dispatch_id, which, route, now)
 
 
 def dispatched_requests(conn: Connection, dispatch_id: int, after: int = 0, limit: int | None = None) -> list[Request]:

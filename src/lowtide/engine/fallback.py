@@ -32,12 +32,12 @@ from dataclasses import dataclass
 from sqlalchemy import Connection, and_, select, update
 
 from lowtide.core.clock import Clock
-from lowtide.core.states import DispatchState, JobState, RequestState
+from lowtide.core.states import DispatchState, JobState
+from lowtide.engine import fate
 from lowtide.engine.context import JobContext
 from lowtide.store.db import Store
 from lowtide.store.queries import add_event
 from lowtide.store.schema import PENDING, dispatches, requests
-from lowtide.store.transitions import move_dispatch, move_requests
 
 HISTORY = 20  # recent batches of a route its turnaround is estimated from
 MIN_HISTORY = 3
@@ -81,9 +81,9 @@ def cut_over(store: Store, job: JobContext, route_kind: str, route_name: str, cl
     with store.begin() as conn:
         if now >= cut_at:
             report.to_fallback += move_pending(conn, job.id, now, "deadline cut-over")
-            report.to_fallback += unplan(conn, job.id, route_name, now)
+            report.to_fallback += unplan(conn, job, route_name, now)
             report.cancelled_batches = cancel_in_flight(conn, job.id, route_name, now)
-            report.to_fallback += release_stuck(conn, job.id, route_name, now, fb.safety_margin / 3)
+            report.to_fallback += release_stuck(conn, job, route_name, now, fb.safety_margin / 3)
         elif route_kind == "batch":
             turnaround = expected_turnaround(conn, route_name, fb.expected_turnaround)
             if now + turnaround > cut_at:
@@ -127,22 +127,18 @@ def move_pending(
     ).rowcount
 
 
-def unplan(conn: Connection, job_id: int, route: str, now: float, dst: str = "fallback", why: str | None = None) -> int:
-    """Batches planned but not sent: their requests go to lane `dst` unsent."""
-    moved = 0
+def unplan(conn: Connection, job: JobContext, route: str, now: float, dst: str = "fallback", why: str | None = None) -> int:
+    """Batches planned but not sent: their requests go to lane `dst` unsent (engine/fate.py
+    `undo_planned`; one another worker has just begun to send is cut once it is submitted)."""
     planned = conn.scalars(
         select(dispatches.c.id).where(
-            dispatches.c.job_id == job_id,
+            dispatches.c.job_id == job.id,
             dispatches.c.route == route,
             dispatches.c.state == DispatchState.PLANNED.value,
         )
     ).all()
-    for dispatch_id in planned:
-        # The dispatch first: one another worker has just begun to send keeps its requests
-        # (that batch is cut like any other in flight once it is submitted).
-        if move_dispatch(conn, dispatch_id, DispatchState.PLANNED, DispatchState.CANCELLED, ended_at=now):
-            moved += _release(conn, dispatch_id, now, why or "deadline cut-over before the batch was sent", dst, sent=False)
-    return moved
+    lane = _lane(now, why or "deadline cut-over before the batch was sent", dst)
+    return sum(fate.undo_planned(conn, job, dispatch_id, now, lane) for dispatch_id in planned)
 
 
 def cancel_in_flight(conn: Connection, job_id: int, route: str, now: float) -> int:
@@ -161,41 +157,25 @@ def cancel_in_flight(conn: Connection, job_id: int, route: str, now: float) -> i
 
 
 def release_stuck(
-    conn: Connection, job_id: int, route: str, now: float, grace: float, dst: str = "fallback", why: str | None = None
+    conn: Connection, job: JobContext, route: str, now: float, grace: float, dst: str = "fallback", why: str | None = None
 ) -> int:
-    """Cancelled batches that have not ended within `grace`: go on without them."""
+    """Cancelled batches that have not ended within `grace`: go on without them. What they
+    held goes to lane `dst`; their attempt counts (they were sent)."""
     moved = 0
     stuck = conn.scalars(
         select(dispatches.c.id).where(
-            dispatches.c.job_id == job_id,
+            dispatches.c.job_id == job.id,
             dispatches.c.route == route,
             dispatches.c.state == DispatchState.SUBMITTED.value,
             dispatches.c.cut_at <= now - grace,
         )
     ).all()
+    lane = _lane(now, why or "its batch did not end after being cancelled at the cut-over", dst)
     for dispatch_id in stuck:
-        moved += _release(conn, dispatch_id, now, why or "its batch did not end after being cancelled at the cut-over", dst, sent=True)
+        moved += sum(fate.take_back(conn, job, dispatch_id, now, sent=True, values=lane).values())
     return moved
 
 
-def _release(conn: Connection, dispatch_id: int, now: float, why: str, dst: str, *, sent: bool) -> int:
-    """Requests still waiting on a dispatch go back to pending on lane `dst`. An unsent
-    dispatch's claim is undone (it was no attempt); a sent one's counts."""
-    values = {
-        "dispatch_id": None,
-        "lane": dst,
-        "lane_reason": why,
-        "not_before": now,
-        "updated_at": now,
-    }
-    if sent:
-        values["lane_base_attempts"] = requests.c.attempts
-    else:
-        values["attempts"] = requests.c.attempts - 1
-        values["lane_base_attempts"] = requests.c.attempts - 1
-    return move_requests(
-        conn,
-        RequestState.PENDING,
-        and_(requests.c.dispatch_id == dispatch_id, requests.c.state == RequestState.DISPATCHED.value),
-        values=values,
-    )
+def _lane(now: float, why: str, dst: str) -> dict:
+    """What a request carries to lane `dst` (its attempts so far are the new lane's base)."""
+    return {"lane": dst, "lane_reason": why, "not_before": now, "lane_base_attempts": requests.c.attempts}

@@ -9,7 +9,6 @@ dispatch), so ingesting the same results again never counts a cost twice.
 
 from __future__ import annotations
 
-import json
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -20,27 +19,22 @@ from sqlalchemy.dialects import postgresql, sqlite
 from lowtide.core import fastjson
 from lowtide.core.answers import tool_calls
 from lowtide.core.outputs import (
-    InvalidOutput,
     ToolSchemas,
-    check_tool_calls,
-    parse_output,
-    repair_messages,
-    tool_repair,
     tool_schemas,
 )
 from lowtide.core.states import JobState, RequestState
 from lowtide.core.types import Outcome, Request
+from lowtide.engine import fate
 from lowtide.engine.answer_columns import plain_record
 from lowtide.engine.context import JobContext
 from lowtide.engine.ledger import Rate, current_ledger, note_once
-from lowtide.engine.policy import retry_delay
 from lowtide.store.bulk import among, executemany, fixed
 from lowtide.store.schema import attempts, requests
-from lowtide.store.transitions import lock_job, settle_dispatched
+from lowtide.store.transitions import lock_job
 
 TOKENS = ("input_tokens", "cached_input_tokens", "cache_write_tokens", "output_tokens", "reasoning_tokens")
 # What an outcome writes on its request: a success only these (its error columns are
-# cleared); any other outcome these and more (see `_not_succeeded`). `plain_answer` goes
+# cleared); any other outcome these and more (see `fate.after_outcome`). `plain_answer` goes
 # with `response` wherever that is written (the export trusts one for the other).
 SUCCEEDED_COLUMNS = ("output", "parsed", "response", "plain_answer", *TOKENS)
 OTHER_COLUMNS = (*SUCCEEDED_COLUMNS, "error_code", "error_message", "not_before", "repair", "lane", "lane_reason", "lane_base_attempts")
@@ -48,9 +42,6 @@ ATTEMPT_COLUMNS = (
     "request_id", "ok", "applied", "error_code", "error_message", *TOKENS, "billed", "cost_picousd", "realtime_picousd",
     "model", "tier",
 )  # fmt: skip
-# Failures that say the batch ran out of time, not that the request is bad: with a fallback
-# route they go there at once instead of waiting for another batch.
-OUT_OF_TIME = frozenset({"expired", "batch_expired", "batch_cancelled", "canceled", "cancelled"})
 
 
 @dataclass(slots=True)
@@ -82,10 +73,12 @@ def apply_outcomes(
     *,
     whole_dispatch: bool = False,
     lane: str | None = None,
+    together: float = 0.0,
 ) -> IngestCounts:
     """`whole_dispatch`: the dispatch is small (a direct route's), so its requests are read
     by dispatch rather than looked up one custom_id at a time. `lane`: the dispatch's lane,
-    where tiers of a chain share a route (priced at its options)."""
+    where tiers of a chain share a route (priced at its options). `together`: retries are
+    due on a grid of this many seconds (a batch route's: they share batches)."""
     counts = IngestCounts()
     if not outcomes:
         return counts
@@ -146,7 +139,9 @@ def apply_outcomes(
             "output_tokens": u.output_tokens, "reasoning_tokens": u.reasoning_tokens,
         }  # fmt: skip
         called = calls.get(outcome.custom_id)
-        target = _decide(job, state, req, outcome, row, route, choices, now, rng, (called, *tools[req.id]) if called else None)
+        target = fate.after_outcome(
+            job, state, req, outcome, row, route, choices, now, rng, (called, *tools[req.id]) if called else None, together
+        )
         if row.get("error_code") == "invalid_output":  # an answer that failed validation is a failure, still billed
             attempt.update(ok=False, error_code="invalid_output", error_message=row["error_message"])
         by_target.setdefault(target, []).append(row)
@@ -161,9 +156,9 @@ def apply_outcomes(
     shared = {"route": route, "updated_at": now}
     for target, rows in by_target.items():
         if target is RequestState.SUCCEEDED:
-            settle_dispatched(conn, target, dispatch_id, rows, SUCCEEDED_COLUMNS, shared | {"error_code": None, "error_message": None})
+            fate.settle(conn, target, dispatch_id, rows, SUCCEEDED_COLUMNS, shared | {"error_code": None, "error_message": None})
         else:
-            settle_dispatched(conn, target, dispatch_id, rows, OTHER_COLUMNS, shared)
+            fate.settle(conn, target, dispatch_id, rows, OTHER_COLUMNS, shared)
     if attempt_rows:
         insert = (postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert)(attempts)
         # Numbers and lowtide's own names go into the SQL; the model name, which comes from
@@ -223,63 +218,3 @@ def _tools(conn: Connection, ids: list[int]) -> dict[int, tuple[str, ToolSchemas
         request = Request.from_payload("", fastjson.loads(payload))
         out[rid] = (request.endpoint, tool_schemas(request.endpoint, request.body))
     return out
-
-
-def _decide(
-    job: JobContext, state: JobState, req, outcome: Outcome, row: dict, route: str, choices, now: float, rng,
-    called: tuple[list[dict], str, ToolSchemas] | None = None,
-) -> RequestState:  # fmt: skip
-    """The request's next state after this outcome; fills in `row` to match (SUCCEEDED_COLUMNS
-    for a success, OTHER_COLUMNS otherwise). `called`, where the answer is a tool call: its
-    calls, the request's endpoint and its tools. The calls are then the answer, checked
-    against their tools' parameters; choices and a schema apply to text answers."""
-    spec = job.spec
-    if outcome.ok:
-        try:
-            if called:
-                check_tool_calls(called[0], called[2])
-                parsed = None
-            else:
-                parsed = parse_output(outcome.text or "", spec.response_schema, choices)
-        except InvalidOutput as err:
-            _not_succeeded(row, req, outcome)
-            row["error_code"] = "invalid_output"
-            if req.repair is None and state in (JobState.ACTIVE, JobState.BUDGET_EXHAUSTED):
-                # One more try, with the validation error in the conversation.
-                row["error_message"] = f"answer invalid, retrying once: {err}"
-                turns = (
-                    tool_repair(called[1], outcome.response or {}, called[0], str(err)) if called
-                    else repair_messages(outcome.text or "", str(err), spec.response_schema)
-                )  # fmt: skip
-                row["repair"] = json.dumps(turns)
-                return RequestState.PENDING
-            row["error_message"] = f"answer invalid after one repair attempt: {err}"
-            return RequestState.FAILED
-        if parsed is not None:
-            row["parsed"] = json.dumps(parsed, ensure_ascii=False)
-        return RequestState.SUCCEEDED
-    _not_succeeded(row, req, outcome)
-    if state is JobState.CANCELLED:
-        return RequestState.CANCELLED
-    tries = req.attempts - req.lane_base_attempts  # on this lane
-    up = job.next_lane(req.lane) if outcome.retryable else None  # the fallback lane, or a chain's next tier
-    if up is not None:
-        out_of_time = outcome.error_code in OUT_OF_TIME
-        if out_of_time or tries >= spec.retry.max_attempts:
-            why = outcome.error_code if out_of_time else f"failed {tries} time(s), last: {outcome.error_code}"
-            row.update(lane=up, lane_base_attempts=req.attempts, lane_reason=f"{why} on {route}")
-            return RequestState.PENDING
-    if outcome.retryable and tries < spec.retry.max_attempts:
-        row["not_before"] = now + retry_delay(spec.retry, tries, rng)
-        return RequestState.PENDING
-    if outcome.retryable:
-        row["error_message"] = f"{outcome.error_message} (gave up after {req.attempts} attempts)"
-    return RequestState.FAILED
-
-
-def _not_succeeded(row: dict, req, outcome: Outcome) -> None:
-    """The columns beyond a success's, as they stay unless `_decide` changes them."""
-    row.update(
-        error_code=outcome.error_code, error_message=outcome.error_message, not_before=0.0, repair=req.repair,
-        lane=req.lane, lane_reason=req.lane_reason, lane_base_attempts=req.lane_base_attempts,
-    )  # fmt: skip

@@ -21,14 +21,13 @@ import random
 import socket
 import uuid
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 
-from sqlalchemy import and_, func, or_, select
+from sqlalchemy import func, or_, select
 
 from lowtide.core.clock import Clock, SystemClock
 from lowtide.core.spec import JobSpec
 from lowtide.core.states import DispatchState, JobState, RequestState
-from lowtide.engine import batches, tiers
+from lowtide.engine import batches, fate, tiers
 from lowtide.engine.context import JobContext, Lane
 from lowtide.engine.direct import run_direct
 from lowtide.engine.fallback import cut_over
@@ -37,7 +36,7 @@ from lowtide.routes import Route, create_route
 from lowtide.store.db import Store
 from lowtide.store.queries import add_event
 from lowtide.store.schema import PENDING, dispatches, jobs, requests
-from lowtide.store.transitions import lock_job, move_dispatch, move_job, move_requests
+from lowtide.store.transitions import lock_job, move_dispatch, move_job
 
 LIVE = (RequestState.PENDING.value, RequestState.DISPATCHED.value)
 
@@ -187,12 +186,8 @@ class Engine:
                 held = lease_until is not None and lease_until > now  # no lease: nobody holds it
                 if owner == self.owner or (held and self._owner_alive(owner)):
                     continue
-                n = move_requests(
-                    conn,
-                    RequestState.PENDING,
-                    and_(requests.c.dispatch_id == dispatch_id, requests.c.state == RequestState.DISPATCHED.value),
-                    values={"attempts": requests.c.attempts - 1, "dispatch_id": None, "updated_at": now},
-                )
+                # Given back unsent: a dead worker's answers never reached the store.
+                n = sum(fate.take_back(conn, JobContext.load(conn, job_id), dispatch_id, now, sent=False).values())
                 move_dispatch(conn, dispatch_id, DispatchState.RUNNING, DispatchState.ABANDONED, ended_at=now)
                 add_event(conn, job_id, "reclaimed", f"{n} request(s) from worker {owner} that stopped", now)
                 reclaimed += n
@@ -216,26 +211,12 @@ class Engine:
             return True
 
     def enforce_deadline(self, job: JobContext) -> int:
-        deadline = job.spec.deadline
+        """Past the deadline nothing more is sent (engine/fate.py `past_deadline`)."""
         now = self.clock.now()
-        if deadline is None or now < deadline.timestamp() or job.state is not JobState.ACTIVE:
+        if job.state is JobState.CANCELLED or not fate.deadline_passed(job.spec, now):
             return 0
-        when = datetime.fromtimestamp(deadline.timestamp(), UTC).isoformat(timespec="seconds")  # with its offset: +00:00
         with self.store.begin() as conn:
-            n = move_requests(
-                conn,
-                RequestState.FAILED,
-                and_(requests.c.job_id == job.id, requests.c.state == RequestState.PENDING.value),
-                values={
-                    "error_code": "deadline_passed",
-                    "error_message": f"the job's deadline ({when}) passed before this request was sent; "
-                    "raise `deadline` and run `lowtide retry JOB --failed`",
-                    "updated_at": now,
-                },
-            )
-            if n:
-                add_event(conn, job.id, "deadline", f"{n} unsent request(s) failed: deadline passed", now)
-        return n
+            return fate.past_deadline(conn, job, now)
 
     def finish(self, job: JobContext) -> bool:
         """An active (or budget_exhausted) job whose requests are all terminal is finished.
@@ -264,9 +245,13 @@ class Engine:
                 dispatches.c.state == DispatchState.SUBMITTED.value
             )
             active = select(jobs.c.id).where(jobs.c.state == JobState.ACTIVE.value)
-            # Per job, so the (job_id, state, not_before) index answers it without a scan.
+            # Per job, so the (job_id, state, not_before) index answers it without a scan. Only
+            # what is still ahead: a request due now that the tick just before did not send is
+            # held (its model's provider queue is full, its tier handed over) and waits for a
+            # poll or a cut-over, which wake the loop themselves; counted, it would spin it.
+            now = self.clock.now()
             q_retry = select(func.min(requests.c.not_before)).where(
-                requests.c.job_id.in_(active), requests.c.state == RequestState.PENDING.value
+                requests.c.job_id.in_(active), requests.c.state == RequestState.PENDING.value, requests.c.not_before > now
             )
             if job_name is not None:
                 job_id = select(jobs.c.id).where(jobs.c.name == job_name).scalar_subquery()
@@ -277,7 +262,7 @@ class Engine:
             if job_name is not None:
                 watched = watched.where(jobs.c.name == job_name)
             for spec_json in conn.scalars(watched):
-                times.append(_cut_over_time(spec_json, self.clock.now()))
+                times.append(_cut_over_time(spec_json, now))
         times = [t for t in times if t is not None]
         return min(times) if times else None
 

@@ -153,7 +153,7 @@ def _hand_over(
     if tier.kind == "batch":
         route = tier.spec.route
         dst, reason, _ = _target(conn, job, above, now, end, 1, why)
-        n = unplan(conn, job.id, route, now, dst.lane, reason) + release_stuck(conn, job.id, route, now, margin / 3, dst.lane, reason)
+        n = unplan(conn, job, route, now, dst.lane, reason) + release_stuck(conn, job, route, now, margin / 3, dst.lane, reason)
         if n:
             add_event(conn, job.id, "tier_move", f"{n} request(s) {tier.label} → {dst.label}: {reason}", now)
             waiting.arrived(dst.lane, n)

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from lowtide.core.errors import RouteError
+from lowtide.core.errors import NotSent, RouteError
 from lowtide.core.types import Outcome, Refusal, Request
 
 
@@ -162,3 +162,21 @@ Route = DirectRoute | BatchRoute
 
 class RouteFactory(Protocol):
     def __call__(self, options: dict[str, Any]) -> Route: ...
+
+
+# Errors of a connection that was never made: nothing of the request left. By name, since
+# each SDK brings its own transport (httpx, httpx2, httpcore, aiohttp); a timeout, or a
+# connection dropped after it was made, may have sent the request and is not among them.
+NOT_CONNECTED = frozenset({"ConnectError", "ClientConnectorError"})
+
+
+def never_sent(err: BaseException | None) -> bool:
+    """Whether an SDK's error provably sent nothing: the connection itself was refused or its
+    host not found, before any byte of the request left."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, NotSent) or any(k.__name__ in NOT_CONNECTED for k in type(err).__mro__):
+            return True
+        err = err.__cause__ or err.__context__
+    return False

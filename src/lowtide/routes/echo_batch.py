@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Collection, Iterable
 from pathlib import Path
 from typing import Any, Literal
 
-from lowtide.core.errors import RouteError
+from lowtide.core.errors import BatchGone, RouteError
 from lowtide.core.types import Outcome, Refusal, Request
 from lowtide.routes.base import BatchLimits, BatchStatus, number_option, text_option, texts_option
 from lowtide.routes.echo import EchoRoute
@@ -54,7 +54,7 @@ class EchoBatchRoute:
         try:
             return json.loads(self._meta_path(batch_id).read_text())
         except FileNotFoundError:
-            raise RouteError(f"echo-batch: no batch {batch_id} in {self.dir}") from None
+            raise BatchGone(f"echo-batch: no batch {batch_id} in {self.dir}") from None
 
     def _write(self, batch_id: str, meta: dict[str, Any]) -> None:
         tmp = self._meta_path(batch_id).with_suffix(".tmp")

@@ -42,7 +42,7 @@ from google.genai import errors as genai_errors
 from google.genai import types
 
 from lowtide.core import fastjson
-from lowtide.core.errors import BatchRejected, RouteError
+from lowtide.core.errors import BatchGone, BatchRejected, RouteError
 from lowtide.core.types import Outcome, Refusal, Request
 from lowtide.routes import _gemini_operation as op
 from lowtide.routes._gemini import gemini_body, gemini_error, gemini_outcome
@@ -183,7 +183,12 @@ class GeminiBatchRoute:
         return None
 
     async def poll(self, batch_id: str) -> BatchStatus:
-        batch = await self._get(batch_name(batch_id), op.POLL_FIELDS, has=op.has_state)
+        try:
+            batch = await self._get(batch_name(batch_id), op.POLL_FIELDS, has=op.has_state)
+        except genai_errors.ClientError as err:
+            if err.code == 404:
+                raise BatchGone(f"{self.name}: HTTP 404 for batch {batch_id}: {err.message}") from None
+            raise
         state = op.state_of(batch)
         errors = [op.error_of(batch)] if state == "JOB_STATE_FAILED" else []
         return BatchStatus(phase=state, ended=state in TERMINAL, counts=op.counts_of(batch), errors=errors)

@@ -28,7 +28,7 @@ import openai
 
 from lowtide.core import fastjson
 from lowtide.core.batch_limits import TIERS, enqueued_token_limit
-from lowtide.core.errors import BatchRejected, RouteError
+from lowtide.core.errors import BatchGone, BatchRejected, NotSent, RouteError
 from lowtide.core.types import Outcome, Refusal, Request
 from lowtide.routes._provider import (
     RETRYABLE_CODES,
@@ -39,7 +39,7 @@ from lowtide.routes._provider import (
     retryable_status,
 )
 from lowtide.routes._wire import openai_outcome, openai_refusal, text_or_none
-from lowtide.routes.base import BatchStatus, number_option, secret_of, text_option
+from lowtide.routes.base import BatchStatus, never_sent, number_option, secret_of, text_option
 
 log = logging.getLogger(__name__)
 MAX_REQUESTS = 50_000
@@ -131,6 +131,10 @@ class OpenAIBatchRoute:
                 )
             except openai.APIStatusError as err:
                 raise translate_create_error(self.name, err) from None
+            except openai.APIConnectionError as err:
+                if never_sent(err):  # no connection, so no batch: nothing to find after this
+                    raise NotSent(f"{self.name}: could not connect to {self.client.base_url}: {err.__cause__ or err}") from None
+                raise
         return batch.id
 
     async def find(self, key: str, size: int, not_before: float, known: Collection[str] = ()) -> str | None:
@@ -143,7 +147,10 @@ class OpenAIBatchRoute:
         return None
 
     async def poll(self, batch_id: str) -> BatchStatus:
-        batch = await self.client.batches.retrieve(batch_id)
+        try:
+            batch = await self.client.batches.retrieve(batch_id)
+        except openai.NotFoundError as err:
+            raise BatchGone(f"{self.name}: HTTP 404 for batch {batch_id}: {err.message}") from None
         counts = batch.request_counts.model_dump() if batch.request_counts else {}
         errors = []
         queue_full = False
