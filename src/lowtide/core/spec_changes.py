@@ -1,4 +1,4 @@
-"""What differs between a job's stored spec and a new one (docs/jobs.md "Changing a job's spec").
+"""What differs between a job's stored spec and a new one (docs/jobs.md "Changing a job").
 
 - rendering: changes every request's payload (model, params, template, …);
 - sending: changes the route or lane requests go to (route, fallback, a decided chain);

@@ -15,6 +15,9 @@ A changed request is kept as it was unless asked; asked, it is re-rendered and q
 - failed or cancelled: queued again with a fresh attempt budget;
 - succeeded: its answer is kept in `request_versions`, and the request starts again as a
   new version (`store.transitions.start_new_version`).
+
+A spec that moves where a route's batches live (`core.spec_changes.CONNECTION_OPTIONS`) is
+refused while one of the job's batches was sent there (`move_connections`).
 """
 
 from __future__ import annotations
@@ -25,12 +28,15 @@ from sqlalchemy import Connection, bindparam, case, select, update
 
 from lowtide.core.errors import SpecError
 from lowtide.core.ids import legacy_custom_ids
+from lowtide.core.spec_changes import Move
 from lowtide.core.states import DispatchState, RequestState
 from lowtide.store.bulk import among, executemany
-from lowtide.store.schema import dispatches, request_versions, requests
+from lowtide.store.schema import dispatches, jobs, request_versions, requests
 from lowtide.store.transitions import move_dispatch, move_requests, start_new_version
 
 SENT = (DispatchState.SUBMITTING.value, DispatchState.SUBMITTED.value, DispatchState.RUNNING.value)
+SENT_BATCH_STATES = (DispatchState.SUBMITTING.value, DispatchState.SUBMITTED.value)  # a create on its way, or made
+IDS_NAMED = 5  # provider ids a refusal names
 
 
 @dataclass(slots=True)
@@ -162,6 +168,36 @@ def _locked(conn: Connection, pairs: list[tuple[Stored, dict]]) -> list[tuple[St
         state, did = current[s.id]
         fresh.append((replace(s, state=state, dispatch_id=did, dispatch_state=dstates.get(did)), item))
     return fresh
+
+
+def move_connections(conn: Connection, job: str, moves: list[Move], now: float, where: str) -> None:
+    """Refuse moving a route's connection while batches of the job were sent over it: they
+    would be polled at the new place, which does not know them (nor could `find` adopt one
+    whose create was on its way). Planned batches have sent nothing: taken apart here, they
+    go to the new place."""
+    d = dispatches.c
+    job_id = conn.execute(select(jobs.c.id).where(jobs.c.name == job)).scalar_one()
+    sent = conn.execute(
+        select(d.route, d.provider_id).where(
+            d.job_id == job_id, d.kind == "batch", d.route.in_({m.route for m in moves}), d.state.in_(SENT_BATCH_STATES)
+        ).order_by(d.id)
+    ).all()
+    ids: dict[str, list[str]] = {}
+    for route, provider_id in sent:
+        ids.setdefault(route, []).append(provider_id or "(being created)")
+    if not ids:
+        unplan_batches(conn, job_id, {m.route for m in moves}, now, where)
+        return
+    said = []
+    for route, these in ids.items():
+        named = ", ".join(these[:IDS_NAMED]) + (f" and {len(these) - IDS_NAMED} more" if len(these) > IDS_NAMED else "")
+        moved = "; ".join(m.line for m in moves if m.route == route)
+        said.append(f"{len(these)} batch(es) in flight on {route} ({named}), and this spec moves that route: {moved}")
+    raise SpecError(
+        f'{where}: job "{job}" has {" and ".join(said)}. Those batches live where they were sent; the '
+        "new place does not know them. Wait until they are collected (`lowtide status`), or `lowtide cancel` "
+        f"them first (`lowtide cancel {job}`, then a tick collects them), then load again"
+    )
 
 
 def unplan_batches(conn: Connection, job_id: int, routes: set[str], now: float, where: str) -> int:

@@ -43,12 +43,12 @@ from lowtide.core.ids import custom_id_for, key_of
 from lowtide.core.params import cast, check_row
 from lowtide.core.sources import Source, SourceRow
 from lowtide.core.spec import JobSpec
-from lowtide.core.spec_changes import Move, SpecChanges, spec_changes
-from lowtide.core.states import DispatchState, JobState, RequestState
+from lowtide.core.spec_changes import SpecChanges, spec_changes
+from lowtide.core.states import JobState, RequestState
 from lowtide.core.templates import MessageTemplate
 from lowtide.core.types import Request, schema_format
 from lowtide.engine import budget
-from lowtide.engine.changes import Changes, note_changed, requeue, split_known, unplan_batches
+from lowtide.engine.changes import Changes, move_connections, note_changed, requeue, split_known
 from lowtide.engine.embedding_rows import EmbeddingInput
 from lowtide.engine.preflight import check_prices
 from lowtide.routes import create_route
@@ -363,7 +363,7 @@ def load_job(
         stored_spec = _stored_spec(conn, spec.name)
         changes = spec_changes(stored_spec, spec) if stored_spec is not None else SpecChanges()
         if changes.moves:
-            _move_connections(conn, spec, changes.moves, now, where)
+            move_connections(conn, spec.name, changes.moves, now, where)
         if changes.altering:
             _check_spec_change(conn, spec, changes, where, requeue_changed)
         job_id, created = save_job(conn, spec.name, spec.model_dump_json(), spec.route, now)
@@ -478,40 +478,6 @@ def _check_spec_change(conn: Connection, spec: JobSpec, changes: SpecChanges, wh
                 f'{where}: job "{spec.name}" has batches in flight on {live}; a change of {key} now would '
                 "leave them unfinished. Wait until they end (`lowtide status`), or use a new job name"
             )
-
-
-SENT_BATCH_STATES = (DispatchState.SUBMITTING.value, DispatchState.SUBMITTED.value)  # a create on its way, or made
-IDS_NAMED = 5
-
-
-def _move_connections(conn: Connection, spec: JobSpec, moves: list[Move], now: float, where: str) -> None:
-    """Refuse moving a route's connection while batches of the job were sent over it: they
-    would be polled at the new place, which does not know them (nor could `find` adopt one
-    whose create was on its way). Planned batches have sent nothing: taken apart here, they
-    go to the new place."""
-    d = dispatches.c
-    job_id = conn.execute(select(jobs.c.id).where(jobs.c.name == spec.name)).scalar_one()
-    sent = conn.execute(
-        select(d.route, d.provider_id).where(
-            d.job_id == job_id, d.kind == "batch", d.route.in_({m.route for m in moves}), d.state.in_(SENT_BATCH_STATES)
-        ).order_by(d.id)
-    ).all()
-    ids: dict[str, list[str]] = {}
-    for route, provider_id in sent:
-        ids.setdefault(route, []).append(provider_id or "(being created)")
-    if not ids:
-        unplan_batches(conn, job_id, {m.route for m in moves}, now, where)
-        return
-    said = []
-    for route, these in ids.items():
-        named = ", ".join(these[:IDS_NAMED]) + (f" and {len(these) - IDS_NAMED} more" if len(these) > IDS_NAMED else "")
-        moved = "; ".join(m.line for m in moves if m.route == route)
-        said.append(f"{len(these)} batch(es) in flight on {route} ({named}), and this spec moves that route: {moved}")
-    raise SpecError(
-        f'{where}: job "{spec.name}" has {" and ".join(said)}. Those batches live where they were sent; the '
-        "new place does not know them. Wait until they are collected (`lowtide status`), or `lowtide cancel` "
-        f"them first (`lowtide cancel {spec.name}`, then a tick collects them), then load again"
-    )
 
 
 def _count(conn: Connection, job_id: int) -> int:
