@@ -23,3 +23,28 @@ def test_ruff_is_clean():
 def test_layers_import_only_the_layers_below():
     result = subprocess.run([sys.executable, str(LAYERS), str(ROOT)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout
+
+
+# A request's state is decided in one module (engine/fate.py, DESIGN "How they are kept"):
+# only it may call the request moves of store/transitions.py. serve's fault plan, which
+# plays a provider expiring a batch, moves its own store's requests as the provider would.
+REQUEST_MOVES = ("move_requests", "settle_dispatched", "start_new_version")
+MAY_MOVE_REQUESTS = {"src/lowtide/store/transitions.py", "src/lowtide/engine/fate.py", "src/lowtide/server/lifecycle.py"}
+
+
+def test_only_the_fate_module_moves_requests():
+    import ast
+
+    offenders = []
+    for path in sorted((ROOT / "src").rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel in MAY_MOVE_REQUESTS:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = []
+            if isinstance(node, ast.ImportFrom) and node.module == "lowtide.store.transitions":
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.Attribute) and node.attr in REQUEST_MOVES:
+                names = [node.attr]
+            offenders += [f"{rel}:{node.lineno} {n}" for n in names if n in REQUEST_MOVES]
+    assert not offenders, "a request's state changes only through lowtide.engine.fate:\n" + "\n".join(offenders)

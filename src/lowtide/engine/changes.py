@@ -14,7 +14,7 @@ A changed request is kept as it was unless asked; asked, it is re-rendered and q
   meanwhile is seen, not raced;
 - failed or cancelled: queued again with a fresh attempt budget;
 - succeeded: its answer is kept in `request_versions`, and the request starts again as a
-  new version (`store.transitions.start_new_version`).
+  new version (`engine.fate.rerender`).
 
 A spec that moves where a route's batches live (`core.spec_changes.CONNECTION_OPTIONS`) is
 refused while one of the job's batches was sent there (`move_connections`).
@@ -30,9 +30,10 @@ from lowtide.core.errors import SpecError
 from lowtide.core.ids import legacy_custom_ids
 from lowtide.core.spec_changes import Move
 from lowtide.core.states import DispatchState, RequestState
+from lowtide.engine import fate
+from lowtide.engine.context import JobContext
 from lowtide.store.bulk import among, executemany
 from lowtide.store.schema import dispatches, jobs, request_versions, requests
-from lowtide.store.transitions import move_dispatch, move_requests, start_new_version
 
 SENT = (DispatchState.SUBMITTING.value, DispatchState.SUBMITTED.value, DispatchState.RUNNING.value)
 SENT_BATCH_STATES = (DispatchState.SUBMITTING.value, DispatchState.SUBMITTED.value)  # a create on its way, or made
@@ -139,12 +140,11 @@ def requeue(conn: Connection, job_id: int, pairs: list[tuple[Stored, dict]], now
             executemany(conn, stmt, rows)
         elif state == RequestState.SUCCEEDED:
             _keep_versions(conn, job_id, [row["_id"] for row in rows], now)
-            start_new_version(conn, rows, {**fresh, **new_payload})
+            fate.rerender(conn, [], RequestState.SUCCEEDED, {**fresh, **new_payload}, rows)
         else:  # failed, cancelled: the new payload, then the retry transition
             stmt = update(requests).where(r.id == bindparam("_id"), r.state == state).values(**new_payload)
             executemany(conn, stmt, rows)
-            ids = [row["_id"] for row in rows]
-            move_requests(conn, RequestState.PENDING, among(conn, r.id, ids), only=[RequestState(state)], values=fresh)
+            fate.rerender(conn, [row["_id"] for row in rows], RequestState(state), fresh)
     return len(pairs)
 
 
@@ -218,13 +218,9 @@ def _unplan(conn: Connection, dispatch_id: int, now: float, where: str) -> None:
     """A planned batch is taken apart: its requests go back to pending unsent (the claim did
     not count as an attempt). Another worker that started sending it meanwhile wins, and the
     load is refused."""
-    if not move_dispatch(conn, dispatch_id, DispatchState.PLANNED, DispatchState.CANCELLED, ended_at=now):
+    job_id = conn.execute(select(dispatches.c.job_id).where(dispatches.c.id == dispatch_id)).scalar_one()
+    if fate.undo_planned(conn, JobContext.load(conn, job_id), dispatch_id, now, {"not_before": now}) is None:
         raise SpecError(f"{where}: a planned batch of this job is being sent right now; submit again once it is")
-    move_requests(
-        conn, RequestState.PENDING,
-        (requests.c.dispatch_id == dispatch_id) & (requests.c.state == RequestState.DISPATCHED.value),
-        values={"dispatch_id": None, "attempts": requests.c.attempts - 1, "not_before": now, "updated_at": now},
-    )  # fmt: skip
 
 
 def _keep_versions(conn: Connection, job_id: int, ids: list[int], now: float) -> None:

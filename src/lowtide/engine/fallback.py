@@ -138,7 +138,7 @@ def unplan(conn: Connection, job: JobContext, route: str, now: float, dst: str =
         )
     ).all()
     lane = _lane(now, why or "deadline cut-over before the batch was sent", dst)
-    return sum(fate.undo_planned(conn, job, dispatch_id, now, lane) for dispatch_id in planned)
+    return sum(fate.undo_planned(conn, job, dispatch_id, now, lane) or 0 for dispatch_id in planned)
 
 
 def cancel_in_flight(conn: Connection, job_id: int, route: str, now: float) -> int:

@@ -23,6 +23,8 @@ moves). Every exit is in this table, and each function below is one row of it:
     sent                            send           dispatched (an attempt)
     the user cancels                cancel         cancelled (what was sent: when it comes back)
     the user retries                retry          pending, with a fresh attempt budget
+    its source or spec changed      rerender       pending again (a succeeded one as its next
+      (--requeue-changed)                          version, the old answer kept)
 
 A job's state is read with its row locked (store/transitions.lock_job) wherever it decides:
 a cancel landing between a tick's read and its write still decides.
@@ -51,9 +53,16 @@ from lowtide.core.states import DispatchState, JobState, RequestState
 from lowtide.core.types import Outcome
 from lowtide.engine.context import JobContext
 from lowtide.engine.policy import retry_delay
+from lowtide.store.bulk import among
 from lowtide.store.queries import add_event
 from lowtide.store.schema import PENDING, dispatches, requests
-from lowtide.store.transitions import lock_job, move_dispatch, move_requests, settle_dispatched
+from lowtide.store.transitions import (
+    lock_job,
+    move_dispatch,
+    move_requests,
+    settle_dispatched,
+    start_new_version,
+)
 
 DISPATCHED = RequestState.DISPATCHED.value
 # Failures that say the batch ran out of time, not that the request is bad: with a fallback
@@ -195,11 +204,12 @@ def take_back(
     return {target: n}
 
 
-def undo_planned(conn: Connection, job: JobContext, dispatch_id: int, now: float, values: dict[str, Any] | None = None) -> int:
+def undo_planned(conn: Connection, job: JobContext, dispatch_id: int, now: float, values: dict[str, Any] | None = None) -> int | None:
     """A batch planned but not sent is taken apart: the dispatch ends cancelled and its
-    requests leave it unsent (`take_back`). 0 if another worker has just begun to send it."""
+    requests leave it unsent (`take_back`); how many. None if another worker has just begun
+    to send it (it is no longer planned)."""
     if not move_dispatch(conn, dispatch_id, DispatchState.PLANNED, DispatchState.CANCELLED, ended_at=now):
-        return 0
+        return None
     return sum(take_back(conn, job, dispatch_id, now, sent=False, values=values).values())
 
 
@@ -218,7 +228,7 @@ def past_deadline(conn: Connection, job: JobContext, now: float) -> int:
         select(dispatches.c.id).where(dispatches.c.job_id == job.id, dispatches.c.state == DispatchState.PLANNED.value)
     ).all()
     for dispatch_id in planned:
-        n += undo_planned(conn, job, dispatch_id, now)
+        n += undo_planned(conn, job, dispatch_id, now) or 0
     if n:
         add_event(conn, job.id, "deadline", f"{n} unsent request(s) failed: deadline passed", now)
     return n
@@ -261,6 +271,17 @@ def cancel(conn: Connection, job_id: int, which: ColumnElement[bool], now: float
     """The user cancels: requests `which` selects that are pending, or in a dispatch that
     never sent them, are cancelled now."""
     return move_requests(conn, RequestState.CANCELLED, and_(requests.c.job_id == job_id, which), values=cancelled_values(now))
+
+
+def rerender(conn: Connection, ids: list[int], state: RequestState, values: dict[str, Any], succeeded_rows: Sequence[dict] = ()) -> None:
+    """`--requeue-changed`: changed requests that ended failed or cancelled (`ids`, all in
+    `state`) wait again with `values` (a fresh attempt budget); succeeded ones
+    (`succeeded_rows`: {"_id", …}) start again as their next version, their old answer
+    kept in request_versions by the caller (engine/changes.py)."""
+    if ids:
+        move_requests(conn, RequestState.PENDING, among(conn, requests.c.id, ids), only=[state], values=values)
+    if succeeded_rows:
+        start_new_version(conn, succeeded_rows, values)
 
 
 def retry(conn: Connection, job_id: int, states: Iterable[RequestState], now: float) -> int:
