@@ -184,7 +184,9 @@ async def submit(
             if not _claim(store, dispatch_id, owner, lease_until, worker, clock.now(), SUBMIT_LEASE):
                 continue  # another worker is sending it right now
             try:
-                provider_id = await route.find(key, size, started_at, _known_batches(store, route.name, started_at))
+                provider_id = await route.find(
+                    key, size, started_at, _known_batches(store, route.name, started_at), sent=_carried(store, dispatch_id)
+                )
             except Exception as err:  # cannot tell whether it was sent: wait, never guess
                 said = scrub(route, str(err))
                 with store.begin() as conn:
@@ -302,6 +304,13 @@ def _with_model(requests: Iterator[Request], model: str | None) -> Iterator[Requ
         if model:
             request.model = model
         yield request
+
+
+def _carried(store: Store, dispatch_id: int) -> set[str]:
+    """The custom_ids a dispatch's create carried: every request it was given (one that has
+    left it since was still in it when it was sent)."""
+    with store.begin() as conn:
+        return set(conn.scalars(select(requests.c.custom_id).where(requests.c.dispatch_id == dispatch_id)))
 
 
 def _known_batches(store: Store, route: str, since: float) -> set[str]:

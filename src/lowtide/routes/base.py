@@ -137,13 +137,16 @@ class BatchRoute(Protocol):
         `requests` is iterated once, lazily: write it out rather than keep it."""
         ...
 
-    async def find(self, key: str, size: int, not_before: float, known: Collection[str] = ()) -> str | None:
+    async def find(
+        self, key: str, size: int, not_before: float, known: Collection[str] = (), sent: Collection[str] | None = None
+    ) -> str | None:
         """The id of a batch this dispatch already created, if the provider has one.
 
         `key` was attached to the batch where the provider keeps metadata; where it does
         not, a route may match on `size` (requests) and creation after `not_before` (Unix
-        seconds), skipping the batches in `known` (other dispatches hold them), and must
-        raise rather than guess between several candidates."""
+        seconds), skipping the batches in `known` (other dispatches hold them), proving a
+        candidate by the custom_ids its create carried (`sent`), and must raise rather than
+        guess between several candidates."""
         ...
 
     async def poll(self, batch_id: str) -> BatchStatus: ...

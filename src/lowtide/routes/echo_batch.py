@@ -76,7 +76,9 @@ class EchoBatchRoute:
         self._write(batch_id, {"key": key, "polls": 0, "total": total, "cancelled": False, "cancelled_at_poll": None})
         return batch_id
 
-    async def find(self, key: str, size: int, not_before: float, known: Collection[str] = ()) -> str | None:
+    async def find(
+        self, key: str, size: int, not_before: float, known: Collection[str] = (), sent: Collection[str] | None = None
+    ) -> str | None:
         if not self.dir.exists():
             return None
         for meta in self.dir.glob("*/meta.json"):

@@ -167,7 +167,9 @@ class GeminiBatchRoute:
             raise RouteError(f"{self.name}: the provider created a batch without a name")
         return batch.name
 
-    async def find(self, key: str, size: int, not_before: float, known: Collection[str] = ()) -> str | None:
+    async def find(
+        self, key: str, size: int, not_before: float, known: Collection[str] = (), sent: Collection[str] | None = None
+    ) -> str | None:
         # Newest first, page by page (names only: a page of ended inline batches carries
         # every response otherwise), up to find_pages of them.
         token = None

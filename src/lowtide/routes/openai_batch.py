@@ -137,7 +137,9 @@ class OpenAIBatchRoute:
                 raise
         return batch.id
 
-    async def find(self, key: str, size: int, not_before: float, known: Collection[str] = ()) -> str | None:
+    async def find(
+        self, key: str, size: int, not_before: float, known: Collection[str] = (), sent: Collection[str] | None = None
+    ) -> str | None:
         oldest = not_before - 3600  # clocks differ; look a little further back
         async for batch in self.client.batches.list(limit=100):
             if (batch.metadata or {}).get(METADATA_KEY) == key:
