@@ -55,13 +55,14 @@ class Eval:
     def submit(self, requeue_changed: bool = False) -> list[LoadReport]:
         return load_members(self.store, self.spec, SystemClock(), requeue_changed=requeue_changed)
 
-    def run(self) -> list[JobStatus]:
-        """Submit every variant and drive them (then the judge) to the end, blocking."""
-        self.submit()
+    def run(self, requeue_changed: bool = False) -> list[JobStatus]:
+        """Submit every variant and drive them (then the judge) to the end, blocking.
+        `requeue_changed`: changed rows are answered again, and their verdicts given again."""
+        self.submit(requeue_changed)
 
         async def go() -> list[JobStatus]:
             async with Engine(self.store) as engine:
-                return await run_eval(engine, self.spec, SystemClock())
+                return await run_eval(engine, self.spec, SystemClock(), requeue_changed=requeue_changed)
 
         return asyncio.run(go())
 
