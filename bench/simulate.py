@@ -35,6 +35,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--examples", type=int, default=3, help="examples per seed (default 3)")
     p.add_argument("--store", choices=["sqlite", "postgres", "both"], default="sqlite")
     p.add_argument("--route", choices=ROUTES + ["all"], default="all")
+    p.add_argument("--no-shrink", action="store_true", help="report the first failing sequence as found (faster)")
     return p
 
 
@@ -49,11 +50,13 @@ def main(argv: list[str] | None = None) -> int:
             for route in routes:
                 t0 = time.monotonic()
                 try:
-                    run(route, store_kind, seed=seed, examples=args.examples, steps=args.steps)
+                    run(route, store_kind, seed=seed, examples=args.examples, steps=args.steps, shrink=not args.no_shrink)
                     said = "ok"
                 except Exception as err:
                     said = "VIOLATION"
-                    text = "".join(traceback.format_exception_only(err)) + "\n".join(getattr(err, "__notes__", []))
+                    notes = list(dict.fromkeys(getattr(err, "__notes__", [])))  # each once
+                    err.__notes__ = []
+                    text = "".join(traceback.format_exception_only(err)) + "\n".join(notes)
                     violations.append((seed, store_kind, route, text))
                 print(f"seed {seed:4d}  {store_kind:8s} {route:16s} {said:9s} {time.monotonic() - t0:7.1f} s", flush=True)
     print(f"\nsteps run: {SimMachine.steps_run}   seeds: {args.seeds} (from {args.seed})   routes: {', '.join(routes)}   "

@@ -22,7 +22,7 @@ from typing import Any
 import hypothesis
 import hypothesis.strategies as st
 import sqlalchemy as sa
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from lowtide.core.errors import LowtideError
@@ -39,6 +39,7 @@ from tests.sim.world import KEY_ENV, ROUTE_MODELS, SERVED, WRONG_KEY_ENV, KillPo
 JOBS = ("a", "b")
 MAX_ROWS = 30
 DRAIN_ROUNDS = 40
+STUCK = 8  # drain rounds in a row that changed nothing: what is left will stay so
 # Each API's calls, for HTTP faults: create, poll.
 CALLS = {
     "openai-batch": ("POST /v1/batches", "GET /v1/batches/*"),
@@ -255,35 +256,56 @@ class SimMachine(RuleBasedStateMachine):
             busy = conn.execute(sa.select(jobs.c.id).where(jobs.c.state.not_in(["finished", "cancelled"])).limit(1)).first()
         return live is None and busy is None and self._counts()[0] == 0
 
+    def _shape(self) -> tuple:
+        """What a drain round could change: states, dispatches, attempts, provider batches."""
+        with self.world.store.read() as conn:
+            shape = tuple(conn.execute(sa.select(requests.c.state, sa.func.count()).group_by(requests.c.state).order_by(requests.c.state)).all())
+            shape += tuple(conn.execute(sa.select(dispatches.c.state, sa.func.count()).group_by(dispatches.c.state).order_by(dispatches.c.state)).all())
+        return shape + self._counts()
+
     def drain(self) -> list[str]:
-        """Clear the passing faults (an account's queue limit stays), then tick, step the
-        providers and move the clock on for a bounded number of rounds."""
+        """Clear the passing faults (an account's queue limit stays), raise any budget (the
+        operator's answer to budget_exhausted), then tick, step the providers and move the
+        clock on for a bounded number of rounds; stop early once settled, or once nothing
+        has changed for STUCK rounds (the last ones hours apart), or once more batches were made than
+        the bound allows (a loop)."""
         if self.route in SERVED:
             self.world.set_faults(fault_plan("none", self.route, self.standing))
             self.world.set_faults(FaultPlan(), "other")
+        for name, job in list(self.jobs.items()):
+            if job["budget"] is not None:
+                self._load(name, dict(job, budget=None))
         open_at_start, made_at_start = self._counts()
+        bound = 2 * open_at_start + 8  # each open request's chunk sent again a time or two; more is a loop
+        found: list[str] = []
+        same, last = 0, None
         for round_ in range(DRAIN_ROUNDS):
             self.world.tick()
             self.world.serve_step()
             if self._settled():
                 break
-            self.world.clock.advance(600 if round_ < DRAIN_ROUNDS // 2 else 6 * 3600)
-        found = invariants.check_step(self.world) + invariants.check_drained(self.world)
-        made = self._counts()[1] - made_at_start
-        bound = 2 * open_at_start + 8  # each open request's chunk sent again a time or two; more is a loop
-        if made > bound:
-            found.append(f"drain: {made} batches and dispatches created while draining {open_at_start} open request(s) (bound {bound})")
-        return found
+            made = self._counts()[1] - made_at_start
+            if made > bound:
+                found.append(f"drain: {made} batches and dispatches created in {round_ + 1} rounds while draining "
+                             f"{open_at_start} open request(s) (bound {bound}): a loop")  # fmt: skip
+                break
+            shape = self._shape()
+            same, last = (same + 1 if shape == last else 0), shape
+            if same >= STUCK:
+                break
+            self.world.clock.advance(600 if same < 3 else 6 * 3600)  # unchanged a while: jump hours ahead
+        return invariants.check_step(self.world) + invariants.check_drained(self.world) + found
 
 
 def machine_for(route: str, store_kind: str) -> type[SimMachine]:
     return type(f"Sim_{route.replace('-', '_')}_{store_kind}", (SimMachine,), {"route": route, "store_kind": store_kind})
 
 
-def sim_settings(examples: int, steps: int) -> settings:
+def sim_settings(examples: int, steps: int, shrink: bool = True) -> settings:
+    phases = [Phase.explicit, Phase.reuse, Phase.generate] + ([Phase.shrink] if shrink else [])
     return settings(
         max_examples=examples, stateful_step_count=steps, deadline=None, database=None,
-        suppress_health_check=list(HealthCheck), print_blob=False,
+        suppress_health_check=list(HealthCheck), print_blob=False, phases=phases,
     )  # fmt: skip
 
 
@@ -292,13 +314,13 @@ def replay_command(route: str, store_kind: str, seed: int, examples: int, steps:
             f"--seeds 1 --examples {examples} --steps {steps}")  # fmt: skip
 
 
-def run(route: str, store_kind: str, *, seed: int, examples: int, steps: int) -> None:
+def run(route: str, store_kind: str, *, seed: int, examples: int, steps: int, shrink: bool = True) -> None:
     """Run the simulation's examples drawn from `seed` (the same examples every run). A
     failure raises with the shrunk sequence of steps and the command that replays it."""
     from hypothesis.stateful import get_state_machine_test
 
     machine = machine_for(route, store_kind)
-    test = hypothesis.seed(seed)(get_state_machine_test(machine, settings=sim_settings(examples, steps)))
+    test = hypothesis.seed(seed)(get_state_machine_test(machine, settings=sim_settings(examples, steps, shrink)))
     try:
         test()
     except BaseException as err:

@@ -115,29 +115,29 @@ class _Fused:
             task.cancel()
             await asyncio.sleep(0)  # the cancellation lands here, as at any await
 
-    async def _call(self, name: str, *args: Any) -> Any:
+    async def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         self._engine.calls += 1
         await self._guard(after=False)
-        result = await getattr(self._inner, name)(*args)
+        result = await getattr(self._inner, name)(*args, **kwargs)
         await self._guard(after=True)
         return result
 
-    async def submit(self, key, batch):
-        return await self._call("submit", key, batch)
+    async def submit(self, *args, **kwargs):
+        return await self._call("submit", *args, **kwargs)
 
-    async def find(self, *args):
-        return await self._call("find", *args)
+    async def find(self, *args, **kwargs):
+        return await self._call("find", *args, **kwargs)
 
-    async def poll(self, batch_id):
-        return await self._call("poll", batch_id)
+    async def poll(self, *args, **kwargs):
+        return await self._call("poll", *args, **kwargs)
 
-    async def cancel(self, batch_id):
-        return await self._call("cancel", batch_id)
+    async def cancel(self, *args, **kwargs):
+        return await self._call("cancel", *args, **kwargs)
 
-    async def results(self, batch_id) -> AsyncIterator[Any]:
+    async def results(self, *args, **kwargs) -> AsyncIterator[Any]:
         self._engine.calls += 1
         await self._guard(after=False)
-        async for outcome in self._inner.results(batch_id):
+        async for outcome in self._inner.results(*args, **kwargs):
             yield outcome
         await self._guard(after=True)
 
