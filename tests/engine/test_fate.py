@@ -77,6 +77,22 @@ def test_a_batch_the_provider_no_longer_knows_is_given_up_and_its_requests_sent_
     assert tries == [2] * 6  # the lost batch was an attempt; the second batch answered
 
 
+def test_a_batch_the_provider_answers_only_nonsense_about_is_given_up_after_a_day(sqlite_store, clock, tmp_path):
+    spec = _echo_job(tmp_path, 6, route_options={"polls_to_complete": 3})
+    load_job(sqlite_store, spec, clock)
+    _ticks(sqlite_store, clock, 1)
+    with sqlite_store.begin() as conn:
+        first = conn.execute(sa.select(dispatches.c.provider_id)).scalar_one()
+    (tmp_path / "provider" / first / "meta.json").write_text("<html>bad gateway")  # every poll: an error
+    _ticks(sqlite_store, clock, 12, step=3600)  # half a day: still waited for (an outage is not a loss)
+    assert job_status(sqlite_store, "tickets").counts == {"dispatched": 6}
+    _ticks(sqlite_store, clock, 40, step=3600)
+    assert job_status(sqlite_store, "tickets").counts == {"succeeded": 6}
+    with sqlite_store.begin() as conn:
+        lost = conn.execute(sa.select(dispatches.c.error).where(dispatches.c.provider_id == first)).scalar_one()
+    assert "has answered every poll of batch" in lost and "given up as lost" in lost
+
+
 def test_cancel_while_the_provider_is_down_ends_at_once(sqlite_store, clock, tmp_path, monkeypatch):
     monkeypatch.setenv(KEY_ENV, "test-key")
     source = write_csv(tmp_path / "t.csv", ticket_rows(4))

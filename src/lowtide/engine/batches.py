@@ -378,17 +378,15 @@ async def poll(
                     status = await route.poll(provider_id)
         except Exception as err:
             said = scrub(route, str(err))
-            gone = isinstance(err, BatchGone)
             with store.begin() as conn:
                 conn.execute(
                     update(dispatches).where(dispatches.c.id == dispatch_id).values(
                         polls=polls + 1, error=said[:2000], next_poll_at=clock.now() + poll_delay(interval, polls, rng),
-                        lease_until=0.0, lost_since=func.coalesce(dispatches.c.lost_since, clock.now()) if gone else None,
+                        lease_until=0.0, lost_since=func.coalesce(dispatches.c.lost_since, clock.now()),
                     )
                 )
                 add_event(conn, job.id, "poll_error", f"{route.name} batch {provider_id}: {said}", clock.now())
-            if gone:
-                _give_up_if_lost(store, job, route, dispatch_id, provider_id, said, clock, rng)
+            _give_up_if_lost(store, job, route, dispatch_id, provider_id, said, isinstance(err, BatchGone), clock, rng)
             continue
         # The flag is cleared only once acted on: a cancel that arrived during this poll stays.
         settled = {"cancel_requested": False} if status.ended or (asked and not cancel_requested) else {}
@@ -419,20 +417,23 @@ async def poll(
 
 
 LOST_GRACE = 3600.0  # seconds a provider may answer "no such batch" before the batch is given up
+ERROR_GRACE = 86400.0  # ... or answer polls with nothing but errors (down, or answering nonsense)
 
 
 def _give_up_if_lost(store: Store, job: JobContext, route: BatchRoute, dispatch_id: int, provider_id: str, said: str,
-                     clock: Clock, rng: random.Random) -> None:  # fmt: skip
-    """A batch the provider has not known for LOST_GRACE (lost there, or the route now
-    points elsewhere) is given up: polled for ever, it would hold its requests for ever.
-    Its requests get a retryable failure `batch_lost` (engine/fate.py decides: another
-    batch while attempts remain, cancelled in a cancelled job)."""
+                     gone: bool, clock: Clock, rng: random.Random) -> None:  # fmt: skip
+    """A batch whose every poll has failed since `lost_since` is given up after a grace: an
+    hour where the provider says it does not know the batch (lost there, or the route now
+    points elsewhere), a day of any other error. Polled for ever, it would hold its requests
+    for ever. They get a retryable failure `batch_lost` with the provider's words
+    (engine/fate.py decides: another batch while attempts remain, failed after)."""
     now = clock.now()
     with store.begin() as conn:
         since = conn.execute(select(dispatches.c.lost_since).where(dispatches.c.id == dispatch_id)).scalar_one()
-    if since is None or now - since < LOST_GRACE:
+    if since is None or now - since < (LOST_GRACE if gone else ERROR_GRACE):
         return
-    reason = f"the provider has not known batch {provider_id} for {now - since:.0f} s ({said}); given up as lost"
+    known = "has not known" if gone else "has answered every poll of"
+    reason = f"the provider {known} batch {provider_id} for {now - since:.0f} s (last: {said}); given up as lost"
     _reject(store, job, route, dispatch_id, DispatchState.SUBMITTED, reason, clock, rng, code="batch_lost", retryable=True)
 
 
