@@ -9,6 +9,7 @@ import asyncio
 import shutil
 from datetime import UTC, datetime
 
+import pytest
 import sqlalchemy as sa
 
 from lowtide.core.clock import ManualClock
@@ -93,11 +94,15 @@ def test_a_batch_the_provider_answers_only_nonsense_about_is_given_up_after_a_da
     assert "has answered every poll of batch" in lost and "given up as lost" in lost
 
 
-def test_cancel_while_the_provider_is_down_ends_at_once(sqlite_store, clock, tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    ("route", "model", "base_url"),
+    [("openai-batch", "test-model", "http://127.0.0.1:9/v1"), ("gemini-batch", "gemini-2.5-flash", "http://127.0.0.1:9")],
+)
+def test_cancel_while_the_provider_is_down_ends_at_once(sqlite_store, clock, tmp_path, monkeypatch, route, model, base_url):
     monkeypatch.setenv(KEY_ENV, "test-key")
     source = write_csv(tmp_path / "t.csv", ticket_rows(4))
     # Nothing listens on port 9: every connection is refused, so no create ever reached a provider.
-    spec = make_spec(source, route="openai-batch", route_options={"base_url": "http://127.0.0.1:9/v1", "api_key_env": KEY_ENV})
+    spec = make_spec(source, route=route, model=model, route_options={"base_url": base_url, "api_key_env": KEY_ENV})
     load_job(sqlite_store, spec, clock)
     _ticks(sqlite_store, clock, 1)
     cancel_job(sqlite_store, "tickets", clock)

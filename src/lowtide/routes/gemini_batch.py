@@ -42,7 +42,7 @@ from google.genai import errors as genai_errors
 from google.genai import types
 
 from lowtide.core import fastjson
-from lowtide.core.errors import BatchGone, BatchRejected, RouteError
+from lowtide.core.errors import BatchGone, BatchRejected, NotSent, RouteError
 from lowtide.core.types import Outcome, Refusal, Request
 from lowtide.routes import _gemini_operation as op
 from lowtide.routes._gemini import gemini_body, gemini_error, gemini_outcome
@@ -54,7 +54,14 @@ from lowtide.routes._provider import (
     pasted_key,
     poll_interval,
 )
-from lowtide.routes.base import BatchStatus, number_option, secret_of, text_option, texts_option
+from lowtide.routes.base import (
+    BatchStatus,
+    never_sent,
+    number_option,
+    secret_of,
+    text_option,
+    texts_option,
+)
 
 log = logging.getLogger(__name__)
 MAX_REQUESTS = 100_000
@@ -158,6 +165,10 @@ class GeminiBatchRoute:
                 return await self._create(model, key, uploaded.name, None)
             except genai_errors.APIError as err:
                 raise translate_error(self.name, err) from None
+            except Exception as err:
+                if never_sent(err):  # no connection, so no batch: nothing to find after this
+                    raise NotSent(f"{self.name}: could not connect: {err}") from None
+                raise
 
     async def _create(self, model: str, key: str, src: Any, inline: dict[str, Any] | None) -> str:
         # Inline requests ride in `extra_body`, verbatim; the SDK's own list stays empty.
