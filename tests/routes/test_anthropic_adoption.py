@@ -113,9 +113,6 @@ def test_a_lost_create_is_sent_again_only_when_every_candidate_is_anothers_and_t
 
 
 
-# engine/batches.py does not pass the dispatch's custom_ids to `find` yet (issue 27 item 4,
-# the engine's half): until it does, theirs is adopted once it has ended. Strict: remove the
-# mark when it lands.
 def test_a_lost_create_beside_another_stores_ended_batch_runs_on_a_batch_of_its_own(serve, store, tmp_path):
     """Our create gets a 500; another store's batch of our size, sharing two custom_ids with
     ours, is created in our window and ends. `find` proves ours never arrived (theirs holds

@@ -120,12 +120,10 @@ class AnthropicBatchRoute:
         """This dispatch's batch, proven by its results holding only `sent` (the custom_ids its
         create carried); None only when no batch in the window can be it."""
         found = [b async for b in self._candidates(size, not_before, known)]
-        running = [b.id for b in found if b.processing_status != "ended"]
-        if sent is None:  # an engine that does not pass `sent`: size and time decide, once they ended
-            ours = [b.id for b in found] if not running else []
-        else:
-            ids = set(sent)
-            ours = [b.id for b in found if b.id not in running and await self._holds_only(b.id, ids)]
+        # Without `sent` nothing can be proven ours: every candidate is waited on as if running.
+        running = [b.id for b in found if b.processing_status != "ended" or sent is None]
+        ids = set(sent or ())
+        ours = [b.id for b in found if b.id not in running and await self._holds_only(b.id, ids)]
         if len(ours) > 1:
             raise RouteError(
                 f"{self.name}: {len(ours)} batches ({', '.join(ours)}) match a dispatch of {size} requests "
