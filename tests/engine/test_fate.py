@@ -96,7 +96,8 @@ def test_a_batch_the_provider_answers_only_nonsense_about_is_given_up_after_a_da
 
 @pytest.mark.parametrize(
     ("route", "model", "base_url"),
-    [("openai-batch", "test-model", "http://127.0.0.1:9/v1"), ("gemini-batch", "gemini-2.5-flash", "http://127.0.0.1:9")],
+    [("openai-batch", "test-model", "http://127.0.0.1:9/v1"), ("gemini-batch", "gemini-2.5-flash", "http://127.0.0.1:9"),
+     ("anthropic-batch", "claude-sonnet-4-5", "http://127.0.0.1:9")],
 )
 def test_cancel_while_the_provider_is_down_ends_at_once(sqlite_store, clock, tmp_path, monkeypatch, route, model, base_url):
     monkeypatch.setenv(KEY_ENV, "test-key")

@@ -90,6 +90,18 @@ def test_sigkill_between_create_and_recording_the_id_does_not_submit_twice(route
         assert conn.execute(sa.select(sa.func.count()).select_from(dispatches)).scalar_one() == 1
 
 
+async def _all_ended(url: str) -> None:
+    """Until every Anthropic batch at the server has ended (bounded)."""
+    import anthropic
+
+    client = anthropic.AsyncAnthropic(base_url=url, api_key="k")
+    for _ in range(600):
+        if all(s == "ended" for s in [b.processing_status async for b in client.messages.batches.list()]):
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("the batches did not end")
+
+
 def _provider_batch_count(route: str, url: str) -> int:
     if route == "openai-batch":
         import openai
@@ -219,6 +231,7 @@ def test_anthropic_adoption_is_anchored_at_the_create_not_at_planning(serve, sto
                 assert (await engine.tick("tickets")).submitted == 0  # planned; the create got a 500
                 clock.advance(2 * window)  # now: the create is tried again, and taken
                 assert (await engine.tick("tickets")).submitted == 0  # ... its answer lost
+                await _all_ended(url)  # a running batch may be another client's: adopted once it ended
                 return (await engine.tick("tickets")).submitted  # find-or-create
         finally:
             await route.aclose()

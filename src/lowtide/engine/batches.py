@@ -8,9 +8,11 @@ looks around `submit_started_at`, the time recorded as the create began, not whe
 was planned.
 
 A cancel reaches every state: a `submitting` dispatch it flagged is adopted and cancelled at
-the provider (its results still brought in), or, never sent, ends here with its requests
-cancelled; a worker inside the create keeps the flag when it records the id, and the
-next poll cancels the batch.
+the provider (its results still brought in; an Anthropic batch is adopted only once it has
+ended, and so is never cancelled), or, never sent, ends here with its requests cancelled; a
+worker inside the create keeps the flag when it records the id, and the next poll cancels
+the batch. A create whose connection was refused sent nothing: its dispatch is planned
+again (`NotSent`). What happens to requests is decided by engine/fate.py.
 """
 
 from __future__ import annotations

@@ -182,7 +182,8 @@ def cancel_job(store: Store, name: str, clock: Clock, *, force: bool = False) ->
     """Cancel what has not finished. Provider batches already sent are asked to cancel and
     their partial results are still brought in (they are paid for). A batch whose create may
     or may not have reached the provider (`submitting`) is flagged: the next tick adopts it
-    through the route's `find` and cancels it there, or, if it was never sent, cancels its
+    through the route's `find` and cancels it there (an Anthropic batch is adopted only once
+    it has ended: nothing shows it ours sooner), or, if it was never sent, cancels its
     requests; a worker inside that create right now finds the flag when it records the id.
 
     `force`: a `submitting` batch is not waited for. Against a provider that cannot be reached

@@ -29,7 +29,7 @@ from typing import Any, Literal
 import anthropic
 
 from lowtide.core import fastjson
-from lowtide.core.errors import BatchRejected, RouteError
+from lowtide.core.errors import BatchGone, BatchRejected, NotSent, RouteError
 from lowtide.core.types import Outcome, Refusal, Request
 from lowtide.routes._provider import (
     RETRYABLE_CODES,
@@ -44,7 +44,14 @@ from lowtide.routes._wire import (
     anthropic_refusal,
     text_or_none,
 )
-from lowtide.routes.base import BatchStatus, flag_option, number_option, secret_of, text_option
+from lowtide.routes.base import (
+    BatchStatus,
+    flag_option,
+    never_sent,
+    number_option,
+    secret_of,
+    text_option,
+)
 
 log = logging.getLogger(__name__)
 MAX_REQUESTS = 100_000
@@ -112,6 +119,10 @@ class AnthropicBatchRoute:
             if err.status_code in (400, 401, 403, 404, 413, 422):
                 raise BatchRejected(message) from None
             raise RouteError(message) from None
+        except anthropic.APIConnectionError as err:
+            if never_sent(err):  # no connection, so no batch: nothing to find after this
+                raise NotSent(f"{self.name}: could not connect to {self.client.base_url}: {err.__cause__ or err}") from None
+            raise
         return batch.id
 
     async def find(
@@ -167,7 +178,10 @@ class AnthropicBatchRoute:
         return True
 
     async def poll(self, batch_id: str) -> BatchStatus:
-        batch = await self.client.messages.batches.retrieve(batch_id)
+        try:
+            batch = await self.client.messages.batches.retrieve(batch_id)
+        except anthropic.NotFoundError as err:
+            raise BatchGone(f"{self.name}: HTTP 404 for batch {batch_id}: {err.message}") from None
         counts = batch.request_counts.model_dump()
         return BatchStatus(phase=batch.processing_status, ended=batch.processing_status == "ended", counts=counts)
 
