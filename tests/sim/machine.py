@@ -23,7 +23,15 @@ import hypothesis
 import hypothesis.strategies as st
 import sqlalchemy as sa
 from hypothesis import HealthCheck, Phase, settings
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    multiple,
+    precondition,
+    rule,
+)
 
 from lowtide.core.errors import LowtideError
 from lowtide.core.spec import build_spec
@@ -73,6 +81,8 @@ def fault_plan(kind: str, route: str, standing: dict[str, int]) -> FaultPlan:
 class SimMachine(RuleBasedStateMachine):
     """One example: a fresh world (client store, two providers), then drawn steps."""
 
+    loaded = Bundle("loaded")  # names of jobs the store has: the operator's actions act on these
+
     route = "openai-batch"
     store_kind = "sqlite"
     steps_run = 0  # over every example of this process (bench/simulate.py prints it)
@@ -114,13 +124,15 @@ class SimMachine(RuleBasedStateMachine):
             data["budget_usd"] = str(job["budget"])
         return build_spec(data)
 
-    def _load(self, name: str, job: dict[str, Any], requeue: bool = False) -> None:
+    def _load(self, name: str, job: dict[str, Any], requeue: bool = False) -> bool:
+        """Load `job`; False if lowtide refused it (naming why: nothing stored changed)."""
         try:
             load_job(self.world.store, self._spec(name, job), self.world.clock, requeue_changed=requeue)
-        except LowtideError as err:  # refused, naming why: nothing stored changed
+        except LowtideError as err:
             hypothesis.note(f"load {name} refused: {str(err)[:300]}")
-            return
+            return False
         self.jobs[name] = job
+        return True
 
     def _job(self, name: str) -> dict[str, Any]:
         known = self.jobs.get(name)
@@ -128,35 +140,32 @@ class SimMachine(RuleBasedStateMachine):
             "rows": 0, "revs": {}, "provider": "main", "key_env": KEY_ENV, "deadline": None, "budget": None, "options": {}}  # fmt: skip
 
     # Rules ----------------------------------------------------------------------------------
-    @initialize(chunk=st.integers(2, 6), rows=st.integers(3, 20))
-    def setup(self, chunk: int, rows: int) -> None:
+    @initialize(target=loaded, chunk=st.integers(2, 6), rows=st.integers(3, 20))
+    def setup(self, chunk: int, rows: int):
         """Every example starts with job `a` loaded: its steps then have something to move."""
         self.chunk = chunk
-        self.load("a", rows)
+        return self.load("a", rows)
 
-    @rule(name=st.sampled_from(JOBS), more=st.integers(1, 12))
-    def load(self, name: str, more: int) -> None:
+    @rule(target=loaded, name=st.sampled_from(JOBS), more=st.integers(1, 12))
+    def load(self, name: str, more: int):
         """Load a job, or load it again with more rows."""
         job = self._job(name)
         job["rows"] = min(MAX_ROWS, job["rows"] + more)
-        self._load(name, job)
+        return name if self._load(name, job) else multiple()
 
-    @rule(name=st.sampled_from(JOBS), count=st.integers(1, 3), requeue=st.booleans())
+    @rule(name=loaded, count=st.integers(1, 3), requeue=st.booleans())
     def change_rows(self, name: str, count: int, requeue: bool) -> None:
         """Edit some source rows and load again (with or without --requeue-changed)."""
-        if name not in self.jobs:
-            return
         job = self._job(name)
         for i in range(min(count, job["rows"])):
             job["revs"][i] = job["revs"].get(i, 0) + 1
         self._load(name, job, requeue)
 
-    @rule(name=st.sampled_from(JOBS), change=st.sampled_from(["other_provider", "main_provider", "wrong_key", "right_key", "poll"]),
+    @precondition(lambda self: self.route in SERVED)
+    @rule(name=loaded, change=st.sampled_from(["other_provider", "main_provider", "wrong_key", "right_key", "poll"]),
           requeue=st.booleans())  # fmt: skip
     def change_spec(self, name: str, change: str, requeue: bool) -> None:
         """Load the same job with changed connection options."""
-        if name not in self.jobs or self.route not in SERVED:
-            return
         job = self._job(name)
         if change.endswith("provider"):
             job["provider"] = change.removesuffix("_provider")
@@ -166,19 +175,15 @@ class SimMachine(RuleBasedStateMachine):
             job["options"]["poll_interval"] = [30.0, 300.0]
         self._load(name, job, requeue)
 
-    @rule(name=st.sampled_from(JOBS), usd=st.sampled_from(["0.000002", "0.00002", "0.0002"]))
+    @rule(name=loaded, usd=st.sampled_from(["0.000002", "0.00002", "0.0002"]))
     def budget(self, name: str, usd: str) -> None:
-        if name not in self.jobs:
-            return
         job = self._job(name)
         job["budget"] = Decimal(usd)
         self._load(name, job)
 
-    @rule(name=st.sampled_from(JOBS), seconds=st.sampled_from([60, 600, 3600, 7200]))
+    @rule(name=loaded, seconds=st.sampled_from([60, 600, 3600, 7200]))
     def deadline(self, name: str, seconds: int) -> None:
         """A deadline soon, on the engine's clock."""
-        if name not in self.jobs:
-            return
         job = self._job(name)
         job["deadline"] = self.world.clock.now() + seconds
         self._load(name, job)
@@ -209,21 +214,18 @@ class SimMachine(RuleBasedStateMachine):
     def advance(self, seconds: int) -> None:
         self.world.clock.advance(seconds)
 
-    @rule(name=st.sampled_from(JOBS))
+    @rule(name=loaded)
     def cancel(self, name: str) -> None:
-        if name in self.jobs:
-            cancel_job(self.world.store, name, self.world.clock)
+        cancel_job(self.world.store, name, self.world.clock)
 
-    @rule(name=st.sampled_from(JOBS), failed=st.booleans(), cancelled=st.booleans())
+    @rule(name=loaded, failed=st.booleans(), cancelled=st.booleans())
     def retry(self, name: str, failed: bool, cancelled: bool) -> None:
-        if name in self.jobs:
-            retry_job(self.world.store, name, self.world.clock, failed=failed, cancelled=cancelled)
+        retry_job(self.world.store, name, self.world.clock, failed=failed, cancelled=cancelled)
 
+    @precondition(lambda self: self.route in SERVED)
     @rule(kind=st.sampled_from(FAULTS))
     def faults(self, kind: str) -> None:
         """The main provider's fault plan changes (queue_*: its enqueued-token limit)."""
-        if self.route not in SERVED:
-            return
         if kind.startswith("queue_"):
             self.standing = {"full": {"*": 1}, "tight": {"*": 60}, "room": {}}[kind.removeprefix("queue_")]
         self.world.set_faults(fault_plan(kind, self.route, self.standing))

@@ -14,8 +14,8 @@ from tests.sim.machine import run
 
 ROUTES = ["openai-batch", "anthropic-batch", "gemini-batch", "echo-batch"]
 SEED = 27
-EXAMPLES = 4
-STEPS = 25
+EXAMPLES = 8
+STEPS = 40
 
 
 @pytest.mark.parametrize("route", ROUTES)
