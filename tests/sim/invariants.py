@@ -205,3 +205,23 @@ def check_drained(world) -> list[str]:
 
 def batches_created(world) -> int:
     return len(_serve_batches(world))
+
+
+class Violation(AssertionError):
+    """An invariant broken; each kind is its own subclass (`violation`), so that Hypothesis
+    shrinks and reports each kind of failure on its own."""
+
+
+_KINDS: dict[str, type[Violation]] = {}
+# The kind a list of violations is reported as: the first of these found in it.
+_DRAIN_KINDS = (("a loop", "drain_loop"), ("pending in job", "drain_pending"), ("dispatched in job", "drain_dispatched"),
+                ("still submitt", "drain_dispatch_live"), ("still planned", "drain_dispatch_live"), ("never booked", "drain_unbooked"))  # fmt: skip
+
+
+def violation(found: list[str], what: str) -> Violation:
+    """One exception for `found`, of a class named by its kind (the first step check that
+    failed, else what the drain left)."""
+    kind = next((v.split(":", 1)[0] for v in found if not v.startswith("drain:")), None)
+    kind = kind or next((k for key, k in _DRAIN_KINDS if any(key in v for v in found)), "drain")
+    cls = _KINDS.setdefault(kind, type(f"Violation_{kind}", (Violation,), {}))
+    return cls(f"{what} ({kind}):\n  " + "\n  ".join(found[:20]))
