@@ -39,6 +39,12 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _text(err: BaseException) -> str:
+    notes = list(dict.fromkeys(getattr(err, "__notes__", [])))  # each once
+    err.__notes__ = []
+    return "".join(traceback.format_exception_only(err)) + "\n".join(notes)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     routes = ROUTES if args.route == "all" else [args.route]
@@ -54,10 +60,9 @@ def main(argv: list[str] | None = None) -> int:
                     said = "ok"
                 except Exception as err:
                     said = "VIOLATION"
-                    notes = list(dict.fromkeys(getattr(err, "__notes__", [])))  # each once
-                    err.__notes__ = []
-                    text = "".join(traceback.format_exception_only(err)) + "\n".join(notes)
-                    violations.append((seed, store_kind, route, text))
+                    # Several kinds found: Hypothesis raises them together, each shrunk apart.
+                    for one in err.exceptions if isinstance(err, ExceptionGroup) else [err]:
+                        violations.append((seed, store_kind, route, _text(one)))
                 print(f"seed {seed:4d}  {store_kind:8s} {route:16s} {said:9s} {time.monotonic() - t0:7.1f} s", flush=True)
     print(f"\nsteps run: {SimMachine.steps_run}   seeds: {args.seeds} (from {args.seed})   routes: {', '.join(routes)}   "
           f"stores: {', '.join(stores)}   violations: {len(violations)}   {time.monotonic() - started:.0f} s")  # fmt: skip
