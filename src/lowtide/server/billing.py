@@ -18,6 +18,7 @@ from sqlalchemy import Connection, select
 
 from lowtide.core.pricing import attempt_cost
 from lowtide.server.outputs import Result
+from lowtide.server.translate import decode_key, encode_key
 from lowtide.store.db import Store
 from lowtide.store.money import to_pico
 from lowtide.store.schema import serve_billing
@@ -54,7 +55,8 @@ class Bill:
             return
         cost = attempt_cost(r.usage, r.model, ROUTE_OF[self.api], at=self.at)
         self._lines[r.custom_id] = {
-            "batch_id": self.batch_id, "api": self.api, "custom_id": r.custom_id, "model": r.model,
+            # Kept as the jobs keep it: PostgreSQL's text holds no NUL (server/translate.py).
+            "batch_id": self.batch_id, "api": self.api, "custom_id": encode_key(r.custom_id), "model": r.model,
             "input_tokens": r.usage.input_tokens, "cached_input_tokens": r.usage.cached_input_tokens,
             "output_tokens": r.usage.output_tokens, "cost_picousd": to_pico(cost.usd),
             "whole": fate != "corrupt", "at": self.at,
@@ -75,4 +77,4 @@ def lines(store: Store, batch_id: str | None = None) -> list[Line]:
     if batch_id is not None:
         stmt = stmt.where(serve_billing.c.batch_id == batch_id)
     with store.read() as conn:
-        return [Line(*row) for row in conn.execute(stmt)]
+        return [Line(*row[:2], decode_key(row[2]), *row[3:]) for row in conn.execute(stmt)]
