@@ -32,8 +32,8 @@ def _start(serve, tmp_path, limit: int, *extra: str) -> str:
     return serve("--faults", str(plan), *extra)
 
 
-def _load(tmp_path, url: str, clock=None, **route_options) -> Store:
-    source = write_csv(tmp_path / "t.csv", ticket_rows(ROWS))
+def _load(tmp_path, url: str, clock=None, rows: int = ROWS, **route_options) -> Store:
+    source = write_csv(tmp_path / "t.csv", ticket_rows(rows))
     spec = make_spec(source, route="openai-batch", route_options=_options("openai-batch", url, **route_options),
                      retry={"max_attempts": 1, "backoff_seconds": 0})  # fmt: skip
     store = Store(str(tmp_path / "client.db"))
@@ -69,13 +69,13 @@ def test_a_refusal_with_nothing_in_flight_sends_smaller_batches_not_the_same_one
 
 def test_a_request_the_queue_cannot_hold_alone_fails_with_the_providers_words(serve, tmp_path):
     url = _start(serve, tmp_path, limit=ONE_ROW // 2)  # not even one request fits
-    store = _load(tmp_path, url)
+    store = _load(tmp_path, url, rows=4)
     status = _run(store, "tickets", timeout=120)
-    assert status.counts == {"failed": ROWS} and status.failures == {"over_token_limit": ROWS}
+    assert status.counts == {"failed": 4} and status.failures == {"over_token_limit": 4}
     with store.begin() as conn:
         message = conn.execute(sa.select(requests.c.error_message).limit(1)).scalar_one()
     assert "nothing else of test-model in flight" in message and "Enqueued token limit reached" in message
-    assert len(_batches(store)) <= 3 + ROWS  # halved down to one, then each request alone once
+    assert len(_batches(store)) <= 2 + 4  # halved down to one, then each request alone once
 
 
 def _serve_status(url: str, provider_id: str) -> str:
