@@ -61,12 +61,16 @@ def test_batches_planned_before_the_deadline_are_not_sent_after_it(sqlite_store,
     assert failed == 20  # the two planned chunks' requests: failed unsent, never paid for
 
 
+def _one_batch_sent(store, clock, tmp_path) -> str:
+    """A job of six rows on echo-batch, its one batch sent: the batch's id."""
+    load_job(store, _echo_job(tmp_path, 6, route_options={"polls_to_complete": 3}), clock)
+    _ticks(store, clock, 1)
+    with store.begin() as conn:
+        return conn.execute(sa.select(dispatches.c.provider_id)).scalar_one()
+
+
 def test_a_batch_the_provider_no_longer_knows_is_given_up_and_its_requests_sent_again(sqlite_store, clock, tmp_path):
-    spec = _echo_job(tmp_path, 6, route_options={"polls_to_complete": 3})
-    load_job(sqlite_store, spec, clock)
-    _ticks(sqlite_store, clock, 1)
-    with sqlite_store.begin() as conn:
-        first = conn.execute(sa.select(dispatches.c.provider_id)).scalar_one()
+    first = _one_batch_sent(sqlite_store, clock, tmp_path)
     shutil.rmtree(tmp_path / "provider" / first)  # the provider lost it: every poll is now "no such batch"
     _ticks(sqlite_store, clock, 200, step=60)  # 200 minutes of polls at most
     status = job_status(sqlite_store, "tickets")
@@ -79,11 +83,7 @@ def test_a_batch_the_provider_no_longer_knows_is_given_up_and_its_requests_sent_
 
 
 def test_a_batch_the_provider_answers_only_nonsense_about_is_given_up_after_a_day(sqlite_store, clock, tmp_path):
-    spec = _echo_job(tmp_path, 6, route_options={"polls_to_complete": 3})
-    load_job(sqlite_store, spec, clock)
-    _ticks(sqlite_store, clock, 1)
-    with sqlite_store.begin() as conn:
-        first = conn.execute(sa.select(dispatches.c.provider_id)).scalar_one()
+    first = _one_batch_sent(sqlite_store, clock, tmp_path)
     (tmp_path / "provider" / first / "meta.json").write_text("<html>bad gateway")  # every poll: an error
     _ticks(sqlite_store, clock, 12, step=3600)  # half a day: still waited for (an outage is not a loss)
     assert job_status(sqlite_store, "tickets").counts == {"dispatched": 6}
