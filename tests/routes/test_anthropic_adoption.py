@@ -48,19 +48,25 @@ async def _ended(client: anthropic.AsyncAnthropic, batch_id: str) -> None:
     raise AssertionError(f"batch {batch_id} did not end")
 
 
-def test_another_stores_running_batch_of_our_size_is_neither_adopted_nor_cancelled(serve, store, tmp_path):
-    """Our create gets a 500 (it may or may not have landed); another store then creates a
-    batch of the same size on the key. The next ticks must wait rather than adopt it, and a
-    `lowtide cancel` of our job must not cancel it. (At f117c17 the second tick adopted it.)"""
+def _our_create_fails(serve, store, tmp_path, *serve_args: str) -> tuple[str, ManualClock, anthropic.AsyncAnthropic]:
+    """serve on real time whose first create answers 500 (it may or may not have landed), our
+    job of three tickets loaded on anthropic-batch there, and another client on the key."""
     plan = tmp_path / "faults.yaml"
     plan.write_text(yaml.safe_dump({"http": [{"match": "POST /v1/messages/batches", "first": 1, "status": 500}]}))
-    # Real time, so the provider's creation times are ours; batches held running for an hour.
-    url = serve("--time-scale", "1", "--complete-after", "3600", "--faults", str(plan))
+    url = serve("--time-scale", "1", *serve_args, "--faults", str(plan))
     options = _options("anthropic-batch", url, find_window=600)
     spec = make_spec(write_csv(tmp_path / "t.csv", ticket_rows(3)), route="anthropic-batch", route_options=options)
     clock = ManualClock(time.time())
     load_job(store, spec, clock)
-    client = _their_client(url)
+    return url, clock, _their_client(url)
+
+
+def test_another_stores_running_batch_of_our_size_is_neither_adopted_nor_cancelled(serve, store, tmp_path):
+    """Our create gets a 500 (it may or may not have landed); another store then creates a
+    batch of the same size on the key. The next ticks must wait rather than adopt it, and a
+    `lowtide cancel` of our job must not cancel it. (At f117c17 the second tick adopted it.)"""
+    # Real time, so the provider's creation times are ours; batches held running for an hour.
+    url, clock, client = _our_create_fails(serve, store, tmp_path, "--complete-after", "3600")
 
     async def scenario() -> str:
         async with Engine(store, clock) as engine:
@@ -118,14 +124,7 @@ def test_a_lost_create_beside_another_stores_ended_batch_runs_on_a_batch_of_its_
     ours, is created in our window and ends. `find` proves ours never arrived (theirs holds
     X-7), so the chunk is sent again: the answers are our own, theirs is left alone. (At
     f117c17 theirs was adopted: T1000 and T1001 took its answers.)"""
-    plan = tmp_path / "faults.yaml"
-    plan.write_text(yaml.safe_dump({"http": [{"match": "POST /v1/messages/batches", "first": 1, "status": 500}]}))
-    url = serve("--time-scale", "1", "--faults", str(plan))
-    options = _options("anthropic-batch", url, find_window=600)
-    spec = make_spec(write_csv(tmp_path / "t.csv", ticket_rows(3)), route="anthropic-batch", route_options=options)
-    clock = ManualClock(time.time())
-    load_job(store, spec, clock)
-    client = _their_client(url)
+    url, clock, client = _our_create_fails(serve, store, tmp_path)
 
     async def first_tick() -> str:
         async with Engine(store, clock) as engine:
