@@ -16,15 +16,12 @@ Engine over the same store, as after a crash.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
-import threading
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import uvicorn
 
 from lowtide.core.clock import ManualClock
 from lowtide.engine.tick import Engine
@@ -32,6 +29,7 @@ from lowtide.server.app import create_app
 from lowtide.server.context import ServeConfig
 from lowtide.server.faults import FaultPlan
 from lowtide.store.db import Store
+from tests.server.conftest import on_loopback
 
 KEY_ENV = "LOWTIDE_SIM_KEY"  # the key every provider takes
 WRONG_KEY_ENV = "LOWTIDE_SIM_WRONG_KEY"  # a key no provider takes (a spec change to api_key_env)
@@ -51,14 +49,8 @@ class Provider:
         config = ServeConfig(backend="echo", data_dir=root / "data", db=str(root / "serve.db"), clock=clock,
                              run_worker=False, swappable_faults=True, api_keys=(KEY,))  # fmt: skip
         self.app = create_app(config)
-        self._uvicorn = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=0, log_level="error", lifespan="on"))
-        self._thread = threading.Thread(target=self._uvicorn.run, name=f"sim-serve-{name}", daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + 30  # a safety net for a server that never starts
-        while not self._uvicorn.started:
-            assert self._thread.is_alive() and time.monotonic() < deadline, f"serve {name} did not start"
-            time.sleep(0.005)
-        self.port = self._uvicorn.servers[0].sockets[0].getsockname()[1]
+        self._serving = contextlib.ExitStack()  # uvicorn in a thread, on a free loopback port
+        self.port = self._serving.enter_context(on_loopback(self.app))
 
     @property
     def url(self) -> str:
@@ -85,8 +77,7 @@ class Provider:
         return moved
 
     def stop(self) -> None:
-        self._uvicorn.should_exit = True
-        self._thread.join(30)
+        self._serving.close()
 
 
 class Killed(Exception):
