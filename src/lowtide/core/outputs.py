@@ -10,6 +10,7 @@ from typing import Any
 import jsonschema
 
 from lowtide.core.answers import read_answer
+from lowtide.core.native_schema import unwrap_choice
 
 _FENCE = re.compile(r"^\s*```(?:json)?\s*(.*?)\s*```\s*$", re.DOTALL)
 
@@ -19,9 +20,10 @@ class InvalidOutput(ValueError):
 
 
 def parse_output(text: str, schema: dict[str, Any] | None, choices: list[str] | None) -> Any:
-    """Return the parsed answer (a choice, or the JSON value), or raise InvalidOutput."""
+    """Return the parsed answer (a choice, or the JSON value), or raise InvalidOutput.
+    A choice asked as JSON (`{"choice": ...}`, core/native_schema.py) is read unwrapped."""
     if choices:
-        answer = text.strip()
+        answer = (unwrap_choice(text) or "").strip()
         for choice in choices:
             if answer == choice or answer.lower() == choice.lower():
                 return choice

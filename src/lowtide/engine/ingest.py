@@ -18,6 +18,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from lowtide.core import fastjson
 from lowtide.core.answers import tool_calls
+from lowtide.core.native_schema import unwrap_choice
 from lowtide.core.outputs import (
     ToolSchemas,
     tool_schemas,
@@ -132,7 +133,7 @@ def apply_outcomes(
             counts.stale += 1
             continue
         row = {
-            "_id": req.id, "output": outcome.text, "parsed": None, "input_tokens": u.input_tokens,
+            "_id": req.id, "output": unwrap_choice(outcome.text) if choices else outcome.text, "parsed": None, "input_tokens": u.input_tokens,
             "response": None if outcome.response is None else fastjson.dumps(outcome.response),
             "plain_answer": plain_record(outcome.response),
             "cached_input_tokens": u.cached_input_tokens, "cache_write_tokens": u.cache_write_tokens,

@@ -40,13 +40,14 @@ from lowtide.core.endpoints import (
 from lowtide.core.errors import RouteError, SourceError, SpecError, UnknownRouteError
 from lowtide.core.fastjson import is_utf8
 from lowtide.core.ids import custom_id_for, key_of
+from lowtide.core.native_schema import ask_of, choice_tokens, with_ask
 from lowtide.core.params import cast, check_row
 from lowtide.core.sources import Source, SourceRow
 from lowtide.core.spec import JobSpec
 from lowtide.core.spec_changes import SpecChanges, spec_changes
 from lowtide.core.states import JobState, RequestState
 from lowtide.core.templates import MessageTemplate
-from lowtide.core.types import Request, schema_format
+from lowtide.core.types import Request
 from lowtide.engine import budget
 from lowtide.engine.changes import Changes, move_connections, note_changed, requeue, split_known
 from lowtide.engine.embedding_rows import EmbeddingInput
@@ -104,6 +105,7 @@ class RowRenderer:
         self.variant = spec.variant
         self.endpoint = spec.request_endpoint
         self.conversation = conversation_key(self.endpoint)
+        self.ask = ask_of(spec.effective_choices, spec.response_schema)
         self.base = request_base(spec)
         own = {k: v for k, v in (("choices", spec.effective_choices), ("response_schema", spec.response_schema)) if v}
         self.own = own or None
@@ -221,7 +223,8 @@ class RowRenderer:
                 return f'{self.where(row)}: column "{column}" is not JSON ({err}); it must hold a request body of {self.endpoint}'
         if not isinstance(value, dict):
             return f'{self.where(row)}: column "{column}" must hold a JSON object: a request body of {self.endpoint}'
-        return value | {"model": self.model}
+        value = value | {"model": self.model}
+        return value if self.ask is None else with_ask(value, self.endpoint, self.ask)
 
     def body(self, messages: list[dict], own: dict | None) -> tuple[dict, bool]:
         """The request body for these messages, and whether it is the job's fixed part plus
@@ -267,15 +270,11 @@ class Refused:
 
 def request_base(spec: JobSpec) -> dict:
     """The body every request of the job starts from: the model, the params as given, and
-    `response_schema` where the endpoint has a field for it (and params did not set one)."""
+    the job's `choices` or `response_schema` in the endpoint's own structured-output field
+    where it has one and params did not set one (core/native_schema.py)."""
     base = {"model": spec.model, **spec.params}
-    schema = spec.response_schema
-    if schema is not None:
-        if spec.request_endpoint == CHAT:
-            base.setdefault("response_format", schema_format(schema))
-        elif spec.request_endpoint == RESPONSES:
-            base.setdefault("text", {"format": {"type": "json_schema", "name": "output", "schema": schema, "strict": True}})
-    return base
+    ask = ask_of(spec.effective_choices, spec.response_schema)
+    return base if ask is None else with_ask(base, spec.request_endpoint, ask)
 
 
 def refusal_checks(spec: JobSpec) -> list[Callable[[dict], str | None]]:
@@ -311,9 +310,36 @@ def _canonical(value) -> bytes:
         return json.dumps(value, ensure_ascii=False, default=str).encode("utf-8", "surrogatepass")
 
 
+# Routes that send a job's `choices` to a provider as JSON `{"choice": ...}` (OpenAI's and
+# Anthropic's structured outputs take an object): the wrapper counts against the output limit.
+WRAPPING_ROUTES = frozenset({"openai", "openai-batch", "openai-compatible", "anthropic", "anthropic-batch"})
+WRAPPED_ENDPOINTS = frozenset({CHAT, RESPONSES, MESSAGES})
+
+
+def check_ask(spec: JobSpec, where: str) -> None:
+    """Refuse what the native ask of `choices` / `response_schema` (core/native_schema.py)
+    cannot carry: both at once, or an output limit too short for a choice in its wrapper."""
+    if spec.choices and spec.response_schema is not None:
+        raise SpecError(
+            f"{where}: choices and response_schema are both set; an answer is either one of the choices or JSON "
+            "valid against the schema. Keep one (a schema with an enum at its root counts as choices)"
+        )
+    choices, limit = spec.effective_choices, spec.output_limit
+    if not choices or limit is None or spec.request_endpoint not in WRAPPED_ENDPOINTS:
+        return
+    need = choice_tokens(choices)
+    wrapping = [name for name, _, _ in spec.sending_routes if name in WRAPPING_ROUTES]
+    if wrapping and limit < need:
+        raise SpecError(
+            f'{where}: params sets an output limit of {limit} token(s); route {wrapping[0]} asks for the choice as '
+            f'JSON {{"choice": ...}}, which needs up to {need}. Raise the limit to {need} (the answer is still one choice)'
+        )
+
+
 def check_job(spec: JobSpec, where: str = "job spec") -> tuple[MessageTemplate, Source]:
     """Everything about a job that can be checked without reading its rows."""
     template = MessageTemplate.from_spec(spec, where)
+    check_ask(spec, where)
     try:
         for route, options, model in spec.sending_routes:  # the route; its fallback, or its chain's tiers
             create_route(route, options).check_model(model or spec.model)

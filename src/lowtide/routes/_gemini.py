@@ -17,6 +17,7 @@ here, by this table, and anything else in it is refused by name (DESIGN invarian
 | `n`                                    | `generationConfig.candidateCount`                   |
 | `presence_penalty`, `frequency_penalty`| `generationConfig.presencePenalty`, `frequencyPenalty` |
 | `response_format` json_schema          | `responseMimeType: application/json` + `responseJsonSchema` |
+| `response_format` of lowtide's choices (`{"choice": <enum>}`) | `responseMimeType: text/x.enum` + `responseSchema` `{type: STRING, enum}`: the bare choice |
 | `response_format` json_object / text   | `responseMimeType: application/json` / `text/plain` |
 
 Refused: every other key (tools, logprobs, ...), non-text content parts, tool turns, and a
@@ -30,6 +31,7 @@ from typing import Any
 
 from lowtide.core.endpoints import CHAT, GEMINI, known_keys
 from lowtide.core.gemini import generation_keys
+from lowtide.core.native_schema import Ask, choices_of, gemini_config
 from lowtide.core.types import Outcome, Refusal, Request, Usage
 from lowtide.routes._replies import finish_of
 
@@ -110,6 +112,9 @@ def _format(value: Any) -> dict[str, Any] | Refusal:
         schema = (value.get("json_schema") or {}).get("schema")
         if not isinstance(schema, dict):
             return Refusal("response_format.json_schema.schema", "a json_schema format needs its schema")
+        choices = choices_of(schema)
+        if choices is not None:  # a job's choices: Gemini's own enum answer, no JSON around it
+            return gemini_config(Ask(schema, tuple(choices)))
         return {"responseMimeType": "application/json", "responseJsonSchema": schema}
     return Refusal("response_format.type", f"{kind!r} has no Gemini mapping (text, json_object or json_schema)")
 

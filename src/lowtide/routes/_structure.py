@@ -4,11 +4,15 @@ against a schema, and which function tools exist and whether one must be called.
 Each endpoint says it in its own words; these readers return one view (or the `Refusal` for
 what an own engine cannot honour, naming the field):
 
-| ask | chat completions | responses | completions | Anthropic messages |
-|---|---|---|---|---|
-| JSON answer | `response_format` json_schema / json_object | `text.format` json_schema / json_object | — | `output_config.format` json_schema |
-| function tools | `tools[].function` | `tools[]` of type function | — | `tools[]` (custom) |
-| a call required | `tool_choice` required / named / allowed_tools required | same | — | `tool_choice` any / tool |
+| ask | chat completions | responses | completions | Anthropic messages | Gemini generateContent |
+|---|---|---|---|---|---|
+| JSON answer | `response_format` json_schema / json_object | `text.format` json_schema / json_object | — | `output_config.format` json_schema | `generationConfig.responseMimeType` application/json, with `responseJsonSchema` or `responseSchema` |
+| one of a list, as bare text | — | — | — | — | `responseMimeType` text/x.enum with a schema's `enum` |
+| function tools | `tools[].function` | `tools[]` of type function | — | `tools[]` (custom) | — |
+| a call required | `tool_choice` required / named / allowed_tools required | same | — | `tool_choice` any / tool | — |
+
+Gemini's `responseSchema` is its OpenAPI subset (`type: STRING`, `nullable`): read as the
+JSON Schema it means (`gemini_json_schema`).
 
 lowtide's own `response_schema` (`Request.response_schema`) counts where the body has no
 JSON ask of its own (the loader puts it in the body where the endpoint has a field).
@@ -19,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from lowtide.core.endpoints import CHAT, MESSAGES, RESPONSES
+from lowtide.core.endpoints import CHAT, GEMINI, MESSAGES, RESPONSES
 from lowtide.core.types import Refusal, Request
 
 
@@ -30,6 +34,11 @@ class JsonAsk:
 
     field: str
     schema: dict[str, Any] | bool | None
+    bare: bool = False  # the answer is one of the schema's `enum` as bare text (Gemini's text/x.enum)
+
+
+# generationConfig keys that say what the answer's structure is (Gemini).
+GEMINI_STRUCTURE = ("responseMimeType", "responseSchema", "responseJsonSchema")
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,9 +78,67 @@ def json_ask(request: Request) -> JsonAsk | Refusal | None:
         if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or "schema" not in fmt:
             return Refusal("output_config.format", "expected {type: json_schema, schema: {...}}")
         return JsonAsk("output_config.format.schema", fmt["schema"])
+    if request.endpoint == GEMINI and isinstance(body.get("generationConfig"), dict):
+        found = _gemini_ask(body["generationConfig"])
+        if found is not None:
+            return found
     if request.response_schema is not None:
         return JsonAsk("response_schema", request.response_schema)
     return None
+
+
+def _gemini_ask(config: dict[str, Any]) -> JsonAsk | Refusal | None:
+    mime = config.get("responseMimeType")
+    if config.get("responseJsonSchema") is not None:
+        field, schema = "generationConfig.responseJsonSchema", strip_ordering(config["responseJsonSchema"])
+    elif config.get("responseSchema") is not None:
+        field, schema = "generationConfig.responseSchema", gemini_json_schema(config["responseSchema"])
+    else:
+        field, schema = "generationConfig.responseMimeType", None
+    if mime == "text/x.enum":
+        enum = schema.get("enum") if isinstance(schema, dict) else None
+        if not isinstance(enum, list) or not enum or not all(isinstance(v, str) for v in enum):
+            return Refusal(field, "text/x.enum needs a schema with an enum of strings")
+        return JsonAsk(field, {"type": "string", "enum": enum}, bare=True)
+    if mime == "application/json":
+        return JsonAsk(field, schema)
+    if mime in (None, "text/plain") and schema is None:
+        return None
+    if mime in (None, "text/plain"):
+        return Refusal(field, "a response schema needs responseMimeType application/json (or text/x.enum)")
+    return Refusal("generationConfig.responseMimeType", f"{mime!r} is not honoured by this route (text/plain, application/json, text/x.enum)")
+
+
+def gemini_json_schema(schema: Any) -> Any:
+    """Gemini's OpenAPI-subset schema (`type: OBJECT`, `nullable: true`) as JSON Schema."""
+    if isinstance(schema, list):
+        return [gemini_json_schema(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key == "propertyOrdering" or key == "nullable":
+            continue
+        if key == "type" and isinstance(value, str):
+            out["type"] = value.lower()
+        elif key == "properties" and isinstance(value, dict):
+            out["properties"] = {k: gemini_json_schema(v) for k, v in value.items()}
+        elif key in ("items", "anyOf"):
+            out[key] = gemini_json_schema(value)
+        else:
+            out[key] = value
+    if schema.get("nullable") is True and isinstance(out.get("type"), str):
+        out["type"] = [out["type"], "null"]
+    return out
+
+
+def strip_ordering(schema: Any) -> Any:
+    """A `responseJsonSchema` without Gemini's own `propertyOrdering` (not JSON Schema)."""
+    if isinstance(schema, list):
+        return [strip_ordering(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    return {k: strip_ordering(v) for k, v in schema.items() if k != "propertyOrdering"}
 
 
 def _openai_format(fmt: Any, where: str, nested: bool) -> JsonAsk | Refusal | None:

@@ -8,10 +8,12 @@ a spec that says `endpoint: /v1/chat/completions`). What has no mapping is refus
 | `system` / `developer` messages (before the first other turn) | `system` text blocks, in order |
 | `user` text | the same text; `user` / `assistant` text parts, `assistant` text | `text` blocks |
 | `image_url` part (data: URL, or http(s) URL) | `image` block, `base64` or `url` source |
-| `file` part with `file_data` (a PDF data URL) | `document` block, `base64` source |
+| `file` part with `file_data` (a PDF data URL), its `filename` | `document` block, `base64` source, `title` |
 | assistant `tool_calls` | `tool_use` blocks (arguments parsed as JSON) |
 | `tool` message | a user turn with a `tool_result` block |
-| `max_completion_tokens` or `max_tokens` (required) | `max_tokens` |
+| `max_completion_tokens` or `max_tokens` (required; both at once are refused, naming both) | `max_tokens` |
+| `response_format` json_schema (`strict` is Anthropic's own behaviour) | `output_config.format` json_schema, the schema as the anthropic SDK sends it (core/native_schema.py) |
+| `response_format` text | (Anthropic's own behaviour: nothing to send) |
 | `temperature` (0–1), `top_p` | the same, where the Messages API takes them (the anthropic SDK's own request type says; the SDK of late 2026 declares neither, so they are refused) |
 | `stop` | `stop_sequences` |
 | `tools` (functions) | `tools` (`input_schema` = `parameters`) |
@@ -28,11 +30,12 @@ import json
 from typing import Any
 
 from lowtide.core.endpoints import MESSAGES, known_keys
+from lowtide.core.native_schema import anthropic_schema
 from lowtide.core.types import Refusal
 
 MAPPED = frozenset({
     "model", "messages", "max_tokens", "max_completion_tokens", "stop", "tools", "tool_choice",
-    "parallel_tool_calls", "user", "n",
+    "parallel_tool_calls", "user", "n", "response_format",
 })  # fmt: skip
 SAMPLING = ("temperature", "top_p")  # mapped only where the Messages API declares them
 _MEDIA = ("image/jpeg", "image/png", "image/gif", "image/webp")
@@ -57,6 +60,8 @@ def _translate(body: dict[str, Any]) -> dict[str, Any]:
         if key not in MAPPED and key not in sampling:
             raise _Refused(key, "has no Anthropic mapping; remove it, or send this request to an OpenAI route")
     out: dict[str, Any] = {"model": body.get("model")}
+    if body.get("max_completion_tokens") is not None and body.get("max_tokens") is not None:
+        raise _Refused("max_completion_tokens", "and max_tokens are both set; Anthropic takes one limit: keep one of them")
     limit = body.get("max_completion_tokens", body.get("max_tokens"))
     if limit is None:
         raise _Refused("max_tokens", "Anthropic's Messages API requires a limit: set max_tokens (or max_completion_tokens)")
@@ -84,7 +89,26 @@ def _translate(body: dict[str, Any]) -> dict[str, Any]:
         out["tool_choice"] = choice
     if body.get("user") is not None:
         out["metadata"] = {"user_id": body["user"]}
+    fmt = _output_format(body.get("response_format"))
+    if fmt is not None:
+        out["output_config"] = {"format": fmt}
     return out
+
+
+def _output_format(fmt: Any) -> dict[str, Any] | None:
+    """`response_format` as Anthropic's `output_config.format`: json_schema maps; text is the
+    default; json_object (any JSON, no schema) has no Anthropic form."""
+    if fmt is None:
+        return None
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind == "text":
+        return None
+    if kind != "json_schema":
+        raise _Refused("response_format.type", f"{kind!r} has no Anthropic mapping (json_schema or text); give a json_schema")
+    spec = fmt.get("json_schema")
+    if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+        raise _Refused("response_format.json_schema.schema", "a json_schema format needs its schema for Anthropic")
+    return {"type": "json_schema", "schema": anthropic_schema(spec["schema"])}
 
 
 def _conversation(messages: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -167,7 +191,10 @@ def _document(file: Any, at: str) -> dict[str, Any]:
     media, data = _data_url(file["file_data"], f"{at}.file.file_data")
     if media != "application/pdf":
         raise _Refused(f"{at}.file.file_data", f"Anthropic documents are PDFs here; got {media}")
-    return {"type": "document", "source": {"type": "base64", "media_type": media, "data": data}}
+    out = {"type": "document", "source": {"type": "base64", "media_type": media, "data": data}}
+    if file.get("filename") is not None:  # the document's name, as Anthropic's `title`
+        out["title"] = file["filename"]
+    return out
 
 
 def _tool_use(call: Any, at: str) -> dict[str, Any]:

@@ -8,10 +8,13 @@ a schema or tools job offline and see it succeed. In this order:
   `tools[crc32(custom_id) % len(tools)]`, whose arguments are a deterministic instance of the
   tool's parameters schema (`_instances.py`), finish reason `tool_calls`;
 - the answer must be JSON (`response_format` / `text.format` / `output_config.format`
-  json_schema, or lowtide's `response_schema`): a deterministic instance valid against the
-  schema, derived from `custom_id`; json_object with no schema: `{"echo": <the text below>}`;
-- with `choices`: the first choice that appears (case-insensitive) in the last user message,
-  else `choices[crc32(custom_id) % len(choices)]`;
+  json_schema, Gemini's `responseJsonSchema` / `responseSchema`, or lowtide's
+  `response_schema`): a deterministic instance valid against the schema, derived from
+  `custom_id`; json_object with no schema: `{"echo": <the text below>}`; a schema of the
+  shape lowtide asks `choices` in (`{"choice": <enum>}`, core/native_schema.py):
+  `{"choice": <the choice picked as below>}`;
+- with `choices` (or Gemini's `text/x.enum` and its enum): the first choice that appears
+  (case-insensitive) in the last user message, else `choices[crc32(custom_id) % len(choices)]`;
 - otherwise: the last user message, cut to the request's output limit × 4 characters (finish
   reason `length` when it was cut; a JSON answer or a tool call is never cut).
 
@@ -51,14 +54,22 @@ from typing import Any, Literal
 
 import orjson
 
-from lowtide.core.endpoints import CHAT, COMPLETIONS, MESSAGES, RESPONSES
+from lowtide.core.endpoints import CHAT, COMPLETIONS, GEMINI, MESSAGES, RESPONSES
 from lowtide.core.errors import RouteError
+from lowtide.core.native_schema import CHOICE_KEY, choices_of
 from lowtide.core.types import Outcome, Refusal, Request, Usage
 from lowtide.routes import _echo_embed
 from lowtide.routes._instances import Instances, Unsatisfiable, instances_for
 from lowtide.routes._own import CHAT_ROLES, Plain, read_plain
 from lowtide.routes._replies import Call, Reply, arguments_text, reply_body
-from lowtide.routes._structure import JsonAsk, Tool, json_ask, required_call, tools
+from lowtide.routes._structure import (
+    GEMINI_STRUCTURE,
+    JsonAsk,
+    Tool,
+    json_ask,
+    required_call,
+    tools,
+)
 from lowtide.routes.base import number_option, texts_option
 
 KNOWN_OPTIONS = {"fail_attempts", "reject", "dispatch_size", "answer"}
@@ -115,15 +126,16 @@ def text_chat(request: Request) -> tuple[str, int, int | None] | None:
     return last_user, input_tokens, limit
 
 
-def answer(request: Request, plain: Plain, seed: int | None = None) -> str:
+def answer(request: Request, plain: Plain, seed: int | None = None, choices: Sequence[str] | None = None) -> str:
     last_user = _last_user(plain)
-    if request.choices:
+    choices = choices or request.choices
+    if choices:
         lowered = last_user.lower()
-        hits = [(at, c) for c in request.choices if (at := lowered.find(c.lower())) >= 0]
+        hits = [(at, c) for c in choices if (at := lowered.find(c.lower())) >= 0]
         if hits:
             return min(hits)[1]
         seed = zlib.crc32(request.custom_id.encode()) if seed is None else seed
-        return request.choices[seed % len(request.choices)]
+        return choices[seed % len(choices)]
     return last_user if plain.max_tokens is None else last_user[: plain.max_tokens * 4]
 
 
@@ -138,7 +150,7 @@ class Plan:
 
 
 def plan(request: Request, instances: bool = True) -> Plan | Refusal:
-    plain = read_plain(request, HONOURS)
+    plain = read_plain(_without_gemini_structure(request), HONOURS)
     if isinstance(plain, Refusal):
         return plain
     if not instances:  # answer: message: the text echo, whatever the body asks
@@ -150,9 +162,20 @@ def plan(request: Request, instances: bool = True) -> Plan | Refusal:
     return Plan(plain, ask, schema, list(calls) if calls else [])
 
 
+def _without_gemini_structure(request: Request) -> Request:
+    """A Gemini request as its plain turns read it: the generationConfig keys that ask for
+    the answer's structure are read by `_structure`, not by `read_plain`."""
+    config = request.body.get("generationConfig") if request.endpoint == GEMINI else None
+    if not isinstance(config, dict) or config.keys().isdisjoint(GEMINI_STRUCTURE):
+        return request
+    rest = {k: v for k, v in config.items() if k not in GEMINI_STRUCTURE}
+    body = {k: v for k, v in request.body.items() if k != "generationConfig"} | ({"generationConfig": rest} if rest else {})
+    return Request(request.custom_id, request.endpoint, body, request.choices, request.response_schema, request.attempt)
+
+
 # The body keys (besides the endpoint and lowtide's response_schema) the answer's structure
-# is read from: a JSON ask, the tools, the required call.
-STRUCTURE_KEYS = ("response_format", "text", "output_config", "tools", "tool_choice")
+# is read from: a JSON ask, the tools, the required call (Gemini: in generationConfig).
+STRUCTURE_KEYS = ("response_format", "text", "output_config", "tools", "tool_choice", "generationConfig")
 Structure = tuple[JsonAsk | None, Instances | None, tuple[tuple[Tool, Instances], ...]]
 _NOTHING_ASKED: Structure = (None, None, ())
 _MEMO: dict[bytes, tuple[list[Any], Structure | Refusal]] = {}
@@ -215,7 +238,7 @@ def _read_structure(request: Request) -> Structure | Refusal:
                 if "not a valid JSON Schema" in err.reason:
                     return _unsatisfiable(tool.field, err)
     schema = None
-    if ask is not None and ask.schema is not None and not calls:
+    if ask is not None and ask.schema is not None and not calls and not ask.bare and choices_of(ask.schema) is None:
         try:
             schema = instances_for(ask.schema)
         except Unsatisfiable as err:
@@ -244,7 +267,12 @@ def replies(request: Request, p: Plan) -> list[Reply]:
             out.append(Reply(finish="tool_calls", call=Call(tool.name, arguments),
                              output_tokens=_tokens(arguments_text(arguments))))  # fmt: skip
             continue
-        if p.schema is not None:
+        asked = choices_of(p.json.schema) if p.json is not None and not p.json.bare else None
+        if p.json is not None and p.json.bare:  # Gemini's text/x.enum: a bare choice
+            text = answer(request, p.plain, seed, p.json.schema["enum"])
+        elif asked is not None:  # lowtide's own choice schema: the choice, picked as choices are
+            text = arguments_text({CHOICE_KEY: answer(request, p.plain, seed, asked)})
+        elif p.schema is not None:
             text = arguments_text(p.schema.make(seed))
         elif p.json is not None:
             text = arguments_text({"echo": answer(request, p.plain, seed)})

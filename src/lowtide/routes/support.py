@@ -212,6 +212,85 @@ def verdicts(routes: Iterable[str] = ROUTES) -> Iterator[Verdict]:
                     yield Verdict(name, endpoint, item, *action(route, name, endpoint, base | {"messages": messages}))
 
 
+# What a job's `response_schema` and `choices` are sent as ---------------------------------
+SAMPLE_SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"], "additionalProperties": False}
+SAMPLE_CHOICES = ["yes", "no"]
+
+
+def _asked(body: dict[str, Any]) -> list[str]:
+    """The structured-output fields a body sent to a provider carries, in words."""
+    out = []
+    fmt = body.get("response_format")
+    if isinstance(fmt, dict):
+        strict = (fmt.get("json_schema") or {}).get("strict")
+        out.append(f"`response_format` {fmt.get('type')}" + (", strict" if strict else ", not strict"))
+    text = body.get("text")
+    if isinstance(text, dict) and isinstance(text.get("format"), dict):
+        out.append(f"`text.format` {text['format'].get('type')}" + (", strict" if text["format"].get("strict") else ", not strict"))
+    config = body.get("output_config")
+    if isinstance(config, dict) and isinstance(config.get("format"), dict):
+        out.append(f"`output_config.format` {config['format'].get('type')}")
+    gen = body.get("generationConfig")
+    if isinstance(gen, dict):
+        for key in ("responseJsonSchema", "responseSchema"):
+            if key in gen:
+                out.append(f"`{key}` ({gen.get('responseMimeType')})")
+    return out
+
+
+def sent_as(name: str, route: Any, endpoint: str, choices: list[str] | None, schema: dict[str, Any] | None) -> str:
+    """What `route` sends for a job of `endpoint` with these `choices` / `response_schema`:
+    the body the loader renders (engine/loader.py `request_base`), as the route's own
+    mapping sends it; or what an own engine does with it."""
+    from lowtide.core.native_schema import ask_of, with_ask
+    from lowtide.routes._gemini import from_chat
+    from lowtide.routes._translate import chat_to_messages
+
+    base = base_body(endpoint)
+    if route.refusal(Request("support", endpoint, base)) is not None:
+        return "—"
+    ask = ask_of(choices, schema)
+    body = base if ask is None else with_ask(base, endpoint, ask)
+    refused = route.refusal(Request("support", endpoint, body, choices, schema))
+    if refused is not None:
+        return f"refused: {refused.field}"
+    if name in OWN:
+        if choices and name == "local":
+            return "scores the choices"
+        return "honours " + (", ".join(_asked(body)) or ("the choices" if choices else "`response_schema`"))
+    wire = body
+    if endpoint == CHAT and ROUTE_PROTOCOL.get(name) == "anthropic":
+        wire = chat_to_messages(body)
+    elif endpoint == CHAT and ROUTE_PROTOCOL.get(name) == "gemini":
+        wire = from_chat(body)
+    said = _asked(wire) if isinstance(wire, dict) else []
+    return ", ".join(said) if said else "nothing: checked after"
+
+
+def asks_markdown() -> list[str]:
+    out = [
+        "## What `response_schema` and `choices` are sent as",
+        "",
+        "A job's `response_schema` (an object at the root) and `choices` are asked for in each",
+        "endpoint's own structured-output field (`src/lowtide/core/native_schema.py`); the answer is",
+        "checked after on every route. `choices` go to OpenAI and Anthropic as `{\"choice\": <enum>}`",
+        "(unwrapped before they are checked and stored), to Gemini as `text/x.enum`. `strict` is set",
+        "where the schema meets OpenAI's strict-mode rules, else the schema is sent not strict. A",
+        "field the job's params (or a row's own body) set already is sent as it is. —: the route",
+        "takes no request of that endpoint.",
+        "",
+    ]
+    names = list(ROUTES)
+    routes = {n: _route(n) for n in names}
+    for title, choices, schema in (("response_schema", None, SAMPLE_SCHEMA), ("choices", SAMPLE_CHOICES, None)):
+        out += [f"### {title}", "", "| | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+        for endpoint in ENDPOINT_ORDER:
+            cells = [sent_as(n, routes[n], endpoint, choices, schema) for n in names]
+            out.append(f"| {endpoint} | " + " | ".join(cells) + " |")
+        out.append("")
+    return out
+
+
 def markdown() -> str:
     rows = list(verdicts())
     out = [
@@ -240,6 +319,7 @@ def markdown() -> str:
         for item in items:
             out.append(f"| {item} | " + " | ".join(cells.get((item, n), "refused") for n in names) + " |")
         out.append("")
+    out += asks_markdown()
     return "\n".join(out)
 
 

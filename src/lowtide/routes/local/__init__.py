@@ -29,7 +29,9 @@ counts the prompt tokens a request took from it without decoding them.
 
 Requests with `choices` are not generated: every choice is scored by its log-likelihood
 after the prompt (the sum of its tokens' log-probabilities) and the best is returned
-verbatim, with finish_reason "choice" and output_tokens the length of that choice.
+verbatim, with finish_reason "choice" and output_tokens the length of that choice. The JSON
+format lowtide puts in a choices job's body (`{"choice": <enum>}`, core/native_schema.py)
+asks for the same thing, so it is honoured by the same scoring.
 With `calibrate: true` (the default) the best is the highest score minus the mean score of
 that choice over the other requests of the group (same messages before the last one, same
 choices) scored so far by this route: a small model's prior for one answer, whatever the

@@ -4,6 +4,7 @@ anything runs (no llama.cpp needed: `LocalRoute.refusal` runs at load time).
 | key | endpoints | what the route does |
 |---|---|---|
 | `response_format` / `text.format` / `output_config.format`, `response_schema` | chat, responses, messages (schema: all) | a grammar from the JSON Schema masks the tokens (`schema.py`) |
+| the same, holding lowtide's ask for the job's `choices` (`{"choice": <enum>}`, core/native_schema.py) | chat, responses, messages | the choices are scored, as without it; the answer is the bare choice |
 | `seed` | chat, completions | the draws of a sampled answer come from it alone |
 | `top_p` | chat, responses, completions | nucleus sampling when temperature > 0 (greedy keeps the top token anyway) |
 | `n` | chat, completions | n choices, each sampled on its own generator |
@@ -12,6 +13,7 @@ anything runs (no llama.cpp needed: `LocalRoute.refusal` runs at load time).
 
 from __future__ import annotations
 
+from lowtide.core.native_schema import choices_of
 from lowtide.core.types import Refusal, Request
 from lowtide.routes._own import read_plain
 from lowtide.routes._structure import json_ask
@@ -41,12 +43,20 @@ def refusal(request: Request) -> Refusal | None:
         for key, given in asked.items():
             if given:
                 return Refusal(key, "choices are scored, not sampled: one answer, with no logprobs, per request")
-        if ask is not None:
+        # lowtide's own ask for the choices (core/native_schema.py) is what the scoring does anyway
+        if ask is not None and choices_of(ask.schema) != list(request.choices):
             return Refusal(ask.field, "choices are scored, not generated: drop the JSON format or the choices")
+        return _sampling_refusal(body)
+    if ask is not None and ask.bare:
+        return Refusal(ask.field, "text/x.enum is not honoured by this route; ask for application/json")
     if ask is not None and ask.schema is not None:
         found = schema.refusal(ask.schema, ask.field)
         if found is not None:
             return found
+    return _sampling_refusal(body)
+
+
+def _sampling_refusal(body: dict) -> Refusal | None:
     top = body.get("top_logprobs")
     if top is not None:
         if type(top) is not int or not 0 <= top <= 20:
