@@ -203,3 +203,55 @@ def test_a_template_without_variables_that_fails_names_the_template_and_line():
     with pytest.raises(TemplateError) as info:
         MessageTemplate.from_spec(spec({"system": "fine", "user": "a\n{{ 1 // 0 }}"}), where="job.yaml")
     assert str(info.value) == "job.yaml template.user line 2: ZeroDivisionError: integer division or modulo by zero"
+
+
+# Bounds (issue 34): `('a' * 400000000)|length` ran, RSS 506 MB. Each of these is refused
+# before it allocates, naming the template field, its line and the bound; resource.getrusage
+# shows the peak stayed near where it was.
+BOMBS = [
+    ("{{ body }}{{ ('a' * 400000000)|length }}", "str * 400,000,000 would be 400,000,000 characters"),
+    ("{{ ('a' * 400000000)|length }}", "str * 400,000,000"),  # no variables: rendered once, when compiled
+    ("{{ body * 400000000 }}", "str * 400,000,000"),
+    ("{{ body }}{{ [1] * 400000000 }}", "list * 400,000,000"),
+    ("{{ body }}{{ 2 ** 400000000 }}", "a number of 400,000,000 bits"),
+    ("{{ body }}{{ '%0400000000d' % 1 }}", "a format width or precision of 8 digits or more"),
+    ("{{ body }}{{ '{:>400000000}'.format(1) }}", "a format width or precision of 8 digits or more"),
+    ("{{ body }}{{ '%0400000000d'|format(1) }}", "a format width or precision of 8 digits or more"),
+    ("{{ body.ljust(400000000) }}", "str.ljust(400000000) would be 400,000,000 characters"),
+    ("{{ body|center(400000000) }}", "center(400000000)"),
+    ("{{ body|indent(400000000) }}", "indent(400000000)"),
+    ("{{ body }}{{ [1]|batch(400000000, 'x')|list|length }}", "batch would have 400,000,000 items"),
+    ("{{ body }}{{ range(100000)|join(body * 1000) }}", "join would be"),
+    ("{{ (body * 5000).replace('h', body * 5000) }}", "str.replace would be"),
+    ("{% set ns = namespace(s=body) %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s|length }}", "joined with ~"),
+    ("{{ body }}{% for i in range(100000) %}{{ body * 1000 }}{% endfor %}", "wrote more than 16,777,216 characters"),
+    ("{{ body }}{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", "more than 1,000,000 steps"),
+    ("{% macro f(n) %}{% if n %}{{ f(n - 1) }}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ body }}{{ f(40) }}", "more than 1,000,000 steps"),
+    ("{{ body }}{{ lipsum(10000000) }}", "lipsum(10000000"),
+]
+
+
+@pytest.mark.parametrize(("user", "said"), BOMBS)
+def test_a_template_that_would_take_the_machine_is_refused_naming_the_bound(user, said):
+    import resource  # noqa: PLC0415
+
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(TemplateError) as info:
+        t = MessageTemplate.from_spec(spec({"user": user}), where="job.yaml")
+        t.render({"body": "hi"}, "t.csv row 1")
+    message = str(info.value)
+    assert "job.yaml template.user line 1" in message and said in message, message
+    assert "a template may" in message  # the bound itself is named
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 200 * 1024  # KiB: never the 400 MB asked for
+
+
+def test_templates_within_the_bounds_render_as_before():
+    user = ("{% for m in msgs %}{{ loop.index }}. {{ m|upper|center(9) }} {{ m ~ '!' }}{% endfor %}|{{ '%5d' % n }}|"
+            "{{ '{:>4}'.format(n) }}|{{ msgs|join(',') }}|{{ body * 3 }}|{{ 2 ** 10 }}|{{ body.ljust(4, '.') }}|"
+            "{{ (body ~ ' there')|replace('there', 'you') }}|{{ [0] * 2 }}")  # fmt: skip
+    t = MessageTemplate.from_spec(spec({"user": user}))
+    (message,) = t.render({"msgs": ["a", "b"], "n": 7, "body": "hi"}, "r")
+    assert message["content"] == ("1.     A     a!2.     B     b!|    7|   7|a,b|hihihi|1024|hi..|hi you|[0, 0]")
+    big = "x" * 8_000_000  # a long document is no bomb: written once, within MAX_TEXT
+    (message,) = MessageTemplate.from_spec(spec({"user": "Summarise:\n{{ doc|trim }}"})).render({"doc": big}, "r")
+    assert len(message["content"]) == len(big) + 11

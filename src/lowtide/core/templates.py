@@ -3,7 +3,8 @@
 
 StrictUndefined: a variable the row lacks is an error naming the template line and the row,
 never an empty string sent to a model and paid for. Sandboxed: a template is text, and may not
-reach Python internals (`''.__class__`, a global's `__globals__`) to run code or read files.
+reach Python internals (`''.__class__`, a global's `__globals__`) to run code or read files,
+nor take more than a bounded memory and time for a row (template_sandbox.py).
 """
 
 from __future__ import annotations
@@ -15,16 +16,17 @@ from typing import Any
 
 import jinja2
 from jinja2 import meta, nodes
-from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
+from jinja2.sandbox import SecurityError
 
 from lowtide.core import conversations
 from lowtide.core.endpoints import CHAT
 from lowtide.core.errors import TemplateError
 from lowtide.core.parts import PARTS, PartError, PartMaker
 from lowtide.core.spec import JobSpec
+from lowtide.core.template_sandbox import BoundedEnvironment, BoundExceeded, bounded_ast, fresh
 
 # finalize: a null value (JSONL, Parquet) renders as "", as an empty CSV cell does, not "None".
-_ENV = ImmutableSandboxedEnvironment(
+_ENV = BoundedEnvironment(
     undefined=jinja2.StrictUndefined,
     autoescape=False,
     keep_trailing_newline=False,
@@ -130,6 +132,7 @@ class MessageTemplate:
                     text = _join(part.pieces, values)
                 else:  # shared=True: the row's dict is the context itself, not copied, and holds no globals
                     template = part.template
+                    fresh()
                     text = "".join(template.root_render_func(template.new_context(values, shared=not part.uses_globals)))
             except Exception:
                 err = _rewritten_error(part.template, values)
@@ -139,6 +142,8 @@ class MessageTemplate:
                     raise TemplateError(f"{name}: {part.name} line {line}: {err.message}; add the column or fix the template") from None
                 if isinstance(err, SecurityError):
                     raise TemplateError(f"{name}: {part.name} line {line}: {_unsafe(err)}") from None
+                if isinstance(err, BoundExceeded):
+                    raise TemplateError(f"{name}: {part.name} line {line}: {err}") from None
                 # a filter or expression that fails on this row's value
                 raise TemplateError(f"{name}: {part.name} line {line}: {type(err).__name__}: {err}") from None
             if self.media and part.role == "user":
@@ -172,7 +177,7 @@ class MessageTemplate:
 def _compile(role: str, name: str, source: str) -> _Part:
     try:
         ast = _ENV.parse(source, name=name)
-        template = _ENV.from_string(source)
+        template = _ENV.from_string(bounded_ast(_ENV.parse(source, name=name), _ENV))
     except jinja2.TemplateSyntaxError as err:
         raise TemplateError(f"{name} line {err.lineno}: template syntax error: {err.message}") from None
     template.name = name
@@ -199,10 +204,11 @@ def _render_constant(template: jinja2.Template, name: str) -> str:
     """A template without variables is rendered once, here: its failure names the template,
     as a row's would."""
     try:
+        fresh()
         return template.render()
     except Exception as err:
         line = _error_line(err, name)
-        reason = _unsafe(err) if isinstance(err, SecurityError) else f"{type(err).__name__}: {err}"
+        reason = _unsafe(err) if isinstance(err, SecurityError) else str(err) if isinstance(err, BoundExceeded) else f"{type(err).__name__}: {err}"
         raise TemplateError(f"{name} line {line}: {reason}") from None
 
 
@@ -240,6 +246,7 @@ def _rewritten_error(template: jinja2.Template, values: dict[str, Any]) -> Excep
     """The same failure through `render()`, whose traceback Jinja maps to template lines
     (the fast path above skips that; errors are rare, so they pay for it)."""
     try:
+        fresh()
         template.render(values)
     except Exception as err:
         return err
