@@ -300,3 +300,77 @@ def test_a_gemini_upload_chunk_that_stops_arriving_gets_408_and_can_be_sent_agai
         assert sock.recv(100) == b""
         again = _chunk_to(url.geturl(), b"x" * 5000, "0", "upload, finalize")  # the partial chunk was cut off
         assert again.json()["file"]["sizeBytes"] == "5000"
+
+
+# Issue 34: N4, N5, N6 ----------------------------------------------------------------------
+def _form(boundary: str, content: bytes, close: bool = True) -> bytes:
+    body = (f"--{boundary}\r\ncontent-disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n--{boundary}\r\n"
+            f"content-disposition: form-data; name=\"file\"; filename=\"in.jsonl\"\r\n\r\n").encode() + content  # fmt: skip
+    return body + (f"\r\n--{boundary}--\r\n".encode() if close else b"")
+
+
+def _post_form(s, boundary: str, body: bytes) -> httpx.Response:
+    return httpx.post(f"{s.url}/v1/files", content=body, headers={"content-type": f"multipart/form-data; boundary={boundary}"})
+
+
+@pytest.mark.parametrize("cut", ["line", "part"])
+def test_an_upload_without_its_closing_boundary_is_refused_and_not_stored(server, cut):
+    """N4: cut at a line end, the file was stored truncated and `processed`; the batch ran
+    fewer requests. An earlier version refused it with 400; so does this one."""
+    lines = b"".join((json.dumps(chat_line(f"r{i}")) + "\n").encode() for i in range(3))
+    body = _form(BOUNDARY, lines, close=False) if cut == "line" else _form(BOUNDARY, lines)[:-len(f"--{BOUNDARY}--\r\n")]
+    answer = _post_form(server, BOUNDARY, body)
+    assert answer.status_code == 400, answer.text
+    assert f"ended before its closing boundary ('--{BOUNDARY}--')" in answer.json()["error"]["message"]
+    assert answer.json()["error"]["param"] == "file"
+    assert list((server.server.data_dir / "files").glob("*")) == []
+    assert server.openai().files.list().data == []
+    whole = _post_form(server, BOUNDARY, _form(BOUNDARY, lines))  # the same form, whole, is taken
+    assert whole.status_code == 200 and whole.json()["bytes"] == len(lines)
+
+
+@pytest.mark.parametrize(("length", "status"), [(257, 400), (10_000, 400), (71, 400), (70, 200), (1, 200)])
+def test_a_multipart_boundary_longer_than_rfc_2046_allows_is_a_400_naming_the_limit(server, length, status):
+    """N5: a boundary over 256 characters was a 500 and a traceback (the parser's own limit)."""
+    boundary = ("b" * length)[:length]
+    answer = _post_form(server, boundary, _form(boundary, b'{"x": 1}\n'))
+    assert answer.status_code == status, answer.text
+    if status == 400:
+        message = answer.json()["error"]["message"]
+        assert f"boundary is {length:,} characters; RFC 2046 allows 1 to 70" in message
+
+
+def _message_batch_socket(s, chunks) -> tuple[int, dict]:
+    """A chunked `POST /v1/messages/batches` whose body is `chunks` and never ends: the
+    answer must come while the bytes are still arriving."""
+    with socket.create_connection(("127.0.0.1", s.port)) as sock:
+        sock.sendall(_head(s.port, "/v1/messages/batches", "json", "transfer-encoding: chunked\r\n"))
+        try:
+            for chunk in filter(None, chunks):  # an empty chunk would end the body
+                sock.sendall(_chunk(chunk))
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # refused and closed while we were still sending: the answer is read below
+        status, _, body = _answer(sock)
+    return status, body
+
+
+@pytest.mark.parametrize(("start", "filler", "said"), [
+    (b"", b"\x00", "unexpected byte 0x00 at byte 0"),
+    (b'{"requests": [{"custom_id": "a", "params":', b"\x00", "unexpected byte 0x00 at byte 42"),
+    (b'{"requests": [{"custom_id": "', b"\x00", "a raw control character (byte 0x00)"),
+    (b"", b" ", "more than 65,536 bytes of whitespace in a row at byte 0"),
+    (b'{"requests": [{"custom_id": "a", "params":', b"\n", "more than 65,536 bytes of whitespace in a row at byte 42"),
+])  # fmt: skip
+def test_a_message_batch_of_bytes_that_are_not_json_is_refused_as_they_arrive(server, start, filler, said):
+    """N6: 400 MB of NULs were held (RSS +260 MB, 26 s) until the 256 MiB limit; a valid batch
+    behind 100 MB of spaces was taken. Now the chunk that brings them is refused."""
+    status, body = _message_batch_socket(server, [start, *[filler * (64 * KB)] * 64])  # 4 MiB, never ended
+    assert status == 400, body
+    assert said in _shape_ok("anthropic", body, "invalid_request_error")
+
+
+def test_a_valid_message_batch_with_some_whitespace_is_still_taken(server):
+    request = json.dumps(message_request("a", "hi"), indent=4).encode()
+    body = b'{\n  "requests": [\n' + b" " * 60_000 + request + b"\r\n\t]\n}\n"
+    answer = httpx.post(f"{server.url}/v1/messages/batches", content=body, headers={"x-api-key": "k"})
+    assert answer.status_code == 200 and answer.json()["request_counts"]["processing"] == 1, answer.text

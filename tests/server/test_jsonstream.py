@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lowtide.server.jsonstream import ArraySplitter, StreamError
+from lowtide.server.jsonstream import MAX_SPACE, ArraySplitter, StreamError
 
 ITEMS = [{"custom_id": f"r{i}", "params": {"text": 'a"]}[{\\' * i + "é\u2028", "n": [1, {"b": [2, None]}], "e": {}}}
          for i in range(30)]  # fmt: skip
@@ -54,3 +54,48 @@ def test_a_body_of_the_wrong_shape_is_named(raw, said, param):
     with pytest.raises(StreamError) as caught:
         _split(raw, [len(raw) // 3])
     assert said in caught.value.message and caught.value.param == param
+
+
+# Nothing but JSON is held (issue 34, N6): 400 MB of NULs were held up to the 256 MiB limit,
+# and a batch behind 100 MB of spaces was taken. Each of these is refused in the chunk that
+# brings the bytes, with far less than them held.
+CHUNK = 64 * 1024
+OPEN_ITEM = b'{"requests": [{"custom_id": "a", "params":'
+
+
+@pytest.mark.parametrize(("before", "filler", "said", "param"), [
+    (b"", b"\x00", "unexpected byte 0x00 at byte 0", None),
+    (b'{"requests": [{"custom_id": "a", "params": {}}', b"\x00", "unexpected byte 0x00 at byte 46", None),
+    (b'{"requests": ', b"\x00", "requests: Input should be a valid list", "requests"),
+    (b'{"requests": [', b"\x00", "requests.0: Input should be an object", "requests.0"),
+    (OPEN_ITEM, b"\x00", f"unexpected byte 0x00 at byte {len(OPEN_ITEM)}", "requests.0"),
+    (OPEN_ITEM + b'"', b"\x00", "a raw control character (byte 0x00) in the string", None),
+    (b'{"requests": [{"custom_id": "', b"\x1f", "a raw control character (byte 0x1f) in the string", None),
+    (b'{"requests"', b" ", "more than 65,536 bytes of whitespace in a row at byte 11", None),
+    (b"", b"\n", "more than 65,536 bytes of whitespace in a row at byte 0", None),
+    (OPEN_ITEM, b"\t", f"more than 65,536 bytes of whitespace in a row at byte {len(OPEN_ITEM)}", "requests.0"),
+    (OPEN_ITEM, b"z", "unexpected 'z'", "requests.0"),
+])  # fmt: skip
+def test_bytes_that_are_not_json_are_refused_as_they_arrive(before, filler, said, param):
+    splitter = ArraySplitter("requests", 64)
+    splitter.feed(before)
+    with pytest.raises(StreamError) as caught:
+        for _ in range(4096):  # 256 MiB, the body limit, if it were all taken
+            splitter.feed(filler * CHUNK)
+            assert len(splitter._buf) <= 2 * CHUNK + len(before)  # never more than this is held
+    assert said in caught.value.message and caught.value.param == param, caught.value.message
+
+
+@pytest.mark.parametrize("space", [b" ", b"\r\n", b"\t "])
+def test_whitespace_up_to_the_bound_between_and_inside_items_is_taken(space):
+    pad = space * (MAX_SPACE // len(space))
+    raw = b"{" + pad + b'"requests"' + pad + b":" + pad + b"[" + pad + b'{"custom_id":' + pad + b'"a", "p": [1,' + pad + b"2]}" + pad + b"]" + pad + b"}" + pad
+    for cut in (1000, 65536, len(raw)):
+        out = _split(raw, list(range(0, len(raw), cut)))
+        assert [json.loads(item) for _, item in out] == [{"custom_id": "a", "p": [1, 2]}]
+
+
+def test_a_string_cut_after_its_backslash_is_finished_by_the_next_chunk():
+    raw = b'{"requests": [{"custom_id": "a\\"b", "p": "\\\\"}]}'
+    for cut in range(1, len(raw)):
+        assert json.loads(_split(raw, [cut])[0][1]) == {"custom_id": 'a"b', "p": "\\"}

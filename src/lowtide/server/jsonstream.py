@@ -10,6 +10,12 @@ never held whole. Each item comes out as its own bytes, to be parsed on its own.
 Only the outer levels are checked here (the object, its keys, the array); each item's own
 syntax is the item parser's. Nesting past `max_depth` (the object and array count) is
 refused as soon as it is seen, naming the item.
+
+Nothing but JSON is held while waiting for the next token: a byte that JSON cannot have
+there (a NUL, a letter outside true/false/null/numbers, a control character inside a
+string) is refused in the chunk that brings it, and so is a run of whitespace longer than
+MAX_SPACE. Before, 400 MB of NULs were held up to the body limit, and a batch behind
+100 MB of spaces was taken.
 """
 
 from __future__ import annotations
@@ -17,11 +23,18 @@ from __future__ import annotations
 import json
 import re
 
+MAX_SPACE = 64 * 1024  # whitespace in a row: pretty-printed JSON has tens of bytes, not 100 MB
+
 # Strings whole (brackets inside are text), and the structural bytes. A string cut by the
-# end of the data so far has no closing quote (group 1 empty): it is finished on the next feed.
-_TOKEN = re.compile(rb'"(?:[^"\\]++|\\.)*+(")?|[\[\]{},:]', re.S)
-_IN_ITEM = re.compile(rb'"(?:[^"\\]++|\\.)*+(")?|[\[\]{}]', re.S)
-_STRING_REST = re.compile(rb'(?:[^"\\]++|\\.)*+(")?', re.S)
+# end of the data so far has no closing quote (group 1 empty): it is finished on the next
+# feed, unless a control character (never raw in JSON text) stopped it before the end.
+_STRING = rb'"(?:[^"\\\x00-\x1f]++|\\[^\x00-\x1f])*+(")?'
+_TOKEN = re.compile(_STRING + rb'|[\[\]{},:]', re.S)
+# Inside an item: also a byte that cannot stand outside a string there, and the start of a
+# whitespace run past MAX_SPACE (the look-behind tries each run once, from its first byte).
+_IN_ITEM = re.compile(_STRING + rb'|[\[\]{}]|[^ \t\r\n,:\[\]{}"0-9+\-.aeflnrstuE]'
+                      rb'|(?<![ \t\r\n])[ \t\r\n]{%d}' % (MAX_SPACE + 1), re.S)  # fmt: skip
+_STRING_REST = re.compile(_STRING[1:], re.S)
 _SPACE = b" \t\r\n"
 
 
@@ -61,6 +74,7 @@ class ArraySplitter:
             if self._string_start >= 0:
                 m = _STRING_REST.match(buf, self._pos)
                 if m.group(1) is None:
+                    self._cut_string(self._string_start, m.end())
                     self._pos = m.end()
                     break
                 start, end, tok = self._string_start, m.end(), b'"'
@@ -68,24 +82,29 @@ class ArraySplitter:
             elif self._state == "item":  # inside an item only strings and brackets matter
                 m = _IN_ITEM.search(buf, self._pos)
                 if m is None:
-                    self._pos = len(buf)
+                    self._pos = len(buf) - self._trailing_space()  # a run the next chunk may go on with
                     break
                 start, end = m.span()
                 if buf[start] == 0x22:
                     if m.group(1) is None:  # a string that the data so far cuts short
+                        self._cut_string(start, end)
                         self._string_start, self._pos = start, end
                         break
                     self._pos = end
                     continue
+                if buf[start] not in b"[]{}":
+                    raise self._not_json(start, f"{self.key}.{self._index}")
                 tok = buf[start:end]
             else:
                 m = _TOKEN.search(buf, self._pos)
                 if m is None:
+                    self._check_gap(len(buf))  # at once: what waits for a token is whitespace only
                     self._pos = len(buf)
                     break
                 start, end = m.span()
                 tok = buf[start : start + 1]
                 if tok == b'"' and m.group(1) is None:
+                    self._cut_string(start, end)
                     self._string_start, self._pos = start, end
                     break
             item = self._token(tok, start, end)
@@ -165,10 +184,53 @@ class ArraySplitter:
         return bytes(self._buf[self._gap : upto]).strip(_SPACE)
 
     def _check_gap(self, upto: int) -> None:
-        if self._gap_text(upto):
-            if self._state == "value" and self._key == self.key:
-                raise StreamError(f"{self.key}: Input should be a valid list", self.key)
-            raise StreamError(f"the request body is not valid JSON: unexpected text at byte {self._base + self._gap:,}")
+        """The bytes since the last token, up to `upto`: whitespace, at most MAX_SPACE of it.
+        Checked as each chunk comes, so a body of NULs or spaces is refused at its start."""
+        if not self._gap_text(upto):
+            if upto - self._gap > MAX_SPACE:
+                raise self._too_much_space(self._gap)
+            return
+        state = self._state
+        if state == "value" and self._key != self.key:
+            raise StreamError(f"{self._key}: Extra inputs are not permitted", self._key)
+        if state in ("first_item", "item_start"):
+            raise StreamError(f"{self.key}.{self._index}: Input should be an object", f"{self.key}.{self._index}")
+        if state == "value":
+            raise StreamError(f"{self.key}: Input should be a valid list", self.key)
+        first = self._gap + len(self._buf[self._gap : upto]) - len(self._buf[self._gap : upto].lstrip(_SPACE))
+        raise self._not_json(first)
+
+    def _not_json(self, at: int, param: str | None = None) -> StreamError:
+        byte = self._buf[at]
+        if byte in _SPACE:
+            return self._too_much_space(at, param)
+        shown = repr(chr(byte)) if 0x20 < byte < 0x7F else f"byte 0x{byte:02x}"
+        return StreamError(f"the request body is not valid JSON: unexpected {shown} at byte {self._base + at:,}", param)
+
+    def _too_much_space(self, at: int, param: str | None = None) -> StreamError:
+        return StreamError(f"the request body has more than {MAX_SPACE:,} bytes of whitespace in a row at byte "
+                           f"{self._base + at:,}; serve takes at most {MAX_SPACE:,} between JSON tokens: send the JSON "
+                           "without the padding", param)  # fmt: skip
+
+    def _cut_string(self, start: int, end: int) -> None:
+        """A string the scan stopped in before the data's end: stopped by a control character."""
+        buf = self._buf
+        if end < len(buf):
+            byte = buf[end]
+            if byte == 0x5C:  # a backslash, stopped by what it escapes, or by the data's end
+                if end + 1 == len(buf):
+                    return
+                byte = buf[end + 1]
+            raise StreamError(f"the request body is not valid JSON: a raw control character (byte 0x{byte:02x}) in the string "
+                              f"at byte {self._base + start:,}; JSON strings escape it (\\u{byte:04x})")  # fmt: skip
+
+    def _trailing_space(self) -> int:
+        """How long the whitespace run at the end of the data is (refused past MAX_SPACE)."""
+        tail = self._buf[-(MAX_SPACE + 1) :]
+        run = len(tail) - len(tail.rstrip(_SPACE))
+        if run > MAX_SPACE:
+            raise self._too_much_space(len(self._buf) - run, f"{self.key}.{self._index}")
+        return run
 
     def _decode(self, start: int, end: int) -> str:
         try:

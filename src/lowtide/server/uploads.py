@@ -5,6 +5,10 @@ as soon as it passes the limit; the other fields (purpose, expires_after) are ke
     form = FormReceiver(content_type, target, max_file_bytes)
     form.write(chunk) …; form.finish()        # then form.fields, form.filename, form.size
     form.abort()                              # on any error: the partial file is removed
+
+A form is taken only whole: one that ends before its closing boundary (`--BOUNDARY--`) is
+refused, never stored cut short (a JSONL cut at a line end would run fewer requests). The
+boundary is 1 to 70 characters, as RFC 2046 section 5.1.1 allows.
 """
 
 from __future__ import annotations
@@ -13,13 +17,14 @@ from pathlib import Path
 from typing import IO
 
 from python_multipart.exceptions import FormParserError
-from python_multipart.multipart import MultipartParser, parse_options_header
+from python_multipart.multipart import MultipartParser, MultipartState, parse_options_header
 
 from lowtide.server.errors import ApiError
 
 MAX_FIELD_BYTES = 64 * 1024
 MAX_FIELDS = 32
 FORM_OVERHEAD = 1024 * 1024  # what a form may carry beside its file: part headers, fields
+MAX_BOUNDARY = 70  # RFC 2046 5.1.1: a boundary is 1 to 70 characters
 
 
 class FormReceiver:
@@ -27,6 +32,10 @@ class FormReceiver:
         kind, options = parse_options_header(content_type)
         if kind != b"multipart/form-data" or b"boundary" not in options:
             raise ApiError(400, "Send the file as multipart/form-data (a 'file' part and a 'purpose' field).", param=file_field)
+        boundary = options[b"boundary"]
+        if not 1 <= len(boundary) <= MAX_BOUNDARY:
+            raise ApiError(400, f"The multipart boundary is {len(boundary):,} characters; RFC 2046 allows 1 to {MAX_BOUNDARY}. "
+                           "Send the form with a shorter boundary in its Content-Type.", param=file_field)  # fmt: skip
         self.target = target
         self.max_file_bytes = max_file_bytes
         self.file_field = file_field
@@ -40,7 +49,8 @@ class FormReceiver:
         self._disposition = b""
         self._name = ""
         self._data = bytearray()
-        self._parser = MultipartParser(options[b"boundary"], {
+        self._boundary = boundary.decode("latin-1")
+        self._parser = MultipartParser(boundary, {
             "on_part_begin": self._part_begin, "on_part_data": self._part_data, "on_part_end": self._part_end,
             "on_header_field": self._header_field, "on_header_value": self._header_val,
             "on_header_end": self._header_end, "on_headers_finished": self._headers_done,
@@ -58,6 +68,9 @@ class FormReceiver:
         except FormParserError:
             raise ApiError(400, "The multipart body is malformed or ended early.", param=self.file_field) from None
         self._close()
+        if self._parser.state not in (MultipartState.END, MultipartState.START):  # START: no bytes at all
+            raise ApiError(400, f"The multipart body ended before its closing boundary ('--{self._boundary[:80]}--'), so it may be "
+                           "cut short; nothing was stored. Send the whole form.", param=self.file_field)  # fmt: skip
         if self.filename is None:
             raise ApiError(400, f"Missing required parameter: '{self.file_field}'.", param=self.file_field)
 
