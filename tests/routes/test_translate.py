@@ -36,7 +36,7 @@ def test_images_and_pdfs_become_blocks():
         {"type": "text", "text": "what is this?"},
         {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}},
         {"type": "image", "source": {"type": "url", "url": "https://example.com/cat.jpg"}},
-        {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBERi0="}},
+        {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBERi0="}, "title": "a.pdf"},
     ]
 
 
@@ -50,7 +50,7 @@ def test_tool_history_and_tools_map():
         ],
         tools=[{"type": "function", "function": {"name": "weather", "description": "d", "parameters": {"type": "object"}}}],
         tool_choice={"type": "function", "function": {"name": "weather"}}, parallel_tool_calls=False,
-        stop="END", user="u-1", max_completion_tokens=64,
+        stop="END", user="u-1", max_tokens=None, max_completion_tokens=64,
     ))  # fmt: skip
     assert out["messages"][1] == {"role": "assistant", "content": [{"type": "tool_use", "id": "call_1", "name": "weather", "input": {"city": "Oslo"}}]}
     assert out["messages"][2] == {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "call_1", "content": [{"type": "text", "text": "rain"}]}]}
@@ -66,7 +66,8 @@ def test_tool_choice_words(given, expected):
 
 @pytest.mark.parametrize(("body", "field"), [
     (chat(seed=1), "seed"),
-    (chat(response_format={"type": "json_object"}), "response_format"),
+    (chat(response_format={"type": "json_object"}), "response_format.type"),
+    (chat(max_completion_tokens=2), "max_completion_tokens"),
     (chat(n=2), "n"),
     ({"model": "m", "messages": [{"role": "user", "content": "hi"}]}, "max_tokens"),
     (chat(messages=[{"role": "user", "content": "a"}, {"role": "system", "content": "late"}]), "messages[1].role"),
