@@ -1,6 +1,8 @@
 """`lowtide serve` speaks Gemini: the official google-genai SDK, pointed at it, runs inline
 and file batches (resumable upload, media download), lists, cancels and deletes them, and
-calls generateContent in real time; a field the backend refuses fails that key alone."""
+calls generateContent in real time; a field the backend refuses fails that key alone. The
+SDK runs at its default API version (`v1` in current releases) unless a test names one;
+serve answers `v1` and `v1beta` alike."""
 
 from __future__ import annotations
 
@@ -21,8 +23,9 @@ MODEL = "gemini-2.5-flash"
 ENDED = ("JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED", "JOB_STATE_CANCELLED", "JOB_STATE_EXPIRED")
 
 
-def client(s) -> genai.Client:
-    return genai.Client(api_key="k", http_options=types.HttpOptions(base_url=s.url, api_version="v1beta"))
+def client(s, api_version: str | None = None) -> genai.Client:
+    """The SDK as a user makes it: only the base URL changed (and the version, if named)."""
+    return genai.Client(api_key="k", http_options=types.HttpOptions(base_url=s.url, api_version=api_version))
 
 
 def wait(c: genai.Client, name: str):
@@ -49,12 +52,15 @@ def test_an_inline_batch_answers_each_request_under_its_key(server):
     assert usage.prompt_token_count > 0 and usage.candidates_token_count > 0
 
 
-def test_a_file_batch_uploads_resumably_and_its_responses_download_by_key(server):
-    c = client(server)
+@pytest.mark.parametrize("api_version", [None, "v1beta", "v1"])
+def test_a_file_batch_uploads_resumably_and_its_responses_download_by_key(server, api_version):
+    c = client(server, api_version)
     lines = [{"key": f"row-{i}", "request": ask(f"line {i}", maxOutputTokens=2)} for i in range(30)]
     data = "\n".join(json.dumps(line) for line in lines).encode()
     uploaded = c.files.upload(file=io.BytesIO(data), config={"mime_type": "jsonl", "display_name": "in.jsonl"})
     assert uploaded.name.startswith("files/") and uploaded.size_bytes == len(data)
+    assert uploaded.uri.endswith(f"/{api_version or 'v1'}/{uploaded.name}")  # on the version called
+    assert [f.name for f in c.files.list()] == [uploaded.name]
     done = wait(c, c.batches.create(model=MODEL, src=uploaded.name, config={"display_name": "k2"}).name)
     assert done.state.value == "JOB_STATE_SUCCEEDED" and done.dest.file_name
     got = [json.loads(x) for x in c.files.download(file=done.dest.file_name).decode().splitlines()]
@@ -62,6 +68,21 @@ def test_a_file_batch_uploads_resumably_and_its_responses_download_by_key(server
     assert set(by_key) == {f"row-{i}" for i in range(30)}
     cut = by_key["row-7"]["candidates"][0]
     assert cut["content"]["parts"][0]["text"] == "line 7"[:8] and cut["finishReason"] in ("STOP", "MAX_TOKENS")
+
+
+def test_on_v1_a_call_is_geminis_by_its_header_or_by_a_path_only_gemini_has(server):
+    c = client(server)
+    made = c.batches.create(model=MODEL, src=[ask("x")])
+    url = f"{server.url}/v1/{made.name}"
+    as_gemini = httpx.get(url, headers={"x-goog-api-key": "k"})
+    assert as_gemini.status_code == 200 and as_gemini.json()["name"] == made.name
+    as_openai = httpx.get(url, headers={"Authorization": "Bearer k"})  # OpenAI's retrieve: no such batch
+    assert as_openai.status_code == 404 and as_openai.json()["error"]["type"] == "invalid_request_error"
+    assert httpx.get(url, params={"key": "k"}).json()["name"] == made.name
+    cancel = httpx.post(f"{url}:cancel")  # no header: the path is Gemini's alone
+    assert cancel.json() == {} or cancel.json()["error"]["status"] == "INVALID_ARGUMENT"  # (ended already)
+    assert httpx.get(f"{server.url}/v1/files", headers={"x-goog-api-key": "k"}).json() == {"files": []}
+    assert httpx.get(f"{server.url}/v1/files").json()["object"] == "list"  # OpenAI's
 
 
 def test_an_upload_chunk_at_the_wrong_offset_is_refused(server):

@@ -29,6 +29,7 @@ from lowtide.server import (
     files,
     gemini_api,
     gemini_files,
+    gemini_versions,
     metrics,
     openai_api,
     realtime_api,
@@ -89,6 +90,7 @@ def create_app(config: ServeConfig) -> FastAPI:
     errors.install(app)
     faults.install(app, server.faults, config.swappable_faults)  # inner: runs after the key check
     _install_auth(app, config.api_keys)
+    app.add_middleware(gemini_versions.GeminiVersions)  # outermost: the others see Gemini's /v1 as /v1beta
     for module in (files, openai_api, anthropic_api, gemini_files, gemini_api, realtime_api, dashboard, dashboard_evals, metrics):
         app.include_router(module.router)
     return app
@@ -107,7 +109,7 @@ def _check_limits(config: ServeConfig) -> None:
 def _install_auth(app: FastAPI, keys: tuple[str, ...]) -> None:
     """With keys configured, every /v1 call must carry one (`Authorization: Bearer KEY` as
     OpenAI's SDK sends it, `x-api-key` as Anthropic's does), and every Gemini call (/v1beta,
-    /upload) its `x-goog-api-key`. Keys are never logged."""
+    /upload; a Gemini call on /v1 arrives here as /v1beta, gemini_versions.py) its `x-goog-api-key`. Keys are never logged."""
     if not keys:
         return
     wanted = [k.encode() for k in keys]

@@ -37,9 +37,10 @@ def _server(request: Request) -> Server:
 
 
 def _get(server: Server, file_id: str) -> Row:
-    """The file, or OpenAI's 404: also once it has expired (its content is removed then)."""
+    """The file, or OpenAI's 404: also once it has expired (its content is removed then),
+    and for another API's file (records.GEMINI_PURPOSES)."""
     with server.store.read() as conn:
-        row = records.get_file(conn, file_id)
+        row = records.get_file(conn, file_id, "openai")
     if row is not None and row.expires_at is not None and row.expires_at <= server.clock.now():
         expire(server, row)
         row = None
@@ -125,14 +126,15 @@ def _expires_after(form: dict[str, str], now: float) -> float | None:
 @router.get("")
 def list_(request: Request, after: str | None = None, limit: int = 10_000, order: str = "desc",
           purpose: str | None = None) -> dict[str, Any]:  # fmt: skip
-    """OpenAI's file list: newest first by default, `after` the last id of the page before."""
+    """OpenAI's file list: newest first by default, `after` the last id of the page before.
+    Gemini's files are not in it (gemini_files.py lists those)."""
     server = _server(request)
     if not 1 <= limit <= 10_000:
         raise ApiError(400, f"Invalid 'limit': integer below minimum value or above maximum value. Expected a value between 1 and 10000, but got {limit} instead.", param="limit")
     if order not in ("asc", "desc"):
         raise ApiError(400, f"Invalid 'order': expected one of 'asc' or 'desc', but got '{order}' instead.", param="order")
     with server.store.read() as conn:
-        page = records.list_files(conn, limit, order, server.clock.now(), after=after, purpose=purpose)
+        page = records.list_files(conn, limit, order, server.clock.now(), api="openai", after=after, purpose=purpose)
     if page is None:
         raise not_found("openai", "file", after or "")
     rows, more = page

@@ -1,12 +1,15 @@
 """Gemini's Files API, as the google-genai SDK calls it: the resumable upload
 (`POST /upload/v1beta/files` with `X-Goog-Upload-Command: start`, then the chunks to the
 `X-Goog-Upload-URL` it answers, each with its `X-Goog-Upload-Offset`, the last one
-`upload, finalize`), `GET /v1beta/files/{name}`, `DELETE`, and the media download
-(`GET /v1beta/files/{name}:download?alt=media`) of a batch's responses file.
+`upload, finalize`), `GET /v1beta/files` (the list, newest first, `pageSize` and
+`pageToken`), `GET /v1beta/files/{name}`, `DELETE`, and the media download
+(`GET /v1beta/files/{name}:download?alt=media`) of a batch's responses file. The same
+calls on `/v1` arrive here too (gemini_versions.py); the URIs answered keep the version called.
 
 An upload in progress is a part file and its header in `uploads/` of the data dir; a chunk
 at the wrong offset is refused (400) and the client may start over. Files are rows of
-`serve_files` (purpose `gemini_input` / `gemini_output`), named `files/<id>` to the client.
+`serve_files` (purpose `gemini_input` / `gemini_output`), named `files/<id>` to the client;
+OpenAI's Files API never sees them, nor this one OpenAI's (records.GEMINI_PURPOSES).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from lowtide.server import records
 from lowtide.server.bodies import parse_object, read_body, stream_body
 from lowtide.server.context import Server
 from lowtide.server.errors import ApiError
+from lowtide.server.gemini_versions import version_of
 
 router = APIRouter()
 FILE_DAYS = 2  # Gemini keeps an uploaded file 48 hours
@@ -40,22 +44,23 @@ def _server(request: Request) -> Server:
 
 
 def file_object(row: Row, base: str) -> dict[str, Any]:
+    """The File resource; `base` is the server's URL and the API version called."""
     generated = row.purpose == "gemini_output"
     out = {
         "name": f"files/{row.id}", "displayName": row.filename, "mimeType": "application/jsonl",
         "sizeBytes": str(row.bytes), "createTime": rfc3339(row.created_at), "updateTime": rfc3339(row.created_at),
-        "expirationTime": rfc3339(row.expires_at), "uri": f"{base}/v1beta/files/{row.id}", "state": "ACTIVE",
+        "expirationTime": rfc3339(row.expires_at), "uri": f"{base}/files/{row.id}", "state": "ACTIVE",
         "source": "GENERATED" if generated else "UPLOADED",
     }  # fmt: skip
     if generated:
-        out["downloadUri"] = f"{base}/v1beta/files/{row.id}:download?alt=media"
+        out["downloadUri"] = f"{base}/files/{row.id}:download?alt=media"
     return out
 
 
 def get_file(server: Server, name: str) -> Row:
     with server.store.read() as conn:
-        row = records.get_file(conn, name.removeprefix("files/"))
-    if row is None or not row.purpose.startswith("gemini") or (row.expires_at is not None and row.expires_at <= server.clock.now()):
+        row = records.get_file(conn, name.removeprefix("files/"), "gemini")
+    if row is None or (row.expires_at is not None and row.expires_at <= server.clock.now()):
         raise ApiError(404, f"File files/{name} does not exist or you do not have permission to access it.")
     return row
 
@@ -65,8 +70,13 @@ def _whole_number(text: str) -> bool:
     return text.isascii() and text.isdigit()
 
 
-def _base(request: Request) -> str:
+def _root(request: Request) -> str:
     return str(request.base_url).rstrip("/")
+
+
+def _base(request: Request) -> str:
+    """The server's URL with the API version the client called: `…/v1` or `…/v1beta`."""
+    return f"{_root(request)}/{version_of(request)}"
 
 
 @router.post("/upload/v1beta/files")
@@ -129,7 +139,7 @@ async def _start(request: Request, server: Server, command: str, staging) -> JSO
     head = {"displayName": given.get("displayName"), "size": int(size) if size and _whole_number(size) else None}
     (staging / f"{upload_id}.json").write_text(json.dumps(head))
     (staging / f"{upload_id}.part").write_bytes(b"")
-    url = f"{_base(request)}/upload/v1beta/files?upload_id={upload_id}&upload_protocol=resumable"
+    url = f"{_root(request)}/upload/{version_of(request)}/files?upload_id={upload_id}&upload_protocol=resumable"
     return JSONResponse({}, headers={"X-Goog-Upload-URL": url, "X-Goog-Upload-Status": "active"})
 
 
@@ -142,6 +152,23 @@ def download(name: str, request: Request, alt: str | None = None) -> FileRespons
     if row.purpose != "gemini_output":
         raise ApiError(400, "Only generated files can be downloaded; uploaded files cannot.")
     return FileResponse(server.path(row.path), media_type="application/octet-stream")
+
+
+@router.get("/v1beta/files")
+def list_(request: Request, pageSize: int = 10, pageToken: str | None = None) -> dict[str, Any]:  # noqa: N803 (Gemini's names)
+    """Gemini's files, newest first; OpenAI's are not among them."""
+    server = _server(request)
+    if not 1 <= pageSize <= 100:
+        raise ApiError(400, f"pageSize must be between 1 and 100; got {pageSize}.")
+    with server.store.read() as conn:
+        page = records.list_files(conn, pageSize, "desc", server.clock.now(), api="gemini", after=pageToken or None)
+    if page is None:
+        raise ApiError(400, f"pageToken {pageToken} is not valid.")
+    rows, more = page
+    out: dict[str, Any] = {"files": [file_object(r, _base(request)) for r in rows]}
+    if more and rows:
+        out["nextPageToken"] = rows[-1].id
+    return out
 
 
 @router.get("/v1beta/files/{name}")

@@ -145,7 +145,7 @@ def _create(server: Server, body: BatchCreate) -> dict[str, Any]:
     now = server.clock.now()
     batch_id = records.new_id("batch_", 32)
     with server.store.begin() as conn:
-        file = records.get_file(conn, body.input_file_id)
+        file = records.get_file(conn, body.input_file_id, "openai")
         if file is None:
             raise not_found("openai", "file", body.input_file_id)
         if file.purpose != "batch":

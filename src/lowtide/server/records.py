@@ -116,25 +116,40 @@ def delete_batch(conn: Connection, batch_id: str) -> None:
     conn.execute(delete(serve_batches).where(serve_batches.c.id == batch_id))
 
 
+# Each API has its own files, told apart by purpose: Gemini's are these two, every other
+# purpose is OpenAI's (Anthropic's API here has no files). One API's list, get and delete
+# never see another's: an OpenAI client that cleans up its files must not remove the
+# responses a Gemini batch still points at, nor fail on a purpose its SDK does not know.
+GEMINI_PURPOSES = ("gemini_input", "gemini_output")
+
+
+def _of_api(stmt, api: str | None):
+    if api is None:
+        return stmt
+    gemini = serve_files.c.purpose.in_(GEMINI_PURPOSES)
+    return stmt.where(gemini if api == "gemini" else ~gemini)
+
+
 def insert_file(conn: Connection, **values: Any) -> None:
     conn.execute(insert(serve_files).values(**values))
 
 
-def get_file(conn: Connection, file_id: str) -> Row | None:
-    return conn.execute(select(serve_files).where(serve_files.c.id == file_id)).first()
+def get_file(conn: Connection, file_id: str, api: str | None = None) -> Row | None:
+    """The file `file_id`; with `api` ("openai" or "gemini"), only if it is that API's."""
+    return conn.execute(_of_api(select(serve_files).where(serve_files.c.id == file_id), api)).first()
 
 
 def list_files(
-    conn: Connection, limit: int, order: str, now: float, *, after: str | None = None, purpose: str | None = None
+    conn: Connection, limit: int, order: str, now: float, *, api: str, after: str | None = None, purpose: str | None = None
 ) -> tuple[list[Row], bool] | None:
-    """A page of the files not expired at `now`, by created_at (`order` asc or desc; the
-    id breaks ties), after the file `after`. None if `after` names no file. (rows, has_more)."""
+    """A page of `api`'s files not expired at `now`, by created_at (`order` asc or desc; the
+    id breaks ties), after the file `after`. None if `after` names no file of `api`. (rows, has_more)."""
     f = serve_files.c
-    stmt = select(serve_files).where((f.expires_at.is_(None)) | (f.expires_at > now))
+    stmt = _of_api(select(serve_files).where((f.expires_at.is_(None)) | (f.expires_at > now)), api)
     if purpose is not None:
         stmt = stmt.where(f.purpose == purpose)
     if after is not None:
-        cursor = get_file(conn, after)
+        cursor = get_file(conn, after, api)
         if cursor is None:
             return None
         at, ident = cursor.created_at, cursor.id
