@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 
 import httpx
-import pytest
 
 from lowtide.core.clock import ManualClock
 from lowtide.server.upload_sessions import SESSION_TTL, stamped, sweep
@@ -51,7 +50,6 @@ def _send(url: str, data: bytes, offset: int, command: str = "upload") -> httpx.
                                                   "X-Goog-Upload-Offset": str(offset)})  # fmt: skip
 
 
-@pytest.mark.xfail(strict=True, reason="needs the hook in server/gemini_files.py (H2's): stamped() at start, sweep() per call")
 def test_serve_drops_an_abandoned_upload_a_week_after_its_start(serve):
     with serve(clock=ManualClock(T0), run_worker=False) as s:
         staging = s.server.data_dir / "uploads"

@@ -7,7 +7,9 @@
 calls on `/v1` arrive here too (gemini_versions.py); the URIs answered keep the version called.
 
 An upload in progress is a part file and its header in `uploads/` of the data dir; a chunk
-at the wrong offset is refused (400) and the client may start over. Files are rows of
+at the wrong offset is refused (400) and the client may start over. One never finished goes,
+bytes and all, a week after its start on serve's clock (upload_sessions.py; swept at each
+upload call). Files are rows of
 `serve_files` (purpose `gemini_input` / `gemini_output`), named `files/<id>` to the client;
 OpenAI's Files API never sees them, nor this one OpenAI's (records.GEMINI_PURPOSES).
 """
@@ -22,12 +24,14 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, JSONResponse
 from sqlalchemy import Row
+from starlette.concurrency import run_in_threadpool
 
 from lowtide.server import records
 from lowtide.server.bodies import parse_object, read_body, stream_body
 from lowtide.server.context import Server
 from lowtide.server.errors import ApiError
 from lowtide.server.gemini_versions import version_of
+from lowtide.server.upload_sessions import stamped, sweep
 
 router = APIRouter()
 FILE_DAYS = 2  # Gemini keeps an uploaded file 48 hours
@@ -85,6 +89,7 @@ async def upload(request: Request, upload_id: str | None = None):
     command = request.headers.get("x-goog-upload-command", "").replace(" ", "")
     staging = server.path("uploads")
     staging.mkdir(parents=True, exist_ok=True)
+    await run_in_threadpool(sweep, staging, server.clock.now())
     if upload_id is None:
         return await _start(request, server, command, staging)
     if not upload_id.isalnum() or not (staging / f"{upload_id}.json").exists():
@@ -136,7 +141,8 @@ async def _start(request: Request, server: Server, command: str, staging) -> JSO
         raise ApiError(400, "file.displayName: give text without NUL characters.")
     size = request.headers.get("x-goog-upload-header-content-length")
     upload_id = secrets.token_hex(12)
-    head = {"displayName": given.get("displayName"), "size": int(size) if size and _whole_number(size) else None}
+    head = stamped({"displayName": given.get("displayName"), "size": int(size) if size and _whole_number(size) else None},
+                   server.clock.now())  # fmt: skip
     (staging / f"{upload_id}.json").write_text(json.dumps(head))
     (staging / f"{upload_id}.part").write_bytes(b"")
     url = f"{_root(request)}/upload/{version_of(request)}/files?upload_id={upload_id}&upload_protocol=resumable"
