@@ -19,7 +19,7 @@ One pass:
               one, else one in the API's shape — with the money saved; a flush
               whose requests are all recorded is done
 
-Deliveries (webhooks.py) run beside the passes, as their own task in the same loop.
+Deliveries (webhooks.py) run beside the passes in the same loop, each attempt a task of its own.
 Only one collector may run per store.
 """
 
@@ -68,8 +68,8 @@ def _warm_up() -> None:
 class Collector:
     def __init__(self, gateway: Gateway):
         self.gw = gateway
-        self.deliverer = Deliverer(gateway.store, gateway.config, gateway.clock, gateway.secret,
-                                   count=gateway.metrics.webhook, public_url=gateway.public_url)  # fmt: skip
+        self.deliverer = Deliverer(gateway.store, gateway.config, gateway.clock, gateway.secret, count=gateway.metrics.webhook,
+                                   public_url=gateway.public_url, finished=self.wake_deliveries)  # fmt: skip
         self.turnaround: dict[str, float] = {}
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -150,16 +150,18 @@ class Collector:
         return max(0.005, min(IDLE_MAX, due - self.gw.clock.now()))
 
     async def _deliver_loop(self) -> None:
+        """Start each due delivery as its own task (webhooks.py) and wait for the next one to
+        be due, a slot to free up or a result to land; never for a receiver."""
         assert self._deliver_wake is not None
         while not self._stopping:
             try:
-                n = await self.deliverer.run_due()
+                started = self.deliverer.start_due()
+                due = None if started else self.deliverer.next_due()
             except Exception:
                 log.exception("gateway: a delivery pass failed; retrying")
-                n = 0
-            if n:
+                started, due = [], None
+            if started:
                 continue
-            due = self.deliverer.next_due()
             wait = IDLE_MAX if due is None else max(0.005, min(IDLE_MAX, due - self.gw.clock.now()))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._deliver_wake.wait(), timeout=wait)

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import Connection, Row, bindparam, func, insert, select, update
+from sqlalchemy import ColumnElement, Connection, Row, bindparam, func, insert, select, update
 
 from lowtide.core.states import check_transition
 from lowtide.store.bulk import executemany
@@ -123,10 +123,15 @@ def finish(conn: Connection, results: Sequence[dict[str, Any]]) -> int:
     return n
 
 
-def move_delivery(conn: Connection, gid: str, current: Delivery, target: Delivery, **values: Any) -> bool:
+def move_delivery(conn: Connection, gid: str, current: Delivery, target: Delivery, claim: float | None = None,
+                  **values: Any) -> bool:  # fmt: skip
+    """Move a delivery; with `claim`, only while the attempt's claim (claim_delivery's
+    `until`) still holds it — once lapsed and taken by another attempt, nothing moves."""
     check_transition(DELIVERY_TRANSITIONS, current, target)
-    stmt = update(gateway_requests).where(G.id == gid, G.delivery == current.value).values(delivery=target.value, **values)
-    return conn.execute(stmt).rowcount == 1
+    stmt = update(gateway_requests).where(G.id == gid, G.delivery == current.value)
+    if claim is not None:
+        stmt = stmt.where(G.next_delivery_at == claim)
+    return conn.execute(stmt.values(delivery=target.value, **values)).rowcount == 1
 
 
 def move_flush(conn: Connection, flush_id: int, current: FlushState, target: FlushState, **values: Any) -> bool:
@@ -207,16 +212,30 @@ def pending_by_tenant(conn: Connection) -> dict[str, int]:
     return {tenant: n for tenant, n in rows}
 
 
-def due_deliveries(conn: Connection, now: float, limit: int) -> list[Row]:
-    return list(
-        conn.execute(
-            select(gateway_requests)
-            .where(G.delivery == V.PENDING.value, G.state.in_([D.SUCCEEDED.value, D.FAILED.value]),
-                   G.next_delivery_at <= now)  # fmt: skip
-            .order_by(G.next_delivery_at)
-            .limit(limit)
-        )
+def _deliverable(skip_tenants: Sequence[str], skip_ids: Sequence[str]) -> list[ColumnElement[bool]]:
+    where = [G.delivery == V.PENDING.value, G.state.in_([D.SUCCEEDED.value, D.FAILED.value])]
+    if skip_tenants:
+        where.append(G.tenant.not_in(list(skip_tenants)))
+    if skip_ids:
+        where.append(G.id.not_in(list(skip_ids)))
+    return where
+
+
+def due_deliveries(conn: Connection, now: float, limit: int, per_tenant: int, skip_tenants: Sequence[str] = (),
+                   skip_ids: Sequence[str] = ()) -> list[Row]:  # fmt: skip
+    """Up to `limit` deliveries due by `now`, oldest due first, at most `per_tenant` of any
+    one tenant (a tenant with thousands due does not hide another's), none of `skip_tenants`
+    or `skip_ids` (attempts this gateway has in flight)."""
+    rank = func.row_number().over(partition_by=G.tenant, order_by=(G.next_delivery_at, G.id)).label("rank")
+    due = select(G.id, rank).where(*_deliverable(skip_tenants, skip_ids), G.next_delivery_at <= now).subquery()
+    stmt = (
+        select(gateway_requests)
+        .join(due, due.c.id == G.id)
+        .where(due.c.rank <= per_tenant)
+        .order_by(G.next_delivery_at, G.id)
+        .limit(limit)
     )
+    return list(conn.execute(stmt))
 
 
 def claim_delivery(conn: Connection, gid: str, seen_due: float, until: float) -> bool:
@@ -231,12 +250,8 @@ def claim_delivery(conn: Connection, gid: str, seen_due: float, until: float) ->
     return conn.execute(stmt).rowcount == 1
 
 
-def next_delivery_time(conn: Connection) -> float | None:
-    return conn.execute(
-        select(func.min(G.next_delivery_at)).where(
-            G.delivery == V.PENDING.value, G.state.in_([D.SUCCEEDED.value, D.FAILED.value])
-        )
-    ).scalar()
+def next_delivery_time(conn: Connection, skip_tenants: Sequence[str] = (), skip_ids: Sequence[str] = ()) -> float | None:
+    return conn.execute(select(func.min(G.next_delivery_at)).where(*_deliverable(skip_tenants, skip_ids))).scalar()
 
 
 def summary(conn: Connection) -> dict[str, Any]:

@@ -9,22 +9,31 @@ document `GET /v1/deferred/{id}` answers, without the delivery part), with
     X-Lowtide-Timestamp: Unix seconds when this attempt was signed
     X-Lowtide-Signature: sha256=HEX( HMAC-SHA256(secret, timestamp + "." + raw body) )
 
-Any 2xx answer is a delivery. Anything else (another status, a timeout, a refused
-connection) is retried after `backoff × 2^(attempt−1)` seconds (±20 % jitter, at most
-`max_backoff`); after `max_attempts` failures the delivery is `dead`, visible in the status
-document and in `lowtide gateway-status`. The callback URL is checked again before each
-attempt (safety.py); a refused URL is dead at once. Redirects are not followed.
+Any 2xx status is a delivery, if it arrives within `timeout` of the attempt's start: one
+deadline over the callback URL's check, connecting, sending and the answer's status line
+and headers. At most ANSWER_BYTES of the answer's body are read (so a short answer leaves
+the connection reusable), none of it matters, and the rest is never read: a receiver that
+drips or floods costs only its own attempt. Anything else (another status, the deadline, a
+refused connection) is retried after `backoff × 2^(attempt−1)` seconds (±20 % jitter, at
+most `max_backoff`); after `max_attempts` failures the delivery is `dead`, visible in the
+status document and in `lowtide gateway-status`. The callback URL is checked again before
+each attempt (safety.py); a refused URL is dead at once. Redirects are not followed.
+
+Each attempt is its own task: at most `concurrency` at once, and at most `per_tenant` of
+one tenant's, so one tenant's slow receivers never hold back another tenant's results.
 
 Guarantee: **at least once**. The outcome of each attempt is committed right after it; a
 gateway that dies between the receiver's 2xx and that commit (a few milliseconds) delivers
 that result again after a restart, with the same `X-Lowtide-Delivery` — receivers dedupe
-on it. Nothing else is ever delivered twice, and nothing is lost across restarts: what is
-pending is in the store.
+on it. An attempt is claimed in the store before it is sent; one whose claim lapsed before
+its outcome was committed (another gateway may be sending it again) is never counted
+delivered. Nothing is lost across restarts: what is pending is in the store.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import hmac
 import json
@@ -32,6 +41,7 @@ import logging
 import math
 import random
 import time
+from collections import Counter
 from collections.abc import Callable
 
 import httpx
@@ -47,7 +57,8 @@ from lowtide.store.db import Store
 
 log = logging.getLogger("lowtide.gateway")
 
-CLAIM_SLACK = 60.0  # seconds beyond the attempts' timeouts (the callback URL's DNS check, a slow commit)
+CLAIM_SLACK = 60.0  # seconds beyond an attempt's deadline (a slow commit)
+ANSWER_BYTES = 4096  # of a receiver's answer body, read at most (only its status counts)
 
 
 def sign(secret: bytes, timestamp: str, body: bytes) -> str:
@@ -73,8 +84,11 @@ def verify(secret: bytes, timestamp: str, body: bytes, signature: str | bytes, n
 
 
 class Deliverer:
+    """Starts each due delivery as its own task (`start_due`), within the bounds."""
+
     def __init__(self, store: Store, config: GatewayConfig, clock: Clock, secret: bytes | None,
-                 count: Callable[[str], None] = lambda outcome: None, public_url: Callable[[], str | None] = lambda: None):  # fmt: skip
+                 count: Callable[[str], None] = lambda outcome: None, public_url: Callable[[], str | None] = lambda: None,
+                 finished: Callable[[], None] = lambda: None):  # fmt: skip
         self.store = store
         self.hooks = config.webhooks
         self.callbacks = config.callbacks
@@ -82,10 +96,21 @@ class Deliverer:
         self.secret = secret
         self.count = count
         self.public_url = public_url
+        self.finished = finished  # called as each attempt ends: a slot is free
+        self.per_tenant = min(self.hooks.per_tenant, self.hooks.concurrency)
         self.rng = random.Random()
         self._client: httpx.AsyncClient | None = None
+        self._tasks: dict[str, asyncio.Task[None]] = {}  # deferred id → its attempt in flight
+        self._busy: Counter[str] = Counter()  # tenant → its attempts in flight
 
     async def aclose(self) -> None:
+        """Stop: attempts in flight are cancelled and handed back (due again at once)."""
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         if self._client is not None:
             await self._client.aclose()
             self._client = None
@@ -94,48 +119,100 @@ class Deliverer:
         base = min(self.hooks.max_backoff, self.hooks.backoff * 2 ** (attempt - 1))
         return base * self.rng.uniform(0.8, 1.2)
 
-    async def run_due(self) -> int:
-        """Attempt every delivery that is due; returns how many were attempted."""
-        if self.secret is None:
-            return 0
+    def start_due(self) -> list[asyncio.Task[None]]:
+        """Claim what is due, within the free slots and each tenant's share, and start each
+        attempt as a task of its own; returns them at once (never waits for a receiver)."""
+        free = self.hooks.concurrency - len(self._tasks)
+        if self.secret is None or free <= 0:
+            return []
         now = self.clock.now()
-        limit = self.hooks.concurrency * 4
+        full = [tenant for tenant, n in self._busy.items() if n >= self.per_tenant]
         # Claimed before any POST, so two gateways on one store (a rolling restart) never send
-        # the same attempt; the claim outlasts the pass: every attempt waits for the gate at
-        # most limit / concurrency timeouts.
-        until = now + (limit / self.hooks.concurrency + 1) * self.hooks.timeout + CLAIM_SLACK
+        # the same attempt; the claim outlasts the attempt's deadline.
+        until = now + self.hooks.timeout + CLAIM_SLACK
+        claimed: list[Row] = []
+        busy = Counter(self._busy)
         with self.store.begin() as conn:
-            due = [
-                row for row in records.due_deliveries(conn, now, limit)
-                if records.claim_delivery(conn, row.id, row.next_delivery_at, until)
-            ]  # fmt: skip
-        if not due:
-            return 0
-        if self._client is None:
-            self._client = httpx.AsyncClient(
-                timeout=self.hooks.timeout, follow_redirects=False,
-                limits=httpx.Limits(max_connections=self.hooks.concurrency, max_keepalive_connections=self.hooks.concurrency),
-            )  # fmt: skip
-        gate = asyncio.Semaphore(self.hooks.concurrency)
+            for row in records.due_deliveries(conn, now, free + len(self._tasks), self.per_tenant, full, list(self._tasks)):
+                if len(claimed) < free and busy[row.tenant] < self.per_tenant and \
+                        records.claim_delivery(conn, row.id, row.next_delivery_at, until):  # fmt: skip
+                    busy[row.tenant] += 1
+                    claimed.append(row)
+        for row in claimed:  # once the claims are committed
+            self._busy[row.tenant] += 1
+            task = self._tasks[row.id] = asyncio.create_task(self._attempt(row, until), name=f"webhook {row.id}")
+            task.add_done_callback(lambda _, row=row: self._ended(row))
+        return [self._tasks[row.id] for row in claimed]
 
-        async def one(row: Row) -> None:
-            try:
-                async with gate:
-                    await self.deliver(row)
-            except asyncio.CancelledError:  # a gateway stopping: what it did not finish is due again at once
-                with self.store.begin() as conn:
-                    records.claim_delivery(conn, row.id, until, row.next_delivery_at)
-                raise
+    def _ended(self, row: Row) -> None:
+        self._tasks.pop(row.id, None)
+        self._busy[row.tenant] -= 1
+        if self._busy[row.tenant] <= 0:
+            del self._busy[row.tenant]
+        self.finished()
 
-        await asyncio.gather(*(one(r) for r in due))
-        return len(due)
+    async def run_due(self) -> int:
+        """Start what is due and wait for those attempts to end; returns how many there were."""
+        started = self.start_due()
+        if started:
+            await asyncio.gather(*started)
+        return len(started)
 
     def next_due(self) -> float | None:
+        """When a delivery this gateway could start now is next due (None: nothing pending,
+        or every slot taken: a slot freed calls `finished`)."""
+        if self.secret is None or len(self._tasks) >= self.hooks.concurrency:
+            return None
+        full = [tenant for tenant, n in self._busy.items() if n >= self.per_tenant]
         with self.store.begin() as conn:
-            return records.next_delivery_time(conn)
+            return records.next_delivery_time(conn, full, list(self._tasks))
 
-    async def deliver(self, row: Row) -> None:
-        assert self.secret is not None and self._client is not None
+    async def _attempt(self, row: Row, until: float) -> None:
+        try:
+            await self.deliver(row, until)
+        except asyncio.CancelledError:  # a gateway stopping: what it did not finish is due again at once
+            with self.store.begin() as conn:
+                records.claim_delivery(conn, row.id, until, row.next_delivery_at)
+            raise
+        except Exception:  # the store failed: the claim lapses and the attempt is made again
+            log.exception("gateway: recording the webhook attempt for %s failed", row.id)
+
+    def _http(self) -> httpx.AsyncClient:
+        if self._client is None:
+            n = self.hooks.concurrency
+            self._client = httpx.AsyncClient(timeout=self.hooks.timeout, follow_redirects=False,
+                                             limits=httpx.Limits(max_connections=n, max_keepalive_connections=n))  # fmt: skip
+        return self._client
+
+    async def post(self, url: str, body: bytes, headers: dict[str, str]) -> str | None:
+        """One attempt: None for a 2xx within the deadline, else why not (CallbackRefused
+        for a URL that may not be used)."""
+        deadline = asyncio.get_running_loop().time() + self.hooks.timeout
+        request = self._http().build_request("POST", url, content=body, headers=headers)
+        try:
+            async with asyncio.timeout_at(deadline):
+                await check_callback(url, self.callbacks)
+                answer = await self._http().send(request, stream=True)
+        except TimeoutError:
+            return f"no answer within {self.hooks.timeout:g} s"
+        except httpx.HTTPError as err:
+            return type(err).__name__
+        try:  # a little of the body, so a short answer leaves the connection reusable; no more
+            async with asyncio.timeout_at(deadline):
+                read = 0
+                async for chunk in answer.aiter_raw():
+                    read += len(chunk)
+                    if read >= ANSWER_BYTES:
+                        break
+        except (TimeoutError, httpx.HTTPError):
+            pass  # the status is in; the body never counted
+        finally:
+            await answer.aclose()
+        return None if 200 <= answer.status_code < 300 else f"HTTP {answer.status_code}"
+
+    async def deliver(self, row: Row, until: float) -> None:
+        """Attempt `row` (claimed until `until`) and record the outcome, if the claim still holds."""
+        assert self.secret is not None
         attempt = row.delivery_attempts + 1
         body = json.dumps(deferred_view(row, self.public_url(), delivery=False), separators=(",", ":")).encode()
         timestamp = str(int(self.clock.now()))
@@ -148,28 +225,30 @@ class Deliverer:
             "x-lowtide-timestamp": timestamp,
             "x-lowtide-signature": sign(self.secret, timestamp, body),
         }
-        error: str | None
         final = False
         try:
-            await check_callback(row.callback_url, self.callbacks)
-            answer = await self._client.post(row.callback_url, content=body, headers=headers)
-            error = None if 200 <= answer.status_code < 300 else f"HTTP {answer.status_code}"
+            error = await self.post(row.callback_url, body, headers)
         except CallbackRefused as err:
             error, final = str(err), True
-        except httpx.HTTPError as err:
-            error = f"{type(err).__name__}"
         now = self.clock.now()
+        if error is None and now > until:  # another gateway may be sending it again by now
+            error = "the answer came after the attempt's claim ran out"
         with self.store.begin() as conn:
             if error is None:
-                records.move_delivery(conn, row.id, Delivery.PENDING, Delivery.DELIVERED,
-                                      delivery_attempts=attempt, delivered_at=now, delivery_error=None)  # fmt: skip
-                self.count("delivered")
+                moved = records.move_delivery(conn, row.id, Delivery.PENDING, Delivery.DELIVERED, claim=until,
+                                              delivery_attempts=attempt, delivered_at=now, delivery_error=None)  # fmt: skip
+                outcome = "delivered"
             elif final or attempt >= self.hooks.max_attempts:
-                records.move_delivery(conn, row.id, Delivery.PENDING, Delivery.DEAD,
-                                      delivery_attempts=attempt, delivery_error=error, next_delivery_at=None)  # fmt: skip
-                self.count("dead")
-                log.warning("gateway: webhook for %s is dead after %d attempt(s): %s", row.id, attempt, error)
+                moved = records.move_delivery(conn, row.id, Delivery.PENDING, Delivery.DEAD, claim=until,
+                                              delivery_attempts=attempt, delivery_error=error, next_delivery_at=None)  # fmt: skip
+                outcome = "dead"
             else:
-                records.move_delivery(conn, row.id, Delivery.PENDING, Delivery.PENDING, delivery_attempts=attempt,
-                                      delivery_error=error, next_delivery_at=now + self.backoff(attempt))  # fmt: skip
-                self.count("failed")
+                moved = records.move_delivery(conn, row.id, Delivery.PENDING, Delivery.PENDING, claim=until, delivery_attempts=attempt,
+                                              delivery_error=error, next_delivery_at=now + self.backoff(attempt))  # fmt: skip
+                outcome = "failed"
+        if not moved:  # the claim lapsed and another attempt took it: that one's outcome counts
+            log.warning("gateway: webhook attempt %d for %s ended after its claim was taken over; not recorded", attempt, row.id)
+            return
+        self.count(outcome)
+        if outcome == "dead":
+            log.warning("gateway: webhook for %s is dead after %d attempt(s): %s", row.id, attempt, error)
