@@ -105,6 +105,11 @@ class LoadLimits(_Strict):
     cooldown_after_429: Duration = 30.0
 
 
+# Headers an operator may not forward: keys, hop-by-hop and framing headers.
+_NEVER_FORWARDED = frozenset({"authorization", "x-api-key", "proxy-authorization", "cookie", "host", "content-length",
+                              "transfer-encoding", "connection", "keep-alive", "te", "trailer", "upgrade", "proxy-authenticate"})  # fmt: skip
+
+
 class Upstream(_Strict):
     # OpenAI: the API root as the SDK's base_url has it (…/v1); Anthropic: the host (no /v1).
     base_url: str
@@ -114,6 +119,20 @@ class Upstream(_Strict):
     limits: LoadLimits = Field(default_factory=LoadLimits)
     # The route whose real-time prices "money saved" is measured against (default: the API's).
     price_as: str | None = None
+    # Client headers forwarded besides proxy.FORWARDED (e.g. anthropic-beta): each acts with
+    # the upstream's key for every tenant; see docs/gateway.md, "Headers".
+    forward_headers: list[str] = Field(default_factory=list)
+
+    @field_validator("forward_headers")
+    @classmethod
+    def _forward_headers(cls, v: list[str]) -> list[str]:
+        names = [name.strip().lower() for name in v]
+        for name in names:
+            if not re.fullmatch(r"[a-z0-9!#$%&'*+.^_`|~-]+", name):
+                raise ValueError(f"{_shown(name)} is not a header name")
+            if name in _NEVER_FORWARDED or name.startswith("x-lowtide-"):
+                raise ValueError(f"{name} is never forwarded: it carries a key, a connection's state or lowtide's own data")
+        return names
 
     @field_validator("base_url")
     @classmethod
@@ -221,8 +240,9 @@ class Webhooks(_Strict):
     max_attempts: int = Field(8, ge=1, le=100)  # then the delivery is dead (dead letter)
     backoff: Duration = 2.0  # seconds before the 2nd attempt; doubled each time, ±20 %
     max_backoff: Duration = 600.0
-    timeout: Duration = 10.0
-    concurrency: int = Field(32, ge=1)
+    timeout: Duration = Field(10.0, gt=0)  # one deadline per attempt: URL check, connect, send, the answer's status
+    concurrency: int = Field(32, ge=1)  # attempts in flight at once
+    per_tenant: int = Field(8, ge=1)  # of them, at most this many for one tenant's results
 
     @field_validator("secret_env")
     @classmethod

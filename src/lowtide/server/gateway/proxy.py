@@ -4,11 +4,15 @@ A proxy forwards bytes; it does not rebuild requests. So this is one `httpx.Asyn
 per upstream (a connection pool of `max_connections`, shared by every request) rather than the provider SDKs that lowtide's routes
 use: the raw body goes up unchanged, the upstream's status, headers and body come back
 unchanged, and a streamed answer (Server-Sent Events) is passed on chunk by chunk as it
-arrives. Only the credentials change: the client's gateway key (`Authorization`,
-`x-api-key`) is dropped and the upstream's key, from the environment variable the config
-names, is set in the header that API uses. Hop-by-hop headers and lowtide's own
-`X-Lowtide-*` headers are not forwarded. Which paths may be forwarded at all is
-upstream_api.py's allow-list; the path is canonical by then (paths.py).
+arrives. The request's headers do change: the upstream's key, from the environment
+variable the config names, is set in the header that API uses, and of the client's headers
+only FORWARDED ones go up (and the upstream's `forward_headers`): they describe the body
+and the answer wanted. The rest would act with the gateway's key, shared by every tenant —
+`OpenAI-Organization` / `OpenAI-Project` pick whose account pays, `anthropic-beta` turns on
+features the operator never chose, `Idempotency-Key` could hand one tenant another's cached
+answer — so they are dropped, as are the client's own key, hop-by-hop headers and SDK
+telemetry. Which paths may be forwarded at all is upstream_api.py's allow-list; the path is
+canonical by then (paths.py).
 
 `call` is the same trip for the scoped endpoints (scoped.py), read whole so the gateway can
 see which object the answer is about.
@@ -28,7 +32,8 @@ from lowtide.server.gateway.config import Upstream
 
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
                         "trailers", "transfer-encoding", "upgrade", "host", "content-length"})  # fmt: skip
-CLIENT_AUTH = frozenset({"authorization", "x-api-key"})
+# The client headers that go up with the gateway's key (docs/gateway.md, "Headers").
+FORWARDED = frozenset({"accept", "accept-encoding", "content-type", "user-agent", "anthropic-version"})
 OWN = frozenset({"date", "server"})  # the gateway's server sets its own
 # A body read through httpx comes decoded, so the encoding header no longer describes it.
 DECODED = frozenset({"content-encoding"})
@@ -51,6 +56,7 @@ class UpstreamClient:
         else:
             self._auth = {"authorization": f"Bearer {key}"}
         self.timeout = httpx.Timeout(config.timeout, connect=min(config.timeout, 10.0))
+        self.forwarded = FORWARDED | frozenset(config.forward_headers)
         # At most this many requests reach httpx's pool at once: its bookkeeping grows with
         # the square of what it holds, so the rest wait here, in a plain FIFO.
         self.gate = asyncio.Semaphore(config.max_connections)
@@ -63,7 +69,8 @@ class UpstreamClient:
         return self.config.base_url + path
 
     def headers(self, incoming: Mapping[str, str]) -> list[tuple[str, str]]:
-        out = [(k, v) for k, v in incoming.items() if k not in HOP_BY_HOP and k not in CLIENT_AUTH and not k.startswith("x-lowtide-")]
+        """The client's headers that may go up (FORWARDED and `forward_headers`), then the key."""
+        out = [(k, v) for k, v in incoming.items() if k.lower() in self.forwarded]
         out.extend(self._auth.items())
         return out
 
