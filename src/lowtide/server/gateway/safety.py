@@ -5,8 +5,9 @@ A callback URL must
 - use an allowed scheme (`http`, `https` by default) and carry no user:password;
 - name a host matching `callbacks.allowlist` (globs such as `*.acme.com`; empty: any host);
 - resolve only to public addresses: loopback (127/8, ::1), link-local (169.254/16 — the
-  cloud metadata service — fe80::/10), private (10/8, 172.16/12, 192.168/16, fc00::/7),
-  carrier-grade NAT (100.64/10), unspecified, multicast and reserved addresses are refused
+  cloud metadata service — fe80::/10), private (10/8, 172.16/12, 192.168/16, fc00::/7, the
+  deprecated site-local fec0::/10), carrier-grade NAT (100.64/10), every other range
+  `ipaddress` does not call global, unspecified, multicast and reserved addresses are refused
   unless `allow_loopback` / `allow_link_local` / `allow_private` says otherwise. A host name
   is resolved and *every* address it has is checked; an IPv6 address that carries an IPv4
   one (IPv4-mapped, -compatible or -translated, 6to4, Teredo, NAT64) is judged by that
@@ -28,6 +29,15 @@ from urllib.parse import urlsplit
 from lowtide.server.gateway.config import Callbacks
 
 _CGNAT = ipaddress.ip_network("100.64.0.0/10")
+# Not for hosts, whatever this Python's `ipaddress` says of them (its tables grew over versions).
+_NOT_ROUTED = tuple(ipaddress.ip_network(n) for n in (
+    "192.0.0.0/24",  # IETF protocol assignments (dummy address, PCP and TURN anycast: no receivers)
+    "192.88.99.0/24",  # the deprecated 6to4 relay anycast (RFC 7526)
+    "3fff::/20",  # documentation (RFC 9637)
+    "5f00::/16",  # SRv6 segment identifiers (RFC 9602)
+    "2001:db8::/32",  # documentation
+    "100::/64",  # discard-only (RFC 6666)
+))  # fmt: skip
 
 
 class CallbackRefused(ValueError):
@@ -90,13 +100,16 @@ def _address_problem(ip: ipaddress.IPv4Address | ipaddress.IPv6Address, rules: C
 
 
 def _one_address_problem(ip: ipaddress.IPv4Address | ipaddress.IPv6Address, rules: Callbacks) -> str | None:
+    """Every property `ipaddress` knows, and the ranges older Pythons do not flag: an
+    address is public only if nothing says otherwise."""
     if ip.is_loopback:
         return None if rules.allow_loopback else "a loopback address"
     if ip.is_link_local:
         return None if rules.allow_link_local else "a link-local address"
-    if ip.is_unspecified or ip.is_multicast or ip.is_reserved:
+    if ip.is_unspecified or ip.is_multicast or ip.is_reserved or any(ip in net for net in _NOT_ROUTED):
         return "an unspecified, multicast or reserved address"
-    if ip.is_private or ip in _CGNAT or not ip.is_global:
+    site_local = isinstance(ip, ipaddress.IPv6Address) and ip.is_site_local
+    if site_local or ip.is_private or ip in _CGNAT or not ip.is_global:
         return None if rules.allow_private else "a private address"
     return None
 
