@@ -36,6 +36,7 @@ from lowtide.server.gateway.admission import admission_for
 from lowtide.server.gateway.collector import Collector
 from lowtide.server.gateway.config import GatewayConfig
 from lowtide.server.gateway.context import APIS, Gateway
+from lowtide.server.gateway.documents import Documents
 from lowtide.server.gateway.load import LoadTracker
 from lowtide.server.gateway.metrics import Metrics
 from lowtide.server.gateway.owned import Owners
@@ -72,7 +73,7 @@ def create_gateway_app(
     gateway = Gateway(
         config=config, store=store, clock=clock, data_dir=data_dir, tenants=Tenants(config, clock), policy=policy,
         metrics=Metrics(), secret=secret.encode() if secret else None, routes=dict(routes or {}), route_kinds=kinds,
-        owners=Owners(store),
+        owners=Owners(store), documents=Documents(),
     )  # fmt: skip
     for api in APIS:
         target = gateway.target(api)

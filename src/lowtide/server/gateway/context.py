@@ -18,6 +18,7 @@ from lowtide.store.db import Store
 if TYPE_CHECKING:
     from lowtide.server.gateway.admission import Admission
     from lowtide.server.gateway.collector import Collector
+    from lowtide.server.gateway.documents import Documents
     from lowtide.server.gateway.owned import Owners
     from lowtide.server.gateway.proxy import UpstreamClient
     from lowtide.server.gateway.writer import GroupWriter
@@ -44,6 +45,7 @@ class Gateway:
     loads: dict[str, LoadTracker] = field(default_factory=dict)
     upstreams: dict[str, UpstreamClient] = field(default_factory=dict)
     owners: Owners | None = None  # who owns which upstream object (scoped.py)
+    documents: Documents | None = None  # their last documents, for listings (scoped.py)
     writer: GroupWriter | None = None
     collector: Collector | None = None
 

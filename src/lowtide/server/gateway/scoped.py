@@ -6,8 +6,10 @@ one upstream key, so the gateway is what keeps one tenant's files and batches fr
   A batch may only be made from the caller's own input file.
 - owned: the object must be the caller's (owned.py), else 404 in the API's shape — the same
   answer as for an id that does not exist, so ids of others cannot be probed.
-- list: the caller's own objects from the gateway's records, newest first, each read from
-  the upstream (one that the upstream no longer has is left out).
+- list: the caller's own objects from the gateway's records, newest first, each document
+  from documents.py where it is known, else read from the upstream (at most READS_AT_ONCE
+  at a time; one that the upstream no longer has is left out). Files never change, so a
+  tenant listing its files in a loop costs the shared key nothing.
 
 A batch object on its way back is looked at, not rebuilt: an OpenAI batch's output and
 error files become the caller's, and an Anthropic batch's `results_url` (the upstream's
@@ -29,6 +31,7 @@ from lowtide.server.bodies import parse_object
 from lowtide.server.errors import ApiError
 from lowtide.server.gateway import owned
 from lowtide.server.gateway.context import Gateway
+from lowtide.server.gateway.documents import Documents, is_gone
 from lowtide.server.gateway.proxy import UpstreamClient, relayed
 from lowtide.server.gateway.upstream_api import Endpoint
 
@@ -36,6 +39,7 @@ OBJECT_PATHS = {"file": "/v1/files/{}", "batch": "/v1/batches/{}", "message_batc
 WHAT = {"file": "file", "batch": "batch", "message_batch": "message batch"}
 OUTPUT_FILES = ("output_file_id", "error_file_id")
 MAX_PAGE = 100
+READS_AT_ONCE = 8  # documents one listing reads from the upstream at a time
 
 
 def not_found(api: str, kind: str, object_id: str, param: str | None = None) -> ApiError:
@@ -63,6 +67,7 @@ async def serve(
             return await _shown(gw, tenant, endpoint, await upstream.call(method, path, query, headers, raw))
         response = await upstream.forward(method, path, query, headers, raw, lambda status: None)
         if method == "DELETE" and 200 <= response.status_code < 300:
+            _documents(gw).forget(endpoint.api, kind, object_id)
             await asyncio.to_thread(_owners(gw).forget, endpoint.api, kind, object_id)
         return response
     if kind == "batch":  # create
@@ -72,6 +77,7 @@ async def serve(
     obj = _object_of(answer)
     if obj is not None and isinstance(obj.get("id"), str):
         await asyncio.to_thread(owned.record, gw.store, tenant, endpoint.api, kind, [obj["id"]], gw.clock.now())
+        _documents(gw).put(endpoint.api, kind, obj, gw.clock.now())
     return await _shown(gw, tenant, endpoint, answer)
 
 
@@ -114,6 +120,8 @@ async def _shown(gw: Gateway, tenant: str, endpoint: Endpoint, answer: httpx.Res
     obj = _object_of(answer)
     if obj is None or not endpoint.shows or endpoint.kind is None:
         return relayed(answer)
+    if endpoint.method == "GET":  # a retrieve: the freshest document there is
+        _documents(gw).put(endpoint.api, endpoint.kind, obj, gw.clock.now())
     return relayed(answer, json.dumps(await _looked_at(gw, tenant, endpoint.kind, obj)).encode())
 
 
@@ -132,6 +140,11 @@ async def _looked_at(gw: Gateway, tenant: str, kind: str, obj: dict[str, Any]) -
 def _owners(gw: Gateway) -> owned.Owners:
     assert gw.owners is not None
     return gw.owners
+
+
+def _documents(gw: Gateway) -> Documents:
+    assert gw.documents is not None
+    return gw.documents
 
 
 async def _owner(gw: Gateway, api: str, kind: str, object_id: str) -> str | None:
@@ -158,15 +171,28 @@ async def _list(gw: Gateway, upstream: UpstreamClient, endpoint: Endpoint, tenan
     ids = await asyncio.to_thread(owned.page, gw.store, tenant, endpoint.api, kind, limit + 1, after, before)
     has_more = len(ids) > limit
     ids = ids[1:] if has_more and before is not None else ids[:limit]
-    answers = await asyncio.gather(*(upstream.call("GET", OBJECT_PATHS[kind].format(i), "", request.headers) for i in ids))
-    data = []
-    for answer in answers:
+    docs, now = _documents(gw), gw.clock.now()
+    known = {i: doc for i in ids if (doc := docs.get(endpoint.api, kind, i, now)) is not None}
+    gate = asyncio.Semaphore(READS_AT_ONCE)
+
+    async def read(object_id: str) -> httpx.Response:
+        async with gate:
+            return await upstream.call("GET", OBJECT_PATHS[kind].format(object_id), "", request.headers)
+
+    missing = [i for i in ids if i not in known]
+    for object_id, answer in zip(missing, await asyncio.gather(*(read(i) for i in missing)), strict=True):
         if answer.status_code == 404:  # gone at the upstream (deleted, expired)
             continue
         obj = _object_of(answer)
         if obj is None:
             return relayed(answer)  # the upstream's own trouble, as it said it
-        data.append(await _looked_at(gw, tenant, kind, obj))
+        docs.put(endpoint.api, kind, obj, now)
+        known[object_id] = obj
+    data = []
+    for object_id in ids:
+        obj = known.get(object_id)
+        if obj is not None and not is_gone(kind, obj, now):
+            data.append(await _looked_at(gw, tenant, kind, obj))
     purpose = q.get("purpose")
     if kind == "file" and purpose:
         data = [f for f in data if f.get("purpose") == purpose]
