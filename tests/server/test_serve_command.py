@@ -25,13 +25,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start(tmp_path: Path, port: int, *args: str) -> subprocess.Popen:
+def _start(tmp_path: Path, port: int, *args: str, env_keys: str | None = "secret-1, secret-2", key: str = "secret-2") -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOWTIDE_")}
-    env["LOWTIDE_SERVE_API_KEYS"] = "secret-1, secret-2"
+    if env_keys is not None:
+        env["LOWTIDE_SERVE_API_KEYS"] = env_keys
     cmd = [str(LOWTIDE), "serve", "--port", str(port), "--backend", "echo", "--db", str(tmp_path / "lt.db"),
            "--data-dir", str(tmp_path / "data"), *args]  # fmt: skip
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="secret-2", max_retries=0)
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key, max_retries=0)
 
     def up() -> bool:
         assert proc.poll() is None, proc.stdout.read()
@@ -41,7 +42,7 @@ def _start(tmp_path: Path, port: int, *args: str) -> subprocess.Popen:
         except openai.APIConnectionError:
             return False
 
-    wait_until(up, timeout=30, what="lowtide serve to start")
+    wait_until(up, timeout=90, what="lowtide serve to start")  # a bound: a loaded machine starts it slowly
     return proc
 
 
@@ -100,3 +101,25 @@ def test_a_port_in_use_is_refused_by_name_before_serving(tmp_path):
     assert done.returncode == 3, done.stdout + done.stderr
     assert f"lowtide: cannot listen on 127.0.0.1:{port}: Address already in use; give another --port (0: any free one)" in done.stderr
     assert "OpenAI(base_url=" not in done.stdout
+
+
+def test_keys_come_from_a_file_and_a_key_on_the_command_line_is_warned_of(tmp_path):
+    """A key on the command line is in the process list (`ps`) for anyone to read: a key file
+    (or LOWTIDE_SERVE_API_KEYS) keeps it out; --api-key still works, with a warning."""
+    keys = tmp_path / "keys"
+    keys.write_text("# serve's keys\nfile-key-1\n\n  file-key-2  \n")
+    port = _free_port()
+    proc = _start(tmp_path, port, "--api-key-file", str(keys), "--api-key", "argv-key", env_keys=None, key="file-key-2")
+    url = f"http://127.0.0.1:{port}/v1"
+    try:
+        for key in ("file-key-1", "file-key-2", "argv-key"):
+            assert openai.OpenAI(base_url=url, api_key=key, max_retries=0).batches.list().data == []
+        for key in ("# serve's keys", "file-key", "other"):
+            with pytest.raises(openai.AuthenticationError):
+                openai.OpenAI(base_url=url, api_key=key, max_retries=0).batches.list()
+    finally:
+        proc.terminate()
+        output = proc.communicate(timeout=30)[0]
+    assert "3 API key(s) accepted" in output
+    assert "warning: --api-key shows the key to anyone who can list processes" in output and "--api-key-file" in output
+    assert "file-key" not in output and "argv-key" not in output

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -48,3 +49,23 @@ def fail(err: LowtideError) -> typer.Exit:
     print(f"lowtide: {err}", file=sys.stderr)
     code = EXIT_USAGE if isinstance(err, InputError | JobNotFoundError) else EXIT_ERROR
     return typer.Exit(code)
+
+
+# The other sites' options of serve and the gateway (server/guard.py) --------------------
+def env_list(name: str) -> list[str]:
+    return [item.strip() for item in os.environ.get(name, "").split(",") if item.strip()]
+
+
+def host_name(name: str) -> str:
+    if not name.strip() or any(c in name for c in "/@ "):
+        console.print(f"lowtide: --allow-host {name!r}: give a host name, e.g. --allow-host myhost.lan (no scheme, no path)")
+        raise typer.Exit(EXIT_USAGE)
+    return name.strip()
+
+
+def origin_name(origin: str) -> str:
+    scheme, sep, rest = origin.strip().rstrip("/").partition("://")
+    if scheme not in ("http", "https") or not sep or not rest or any(c in rest for c in "/@ "):
+        console.print(f"lowtide: --allow-origin {origin!r}: give an origin, scheme and host, e.g. --allow-origin https://app.example.com")
+        raise typer.Exit(EXIT_USAGE)
+    return origin.strip().rstrip("/")

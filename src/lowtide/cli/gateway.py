@@ -6,12 +6,15 @@ import json
 import time
 from pathlib import Path
 from typing import Annotated
+from urllib.parse import urlsplit
 
 import typer
 from rich.table import Table
 
-from lowtide.cli.common import console, fail, out, state
+from lowtide.cli.common import console, env_list, fail, host_name, origin_name, out, state
+from lowtide.cli.serve import HOSTS_ENV, ORIGINS_ENV
 from lowtide.core.errors import LowtideError
+from lowtide.server.listen import HEADER_TIMEOUT
 from lowtide.store.db import Store, default_location
 from lowtide.store.money import from_pico
 
@@ -21,6 +24,16 @@ def gateway(
     port: Annotated[int, typer.Option(help="TCP port.")] = 8080,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     db: Annotated[str | None, typer.Option("--db", help="The store (default: the config's `db`, then lowtide --db, LOWTIDE_DB, ./lowtide.db).")] = None,
+    allow_host: Annotated[
+        list[str] | None,
+        typer.Option("--allow-host", help=f"With no tenants, serve this name too, besides localhost, IP addresses and public_url's (repeatable; or {HOSTS_ENV})."),
+    ] = None,
+    allow_origin: Annotated[
+        list[str] | None, typer.Option("--allow-origin", help=f"Accept calls from web pages of this origin (repeatable; or {ORIGINS_ENV}).")
+    ] = None,
+    header_timeout: Annotated[
+        float, typer.Option("--header-timeout", min=0.01, help="Seconds a client may take to send a request's headers (then it is disconnected).")
+    ] = HEADER_TIMEOUT,
 ) -> None:
     """Serve OpenAI- and Anthropic-compatible endpoints that forward urgent requests to the
     real-time upstream and turn deferrable ones into batch jobs (202 Accepted + webhook).
@@ -32,6 +45,7 @@ def gateway(
     """
     import uvicorn
 
+    from lowtide.server import guard, listen
     from lowtide.server.gateway import create_gateway_app, load_gateway_config
 
     try:
@@ -47,7 +61,16 @@ def gateway(
             console.print(f"  {api}: upstream {up.base_url if up else '(none)'}; deferred → {target.route if target else '(not deferred)'}")
     console.print(f"  OpenAI:    OpenAI(base_url=\"http://{host}:{port}/v1\")")
     console.print(f"  Anthropic: Anthropic(base_url=\"http://{host}:{port}\")")
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    # Other sites (server/guard.py): with no tenants any key is one tenant, so a page rebound to
+    # this address could spend the upstream key; its Host is then checked. Bodies are the
+    # upstream's to judge (a page cannot send a key unasked): no content-type rule.
+    hosts = [host_name(h) for h in list(allow_host or []) + env_list(HOSTS_ENV)]
+    if cfg.public_url:
+        hosts.append(urlsplit(cfg.public_url).hostname or "")
+    origins = [origin_name(o) for o in list(allow_origin or []) + env_list(ORIGINS_ENV)]
+    policy = guard.Policy.of(open=not cfg.tenants, hosts=hosts, origins=origins, raw_paths=None, closing="configure tenants")
+    asgi = guard.Guard(app, policy)
+    uvicorn.Server(listen.config(asgi, header_timeout=header_timeout, host=host, port=port, log_level="warning")).run()
 
 
 def gateway_status(

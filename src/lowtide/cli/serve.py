@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import socket
 import sys
 from pathlib import Path
@@ -11,12 +10,24 @@ from typing import Annotated
 import typer
 import yaml
 
-from lowtide.cli.common import EXIT_ERROR, EXIT_USAGE, console, fail, state
+from lowtide.cli.common import (
+    EXIT_ERROR,
+    EXIT_USAGE,
+    console,
+    env_list,
+    fail,
+    host_name,
+    origin_name,
+    state,
+)
 from lowtide.core.errors import LowtideError
+from lowtide.server.listen import HEADER_TIMEOUT
 from lowtide.server.safejson import MAX_DEPTH
 from lowtide.store.db import default_location
 
 KEYS_ENV = "LOWTIDE_SERVE_API_KEYS"
+HOSTS_ENV = "LOWTIDE_SERVE_ALLOW_HOSTS"
+ORIGINS_ENV = "LOWTIDE_SERVE_ALLOW_ORIGINS"
 UNITS = {"": 1, "B": 1, "KB": 1024, "KIB": 1024, "MB": 1024**2, "MIB": 1024**2, "GB": 1024**3, "GIB": 1024**3}
 
 
@@ -43,7 +54,18 @@ def serve(
     model: Annotated[str | None, typer.Option(help="Run every batch on this model of the backend (default: the batch's own).")] = None,
     api_key: Annotated[
         list[str] | None,
-        typer.Option("--api-key", help=f"Accept this key (repeatable; or {KEYS_ENV}=k1,k2). None: any key."),
+        typer.Option("--api-key", help=f"Accept this key (repeatable). Shown in the process list: prefer --api-key-file or {KEYS_ENV}=k1,k2. None: any key."),
+    ] = None,
+    api_key_file: Annotated[
+        Path | None, typer.Option("--api-key-file", help="Accept the keys in this file (one a line; # comments).")
+    ] = None,
+    allow_host: Annotated[
+        list[str] | None,
+        typer.Option("--allow-host", help=f"With no key, serve this name too, besides localhost and IP addresses (repeatable; or {HOSTS_ENV}; *: any)."),
+    ] = None,
+    allow_origin: Annotated[
+        list[str] | None,
+        typer.Option("--allow-origin", help=f"Accept calls from web pages of this origin, e.g. https://app.example.com (repeatable; or {ORIGINS_ENV})."),
     ] = None,
     time_scale: Annotated[float, typer.Option("--time-scale", min=0.000001, help="Run the server's clock N times faster (testing).")] = 1.0,
     complete_after: Annotated[float, typer.Option("--complete-after", min=0, help="Scaled seconds before a batch may finish (testing).")] = 0.0,
@@ -56,6 +78,9 @@ def serve(
     max_file_size: Annotated[str, typer.Option("--max-file-size", help="Largest upload to /v1/files.")] = "512MB",
     body_timeout: Annotated[float, typer.Option("--body-timeout", min=0.01, help="Seconds a client may pause while sending a body (then 408).")] = 30.0,
     max_json_depth: Annotated[int, typer.Option("--max-json-depth", min=2, max=MAX_DEPTH, help="Deepest nesting of a JSON body or batch line.")] = 64,
+    header_timeout: Annotated[
+        float, typer.Option("--header-timeout", min=0.01, help="Seconds a client may take to send a request's headers (then it is disconnected).")
+    ] = HEADER_TIMEOUT,
 ) -> None:
     """Serve the OpenAI Batch, Anthropic Message Batches and Gemini batch APIs; batches run as lowtide jobs.
 
@@ -66,7 +91,7 @@ def serve(
     """
     import uvicorn
 
-    from lowtide.server import ServeConfig, create_app
+    from lowtide.server import ServeConfig, create_app, guard, listen
 
     route_options = {}
     for item in option or []:
@@ -75,19 +100,26 @@ def serve(
             console.print(f"lowtide: --option {item!r}: write KEY=VALUE, e.g. --option slots=8")
             raise typer.Exit(EXIT_USAGE)
         route_options[key.strip()] = yaml.safe_load(value)
-    keys = list(api_key or []) + [k.strip() for k in os.environ.get(KEYS_ENV, "").split(",") if k.strip()]
+    if api_key:
+        print(f"lowtide: warning: --api-key shows the key to anyone who can list processes; give it with --api-key-file PATH "
+              f"or {KEYS_ENV} instead", file=sys.stderr)  # fmt: skip
+    keys = list(api_key or []) + env_list(KEYS_ENV) + (_key_file(api_key_file) if api_key_file else [])
+    hosts = [host_name(h) for h in list(allow_host or []) + env_list(HOSTS_ENV)]
+    origins = [origin_name(o) for o in list(allow_origin or []) + env_list(ORIGINS_ENV)]
     limits = {name: _size(flag, value) for name, flag, value in (
         ("max_request_bytes", "--max-request-size", max_request_size), ("anthropic_max_bytes", "--max-batch-size", max_batch_size),
         ("max_file_bytes", "--max-file-size", max_file_size))}  # fmt: skip
     config = ServeConfig(
         backend=backend, route_options=route_options, model=model, data_dir=data_dir, db=db or state.db or default_location(),
         time_scale=time_scale, complete_after=complete_after, faults=faults, api_keys=tuple(keys),
+        allow_hosts=tuple(hosts), allow_origins=tuple(origins),
         body_timeout=body_timeout, max_json_depth=max_json_depth, **limits,
     )  # fmt: skip
     try:
         app = create_app(config)
     except LowtideError as err:
         raise fail(err) from None
+    guard.protect(app, config)  # other sites (a no-op where create_app installed it)
     server = app.state.server
     # Listening before anything is printed: the URLs below are the port it got (`--port 0`:
     # any free one), and a port already taken fails here, by name, not inside uvicorn.
@@ -104,7 +136,23 @@ def serve(
         console.print(f"  testing: time scale {time_scale:g}, complete after {complete_after:g} s, faults {faults or 'none'}")
     if keys:  # with none, the app itself warns that any key is accepted
         console.print(f"  {len(keys)} API key(s) accepted")
-    uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
+    else:
+        console.print(f"  no API key: served as localhost and IP addresses only{' and ' + ', '.join(hosts) if hosts else ''}")
+    uvicorn.Server(listen.config(app, header_timeout=header_timeout, log_level="warning")).run(sockets=[sock])
+
+
+def _key_file(path: Path) -> list[str]:
+    """The keys of a key file: one a line; blank lines and `#` comments skipped."""
+    try:
+        text = path.expanduser().read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        print(f"lowtide: --api-key-file {path}: cannot read it ({getattr(err, 'strerror', None) or err})", file=sys.stderr)
+        raise typer.Exit(EXIT_USAGE) from None
+    keys = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    if not keys:  # a key file given means keys wanted: never serve open by mistake
+        print(f"lowtide: --api-key-file {path}: the file holds no key; write one key a line", file=sys.stderr)
+        raise typer.Exit(EXIT_USAGE)
+    return keys
 
 
 def _listen(host: str, port: int) -> socket.socket:

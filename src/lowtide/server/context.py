@@ -32,6 +32,10 @@ class ServeConfig:
     complete_after: float = 0.0  # scaled seconds after creation before a batch may finish
     faults: Path | None = None
     api_keys: tuple[str, ...] = field(default=(), repr=False)  # never printed, never stored
+    # Other sites (server/guard.py): names served besides localhost and IP addresses while no
+    # key is configured ("*": any), and origins whose pages may call it besides its own.
+    allow_hosts: tuple[str, ...] = ()
+    allow_origins: tuple[str, ...] = ()
     max_file_bytes: int = 512 * MB  # one upload to /v1/files
     # Every other JSON body (real time, /v1/batches); a message batch's body is capped by
     # anthropic_max_bytes. Each limit holds while reading (server/bodies.py).

@@ -10,6 +10,7 @@ path is OpenAI's.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -89,8 +90,28 @@ def not_found(api: str, what: str, ident: str) -> ApiError:
     return ApiError(404, f"No {what} found with id '{ident}'.")
 
 
+class HangUps(logging.Filter):
+    """A client that hangs up mid-body is an everyday event, not a server error: its record
+    becomes one INFO line, without the traceback a handler's `log.exception` would add."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], ClientDisconnect):
+            record.msg, record.args = f"{record.getMessage()}: the client hung up before its whole body arrived", ()
+            record.exc_info = record.exc_text = None
+            record.levelno, record.levelname = logging.INFO, "INFO"
+        return True
+
+
+# The servers' loggers (serve's, the gateway's): where a handler may log a hang-up.
+SERVER_LOGGERS = ("lowtide.serve", "lowtide.gateway")
+
+
 def install(app: FastAPI) -> None:
     """Answer every error, ours and the framework's, in the caller's provider shape."""
+    for name in SERVER_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, HangUps) for f in logger.filters):
+            logger.addFilter(HangUps())
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, err: ApiError) -> JSONResponse:
