@@ -56,15 +56,32 @@ def packing(spec: Any) -> bool:
     return spec.request_endpoint == EMBEDDINGS and spec.packing
 
 
+class PerRow:
+    """The vector length a row must get is its own body's (`dimensions` from its param column
+    or its own body, else the job's, else the model's), read from the store when its answer
+    comes: a job whose rows may each ask for their own `dimensions`."""
+
+    def __repr__(self) -> str:
+        return "PER_ROW"
+
+
+PER_ROW = PerRow()
+Expected = int | PerRow | None
+
+
 @dataclass(frozen=True, slots=True)
 class Vectors:
-    expected: int | None  # the length every vector of the job must have, where known
+    # The length every vector of the job must have, where known; PER_ROW where rows may
+    # each ask for their own.
+    expected: Expected
 
 
 def vector_check(spec: Any) -> Vectors | None:
     """For an embedding job, what its vectors are checked against; None for any other job."""
     if spec.request_endpoint != EMBEDDINGS:
         return None
+    if spec.template.body_column is not None or "dimensions" in spec.param_columns:
+        return Vectors(PER_ROW)
     from lowtide.core.embeddings import expected_length
 
     return Vectors(expected_length({"model": spec.model, **spec.params}))
@@ -199,7 +216,8 @@ def check_vector(outcome: Outcome, expected: int | None) -> Outcome:
     wrong = [n for n in lengths if n != (expected or lengths[0])]
     if wrong:
         said = f"the job asks for {expected}" if expected else "the answer's vectors differ in length"
-        return _bad(outcome, f"the backend returned a vector of {wrong[0]} numbers; {said} (params.dimensions or the model's own length). "
+        return _bad(outcome, f"the backend returned a vector of {wrong[0]} numbers; {said} (the row's `dimensions`, else "
+                             "params.dimensions, else the model's own length). "
                              "Check the backend's model, or the job's dimensions")  # fmt: skip
     return outcome
 
@@ -262,13 +280,38 @@ def stored_members(conn: Any, job_id: int, dispatch_id: int, first: int, last: i
     return list(conn.scalars(stmt))
 
 
-def unpack_stored(conn: Any, job_id: int, dispatch_id: int, outcomes: list[Outcome], expected: int | None) -> list[Outcome]:
-    """A batch's outcomes with each pack's answer unpacked to its rows (found in the store)."""
+def row_lengths(conn: Any, job_id: int, custom_ids: list[str]) -> dict[str, int | None]:
+    """The vector length each row's own stored body asks for (core/embeddings.expected_length)."""
+    from sqlalchemy import select
+
+    from lowtide.core import fastjson
+    from lowtide.core.embeddings import expected_length
+    from lowtide.store.schema import requests
+
+    out: dict[str, int | None] = {}
+    for start in range(0, len(custom_ids), 500):  # within every store's limit on bound values
+        stmt = select(requests.c.custom_id, requests.c.payload).where(
+            requests.c.job_id == job_id, requests.c.custom_id.in_(custom_ids[start : start + 500])
+        )
+        for cid, payload in conn.execute(stmt):
+            body = fastjson.loads(payload).get("body")
+            out[cid] = expected_length(body) if isinstance(body, dict) else None
+    return out
+
+
+def unpack_stored(conn: Any, job_id: int, dispatch_id: int, outcomes: list[Outcome], expected: Expected) -> list[Outcome]:
+    """A batch's outcomes with each pack's answer unpacked to its rows (found in the store).
+    With `expected` PER_ROW each vector is checked against its row's own length; a pack's
+    rows share theirs (the packer joins only bodies alike but for `input`)."""
     out = []
+    lengths: dict[str, int | None] = {}
+    if expected is PER_ROW:
+        lengths = row_lengths(conn, job_id, [o.custom_id for o in outcomes if o.response is not None and parse_pack_id(o.custom_id) is None])
     for outcome in outcomes:
         ids = parse_pack_id(outcome.custom_id)
         if ids is None:
-            out.append(check_vector(outcome, expected) if outcome.response is not None else outcome)
+            want = lengths.get(outcome.custom_id) if expected is PER_ROW else expected
+            out.append(check_vector(outcome, want) if outcome.response is not None else outcome)  # type: ignore[arg-type]
             continue
         first, last, n = ids
         members = stored_members(conn, job_id, dispatch_id, first, last, n)
@@ -277,5 +320,6 @@ def unpack_stored(conn: Any, job_id: int, dispatch_id: int, outcomes: list[Outco
                    "no vector is handed out by guess: they are retried")  # fmt: skip
             out.extend(Outcome.failure(cid, "pack_mismatch", why, True) for cid in members)
             continue
-        out.extend(unpack(outcome, members, expected))
+        want = row_lengths(conn, job_id, members[:1]).get(members[0]) if expected is PER_ROW else expected
+        out.extend(unpack(outcome, members, want))  # type: ignore[arg-type]
     return out
