@@ -10,7 +10,11 @@ both lists, so a field the SDK adds is known the day it ships.
 
 The REST field names are camelCase, as the SDK sends them and the API documents them; the
 nested values (contents, parts, tools) are the API's to judge, so they are typed loosely
-here. `model` rides in the body as everywhere in lowtide (DESIGN "request"): it is the
+here. Google's proto3-JSON parser takes each field's snake_case name too
+(`system_instruction`, `generation_config`, `max_output_tokens`): `camel_body` writes those
+of the body's top level and of its `generationConfig` in camelCase, once, where a body
+enters lowtide (docs/gemini.md "Field names"); what lies deeper (a schema's property
+names, a function's arguments) is the user's own and is never renamed. `model` rides in the body as everywhere in lowtide (DESIGN "request"): it is the
 request's own `model` field of Gemini's GenerateContentRequest.
 """
 
@@ -61,3 +65,40 @@ def output_limit(body: dict[str, Any]) -> int | None:
     config = body.get("generationConfig")
     value = config.get("maxOutputTokens") if isinstance(config, dict) else None
     return value if type(value) is int else None
+
+
+def camel(name: str) -> str:
+    """`max_output_tokens` -> `maxOutputTokens` (proto3 JSON's own rule); a camelCase name stays."""
+    head, *rest = name.split("_")
+    return head + "".join(part[:1].upper() + part[1:] for part in rest)
+
+
+def camel_body(body: dict[str, Any]) -> dict[str, Any] | tuple[str, str]:
+    """`body` with the snake_case names of its top-level and `generationConfig` fields in
+    camelCase (the body itself where it has none), or (field, why) where a field is given
+    under both names."""
+    top, generation = rest_keys()
+    out = _renamed(body, top, "")
+    if isinstance(out, tuple):
+        return out
+    config = out.get("generationConfig")
+    if isinstance(config, dict):
+        renamed = _renamed(config, generation, "generationConfig.")
+        if isinstance(renamed, tuple):
+            return renamed
+        if renamed is not config:
+            out = out if out is not body else dict(body)
+            out["generationConfig"] = renamed
+    return out
+
+
+def _renamed(fields: dict[str, Any], known: frozenset[str], where: str) -> dict[str, Any] | tuple[str, str]:
+    if not any("_" in key and camel(key) in known for key in fields):
+        return fields  # the usual case: nothing to copy
+    out: dict[str, Any] = {}
+    for key, value in fields.items():
+        name = camel(key) if "_" in key and camel(key) in known else key
+        if name in out:
+            return f"{where}{key}", f"gives {where}{name} a second time (as {key}); keep one of the two names"
+        out[name] = value
+    return out

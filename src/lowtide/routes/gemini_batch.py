@@ -45,8 +45,9 @@ from lowtide.core import fastjson
 from lowtide.core.errors import BatchGone, BatchRejected, NotSent, RouteError
 from lowtide.core.types import Outcome, Refusal, Request
 from lowtide.routes import _gemini_operation as op
-from lowtide.routes._gemini import gemini_body, gemini_error, gemini_outcome
+from lowtide.routes._gemini import gemini_error, gemini_outcome
 from lowtide.routes._gemini_models import check_gemini_model
+from lowtide.routes._gemini_names import named_body
 from lowtide.routes._provider import (
     batch_limits,
     check_options,
@@ -130,7 +131,7 @@ class GeminiBatchRoute:
         check_gemini_model(self.name, model, self.models)
 
     def refusal(self, request: Request) -> Refusal | None:
-        body = gemini_body(request, self.name)
+        body = named_body(request, self.name)
         return body if isinstance(body, Refusal) else None
 
     async def submit(self, key: str, requests: Iterable[Request]) -> str:
@@ -139,7 +140,7 @@ class GeminiBatchRoute:
         size = 0
         with tempfile.SpooledTemporaryFile(max_size=16 * 2**20) as f:
             for r in requests:
-                body = gemini_body(r, self.name)
+                body = named_body(r, self.name)
                 if isinstance(body, Refusal):  # the loader refuses these; a store from before it did, here
                     raise BatchRejected(f"{self.name}: request {r.custom_id}: {body.message(self.name)}")
                 models.add(r.model)

@@ -34,8 +34,9 @@ from lowtide.routes._direct import (
     connection_failure,
     http_failure,
 )
-from lowtide.routes._gemini import gemini_body, gemini_outcome
+from lowtide.routes._gemini import gemini_outcome
 from lowtide.routes._gemini_models import check_gemini_model
+from lowtide.routes._gemini_names import named_body
 from lowtide.routes._provider import check_options
 from lowtide.routes.base import texts_option
 from lowtide.routes.gemini_batch import gemini_client
@@ -61,11 +62,11 @@ class GeminiRoute(PooledRoute):
         check_gemini_model(self.name, model, self.models)
 
     def refusal(self, request: Request) -> Refusal | None:
-        body = gemini_body(request, self.name)
+        body = named_body(request, self.name)
         return body if isinstance(body, Refusal) else None
 
     async def send(self, request: Request) -> Outcome:
-        body = gemini_body(request, self.name)
+        body = named_body(request, self.name)
         if isinstance(body, Refusal):  # the loader refuses these first; a body from elsewhere, here
             raise CallFailed("invalid_request", body.message(self.name), retryable=False)
         sent = {k: v for k, v in body.items() if k != "model"}  # the model is the call's path
