@@ -17,7 +17,7 @@ MESSAGES: dict[str, str] = {
     'db-postgres-unreachable': 'lowtide: cannot open the store at postgresql+psycopg://nobody@127.0.0.1:9/none: connection failed: connection to server at "127.0.0.1", port 9 failed: Connection refused; check --db or LOWTIDE_DB',
     'spec-missing': 'lowtide: nope.yaml: cannot read the job spec (No such file or directory)',
     'spec-not-yaml': "lowtide: job.yaml line 2: not valid YAML (expected ',' or ']', but got '<stream end>')",
-    'spec-unknown-key': 'lowtide: job.yaml: invalid job spec: 1 problem(s)\n  - job.yaml line 8: unknown key `colour`; known keys here: name, source, template, model, route, route_options, endpoint, packing, truncate, param_columns, params, choices, response_schema, deadline, retry, fallback, auto, output, chunk_size, budget_usd, tags, variant',
+    'spec-unknown-key': 'lowtide: job.yaml: invalid job spec: 1 problem(s)\n  - job.yaml line 8: unknown key `colour`; known keys here: name, source, template, model, route, route_options, endpoint, packing, truncate, param_columns, params, choices, response_schema, repair, deadline, retry, fallback, auto, output, chunk_size, budget_usd, tags, variant',
     'spec-no-name': 'lowtide: job.yaml: invalid job spec: 1 problem(s)\n  - job.yaml: `name` is required',
     'spec-unknown-route': 'lowtide: unknown route "carrier-pigeon"; known routes: anthropic, anthropic-batch, echo, echo-batch, gemini, gemini-batch, local, openai, openai-batch, openai-compatible. Fix the `route:` key of the job spec, or install the plugin that provides it.',
     'spec-unknown-param': 'lowtide: job.yaml: invalid job spec: 1 problem(s)\n  - job.yaml line 7: `params`: "warp" is not a parameter of /v1/chat/completions; its parameters are: audio, frequency_penalty, function_call, functions, logit_bias, logprobs, max_completion_tokens, max_tokens, metadata, modalities, moderation, n, parallel_tool_calls, prediction, presence_penalty, prompt_cache_key, prompt_cache_options, prompt_cache_retention, reasoning_effort, response_format, safety_identifier, seed, service_tier, stop, store, temperature, tool_choice, tools, top_logprobs, top_p, user, verbosity, web_search_options',
@@ -53,5 +53,6 @@ MESSAGES: dict[str, str] = {
     'serve-tiny-request-size': "lowtide: --max-request-size '1': give a size of at least 1KB, e.g. --max-request-size 32MB",
     'serve-option-without-equals': "lowtide: --option 'slots': write KEY=VALUE, e.g. --option slots=8",
     'worker-ray-route-without-ray': 'lowtide: Invalid value for --ray-route: --ray-route needs --ray (local, auto or a ray:// address); see `lowtide worker --help`',
+    'spec-choices-and-schema': 'lowtide: job.yaml: choices and response_schema are both set; an answer is either one of the choices or JSON valid against the schema. Keep one (a schema with an enum at its root counts as choices)',
 }
 # fmt: on

@@ -1,6 +1,7 @@
 """A job spec says everything a request can say, and the route gets exactly that: no limit
 or temperature invented, max_completion_tokens kept, an engine's own parameters passed to an
-OpenAI-compatible server and refused by OpenAI's route, naming them."""
+OpenAI-compatible server and carried by OpenAI's route too (not declared by the SDK: sent
+as it came), refused by name where lowtide runs the body itself (echo)."""
 
 from __future__ import annotations
 
@@ -30,14 +31,20 @@ def test_a_job_sends_its_params_as_they_are_and_nothing_else(tmp_path):
         assert {k: body[k] for k in params} == params
 
 
-def test_openai_refuses_an_engine_parameter_by_name_before_anything_is_stored(tmp_path, monkeypatch):
+def test_openai_carries_a_parameter_its_sdk_does_not_declare_and_echo_refuses_it_by_name(tmp_path, monkeypatch):
+    # Issue 33 item 6: a same-protocol provider route sends an undeclared key as it came (the
+    # SDKs' extra_body); a route that runs the body itself refuses it by name.
     monkeypatch.setenv("LOWTIDE_T_KEY", "sk-test-key-123")
     source = write_csv(tmp_path / "t.csv", ticket_rows(3))
-    spec = make_spec(source, route="openai", route_options={"api_key_env": "LOWTIDE_T_KEY", "base_url": "http://127.0.0.1:9/v1"},
-                     params={"guided_json": {"type": "object"}})  # fmt: skip
-    store = Store(str(tmp_path / "c.db"))
+    with capture() as cap:
+        spec = make_spec(source, route="openai", route_options={"api_key_env": "LOWTIDE_T_KEY", "base_url": f"{cap.url}/v1"},
+                         params={"guided_json": {"type": "object"}})  # fmt: skip
+        status = drive_to_end(Store(str(tmp_path / "c.db")), spec, ManualClock(1_000_000.0))
+        assert status.counts == {"succeeded": 3}
+        assert all(body["guided_json"] == {"type": "object"} for _, body in cap.seen.values())
+    rows = write_csv(tmp_path / "b.csv", [{"ticket_id": "1", "body": '{"messages": [{"role": "user", "content": "hi"}], "guided_json": {}}'}])
+    bodies = make_spec(rows, name="bodies", route="echo", template={"system": None, "user": None, "body_column": "body"})
     with pytest.raises(SourceError) as info:
-        load_job(store, spec, ManualClock(0))
+        load_job(Store(str(tmp_path / "e.db")), bodies, ManualClock(0))
     said = str(info.value)
-    assert "t.csv rows 1, 2, 3: guided_json: is not a parameter of /v1/chat/completions (route openai)" in said
-    assert "nothing was stored" in said
+    assert "b.csv row 1: guided_json:" in said and "(route echo)" in said and "nothing was stored" in said

@@ -18,7 +18,22 @@ import referencing.exceptions
 import referencing.jsonschema
 
 from lowtide.core import shapes
-from lowtide.core.endpoints import body_type
+from lowtide.core.endpoints import PROTOCOL, body_type
+
+# Routes that send a body of the endpoint's own protocol to the provider as it came
+# (routes/_wire.py): a top-level key the installed SDK does not declare travels there as it
+# is, as the SDKs' `extra_body` sends it. Elsewhere lowtide translates the body or runs it
+# itself, and refuses such a key by name.
+CARRYING_ROUTES = {
+    "openai": ("openai-batch", "openai", "openai-compatible"),
+    "anthropic": ("anthropic-batch", "anthropic"),
+    "gemini": ("gemini-batch", "gemini"),
+}
+
+
+def carries(route: str | None, endpoint: str) -> bool:
+    """Whether `route` sends `endpoint`'s bodies to a provider of their protocol unchanged."""
+    return route in CARRYING_ROUTES.get(PROTOCOL.get(endpoint, ""), ())
 
 # Where each endpoint's tools keep their JSON Schema, and their name.
 SCHEMA_PLACES = (("function", "parameters"), ("parameters",), ("input_schema",))

@@ -28,8 +28,9 @@ from lowtide.core.endpoints import (
     required_keys,
 )
 from lowtide.core.errors import SpecError
+from lowtide.core.gemini import camel_body
 from lowtide.core.ids import MAX_VARIANT, VARIANT_NAME, VARIANT_SEPARATOR
-from lowtide.core.params import check_schema, check_values
+from lowtide.core.params import carries, check_schema, check_values
 from lowtide.core.yamlfile import parse_mapping, read_text, validate
 
 FORMATS = {".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet"}
@@ -119,10 +120,20 @@ def default_endpoint(route: str) -> str:
     return MESSAGES if route in ANTHROPIC_ROUTES else CHAT
 
 
-def check_params(params: dict[str, Any], endpoint: str, per_row: frozenset[str] = frozenset()) -> dict[str, Any]:
+def check_params(
+    params: dict[str, Any], endpoint: str, per_row: frozenset[str] = frozenset(), route: str | None = None
+) -> dict[str, Any]:
     """`params` as the body keys of `endpoint` they are (a null value sets nothing), or a
     ValueError naming the key and the keys the endpoint has, or what is wrong with a value
-    (core/params.py). `per_row` keys are filled from each row (`param_columns`)."""
+    (core/params.py). `per_row` keys are filled from each row (`param_columns`). On a
+    `route` that sends the body to its own protocol's provider unchanged (params.carries), a
+    key the installed SDK does not declare is carried, not refused; a Gemini key's
+    snake_case name is read as its camelCase one (core/gemini.py)."""
+    if endpoint == GEMINI:
+        named = camel_body(params)
+        if isinstance(named, tuple):
+            raise ValueError(f'"{named[0]}" {named[1]}')
+        params = named
     known = known_keys(endpoint) | ENGINE_EXTRAS
     made = template_keys(endpoint)
     for key in params:
@@ -130,7 +141,7 @@ def check_params(params: dict[str, Any], endpoint: str, per_row: frozenset[str] 
             raise ValueError(f'"{key}" is set by the job\'s model and template, not by params')
         if key in NEVER:
             raise ValueError(f'"{key}": a batch or stored request cannot be streamed; remove it')
-        if key not in known:
+        if key not in known and not carries(route, endpoint):
             others = sorted(known_keys(endpoint) - made - NEVER)
             raise ValueError(f'"{key}" is not a parameter of {endpoint}; its parameters are: {", ".join(others)}')
     params = {k: v for k, v in params.items() if v is not None}
@@ -189,6 +200,10 @@ class JobSpec(_Strict):
     params: dict[str, Any] = Field(default_factory=dict)
     choices: list[str] | None = None
     response_schema: dict[str, Any] | None = None
+    # An answer that fails `choices` or `response_schema` is asked again once, with the
+    # validation error in the conversation (a repair attempt, its cost reported apart:
+    # docs/costs.md); `repair: false` fails the request at once with the error instead.
+    repair: bool = True
     deadline: datetime | None = None
     retry: RetrySpec = Field(default_factory=RetrySpec)
     fallback: FallbackSpec | None = None
@@ -269,14 +284,15 @@ class JobSpec(_Strict):
         route = info.data.get("route")
         if route is None:  # the route is refused already: its error is the one to read
             return v
-        return check_params(v, info.data.get("endpoint") or default_endpoint(route), frozenset(info.data.get("param_columns") or ()))
+        endpoint = info.data.get("endpoint") or default_endpoint(route)
+        return check_params(v, endpoint, frozenset(info.data.get("param_columns") or ()), route)
 
     @field_validator("param_columns")
     @classmethod
     def _param_columns(cls, v: dict[str, str], info: ValidationInfo) -> dict[str, str]:
         route = info.data.get("route")
         if route is not None:  # the names only: the values come with each row
-            check_params(dict.fromkeys(v), info.data.get("endpoint") or default_endpoint(route))
+            check_params(dict.fromkeys(v), info.data.get("endpoint") or default_endpoint(route), route=route)
         return v
 
     @model_validator(mode="after")

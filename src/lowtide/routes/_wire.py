@@ -3,7 +3,11 @@ request body and reads usage for each provider, whether the request goes in a ba
 over a real-time call.
 
 A stored body goes to a provider of its own protocol verbatim; a chat completions body
-sent to Anthropic is translated once (`_translate.py`). `Request.choices` and
+sent to Anthropic is translated once (`_translate.py`). On such a same-protocol route a
+top-level key the installed SDK does not declare (an older SDK's `temperature`, a newer
+API's parameter) is not refused: it travels in the body as it came, as the SDKs'
+`extra_body` would send it (`undeclared` names them; the loader notes each once per job,
+engine/carried.py). Only `stream` and `stream_options` are refused: nobody reads a stream. `Request.choices` and
 `Request.response_schema` are lowtide's checks of the answer, never sent as fields of their
 own (the loader has put the schema in the body where the endpoint takes one).
 
@@ -39,18 +43,26 @@ from lowtide.core.types import Outcome, Refusal, Request, Usage
 from lowtide.routes._translate import chat_to_messages
 
 
-def openai_refusal(request: Request, route: str, extras: frozenset[str] = frozenset()) -> Refusal | None:
-    """Why an OpenAI route cannot take `request`: an Anthropic body, a stream, or a key the
-    SDK's request type does not know (beyond `extras`, what the route's server also takes)."""
+def undeclared(endpoint: str, body: dict[str, Any]) -> list[str]:
+    """The top-level keys of `body` the installed SDK's request type for `endpoint` does not
+    declare: a same-protocol route carries them as they are (see the module doc)."""
+    known = known_keys(endpoint)
+    return [key for key in body if key not in known and key not in NEVER]
+
+
+def openai_refusal(request: Request, route: str) -> Refusal | None:
+    """Why an OpenAI route cannot take `request`: an Anthropic or Gemini body, or a stream.
+    A key the installed SDK does not declare is carried, not refused (see the module doc)."""
     if PROTOCOL.get(request.endpoint) != "openai":
         other = {"anthropic": "an Anthropic", "gemini": "a Gemini"}.get(PROTOCOL.get(request.endpoint, ""), "another")
         return Refusal("endpoint", f"{request.endpoint} is not an OpenAI endpoint; send it to {other} route")
-    known = known_keys(request.endpoint)
-    for key in request.body:
-        if key in NEVER:
+    return _stream_refusal(request.body)
+
+
+def _stream_refusal(body: dict[str, Any]) -> Refusal | None:
+    for key in NEVER:
+        if key in body:
             return Refusal(key, "a batch or stored request cannot be streamed; remove it")
-        if key not in known and key not in extras:
-            return Refusal(key, f"is not a parameter of {request.endpoint}")
     return None
 
 
@@ -151,11 +163,11 @@ def anthropic_refusal(request: Request) -> Refusal | None:
     params = anthropic_params(request)
     if isinstance(params, Refusal):
         return params
-    known = known_keys(MESSAGES)
-    for key in params:
-        if key in NEVER:
-            return Refusal(key, "a batch or stored request cannot be streamed; remove it")
-        if key not in known:
+    refused = _stream_refusal(params)
+    if refused is not None:
+        return refused
+    if request.endpoint != MESSAGES:  # translated: what the translation wrote must be Anthropic's own
+        for key in undeclared(MESSAGES, params):
             return Refusal(key, f"is not a parameter of {MESSAGES}")
     if params.get("max_tokens") is None:
         return Refusal("max_tokens", "Anthropic's Messages API requires it; set params.max_tokens")

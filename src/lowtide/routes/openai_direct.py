@@ -29,7 +29,7 @@ from typing import Any
 import openai
 
 from lowtide.core import fastjson
-from lowtide.core.endpoints import CHAT, COMPLETIONS, EMBEDDINGS, ENGINE_EXTRAS, RESPONSES
+from lowtide.core.endpoints import CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES
 from lowtide.core.errors import RouteError
 from lowtide.core.types import Outcome, Refusal, Request
 from lowtide.routes._direct import (
@@ -72,11 +72,10 @@ class OpenAIChatRoute(PooledRoute):
         super().__init__(options, timeout=timeout, secret=key, **defaults, **pool)
         self.client = self.sdk_client(openai.AsyncOpenAI, openai.DefaultAioHttpClient, key, text_option(name, options, "base_url"), openai.Omit())
         self.urls = {e: self.endpoint(e.removeprefix("/v1/")) for e in (CHAT, RESPONSES, COMPLETIONS, EMBEDDINGS)}
-        # A self-hosted server takes its engine's own sampling parameters too.
-        self.extras = ENGINE_EXTRAS if compatible else frozenset()
 
     def refusal(self, request: Request) -> Refusal | None:
-        return openai_refusal(request, self.name, self.extras)
+        # A key the SDK does not declare (a self-hosted engine's `top_k`, say) is carried.
+        return openai_refusal(request, self.name)
 
     async def prepare(self) -> None:
         """Ask a llama.cpp server how many slots it has; any other answer changes nothing."""
