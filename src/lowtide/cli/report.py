@@ -93,5 +93,8 @@ def _print(result: CostReport) -> None:
                   "add their prices to a price file (docs/costs.md)", markup=False)  # fmt: skip
     if result.by == "tag":
         out.print("a job with several tags counts under each of them; the total counts it once", markup=False)
+    if total.repairs:
+        out.print(f"repair: {total.repairs} attempt(s) asked again after an invalid answer, costing {money(total.repair_usd)} "
+                  "(in cost above); `repair: false` in the spec fails such answers at once instead", markup=False)  # fmt: skip
     if total.stale:
         out.print(f"stale: {total.stale} result(s) arrived after their request had moved on; paid for, so counted in cost", markup=False)

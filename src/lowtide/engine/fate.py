@@ -9,6 +9,7 @@ moves). Every exit is in this table, and each function below is one row of it:
     ---------------------------------------------  ------------------------------------------------
     a valid answer                  after_outcome  succeeded (in a cancelled job too: it is paid for)
     an invalid answer               after_outcome  pending with one repair turn, then failed
+                                                   (failed at once with `repair: false`)
     a retryable failure             after_outcome  pending after a backoff (or on the next lane)
                                                    until retry.max_attempts on its lane, then failed
     a permanent failure             after_outcome  failed, with the provider's words
@@ -20,7 +21,8 @@ moves). Every exit is in this table, and each function below is one row of it:
     the deadline passed unsent      past_deadline  failed `deadline_passed` (pending, or in a batch
                                                    planned but not sent)
     it can never be sent            refuse         failed, naming why and the fix
-    sent                            send           dispatched (an attempt)
+    sent                            send           dispatched (an attempt; one that carries
+                                                   repair turns is kept in repair_sends)
     the user cancels                cancel         cancelled (what was sent: when it comes back)
     the user retries                retry          pending, with a fresh attempt budget
     its source or spec changed      rerender       pending again (a succeeded one as its next
@@ -39,7 +41,8 @@ from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, and_, select
+from sqlalchemy import ColumnElement, Connection, and_, literal, select
+from sqlalchemy.dialects import postgresql, sqlite
 
 from lowtide.core.outputs import (
     InvalidOutput,
@@ -55,7 +58,7 @@ from lowtide.engine.context import JobContext
 from lowtide.engine.policy import retry_delay
 from lowtide.store.bulk import among
 from lowtide.store.queries import add_event
-from lowtide.store.schema import PENDING, dispatches, requests
+from lowtide.store.schema import PENDING, dispatches, repair_sends, requests
 from lowtide.store.transitions import (
     lock_job,
     move_dispatch,
@@ -95,7 +98,7 @@ def after_outcome(
         except InvalidOutput as err:
             _not_succeeded(row, req, outcome)
             row["error_code"] = "invalid_output"
-            if req.repair is None and state in (JobState.ACTIVE, JobState.BUDGET_EXHAUSTED):
+            if req.repair is None and spec.repair and state in (JobState.ACTIVE, JobState.BUDGET_EXHAUSTED):
                 # One more try, with the validation error in the conversation.
                 row["error_message"] = f"answer invalid, retrying once: {err}"
                 turns = (
@@ -104,7 +107,10 @@ def after_outcome(
                 )  # fmt: skip
                 row["repair"] = json.dumps(turns)
                 return RequestState.PENDING
-            row["error_message"] = f"answer invalid after one repair attempt: {err}" if req.repair else f"answer invalid: {err}"
+            row["error_message"] = (
+                f"answer invalid after one repair attempt: {err}" if req.repair
+                else f"answer invalid: {err}" if spec.repair else f"answer invalid (repair: false, not retried): {err}"
+            )  # fmt: skip
             return RequestState.FAILED
         if parsed is not None:
             row["parsed"] = json.dumps(parsed, ensure_ascii=False)
@@ -257,11 +263,19 @@ def refuse_dispatched(conn: Connection, job: JobContext, dispatch_id: int, code:
 
 
 def send(conn: Connection, dispatch_id: int, which: ColumnElement[bool], route: str, now: float) -> int:
-    """Pending requests `which` selects join a dispatch: one attempt each."""
-    return move_requests(
+    """Pending requests `which` selects join a dispatch: one attempt each. Those that carry
+    repair turns are noted (schema.repair_sends): their attempts' cost is reported apart."""
+    n = move_requests(
         conn, RequestState.DISPATCHED, which, only=[RequestState.PENDING],
         values={"dispatch_id": dispatch_id, "attempts": requests.c.attempts + 1, "route": route, "updated_at": now},
     )  # fmt: skip
+    if n:
+        repairs = select(requests.c.id, literal(dispatch_id), requests.c.job_id).where(
+            which, requests.c.dispatch_id == dispatch_id, requests.c.state == DISPATCHED, requests.c.repair.is_not(None)
+        )
+        into = (postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert)(repair_sends)
+        conn.execute(into.from_select(["request_id", "dispatch_id", "job_id"], repairs).on_conflict_do_nothing())
+    return n
 
 
 # --- what the user does ----------------------------------------------------------------------

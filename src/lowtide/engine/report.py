@@ -12,6 +12,8 @@ Definitions (docs/costs.md "lowtide report"):
   the attempts with a known cost only, so that they compare like with like.
 - stale: results that arrived after their request had moved on (to a retry or the fallback
   route). They are paid for, so they are in the cost, and counted apart.
+- repair: attempts sent with an invalid answer's repair turns (store `repair_sends`; the
+  spec's `repair: false` turns them off). In the cost, and counted apart with their cost.
 """
 
 from __future__ import annotations
@@ -21,14 +23,14 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import and_, func, select
 
 from lowtide.core.pricing import billing_of
 from lowtide.core.spec import JobSpec
 from lowtide.store.db import Store
 from lowtide.store.money import from_pico
 from lowtide.store.queries import get_job
-from lowtide.store.schema import attempts, jobs
+from lowtide.store.schema import attempts, jobs, repair_sends
 
 GROUPINGS = ("route", "model", "tag", "job")
 NO_TAG = "(no tag)"
@@ -43,6 +45,8 @@ class Figures:
     billed_failures: int = 0
     stale: int = 0
     stale_picousd: int = 0
+    repairs: int = 0  # repair attempts, and their known cost
+    repair_picousd: int = 0
     input_tokens: int = 0
     cached_input_tokens: int = 0
     cache_write_tokens: int = 0
@@ -65,6 +69,10 @@ class Figures:
     @property
     def stale_usd(self) -> Decimal:
         return from_pico(self.stale_picousd)
+
+    @property
+    def repair_usd(self) -> Decimal:
+        return from_pico(self.repair_picousd)
 
     @property
     def saving_usd(self) -> Decimal:
@@ -92,6 +100,9 @@ class Figures:
         if row.applied is False:
             self.stale += n
             self.stale_picousd += int(row.cost or 0)
+        if row.repair:
+            self.repairs += n
+            self.repair_picousd += int(row.cost or 0)
         self.input_tokens += prompt_tokens
         self.cached_input_tokens += int(row.cached)
         self.cache_write_tokens += int(row.writes)
@@ -115,6 +126,7 @@ class Figures:
             "group": self.group, "tiers": sorted(self.tiers),
             "attempts": self.attempts, "failures": self.failures, "billed_failures": self.billed_failures,
             "stale_attempts": self.stale, "stale_usd": money(self.stale_usd),
+            "repair_attempts": self.repairs, "repair_usd": money(self.repair_usd),
             "input_tokens": self.input_tokens, "cached_input_tokens": self.cached_input_tokens,
             "cache_write_tokens": self.cache_write_tokens, "output_tokens": self.output_tokens,
             "reasoning_tokens": self.reasoning_tokens,
@@ -145,7 +157,8 @@ def cost_report(store: Store, *, job: str | None = None, since: float | None = N
     if by is not None and by not in GROUPINGS:
         raise ValueError(f"--by {by}: use one of {', '.join(GROUPINGS)}")
     a = attempts.c
-    keys = (a.job_id, a.route, a.model, a.tier, a.ok, a.applied, a.billed, a.cost_picousd.is_(None))
+    repair = repair_sends.c.request_id.is_not(None).label("repair")
+    keys = (a.job_id, a.route, a.model, a.tier, a.ok, a.applied, a.billed, repair, a.cost_picousd.is_(None))
     stmt = select(
         *keys[:-1],
         func.count().label("n"),
@@ -156,6 +169,8 @@ def cost_report(store: Store, *, job: str | None = None, since: float | None = N
         func.coalesce(func.sum(a.reasoning_tokens), 0).label("reasoning"),
         func.sum(a.cost_picousd).label("cost"),  # NULL for the group of unknown costs
         func.sum(a.realtime_picousd).label("realtime"),
+    ).select_from(
+        attempts.outerjoin(repair_sends, and_(repair_sends.c.request_id == a.request_id, repair_sends.c.dispatch_id == a.dispatch_id))
     ).group_by(*keys)
     with store.begin() as conn:
         if job is not None:

@@ -223,3 +223,10 @@ def m018_dispatch_lost_since(conn: Connection) -> None:
 def m019_serve_billing(conn: Connection) -> None:
     """`lowtide serve` keeps what it would have charged, per result line (server/billing.py)."""
     schema.metadata.create_all(conn, tables=[schema.serve_billing])
+
+
+@migration
+def m020_repair_sends(conn: Connection) -> None:
+    """Which sends carried repair turns (schema.py `repair_sends`): a repair attempt's cost
+    is reported apart. Repairs made before this are counted with the other attempts."""
+    schema.metadata.create_all(conn, tables=[schema.repair_sends])

@@ -224,6 +224,18 @@ attempts = Table(
     Index("ix_attempts_job", "job_id"),
 )
 
+# Sends that carried an invalid answer's repair turns (engine/fate.py `send`): the attempt
+# of that request in that dispatch is a repair attempt, whose cost `lowtide report` and the
+# dashboard show apart (m020). An attempt is one (request, dispatch), so this names it.
+repair_sends = Table(
+    "repair_sends",
+    metadata,
+    Column("request_id", Integer, primary_key=True),
+    Column("dispatch_id", Integer, primary_key=True),
+    Column("job_id", Integer, nullable=False),
+    Index("ix_repair_sends_job", "job_id"),
+)
+
 # Each provider phase a batch dispatch was seen in, when first seen (the dashboard's batch
 # timeline); written by the poller when the phase differs from the dispatch's last one.
 dispatch_phases = Table(

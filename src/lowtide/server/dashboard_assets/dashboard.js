@@ -233,6 +233,7 @@ function renderDetail(job) {
     ["attempts (tries)", field("attempts", c.attempts, count(c.attempts))],
     ["failed attempts", field("failures", c.failures, `${count(c.failures)} (${count(c.billed_failures)} billed)`)],
     ["stale results", field("stale_attempts", c.stale_attempts, `${count(c.stale_attempts)} (${usd(c.stale_usd)})`)],
+    ["repair attempts", field("repair_attempts", c.repair_attempts, `${count(c.repair_attempts)} (${usd(c.repair_usd)})`)],
   ];
   if (job.budget_usd !== null) figures.push(["budget", field("budget_usd", job.budget_usd, `${usd(job.budget_usd)} (${usd(job.reserved_usd)} reserved)`)]);
   rows(document.getElementById("detail-figures"), null, figures.map(([k, v]) => el("tr", {}, cell(k, "muted"), cell(v, "num"))));
