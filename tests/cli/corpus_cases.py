@@ -112,4 +112,7 @@ CASES = [
     Case("serve-tiny-request-size", ["serve", "--max-request-size", "1"], 2),
     Case("serve-option-without-equals", ["serve", "--option", "slots"], 2),
     Case("worker-ray-route-without-ray", ["worker", "--ray-route", "local"], 2),
+    # What lowtide checks, it asks for: an answer is a choice or JSON, not both.
+    Case("spec-choices-and-schema", ["run", "job.yaml"], 2,
+         files={"t.csv": CSV, "job.yaml": job(extra="response_schema: {type: object}\n")}),
 ]  # fmt: skip

@@ -45,6 +45,9 @@ LANDS = {
     # Anthropic's own behaviour, so nothing to send: n 1 (one answer), parallel_tool_calls true
     # (false lands in tool_choice: tests/routes/test_translate.py).
     "n": None, "parallel_tool_calls": None,
+    # The SDK's first format is text: Anthropic's own behaviour (json_schema lands in
+    # output_config: tests/routes/test_native_structure.py).
+    "response_format": None,
 }  # fmt: skip
 
 

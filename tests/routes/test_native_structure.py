@@ -12,8 +12,7 @@ from pydantic import TypeAdapter
 from lowtide.core.clock import SystemClock
 from lowtide.core.endpoints import CHAT, GEMINI, MESSAGES, RESPONSES
 from lowtide.core.errors import SpecError
-from lowtide.core.native_schema import choice_schema, strict_problem, unwrap_choice
-from lowtide.core.outputs import parse_output
+from lowtide.core.outputs import InvalidOutput, parse_output
 from lowtide.core.types import Request
 from lowtide.engine.loader import check_job, load_job, request_base
 from lowtide.routes._translate import chat_to_messages
@@ -27,6 +26,18 @@ SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"
           "required": ["name", "age"], "additionalProperties": False}  # fmt: skip
 LABELS = ["billing", "technical", "account", "shipping", "feedback"]
 GEMINI_MODEL = "gemini-2.5-flash"
+
+
+def choice_schema(choices):
+    from lowtide.core.native_schema import choice_schema
+
+    return choice_schema(choices)
+
+
+def strict_problem(schema):
+    from lowtide.core.native_schema import strict_problem
+
+    return strict_problem(schema)
 
 
 def _spec(tmp_path, **more):
@@ -134,7 +145,8 @@ def test_a_schema_with_no_object_root_is_not_sent_natively(tmp_path):
 def test_the_choice_is_read_unwrapped():
     assert parse_output('{"choice": "billing"}', None, LABELS) == "billing"
     assert parse_output("billing", None, LABELS) == "billing"
-    assert unwrap_choice('{"choice": "x", "more": 1}') == '{"choice": "x", "more": 1}'
+    with pytest.raises(InvalidOutput):  # only the wrapper alone is read as the choice
+        parse_output('{"choice": "x", "more": 1}', None, ["x", "y"])
 
 
 def test_choices_and_a_schema_together_are_refused_naming_both(tmp_path):

@@ -339,7 +339,6 @@ def check_ask(spec: JobSpec, where: str) -> None:
 def check_job(spec: JobSpec, where: str = "job spec") -> tuple[MessageTemplate, Source]:
     """Everything about a job that can be checked without reading its rows."""
     template = MessageTemplate.from_spec(spec, where)
-    check_ask(spec, where)
     try:
         for route, options, model in spec.sending_routes:  # the route; its fallback, or its chain's tiers
             create_route(route, options).check_model(model or spec.model)
@@ -348,6 +347,7 @@ def check_job(spec: JobSpec, where: str = "job spec") -> tuple[MessageTemplate, 
     except RouteError as err:  # a wrong model or option is a problem with the spec
         raise SpecError(f"{where}: {err}") from None
     check_prices(spec, where)
+    check_ask(spec, where)
     source = Source(spec.resolve(spec.source.path), spec.source.format)
     if source.columns is not None:
         if spec.source.id_column not in source.columns:
