@@ -85,6 +85,17 @@ def test_on_v1_a_call_is_geminis_by_its_header_or_by_a_path_only_gemini_has(serv
     assert httpx.get(f"{server.url}/v1/files").json()["object"] == "list"  # OpenAI's
 
 
+def test_with_keys_set_a_gemini_call_on_v1_needs_its_key_as_on_v1beta(serve):
+    with serve(api_keys=("right",)) as s:
+        for version in (None, "v1beta"):
+            wrong = genai.Client(api_key="wrong", http_options=types.HttpOptions(base_url=s.url, api_version=version))
+            with pytest.raises(errors.ClientError) as err:
+                wrong.batches.list()
+            assert err.value.code == 400 and err.value.status == "INVALID_ARGUMENT"  # Gemini's words, not OpenAI's
+            c = genai.Client(api_key="right", http_options=types.HttpOptions(base_url=s.url, api_version=version))
+            assert list(c.batches.list()) == []
+
+
 def test_an_upload_chunk_at_the_wrong_offset_is_refused(server):
     start = httpx.post(f"{server.url}/upload/v1beta/files", json={"file": {"displayName": "x"}},
                        headers={"X-Goog-Upload-Protocol": "resumable", "X-Goog-Upload-Command": "start",
