@@ -57,7 +57,7 @@ $(LLAMA_STAMP): | $(BIN)/python
 	touch $@
 
 install: $(LLAMA_STAMP)
-	$(BIN)/pip install --quiet -e ".[local,embed,pandas]"
+	$(BIN)/pip install --quiet -e ".[local,embed,pandas,postgres]"
 
 install-test: $(LLAMA_STAMP)
 	$(BIN)/pip install --quiet -e ".[local,embed,test]"

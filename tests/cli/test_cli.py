@@ -361,3 +361,25 @@ def test_the_command_list_says_each_command_whole_at_80_columns(monkeypatch, cap
     assert {line.split()[0] for line in listed} == set(SUMMARIES), "each command needs a summary in cli/helptext.py"
     for line in listed:
         assert "..." not in line and len(line) <= 80, line
+
+
+def test_read_only_commands_open_a_store_given_as_a_sqlite_url(tmp_path):
+    # `run` took `sqlite:////abs/path.db`; every read-only command said "no store at sqlite:/abs/…"
+    # because it checked the URL's text as a file path.
+    db = tmp_path / "stores" / "nightly.db"
+    db.parent.mkdir()
+    cli = Cli(tmp_path, f"sqlite:///{db}")
+    write_job(tmp_path)
+    code, out = cli("run", "job.yaml", "--out", "first.csv")
+    assert code == 0, out
+    assert db.exists()
+    for args in (("status", "tickets"), ("results", "tickets", "--out", "again.csv"), ("report",), ("cancel", "tickets")):
+        code, out = cli(*args)
+        assert "no store at" not in out, (args, out)
+        assert code in (0, 1), (args, out)  # cancel of a finished job may say there is nothing left to cancel
+    assert (tmp_path / "again.csv").exists()
+
+
+def test_a_sqlite_url_to_a_missing_file_names_the_file(tmp_path):
+    code, out = Cli(tmp_path, f"sqlite:///{tmp_path}/absent.db")("results", "tickets", "--out", "x.csv")
+    assert code != 0 and f"no store at {tmp_path}/absent.db:" in out, out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -174,3 +175,10 @@ def test_m017_gives_the_requests_of_an_older_store_a_plain_answer(store, tmp_pat
     stored_job(store, tmp_path, n=1)
     with opened_before(store, "m017_plain_answers", "ALTER TABLE requests DROP COLUMN plain_answer") as reopened, reopened.begin() as conn:
         assert conn.execute(sa.select(requests.c.custom_id, requests.c.plain_answer)).all() == [("r0", None)]
+
+
+def test_a_postgresql_store_without_its_driver_names_the_extra(monkeypatch):
+    # `make install` had no psycopg: `--db postgresql://…` ended in "unexpected error: ModuleNotFoundError".
+    monkeypatch.setitem(sys.modules, "psycopg", None)  # as if the extra were not installed
+    with pytest.raises(StoreError, match=r"driver \(psycopg\) is not installed.*pip install 'lowtide\[postgres\]'"):
+        Store("postgresql://nobody@127.0.0.1:1/none")

@@ -43,8 +43,8 @@ class Store:
         self.location = location or default_location()
         url = to_url(self.location)
         self.is_sqlite = url.startswith("sqlite")
-        if self.is_sqlite:
-            _check_sqlite_file(Path(self.location).expanduser(), create)
+        if self.is_sqlite and (path := _sqlite_path(self.location, url)) is not None:
+            _check_sqlite_file(path, create)
         self.engine: Engine = self._create_engine(url)
         try:
             with self.begin() as conn:
@@ -60,7 +60,13 @@ class Store:
 
     def _create_engine(self, url: str) -> Engine:
         if not self.is_sqlite:
-            return create_engine(url, pool_pre_ping=True)
+            try:
+                return create_engine(url, pool_pre_ping=True)
+            except ModuleNotFoundError as err:  # the driver is an extra: say which, not a traceback
+                raise StoreError(
+                    f"cannot open the store at {self.describe()}: its driver ({err.name}) is not installed; "
+                    "install it with `pip install 'lowtide[postgres]'` (`make install` includes it)"
+                ) from None
         engine = create_engine(url, connect_args={"timeout": 60})
 
         @event.listens_for(engine, "connect")
@@ -85,7 +91,8 @@ class Store:
     def describe(self) -> str:
         """Where the store is, without any password in it."""
         if self.is_sqlite:
-            return str(Path(self.location).expanduser())
+            path = _sqlite_path(self.location, to_url(self.location))
+            return str(path) if path is not None else self.location
         return make_url(to_url(self.location)).render_as_string(hide_password=True)
 
     @contextmanager
@@ -115,6 +122,15 @@ class Store:
 
 def _first_line(err: BaseException | None) -> str:
     return (str(err).strip().splitlines() or [type(err).__name__])[0]
+
+
+def _sqlite_path(location: str, url: str) -> Path | None:
+    """The file a SQLite store lives in: the path as given, or the one a `sqlite:///` URL
+    names (None for an in-memory database)."""
+    if "://" not in location:
+        return Path(location).expanduser()
+    database = make_url(url).database
+    return Path(database).expanduser() if database and database != ":memory:" else None
 
 
 def _check_sqlite_file(path: Path, create: bool) -> None:
