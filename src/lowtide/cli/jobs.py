@@ -34,6 +34,7 @@ from lowtide.cli.tables import Col, fitted_table
 from lowtide.core.clock import SystemClock
 from lowtide.core.errors import InputError, LowtideError, MissingStoreError
 from lowtide.core.evals import is_eval_file
+from lowtide.core.output_target import spec_output
 from lowtide.core.spec import JobSpec, load_spec
 from lowtide.core.states import JobState
 from lowtide.engine.control import JobStatus, cancel_job, job_spec, job_status, retry_job
@@ -107,6 +108,8 @@ def run(
         fmt = spec.output.format if spec.output and out_path is None else None
         if target is not None:  # before anything is paid for: a bad path fails now, not after the run
             check_output(target, "--out" if out_path else "output.path", embedding=spec.request_endpoint == "/v1/embeddings", fmt=fmt)
+            if out_path is None:
+                spec_output(spec)  # a spec writes only inside its own folder; --out is the user's own choice
         with open_store() as store:
             spec = _load(store, spec_path, requeue_changed)
             status = _drive(store, spec.name)
