@@ -80,7 +80,7 @@ def _wait_up(port: int, proc: subprocess.Popen) -> None:
         assert proc.poll() is None, "lowtide serve exited"
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
-                s.sendall(b"GET /v1/messages/batches HTTP/1.1\r\nhost: x\r\nx-api-key: k\r\nconnection: close\r\n\r\n")
+                s.sendall(b"GET /v1/messages/batches HTTP/1.1\r\nhost: 127.0.0.1\r\nx-api-key: k\r\nconnection: close\r\n\r\n")
                 if s.recv(12).startswith(b"HTTP/1.1 200"):
                     return
         except OSError:
@@ -92,7 +92,7 @@ def _wait_up(port: int, proc: subprocess.Popen) -> None:
 def _send(port: int, chunks: Iterator[bytes]) -> str:
     """Send the body chunked; stop once the server has answered. The status line."""
     with socket.create_connection(("127.0.0.1", port)) as s:
-        s.sendall(b"POST /v1/messages/batches HTTP/1.1\r\nhost: x\r\nx-api-key: k\r\n"
+        s.sendall(b"POST /v1/messages/batches HTTP/1.1\r\nhost: 127.0.0.1\r\nx-api-key: k\r\n"
                   b"content-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n")  # fmt: skip
         s.setblocking(False)
         answer = b""
