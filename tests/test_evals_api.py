@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pandas as pd
 
 import lowtide
@@ -27,3 +29,24 @@ def test_an_eval_from_a_dataframe_runs_and_compares(tmp_path):
     assert list(table["scored"]) == [20, 20] and list(table["accuracy"]) == [1.0, 0.2]
     assert {"ci_low", "ci_high", "cost_usd", "realtime_usd", "cost_per_correct", "turnaround_p95_s", "failed"} <= set(table.columns)
     assert ev.report().pairs[0].p_value < 0.001
+
+
+def _small_eval(tmp_path, name: str) -> Eval:
+    return lowtide.Job.from_dataframe(
+        pd.DataFrame(ticket_rows(6)), name=name, id_column="ticket_id", user="Ticket: {{ body }}",
+        choices=["billing", "technical", "account", "shipping", "feedback"], params={"max_tokens": 8},
+        variants={"models": [{"name": "a", "model": "echo-model", "route": "echo"}, {"name": "b", "model": "echo-2", "route": "echo"}]},
+        scoring={"method": "choice", "expected": "gold"}, store=str(tmp_path / "s.db"), source_dir=tmp_path / "src",
+    )  # fmt: skip
+
+
+def test_eval_run_works_inside_a_running_event_loop_and_run_async_on_it(tmp_path):
+    # A Jupyter cell runs in an event loop: Eval.run() died there (asyncio.run in a running loop).
+    async def cell() -> tuple[list, list]:
+        blocking = _small_eval(tmp_path, "in-loop").run()
+        awaited = await _small_eval(tmp_path, "awaited").run_async()
+        return blocking, awaited
+
+    blocking, awaited = asyncio.run(cell())
+    assert [s.counts for s in blocking] == [{"succeeded": 6}] * 2
+    assert [s.counts for s in awaited] == [{"succeeded": 6}] * 2

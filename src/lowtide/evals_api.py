@@ -4,7 +4,7 @@
         variants={"models": [{"name": "mini", "model": "gpt-4o-mini", "route": "openai-batch"}],
                   "prompts": [{"name": "v1", "user": "Q: {{ question }}"}]},
         scoring={"method": "exact", "expected": "answer"})
-    ev.run()
+    ev.run()            # or `await ev.run_async()` in a notebook
     ev.compare()        # one row per variant, as a DataFrame
     ev.report()         # the whole report (pairs, confusion, disagreements)
 """
@@ -12,12 +12,13 @@
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lowtide.core.clock import SystemClock
 from lowtide.core.evals import EvalSpec, build_eval, load_eval
-from lowtide.engine.compare import EvalReport, compare
+from lowtide.engine.compare import EvalReport, compare, variant_rows
 from lowtide.engine.control import JobStatus
 from lowtide.engine.evals import load_eval as load_members
 from lowtide.engine.evals import run_eval
@@ -57,14 +58,26 @@ class Eval:
 
     def run(self, requeue_changed: bool = False) -> list[JobStatus]:
         """Submit every variant and drive them (then the judge) to the end, blocking.
-        `requeue_changed`: changed rows are answered again, and their verdicts given again."""
+        `requeue_changed`: changed rows are answered again, and their verdicts given again.
+        Inside a running event loop (a Jupyter cell) the eval is driven on a thread of its own;
+        `await ev.run_async()` keeps the loop free instead."""
         self.submit(requeue_changed)
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(self._drive(requeue_changed))
+        with ThreadPoolExecutor(1, thread_name_prefix=f"lowtide-{self.name}") as pool:
+            return pool.submit(asyncio.run, self._drive(requeue_changed)).result()
 
-        async def go() -> list[JobStatus]:
-            async with Engine(self.store) as engine:
-                return await run_eval(engine, self.spec, SystemClock(), requeue_changed=requeue_changed)
+    async def run_async(self, requeue_changed: bool = False) -> list[JobStatus]:
+        """Submit every variant and drive them to the end on the running event loop:
+        `await ev.run_async()`. Storing the rows runs on a worker thread."""
+        await asyncio.to_thread(self.submit, requeue_changed)
+        return await self._drive(requeue_changed)
 
-        return asyncio.run(go())
+    async def _drive(self, requeue_changed: bool) -> list[JobStatus]:
+        async with Engine(self.store) as engine:
+            return await run_eval(engine, self.spec, SystemClock(), requeue_changed=requeue_changed)
 
     def report(self, disagreements: int = 20) -> EvalReport:
         return compare(self.store, self.spec, disagreements)
@@ -73,7 +86,5 @@ class Eval:
         """One row per variant: scored, accuracy, ci_low/ci_high, failures, cost, … (the
         columns of `lowtide compare --out`)."""
         import pandas as pd
-
-        from lowtide.cli.evals import variant_rows
 
         return pd.DataFrame.from_records(variant_rows(self.report()))

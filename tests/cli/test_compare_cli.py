@@ -14,7 +14,7 @@ from lowtide.cli import app
 from tests.conftest import ticket_rows, write_csv
 
 
-def test_run_an_eval_spec_then_compare(tmp_path, monkeypatch):
+def _run_eval(tmp_path, monkeypatch) -> tuple[CliRunner, str]:
     monkeypatch.setenv("LOWTIDE_DB", str(tmp_path / "s.db"))
     monkeypatch.setenv("COLUMNS", "200")
     write_csv(tmp_path / "t.csv", ticket_rows(10))
@@ -29,7 +29,12 @@ def test_run_an_eval_spec_then_compare(tmp_path, monkeypatch):
     runner = CliRunner()
     ran = runner.invoke(app, ["run", str(tmp_path / "ev.yaml")])
     assert ran.exit_code == 0, ran.output
-    assert "e-right" in ran.output and "100.0%" in ran.output and "McNemar" in ran.output
+    return runner, ran.output
+
+
+def test_run_an_eval_spec_then_compare(tmp_path, monkeypatch):
+    runner, output = _run_eval(tmp_path, monkeypatch)
+    assert "e-right" in output and "100.0%" in output and "McNemar" in output
     shown = runner.invoke(app, ["compare", "cli-ev", "--json"])
     assert shown.exit_code == 0, shown.output
     report = json.loads(shown.stdout)
@@ -48,3 +53,28 @@ def test_run_an_eval_spec_then_compare(tmp_path, monkeypatch):
     assert "100.0%" in narrow.output and "0.00781" in narrow.output and "20.0%" in narrow.output and "not shown at 80 columns" in narrow.output
     missing = runner.invoke(app, ["compare", "nope"])
     assert missing.exit_code != 0 and 'no eval named "nope"' in missing.output and "cli-ev" in missing.output
+    assert "failed" in narrow.output.splitlines()[1] + narrow.output.splitlines()[2], narrow.output  # never left out
+
+
+def test_results_of_an_eval_is_one_long_table_with_variant_and_verdict(tmp_path, monkeypatch):
+    # `lowtide results EVAL` was refused ("no job named"): an eval's answers had no one table.
+    runner, _ = _run_eval(tmp_path, monkeypatch)
+    for name, read in (("long.parquet", pq.read_table), ("long.csv", pcsv.read_csv)):
+        wrote = runner.invoke(app, ["results", "cli-ev", "--out", str(tmp_path / name)])
+        assert wrote.exit_code == 0, wrote.output
+        rows = read(tmp_path / name).to_pylist()
+        assert len(rows) == 20 and {r["variant"] for r in rows} == {"e-right", "e-wrong"}
+        verdicts = {(r["variant"], r["ticket_id"]): r["correct"] for r in rows}
+        assert sum(v is True for (variant, _), v in verdicts.items() if variant == "e-right") == 10
+        assert sorted(v for (variant, _), v in verdicts.items() if variant == "e-wrong").count(True) == 2
+        assert all(r["state"] == "succeeded" and r["output"] for r in rows)
+    refused = runner.invoke(app, ["results", "cli-ev", "--out", str(tmp_path / "x.csv"), "--compare", "gold"])
+    assert refused.exit_code != 0 and "lowtide compare" in refused.output
+
+
+def test_a_pair_with_no_row_scored_by_both_has_no_p_value_and_small_costs_show_their_digits():
+    from lowtide.cli.evals import _usd
+    from lowtide.engine.compare import _pair
+
+    assert _pair("a", "b", {"1": True}, {"2": False}).p_value is None  # was 1: a test of nothing
+    assert _usd(0.0000123) == "$0.000012" and _usd(3e-9) == "$3e-09" and _usd(0.5) == "$0.5000" and _usd(0) == "$0.0000"

@@ -26,7 +26,7 @@ from lowtide.cli.tables import Col, fitted_table
 from lowtide.core.clock import SystemClock
 from lowtide.core.errors import LowtideError
 from lowtide.core.evals import load_eval
-from lowtide.engine.compare import EvalReport, compare
+from lowtide.engine.compare import EvalReport, compare, variant_rows
 from lowtide.engine.evals import load_eval as load_eval_jobs
 from lowtide.engine.evals import run_eval, stored_eval
 from lowtide.engine.tick import Engine
@@ -104,19 +104,6 @@ def compare_command(
         print_report(report)
 
 
-def variant_rows(report: EvalReport) -> list[dict]:
-    """The per-variant table as flat rows (CSV, Parquet, DataFrame)."""
-    rows = []
-    for v in report.variants:
-        d = {k: getattr(v, k) for k in v.__slots__ if k not in ("not_scored", "failures", "field_accuracy")}
-        d["not_scored"] = sum(v.not_scored.values())
-        d["failed"] = sum(v.failures.values())
-        d["failures"] = json.dumps(v.failures, sort_keys=True)
-        d |= {f"accuracy_{p}": a for p, a in v.field_accuracy.items()}
-        rows.append(d)
-    return rows
-
-
 def write_table(report: EvalReport, path: Path) -> None:
     import pyarrow as pa
 
@@ -140,7 +127,11 @@ def _pct(x: float | None) -> str:
 
 
 def _usd(x: float | None) -> str:
-    return "-" if x is None else f"${x:,.4f}" if x < 100 else f"${x:,.2f}"
+    if x is None:
+        return "-"
+    if 0 < x < 0.0001:  # a cost per correct answer is often a fraction of a cent: never "$0.0000"
+        return f"${x:.2g}" if x < 1e-6 else f"${x:.6f}".rstrip("0")
+    return f"${x:,.4f}" if x < 100 else f"${x:,.2f}"
 
 
 def _secs(x: float | None) -> str:
@@ -151,7 +142,7 @@ def _secs(x: float | None) -> str:
 # under the table, all in --json); accuracy, its interval and cost are always shown.
 VARIANT_COLS = [
     Col("variant"), Col("model", drop=5), Col("route", drop=6), Col("scored", figure=True), Col("accuracy", figure=True),
-    Col("95% CI", figure=True), Col("not scored", figure=True, drop=3), Col("failed", figure=True, drop=2),
+    Col("95% CI", figure=True), Col("not scored", figure=True, drop=2), Col("failed", figure=True),
     Col("cost", figure=True), Col("real-time", figure=True, drop=4), Col("$/correct", figure=True, drop=1),
     Col("tokens in/out", figure=True, drop=7), Col("p50", figure=True, drop=8), Col("p95", figure=True, drop=9),
 ]  # fmt: skip
@@ -182,7 +173,7 @@ def print_report(report: EvalReport) -> None:
         for pr in report.pairs:
             diff = "-" if pr.difference is None else f"{100 * pr.difference:+.1f} pt"
             ci = "-" if pr.ci_low is None else f"{100 * pr.ci_low:+.1f}…{100 * pr.ci_high:+.1f}"  # one word: never split
-            pairs.append([escape(pr.a), escape(pr.b), f"{pr.n:,}", f"{pr.a_only:,}", f"{pr.b_only:,}", diff, ci, f"{pr.p_value:.3g}"])
+            pairs.append([escape(pr.a), escape(pr.b), f"{pr.n:,}", f"{pr.a_only:,}", f"{pr.b_only:,}", diff, ci, "-" if pr.p_value is None else f"{pr.p_value:.3g}"])
         out.print(fitted_table(out, PAIR_COLS, pairs, title="pairwise (rows both scored; McNemar exact test)"))
     for variant, matrix in report.confusion.items():
         labels = sorted({*matrix, *(g for row in matrix.values() for g in row)})

@@ -32,12 +32,14 @@ from lowtide.cli.display import (
 from lowtide.cli.progress import JobProgress
 from lowtide.cli.tables import Col, fitted_table
 from lowtide.core.clock import SystemClock
-from lowtide.core.errors import InputError, LowtideError, MissingStoreError
+from lowtide.core.errors import InputError, JobNotFoundError, LowtideError, MissingStoreError
 from lowtide.core.evals import is_eval_file
 from lowtide.core.output_target import spec_output
 from lowtide.core.spec import JobSpec, load_spec
 from lowtide.core.states import JobState
 from lowtide.engine.control import JobStatus, cancel_job, job_spec, job_status, retry_job
+from lowtide.engine.eval_export import export_eval_results
+from lowtide.engine.evals import eval_named
 from lowtide.engine.export import export_results
 from lowtide.engine.loader import load_job
 from lowtide.engine.preflight import check_output
@@ -227,9 +229,12 @@ def results(
     ] = False,
     as_json: AsJson = False,
 ) -> None:
-    """Write a job's results joined to its source rows by custom_id.
+    """Write a job's results joined to its source rows by custom_id; for an eval, every
+    variant's, in one table with `variant` and `correct` columns.
 
     Example: lowtide results classify-tickets --out results.parquet --compare gold
+
+    Example: lowtide results eval-tickets --out answers.parquet
 
     Example: lowtide results doc-vectors --out vectors.npy --pg-url postgresql://127.0.0.1/app --pg-table doc_vectors
     """
@@ -246,7 +251,17 @@ def results(
                 console.print(f"upserted into {done['table']} ({done['column']}): {done['changed']} row(s) new or changed")
                 if out_path is None:
                     return
-            spec = job_spec(store, job)
+            try:
+                spec = job_spec(store, job)
+            except JobNotFoundError:
+                ev = eval_named(store, job)
+                if ev is None:
+                    raise
+                if compare:
+                    raise InputError("--compare is for a job; an eval's table has a `correct` column, and `lowtide compare` reports it") from None
+                report = export_eval_results(store, ev, out_path, full=full)
+                console.print(f"wrote {report.rows:,} rows of {len(ev.members)} variants to {report.path} (columns `variant` and `correct`)")
+                return
             if out_path.suffix.lower() == ".npy" and spec.request_endpoint != "/v1/embeddings":
                 check_output(out_path, "--out")  # .npy holds vectors: this job's answers are refused by name
             report = export_results(store, job, out_path, full=full)

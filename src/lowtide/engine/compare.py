@@ -81,7 +81,7 @@ class PairResult:
     difference: float | None  # accuracy(A) - accuracy(B) over those rows
     ci_low: float | None
     ci_high: float | None
-    p_value: float  # McNemar, exact
+    p_value: float | None  # McNemar, exact; None when no row was scored by both
 
 
 @dataclass(slots=True)
@@ -94,15 +94,33 @@ class EvalReport:
     disagreements: list[dict[str, Any]]
     disagreeing_rows: int
     judge: dict[str, Any] | None = None
+    # variant -> custom_id -> correct, for every scored row (`lowtide results EVAL`); not in to_dict
+    verdicts: dict[str, dict[str, bool]] = field(default_factory=dict, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        whole = asdict(self)
+        del whole["verdicts"]
+        return whole
+
+
+def variant_rows(report: EvalReport) -> list[dict]:
+    """The per-variant table as flat rows (`compare --out`, `Eval.compare()`)."""
+    rows = []
+    for v in report.variants:
+        d = {k: getattr(v, k) for k in v.__slots__ if k not in ("not_scored", "failures", "field_accuracy")}
+        d["not_scored"] = sum(v.not_scored.values())
+        d["failed"] = sum(v.failures.values())
+        d["failures"] = json.dumps(v.failures, sort_keys=True)
+        d |= {f"accuracy_{p}": a for p, a in v.field_accuracy.items()}
+        rows.append(d)
+    return rows
 
 
 @dataclass(slots=True)
 class _Scored:
     verdicts: dict[str, bool]  # key -> correct, for scored rows
     answers: dict[str, str]  # key -> the answer as compared (normalised), succeeded rows
+    by_custom_id: dict[str, bool] = field(default_factory=dict)  # the verdicts again, by custom_id
 
 
 def compare(store: Store, ev: EvalSpec, disagreements: int = 20) -> EvalReport:
@@ -144,7 +162,8 @@ def compare(store: Store, ev: EvalSpec, disagreements: int = 20) -> EvalReport:
         judge = _judge_cost(conn, ev) if ev.parts.judge is not None else None
     pairs = [_pair(a, b, scored[a].verdicts, scored[b].verdicts) for a, b in combinations([r.variant for r in results], 2) if a in scored and b in scored]
     rows, count = _disagreements(ev, scored, values, disagreements)
-    return EvalReport(ev.name, method, results, pairs, confusion, rows, count, judge)
+    verdicts = {variant: s.by_custom_id for variant, s in scored.items()}
+    return EvalReport(ev.name, method, results, pairs, confusion, rows, count, judge, verdicts)
 
 
 def _score(ev: EvalSpec, m: Member, r: VariantResult, rows, values: dict[str, dict], judged: _Verdicts | None, confusion) -> _Scored:
@@ -200,7 +219,7 @@ def _score(ev: EvalSpec, m: Member, r: VariantResult, rows, values: dict[str, di
         if verdict is None:
             not_scored["no expected value"] += 1
             continue
-        out.verdicts[key] = verdict
+        out.verdicts[key] = out.by_custom_id[cid] = verdict
     r.scored = len(out.verdicts)
     r.correct = sum(out.verdicts.values())
     r.not_scored, r.failures = dict(not_scored), dict(failures)
@@ -219,7 +238,8 @@ def _pair(a: str, b: str, va: dict[str, bool], vb: dict[str, bool]) -> PairResul
     b_only = sum(1 for k in both if vb[k] and not va[k])
     n = len(both)
     ci = paired_difference_ci(a_only, b_only, n)
-    return PairResult(a, b, n, a_only, b_only, (a_only - b_only) / n if n else None, *(ci or (None, None)), mcnemar_p(a_only, b_only))
+    p = mcnemar_p(a_only, b_only) if n else None  # no pair scored by both: nothing was tested
+    return PairResult(a, b, n, a_only, b_only, (a_only - b_only) / n if n else None, *(ci or (None, None)), p)
 
 
 def _costs(conn, job_ids: list[int]) -> dict[int, tuple[int, int, int, int, int]]:

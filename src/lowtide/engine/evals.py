@@ -67,6 +67,14 @@ def save_eval(store: Store, ev: EvalSpec, now: float) -> None:
             conn.execute(evals.update().where(evals.c.id == found).values(spec=data, updated_at=now))
 
 
+def eval_named(store: Store, name: str) -> EvalSpec | None:
+    """The stored eval of that name, or None where there is none."""
+    try:
+        return stored_eval(store, name)
+    except JobNotFoundError:
+        return None
+
+
 def stored_eval(store: Store, name: str) -> EvalSpec:
     with store.begin() as conn:
         data = conn.execute(select(evals.c.spec).where(evals.c.name == name)).scalar()

@@ -54,7 +54,7 @@ _RESULT_COLUMNS = (
     *ANSWER_COLUMNS,
 )  # fmt: skip
 _INT_COLUMNS = {"input_tokens", "output_tokens", "attempts"}
-_BOOL_COLUMNS = {"source_changed"}
+_BOOL_COLUMNS = {"source_changed", "correct"}  # `correct`: an eval's long table (eval_export.py)
 PAGE_BYTES = 8 << 20  # stored answers read at once, at most (one bigger answer is read alone)
 INLINE_BYTES = 4096  # answers this small come with the chunk's lookup (5,000 of them: 20 MB at most)
 
@@ -228,8 +228,11 @@ def export_results(store: Store, job_name: str, out: str | Path, fmt: str | None
 
         report = export_vectors(store, job_name, out)
         return ExportReport(report.path, report.rows, report.states)
-    fmt = format_of(out, fmt)
-    rows = ResultRows(store, job_name, full=full)
+    return write_rows(ResultRows(store, job_name, full=full), out, format_of(out, fmt))
+
+
+def write_rows(rows: ResultRows, out: Path, fmt: str) -> ExportReport:
+    """Write `rows` (a job's, or an eval's long table: engine/eval_export.py) atomically."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     states: dict[str, int] = {}
