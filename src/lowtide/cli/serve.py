@@ -137,7 +137,8 @@ def serve(
     if keys:  # with none, the app itself warns that any key is accepted
         console.print(f"  {len(keys)} API key(s) accepted")
     else:
-        console.print(f"  no API key: served as localhost and IP addresses only{' and ' + ', '.join(hosts) if hosts else ''}")
+        names = "any name (--allow-host *)" if "*" in hosts else "only to " + ", ".join(["localhost", "IP addresses", *hosts])
+        console.print(f"  no API key: answers {names}")
     uvicorn.Server(listen.config(app, header_timeout=header_timeout, log_level="warning")).run(sockets=[sock])
 
 
