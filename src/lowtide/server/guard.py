@@ -22,6 +22,7 @@ Refusals are answered in the caller's provider shape (errors.py), naming what to
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ from typing import Any
 
 from lowtide.server.errors import ApiError, api_of
 
-LOCAL_NAMES = frozenset({"localhost"})
+LOCAL_NAMES = frozenset({"localhost", "127.0.0.1", "[::1]"})  # the usual ones, before parsing any
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 WATCHED = frozenset({b"host", b"origin", b"content-type", b"content-length", b"transfer-encoding"})
 # Serve's endpoints whose bodies are not JSON: OpenAI's multipart upload, Gemini's raw chunks
@@ -73,13 +74,7 @@ class Policy:
 
     def _host_served(self, host: str) -> bool:
         name = _name(host)
-        if name in LOCAL_NAMES or "*" in self.hosts or name in self.hosts:
-            return True
-        try:
-            ipaddress.ip_address(name.removeprefix("[").removesuffix("]"))
-        except ValueError:
-            return False
-        return True
+        return name in LOCAL_NAMES or "*" in self.hosts or name in self.hosts or _is_address(name)
 
     def _origin_allowed(self, origin: str, host: str | None) -> bool:
         origin = origin.strip().lower()
@@ -124,6 +119,15 @@ def _name(host: str) -> str:
     if host.startswith("["):
         return host[: host.find("]") + 1] if "]" in host else host
     return host.rsplit(":", 1)[0].rstrip(".") if host.count(":") == 1 else host.rstrip(".")
+
+
+@functools.lru_cache(maxsize=1024)  # a Host is one of a few; parsing one costs more than the rest
+def _is_address(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name.removeprefix("[").removesuffix("]"))
+    except ValueError:
+        return False
+    return True
 
 
 def _has_body(headers: dict[str, str]) -> bool:
