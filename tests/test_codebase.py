@@ -48,3 +48,15 @@ def test_only_the_fate_module_moves_requests():
                 names = [node.attr]
             offenders += [f"{rel}:{node.lineno} {n}" for n in names if n in REQUEST_MOVES]
     assert not offenders, "a request's state changes only through lowtide.engine.fate:\n" + "\n".join(offenders)
+
+
+def test_the_python_api_does_not_import_the_command_line():
+    """api.py and evals_api.py are the package's other face: what they share with the CLI
+    (progress, an eval's variant rows) lives below both, in engine/."""
+    import ast
+
+    for name in ("api.py", "evals_api.py"):
+        tree = ast.parse((ROOT / "src" / "lowtide" / name).read_text(encoding="utf-8"))
+        imported = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module]
+        imported += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+        assert not [m for m in imported if m.startswith("lowtide.cli")], name

@@ -168,10 +168,10 @@ class Job:
                 return await drive(engine, self.name)
         from rich.console import Console
 
-        from lowtide.cli.progress import JobProgress
+        from lowtide.engine.progress import JobProgress
 
-        # Rich renders in a notebook too (a live widget); in a plain pipe, plain lines.
-        with JobProgress(Console(stderr=True), f"run {self.name}") as shown:
+        # A live bar on a terminal; plain lines in a notebook or a pipe; a summary at the end.
+        with JobProgress(Console(stderr=True), f"run {self.name}", summary=True) as shown:
             async with Engine(self.store) as engine:
                 return await drive(engine, self.name, lambda status, _report: shown.update(status))
 

@@ -10,9 +10,9 @@ from decimal import Decimal
 from rich.console import Console
 
 from lowtide.cli.display import status_json, status_table
-from lowtide.cli.progress import Eta, JobProgress
 from lowtide.cli.tables import Col, fitted_table
 from lowtide.engine.control import JobStatus
+from lowtide.engine.progress import Eta, JobProgress
 from tests.cli.test_cli import LABELS, Cli, write_job
 
 BIG = JobStatus(
@@ -126,3 +126,15 @@ def test_every_table_command_at_80_columns_in_a_pipe_and_its_json(tmp_path):
     assert compare["rows"] == 1234 and compare["accuracy"]["rows"] == 1234
     assert compare["accuracy"]["chance"] == 1 / len(LABELS)
     assert json.loads(shapes["cancel"][1])["cancelled_now"] == 0
+
+
+def test_a_notebook_gets_plain_lines_not_a_live_widget_and_a_run_from_python_ends_with_a_summary():
+    # In Jupyter, Rich's live display wants ipywidgets: a warning and an empty box in every cell.
+    assert not JobProgress(Console(file=io.StringIO(), force_jupyter=True), "run eval").live
+    console = Console(file=io.StringIO(), width=80, color_system=None)
+    done = JobStatus(name="tickets", state="finished", route="echo", counts={"succeeded": 98, "failed": 2},
+                     failures={"invalid_answer": 2}, spent_usd=Decimal("0.0123"))  # fmt: skip
+    with JobProgress(console, "run tickets", every=0, summary=True) as progress:
+        progress.update(done)
+    last = console.file.getvalue().splitlines()[-1]
+    assert last == "run tickets: finished, 100 of 100 done (98 ok, 2 failed); spent $0.0123; most failures: invalid_answer (2)", last

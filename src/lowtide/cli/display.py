@@ -12,8 +12,7 @@ from rich.table import Table
 from lowtide.cli.tables import Col, fitted_table
 from lowtide.core.states import RequestState
 from lowtide.engine.control import JobStatus
-
-DONE = (RequestState.SUCCEEDED, RequestState.FAILED, RequestState.CANCELLED)
+from lowtide.engine.progress import DONE, done_count, progress_detail  # noqa: F401  (the commands' names for them)
 
 
 def job_progress(console: Console | None = None, disable: bool = False) -> Progress:
@@ -27,24 +26,6 @@ def job_progress(console: Console | None = None, disable: bool = False) -> Progr
         console=console,
         disable=disable,
     )
-
-
-def progress_detail(status: JobStatus) -> str:
-    """Item counts, and apart from them the provider phase of live batches."""
-    parts = [f"[green]{status.count(RequestState.SUCCEEDED)} ok[/]"]
-    if status.count(RequestState.FAILED):
-        parts.append(f"[red]{status.count(RequestState.FAILED)} failed[/]")
-    waiting = status.count(RequestState.PENDING)
-    if waiting:
-        parts.append(f"{waiting} waiting")
-    if status.phases:
-        phases = ", ".join(f"{n} {p}" for p, n in sorted(status.phases.items()))
-        parts.append(f"[cyan]batches: {phases}[/]")
-    return "  ".join(parts)
-
-
-def done_count(status: JobStatus) -> int:
-    return sum(status.count(s) for s in DONE)
 
 
 def money(usd: Decimal) -> str:

@@ -29,7 +29,6 @@ from lowtide.cli.display import (
     status_table,
     tiers_table,
 )
-from lowtide.cli.progress import JobProgress
 from lowtide.cli.tables import Col, fitted_table
 from lowtide.core.clock import SystemClock
 from lowtide.core.errors import InputError, JobNotFoundError, LowtideError, MissingStoreError
@@ -43,6 +42,7 @@ from lowtide.engine.evals import eval_named
 from lowtide.engine.export import export_results
 from lowtide.engine.loader import load_job
 from lowtide.engine.preflight import check_output
+from lowtide.engine.progress import JobProgress
 from lowtide.engine.runner import drive
 from lowtide.engine.tick import Engine
 from lowtide.store.db import Store

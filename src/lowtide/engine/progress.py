@@ -1,7 +1,10 @@
-"""The progress of a running job: item counts, and apart from them the provider phase of
-its batches (validating / in_progress / finalizing), batches done of total and an ETA from
-the measured rate. On a terminal it is a Rich progress display; in a pipe or a log file it
-degrades to a plain line now and then (and whenever the batches change phase)."""
+"""The progress of a running job, for both faces (the CLI and the Python API): item counts,
+and apart from them the provider phase of its batches (validating / in_progress /
+finalizing), batches done of total and an ETA from the measured rate. On a terminal it is a
+Rich progress display; in a pipe, a log file or a notebook it is a plain line now and then
+(and whenever the batches change phase): Rich's live display needs ipywidgets in a notebook,
+and without them prints a warning and an empty box in every cell. A run from Python ends
+with one summary line: what was done, what failed, and what it cost."""
 
 from __future__ import annotations
 
@@ -11,12 +14,52 @@ from collections.abc import Callable
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from lowtide.cli.display import done_count, progress_detail
 from lowtide.core.states import DispatchState, RequestState
 from lowtide.engine.control import JobStatus
 
 PLAIN_EVERY = 30.0  # seconds between plain lines when nothing changes phase
 ENDED_DISPATCHES = (DispatchState.ENDED, DispatchState.FAILED, DispatchState.CANCELLED, DispatchState.ABANDONED)
+DONE = (RequestState.SUCCEEDED, RequestState.FAILED, RequestState.CANCELLED)
+
+
+def done_count(status: JobStatus) -> int:
+    return sum(status.count(s) for s in DONE)
+
+
+def progress_detail(status: JobStatus) -> str:
+    """Item counts, and apart from them the provider phase of live batches (Rich markup)."""
+    parts = [f"[green]{status.count(RequestState.SUCCEEDED)} ok[/]"]
+    if status.count(RequestState.FAILED):
+        parts.append(f"[red]{status.count(RequestState.FAILED)} failed[/]")
+    waiting = status.count(RequestState.PENDING)
+    if waiting:
+        parts.append(f"{waiting} waiting")
+    if status.phases:
+        phases = ", ".join(f"{n} {p}" for p, n in sorted(status.phases.items()))
+        parts.append(f"[cyan]batches: {phases}[/]")
+    return "  ".join(parts)
+
+
+def counts_line(s: JobStatus) -> str:
+    """`1,000 of 1,200 done (990 ok, 10 failed)`, plain text."""
+    counts = f"{s.count(RequestState.SUCCEEDED):,} ok"
+    if s.count(RequestState.FAILED):
+        counts += f", {s.count(RequestState.FAILED):,} failed"
+    if s.count(RequestState.CANCELLED):
+        counts += f", {s.count(RequestState.CANCELLED):,} cancelled"
+    return f"{done_count(s):,} of {s.total:,} done ({counts})"
+
+
+def summary_line(label: str, s: JobStatus) -> str:
+    """The line a run ends with: its state, counts, spend and the commonest failure."""
+    spent = f"spent ${s.spent_usd:,.6f}".rstrip("0").rstrip(".") if s.spent_usd else "spent $0"
+    if s.unknown_costs:
+        spent += f" (+ {s.unknown_costs:,} attempt(s) of unknown cost)"
+    line = f"{label}: {s.state}, {counts_line(s)}; {spent}"
+    if s.failures:
+        reason, n = max(s.failures.items(), key=lambda kv: kv[1])
+        line += f"; most failures: {reason} ({n:,})"
+    return line
 
 
 def batches_line(s: JobStatus) -> str:
@@ -59,15 +102,19 @@ def _duration(seconds: float) -> str:
 class JobProgress:
     """`with JobProgress(console, "run tickets") as p: p.update(status)`."""
 
-    def __init__(self, console: Console, label: str, every: float = PLAIN_EVERY, now: Callable[[], float] = time.monotonic):
+    def __init__(self, console: Console, label: str, every: float = PLAIN_EVERY, now: Callable[[], float] = time.monotonic,
+                 summary: bool = False):  # fmt: skip
+        """`summary`: end with `summary_line` (the CLI prints its status table instead)."""
         self.console = console
+        self.summary = summary
         self.label = label
         self.every = every
         self.now = now
         self.eta = Eta(now)
-        self.live = console.is_jupyter or (console.is_terminal and not console.is_dumb_terminal)
+        self.live = console.is_terminal and not console.is_dumb_terminal and not console.is_jupyter
         self.progress: Progress | None = None
         self.last_line: tuple[float, str] | None = None
+        self.last: JobStatus | None = None
 
     def __enter__(self) -> JobProgress:
         if self.live:
@@ -80,11 +127,14 @@ class JobProgress:
             self.batches = self.progress.add_task("  batches", total=None, detail="", visible=False)
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, *exc) -> None:
         if self.progress is not None:
-            self.progress.__exit__(*exc)
+            self.progress.__exit__(exc_type, *exc)
+        if self.summary and exc_type is None and self.last is not None:
+            self.console.print(summary_line(self.label, self.last), markup=False, highlight=False, soft_wrap=True)
 
     def update(self, s: JobStatus) -> None:
+        self.last = s
         done = done_count(s)
         eta = self.eta(done, s.total)
         if self.progress is not None:
@@ -104,10 +154,7 @@ class JobProgress:
         if self.last_line is not None and self.last_line[1] == key and t - self.last_line[0] < self.every and done < s.total:
             return
         self.last_line = (t, key)
-        counts = f"{s.count(RequestState.SUCCEEDED):,} ok"
-        if s.count(RequestState.FAILED):
-            counts += f", {s.count(RequestState.FAILED):,} failed"
-        line = f"{self.label}: {done:,} of {s.total:,} done ({counts}), {s.in_flight:,} in flight, {s.queued:,} queued"
+        line = f"{self.label}: {counts_line(s)}, {s.in_flight:,} in flight, {s.queued:,} queued"
         self.console.print(_join(line, key, eta, sep="; "), markup=False, highlight=False, soft_wrap=True)
 
 
