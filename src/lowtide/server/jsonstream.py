@@ -205,10 +205,11 @@ class ArraySplitter:
         if byte in _SPACE:
             return self._too_much_space(at, param)
         shown = repr(chr(byte)) if 0x20 < byte < 0x7F else f"byte 0x{byte:02x}"
-        return StreamError(f"the request body is not valid JSON: unexpected {shown} at byte {self._base + at:,}", param)
+        where = f"{param}: " if param else ""  # inside an item: name it, as the item's parser would
+        return StreamError(f"{where}the request body is not valid JSON: unexpected {shown} at byte {self._base + at:,}", param)
 
     def _too_much_space(self, at: int, param: str | None = None) -> StreamError:
-        return StreamError(f"the request body has more than {MAX_SPACE:,} bytes of whitespace in a row at byte "
+        return StreamError(f"{param + ': ' if param else ''}the request body has more than {MAX_SPACE:,} bytes of whitespace in a row at byte "
                            f"{self._base + at:,}; serve takes at most {MAX_SPACE:,} between JSON tokens: send the JSON "
                            "without the padding", param)  # fmt: skip
 
