@@ -184,8 +184,9 @@ def test_self_hosted_without_throughput_or_entry_is_unknown(hosted_prices):
     assert missing.usd is None and "mistral-7b" in missing.note
 
 
-def test_the_embedded_model_is_priced_at_zero_with_a_note():
-    cost = attempt_cost(Usage(input_tokens=5_000, output_tokens=10), "smollm2-135m-instruct", "local")
+@pytest.mark.parametrize("model", ["smollm2-135m-instruct", "all-MiniLM-L6-v2"])  # the embedded chat and embedding models
+def test_the_embedded_models_are_priced_at_zero_with_a_note(model):
+    cost = attempt_cost(Usage(input_tokens=5_000, output_tokens=10), model, "local")
     assert cost.usd == D(0) and cost.known
     assert "priced at 0" in cost.note
 

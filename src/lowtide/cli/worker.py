@@ -44,7 +44,7 @@ def tick(
         report = asyncio.run(go())
     except LowtideError as err:
         raise fail(err) from None
-    console.print(_describe(report))
+    console.print(_describe(report), soft_wrap=True)  # one line a log can grep, whatever the width
 
 
 def worker(
@@ -74,7 +74,7 @@ def worker(
 
     def on_tick(report: TickReport) -> None:
         if verbose and report.busy:
-            console.print(_describe(report))
+            console.print(_describe(report), soft_wrap=True)  # one line a log can grep, whatever the width
 
     async def go() -> None:
         with open_store() as store:
