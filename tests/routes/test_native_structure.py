@@ -219,3 +219,13 @@ def test_a_choices_job_dry_runs_through_serve_on_every_batch_route(route, serve,
         tries = conn.execute(sa.select(sa.func.count()).select_from(attempts)).scalar_one()
     assert outputs["T1003"] == "shipping"  # the bare choice, whatever wrapper the route asked in
     assert repairs == 0 and tries == 10  # one paid attempt each
+
+
+def test_local_scores_the_choices_its_body_asks_for_as_json(tmp_path):
+    from lowtide.routes.local.honours import refusal
+
+    messages = [{"role": "user", "content": "hi"}]
+    body = request_base(_spec(tmp_path, route="local", model="smollm2-135m-instruct", choices=LABELS)) | {"messages": messages}
+    assert refusal(Request("a", CHAT, body, LABELS)) is None  # lowtide's own ask: the scoring honours it
+    other = body | {"response_format": {"type": "json_schema", "json_schema": {"name": "o", "schema": SCHEMA}}}
+    assert refusal(Request("a", CHAT, other, LABELS)).field == "response_format.json_schema.schema"

@@ -164,11 +164,17 @@ def anthropic_schema(schema: dict[str, Any]) -> dict[str, Any]:
     (its `transform_schema`: every object closed, keywords Anthropic's structured outputs
     do not take moved into `description`), so the API takes it; lowtide checks the answer
     against the schema as written. Without the helper (an older SDK) it goes as written."""
+    return orjson.loads(_anthropic_cached(orjson.dumps(schema)))
+
+
+@lru_cache(maxsize=64)
+def _anthropic_cached(text: bytes) -> bytes:
+    """Transformed once per distinct schema: a job of whole bodies asks it for every row."""
     try:
         from anthropic import transform_schema
     except ImportError:  # pragma: no cover - SDKs before structured outputs
-        return schema
-    return transform_schema(schema)
+        return text
+    return orjson.dumps(transform_schema(orjson.loads(text)))
 
 
 def with_ask(body: dict[str, Any], endpoint: str, ask: Ask) -> dict[str, Any]:
