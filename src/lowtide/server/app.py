@@ -30,6 +30,7 @@ from lowtide.server import (
     gemini_api,
     gemini_files,
     gemini_versions,
+    guard,
     metrics,
     openai_api,
     realtime_api,
@@ -90,7 +91,8 @@ def create_app(config: ServeConfig) -> FastAPI:
     errors.install(app)
     faults.install(app, server.faults, config.swappable_faults)  # inner: runs after the key check
     _install_auth(app, config.api_keys)
-    app.add_middleware(gemini_versions.GeminiVersions)  # outermost: the others see Gemini's /v1 as /v1beta
+    app.add_middleware(gemini_versions.GeminiVersions)  # the others see Gemini's /v1 as /v1beta
+    guard.protect(app, config)  # outermost: other sites are refused before anything else (guard.py)
     for module in (files, openai_api, anthropic_api, gemini_files, gemini_api, realtime_api, dashboard, dashboard_evals, metrics):
         app.include_router(module.router)
     return app
