@@ -166,9 +166,8 @@ def anthropic_refusal(request: Request) -> Refusal | None:
     refused = _stream_refusal(params)
     if refused is not None:
         return refused
-    if request.endpoint != MESSAGES:  # translated: what the translation wrote must be Anthropic's own
-        for key in undeclared(MESSAGES, params):
-            return Refusal(key, f"is not a parameter of {MESSAGES}")
+    # A translated body holds what _translate.py's table writes, the API's own keys whether
+    # or not the installed SDK still declares them (anthropic's dropped `temperature`).
     if params.get("max_tokens") is None:
         return Refusal("max_tokens", "Anthropic's Messages API requires it; set params.max_tokens")
     return None
