@@ -1,9 +1,28 @@
 """lowtide: LLM work that can wait, as cheap and reliable offline jobs."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
 
-from lowtide.api import Job  # noqa: E402
-from lowtide.core.errors import LowtideError  # noqa: E402
-from lowtide.core.spec import JobSpec, load_spec  # noqa: E402
-
 __all__ = ["Job", "JobSpec", "LowtideError", "__version__", "load_spec"]
+
+# The public names load on first use: `import lowtide` (and the command's start-up, which
+# imports this package first) stays cheap, and a Ctrl-C then is caught (lowtide/_entry.py).
+_WHERE = {"Job": "lowtide.api", "LowtideError": "lowtide.core.errors", "JobSpec": "lowtide.core.spec", "load_spec": "lowtide.core.spec"}
+
+if TYPE_CHECKING:
+    from lowtide.api import Job
+    from lowtide.core.errors import LowtideError
+    from lowtide.core.spec import JobSpec, load_spec
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'lowtide' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(_WHERE[name]), name)
+    globals()[name] = value
+    return value
