@@ -169,3 +169,43 @@ def test_the_tag_products_example_loads_with_its_parts_tools_and_seeds(sqlite_st
     image = mug["messages"][-1]["content"][1]["image_url"]
     assert image["url"].startswith("data:image/png;base64,") and image["detail"] == "low"
     assert got["SKU-1003"]["body"]["messages"][-1]["content"][1]["image_url"]["url"].startswith("https://")
+
+
+def test_rows_own_anthropic_requests_without_max_tokens_are_refused_by_row_before_anything_is_stored(sqlite_store, clock, tmp_path):
+    # The spec cannot know whether rows that bring their own conversation or body give a
+    # required key: before, such a load stored every row and each one failed at Anthropic.
+    from lowtide.core.spec import build_spec
+
+    turn = [{"role": "user", "content": "hi"}]
+    path = jsonl(tmp_path / "c.jsonl", [
+        {"ticket_id": "A", "conv": turn}, {"ticket_id": "B", "conv": turn, "max_tokens": 64}, {"ticket_id": "C", "conv": turn},
+    ])  # fmt: skip
+    base = {"name": "convs", "source": {"path": str(path), "id_column": "ticket_id"}, "model": "claude-haiku-4-5",
+            "route": "anthropic-batch", "template": {"messages_column": "conv"}}  # fmt: skip
+    with pytest.raises(InputError) as info:
+        load_job(sqlite_store, build_spec(base), clock)
+    said = str(info.value)
+    assert 'c.jsonl rows 1, 3: max_tokens is required by /v1/messages and the request has none' in said
+    assert "set params.max_tokens in the spec (e.g. params: {max_tokens: 1024}), or give it as the row's \"max_tokens\" column" in said
+    assert stored(sqlite_store) == {}
+
+    bodies = jsonl(tmp_path / "b.jsonl", [{"ticket_id": "A", "req": {"messages": turn}}])
+    with pytest.raises(InputError, match=r'b.jsonl row 1: max_tokens is required .* or give it in column "req"'):
+        load_job(sqlite_store, build_spec(base | {"name": "bodies", "source": {"path": str(bodies), "id_column": "ticket_id"},
+                                                  "template": {"body_column": "req"}}), clock)  # fmt: skip
+
+    assert load_job(sqlite_store, build_spec(base | {"params": {"max_tokens": 32}}), clock).new == 3
+    assert {k: v["body"]["max_tokens"] for k, v in stored(sqlite_store).items()} == {"A": 32, "B": 64, "C": 32}
+
+
+def test_a_key_the_sdk_does_not_declare_is_carried_and_the_load_says_so_once(sqlite_store, clock, tmp_path):
+    from lowtide.store.schema import events
+
+    source = write_csv(tmp_path / "t.csv", [{"ticket_id": "A", "body": "x"}, {"ticket_id": "B", "body": "y"}])
+    spec = make_spec(source, route="anthropic-batch", model="claude-haiku-4-5", params={"a_key_no_sdk_declares": 1})
+    load_job(sqlite_store, spec, clock)
+    load_job(sqlite_store, spec, clock)
+    assert all(v["body"]["a_key_no_sdk_declares"] == 1 for v in stored(sqlite_store).values())
+    with sqlite_store.begin() as conn:
+        said = conn.execute(sa.select(events.c.message).where(events.c.kind == "carried_param")).scalars().all()
+    assert len(said) == 1 and said[0].startswith("`a_key_no_sdk_declares` is not a parameter of /v1/messages")

@@ -36,6 +36,7 @@ from lowtide.core.endpoints import (
     RESPONSES,
     body_type,
     conversation_key,
+    required_keys,
 )
 from lowtide.core.errors import RouteError, SourceError, SpecError, UnknownRouteError
 from lowtide.core.fastjson import is_utf8
@@ -49,6 +50,7 @@ from lowtide.core.states import JobState, RequestState
 from lowtide.core.templates import MessageTemplate
 from lowtide.core.types import Request
 from lowtide.engine import budget
+from lowtide.engine.carried import CarriedKeys
 from lowtide.engine.changes import Changes, move_connections, note_changed, requeue, split_known
 from lowtide.engine.embedding_rows import EmbeddingInput
 from lowtide.engine.preflight import check_prices
@@ -119,6 +121,11 @@ class RowRenderer:
         # `routes_checked`: the caller has asked the routes about every row already (lowtide
         # serve does, line by line, to fail a refused line alone).
         self.checks = [] if routes_checked else refusal_checks(spec)
+        self.carried = CarriedKeys(spec)  # keys the SDK does not declare, sent as they are
+        # A row's own conversation or body may lack a key the endpoint requires (Anthropic's
+        # max_tokens) that the spec's params do not give: refused here, not by the provider.
+        given = spec.template.messages_column is not None or spec.template.body_column is not None
+        self.needed = sorted(required_keys(self.endpoint)) if given else []
         # {parameter: (column, the scalar type CSV text is read as, or None)}
         types = shapes.fields(body_type(self.endpoint))
         csv = source.format == "csv"
@@ -171,10 +178,13 @@ class RowRenderer:
                 if problem is not None:
                     return problem
             body, fixed = self.body(messages, own)
+        if self.needed and (missing := [k for k in self.needed if body.get(k) is None]):
+            return Refused(self.missing(missing[0]), row.number)
         for check in self.checks:
             refused = check(body)
             if refused is not None:
                 return Refused(refused, row.number)
+        self.carried.see(body)
         if fixed:  # the fixed part of the payload is serialised once per job, not once per row
             payload = self.prefix + _dumps(body[self.conversation]) + "}}"
         else:
@@ -252,6 +262,11 @@ class RowRenderer:
 
     def where(self, row: SourceRow) -> str:
         return row.where(self.source.path)
+
+    def missing(self, key: str) -> str:
+        own = f'in column "{self.body_column}"' if self.body_column is not None else f'as the row\'s "{key}" column'
+        return (f"{key} is required by {self.endpoint} and the request has none; "
+                f"set params.{key} in the spec (e.g. params: {{{key}: 1024}}), or give it {own}")  # fmt: skip
 
 
 def _text_system(messages: list[dict]) -> bool:
@@ -442,6 +457,7 @@ def load_job(
             move_job(conn, job_id, JobState.ACTIVE, finished_at=None)
         if new:
             add_event(conn, job_id, "loaded", f"{new} new request(s) from {source.path.name} ({total} rows)", now)
+        render.carried.note(conn, job_id, now)
         if changes.applied or changes.altering:
             add_event(conn, job_id, "spec_changed", "; ".join(changes.altering + changes.applied)[:2000], now)
         if changed.count:
