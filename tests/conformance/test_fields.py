@@ -42,6 +42,7 @@ KEY_ENV = "LOWTIDE_CONFORMANCE_KEY"
 LANDS = {
     "max_completion_tokens": "max_tokens", "stop": "stop_sequences", "tools": "tools",
     "tool_choice": "tool_choice", "user": "metadata",
+    "temperature": "temperature", "top_p": "top_p",  # the API takes both, declared by the SDK or not
     # Anthropic's own behaviour, so nothing to send: n 1 (one answer), parallel_tool_calls true
     # (false lands in tool_choice: tests/routes/test_translate.py).
     "n": None, "parallel_tool_calls": None,

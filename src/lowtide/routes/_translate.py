@@ -29,7 +29,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from lowtide.core.endpoints import MESSAGES, known_keys
 from lowtide.core.native_schema import anthropic_schema
 from lowtide.core.types import Refusal
 
@@ -37,7 +36,7 @@ MAPPED = frozenset({
     "model", "messages", "max_tokens", "max_completion_tokens", "stop", "tools", "tool_choice",
     "parallel_tool_calls", "user", "n", "response_format",
 })  # fmt: skip
-SAMPLING = ("temperature", "top_p")  # mapped only where the Messages API declares them
+SAMPLING = ("temperature", "top_p")  # the Messages API takes both, whether or not the SDK declares them
 _MEDIA = ("image/jpeg", "image/png", "image/gif", "image/webp")
 
 
@@ -55,9 +54,8 @@ def chat_to_messages(body: dict[str, Any]) -> dict[str, Any] | Refusal:
 
 
 def _translate(body: dict[str, Any]) -> dict[str, Any]:
-    sampling = [k for k in SAMPLING if k in known_keys(MESSAGES)]
     for key in body:
-        if key not in MAPPED and key not in sampling:
+        if key not in MAPPED and key not in SAMPLING:
             raise _Refused(key, "has no Anthropic mapping; remove it, or send this request to an OpenAI route")
     out: dict[str, Any] = {"model": body.get("model")}
     if body.get("max_completion_tokens") is not None and body.get("max_tokens") is not None:
