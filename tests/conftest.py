@@ -21,6 +21,20 @@ from lowtide.core.spec import JobSpec, build_spec
 from lowtide.store.db import Store
 from lowtide.store.schema import metadata
 
+
+def _consoles_that_read_columns_on_every_print() -> None:
+    """The CLI's Rich consoles are made once, when lowtide.cli.common is imported; made while
+    COLUMNS is set they keep that width for good. Made here, with it unset, they read it on
+    each print, so a test's COLUMNS holds whatever test (or xdist worker) imported them first."""
+    columns = os.environ.pop("COLUMNS", None)
+    import lowtide.cli.common  # noqa: F401
+
+    if columns is not None:
+        os.environ["COLUMNS"] = columns
+
+
+_consoles_that_read_columns_on_every_print()
+
 PG_ADMIN_URL = os.environ.get("LOWTIDE_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 
 

@@ -43,10 +43,15 @@ def open_store(create: bool = True) -> Iterator[Store]:
         store.close()
 
 
+def say_error(message: str) -> None:
+    """`lowtide: <message>` on stderr as one plain line: whole in a log however narrow, and
+    a user's "[...]" is not read as Rich markup."""
+    print(f"lowtide: {message}", file=sys.stderr)
+
+
 def fail(err: LowtideError) -> typer.Exit:
     """Print a lowtide error the way users should see it and pick the exit code."""
-    # Plain print: rich would read "[...]" in a user's message as markup.
-    print(f"lowtide: {err}", file=sys.stderr)
+    say_error(str(err))
     code = EXIT_USAGE if isinstance(err, InputError | JobNotFoundError) else EXIT_ERROR
     return typer.Exit(code)
 
@@ -58,7 +63,7 @@ def env_list(name: str) -> list[str]:
 
 def host_name(name: str) -> str:
     if not name.strip() or any(c in name for c in "/@ "):
-        console.print(f"lowtide: --allow-host {name!r}: give a host name, e.g. --allow-host myhost.lan (no scheme, no path)")
+        say_error(f"--allow-host {name!r}: give a host name, e.g. --allow-host myhost.lan (no scheme, no path)")
         raise typer.Exit(EXIT_USAGE)
     return name.strip()
 
@@ -66,6 +71,6 @@ def host_name(name: str) -> str:
 def origin_name(origin: str) -> str:
     scheme, sep, rest = origin.strip().rstrip("/").partition("://")
     if scheme not in ("http", "https") or not sep or not rest or any(c in rest for c in "/@ "):
-        console.print(f"lowtide: --allow-origin {origin!r}: give an origin, scheme and host, e.g. --allow-origin https://app.example.com")
+        say_error(f"--allow-origin {origin!r}: give an origin, scheme and host, e.g. --allow-origin https://app.example.com")
         raise typer.Exit(EXIT_USAGE)
     return origin.strip().rstrip("/")

@@ -20,6 +20,7 @@ from lowtide.cli.common import (
     fail,
     open_store,
     out,
+    say_error,
 )
 from lowtide.cli.display import done_count, job_progress, status_table
 from lowtide.cli.tables import Col, fitted_table
@@ -95,7 +96,7 @@ def compare_command(
         try:
             write_table(report, out_path)
         except ValueError as err:
-            console.print(f"lowtide: --out: {err}")
+            say_error(f"--out: {err}")
             raise typer.Exit(EXIT_USAGE) from None
         console.print(f"wrote {len(report.variants)} variant rows to {out_path}")
     if as_json:

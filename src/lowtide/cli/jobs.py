@@ -20,6 +20,7 @@ from lowtide.cli.common import (
     fail,
     open_store,
     out,
+    say_error,
 )
 from lowtide.cli.display import (
     job_progress,
@@ -374,7 +375,7 @@ def retry(
     Example: lowtide retry classify-tickets --failed && lowtide worker --until-idle
     """
     if not (failed or cancelled):
-        console.print("lowtide: say what to retry: --failed, --cancelled, or both")
+        say_error("say what to retry: --failed, --cancelled, or both")
         raise typer.Exit(EXIT_USAGE)
     try:
         with open_store(create=False) as store:

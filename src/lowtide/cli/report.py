@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape as markup_escape
 
-from lowtide.cli.common import EXIT_USAGE, console, fail, open_store, out
+from lowtide.cli.common import EXIT_USAGE, fail, open_store, out, say_error
 from lowtide.cli.display import money
 from lowtide.cli.tables import Col, fitted_table
 from lowtide.core.errors import LowtideError
@@ -46,7 +46,7 @@ def report(
         try:
             when = datetime.fromisoformat(since)
         except ValueError:
-            console.print(f"lowtide: --since {since}: not an ISO date or date-time; e.g. 2025-11-01 or 2025-11-01T08:00:00+01:00")
+            say_error(f"--since {since}: not an ISO date or date-time; e.g. 2025-11-01 or 2025-11-01T08:00:00+01:00")
             raise typer.Exit(EXIT_USAGE) from None
         start = (when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp()
     try:

@@ -18,6 +18,7 @@ from lowtide.cli.common import (
     fail,
     host_name,
     origin_name,
+    say_error,
     state,
 )
 from lowtide.core.errors import LowtideError
@@ -40,7 +41,7 @@ def _size(flag: str, text: str) -> int:
     except (ValueError, KeyError):
         value = -1
     if not 1024 <= value < 2**63:
-        console.print(f"lowtide: {flag} {text!r}: give a size of at least 1KB, e.g. {flag} 32MB")
+        say_error(f"{flag} {text!r}: give a size of at least 1KB, e.g. {flag} 32MB")
         raise typer.Exit(EXIT_USAGE)
     return int(value)
 
@@ -97,7 +98,7 @@ def serve(
     for item in option or []:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            console.print(f"lowtide: --option {item!r}: write KEY=VALUE, e.g. --option slots=8")
+            say_error(f"--option {item!r}: write KEY=VALUE, e.g. --option slots=8")
             raise typer.Exit(EXIT_USAGE)
         route_options[key.strip()] = yaml.safe_load(value)
     if api_key:
