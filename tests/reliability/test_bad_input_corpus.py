@@ -53,7 +53,7 @@ route: echo
 
 KNOWN_TOP = (
     "name, source, template, model, route, route_options, endpoint, packing, truncate, param_columns, params, choices, "
-    "response_schema, deadline, retry, fallback, auto, output, chunk_size, budget_usd, tags, variant"
+    "response_schema, repair, deadline, retry, fallback, auto, output, chunk_size, budget_usd, tags, variant"
 )
 
 SPECS: list[tuple[str, str, str]] = [
@@ -484,7 +484,7 @@ GATEWAY_CONFIGS: list[tuple[str, str, str]] = [
      "{cfg}: invalid gateway config: 1 problem(s)\n  - {cfg} line 1: unknown key `max_body`; known keys here: " + GATEWAY_KNOWN_TOP),
     ("an upstream key in the file", "upstreams:\n  openai:\n    base_url: http://x/v1\n    api_key: sk-in-the-file\n",
      "{cfg}: invalid gateway config: 1 problem(s)\n  - {cfg} line 4: unknown key `upstreams.openai.api_key`; "
-     "known keys here: base_url, api_key_env, timeout, max_connections, limits, price_as"),
+     "known keys here: base_url, api_key_env, timeout, max_connections, limits, price_as, forward_headers"),
     ("an upstream URL without a scheme", "upstreams:\n  openai: {base_url: api.openai.com/v1}\n",
      "{cfg}: invalid gateway config: 1 problem(s)\n  - {cfg} line 2: `upstreams.openai.base_url`: give an http:// or https:// URL"),
     ("flush_age not a duration", "collector:\n  flush_age: soon\n",
