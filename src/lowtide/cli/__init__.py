@@ -10,7 +10,7 @@ import typer
 from typer.exceptions import TyperException
 
 from lowtide import __version__
-from lowtide.cli import estimate, evals, gateway, jobs, prices, report, serve, worker
+from lowtide.cli import estimate, evals, gateway, jobs, prices, render, report, serve, trial, worker
 from lowtide.cli.argv import VALUE_OPTIONS, hoist_global_options
 from lowtide.cli.common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, state
 from lowtide.cli.helptext import tidy
@@ -56,6 +56,8 @@ for command in (jobs.run, jobs.submit, estimate.estimate, prices.prices, jobs.st
     app.command()(command)
 app.command("compare")(evals.compare_command)
 gateway.register(app)
+render.register(app)
+trial.register(app)
 
 
 def main(argv: list[str] | None = None) -> None:
