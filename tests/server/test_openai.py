@@ -170,8 +170,8 @@ def test_batch_parameters_are_checked_at_creation(server):
     create = lambda **kw: client.batches.create(**({"input_file_id": file.id, "endpoint": "/v1/chat/completions", "completion_window": "24h"} | kw))  # noqa: E731
     with pytest.raises(openai.BadRequestError, match="only '24h'"):
         create(completion_window="48h")
-    with pytest.raises(openai.BadRequestError, match="not /v1/moderations"):
-        create(endpoint="/v1/moderations")
+    with pytest.raises(openai.BadRequestError, match="not /v1/images/generations"):
+        create(endpoint="/v1/images/generations")
     with pytest.raises(openai.BadRequestError, match="at most 16"):
         create(metadata={f"k{i}": "v" for i in range(17)})
     with pytest.raises(openai.BadRequestError, match="512"):

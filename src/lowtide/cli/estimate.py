@@ -23,7 +23,7 @@ from rich.progress import Progress, TextColumn, TimeElapsedColumn
 from lowtide.cli.common import console, fail, out, state
 from lowtide.cli.tables import Col, fitted_table
 from lowtide.core.auto_spec import AUTO, duration_text, parse_duration
-from lowtide.core.endpoints import EMBEDDINGS
+from lowtide.core.endpoints import EMBEDDINGS, MODERATIONS
 from lowtide.core.errors import InputError, LowtideError, MissingStoreError
 from lowtide.core.pricing import (
     PRICES_ENV,
@@ -306,6 +306,8 @@ def _print(spec: JobSpec, count: Count, counter: TokenCounter, usage: Usage, lin
     if spec.request_endpoint == EMBEDDINGS:
         out.print("  output: none (an embedding is priced by its input tokens only)", markup=False)
         out.print(f"  {packing_line(spec, count)}", markup=False)
+    elif spec.request_endpoint == MODERATIONS:
+        out.print("  output: none (a moderation answers a verdict, not tokens)", markup=False)
     else:
         out.print(f"  output: {usage.output_tokens:,} tokens assumed ({_output_basis(spec, output_tokens)})", markup=False)
     baseline = _baseline(lines)

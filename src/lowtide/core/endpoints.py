@@ -18,10 +18,15 @@ RESPONSES = "/v1/responses"
 COMPLETIONS = "/v1/completions"
 MESSAGES = "/v1/messages"
 EMBEDDINGS = "/v1/embeddings"
+MODERATIONS = "/v1/moderations"
 GEMINI = GENERATE_CONTENT  # Gemini's generateContent (core/gemini.py)
-ENDPOINTS = (CHAT, RESPONSES, COMPLETIONS, MESSAGES, GEMINI, EMBEDDINGS)
+ENDPOINTS = (CHAT, RESPONSES, COMPLETIONS, MESSAGES, GEMINI, EMBEDDINGS, MODERATIONS)
 # Which provider's protocol an endpoint belongs to.
-PROTOCOL = {CHAT: "openai", RESPONSES: "openai", COMPLETIONS: "openai", MESSAGES: "anthropic", GEMINI: "gemini", EMBEDDINGS: "openai"}
+PROTOCOL = {CHAT: "openai", RESPONSES: "openai", COMPLETIONS: "openai", MESSAGES: "anthropic", GEMINI: "gemini", EMBEDDINGS: "openai",
+            MODERATIONS: "openai"}  # fmt: skip
+# Endpoints whose answer is no text (vectors, a classification): no messages, no output
+# limit, nothing for `choices` or `response_schema` to check.
+NO_TEXT = frozenset({EMBEDDINGS, MODERATIONS})
 # Keys a batch or a stored request cannot carry: a stream has nobody to read it.
 NEVER = frozenset({"stream", "stream_options"})
 # Parameters self-hosted OpenAI-compatible servers (vLLM, SGLang, llama.cpp's server) take
@@ -65,6 +70,10 @@ def _typed_dict(endpoint: str) -> Any:
         from openai.types.embedding_create_params import EmbeddingCreateParams
 
         return EmbeddingCreateParams
+    if endpoint == MODERATIONS:
+        from openai.types.moderation_create_params import ModerationCreateParams
+
+        return ModerationCreateParams
     raise ValueError(f"unknown endpoint {endpoint!r}; known: {', '.join(ENDPOINTS)}")
 
 
@@ -98,4 +107,4 @@ def required_of(typed_dict: Any) -> frozenset[str]:
 
 def conversation_key(endpoint: str) -> str:
     """The body key that holds what the model is asked: messages, input or prompt."""
-    return {RESPONSES: "input", COMPLETIONS: "prompt", GEMINI: "contents", EMBEDDINGS: "input"}.get(endpoint, "messages")
+    return {RESPONSES: "input", COMPLETIONS: "prompt", GEMINI: "contents", EMBEDDINGS: "input", MODERATIONS: "input"}.get(endpoint, "messages")

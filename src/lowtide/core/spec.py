@@ -22,7 +22,9 @@ from lowtide.core.endpoints import (
     ENGINE_EXTRAS,
     GEMINI,
     MESSAGES,
+    MODERATIONS,
     NEVER,
+    NO_TEXT,
     conversation_key,
     known_keys,
     required_keys,
@@ -30,7 +32,7 @@ from lowtide.core.endpoints import (
 from lowtide.core.errors import SpecError
 from lowtide.core.gemini import camel_body
 from lowtide.core.ids import MAX_VARIANT, VARIANT_NAME, VARIANT_SEPARATOR
-from lowtide.core.params import carries, check_schema, check_values
+from lowtide.core.params import OUTPUT_LIMITS, carries, check_schema, check_values
 from lowtide.core.yamlfile import parse_mapping, read_text, validate
 
 FORMATS = {".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet"}
@@ -143,7 +145,8 @@ def check_params(
             raise ValueError(f'"{key}": a batch or stored request cannot be streamed; remove it')
         if key not in known and not carries(route, endpoint):
             others = sorted(known_keys(endpoint) - made - NEVER)
-            raise ValueError(f'"{key}" is not a parameter of {endpoint}; its parameters are: {", ".join(others)}')
+            said = f'its parameters are: {", ".join(others)}' if others else "it takes none beyond the model and template"
+            raise ValueError(f'"{key}" is not a parameter of {endpoint}; {said}')
     params = {k: v for k, v in params.items() if v is not None}
     check_values(params, endpoint, per_row)
     return params
@@ -187,7 +190,7 @@ class JobSpec(_Strict):
     # The endpoint the requests are for, and so the shape of their bodies (docs/jobs.md
     # "Endpoints"); default: /v1/messages on Anthropic's routes, else /v1/chat/completions.
     endpoint: Literal["/v1/chat/completions", "/v1/responses", "/v1/completions", "/v1/messages", "/v1beta/models:generateContent",
-                      "/v1/embeddings"] | None = None
+                      "/v1/embeddings", "/v1/moderations"] | None = None
     # Embedding jobs (docs/embeddings.md): several rows' inputs share one provider request
     # within the endpoint's limits (`packing: false` sends one row per request); an input
     # over the model's token limit is refused, or cut to it with `truncate: true`.
@@ -233,7 +236,7 @@ class JobSpec(_Strict):
     @field_validator("endpoint", mode="before")
     @classmethod
     def _endpoint_word(cls, v: Any) -> Any:
-        return EMBEDDINGS if v == "embeddings" else v  # the short word the docs use
+        return {"embeddings": EMBEDDINGS, "moderations": MODERATIONS}.get(v, v) if isinstance(v, str) else v  # the docs' short words
 
     @field_validator("choices")
     @classmethod
@@ -326,6 +329,25 @@ class JobSpec(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _moderation_job(self) -> JobSpec:
+        """A moderation job's rows give text to classify; its answer is a verdict, not text."""
+        if self.request_endpoint != MODERATIONS:
+            return self
+        t = self.template
+        if t.messages_column is not None or t.system is not None or t.system_file is not None or t.images or t.files:
+            raise ValueError(f"a {MODERATIONS} job's template is `user` (or `user_file`): the text to classify, sent as `input`; "
+                             "it has no system prompt, messages, images or files (or give whole bodies with `body_column`)")
+        if self.choices or self.response_schema:
+            raise ValueError(f"`choices` and `response_schema` check a model's text; a {MODERATIONS} answer is a verdict "
+                             "(flagged, categories, scores): remove them")
+        # Keys of text generation, carried by OpenAI's routes as unknown keys, would only be refused there.
+        for key in ("messages", "prompt", *OUTPUT_LIMITS):
+            if key in self.params or key in self.param_columns:
+                raise ValueError(f'"{key}" is not a parameter of {MODERATIONS} (it takes `input`, made by the template, '
+                                 "and `model`): remove it")
+        return self
+
+    @model_validator(mode="after")
     def _required_params(self) -> JobSpec:
         """A key the endpoint requires that neither the model nor the template makes (Anthropic's
         max_tokens) must be in params, unless the rows bring their own."""
@@ -339,7 +361,7 @@ class JobSpec(_Strict):
     @model_validator(mode="after")
     def _bounded_budget(self) -> JobSpec:
         if (self.budget_usd is not None and self.output_limit is None and self.template.messages_column is None
-                and self.request_endpoint != EMBEDDINGS):  # an embedding has no output tokens
+                and self.request_endpoint not in NO_TEXT):  # an embedding or a moderation has no output tokens
             raise ValueError(
                 "budget_usd needs an output limit to estimate against: set params.max_tokens "
                 "(or max_completion_tokens / max_output_tokens); without one an answer's cost has no bound"

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lowtide.core.endpoints import conversation_key
+from lowtide.core.endpoints import NO_TEXT, conversation_key
 
 PER_MESSAGE = 3  # <|start|>role ... <|end|>
 PER_REPLY = 3  # the assistant turn every reply is primed with
@@ -71,7 +71,7 @@ class TokenCounter:
         """The input tokens of one request body of any endpoint: its conversation (or
         prompt), its system prompt or instructions, and its tools' definitions as text."""
         asked = body.get(conversation_key(endpoint))
-        if endpoint == "/v1/embeddings":  # the inputs' text only: no turns, no reply
+        if endpoint in NO_TEXT:  # embeddings, moderations: the inputs' text only, no turns, no reply
             given = asked if isinstance(asked, list) else [asked]
             return sum(self._count(t) if isinstance(t, str) else len(t) if isinstance(t, list) else 0 for t in given)
         total = self._count(asked) + PER_REPLY if isinstance(asked, str) else self.count_messages(asked or [])

@@ -8,7 +8,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from lowtide.core.endpoints import EMBEDDINGS
+from lowtide.core.endpoints import NO_TEXT
 from lowtide.core.errors import SourceError, SpecError
 from lowtide.core.sources import Source
 from lowtide.core.spec import JobSpec
@@ -86,7 +86,7 @@ def count_rows(
         template.check_columns(source.columns, source.path.name)
     render = RowRenderer(spec, template, source, routes_checked)
     count = Count(packs=PackCount() if packing(spec) else None)
-    embedding = spec.request_endpoint == EMBEDDINGS
+    no_output = spec.request_endpoint in NO_TEXT  # an embedding or a moderation: input tokens only
     for chunk in source.chunks():
         for row in chunk:
             count.rows += 1
@@ -103,7 +103,7 @@ def count_rows(
             count.input_tokens += counter.count_request(request.endpoint, request.body)
             if count.counted == 1:
                 count.prefix_tokens = counter.count_text(system_text(request.body))
-            if embedding:  # input tokens only; packing changes the requests, not the tokens
+            if no_output:  # packing (embeddings) changes the requests, not the tokens
                 if count.packs is not None:
                     count.packs.add(request.body)
                 continue

@@ -1,5 +1,6 @@
-"""An embedding job's row text: refused when empty or over the model's token limit, or cut
-to the limit when the spec says `truncate: true` (docs/embeddings.md "Bad input")."""
+"""An embedding or moderation job's row text, the body's `input`: refused when empty; an
+embedding's also when over the model's token limit, or cut to the limit when the spec says
+`truncate: true` (docs/embeddings.md "Bad input")."""
 
 from __future__ import annotations
 
@@ -65,3 +66,17 @@ def _route_counter(spec: JobSpec) -> TokenCounter | None:
         return None
     counter = getattr(route, "token_counter", None)
     return counter(spec.model) if counter is not None else None
+
+
+class ModerationInput:
+    """A moderation job's row text: the rendered template, refused when empty (a
+    classification of nothing says nothing). The provider judges its length."""
+
+    def text(self, messages: list[dict], where: Callable[[], str]) -> tuple[str, str | None]:
+        text = "\n\n".join(m["content"] for m in messages if isinstance(m.get("content"), str))
+        if not text.strip():
+            return text, (
+                f'{where()}: field "input" (template.user) is empty or only whitespace; a moderation needs text. '
+                "Fill in the row's text, or leave the row out of the source"
+            )
+        return text, None

@@ -33,6 +33,7 @@ from lowtide.core.endpoints import (
     COMPLETIONS,
     EMBEDDINGS,
     MESSAGES,
+    MODERATIONS,
     RESPONSES,
     body_type,
     conversation_key,
@@ -52,7 +53,7 @@ from lowtide.core.types import Request
 from lowtide.engine import budget
 from lowtide.engine.carried import CarriedKeys
 from lowtide.engine.changes import Changes, move_connections, note_changed, requeue, split_known
-from lowtide.engine.embedding_rows import EmbeddingInput
+from lowtide.engine.embedding_rows import EmbeddingInput, ModerationInput
 from lowtide.engine.preflight import check_prices
 from lowtide.routes import create_route
 from lowtide.store.bulk import executemany
@@ -115,8 +116,10 @@ class RowRenderer:
         # The payload is `head` plus the body, written as text around each row's messages.
         self.prefix = _dumps(head)[:-1] + ', "body": ' + _dumps(self.base)[:-1] + f', "{self.conversation}": '
         self.split_system = self.endpoint == MESSAGES
-        # Embedding jobs: the rendered text is the body's `input`, checked for emptiness and length.
-        self.embedding = EmbeddingInput(spec) if self.endpoint == EMBEDDINGS else None
+        # Embedding and moderation jobs: the rendered text is the body's `input`, checked for
+        # emptiness (and an embedding's for length).
+        self.input_text = (EmbeddingInput(spec) if self.endpoint == EMBEDDINGS
+                           else ModerationInput() if self.endpoint == MODERATIONS else None)  # fmt: skip
         self.body_column = spec.template.body_column
         # `routes_checked`: the caller has asked the routes about every row already (lowtide
         # serve does, line by line, to fail a refused line alone).
@@ -173,8 +176,8 @@ class RowRenderer:
                 if isinstance(given, str):
                     return given
                 own = (own or {}) | given if given else own
-            if self.embedding is not None:
-                messages, problem = self.embedding.text(messages, lambda: self.where(row))
+            if self.input_text is not None:
+                messages, problem = self.input_text.text(messages, lambda: self.where(row))
                 if problem is not None:
                     return problem
             body, fixed = self.body(messages, own)
@@ -241,7 +244,7 @@ class RowRenderer:
         the messages as they are (then the payload is written around them, not rebuilt)."""
         if self.endpoint == COMPLETIONS:  # a prompt is text: the rendered parts, joined
             return {**self.base, **(own or {}), "prompt": "\n\n".join(m["content"] for m in messages)}, False
-        if self.embedding is not None:  # `messages` is the text to embed (see __call__)
+        if self.input_text is not None:  # `messages` is the body's text `input` (see __call__)
             return ({**self.base, **own, "input": messages}, False) if own else ({**self.base, "input": messages}, True)
         body = {**self.base, **own} if own else dict(self.base)
         fixed = not own
@@ -351,12 +354,25 @@ def check_ask(spec: JobSpec, where: str) -> None:
         )
 
 
+def check_endpoint(route, name: str, endpoint: str, model: str, where: str) -> None:
+    """Refuse a route that takes no request of `endpoint` at all (an Anthropic route and
+    /v1/moderations), once and before the model or any row: its `refusal` of a bare body
+    names the endpoint itself."""
+    refusal = getattr(route, "refusal", None)
+    refused = refusal(Request("", endpoint, {"model": model})) if refusal is not None else None
+    if refused is not None and refused.field == "endpoint":
+        raise SpecError(f"{where}: route {name} cannot send {endpoint} requests ({refused.reason}); "
+                        "send the job to a route that takes them, or change `endpoint:`")  # fmt: skip
+
+
 def check_job(spec: JobSpec, where: str = "job spec") -> tuple[MessageTemplate, Source]:
     """Everything about a job that can be checked without reading its rows."""
     template = MessageTemplate.from_spec(spec, where)
     try:
         for route, options, model in spec.sending_routes:  # the route; its fallback, or its chain's tiers
-            create_route(route, options).check_model(model or spec.model)
+            made = create_route(route, options)
+            check_endpoint(made, route, spec.request_endpoint, model or spec.model, where)
+            made.check_model(model or spec.model)
     except UnknownRouteError:
         raise
     except RouteError as err:  # a wrong model or option is a problem with the spec

@@ -19,7 +19,15 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from lowtide.core.endpoints import CHAT, COMPLETIONS, GEMINI, MESSAGES, RESPONSES
+from lowtide.core.endpoints import (
+    CHAT,
+    COMPLETIONS,
+    EMBEDDINGS,
+    GEMINI,
+    MESSAGES,
+    MODERATIONS,
+    RESPONSES,
+)
 from lowtide.core.types import Request, Usage
 
 # lowtide's ending words are chat's ("stop", "length", "tool_calls", "content_filter"), plus
@@ -38,7 +46,7 @@ GEMINI_STOP = {"stop": "STOP", "length": "MAX_TOKENS", "tool_calls": "STOP", "st
 # How each endpoint's answer says what it is: (key, value).
 SHAPES = {CHAT: ("object", "chat.completion"), RESPONSES: ("object", "response"),
           COMPLETIONS: ("object", "text_completion"), MESSAGES: ("type", "message"),
-          "/v1/embeddings": ("object", "list")}  # fmt: skip
+          EMBEDDINGS: ("object", "list")}  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -92,6 +100,8 @@ def in_shape(endpoint: str, response: Any) -> bool:
     request translated for an Anthropic route is not a chat completion)."""
     if endpoint == GEMINI:  # a GenerateContentResponse names no type: its candidates say it
         return isinstance(response, dict) and isinstance(response.get("candidates"), list)
+    if endpoint == MODERATIONS:  # nor does a ModerationCreateResponse: its results say it
+        return isinstance(response, dict) and isinstance(response.get("results"), list)
     key, value = SHAPES.get(endpoint, SHAPES[CHAT])
     return isinstance(response, dict) and response.get(key) == value
 

@@ -34,6 +34,7 @@ from lowtide.core.endpoints import (
     COMPLETIONS,
     EMBEDDINGS,
     MESSAGES,
+    MODERATIONS,
     NEVER,
     PROTOCOL,
     RESPONSES,
@@ -85,8 +86,22 @@ def openai_text(endpoint: str, data: dict[str, Any]) -> tuple[str, str | None]:
     return text, text_or_none(choice.get("finish_reason"))
 
 
+def moderation_text(data: dict[str, Any]) -> str:
+    """What a moderation answer stores as its `output`: the verdict on its input as compact
+    JSON, `results[0]` ({"flagged", "categories", "category_scores",
+    "category_applied_input_types"}); the list of results where a body had several inputs."""
+    results = data["results"]  # KeyError, TypeError: an unreadable answer, as for the other endpoints
+    if not isinstance(results, list):
+        raise TypeError(f"results is {type(results).__name__}, not a list")
+    verdict = results[0] if len(results) == 1 else results
+    return json.dumps(verdict, ensure_ascii=False, separators=(",", ":"))
+
+
 def openai_outcome(custom_id: str, endpoint: str, data: dict[str, Any], batch: bool) -> Outcome:
     """A successful OpenAI answer body as an Outcome that keeps the whole body."""
+    if endpoint == MODERATIONS:  # a verdict, no usage (moderations are not billed by the token)
+        return Outcome(custom_id, True, text=moderation_text(data), tier=openai_tier(data.get("service_tier"), batch=batch),
+                       response=data)  # fmt: skip
     if endpoint == EMBEDDINGS:  # vectors, no text: the engine reads them from the kept body
         return Outcome(custom_id, True, usage=openai_usage(data.get("usage")), tier=openai_tier(data.get("service_tier"), batch=batch),
                        response=data)  # fmt: skip

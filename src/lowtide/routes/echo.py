@@ -29,6 +29,8 @@ echo is the same in every choice. Everything else plain-text turns cannot say is
 name (`_own.py`).
 
 On `/v1/embeddings`: deterministic unit vectors from a BLAKE2b of each input (`_echo_embed.py`).
+On `/v1/moderations`: a verdict that flags nothing, every category the SDK declares, scores
+from the custom_id (`_echo_moderate.py`).
 
 `Outcome.response` is the answer in the endpoint's own shape (`_replies.py`): a chat
 completion (with `tool_calls`), a response (a `function_call` output item), a completion, or
@@ -58,7 +60,7 @@ from lowtide.core.endpoints import CHAT, COMPLETIONS, GEMINI, MESSAGES, RESPONSE
 from lowtide.core.errors import RouteError
 from lowtide.core.native_schema import CHOICE_KEY, choices_of
 from lowtide.core.types import Outcome, Refusal, Request, Usage
-from lowtide.routes import _echo_embed
+from lowtide.routes import _echo_embed, _echo_moderate
 from lowtide.routes._instances import Instances, Unsatisfiable, instances_for
 from lowtide.routes._own import CHAT_ROLES, Plain, read_plain
 from lowtide.routes._replies import Call, Reply, arguments_text, reply_body
@@ -310,6 +312,8 @@ class EchoRoute:
     def refusal(self, request: Request) -> Refusal | None:
         if request.endpoint == _echo_embed.EMBEDDINGS:
             return _echo_embed.refusal(request)
+        if request.endpoint == _echo_moderate.MODERATIONS:
+            return _echo_moderate.refusal(request)
         if text_chat(request) is not None:  # nothing in it to refuse
             return None
         p = plan(request, self.answer == "instance")
@@ -322,6 +326,8 @@ class EchoRoute:
             return Outcome.failure(request.custom_id, "server_error", f"echo: injected failure on attempt {request.attempt}", True)
         if request.endpoint == _echo_embed.EMBEDDINGS:  # vectors (routes/_echo_embed.py)
             return _echo_embed.outcome(request)
+        if request.endpoint == _echo_moderate.MODERATIONS:  # a verdict (routes/_echo_moderate.py)
+            return _echo_moderate.outcome(request, self.name)
         told = text_chat(request)
         if told is not None:
             return self._text_echo(request, *told)

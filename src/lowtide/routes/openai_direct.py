@@ -29,7 +29,7 @@ from typing import Any
 import openai
 
 from lowtide.core import fastjson
-from lowtide.core.endpoints import CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES
+from lowtide.core.endpoints import CHAT, COMPLETIONS, EMBEDDINGS, MODERATIONS, RESPONSES
 from lowtide.core.errors import RouteError
 from lowtide.core.types import Outcome, Refusal, Request
 from lowtide.routes._direct import (
@@ -71,7 +71,7 @@ class OpenAIChatRoute(PooledRoute):
         timeout = 900.0 if self.service_tier == "flex" else 600.0
         super().__init__(options, timeout=timeout, secret=key, **defaults, **pool)
         self.client = self.sdk_client(openai.AsyncOpenAI, openai.DefaultAioHttpClient, key, text_option(name, options, "base_url"), openai.Omit())
-        self.urls = {e: self.endpoint(e.removeprefix("/v1/")) for e in (CHAT, RESPONSES, COMPLETIONS, EMBEDDINGS)}
+        self.urls = {e: self.endpoint(e.removeprefix("/v1/")) for e in (CHAT, RESPONSES, COMPLETIONS, EMBEDDINGS, MODERATIONS)}
 
     def refusal(self, request: Request) -> Refusal | None:
         # A key the SDK does not declare (a self-hosted engine's `top_k`, say) is carried.

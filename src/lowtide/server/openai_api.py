@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict
 from sqlalchemy import Row
 from starlette.concurrency import run_in_threadpool
 
-from lowtide.core.endpoints import CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES
+from lowtide.core.endpoints import CHAT, COMPLETIONS, EMBEDDINGS, MODERATIONS, RESPONSES
 from lowtide.server import records
 from lowtide.server.bodies import parse_object, read_body
 from lowtide.server.context import Server
@@ -24,7 +24,7 @@ from lowtide.server.schemas import json_body, validated
 router = APIRouter(prefix="/v1/batches")
 ENDPOINTS = ("/v1/responses", "/v1/chat/completions", "/v1/embeddings", "/v1/completions", "/v1/moderations",
              "/v1/images/generations", "/v1/images/edits", "/v1/videos")  # fmt: skip
-SUPPORTED = (CHAT, RESPONSES, COMPLETIONS, EMBEDDINGS)  # the rest (moderations, images, …) are another issue's
+SUPPORTED = (CHAT, RESPONSES, COMPLETIONS, EMBEDDINGS, MODERATIONS)  # the rest (images, videos) are another issue's
 LIVE_COUNTS_AGE = 1.0  # real seconds
 STAMPS = ("created_at", "in_progress_at", "expires_at", "finalizing_at", "completed_at", "failed_at",
           "expired_at", "cancelling_at", "cancelled_at")  # fmt: skip

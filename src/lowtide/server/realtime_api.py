@@ -1,5 +1,6 @@
 """Real-time endpoints: OpenAI's `POST /v1/chat/completions`, `/v1/responses` and
-`/v1/completions`, `/v1/embeddings`, and Anthropic's `POST /v1/messages`, answered now by the server's backend.
+`/v1/completions`, `/v1/embeddings`, `/v1/moderations`, and Anthropic's `POST /v1/messages`,
+answered now by the server's backend.
 
 Each body goes to the backend verbatim (DESIGN invariant 8) as one `Request(custom_id,
 endpoint, body)`: only `stream` / `stream_options`, which this server acts on itself, are
@@ -26,7 +27,15 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
 from lowtide.core import types
-from lowtide.core.endpoints import CHAT, COMPLETIONS, EMBEDDINGS, MESSAGES, NEVER, RESPONSES
+from lowtide.core.endpoints import (
+    CHAT,
+    COMPLETIONS,
+    EMBEDDINGS,
+    MESSAGES,
+    MODERATIONS,
+    NEVER,
+    RESPONSES,
+)
 from lowtide.core.types import Outcome
 from lowtide.routes._replies import Ids, finish_word, in_shape, text_body
 from lowtide.server.backend import Backend, BackendClosed
@@ -71,7 +80,8 @@ def asked(server: Server, body: dict[str, Any], endpoint: str, custom_id: str) -
     """The body as the request the backend runs, or the 400 for what it cannot honour."""
     api = "anthropic" if endpoint == MESSAGES else "openai"
     model = body.get("model")
-    if not isinstance(model, str) or not model:
+    default = endpoint == MODERATIONS and model is None  # optional there: the provider's default model answers
+    if not default and (not isinstance(model, str) or not model):
         said = "model: Field required" if api == "anthropic" else "Missing required parameter: 'model'."
         raise ApiError(400, said, param="model")
     taken = ("stream",) if endpoint == MESSAGES else NEVER  # what this server does itself
@@ -153,9 +163,9 @@ def _answer(server: Server, endpoint: str, body: dict[str, Any], outcome: Outcom
     """The upstream's whole answer when it is in the endpoint's shape, else one built from
     its text; either names the model the request asked for."""
     if in_shape(endpoint, outcome.response):
-        made = outcome.response | {"model": body["model"]}
-    elif endpoint == EMBEDDINGS:  # vectors cannot be made up from text
-        raise ApiError(500, f"the backend answered {EMBEDDINGS} without vectors")
+        made = outcome.response | {"model": body.get("model") or outcome.response.get("model")}
+    elif endpoint in (EMBEDDINGS, MODERATIONS):  # vectors and verdicts cannot be made up from text
+        raise ApiError(500, f"the backend answered {endpoint} in another shape")
     else:
         request = types.Request("", endpoint, body)
         made = text_body(request, outcome.text or "", _finish(outcome, request.output_limit), outcome.usage,
@@ -197,6 +207,11 @@ async def completions(request: Request):
 @router.post("/v1/embeddings")
 async def embeddings(request: Request):
     return await _serve(request, EMBEDDINGS)
+
+
+@router.post("/v1/moderations")
+async def moderations(request: Request):
+    return await _serve(request, MODERATIONS)
 
 
 @router.post("/v1/messages", openapi_extra=json_body(ANTHROPIC_MESSAGE))
