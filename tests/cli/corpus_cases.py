@@ -115,4 +115,16 @@ CASES = [
     # What lowtide checks, it asks for: an answer is a choice or JSON, not both.
     Case("spec-choices-and-schema", ["run", "job.yaml"], 2,
          files={"t.csv": CSV, "job.yaml": job(extra="response_schema: {type: object}\n")}),
+    # Silently accepted before (issue 31): each is refused before anything is stored or sent.
+    # (api_key_env: HOME, a variable every machine has: the key is not what these are about.)
+    Case("spec-deadline-offset-past-a-day", ["run", "job.yaml"], 2,
+         files={"t.csv": CSV, "job.yaml": job(extra="deadline: 2026-12-05T10:00:00+25:00\n")}),
+    Case("spec-model-empty", ["run", "job.yaml"], 2, files={"t.csv": CSV, "job.yaml": job().replace("model: test-model", 'model: ""')}),
+    Case("spec-model-typo", ["run", "job.yaml"], 2, files={"t.csv": CSV, "job.yaml": job().replace(
+         "model: test-model\nroute: echo", 'model: gpt-4o-mni\nroute: openai-batch\nroute_options: {base_url: "http://127.0.0.1:9/v1", api_key_env: HOME}')}),
+    Case("spec-max-tokens-past-the-context", ["run", "job.yaml"], 2, files={"t.csv": CSV, "job.yaml": job().replace(
+         "model: test-model\nroute: echo", 'model: gpt-4o-mini\nroute: openai-batch\nroute_options: {base_url: "http://127.0.0.1:9/v1", api_key_env: HOME}'
+         ).replace("max_tokens: 4", "max_tokens: 10000000")}),
+    Case("source-json-object-id", ["run", "job.yaml"], 2,
+         files={"job.yaml": job(source="t.jsonl"), "t.jsonl": '{"id": {"n": 1}, "body": "a"}\n{"id": 2, "body": "b"}\n'}),
 ]  # fmt: skip

@@ -54,5 +54,10 @@ MESSAGES: dict[str, str] = {
     'serve-option-without-equals': "lowtide: --option 'slots': write KEY=VALUE, e.g. --option slots=8",
     'worker-ray-route-without-ray': 'lowtide: Invalid value for --ray-route: --ray-route needs --ray (local, auto or a ray:// address); see `lowtide worker --help`',
     'spec-choices-and-schema': 'lowtide: job.yaml: choices and response_schema are both set; an answer is either one of the choices or JSON valid against the schema. Keep one (a schema with an enum at its root counts as choices)',
+    'spec-deadline-offset-past-a-day': 'lowtide: job.yaml line 8: 2026-12-05T10:00:00+25:00 is not a valid date or time (its UTC offset is 24 hours or more); write an ISO 8601 date-time with an offset between -23:59 and +23:59, e.g. 2026-12-05T10:00:00Z',
+    'spec-model-empty': "lowtide: job.yaml: invalid job spec: 1 problem(s)\n  - job.yaml line 4: `model`: is empty; give the model's name, e.g. gpt-4o-mini",
+    'spec-model-typo': 'lowtide: job.yaml: model "gpt-4o-mni" is not among the price catalog\'s openai models; did you mean "gpt-4o-mini"? Fix the name, or, if it is a model newer than the catalog, give it a price (docs/costs.md)',
+    'spec-max-tokens-past-the-context': "lowtide: job.yaml: params.max_tokens 10,000,000 is more than gpt-4o-mini's whole context window (128,000 tokens, as genai-prices gives it); no answer can be that long: lower it",
+    'source-json-object-id': 'lowtide: {tmp}/t.jsonl: refused, nothing was stored: 1 problem(s)\n  - t.jsonl row 1: id in column "id" is a JSON object; an id is a string or a number: give the row a plain id',
 }
 # fmt: on

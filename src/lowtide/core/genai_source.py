@@ -112,6 +112,19 @@ def _fields(price: Any, notes: list[str]) -> dict[str, Decimal]:
     return out
 
 
+@lru_cache(maxsize=1024)
+def context_window(provider: str, model: str) -> int | None:
+    """The model's whole context window in tokens, where the package knows it."""
+    provider_id = PROVIDER_IDS.get(provider)
+    if provider_id is None:
+        return None
+    try:
+        _, info = data_snapshot.get_snapshot().find_provider_model(model, None, provider_id, None)
+    except LookupError:
+        return None
+    return info.context_window
+
+
 def model_ids(provider: str) -> list[str]:
     """The package's model ids for one of lowtide's providers (for messages that list them)."""
     pid = PROVIDER_IDS.get(provider)
@@ -123,4 +136,4 @@ def providers() -> list[str]:
     return [p.id for p in data_snapshot.get_snapshot().providers]
 
 
-__all__ = ["GenaiEntry", "as_day", "lookup", "package", "providers", "genai_prices"]
+__all__ = ["GenaiEntry", "as_day", "context_window", "lookup", "package", "providers", "genai_prices"]

@@ -152,6 +152,16 @@ def check_params(
     return params
 
 
+def model_name(v: str | None) -> str | None:
+    """A model name as the provider will read it: never empty, no stray spaces (a provider
+    fails every request of a model it does not have, and `""` is none)."""
+    if v is not None and not v.strip():
+        raise ValueError("is empty; give the model's name, e.g. gpt-4o-mini")
+    if v is not None and v != v.strip():
+        raise ValueError(f"{v!r} has spaces around it; write {v.strip()!r}")
+    return v
+
+
 class RetrySpec(_Strict):
     max_attempts: int = Field(3, ge=1, le=100)
     backoff_seconds: float = Field(30.0, ge=0)
@@ -167,6 +177,11 @@ class FallbackSpec(_Strict):
     route_options: dict[str, Any] = Field(default_factory=dict)
     # The model on the fallback route; default: the job's model.
     model: str | None = None
+
+    @field_validator("model")
+    @classmethod
+    def _model(cls, v: str | None) -> str | None:
+        return model_name(v)
     # Seconds before the deadline at which in-flight batches are cancelled and what they
     # have not finished goes to the fallback route.
     safety_margin: float = Field(900.0, gt=0)
@@ -232,6 +247,11 @@ class JobSpec(_Strict):
         if not JOB_NAME.match(v):
             raise ValueError("use 1-64 letters, digits, '_', '-' or '.', starting with a letter or digit")
         return v
+
+    @field_validator("model")
+    @classmethod
+    def _model(cls, v: str) -> str:
+        return model_name(v)
 
     @field_validator("endpoint", mode="before")
     @classmethod

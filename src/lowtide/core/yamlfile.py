@@ -54,6 +54,8 @@ def parse_mapping(
         raise error(f"{where}{line}: not valid YAML ({getattr(err, 'problem', err)})") from None
     except RecursionError:  # the parser recurses per level of nesting
         raise error(f"{where}: nested too deep to read (hundreds of levels); flatten it") from None
+    except ValueError as err:  # a value YAML reads as a date or time that has none (+25:00, month 13)
+        raise error(_bad_time(node, where, err)) from None
     if _expanded(node, {}) > MAX_VALUES:
         raise error(
             f"{where}: more than {MAX_VALUES:,} values once its aliases (*name) are expanded; "
@@ -72,6 +74,25 @@ def parse_mapping(
     except _KeyTwice as err:
         raise error(f"{where} {err}") from None
     return data, lines
+
+
+def _bad_time(node: yaml.Node | None, where: str, err: ValueError) -> str:
+    """Which date-time YAML could not make, by line; the parser's own words otherwise."""
+    stack = [node]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, yaml.ScalarNode) and item.tag == "tag:yaml.org,2002:timestamp":
+            try:
+                yaml.SafeLoader("").construct_yaml_timestamp(item)
+            except ValueError as why:
+                said = "its UTC offset is 24 hours or more" if "offset" in str(why) else str(why)
+                return (f"{where} line {item.start_mark.line + 1}: {item.value} is not a valid date or time ({said}); "
+                        "write an ISO 8601 date-time with an offset between -23:59 and +23:59, e.g. 2026-12-05T10:00:00Z")  # fmt: skip
+        elif isinstance(item, yaml.MappingNode):
+            stack.extend(v for pair in item.value for v in pair)
+        elif isinstance(item, yaml.SequenceNode):
+            stack.extend(item.value)
+    return f"{where}: not valid YAML ({err})"
 
 
 def _expanded(node: yaml.Node | None, sizes: dict[int, int]) -> int:

@@ -54,7 +54,7 @@ from lowtide.engine import budget
 from lowtide.engine.carried import CarriedKeys
 from lowtide.engine.changes import Changes, move_connections, note_changed, requeue, split_known
 from lowtide.engine.embedding_rows import EmbeddingInput, ModerationInput
-from lowtide.engine.preflight import check_prices
+from lowtide.engine.preflight import check_model, check_prices
 from lowtide.routes import create_route
 from lowtide.store.bulk import executemany
 from lowtide.store.db import Store
@@ -146,6 +146,9 @@ class RowRenderer:
     def __call__(self, row: SourceRow) -> dict | str:
         values = row.values
         key = values.get(self.id_column)
+        if key.__class__ is dict or key.__class__ is list:  # a JSON row's id: str() would make one up
+            what = "object" if key.__class__ is dict else "array"
+            return f'{self.where(row)}: id in column "{self.id_column}" is a JSON {what}; an id is a string or a number: give the row a plain id'
         if key is None or (key := str(key).strip()) == "":
             what = "is empty" if self.id_column in values else "is missing"
             return f'{self.where(row)}: id column "{self.id_column}" {what}; every row needs a unique id (source.id_column)'
@@ -378,6 +381,7 @@ def check_job(spec: JobSpec, where: str = "job spec") -> tuple[MessageTemplate, 
     except RouteError as err:  # a wrong model or option is a problem with the spec
         raise SpecError(f"{where}: {err}") from None
     check_prices(spec, where)
+    check_model(spec, where)
     check_ask(spec, where)
     source = Source(spec.resolve(spec.source.path), spec.source.format)
     if source.columns is not None:
