@@ -27,10 +27,12 @@ def test_shaving_switches_on_above_the_rpm_threshold_and_off_when_the_minute_pas
         shaved = c.post("/v1/chat/completions", json=CHAT, headers=PREFER)
         assert shaved.status_code == 202 and shaved.json()["decision"] == "shaved"
         assert shaved.headers["x-lowtide-decision"] == "shaved"
+        assert shaved.headers["x-lowtide-reason"] == "upstream load 0.75 >= threshold 0.75 (requests in the last 60 s 3/4)"
         urgent = c.post("/v1/chat/completions", json=CHAT)  # no header: urgent, always passes
         assert urgent.status_code == 200
         deferred = c.post("/v1/chat/completions", json=CHAT, headers={"X-Lowtide-Defer": "2h"})
         assert deferred.json()["decision"] == "deferred"  # asked to wait: deferred whatever the load
+        assert deferred.headers["x-lowtide-reason"] == "defer by header"
         clock.advance(61)  # the minute's requests leave the window
         assert c.post("/v1/chat/completions", json=CHAT, headers=PREFER).status_code == 200
         assert len(upstream.calls) == 5
@@ -48,9 +50,12 @@ def test_a_429_from_the_upstream_shaves_a_request_that_prefers_real_time(gateway
         upstream.rate_limited = 2
         met_429 = c.post("/v1/chat/completions", json=CHAT, headers=PREFER)
         assert met_429.status_code == 202 and met_429.json()["decision"] == "shaved"  # not a 429 to the client
+        assert met_429.headers["x-lowtide-reason"] == "the upstream answered 429 in real time"
         assert len(upstream.calls) == 1
         during = c.post("/v1/chat/completions", json=CHAT, headers=PREFER)
         assert during.status_code == 202 and len(upstream.calls) == 1  # cooling down: not even tried
+        assert during.headers["x-lowtide-reason"] == (
+            "upstream load 1.00 >= threshold 0.8 (the upstream answered 429 0 s ago; cooldown_after_429 30 s)")
         urgent = c.post("/v1/chat/completions", json=CHAT)
         assert urgent.status_code == 429  # urgent requests pass, and so do the upstream's answers
         clock.advance(31)  # past cooldown_after_429 (30 s) of the last 429

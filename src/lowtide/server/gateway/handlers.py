@@ -154,9 +154,9 @@ async def handle(gw: Gateway, request: Request, api: str) -> Response:
         if isinstance(row, dict):
             load = gw.loads.get(api)
             if verdict.mode == "defer":
-                return await _defer(gw, request, api, tenant, model, row, verdict, "deferred")
+                return await _defer(gw, request, api, tenant, model, row, verdict, "deferred", f"defer by {verdict.source}")
             if load is not None and load.overloaded():
-                return await _defer(gw, request, api, tenant, model, row, verdict, "shaved")
+                return await _defer(gw, request, api, tenant, model, row, verdict, "shaved", load.why())
     return await _forward(gw, request, api, tenant, model, raw, body, verdict, row)
 
 
@@ -204,7 +204,7 @@ async def _forward(gw: Gateway, request: Request, api: str, tenant: str, model: 
     response = await upstream.forward("POST", request.url.path, request.url.query, request.headers, raw, done, extra)
     if response.status_code == 429 and verdict.mode == "prefer_realtime" and isinstance(row, dict):
         await _discard(response)
-        return await _defer(gw, request, api, tenant, model, row, verdict, "shaved")
+        return await _defer(gw, request, api, tenant, model, row, verdict, "shaved", "the upstream answered 429 in real time")
     gw.metrics.decided(api, "realtime")
     log.debug("gateway: %s %s tenant=%s model=%s → realtime %d", api, request.url.path, tenant, model, response.status_code)
     return response
@@ -229,7 +229,7 @@ def _max_tokens(body: dict[str, Any]) -> int:
 
 
 async def _defer(gw: Gateway, request: Request, api: str, tenant: str, model: str, row: dict[str, Any],
-                 verdict: Verdict, decision: str) -> Response:  # fmt: skip
+                 verdict: Verdict, decision: str, reason: str) -> Response:  # fmt: skip
     callback = request.headers.get("x-lowtide-callback")
     if callback:
         if gw.secret is None:
@@ -264,7 +264,8 @@ async def _defer(gw: Gateway, request: Request, api: str, tenant: str, model: st
     url = status_url(gw.public_url(), gid)
     answer = {"id": gid, "object": "lowtide.deferred", "status": "accepted", "decision": decision, "status_url": url,
               "created_at": now, "deadline_at": deadline, "expected_completion_at": expected}  # fmt: skip
-    return JSONResponse(answer, status_code=202, headers={"location": url, "x-lowtide-decision": decision})
+    headers = {"location": url, "x-lowtide-decision": decision, "x-lowtide-reason": _header_text(reason)}
+    return JSONResponse(answer, status_code=202, headers=headers)
 
 
 def committed(gw: Gateway) -> Callable[[int], None]:

@@ -60,22 +60,30 @@ class LoadTracker:
             self._tokens -= tokens
 
     def ratio(self) -> float:
-        now = self.clock.now()
-        self._expire(now)
-        lim = self.limits
-        parts = [0.0]
-        if lim.max_in_flight:
-            parts.append(self.in_flight / lim.max_in_flight)
-        if lim.rpm:
-            parts.append(self._requests / lim.rpm)
-        if lim.tpm:
-            parts.append(self._tokens / lim.tpm)
-        if self.last_429 is not None and now - self.last_429 < lim.cooldown_after_429:
-            parts.append(1.0)
-        return max(parts)
+        return max((value for value, _ in self._parts()), default=0.0)
 
     def overloaded(self) -> bool:
         return self.ratio() >= self.limits.threshold
+
+    def why(self) -> str:
+        """The part of the load that is highest, said for a shaved request's X-Lowtide-Reason."""
+        value, what = max(self._parts(), default=(0.0, "no limit set"))
+        return f"upstream load {value:.2f} >= threshold {self.limits.threshold:g} ({what})"
+
+    def _parts(self) -> list[tuple[float, str]]:
+        now = self.clock.now()
+        self._expire(now)
+        lim = self.limits
+        parts = []
+        if lim.max_in_flight:
+            parts.append((self.in_flight / lim.max_in_flight, f"in flight {self.in_flight}/{lim.max_in_flight}"))
+        if lim.rpm:
+            parts.append((self._requests / lim.rpm, f"requests in the last 60 s {self._requests}/{lim.rpm}"))
+        if lim.tpm:
+            parts.append((self._tokens / lim.tpm, f"tokens in the last 60 s {self._tokens}/{lim.tpm}"))
+        if self.last_429 is not None and now - self.last_429 < lim.cooldown_after_429:
+            parts.append((1.0, f"the upstream answered 429 {now - self.last_429:.0f} s ago; cooldown_after_429 {lim.cooldown_after_429:g} s"))
+        return parts
 
     def per_minute(self) -> tuple[int, int]:
         self._expire(self.clock.now())
