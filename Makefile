@@ -29,8 +29,10 @@ demo: install
 	@echo "SmolLM2-135M-Instruct is a tiny demo-quality model, run here with no key and no network."
 	@echo "Real work goes to a provider batch route (openai-batch, anthropic-batch) or a self-hosted server."
 
+# Four workers on two cores: most tests wait on servers, subprocesses and databases, not the CPU;
+# --dist loadfile keeps a module's tests (and its module-scoped servers) on one worker.
 test: install-test
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 4 --dist loadfile
 
 bench: install
 	$(BIN)/python bench/pipeline.py

@@ -66,7 +66,11 @@ def serve(tmp_path, monkeypatch):
     yield start
     for proc in procs:
         proc.terminate()
-        proc.wait(10)
+        try:  # a delayed answer (a fault) still in flight holds a graceful stop
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def _options(route: str, url: str, **more) -> dict:
