@@ -14,6 +14,7 @@ from lowtide.cli import estimate, evals, gateway, jobs, prices, render, report, 
 from lowtide.cli.argv import VALUE_OPTIONS, hoist_global_options
 from lowtide.cli.common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, state
 from lowtide.cli.helptext import tidy
+from lowtide.cli.retention import register as register_retention
 from lowtide.core.runtime import tune_gc
 
 app = typer.Typer(
@@ -58,6 +59,7 @@ app.command("compare")(evals.compare_command)
 gateway.register(app)
 render.register(app)
 trial.register(app)
+register_retention(app)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,0 +1,133 @@
+"""`lowtide delete` and `lowtide prune`: what the store keeps (engine/retention.py does it)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from lowtide.cli.common import EXIT_USAGE, console, fail, open_store, out, say_error
+from lowtide.core.auto_spec import duration_text, parse_duration
+from lowtide.core.clock import SystemClock
+from lowtide.core.errors import LowtideError
+from lowtide.engine.control import cancel_job, job_status
+from lowtide.engine.retention import InFlightError, delete_job, in_flight, prune
+
+Yes = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation (needed where no one can answer: cron, a pipe).")]
+
+
+def register(app: typer.Typer) -> None:
+    app.command("delete", short_help="Delete a job and everything stored for it.")(delete)
+    app.command("prune", short_help="Drop the payloads and answers of old finished jobs; keep their ledger.")(prune_command)
+
+
+def _confirm(question: str, yes: bool) -> None:
+    """Ask, unless --yes; with no terminal to ask on, refuse (exit 2) rather than guess."""
+    if yes:
+        return
+    if not sys.stdin.isatty():
+        say_error(f"{question.rstrip('?')}: no terminal to confirm on; pass --yes to go ahead")
+        raise typer.Exit(EXIT_USAGE)
+    if not typer.confirm(question, default=False):
+        say_error("nothing deleted")
+        raise typer.Exit(EXIT_USAGE)
+
+
+def delete(
+    job: Annotated[str, typer.Argument(help="The job's name (the `name:` of its spec).", show_default=False)],
+    yes: Yes = False,
+    cancel: Annotated[
+        bool,
+        typer.Option("--cancel", help="Cancel the job first (as `lowtide cancel` does); delete only once none of its batches is in flight."),
+    ] = False,
+) -> None:
+    """Delete a job and everything stored for it: requests, answers, batches, attempts
+    (its ledger), events. In one transaction; other jobs are not touched.
+
+    Refused while any of its batches is in flight (sent and not back): their results would
+    come back to nothing. `--cancel` cancels the job first; batches a provider is still
+    stopping keep the job until `lowtide tick` or a worker has collected them, then run
+    delete again.
+
+    Example: lowtide delete test-tickets --yes
+    """
+    clock = SystemClock()
+    try:
+        with open_store(create=False) as store:
+            status = job_status(store, job, events=0)
+            flying = in_flight(store, job)
+            if flying and not cancel:
+                raise InFlightError(
+                    f'job "{job}" has {len(flying)} batch(es) in flight ({"; ".join(str(f) for f in flying[:5])}): nothing '
+                    f"deleted; pass --cancel to cancel it first (`lowtide delete {job} --cancel`), or wait until they end",
+                    [str(f) for f in flying],
+                )
+            _confirm(f"delete job {job} ({status.state}, {status.total:,} request(s)) and everything stored for it?", yes)
+            if cancel:
+                n = cancel_job(store, job, clock)
+                if n:
+                    console.print(f"cancelled {job}: {n:,} unsent request(s) cancelled", markup=False)
+                flying = in_flight(store, job)
+                if flying:
+                    say_error(
+                        f"{job}: cancelled, but {len(flying)} batch(es) are still in flight, asked to stop "
+                        f"({'; '.join(str(f) for f in flying[:5])}); nothing deleted. Run `lowtide tick` or a worker "
+                        f"until they end, then `lowtide delete {job}` again"
+                    )
+                    raise typer.Exit(EXIT_USAGE)
+            counts = delete_job(store, job, clock)
+    except LowtideError as err:
+        raise fail(err) from None
+    order = ["requests", *(t for t in counts if t not in ("requests", "jobs"))]
+    rows = ", ".join(f"{counts[table]:,} {table}" for table in order if counts[table])
+    out.print(f"deleted {job}" + (f": {rows}" if rows else ""), markup=False)
+
+
+def prune_command(
+    older_than: Annotated[
+        str, typer.Option("--older-than", help="Jobs finished (or cancelled) longer ago than this: 30d, 12h, 90m.", show_default=False)
+    ],
+    keep_results: Annotated[
+        bool, typer.Option("--keep-results", help="Keep the answers (output, parsed); drop only payloads and raw responses.")
+    ] = False,
+    yes: Yes = False,
+) -> None:
+    """Drop what old finished jobs no longer need: the payloads that were sent, the providers'
+    whole responses and (unless --keep-results) the answers. Request states, token counts,
+    errors, attempts and events stay, so `lowtide status` and `lowtide report` add up as
+    before. Failed and cancelled requests keep their payload (`lowtide retry` sends it).
+
+    Example: lowtide prune --older-than 30d --keep-results --yes
+    """
+    try:
+        seconds = parse_duration(older_than)
+    except ValueError:
+        say_error(f"--older-than {older_than!r}: give a duration such as 30d, 12h or 90m")
+        raise typer.Exit(EXIT_USAGE) from None
+    clock = SystemClock()
+    try:
+        with open_store(create=False) as store:
+            preview = prune(store, clock, seconds, keep_results=keep_results, dry_run=True)
+            if not preview.jobs:
+                out.print(f"nothing to prune: no finished job older than {duration_text(seconds)} has bodies left", markup=False)
+                return
+            what = "payloads and raw responses" if keep_results else "payloads, responses and answers"
+            names = ", ".join(preview.jobs[:10]) + (f" and {len(preview.jobs) - 10} more" if len(preview.jobs) > 10 else "")
+            _confirm(f"drop the {what} of {len(preview.jobs)} job(s) ({names}), about {_size(preview.bytes)}?", yes)
+            done = prune(store, clock, seconds, keep_results=keep_results)
+    except LowtideError as err:
+        raise fail(err) from None
+    out.print(
+        f"pruned {len(done.jobs)} job(s): {done.requests:,} request(s), {done.versions:,} earlier version(s), "
+        f"about {_size(done.bytes)} freed (the database file shrinks after a VACUUM)",
+        markup=False,
+    )
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1024
+    return f"{n} B"

@@ -1,0 +1,215 @@
+"""What a store keeps, and for how long: `lowtide delete` (one job and every row of it) and
+`lowtide prune` (the bodies of old finished jobs, their ledger kept).
+
+Deleting rows is not a state move: no request changes state here. A job with batches in
+flight is refused (their results would come back to nothing, and they are paid for); the
+CLI's `--cancel` cancels it first through `engine.control.cancel_job`, the one cancel path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sqlalchemy import Connection, delete, func, or_, select, update
+
+from lowtide.core.clock import Clock
+from lowtide.core.errors import InputError
+from lowtide.core.states import DispatchState, JobState, RequestState
+from lowtide.store.db import Store
+from lowtide.store.gateway_schema import gateway_flushes
+from lowtide.store.queries import LIVE_DISPATCH_STATES, add_event, get_job
+from lowtide.store.schema import (
+    attempts,
+    dispatch_phases,
+    dispatches,
+    events,
+    jobs,
+    repair_sends,
+    request_versions,
+    requests,
+)
+from lowtide.store.transitions import lock_job
+
+# A dispatch in these states has reached (or may have reached) its route, or is executing.
+IN_FLIGHT_STATES = (DispatchState.SUBMITTING.value, DispatchState.SUBMITTED.value, DispatchState.RUNNING.value)
+
+# Every table that holds rows of a job, children first (foreign keys point at the later ones).
+# `dispatch_phases` belongs to a job through its dispatch.
+JOB_TABLES = ("dispatch_phases", "repair_sends", "attempts", "request_versions", "requests", "dispatches", "events", "jobs")
+
+
+class InFlightError(InputError):
+    """The job has batches or direct dispatches in flight: deleting it now would lose what
+    they bring back (and what they cost)."""
+
+    def __init__(self, message: str, batches: list[str]):
+        super().__init__(message)
+        self.batches = batches
+
+
+@dataclass(slots=True)
+class InFlight:
+    """A dispatch of the job that is out at its route."""
+
+    id: int
+    route: str
+    kind: str
+    state: str
+    provider_id: str | None
+
+    def __str__(self) -> str:
+        what = "batch" if self.kind == "batch" else "direct dispatch"
+        at = f" {self.provider_id}" if self.provider_id else ""
+        return f"{what} {self.id}{at} on {self.route} ({self.state})"
+
+
+def in_flight(store: Store, name: str) -> list[InFlight]:
+    """The job's dispatches that are out at their route now."""
+    with store.read() as conn:
+        return _in_flight(conn, get_job(conn, name).id)
+
+
+def _in_flight(conn: Connection, job_id: int) -> list[InFlight]:
+    d = dispatches.c
+    rows = conn.execute(
+        select(d.id, d.route, d.kind, d.state, d.provider_id)
+        .where(d.job_id == job_id, d.state.in_(IN_FLIGHT_STATES))
+        .order_by(d.id)
+    ).all()
+    return [InFlight(*row) for row in rows]
+
+
+def delete_job(store: Store, name: str, clock: Clock) -> dict[str, int]:
+    """Delete the job and every row that belongs to it, in one transaction; rows deleted per
+    table. Refused (InFlightError) while any of its dispatches is in flight, and while a
+    gateway flush that made the job is still collecting its results."""
+    now = clock.now()
+    with store.begin() as conn:
+        job = get_job(conn, name)
+        lock_job(conn, job.id)  # a worker changing this job's requests finishes first, or waits
+        flying = _in_flight(conn, job.id)
+        if flying:
+            listed = "; ".join(str(f) for f in flying[:5]) + (f"; and {len(flying) - 5} more" if len(flying) > 5 else "")
+            raise InFlightError(
+                f'job "{name}" has {len(flying)} batch(es) in flight ({listed}): nothing deleted. Pass --cancel to '
+                "cancel the job first, then let `lowtide tick` or a worker collect what those batches end with, "
+                "and delete again",
+                [str(f) for f in flying],
+            )
+        flush = conn.execute(
+            select(gateway_flushes.c.id).where(gateway_flushes.c.job_name == name, gateway_flushes.c.state != "done")
+        ).first()
+        if flush is not None:
+            raise InFlightError(
+                f'job "{name}" is a gateway flush whose results the gateway is still collecting: nothing deleted; '
+                "delete it once `lowtide gateway status` shows its requests done",
+                [f"gateway flush {flush.id}"],
+            )
+        counts = _delete_rows(conn, job.id)
+        add_event(conn, None, "deleted", f'job "{name}" deleted: ' + ", ".join(f"{n} {t}" for t, n in counts.items() if n), now)
+    return counts
+
+
+def _delete_rows(conn: Connection, job_id: int) -> dict[str, int]:
+    of_job = select(dispatches.c.id).where(dispatches.c.job_id == job_id)
+    statements = {
+        "dispatch_phases": delete(dispatch_phases).where(dispatch_phases.c.dispatch_id.in_(of_job)),
+        "repair_sends": delete(repair_sends).where(repair_sends.c.job_id == job_id),
+        "attempts": delete(attempts).where(attempts.c.job_id == job_id),
+        "request_versions": delete(request_versions).where(request_versions.c.job_id == job_id),
+        "requests": delete(requests).where(requests.c.job_id == job_id),
+        "dispatches": delete(dispatches).where(dispatches.c.job_id == job_id),
+        "events": delete(events).where(events.c.job_id == job_id),
+        "jobs": delete(jobs).where(jobs.c.id == job_id),
+    }
+    assert tuple(statements) == JOB_TABLES
+    return {table: conn.execute(stmt).rowcount for table, stmt in statements.items()}
+
+
+# prune --------------------------------------------------------------------------------
+
+# What a pruned payload becomes: `requests.payload` is NOT NULL, and a reader that meets it
+# finds valid JSON that says what happened rather than a request to send.
+PRUNED = '{"pruned": true}'
+
+PRUNABLE_JOB_STATES = (JobState.FINISHED.value, JobState.CANCELLED.value)
+
+
+@dataclass(slots=True)
+class Pruned:
+    jobs: list[str] = field(default_factory=list)
+    requests: int = 0  # request rows whose bodies were dropped
+    versions: int = 0  # earlier versions (request_versions rows) likewise
+    bytes: int = 0  # characters of the bodies dropped
+
+
+def prunable_jobs(conn: Connection, cutoff: float) -> list[tuple[int, str]]:
+    """Jobs finished or cancelled before `cutoff`, with no dispatch still live."""
+    live = select(dispatches.c.id).where(dispatches.c.job_id == jobs.c.id, dispatches.c.state.in_(LIVE_DISPATCH_STATES)).exists()
+    rows = conn.execute(
+        select(jobs.c.id, jobs.c.name)
+        .where(
+            jobs.c.state.in_(PRUNABLE_JOB_STATES),
+            func.coalesce(jobs.c.finished_at, jobs.c.updated_at) < cutoff,
+            ~live,
+        )
+        .order_by(jobs.c.id)
+    ).all()
+    return [(job_id, name) for job_id, name in rows]
+
+
+def prune(store: Store, clock: Clock, older_than_s: float, *, keep_results: bool = False, dry_run: bool = False) -> Pruned:
+    """Drop the request bodies of jobs finished (or cancelled) more than `older_than_s` ago:
+    the payloads sent and the providers' whole responses, and unless `keep_results` the
+    answers too (output, parsed, the plain-answer record). States, token counts, errors,
+    attempts (the ledger) and events are kept, so `lowtide report` adds up as before.
+
+    Only succeeded requests lose their payload: a failed or cancelled one keeps it, so that
+    `lowtide retry` can still send it; and a request stored before fingerprints (m008)
+    keeps it, since a later load compares those by payload."""
+    now = clock.now()
+    cutoff = now - older_than_s
+    result = Pruned()
+    r, v = requests.c, request_versions.c
+    answer_cols = [] if keep_results else [r.output, r.parsed, r.plain_answer]
+    version_answer_cols = [] if keep_results else [v.output, v.parsed]
+    with store.begin() as conn:
+        for job_id, name in prunable_jobs(conn, cutoff):
+            lock_job(conn, job_id)
+            drop_payload = (r.state == RequestState.SUCCEEDED.value) & r.fingerprint.is_not(None) & (r.payload != PRUNED)
+            size = _length_sum(conn, requests, [r.response, r.repair, *answer_cols], r.job_id == job_id)
+            size += conn.execute(
+                select(func.coalesce(func.sum(func.length(r.payload)), 0)).where(r.job_id == job_id, drop_payload)
+            ).scalar_one()
+            size += _length_sum(conn, request_versions, [v.response, *version_answer_cols], v.job_id == job_id)
+            size += conn.execute(
+                select(func.coalesce(func.sum(func.length(v.payload)), 0)).where(v.job_id == job_id, v.payload != PRUNED)
+            ).scalar_one()
+            if not size:
+                continue
+            result.jobs.append(name)
+            result.bytes += int(size)
+            if dry_run:
+                continue
+            bodies = (r.response, r.repair, *answer_cols)
+            has_body = or_(*(c.is_not(None) for c in bodies))
+            result.requests += conn.execute(
+                select(func.count()).where(r.job_id == job_id, or_(has_body, drop_payload))
+            ).scalar_one()
+            conn.execute(update(requests).where(r.job_id == job_id, has_body).values(**{c.name: None for c in bodies}))
+            conn.execute(update(requests).where(r.job_id == job_id, drop_payload).values(payload=PRUNED))
+            result.versions += conn.execute(
+                update(request_versions)
+                .where(v.job_id == job_id, v.payload != PRUNED)
+                .values(payload=PRUNED, response=None, **{c.name: None for c in version_answer_cols})
+            ).rowcount
+            what = "payloads and raw responses" if keep_results else "payloads, responses and answers"
+            add_event(conn, job_id, "pruned", f"{what} of finished requests dropped ({int(size):,} characters)", now)
+    return result
+
+
+def _length_sum(conn: Connection, table, columns, where) -> int:
+    if not columns:
+        return 0
+    total = sum((func.coalesce(func.length(c), 0) for c in columns[1:]), func.coalesce(func.length(columns[0]), 0))
+    return int(conn.execute(select(func.coalesce(func.sum(total), 0)).select_from(table).where(where)).scalar_one())
