@@ -196,3 +196,23 @@ def _bodies(store, name):
         return conn.execute(
             sa.select(r.payload, r.response, r.output, r.parsed).where(r.job_id == job_id).order_by(r.id)
         ).all()
+
+
+def test_delete_removes_the_repair_sends_of_the_job(store, tmp_path, clock, monkeypatch):
+    from tests.engine.answers import answer_all, chat, choice, loaded_job
+
+    schema = {"type": "object", "properties": {"label": {"enum": ["billing"]}}, "required": ["label"]}
+    good, bad = '{"label": "billing"}', '{"label": "sales"}'
+    drive_to_end(store, _spec(tmp_path, "keep"), clock)
+    keep = _rows(store, "keep")
+    job = loaded_job(store, clock, tmp_path, monkeypatch, ["ok", "mended"], response_schema=schema)
+    answer_all(store, job, {"ok": chat(choice(0, good)), "mended": chat(choice(0, bad))})
+    answer_all(store, job, {"mended": chat(choice(0, good))})  # the repair attempt
+    with store.begin() as conn:  # the helper ingests without ending its batches: end them, as a poll would
+        conn.execute(sa.update(dispatches).where(dispatches.c.job_id == job.id).values(state="ended"))
+    before = _rows(store, "tickets")
+    assert before["repair_sends"] == 1 and before["attempts"] == 3
+
+    assert delete_job(store, "tickets", clock) == before
+    assert _rows(store, "tickets") == dict.fromkeys(JOB_TABLES, 0)
+    assert _rows(store, "keep") == keep
