@@ -13,6 +13,7 @@ from lowtide import __version__
 from lowtide.cli import estimate, evals, gateway, jobs, prices, render, report, serve, trial, worker
 from lowtide.cli.argv import VALUE_OPTIONS, hoist_global_options
 from lowtide.cli.common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, state
+from lowtide.cli.dashboard import register as register_dashboard
 from lowtide.cli.helptext import tidy
 from lowtide.cli.retention import register as register_retention
 from lowtide.core.runtime import tune_gc
@@ -59,6 +60,7 @@ app.command("compare")(evals.compare_command)
 gateway.register(app)
 render.register(app)
 trial.register(app)
+register_dashboard(app)
 register_retention(app)
 
 

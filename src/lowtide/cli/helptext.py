@@ -25,6 +25,7 @@ SUMMARIES = {
     "compare": "Compare an eval's variants, with statistics and cost.",
     "gateway": "Real time for urgent calls, batches for the rest.",
     "gateway-status": "The gateway's deferred requests by state.",
+    "dashboard": "The dashboard alone over a store, read-only; no batch API.",
 }
 
 

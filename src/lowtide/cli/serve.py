@@ -101,12 +101,7 @@ def serve(
             say_error(f"--option {item!r}: write KEY=VALUE, e.g. --option slots=8")
             raise typer.Exit(EXIT_USAGE)
         route_options[key.strip()] = yaml.safe_load(value)
-    if api_key:
-        print(f"lowtide: warning: --api-key shows the key to anyone who can list processes; give it with --api-key-file PATH "
-              f"or {KEYS_ENV} instead", file=sys.stderr)  # fmt: skip
-    keys = list(api_key or []) + env_list(KEYS_ENV) + (_key_file(api_key_file) if api_key_file else [])
-    hosts = [host_name(h) for h in list(allow_host or []) + env_list(HOSTS_ENV)]
-    origins = [origin_name(o) for o in list(allow_origin or []) + env_list(ORIGINS_ENV)]
+    keys, hosts, origins = access(api_key, api_key_file, allow_host, allow_origin)
     limits = {name: _size(flag, value) for name, flag, value in (
         ("max_request_bytes", "--max-request-size", max_request_size), ("anthropic_max_bytes", "--max-batch-size", max_batch_size),
         ("max_file_bytes", "--max-file-size", max_file_size))}  # fmt: skip
@@ -124,23 +119,47 @@ def serve(
     server = app.state.server
     # Listening before anything is printed: the URLs below are the port it got (`--port 0`:
     # any free one), and a port already taken fails here, by name, not inside uvicorn.
-    try:
-        sock = _listen(host, port)
-    except OSError as err:
-        print(f"lowtide: cannot listen on {host}:{port}: {err.strerror or err}; give another --port (0: any free one)", file=sys.stderr)
-        raise typer.Exit(EXIT_ERROR) from None
+    sock = bind(host, port)
     port = sock.getsockname()[1]
     console.print(f"lowtide serve: backend {backend}, store {server.store.describe()}, files in {server.data_dir}")
     console.print(f"  OpenAI:    OpenAI(base_url=\"http://{host}:{port}/v1\")")
     console.print(f"  Anthropic: Anthropic(base_url=\"http://{host}:{port}\")")
     if time_scale != 1.0 or complete_after or faults:
         console.print(f"  testing: time scale {time_scale:g}, complete after {complete_after:g} s, faults {faults or 'none'}")
-    if keys:  # with none, the app itself warns that any key is accepted
-        console.print(f"  {len(keys)} API key(s) accepted")
-    else:
-        names = "any name (--allow-host *)" if "*" in hosts else "only to " + ", ".join(["localhost", "IP addresses", *hosts])
-        console.print(f"  no API key: answers {names}")
+    console.print(f"  {access_note(keys, hosts)}")  # with no key, the app itself warns too
     uvicorn.Server(listen.config(app, header_timeout=header_timeout, log_level="warning")).run(sockets=[sock])
+
+
+# The access options serve shares with `lowtide dashboard` (cli/dashboard.py) --------------
+def access(
+    api_key: list[str] | None, api_key_file: Path | None, allow_host: list[str] | None, allow_origin: list[str] | None
+) -> tuple[list[str], list[str], list[str]]:
+    """The keys, extra host names and origins of the options and their environment variables."""
+    if api_key:
+        print(f"lowtide: warning: --api-key shows the key to anyone who can list processes; give it with --api-key-file PATH "
+              f"or {KEYS_ENV} instead", file=sys.stderr)  # fmt: skip
+    keys = list(api_key or []) + env_list(KEYS_ENV) + (_key_file(api_key_file) if api_key_file else [])
+    hosts = [host_name(h) for h in list(allow_host or []) + env_list(HOSTS_ENV)]
+    origins = [origin_name(o) for o in list(allow_origin or []) + env_list(ORIGINS_ENV)]
+    return keys, hosts, origins
+
+
+def access_note(keys: list[str], hosts: list[str]) -> str:
+    """Who the server answers, in a few words (never a key)."""
+    if keys:
+        return f"{len(keys)} API key(s) accepted"
+    names = "any name (--allow-host *)" if "*" in hosts else "only to " + ", ".join(["localhost", "IP addresses", *hosts])
+    return f"no API key: answers {names}"
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """The listening socket, bound before anything is printed (`--port 0`: any free one); a
+    port already taken ends the command by name (exit 3), not inside uvicorn."""
+    try:
+        return _listen(host, port)
+    except OSError as err:
+        print(f"lowtide: cannot listen on {host}:{port}: {err.strerror or err}; give another --port (0: any free one)", file=sys.stderr)
+        raise typer.Exit(EXIT_ERROR) from None
 
 
 def _key_file(path: Path) -> list[str]:

@@ -85,16 +85,21 @@ def progress_by_job(conn: Connection) -> dict[int, Progress]:
     return {job_id: Progress.of(counts) for job_id, counts in out.items()}
 
 
-def failures(conn: Connection, job_id: int | None = None) -> Failures:
-    """Failed requests by reason, and failed attempts, of one job or of every job."""
+def failures(conn: Connection, job_id: int | None = None, *, among: Any = None) -> Failures:
+    """Failed requests by reason, and failed attempts, of one job or of every job (of the
+    jobs whose ids `among`, a query of job ids, selects)."""
     r, a = requests.c, attempts.c
     where_r = [r.state == RequestState.FAILED.value] + ([r.job_id == job_id] if job_id is not None else [])
+    where_a = [a.job_id == job_id] if job_id is not None else []
+    if among is not None:
+        where_r.append(r.job_id.in_(among))
+        where_a.append(a.job_id.in_(among))
     reasons: dict[str, int] = {}
     for code, n in conn.execute(select(r.error_code, func.count()).where(*where_r).group_by(r.error_code)):
         reasons[code or "unknown"] = reasons.get(code or "unknown", 0) + n
     tries, billed = conn.execute(
         select(func.count(), func.coalesce(func.sum(case((a.billed.is_(True), 1), else_=0)), 0)).where(
-            a.ok.is_(False), *([a.job_id == job_id] if job_id is not None else [])
+            a.ok.is_(False), *where_a
         )
     ).one()
     ordered = dict(sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])))

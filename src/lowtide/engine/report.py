@@ -152,8 +152,9 @@ class CostReport:
         }  # fmt: skip
 
 
-def cost_report(store: Store, *, job: str | None = None, since: float | None = None, by: str | None = None) -> CostReport:
-    """Sum the ledger's attempts (of one job, from a time on) by `by` (see GROUPINGS)."""
+def cost_report(store: Store, *, job: str | None = None, since: float | None = None, by: str | None = None, among: Any = None) -> CostReport:
+    """Sum the ledger's attempts (of one job, from a time on; of the jobs whose ids `among`,
+    a query of job ids, selects) by `by` (see GROUPINGS)."""
     if by is not None and by not in GROUPINGS:
         raise ValueError(f"--by {by}: use one of {', '.join(GROUPINGS)}")
     a = attempts.c
@@ -177,6 +178,8 @@ def cost_report(store: Store, *, job: str | None = None, since: float | None = N
             stmt = stmt.where(a.job_id == get_job(conn, job).id)
         if since is not None:
             stmt = stmt.where(a.at >= since)
+        if among is not None:
+            stmt = stmt.where(a.job_id.in_(among))
         rows = conn.execute(stmt).all()
         specs = {r.id: (r.name, r.spec) for r in conn.execute(select(jobs.c.id, jobs.c.name, jobs.c.spec))}
     names = {jid: name for jid, (name, _) in specs.items()}

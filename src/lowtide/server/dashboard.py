@@ -18,6 +18,12 @@ requests (the reasons add up to it); failed attempts (tries) are shown apart, as
 Cost figures are `cost_report`'s own (`Figures.as_dict`, the numbers `lowtide report --json`
 prints): amounts are decimal strings and an unknown cost is counted apart, never as 0.
 
+Serve's own API jobs (one per API batch, named after it: server/intake.py) are listed with
+the rest under `lowtide serve`. `lowtide dashboard` (server/dashboard_app.py: this dashboard
+alone, over any store) leaves them out, of the list, the totals, the failures and the series,
+and answers 404 for one by name; `?api_jobs=true` (on the page, or any endpoint) shows them,
+`?api_jobs=false` hides them under serve too.
+
 With API keys configured, the dashboard and `/metrics` need one too: an `x-api-key` or
 `Authorization: Bearer` header, or the cookie `/dashboard?key=KEY` sets (an HMAC of the key,
 HttpOnly, so that the key itself is in neither the page nor the cookie jar).
@@ -35,7 +41,7 @@ from typing import Annotated, Any
 import jinja2
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
-from sqlalchemy import Integer, and_, case, cast, func, or_, select
+from sqlalchemy import Integer, Select, and_, case, cast, exists, func, or_, select
 
 from lowtide.core.errors import JobNotFoundError
 from lowtide.engine import overview
@@ -81,6 +87,35 @@ def refused(request: Request) -> Response:
     return JSONResponse({"error": message}, status_code=401)
 
 
+# Serve's API jobs ------------------------------------------------------------------------
+ApiJobs = Annotated[bool | None, Query(description="list serve's own API batch jobs (default: yes under lowtide serve, no under lowtide dashboard)")]
+
+
+def serve_job(dialect: str) -> Any:
+    """True for a job `lowtide serve` runs one of its API batches as: named as the batch
+    (`batch_…`, `msgbatch_…`, `lt…`), or the batch id then `.1`, `.2`, … for its other
+    models (server/intake.py). A batch id holds no dot. Correlates with `jobs`."""
+    name = jobs.c.name
+    dot = func.instr(name, ".") if dialect == "sqlite" else func.strpos(name, ".")
+    return exists().where(serve_batches.c.id == case((dot > 0, func.substr(name, 1, dot - 1)), else_=name))
+
+
+def hiding(request: Request, api_jobs: bool | None) -> Select | None:
+    """The ids of the jobs shown when serve's API jobs are left out; None: every job."""
+    if api_jobs if api_jobs is not None else getattr(request.app.state, "api_jobs", True):
+        return None
+    store: Store = request.app.state.server.store
+    return select(jobs.c.id).where(~serve_job(store.engine.dialect.name))
+
+
+def hidden(conn: Any, shown: Select | None, name: str) -> Response | None:
+    """The 404 for a job by name that is one of serve's API jobs left out, or None."""
+    if shown is None or not conn.execute(select(jobs.c.id).where(jobs.c.name == name, serve_job(conn.dialect.name))).first():
+        return None
+    return JSONResponse({"error": f"job {name!r} is one of lowtide serve's API batches, not listed here; add ?api_jobs=true to see it"},
+                        status_code=404)  # fmt: skip
+
+
 # The page ------------------------------------------------------------------------------
 @router.get("/dashboard")
 def page(request: Request, key: str | None = None,
@@ -104,22 +139,26 @@ def page(request: Request, key: str | None = None,
 
 # The API -------------------------------------------------------------------------------
 @router.get("/dashboard/api/jobs")
-def list_jobs(request: Request) -> Response:
+def list_jobs(request: Request, api_jobs: ApiJobs = None) -> Response:
     if not viewer_allowed(request):
         return refused(request)
     store: Store = request.app.state.server.store
-    report = cost_report(store, by="job")
+    shown = hiding(request, api_jobs)
+    report = cost_report(store, by="job", among=shown)
     costs = {g.group: g for g in report.groups}
-    with store.begin() as conn:
+    where = [] if shown is None else [jobs.c.id.in_(shown)]
+    with store.read() as conn:
         rows = conn.execute(
             select(jobs.c.id, jobs.c.name, jobs.c.state, jobs.c.route, jobs.c.created_at, jobs.c.updated_at, jobs.c.finished_at)
+            .where(*where)
             .order_by(jobs.c.id.desc())
             .limit(MAX_JOBS)
         ).all()
         progress = overview.progress_by_job(conn)
-        failures = overview.failures(conn)
+        failures = overview.failures(conn, among=shown)
         batches = dict(conn.execute(select(serve_batches.c.status, func.count()).group_by(serve_batches.c.status)).all())
-        job_count = conn.execute(select(func.count()).select_from(jobs)).scalar_one()
+        every = conn.execute(select(func.count()).select_from(jobs)).scalar_one()
+        job_count = every if shown is None else conn.execute(select(func.count()).select_from(jobs).where(*where)).scalar_one()
     listed = []
     for row in rows:
         p = progress.get(row.id) or overview.Progress()
@@ -132,19 +171,22 @@ def list_jobs(request: Request) -> Response:
     return _json({
         "generated_at": time.time(), "job_count": job_count, "jobs": listed,
         "total": report.total.as_dict(), "failures": failures.by_reason, "failure_figures": failures.as_dict(),
-        "api_batches": batches,
+        "api_batches": batches, "api_jobs": shown is None, "api_jobs_hidden": every - job_count,
     })  # fmt: skip
 
 
 @router.get("/dashboard/api/jobs/{name:path}")
-def job_detail(request: Request, name: str) -> Response:
+def job_detail(request: Request, name: str, api_jobs: ApiJobs = None) -> Response:
     if not viewer_allowed(request):
         return refused(request)
     store: Store = request.app.state.server.store
+    with store.read() as conn:
+        if (gone := hidden(conn, hiding(request, api_jobs), name)) is not None:
+            return gone
     try:
         status = job_status(store, name, events=20)
         report = cost_report(store, job=name, by="route")
-        with store.begin() as conn:
+        with store.read() as conn:
             row = get_job(conn, name)
             progress = overview.Progress.of(status.counts)
             failures = overview.failures(conn, row.id)
@@ -172,13 +214,15 @@ def job_detail(request: Request, name: str) -> Response:
 @router.get("/dashboard/api/failed")
 def failed(request: Request, job: str, reason: str | None = None, q: str | None = None,
            offset: Annotated[int, Query(ge=0)] = 0,
-           limit: Annotated[int, Query(ge=1, le=overview.MAX_PAGE)] = 50) -> Response:  # fmt: skip
+           limit: Annotated[int, Query(ge=1, le=overview.MAX_PAGE)] = 50, api_jobs: ApiJobs = None) -> Response:  # fmt: skip
     """One page of a job's failed requests, filtered by reason and by text."""
     if not viewer_allowed(request):
         return refused(request)
     store: Store = request.app.state.server.store
     try:
-        with store.begin() as conn:
+        with store.read() as conn:
+            if (gone := hidden(conn, hiding(request, api_jobs), job)) is not None:
+                return gone
             found = overview.failed_rows(conn, get_job(conn, job).id, reason=reason or None, search=q or None, offset=offset, limit=limit)
     except JobNotFoundError as err:
         return JSONResponse({"error": str(err)}, status_code=404)
@@ -186,7 +230,7 @@ def failed(request: Request, job: str, reason: str | None = None, q: str | None 
 
 
 @router.get("/dashboard/api/series")
-def series(request: Request, job: str | None = None, bucket: str = "auto") -> Response:
+def series(request: Request, job: str | None = None, bucket: str = "auto", api_jobs: ApiJobs = None) -> Response:
     """Per time bucket: attempts, failures, known cost, its real-time equivalent and saving
     (as `cost_report` counts them), and attempts of unknown cost."""
     if not viewer_allowed(request):
@@ -194,10 +238,13 @@ def series(request: Request, job: str | None = None, bucket: str = "auto") -> Re
     if bucket != "auto" and bucket not in BUCKETS:
         return JSONResponse({"error": f"bucket {bucket!r}: use auto, {', '.join(BUCKETS)}"}, status_code=400)
     store: Store = request.app.state.server.store
+    shown = hiding(request, api_jobs)
     a = attempts.c
-    with store.begin() as conn:
-        where = []
+    with store.read() as conn:
+        where = [] if shown is None else [a.job_id.in_(shown)]
         if job is not None:
+            if (gone := hidden(conn, shown, job)) is not None:
+                return gone
             job_id = conn.execute(select(jobs.c.id).where(jobs.c.name == job)).scalar()
             if job_id is None:
                 return JSONResponse({"error": f'no job named "{job}"'}, status_code=404)

@@ -103,8 +103,11 @@ function renderTotals(data) {
     ["failed requests", field("failed_requests", data.failure_figures.requests, count(data.failure_figures.requests), { class: data.failure_figures.requests ? "bad" : "" })],
     ["attempts (tries)", field("attempts", t.attempts, count(t.attempts))],
     ["failed attempts", field("failures", t.failures, `${count(t.failures)} (${count(t.billed_failures)} billed)`)],
-    ["API batches", field("api_batches", JSON.stringify(data.api_batches),
-      Object.entries(data.api_batches).map(([s, n]) => `${n} ${s}`).join(", ") || "none")],
+    data.api_jobs === false
+      ? ["serve's API batch jobs", field("api_jobs_hidden", data.api_jobs_hidden,
+        data.api_jobs_hidden ? `${count(data.api_jobs_hidden)} not listed (?api_jobs=true)` : "none")]
+      : ["API batches", field("api_batches", JSON.stringify(data.api_batches),
+        Object.entries(data.api_batches).map(([s, n]) => `${n} ${s}`).join(", ") || "none")],
   ];
   document.querySelector("#totals .tiles").replaceChildren(
     ...tiles.map(([label, value]) => el("div", { class: "tile" }, el("div", { class: "label" }, label), el("div", { class: "value" }, value))),
@@ -325,7 +328,11 @@ function hideDetail() {
   drawn.delete("failed");
 }
 
+// `?api_jobs=true|false` on the page: every call asks the same (serve's own API batch jobs).
+const API_JOBS = new URLSearchParams(location.search).get("api_jobs");
+
 async function get(path) {
+  if (API_JOBS !== null) path += `${path.includes("?") ? "&" : "?"}api_jobs=${encodeURIComponent(API_JOBS)}`;
   const response = await fetch(path, { cache: "no-store", credentials: "same-origin" });
   if (!response.ok) {
     const body = await response.json().catch(() => ({}));
