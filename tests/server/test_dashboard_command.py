@@ -228,13 +228,14 @@ def test_serves_jobs_are_told_apart_by_their_batch_on_each_store(store, tmp_path
     (`msgbatch_….1`); a user's job named like one, with no such batch, stays listed."""
     from fastapi.testclient import TestClient
 
+    from lowtide.engine.loader import load_job
     from lowtide.server import records
     from lowtide.server.context import ServeConfig
     from lowtide.server.dashboard_app import create_dashboard_app
 
     source = write_csv(tmp_path / "tickets.csv", ticket_rows(2))
     for name in ("tickets", "batch_abc", "msgbatch_01xyz.1", "batch_ab", "batch_abc2", "lt.1"):
-        drive_to_end(store, make_spec(source, name=name), ManualClock())
+        load_job(store, make_spec(source, name=name), ManualClock())  # stored is enough (no event loop: Playwright's runs)
     with store.begin() as conn:
         for batch_id in ("batch_abc", "msgbatch_01xyz", "ltfeed"):
             records.insert_batch(conn, id=batch_id, api="openai", jobs=[], faults={}, total=0, rejected=0, created_at=0.0, expires_at=1.0)
