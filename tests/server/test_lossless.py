@@ -194,11 +194,12 @@ def test_a_responses_batch_to_an_upstream_keeps_body_and_answer(serve, capture):
     assert line["response"]["body"] == capture.answer("responses", body) | {"model": "gpt-asked"}
 
 
-def test_moderations_batches_are_still_refused_clearly(server):
+def test_a_batch_of_an_endpoint_serve_does_not_run_is_refused_clearly(server):
+    # (/v1/moderations batches run since b28d2a8: tests/routes/test_moderations.py.)
     client = server.openai()
     file = upload(client, [chat_line("a")])
-    with pytest.raises(openai.BadRequestError, match="not /v1/moderations") as err:
-        client.batches.create(input_file_id=file.id, endpoint="/v1/moderations", completion_window="24h")
+    with pytest.raises(openai.BadRequestError, match="not /v1/images/generations") as err:
+        client.batches.create(input_file_id=file.id, endpoint="/v1/images/generations", completion_window="24h")
     assert err.value.body["param"] == "endpoint"
 
 

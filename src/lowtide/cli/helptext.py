@@ -26,6 +26,10 @@ SUMMARIES = {
     "gateway": "Real time for urgent calls, batches for the rest.",
     "gateway-status": "The gateway's deferred requests by state.",
     "dashboard": "The dashboard alone over a store, read-only; no batch API.",
+    "render": "The exact request bodies a job would send; sends nothing.",
+    "try": "One prompt in real time, stored as a one-row job.",
+    "delete": "Delete a job and everything stored for it.",
+    "prune": "Drop old finished jobs' payloads and answers.",
 }
 
 

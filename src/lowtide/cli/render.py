@@ -18,11 +18,9 @@ from lowtide.core.evals import is_eval_file, load_eval
 from lowtide.core.spec import load_spec
 from lowtide.engine.render_rows import DEFAULT_ROWS, Rendering, render_rows
 
-SUMMARY = "Exact request bodies of a job's rows; sends nothing."
-
 
 def register(app: typer.Typer) -> None:
-    app.command("render", short_help=SUMMARY)(render)
+    app.command("render")(render)
 
 
 def render(

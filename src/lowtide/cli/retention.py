@@ -18,8 +18,8 @@ Yes = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmat
 
 
 def register(app: typer.Typer) -> None:
-    app.command("delete", short_help="Delete a job and everything stored for it.")(delete)
-    app.command("prune", short_help="Drop the payloads and answers of old finished jobs; keep their ledger.")(prune_command)
+    app.command("delete")(delete)
+    app.command("prune")(prune_command)
 
 
 def _confirm(question: str, yes: bool) -> None:

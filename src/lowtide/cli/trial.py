@@ -53,7 +53,6 @@ from lowtide.store.db import Store
 from lowtide.store.queries import get_job
 from lowtide.store.schema import requests
 
-SUMMARY = "One prompt in real time, stored as a one-row job."
 DEFAULT_ROUTE = "echo"
 FOLDER = "lowtide-try"
 ROW_ID = "try"
@@ -63,7 +62,7 @@ DEFAULT_MAX_TOKENS = 1024
 
 
 def register(app: typer.Typer) -> None:
-    app.command("try", short_help=SUMMARY)(try_command)
+    app.command("try")(try_command)
 
 
 def try_command(
