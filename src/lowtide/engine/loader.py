@@ -383,6 +383,12 @@ def check_job(spec: JobSpec, where: str = "job spec") -> tuple[MessageTemplate, 
     check_prices(spec, where)
     check_model(spec, where)
     check_ask(spec, where)
+    return template, open_source(spec, template)
+
+
+def open_source(spec: JobSpec, template: MessageTemplate) -> Source:
+    """The job's source, its columns checked against what the spec uses (where the format
+    says its columns before the rows: CSV, Parquet)."""
     source = Source(spec.resolve(spec.source.path), spec.source.format)
     if source.columns is not None:
         if spec.source.id_column not in source.columns:
@@ -397,7 +403,7 @@ def check_job(spec: JobSpec, where: str = "job spec") -> tuple[MessageTemplate, 
                     f'{source.path}: param_columns.{key} names column "{column}", which it does not have; '
                     f"columns are: {', '.join(source.columns)}"
                 )
-    return template, source
+    return source
 
 
 def load_job(

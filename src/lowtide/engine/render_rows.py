@@ -23,8 +23,16 @@ from lowtide.core.sources import Source, SourceRow
 from lowtide.core.spec import JobSpec
 from lowtide.core.templates import MessageTemplate
 from lowtide.core.types import Request
-from lowtide.engine.loader import FIX, Refused, RowRenderer, _refused, check_ask, check_job
-from lowtide.engine.preflight import check_prices
+from lowtide.engine.loader import (
+    FIX,
+    Refused,
+    RowRenderer,
+    _refused,
+    check_ask,
+    check_job,
+    open_source,
+)
+from lowtide.engine.preflight import check_model, check_prices
 from lowtide.routes import create_route
 
 DEFAULT_ROWS = 3
@@ -163,20 +171,9 @@ def _open(spec: JobSpec, where: str) -> tuple[MessageTemplate, Source, list[Lane
     if not unbuilt:
         template, source = check_job(spec, where)
         return template, source, lanes
-    template = MessageTemplate.from_spec(spec, where)
+    template = MessageTemplate.from_spec(spec, where)  # check_job's checks, less the unbuilt routes
     check_prices(spec, where)
+    check_model(spec, where)
     check_ask(spec, where)
-    source = Source(spec.resolve(spec.source.path), spec.source.format)
-    if source.columns is not None:  # as check_job checks them
-        if spec.source.id_column not in source.columns:
-            raise SourceError(
-                f'{source.path}: no column "{spec.source.id_column}" (source.id_column); columns are: {", ".join(source.columns)}'
-            )
-        template.check_columns(source.columns, source.path.name)
-        for key, column in spec.param_columns.items():
-            if column not in source.columns:
-                raise SourceError(
-                    f'{source.path}: param_columns.{key} names column "{column}", which it does not have; '
-                    f"columns are: {', '.join(source.columns)}"
-                )
+    source = open_source(spec, template)
     return template, source, lanes
