@@ -8,7 +8,15 @@ from typing import Annotated
 import typer
 
 from lowtide.cli.common import console, fail, state
-from lowtide.cli.serve import HOSTS_ENV, KEYS_ENV, ORIGINS_ENV, access, access_note, bind
+from lowtide.cli.serve import (
+    KEYS_ENV,
+    AllowHost,
+    AllowOrigin,
+    HeaderTimeout,
+    access,
+    access_note,
+    bind,
+)
 from lowtide.core.errors import LowtideError
 from lowtide.server.listen import HEADER_TIMEOUT
 from lowtide.store.db import default_location
@@ -25,17 +33,9 @@ def dashboard(
     api_key_file: Annotated[
         Path | None, typer.Option("--api-key-file", help=f"Ask for one of the keys in this file (one a line; # comments; or {KEYS_ENV}=k1,k2).")
     ] = None,
-    allow_host: Annotated[
-        list[str] | None,
-        typer.Option("--allow-host", help=f"With no key, serve this name too, besides localhost and IP addresses (repeatable; or {HOSTS_ENV}; *: any)."),
-    ] = None,
-    allow_origin: Annotated[
-        list[str] | None,
-        typer.Option("--allow-origin", help=f"Accept calls from web pages of this origin, e.g. https://app.example.com (repeatable; or {ORIGINS_ENV})."),
-    ] = None,
-    header_timeout: Annotated[
-        float, typer.Option("--header-timeout", min=0.01, help="Seconds a client may take to send a request's headers (then it is disconnected).")
-    ] = HEADER_TIMEOUT,
+    allow_host: AllowHost = None,
+    allow_origin: AllowOrigin = None,
+    header_timeout: HeaderTimeout = HEADER_TIMEOUT,
     api_jobs: Annotated[
         bool, typer.Option("--api-jobs", help="List `lowtide serve`'s own API batch jobs too (default: left out; ?api_jobs=true on the page).")
     ] = False,

@@ -29,6 +29,19 @@ from lowtide.store.db import default_location
 KEYS_ENV = "LOWTIDE_SERVE_API_KEYS"
 HOSTS_ENV = "LOWTIDE_SERVE_ALLOW_HOSTS"
 ORIGINS_ENV = "LOWTIDE_SERVE_ALLOW_ORIGINS"
+
+# The guard's options, shared with `lowtide dashboard` (cli/dashboard.py).
+AllowHost = Annotated[
+    list[str] | None,
+    typer.Option("--allow-host", help=f"With no key, serve this name too, besides localhost and IP addresses (repeatable; or {HOSTS_ENV}; *: any)."),
+]
+AllowOrigin = Annotated[
+    list[str] | None,
+    typer.Option("--allow-origin", help=f"Accept calls from web pages of this origin, e.g. https://app.example.com (repeatable; or {ORIGINS_ENV})."),
+]
+HeaderTimeout = Annotated[
+    float, typer.Option("--header-timeout", min=0.01, help="Seconds a client may take to send a request's headers (then it is disconnected).")
+]
 UNITS = {"": 1, "B": 1, "KB": 1024, "KIB": 1024, "MB": 1024**2, "MIB": 1024**2, "GB": 1024**3, "GIB": 1024**3}
 
 
@@ -60,14 +73,8 @@ def serve(
     api_key_file: Annotated[
         Path | None, typer.Option("--api-key-file", help="Accept the keys in this file (one a line; # comments).")
     ] = None,
-    allow_host: Annotated[
-        list[str] | None,
-        typer.Option("--allow-host", help=f"With no key, serve this name too, besides localhost and IP addresses (repeatable; or {HOSTS_ENV}; *: any)."),
-    ] = None,
-    allow_origin: Annotated[
-        list[str] | None,
-        typer.Option("--allow-origin", help=f"Accept calls from web pages of this origin, e.g. https://app.example.com (repeatable; or {ORIGINS_ENV})."),
-    ] = None,
+    allow_host: AllowHost = None,
+    allow_origin: AllowOrigin = None,
     time_scale: Annotated[float, typer.Option("--time-scale", min=0.000001, help="Run the server's clock N times faster (testing).")] = 1.0,
     complete_after: Annotated[float, typer.Option("--complete-after", min=0, help="Scaled seconds before a batch may finish (testing).")] = 0.0,
     faults: Annotated[Path | None, typer.Option("--faults", help="A YAML fault plan (testing); see docs/serve.md.")] = None,
@@ -79,9 +86,7 @@ def serve(
     max_file_size: Annotated[str, typer.Option("--max-file-size", help="Largest upload to /v1/files.")] = "512MB",
     body_timeout: Annotated[float, typer.Option("--body-timeout", min=0.01, help="Seconds a client may pause while sending a body (then 408).")] = 30.0,
     max_json_depth: Annotated[int, typer.Option("--max-json-depth", min=2, max=MAX_DEPTH, help="Deepest nesting of a JSON body or batch line.")] = 64,
-    header_timeout: Annotated[
-        float, typer.Option("--header-timeout", min=0.01, help="Seconds a client may take to send a request's headers (then it is disconnected).")
-    ] = HEADER_TIMEOUT,
+    header_timeout: HeaderTimeout = HEADER_TIMEOUT,
 ) -> None:
     """Serve the OpenAI Batch, Anthropic Message Batches and Gemini batch APIs; batches run as lowtide jobs.
 
