@@ -78,13 +78,10 @@ def as_day(at: date | datetime | float | None) -> date:
 @lru_cache(maxsize=4096)
 def lookup(provider: str, model: str, day: date) -> GenaiEntry | None:
     """`model` at `provider` on `day`, or None where the package does not know it."""
-    provider_id = PROVIDER_IDS.get(provider)
-    if provider_id is None:
+    found = _find(provider, model)
+    if found is None:
         return None
-    try:
-        found_provider, info = data_snapshot.get_snapshot().find_provider_model(model, None, provider_id, None)
-    except LookupError:
-        return None
+    found_provider, info = found
     ts = datetime.combine(day, time(12), tzinfo=UTC)  # midday: the day's price, whatever the zone
     notes: list[str] = []
     tiers: dict[str, dict[str, Decimal] | None] = {"realtime": _fields(info.get_prices(ts), notes)}
@@ -115,14 +112,19 @@ def _fields(price: Any, notes: list[str]) -> dict[str, Decimal]:
 @lru_cache(maxsize=1024)
 def context_window(provider: str, model: str) -> int | None:
     """The model's whole context window in tokens, where the package knows it."""
+    found = _find(provider, model)
+    return None if found is None else found[1].context_window
+
+
+def _find(provider: str, model: str) -> tuple[Any, ModelInfo] | None:
+    """The package's provider and model entry for `model` at one of lowtide's providers."""
     provider_id = PROVIDER_IDS.get(provider)
     if provider_id is None:
         return None
     try:
-        _, info = data_snapshot.get_snapshot().find_provider_model(model, None, provider_id, None)
+        return data_snapshot.get_snapshot().find_provider_model(model, None, provider_id, None)
     except LookupError:
         return None
-    return info.context_window
 
 
 def model_ids(provider: str) -> list[str]:
