@@ -12,7 +12,7 @@ from lowtide.core.auto_spec import duration_text, parse_duration
 from lowtide.core.clock import SystemClock
 from lowtide.core.errors import LowtideError
 from lowtide.engine.control import cancel_job, job_status
-from lowtide.engine.retention import InFlightError, delete_job, in_flight, prune
+from lowtide.engine.retention import DETACHED_TABLES, InFlightError, delete_job, in_flight, prune
 
 Yes = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation (needed where no one can answer: cron, a pipe).")]
 
@@ -79,9 +79,10 @@ def delete(
             counts = delete_job(store, job, clock)
     except LowtideError as err:
         raise fail(err) from None
-    order = ["requests", *(t for t in counts if t not in ("requests", "jobs"))]
+    order = ["requests", *(t for t in counts if t not in ("requests", "jobs", *DETACHED_TABLES))]
     rows = ", ".join(f"{counts[table]:,} {table}" for table in order if counts[table])
-    out.print(f"deleted {job}" + (f": {rows}" if rows else ""), markup=False)
+    detached = ", ".join(f"{counts[table]:,} {table}" for table in DETACHED_TABLES if counts.get(table))
+    out.print(f"deleted {job}" + (f": {rows}" if rows else "") + (f"; detached from {detached}" if detached else ""), markup=False)
 
 
 def prune_command(

@@ -1,6 +1,14 @@
 """What a store keeps, and for how long: `lowtide delete` (one job and every row of it) and
 `lowtide prune` (the bodies of old finished jobs, their ledger kept).
 
+Delete reaches every row that names the job (tests/engine/test_delete_reach.py finds them
+from the schema's metadata): the job's own rows (JOB_TABLES) are deleted; rows that belong to
+something that outlives the job are detached from it (DETACHED_TABLES): an ended API batch of
+`lowtide serve` forgets the job among the jobs it ran as, a done gateway flush forgets the
+job it made (its deferred requests, results included, are the tenant's record); an eval's
+record goes with the last of its member jobs (until then `lowtide compare` reads a deleted
+member as a variant not run yet).
+
 Deleting rows is not a state move: no request changes state here. A job with batches in
 flight is refused (their results would come back to nothing, and they are paid for); the
 CLI's `--cancel` cancels it first through `engine.control.cancel_job`, the one cancel path.
@@ -10,10 +18,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import orjson
 from sqlalchemy import Connection, delete, func, or_, select, update
 
 from lowtide.core.clock import Clock
-from lowtide.core.errors import InputError
+from lowtide.core.errors import InputError, LowtideError
+from lowtide.core.evals import build_eval
 from lowtide.core.states import DispatchState, JobState, RequestState
 from lowtide.store.db import Store
 from lowtide.store.gateway_schema import gateway_flushes
@@ -22,11 +32,13 @@ from lowtide.store.schema import (
     attempts,
     dispatch_phases,
     dispatches,
+    evals,
     events,
     jobs,
     repair_sends,
     request_versions,
     requests,
+    serve_batches,
 )
 from lowtide.store.transitions import lock_job
 
@@ -36,6 +48,11 @@ IN_FLIGHT_STATES = (DispatchState.SUBMITTING.value, DispatchState.SUBMITTED.valu
 # Every table that holds rows of a job, children first (foreign keys point at the later ones).
 # `dispatch_phases` belongs to a job through its dispatch.
 JOB_TABLES = ("dispatch_phases", "repair_sends", "attempts", "request_versions", "requests", "dispatches", "events", "jobs")
+# Tables whose rows name the job but belong to something else: the job is taken out of them.
+DETACHED_TABLES = ("serve_batches", "gateway_flushes")
+# An API batch of `lowtide serve` in one of these statuses is still running its jobs
+# (server/records.py LIVE; the engine does not import the server: a test keeps them equal).
+LIVE_SERVE_STATUSES = ("validating", "in_progress", "finalizing", "cancelling")
 
 
 class InFlightError(InputError):
@@ -105,9 +122,66 @@ def delete_job(store: Store, name: str, clock: Clock) -> dict[str, int]:
                 "delete it once `lowtide gateway status` shows its requests done",
                 [f"gateway flush {flush.id}"],
             )
+        serving = _serve_batches_of(conn, name)
+        live = [(batch_id, status) for batch_id, status, _ in serving if status in LIVE_SERVE_STATUSES]
+        if live:
+            batch_id, status = live[0]
+            raise InFlightError(
+                f'job "{name}" runs API batch {batch_id} of `lowtide serve`, which is {status}: nothing deleted; cancel '
+                f"the batch through its API (POST /v1/batches/{batch_id}/cancel) or let it end, then delete again",
+                [f"API batch {b} ({st})" for b, st in live],
+            )
         counts = _delete_rows(conn, job.id)
+        counts |= _detach(conn, name, serving)
+        counts["evals"] = _delete_finished_evals(conn, name)
         add_event(conn, None, "deleted", f'job "{name}" deleted: ' + ", ".join(f"{n} {t}" for t, n in counts.items() if n), now)
     return counts
+
+
+def _serve_batches_of(conn: Connection, name: str) -> list[tuple[str, str, list[dict]]]:
+    """The API batches of `lowtide serve` that list the job among theirs: (id, status, jobs)."""
+    b = serve_batches.c
+    rows = conn.execute(select(b.id, b.status, b.jobs).where(b.jobs.contains(f'"{name}"', autoescape=True))).all()
+    found = []
+    for batch_id, status, listed in rows:
+        jobs_of = orjson.loads(listed)
+        if any(j.get("name") == name for j in jobs_of):
+            found.append((batch_id, status, jobs_of))
+    return found
+
+
+def _detach(conn: Connection, name: str, serving: list[tuple[str, str, list[dict]]]) -> dict[str, int]:
+    """Take the job out of the rows that outlive it; rows changed per table (DETACHED_TABLES)."""
+    for batch_id, _, jobs_of in serving:
+        kept = [j for j in jobs_of if j.get("name") != name]
+        conn.execute(update(serve_batches).where(serve_batches.c.id == batch_id).values(jobs=orjson.dumps(kept).decode()))
+    flushes = conn.execute(update(gateway_flushes).where(gateway_flushes.c.job_name == name).values(job_name=None)).rowcount
+    return {"serve_batches": len(serving), "gateway_flushes": flushes}
+
+
+def _delete_finished_evals(conn: Connection, name: str) -> int:
+    """Delete the record of an eval whose member (or judge) job `name` was its last job left."""
+    deleted = 0
+    for eval_id, eval_name, data in conn.execute(select(evals.c.id, evals.c.name, evals.c.spec)).all():
+        if not _may_be_member(eval_name, name):
+            continue
+        try:
+            ev = build_eval(orjson.loads(data), where=f"eval {eval_name!r} (stored)")
+        except LowtideError:
+            continue  # not readable as an eval any more: `lowtide compare` says so; nothing to tell here
+        names = {m.spec.name for m in ev.members} | {ev.judge_name}
+        if name not in names:
+            continue
+        left = conn.execute(select(func.count()).select_from(jobs).where(jobs.c.name.in_(names - {name}))).scalar_one()
+        if not left:
+            deleted += conn.execute(delete(evals).where(evals.c.id == eval_id)).rowcount
+    return deleted
+
+
+def _may_be_member(eval_name: str, job_name: str) -> bool:
+    """Whether `job_name` can be a member job of the eval (EVAL.VARIANT, or its cut form)."""
+    # A member name past 64 characters keeps its first 55 (core/evals.member_job_name).
+    return job_name.startswith(f"{eval_name}."[:55])
 
 
 def _delete_rows(conn: Connection, job_id: int) -> dict[str, int]:
