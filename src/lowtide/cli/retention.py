@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -13,6 +14,7 @@ from lowtide.core.clock import SystemClock
 from lowtide.core.errors import LowtideError
 from lowtide.engine.control import cancel_job, job_status
 from lowtide.engine.retention import DETACHED_TABLES, InFlightError, delete_job, in_flight, prune
+from lowtide.store.space import reclaim, store_bytes
 
 Yes = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation (needed where no one can answer: cron, a pipe).")]
 
@@ -87,10 +89,32 @@ def delete(
 
 def prune_command(
     older_than: Annotated[
-        str, typer.Option("--older-than", help="Jobs finished (or cancelled) longer ago than this: 30d, 12h, 90m.", show_default=False)
-    ],
+        str | None,
+        typer.Option(
+            "--older-than",
+            help="Jobs finished (or cancelled) longer ago than this: 30d, 12h, 90m; every such job alike. "
+            "Without it, each job as its own `retention:` says (jobs without one are left alone).",
+            show_default=False,
+        ),
+    ] = None,
     keep_results: Annotated[
         bool, typer.Option("--keep-results", help="Keep the answers (output, parsed); drop only payloads and raw responses.")
+    ] = False,
+    archive: Annotated[
+        Path | None,
+        typer.Option(
+            "--archive",
+            help="First write what is dropped to DIR/JOB.<time>.parquet, one file per job, fsynced; if that fails nothing is dropped.",
+            metavar="DIR",
+            show_default=False,
+        ),
+    ] = None,
+    vacuum: Annotated[
+        bool,
+        typer.Option(
+            "--vacuum",
+            help="Then give the space back: SQLite VACUUM (rewrites the file; holds the store's lock), PostgreSQL VACUUM.",
+        ),
     ] = False,
     yes: Yes = False,
 ) -> None:
@@ -99,31 +123,58 @@ def prune_command(
     errors, attempts and events stay, so `lowtide status` and `lowtide report` add up as
     before. Failed and cancelled requests keep their payload (`lowtide retry` sends it).
 
-    Example: lowtide prune --older-than 30d --keep-results --yes
+    Without --older-than, each job's own `retention: {payloads: 30d, results: 90d}` decides.
+
+    Example: lowtide prune --older-than 30d --keep-results --archive /backups/lowtide --vacuum --yes
     """
-    try:
-        seconds = parse_duration(older_than)
-    except ValueError:
-        say_error(f"--older-than {older_than!r}: give a duration such as 30d, 12h or 90m")
-        raise typer.Exit(EXIT_USAGE) from None
+    seconds = None
+    if older_than is not None:
+        try:
+            seconds = parse_duration(older_than)
+        except ValueError:
+            say_error(f"--older-than {older_than!r}: give a duration such as 30d, 12h or 90m")
+            raise typer.Exit(EXIT_USAGE) from None
     clock = SystemClock()
     try:
         with open_store(create=False) as store:
             preview = prune(store, clock, seconds, keep_results=keep_results, dry_run=True)
             if not preview.jobs:
-                out.print(f"nothing to prune: no finished job older than {duration_text(seconds)} has bodies left", markup=False)
+                if seconds is None:
+                    out.print(
+                        "nothing to prune: no finished job's own `retention:` has come due with bodies left "
+                        "(give --older-than to prune jobs by age)",
+                        markup=False,
+                    )
+                else:
+                    out.print(f"nothing to prune: no finished job older than {duration_text(seconds)} has bodies left", markup=False)
                 return
-            what = "payloads and raw responses" if keep_results else "payloads, responses and answers"
             names = ", ".join(preview.jobs[:10]) + (f" and {len(preview.jobs) - 10} more" if len(preview.jobs) > 10 else "")
-            _confirm(f"drop the {what} of {len(preview.jobs)} job(s) ({names}), about {_size(preview.bytes)}?", yes)
-            done = prune(store, clock, seconds, keep_results=keep_results)
+            if not preview.kept_results:
+                what = "payloads, responses and answers"
+            elif len(preview.kept_results) == len(preview.jobs):
+                what = "payloads and raw responses"
+            else:
+                what = f"payloads and raw responses (and answers of {len(preview.jobs) - len(preview.kept_results)})"
+            to = f", archived first under {archive}" if archive is not None else ""
+            _confirm(f"drop the {what} of {len(preview.jobs)} job(s) ({names}), about {_size(preview.bytes)}{to}?", yes)
+            before = store_bytes(store) if vacuum else 0
+            done = prune(store, clock, seconds, keep_results=keep_results, archive=archive)
+            vacuumed = reclaim(store) if vacuum and done.jobs else None
+            after = store_bytes(store) if vacuumed else 0
     except LowtideError as err:
         raise fail(err) from None
     out.print(
         f"pruned {len(done.jobs)} job(s): {done.requests:,} request(s), {done.versions:,} earlier version(s), "
-        f"about {_size(done.bytes)} freed (the database file shrinks after a VACUUM)",
+        f"about {_size(done.bytes)} freed" + ("" if vacuum else " (the database file shrinks after a VACUUM: --vacuum)"),
         markup=False,
     )
+    for job, path in done.archives.items():
+        if job in done.jobs:
+            out.print(f"  archived {job}: {path}", markup=False)
+    if done.skipped:
+        out.print(f"  left alone, changed while archiving (a retry?): {', '.join(done.skipped)}", markup=False)
+    if vacuumed:
+        out.print(f"{vacuumed}: the store takes {_size(after)} (was {_size(before)})", markup=False)
 
 
 def _size(n: int) -> str:

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from lowtide.core.auto_spec import AUTO, AutoSpec, TierSpec
+from lowtide.core.auto_spec import AUTO, AutoSpec, TierSpec, parse_duration
 from lowtide.core.embeddings import check_dimensions
 from lowtide.core.endpoints import (
     CHAT,
@@ -190,6 +190,46 @@ class FallbackSpec(_Strict):
     expected_turnaround: float = Field(3600.0, gt=0)
 
 
+class RetentionSpec(_Strict):
+    """How long `lowtide prune` (run without --older-than) keeps a finished job's bodies,
+    counted from when the job ended (docs/jobs.md "Retention"): `payloads` the payloads sent
+    and the providers' raw responses, `results` the answers as well. Durations: 30d, 12h, 90m."""
+
+    payloads: str | None = None
+    results: str | None = None
+
+    @field_validator("payloads", "results", mode="before")
+    @classmethod
+    def _duration(cls, v: Any) -> Any:
+        if v is None:
+            return v
+        text = str(v).strip() if isinstance(v, str | int | float) and not isinstance(v, bool) else None
+        try:
+            parse_duration(text if text is not None else v)
+        except ValueError:
+            raise ValueError(f"{v!r} is not a duration above 0; write e.g. 30d, 12h or 90m (a number and s, m, h or d)") from None
+        return text
+
+    @model_validator(mode="after")
+    def _order(self) -> RetentionSpec:
+        if self.payloads is None and self.results is None:
+            raise ValueError("give `payloads`, `results` or both (e.g. `retention: {payloads: 30d, results: 90d}`), or leave `retention` out")
+        if self.payloads_s is not None and self.results_s is not None and self.results_s < self.payloads_s:
+            raise ValueError(
+                f"results ({self.results}) is shorter than payloads ({self.payloads}): answers are dropped together with the "
+                "payloads, so keep results at least as long; raise `results` or lower `payloads`"
+            )
+        return self
+
+    @property
+    def payloads_s(self) -> float | None:
+        return None if self.payloads is None else parse_duration(self.payloads)
+
+    @property
+    def results_s(self) -> float | None:
+        return None if self.results is None else parse_duration(self.results)
+
+
 class OutputSpec(_Strict):
     path: str
     format: Literal["csv", "jsonl", "parquet"] | None = None
@@ -228,6 +268,8 @@ class JobSpec(_Strict):
     # `route: auto`: candidate routes and how long the work may wait (core/auto_spec.py).
     auto: AutoSpec | None = None
     output: OutputSpec | None = None
+    # How long `lowtide prune` keeps the job's payloads and results once it has ended.
+    retention: RetentionSpec | None = None
     # Requests per provider batch, below the route's own limit (batch routes only).
     chunk_size: int | None = Field(None, ge=1)
     # USD the job may spend in all (docs/costs.md "Budgets"): each batch or direct dispatch

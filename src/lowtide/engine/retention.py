@@ -17,6 +17,7 @@ CLI's `--cancel` cancels it first through `engine.control.cancel_job`, the one c
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import orjson
 from sqlalchemy import Connection, delete, func, or_, select, update
@@ -24,7 +25,16 @@ from sqlalchemy import Connection, delete, func, or_, select, update
 from lowtide.core.clock import Clock
 from lowtide.core.errors import InputError, LowtideError
 from lowtide.core.evals import build_eval
-from lowtide.core.states import DispatchState, JobState, RequestState
+from lowtide.core.spec import RetentionSpec
+from lowtide.core.states import DispatchState, JobState
+from lowtide.engine.archive import (
+    dropped_requests,
+    dropped_versions,
+    payload_dropped,
+    request_bodies,
+    version_bodies,
+    write_archives,
+)
 from lowtide.store.db import Store
 from lowtide.store.gateway_schema import gateway_flushes
 from lowtide.store.queries import LIVE_DISPATCH_STATES, add_event, get_job
@@ -215,71 +225,145 @@ class Pruned:
     requests: int = 0  # request rows whose bodies were dropped
     versions: int = 0  # earlier versions (request_versions rows) likewise
     bytes: int = 0  # characters of the bodies dropped
+    archives: dict[str, Path] = field(default_factory=dict)  # job → the Parquet file of what it dropped
+    kept_results: list[str] = field(default_factory=list)  # jobs whose answers were kept (--keep-results, or `payloads:` due)
+    skipped: list[str] = field(default_factory=list)  # jobs that changed (a retry) between planning and dropping
+
+
+@dataclass(slots=True)
+class Cut:
+    """One job a prune drops bodies of: and whether it keeps the answers."""
+
+    job_id: int
+    name: str
+    keep_results: bool
+    stamp: float  # the job's updated_at when planned: a job changed since is left alone
+    size: int = 0
 
 
 def prunable_jobs(conn: Connection, cutoff: float) -> list[tuple[int, str]]:
     """Jobs finished or cancelled before `cutoff`, with no dispatch still live."""
+    return [(job_id, name) for job_id, name, *_ in _ended_jobs(conn, cutoff)]
+
+
+def _ended_jobs(conn: Connection, cutoff: float, job_id: int | None = None) -> list:
+    """(id, name, ended at, updated_at, spec) of jobs finished or cancelled before `cutoff`,
+    with no dispatch still live."""
     live = select(dispatches.c.id).where(dispatches.c.job_id == jobs.c.id, dispatches.c.state.in_(LIVE_DISPATCH_STATES)).exists()
-    rows = conn.execute(
-        select(jobs.c.id, jobs.c.name)
-        .where(
-            jobs.c.state.in_(PRUNABLE_JOB_STATES),
-            func.coalesce(jobs.c.finished_at, jobs.c.updated_at) < cutoff,
-            ~live,
-        )
-        .order_by(jobs.c.id)
-    ).all()
-    return [(job_id, name) for job_id, name in rows]
+    ended = func.coalesce(jobs.c.finished_at, jobs.c.updated_at)
+    stmt = select(jobs.c.id, jobs.c.name, ended, jobs.c.updated_at, jobs.c.spec).where(
+        jobs.c.state.in_(PRUNABLE_JOB_STATES), ended < cutoff, ~live
+    )
+    if job_id is not None:
+        stmt = stmt.where(jobs.c.id == job_id)
+    return conn.execute(stmt.order_by(jobs.c.id)).all()
 
 
-def prune(store: Store, clock: Clock, older_than_s: float, *, keep_results: bool = False, dry_run: bool = False) -> Pruned:
-    """Drop the request bodies of jobs finished (or cancelled) more than `older_than_s` ago:
-    the payloads sent and the providers' whole responses, and unless `keep_results` the
-    answers too (output, parsed, the plain-answer record). States, token counts, errors,
-    attempts (the ledger) and events are kept, so `lowtide report` adds up as before.
+def _retention(spec_json: str) -> RetentionSpec | None:
+    """The job's own `retention:` as stored with it (None: it has none)."""
+    data = orjson.loads(spec_json).get("retention")
+    return None if data is None else RetentionSpec.model_validate(data)
+
+
+def plan_prune(conn: Connection, now: float, older_than_s: float | None, keep_results: bool) -> list[Cut]:
+    """The jobs a prune drops bodies of, with what each holds to drop (characters).
+
+    With `older_than_s`: every job ended longer ago than that, alike. Without: each job by its
+    own `retention:` (a job without one is left alone): past `results` its answers go too,
+    past `payloads` only the payloads and raw responses. `keep_results` keeps answers always."""
+    cuts = []
+    for job_id, name, ended, updated_at, spec in _ended_jobs(conn, now if older_than_s is None else now - older_than_s):
+        keep = keep_results
+        if older_than_s is None:
+            retention = _retention(spec)
+            if retention is None:
+                continue
+            age = now - ended
+            if retention.results_s is not None and age > retention.results_s:
+                pass
+            elif retention.payloads_s is not None and age > retention.payloads_s:
+                keep = True
+            else:
+                continue
+        cut = Cut(job_id, name, keep, updated_at)
+        cut.size = _size(conn, cut)
+        if cut.size:
+            cuts.append(cut)
+    return cuts
+
+
+def prune(
+    store: Store,
+    clock: Clock,
+    older_than_s: float | None = None,
+    *,
+    keep_results: bool = False,
+    dry_run: bool = False,
+    archive: Path | None = None,
+) -> Pruned:
+    """Drop the request bodies of jobs finished (or cancelled) more than `older_than_s` ago,
+    or (None) as each job's own `retention:` says: the payloads sent and the providers'
+    whole responses, and unless `keep_results` the answers too (output, parsed, the
+    plain-answer record). States, token counts, errors, attempts (the ledger) and events are
+    kept, so `lowtide report` adds up as before.
 
     Only succeeded requests lose their payload: a failed or cancelled one keeps it, so that
     `lowtide retry` can still send it; and a request stored before fingerprints (m008)
-    keeps it, since a later load compares those by payload."""
+    keeps it, since a later load compares those by payload.
+
+    With `archive`, what is dropped is first written to Parquet there (engine/archive.py),
+    one file per job, fsynced before the transaction that drops; if that fails, nothing is
+    dropped (InputError). A job that changed in between (a retry) is left alone."""
     now = clock.now()
-    cutoff = now - older_than_s
     result = Pruned()
-    r, v = requests.c, request_versions.c
-    answer_cols = [] if keep_results else [r.output, r.parsed, r.plain_answer]
-    version_answer_cols = [] if keep_results else [v.output, v.parsed]
+    with store.read() as conn:
+        cuts = plan_prune(conn, now, older_than_s, keep_results)
+        if dry_run or not cuts:
+            result.jobs = [c.name for c in cuts]
+            result.bytes = sum(c.size for c in cuts)
+            result.kept_results = [c.name for c in cuts if c.keep_results]
+            return result
+        if archive is not None:
+            result.archives = write_archives(conn, archive, cuts, now, PRUNED)
     with store.begin() as conn:
-        for job_id, name in prunable_jobs(conn, cutoff):
-            lock_job(conn, job_id)
-            drop_payload = (r.state == RequestState.SUCCEEDED.value) & r.fingerprint.is_not(None) & (r.payload != PRUNED)
-            size = _length_sum(conn, requests, [r.response, r.repair, *answer_cols], r.job_id == job_id)
-            size += conn.execute(
-                select(func.coalesce(func.sum(func.length(r.payload)), 0)).where(r.job_id == job_id, drop_payload)
-            ).scalar_one()
-            size += _length_sum(conn, request_versions, [v.response, *version_answer_cols], v.job_id == job_id)
-            size += conn.execute(
-                select(func.coalesce(func.sum(func.length(v.payload)), 0)).where(v.job_id == job_id, v.payload != PRUNED)
-            ).scalar_one()
-            if not size:
+        for cut in cuts:
+            lock_job(conn, cut.job_id)
+            still = _ended_jobs(conn, now, cut.job_id)
+            if not still or still[0].updated_at != cut.stamp:
+                result.skipped.append(cut.name)
                 continue
-            result.jobs.append(name)
-            result.bytes += int(size)
-            if dry_run:
-                continue
-            bodies = (r.response, r.repair, *answer_cols)
-            has_body = or_(*(c.is_not(None) for c in bodies))
-            result.requests += conn.execute(
-                select(func.count()).where(r.job_id == job_id, or_(has_body, drop_payload))
-            ).scalar_one()
-            conn.execute(update(requests).where(r.job_id == job_id, has_body).values(**{c.name: None for c in bodies}))
-            conn.execute(update(requests).where(r.job_id == job_id, drop_payload).values(payload=PRUNED))
-            result.versions += conn.execute(
-                update(request_versions)
-                .where(v.job_id == job_id, v.payload != PRUNED)
-                .values(payload=PRUNED, response=None, **{c.name: None for c in version_answer_cols})
-            ).rowcount
-            what = "payloads and raw responses" if keep_results else "payloads, responses and answers"
-            add_event(conn, job_id, "pruned", f"{what} of finished requests dropped ({int(size):,} characters)", now)
+            _drop(conn, cut, result)
+            where = f"; archived to {result.archives[cut.name]}" if cut.name in result.archives else ""
+            what = "payloads and raw responses" if cut.keep_results else "payloads, responses and answers"
+            add_event(conn, cut.job_id, "pruned", f"{what} of finished requests dropped ({cut.size:,} characters){where}", now)
     return result
+
+
+def _size(conn: Connection, cut: Cut) -> int:
+    r, v = requests.c, request_versions.c
+    size = _length_sum(conn, requests, list(request_bodies(cut.keep_results)), r.job_id == cut.job_id)
+    size += _length_sum(conn, requests, [r.payload], (r.job_id == cut.job_id) & payload_dropped(PRUNED))
+    size += _length_sum(conn, request_versions, list(version_bodies(cut.keep_results)), v.job_id == cut.job_id)
+    size += _length_sum(conn, request_versions, [v.payload], (v.job_id == cut.job_id) & (v.payload != PRUNED))
+    return size
+
+
+def _drop(conn: Connection, cut: Cut, result: Pruned) -> None:
+    r = requests.c
+    bodies = request_bodies(cut.keep_results)
+    has_body = or_(*(c.is_not(None) for c in bodies))
+    result.jobs.append(cut.name)
+    result.bytes += cut.size
+    if cut.keep_results:
+        result.kept_results.append(cut.name)
+    result.requests += conn.execute(select(func.count()).where(dropped_requests(cut.job_id, cut.keep_results, PRUNED))).scalar_one()
+    conn.execute(update(requests).where(r.job_id == cut.job_id, has_body).values(**{c.name: None for c in bodies}))
+    conn.execute(update(requests).where(r.job_id == cut.job_id, payload_dropped(PRUNED)).values(payload=PRUNED))
+    result.versions += conn.execute(
+        update(request_versions)
+        .where(dropped_versions(cut.job_id, cut.keep_results, PRUNED))
+        .values(payload=PRUNED, **{c.name: None for c in version_bodies(cut.keep_results)})
+    ).rowcount
 
 
 def _length_sum(conn: Connection, table, columns, where) -> int:

@@ -1,0 +1,160 @@
+"""`lowtide prune --archive DIR`: what a prune drops, written to Parquet before it is dropped.
+
+One file per job, `DIR/JOB.YYYYMMDDTHHMMSSZ.parquet`, one row per request row (table
+`requests`) or earlier version (table `request_versions`) whose bodies the prune drops,
+with what it drops and what identifies it. Written in bounded chunks (a ParquetWriter fed
+`CHUNK` rows at a time: memory does not grow with the job), to a hidden `.part` file that is
+fsynced, renamed into place, and the folder fsynced: the archive is on disk before the
+transaction that drops begins. If any file cannot be written, the files of this run are
+removed and nothing is dropped (engine/retention.py `prune`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from sqlalchemy import Connection, Select, and_, case, func, literal, null, or_, select
+
+from lowtide.core.errors import InputError
+from lowtide.core.states import RequestState
+from lowtide.store.schema import attempts, request_versions, requests
+
+CHUNK = 5000  # rows per read and per row group
+
+SCHEMA = pa.schema(
+    [
+        ("table", pa.string()),  # requests | request_versions
+        ("row_id", pa.int64()),  # the row's id in that table
+        ("request_id", pa.int64()),  # requests.id (for a version: the request it is an earlier version of)
+        ("custom_id", pa.string()),
+        ("version", pa.int64()),
+        ("state", pa.string()),
+        # The bodies, as stored; NULL where the prune keeps it (a failed request's payload, the
+        # answers under --keep-results) or where there was none.
+        ("payload", pa.string()),
+        ("response", pa.string()),
+        ("repair", pa.string()),
+        ("output", pa.string()),
+        ("parsed", pa.string()),
+        ("plain_answer", pa.string()),
+        # What the request's attempts cost in all (the ledger, which the store keeps), in
+        # picodollars (10^-12 USD); NULL for an earlier version (its attempts are its request's).
+        ("cost_picousd", pa.int64()),
+    ]
+)
+
+
+def payload_dropped(pruned: str):
+    """The requests whose payload a prune drops: succeeded ones with a fingerprint (m008)."""
+    r = requests.c
+    return (r.state == RequestState.SUCCEEDED.value) & r.fingerprint.is_not(None) & (r.payload != pruned)
+
+
+def request_bodies(keep_results: bool) -> tuple:
+    r = requests.c
+    return (r.response, r.repair) if keep_results else (r.response, r.repair, r.output, r.parsed, r.plain_answer)
+
+
+def version_bodies(keep_results: bool) -> tuple:
+    v = request_versions.c
+    return (v.response,) if keep_results else (v.response, v.output, v.parsed)
+
+
+def dropped_requests(job_id: int, keep_results: bool, pruned: str):
+    """The job's request rows a prune changes (the same filter as its UPDATEs)."""
+    r = requests.c
+    has_body = or_(*(c.is_not(None) for c in request_bodies(keep_results)))
+    return and_(r.job_id == job_id, or_(has_body, payload_dropped(pruned)))
+
+
+def dropped_versions(job_id: int, keep_results: bool, pruned: str):
+    """The job's earlier versions a prune changes: a payload, or a body it drops, still there."""
+    v = request_versions.c
+    return and_(v.job_id == job_id, or_(v.payload != pruned, *(c.is_not(None) for c in version_bodies(keep_results))))
+
+
+def _rows(job_id: int, keep_results: bool, pruned: str) -> list[Select]:
+    r, v, a = requests.c, request_versions.c, attempts.c
+    cost = select(func.sum(a.cost_picousd)).where(a.request_id == r.id).scalar_subquery()
+    answer = (lambda c: null()) if keep_results else (lambda c: c)
+    of_requests = (
+        select(
+            literal("requests"), r.id, r.id, r.custom_id, r.version, r.state,
+            case((payload_dropped(pruned), r.payload), else_=null()), r.response, r.repair,
+            answer(r.output), answer(r.parsed), answer(r.plain_answer), cost,
+        )  # fmt: skip
+        .where(dropped_requests(job_id, keep_results, pruned))
+        .order_by(r.id)
+    )
+    of_versions = (
+        select(
+            literal("request_versions"), v.id, v.request_id, r.custom_id, v.version, v.state,
+            case((v.payload != pruned, v.payload), else_=null()), v.response, null(), answer(v.output), answer(v.parsed),
+            null(), null(),
+        )  # fmt: skip
+        .join(requests, r.id == v.request_id)
+        .where(dropped_versions(job_id, keep_results, pruned))
+        .order_by(v.id)
+    )
+    return [of_requests, of_versions]
+
+
+def archive_name(job: str, now: float) -> str:
+    return f"{job}.{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime(now))}.parquet"
+
+
+def write_archives(conn: Connection, folder: Path, cuts: list, now: float, pruned: str) -> dict[str, Path]:
+    """Write each cut's (job_id, name, keep_results) archive under `folder`; {job: path}.
+    InputError naming the folder and the fix if any cannot be written; then none is left."""
+    written: dict[str, Path] = {}
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        for cut in cuts:
+            path = folder / archive_name(cut.name, now)
+            if path.exists():
+                raise FileExistsError(f"{path} exists already")
+            _write(conn, path, _rows(cut.job_id, cut.keep_results, pruned))
+            written[cut.name] = path
+        _fsync_dir(folder)
+    except (OSError, pa.ArrowException) as err:
+        for path in written.values():
+            with contextlib.suppress(OSError):
+                path.unlink()
+        why = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+        raise InputError(
+            f"--archive {folder}: cannot write the archive there ({why}); nothing was pruned. Give --archive a "
+            "directory you can write to, with room for the bodies (it is created if missing), or prune without --archive"
+        ) from None
+    return written
+
+
+def _write(conn: Connection, path: Path, queries: list[Select]) -> None:
+    part = path.with_name(f".{path.name}.part")
+    try:
+        with part.open("wb") as f:
+            with pq.ParquetWriter(f, SCHEMA, compression="zstd") as writer:
+                for query in queries:
+                    result = conn.execute(query.execution_options(yield_per=CHUNK))
+                    for chunk in result.partitions():
+                        columns = list(zip(*chunk, strict=True)) if chunk else [[] for _ in SCHEMA]
+                        writer.write_batch(pa.record_batch([pa.array(c, type=t.type) for c, t in zip(columns, SCHEMA, strict=True)], schema=SCHEMA))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(part, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            part.unlink()
+        raise
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
