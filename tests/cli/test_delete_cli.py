@@ -175,3 +175,37 @@ def test_prune_keeps_the_report_and_drops_the_bodies(cli, tmp_path):
         assert conn.execute(sa.text("SELECT count(*) FROM requests WHERE output IS NOT NULL OR response IS NOT NULL")).scalar_one() == 0
         assert conn.execute(sa.text("SELECT count(*) FROM requests WHERE state = 'succeeded'")).scalar_one() == 6
     engine.dispose()
+
+
+def test_prune_archives_first_follows_the_specs_retention_and_vacuums(cli, tmp_path):
+    import pyarrow.parquet as pq
+
+    db = tmp_path / "lowtide.db"
+    for name, extra in (("kept", {}), ("due", {"retention": {"payloads": "1s", "results": "1s"}})):
+        code, out = cli("run", str(_job(tmp_path, name, **extra)))
+        assert code == 0, out
+    code, report = cli("report", "--json")
+    time.sleep(1.2)
+    blocked = tmp_path / "blocked"
+    blocked.write_text("not a directory")
+
+    code, out = cli("prune", "--archive", str(blocked), "--yes")  # by each job's retention: only "due"
+    assert code == 2 and f"--archive {blocked}" in out and "nothing was pruned" in out, out
+    code, out = cli("prune", "--archive", str(tmp_path / "archive"), "--vacuum", "--yes")
+    assert code == 0 and "pruned 1 job(s): 6 request(s)" in out and "archived due:" in out and "VACUUM: the store takes" in out, out
+    (path,) = (tmp_path / "archive").iterdir()
+    rows = pq.read_table(path).to_pylist()
+    assert path.name.startswith("due.") and len(rows) == 6 and all(r["payload"] and r["output"] for r in rows)
+    code, out = cli("prune", "--yes")
+    assert code == 0 and "nothing to prune" in out and "--older-than" in out, out
+    code, out = cli("prune", "--older-than", "1s", "--yes")  # every job alike: "kept" too
+    assert code == 0 and "pruned 1 job(s)" in out and "--vacuum" in out, out
+    code, after = cli("report", "--json")
+    assert json.loads(after)["total"] == json.loads(report)["total"]
+
+    code, out = cli("run", str(_job(tmp_path, "bad", retention={"payloads": "30x"})))
+    assert code == 2 and "retention.payloads" in out and "30d, 12h or 90m" in out and "job.yaml" in out, out
+    engine = sa.create_engine(f"sqlite:///{db}")
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT count(*) FROM jobs WHERE name = 'bad'")).scalar_one() == 0
+    engine.dispose()
