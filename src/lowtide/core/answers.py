@@ -10,7 +10,7 @@ shape says what it is, so no endpoint needs to be stored beside it:
 | chat completion (`choices[].message`) | each of `choices` | `message.content` | `message.tool_calls` (function and custom) | `message.refusal` | `finish_reason` | `logprobs.content` | `message.reasoning_content` / `reasoning` (vLLM, DeepSeek) |
 | completion (`choices[].text`) | each of `choices` | `text` | - | - | `finish_reason` | `logprobs` (tokens, token_logprobs, top_logprobs) | - |
 | response (`object: "response"`) | the one response | `message` items' `output_text` parts | `function_call`, `custom_tool_call` items | `refusal` parts | `status` (`incomplete_details.reason` if incomplete) | `output_text` parts' `logprobs` | `reasoning` items' summary and text |
-| Anthropic message (`type: "message"`) | the one message | `text` blocks | `tool_use` blocks (`input` as JSON text) | - (`stop_reason` says `refusal`) | `stop_reason` | - | `thinking` blocks |
+| Anthropic message (`type: "message"`) | the one message | `text` blocks, and a call of lowtide's forced tool (its `input` as JSON text: core/native_schema.py) | other `tool_use` blocks (`input` as JSON text) | - (`stop_reason` says `refusal`) | `stop_reason` | - | `thinking` blocks |
 | Gemini `GenerateContentResponse` (`candidates[]`) | each of `candidates` | `text` parts but thoughts | `functionCall` parts (`args` as JSON text) | - (`finishReason` says `SAFETY`, …) | `finishReason` | `logprobsResult.chosenCandidates` (with `topCandidates`) | `text` parts marked `thought` |
 
 A tool call is `{id, type, name, arguments}`: `type` is `function` (arguments: the JSON text
@@ -27,6 +27,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from typing import Any
+
+from lowtide.core.native_schema import forced_text
 
 # What the view reads, by the SDK types' own `type` names; everything else (server tool
 # blocks, shell or computer calls, MCP items, …) stays in the stored response alone.
@@ -235,6 +237,8 @@ def _anthropic(data: dict[str, Any]) -> Choice:
         kind = block.get("type") if isinstance(block, dict) else None
         if kind == "text":
             texts.append(block.get("text") or "")
+        elif (forced := forced_text(block)) is not None:  # the answer, asked through a forced tool
+            texts.append(forced)
         elif kind == "thinking":
             thinking.append(block.get("thinking") or "")
         elif kind == "tool_use":

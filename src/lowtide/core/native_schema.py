@@ -6,7 +6,7 @@ lowtide paying for a wrong one and its repair.
 |---|---|---|
 | chat completions | `response_format` json_schema, `strict` where OpenAI's strict rules allow it | the same, with the choice schema below |
 | responses | `text.format` json_schema, `strict` likewise | the same |
-| Anthropic messages | `output_config.format` json_schema, in the form Anthropic's SDK sends (`anthropic_schema`) | the same |
+| Anthropic messages | `output_config.format` json_schema, in the form Anthropic's SDK sends (core/anthropic_schema.py); on a model without structured output, a forced call of the tool `lowtide_output` whose `input_schema` is the schema | the same |
 | Gemini generateContent | `generationConfig.responseMimeType: application/json` + `responseJsonSchema` | `responseMimeType: text/x.enum` + `responseSchema` `{type: STRING, enum}` |
 | completions | nothing: no field for it; the answer is checked after | nothing |
 
@@ -19,6 +19,15 @@ those endpoints: it is checked after, as before, never sent to fail line by line
 A body that already says it (params, a row's own body) keeps its own: nothing here
 overwrites a field the user set.
 
+Anthropic's structured outputs (`output_config.format`) exist on Claude 4.5 and later
+(Anthropic's "Structured outputs" page); an older model refuses the field. There the schema
+is asked the way Anthropic documented before it: a tool `lowtide_output` with the schema as
+its `input_schema`, and `tool_choice` forcing a call of it. The call's `input` is the answer
+(`forced_text`): read as the answer's text on every path (core/answers.py,
+routes/_wire.py), so it is checked, stored and exported like any JSON answer. A body with
+tools of its own, or with extended thinking on (which refuses a forced tool), cannot be
+forced: nothing is added and the answer is checked after.
+
 OpenAI's strict mode (docs "Structured Outputs", "Supported schemas") takes a subset of
 JSON Schema: every object lists all its properties in `required` and sets
 `additionalProperties: false`, only the keywords in `STRICT_KEYWORDS`, at most
@@ -29,16 +38,20 @@ forced); lowtide checks the answer after either way.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
 import orjson
 
+from lowtide.core.anthropic_schema import sent_schema
 from lowtide.core.endpoints import CHAT, GEMINI, MESSAGES, RESPONSES
 
 CHOICE_KEY = "choice"
 FORMAT_NAME = "output"
+FORCED_TOOL = "lowtide_output"  # the tool an Anthropic model without structured output must call
+FORCED_TOOL_DESCRIPTION = "Give your answer by calling this tool; its input is the answer."
 # OpenAI strict mode's keywords (its "Supported schemas" page), annotations included.
 STRICT_KEYWORDS = frozenset({
     "type", "properties", "required", "additionalProperties", "items", "enum", "const", "anyOf", "$ref", "$defs",
@@ -159,24 +172,6 @@ def _strict_cached(text: bytes) -> bool:
     return strict_problem(orjson.loads(text)) is None
 
 
-def anthropic_schema(schema: dict[str, Any]) -> dict[str, Any]:
-    """`schema` in the form the anthropic SDK sends it as `output_config.format.schema`
-    (its `transform_schema`: every object closed, keywords Anthropic's structured outputs
-    do not take moved into `description`), so the API takes it; lowtide checks the answer
-    against the schema as written. Without the helper (an older SDK) it goes as written."""
-    return orjson.loads(_anthropic_cached(orjson.dumps(schema)))
-
-
-@lru_cache(maxsize=64)
-def _anthropic_cached(text: bytes) -> bytes:
-    """Transformed once per distinct schema: a job of whole bodies asks it for every row."""
-    try:
-        from anthropic import transform_schema
-    except ImportError:  # pragma: no cover - SDKs before structured outputs
-        return text
-    return orjson.dumps(transform_schema(orjson.loads(text)))
-
-
 def with_ask(body: dict[str, Any], endpoint: str, ask: Ask) -> dict[str, Any]:
     """`body` with `ask` in `endpoint`'s own field, where the body does not say one already
     (a user's `response_format` / `text.format` / `output_config.format` / Gemini response
@@ -194,7 +189,7 @@ def with_ask(body: dict[str, Any], endpoint: str, ask: Ask) -> dict[str, Any]:
         config = body.get("output_config")
         if isinstance(config, dict) and config.get("format") is not None or (config is not None and not isinstance(config, dict)):
             return body
-        return body | {"output_config": (config or {}) | {"format": {"type": "json_schema", "schema": anthropic_schema(ask.schema)}}}
+        return body | messages_ask(body, ask.schema)
     if endpoint == GEMINI:
         config = body.get("generationConfig")
         if config is not None and not isinstance(config, dict):
@@ -204,6 +199,53 @@ def with_ask(body: dict[str, Any], endpoint: str, ask: Ask) -> dict[str, Any]:
             return body
         return body | {"generationConfig": config | gemini_config(ask)}
     return body
+
+
+def messages_ask(body: dict[str, Any], schema: dict[str, Any]) -> dict[str, Any]:
+    """The keys that ask an Anthropic messages `body` for `schema`: `output_config.format`
+    where its model has structured output, else a forced call of `FORCED_TOOL`; {} where
+    neither can be sent (the body's own tools, or extended thinking on)."""
+    if anthropic_structured(body.get("model")):
+        config = body.get("output_config")
+        return {"output_config": (config if isinstance(config, dict) else {}) | {"format": {"type": "json_schema", "schema": sent_schema(schema)}}}
+    if not forcible(body):
+        return {}
+    return {"tools": [{"name": FORCED_TOOL, "description": FORCED_TOOL_DESCRIPTION, "input_schema": schema}],
+            "tool_choice": {"type": "tool", "name": FORCED_TOOL}}  # fmt: skip
+
+
+def forcible(body: dict[str, Any]) -> bool:
+    """Whether a forced tool can carry the ask: no tools or tool_choice of the body's own,
+    and no extended thinking (Anthropic refuses a forced tool with it)."""
+    thinking = body.get("thinking")
+    thinking_on = isinstance(thinking, dict) and thinking.get("type") not in (None, "disabled")
+    return not body.get("tools") and body.get("tool_choice") is None and not thinking_on
+
+
+# An Anthropic model's generation in its name: "claude-3-5-haiku-…" (family after the
+# version) or "claude-sonnet-4-5-…" (family first; a date is not a minor version).
+_VERSION_FIRST = re.compile(r"claude-(\d+)(?:-(\d)(?!\d))?-(?:opus|sonnet|haiku)")
+_FAMILY_FIRST = re.compile(r"claude-(?:opus|sonnet|haiku)-(\d+)(?:-(\d{1,2})(?!\d))?")
+STRUCTURED_SINCE = (4, 5)  # the first Claude generation with `output_config.format`
+
+
+def anthropic_structured(model: Any) -> bool:
+    """Whether an Anthropic model takes `output_config.format`: Claude 4.5 and later. A name
+    with no generation in it (a newer naming, an alias lowtide cannot read) is taken to."""
+    if not isinstance(model, str):
+        return True
+    found = _VERSION_FIRST.search(model) or _FAMILY_FIRST.search(model)
+    if found is None:
+        return True
+    return (int(found.group(1)), int(found.group(2) or 0)) >= STRUCTURED_SINCE
+
+
+def forced_text(block: Any) -> str | None:
+    """The answer inside a content block that calls `FORCED_TOOL` (its `input`, as JSON
+    text), else None."""
+    if not isinstance(block, dict) or block.get("type") != "tool_use" or block.get("name") != FORCED_TOOL:
+        return None
+    return orjson.dumps(block.get("input")).decode()
 
 
 def gemini_config(ask: Ask) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from sqlalchemy import Connection, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 
 from lowtide.core import fastjson, shapes
+from lowtide.core.anthropic_schema import schema_problem, sent_schema
 from lowtide.core.auto_spec import AUTO
 from lowtide.core.clock import Clock
 from lowtide.core.endpoints import (
@@ -42,7 +43,7 @@ from lowtide.core.endpoints import (
 from lowtide.core.errors import RouteError, SourceError, SpecError, UnknownRouteError
 from lowtide.core.fastjson import is_utf8
 from lowtide.core.ids import custom_id_for, key_of
-from lowtide.core.native_schema import ask_of, choice_tokens, with_ask
+from lowtide.core.native_schema import anthropic_structured, ask_of, choice_tokens, with_ask
 from lowtide.core.params import cast, check_row
 from lowtide.core.sources import Source, SourceRow
 from lowtide.core.spec import JobSpec
@@ -335,6 +336,7 @@ def _canonical(value) -> bytes:
 # Anthropic's structured outputs take an object): the wrapper counts against the output limit.
 WRAPPING_ROUTES = frozenset({"openai", "openai-batch", "openai-compatible", "anthropic", "anthropic-batch"})
 WRAPPED_ENDPOINTS = frozenset({CHAT, RESPONSES, MESSAGES})
+ANTHROPIC_ROUTES = frozenset({"anthropic", "anthropic-batch"})
 
 
 def check_ask(spec: JobSpec, where: str) -> None:
@@ -345,6 +347,7 @@ def check_ask(spec: JobSpec, where: str) -> None:
             f"{where}: choices and response_schema are both set; an answer is either one of the choices or JSON "
             "valid against the schema. Keep one (a schema with an enum at its root counts as choices)"
         )
+    check_anthropic_schema(spec, where)
     choices, limit = spec.effective_choices, spec.output_limit
     if not choices or limit is None or spec.request_endpoint not in WRAPPED_ENDPOINTS:
         return
@@ -355,6 +358,26 @@ def check_ask(spec: JobSpec, where: str) -> None:
             f'{where}: params sets an output limit of {limit} token(s); route {wrapping[0]} asks for the choice as '
             f'JSON {{"choice": ...}}, which needs up to {need}. Raise the limit to {need} (the answer is still one choice)'
         )
+
+
+def check_anthropic_schema(spec: JobSpec, where: str) -> None:
+    """Refuse, once and before any row, a `response_schema` that an Anthropic route would
+    send as `output_config.format` and Anthropic's structured outputs cannot take
+    (core/anthropic_schema.py): it would fail line by line at the provider. An older model
+    asked through a forced tool has no such limits."""
+    schema = spec.response_schema
+    if ask_of(None, schema) is None or spec.request_endpoint not in (CHAT, MESSAGES):
+        return
+    for name, _, model in spec.sending_routes:
+        if name not in ANTHROPIC_ROUTES or not anthropic_structured(model or spec.model):
+            continue
+        problem = schema_problem(sent_schema(schema))
+        if problem is not None:
+            raise SpecError(
+                f"{where}: response_schema: {problem}. Route {name} asks for it as Anthropic's output_config.format, "
+                "which would refuse every row; change the schema, or send the job to a route that takes it"
+            )
+        return
 
 
 def check_endpoint(route, name: str, endpoint: str, model: str, where: str) -> None:

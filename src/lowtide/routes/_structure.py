@@ -23,7 +23,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from lowtide.core.anthropic_schema import schema_problem_cached
 from lowtide.core.endpoints import CHAT, GEMINI, MESSAGES, RESPONSES
+from lowtide.core.native_schema import anthropic_structured
 from lowtide.core.types import Refusal, Request
 
 
@@ -77,6 +79,11 @@ def json_ask(request: Request) -> JsonAsk | Refusal | None:
             return None
         if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or "schema" not in fmt:
             return Refusal("output_config.format", "expected {type: json_schema, schema: {...}}")
+        if not anthropic_structured(body.get("model")):  # as Anthropic answers such a model
+            return Refusal("output_config.format", f"{body.get('model')!r} has no structured output (Claude 4.5 and later have it)")
+        problem = schema_problem_cached(fmt["schema"])  # what Anthropic's structured outputs refuse
+        if problem is not None:
+            return Refusal("output_config.format.schema", problem)
         return JsonAsk("output_config.format.schema", fmt["schema"])
     if request.endpoint == GEMINI and isinstance(body.get("generationConfig"), dict):
         found = _gemini_ask(body["generationConfig"])

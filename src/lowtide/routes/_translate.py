@@ -12,7 +12,7 @@ a spec that says `endpoint: /v1/chat/completions`). What has no mapping is refus
 | assistant `tool_calls` | `tool_use` blocks (arguments parsed as JSON) |
 | `tool` message | a user turn with a `tool_result` block |
 | `max_completion_tokens` or `max_tokens` (required; both at once are refused, naming both) | `max_tokens` |
-| `response_format` json_schema (`strict` is Anthropic's own behaviour) | `output_config.format` json_schema, the schema as the anthropic SDK sends it (core/native_schema.py) |
+| `response_format` json_schema (`strict` is Anthropic's own behaviour) | `output_config.format` json_schema, the schema as the anthropic SDK sends it; before Claude 4.5, a forced tool (core/native_schema.py `messages_ask`) |
 | `response_format` text | (Anthropic's own behaviour: nothing to send) |
 | `temperature` (0–1), `top_p` | the same, where the Messages API takes them (the anthropic SDK's own request type says; the SDK of late 2026 declares neither, so they are refused) |
 | `stop` | `stop_sequences` |
@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from lowtide.core.native_schema import anthropic_schema
+from lowtide.core.native_schema import messages_ask
 from lowtide.core.types import Refusal
 
 MAPPED = frozenset({
@@ -87,15 +87,20 @@ def _translate(body: dict[str, Any]) -> dict[str, Any]:
         out["tool_choice"] = choice
     if body.get("user") is not None:
         out["metadata"] = {"user_id": body["user"]}
-    fmt = _output_format(body.get("response_format"))
-    if fmt is not None:
-        out["output_config"] = {"format": fmt}
+    schema = _output_schema(body.get("response_format"))
+    if schema is not None:
+        asked = messages_ask(out, schema)
+        if not asked:
+            raise _Refused("response_format", f"{out['model']!r} has no structured output, and the request's own tools leave "
+                           "no forced tool to ask it through: use a Claude 4.5 or later model, or drop the tools")  # fmt: skip
+        out |= asked
     return out
 
 
-def _output_format(fmt: Any) -> dict[str, Any] | None:
-    """`response_format` as Anthropic's `output_config.format`: json_schema maps; text is the
-    default; json_object (any JSON, no schema) has no Anthropic form."""
+def _output_schema(fmt: Any) -> dict[str, Any] | None:
+    """The schema of a `response_format`, asked of Anthropic as `output_config.format` (or a
+    forced tool, core/native_schema.py `messages_ask`): json_schema maps; text is the default;
+    json_object (any JSON, no schema) has no Anthropic form."""
     if fmt is None:
         return None
     kind = fmt.get("type") if isinstance(fmt, dict) else None
@@ -106,7 +111,7 @@ def _output_format(fmt: Any) -> dict[str, Any] | None:
     spec = fmt.get("json_schema")
     if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
         raise _Refused("response_format.json_schema.schema", "a json_schema format needs its schema for Anthropic")
-    return {"type": "json_schema", "schema": anthropic_schema(spec["schema"])}
+    return spec["schema"]
 
 
 def _conversation(messages: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from lowtide.core.anthropic_schema import schema_problem_cached
 from lowtide.core.endpoints import (
     CHAT,
     COMPLETIONS,
@@ -40,6 +41,7 @@ from lowtide.core.endpoints import (
     RESPONSES,
     known_keys,
 )
+from lowtide.core.native_schema import anthropic_structured, forced_text
 from lowtide.core.types import Outcome, Refusal, Request, Usage
 from lowtide.routes._translate import chat_to_messages
 
@@ -185,7 +187,24 @@ def anthropic_refusal(request: Request) -> Refusal | None:
     # or not the installed SDK still declares them (anthropic's dropped `temperature`).
     if params.get("max_tokens") is None:
         return Refusal("max_tokens", "Anthropic's Messages API requires it; set params.max_tokens")
-    return None
+    return structured_output_refusal(params)
+
+
+def structured_output_refusal(params: dict[str, Any]) -> Refusal | None:
+    """What Anthropic would refuse line by line in `output_config.format`: the field on a
+    model before Claude 4.5 (lowtide's own `response_schema` is asked of those through a
+    forced tool instead), or a schema its structured outputs cannot take
+    (core/anthropic_schema.py)."""
+    config = params.get("output_config")
+    fmt = config.get("format") if isinstance(config, dict) else None
+    if not isinstance(fmt, dict):
+        return None
+    if not anthropic_structured(params.get("model")):
+        return Refusal("output_config.format", f"{params.get('model')!r} has no structured output (Claude 4.5 and later "
+                       "have it); remove it and set the job's response_schema, which lowtide asks of older models "
+                       "through a forced tool")  # fmt: skip
+    problem = schema_problem_cached(fmt.get("schema"))
+    return None if problem is None else Refusal("output_config.format.schema", problem)
 
 
 def anthropic_outcome(custom_id: str, message: dict[str, Any], batch: bool) -> Outcome:
@@ -196,7 +215,12 @@ def anthropic_outcome(custom_id: str, message: dict[str, Any], batch: bool) -> O
 
 
 def anthropic_text(message: dict[str, Any]) -> str:
-    return "".join(b.get("text", "") for b in message.get("content") or [] if b.get("type") == "text")
+    """The message's text blocks; a call of lowtide's forced tool is the answer too
+    (core/native_schema.py `forced_text`)."""
+    return "".join(
+        b.get("text", "") if b.get("type") == "text" else forced_text(b) or ""
+        for b in message.get("content") or [] if isinstance(b, dict)
+    )  # fmt: skip
 
 
 def responses_usage(usage: dict[str, Any] | None) -> Usage:

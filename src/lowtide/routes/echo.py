@@ -58,7 +58,7 @@ import orjson
 
 from lowtide.core.endpoints import CHAT, COMPLETIONS, GEMINI, MESSAGES, RESPONSES
 from lowtide.core.errors import RouteError
-from lowtide.core.native_schema import CHOICE_KEY, choices_of
+from lowtide.core.native_schema import CHOICE_KEY, FORCED_TOOL, choices_of
 from lowtide.core.types import Outcome, Refusal, Request, Usage
 from lowtide.routes import _echo_embed, _echo_moderate
 from lowtide.routes._instances import Instances, Unsatisfiable, instances_for
@@ -340,7 +340,10 @@ class EchoRoute:
             output_tokens=sum(r.output_tokens for r in answers),
         )
         first = answers[0]
-        return Outcome(request.custom_id, True, text=first.text, usage=usage, finish_reason=first.finish,
+        text = first.text
+        if first.call is not None and first.call.name == FORCED_TOOL:  # the answer, asked through a forced tool
+            text = arguments_text(first.call.arguments)
+        return Outcome(request.custom_id, True, text=text, usage=usage, finish_reason=first.finish,
                        response=reply_body(request, self.name, answers, usage))  # fmt: skip
 
     def _text_echo(self, request: Request, full: str, input_tokens: int, limit: int | None) -> Outcome:

@@ -33,6 +33,7 @@ from lowtide.core.endpoints import (
     request_type,
     required_of,
 )
+from lowtide.core.native_schema import FORCED_TOOL
 from lowtide.core.types import Request
 
 # The routes the table covers, with the options that build them here (no network, no model).
@@ -230,6 +231,9 @@ def _asked(body: dict[str, Any]) -> list[str]:
     config = body.get("output_config")
     if isinstance(config, dict) and isinstance(config.get("format"), dict):
         out.append(f"`output_config.format` {config['format'].get('type')}")
+    choice = body.get("tool_choice")
+    if isinstance(choice, dict) and choice.get("name") == FORCED_TOOL:
+        out.append(f"forced tool `{FORCED_TOOL}`")
     gen = body.get("generationConfig")
     if isinstance(gen, dict):
         for key in ("responseJsonSchema", "responseSchema"):
@@ -277,7 +281,10 @@ def asks_markdown() -> list[str]:
         "(unwrapped before they are checked and stored), to Gemini as `text/x.enum`. `strict` is set",
         "where the schema meets OpenAI's strict-mode rules, else the schema is sent not strict. A",
         "field the job's params (or a row's own body) set already is sent as it is. —: the route",
-        "takes no request of that endpoint.",
+        "takes no request of that endpoint. The table is for a current model; an Anthropic model",
+        "before Claude 4.5 (which refuses `output_config.format`) is asked through a forced tool,",
+        f"`{FORCED_TOOL}`, whose input is the answer, unless the request has tools of its own or",
+        "extended thinking on (then the answer is checked after).",
         "",
     ]
     names = list(ROUTES)
