@@ -25,7 +25,8 @@ from lowtide.engine.budget import Estimate, estimate_requests
 from lowtide.engine.context import JobContext
 from lowtide.store.schema import attempts, dispatch_phases, dispatches, jobs, requests
 
-MAX_PAGE = 200  # failed rows per page, at most
+MAX_PAGE = 200  # failed rows (or answers) per page, at most
+MAX_ANSWER = 2000  # characters of an answer shown; the rest is cut, its length told
 MAX_BATCHES = 100  # the newest batches in a timeline
 
 
@@ -108,8 +109,10 @@ def failures(conn: Connection, job_id: int | None = None, *, among: Any = None) 
 
 # Failed rows ---------------------------------------------------------------------------
 @dataclass(slots=True)
-class FailedPage:
-    total: int  # failed requests matching the filter
+class RowPage:
+    """One page of a job's rows: its failed requests (`failed_rows`) or its answers (`answer_rows`)."""
+
+    total: int  # requests matching the filter
     offset: int
     limit: int
     rows: list[dict[str, Any]]
@@ -117,7 +120,7 @@ class FailedPage:
 
 def failed_rows(
     conn: Connection, job_id: int, *, reason: str | None = None, search: str | None = None, offset: int = 0, limit: int = 50
-) -> FailedPage:  # fmt: skip
+) -> RowPage:  # fmt: skip
     """One page of a job's failed requests, in source order: custom_id, reason (error code),
     the provider's (or lowtide's) message, attempts, the route it last ran on. `reason`
     keeps one error code ("unknown": none); `search` keeps rows whose custom_id or message
@@ -136,9 +139,32 @@ def failed_rows(
         select(r.custom_id, r.source_row, r.error_code, r.error_message, r.attempts, r.route, r.updated_at)
         .where(*where).order_by(r.source_row, r.id).offset(offset).limit(limit)
     ).all()  # fmt: skip
-    return FailedPage(total, offset, limit, [
+    return RowPage(total, offset, limit, [
         {"custom_id": x.custom_id, "source_row": x.source_row, "reason": x.error_code or "unknown",
          "message": x.error_message, "attempts": x.attempts, "route": x.route, "at": x.updated_at}
+        for x in rows
+    ])  # fmt: skip
+
+
+# Succeeded answers ---------------------------------------------------------------------
+def answer_rows(conn: Connection, job_id: int, *, offset: int = 0, limit: int = 20) -> RowPage:
+    """One page of a job's succeeded requests, in source order: custom_id, its answer text
+    (`output`, the first MAX_ANSWER characters; `length` is the whole answer's), attempts,
+    route, output tokens. A request answered with no text (tool calls alone, an embedding)
+    has `answer` None. Read page by page: never the whole job."""
+    r = requests.c
+    where = [r.job_id == job_id, r.state == RequestState.SUCCEEDED.value]
+    limit = max(1, min(limit, MAX_PAGE))
+    offset = max(0, offset)
+    total = conn.execute(select(func.count()).select_from(requests).where(*where)).scalar_one()
+    rows = conn.execute(
+        select(r.custom_id, r.source_row, func.substr(r.output, 1, MAX_ANSWER).label("answer"), func.length(r.output).label("length"),
+               r.attempts, r.route, r.output_tokens, r.updated_at)
+        .where(*where).order_by(r.source_row, r.id).offset(offset).limit(limit)
+    ).all()  # fmt: skip
+    return RowPage(total, offset, limit, [
+        {"custom_id": x.custom_id, "source_row": x.source_row, "answer": x.answer, "length": x.length,
+         "attempts": x.attempts, "route": x.route, "output_tokens": x.output_tokens, "at": x.updated_at}
         for x in rows
     ])  # fmt: skip
 

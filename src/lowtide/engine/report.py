@@ -10,6 +10,9 @@ Definitions (docs/costs.md "lowtide report"):
 - cost: the sum of the attempts whose cost is known. Attempts with an unknown cost are
   counted apart (with their models) and never as 0; real-time equivalent and savings cover
   the attempts with a known cost only, so that they compare like with like.
+- succeeded saving: real time − cost over the succeeded attempts alone (`--json`'s
+  `succeeded_saving_usd` and `_percent`): what the answers saved. A failed attempt's spend,
+  however discounted, bought nothing; the dashboard shows this as its saving.
 - stale: results that arrived after their request had moved on (to a retry or the fallback
   route). They are paid for, so they are in the cost, and counted apart.
 - repair: attempts sent with an invalid answer's repair turns (store `repair_sends`; the
@@ -54,6 +57,8 @@ class Figures:
     reasoning_tokens: int = 0
     cost_picousd: int = 0  # attempts with a known cost
     realtime_picousd: int = 0  # the same attempts at real-time prices
+    succeeded_cost_picousd: int = 0  # the succeeded attempts among them (the dashboard's saving)
+    succeeded_realtime_picousd: int = 0
     unknown: int = 0  # attempts with an unknown cost
     unknown_models: set[str] = field(default_factory=set)
     tiers: set[str] = field(default_factory=set)
@@ -85,6 +90,19 @@ class Figures:
         return (Decimal(self.realtime_picousd - self.cost_picousd) * 100 / self.realtime_picousd).quantize(Decimal("0.1"))
 
     @property
+    def succeeded_saving_usd(self) -> Decimal:
+        """What the succeeded attempts saved against real time: a failed attempt's spend,
+        however discounted, bought nothing, and is never shown as a saving (the dashboard)."""
+        return from_pico(self.succeeded_realtime_picousd - self.succeeded_cost_picousd)
+
+    @property
+    def succeeded_saving_percent(self) -> Decimal | None:
+        if not self.succeeded_realtime_picousd:
+            return None
+        saved = self.succeeded_realtime_picousd - self.succeeded_cost_picousd
+        return (Decimal(saved) * 100 / self.succeeded_realtime_picousd).quantize(Decimal("0.1"))
+
+    @property
     def cache_hit_share(self) -> Decimal | None:
         if not self.input_tokens:
             return None
@@ -113,6 +131,9 @@ class Figures:
         if known:
             self.cost_picousd += int(row.cost)
             self.realtime_picousd += int(row.realtime or 0)
+            if row.ok:
+                self.succeeded_cost_picousd += int(row.cost)
+                self.succeeded_realtime_picousd += int(row.realtime or 0)
         elif row.billed is not False:  # an unbilled attempt costs nothing, priced or not
             self.unknown += n
             self.unknown_models.add(row.model or NOT_RECORDED)
@@ -132,6 +153,8 @@ class Figures:
             "reasoning_tokens": self.reasoning_tokens,
             "cost_usd": money(self.usd), "realtime_usd": money(self.realtime_usd),
             "saving_usd": money(self.saving_usd), "saving_percent": None if pct is None else str(pct),
+            "succeeded_saving_usd": money(self.succeeded_saving_usd),
+            "succeeded_saving_percent": None if self.succeeded_saving_percent is None else str(self.succeeded_saving_percent),
             "cache_hit_share": None if share is None else str(share),
             "unknown_cost_attempts": self.unknown, "unknown_cost_models": sorted(self.unknown_models),
         }  # fmt: skip

@@ -10,6 +10,8 @@
                                         timeline, placement, events, cost by route
     GET /dashboard/api/failed?job=      one page of a job's failed requests (?reason=, ?q=,
                                         ?offset=, ?limit=)
+    GET /dashboard/api/answers?job=     one page of a job's succeeded requests and their
+                                        answers, each cut at 2,000 characters (?offset=, ?limit=)
     GET /dashboard/api/series           cost, real-time equivalent and saving per minute,
                                         hour or day, from the attempts' `at` (?job=, ?bucket=)
 
@@ -17,6 +19,8 @@ Progress and failure figures are `lowtide.engine.overview`'s: "failed" is always
 requests (the reasons add up to it); failed attempts (tries) are shown apart, as such.
 Cost figures are `cost_report`'s own (`Figures.as_dict`, the numbers `lowtide report --json`
 prints): amounts are decimal strings and an unknown cost is counted apart, never as 0.
+The page's "saving" is what the succeeded attempts saved (`succeeded_saving_usd`): a failed
+attempt's spend, however discounted, is never shown as a saving.
 
 Serve's own API jobs (one per API batch, named after it: server/intake.py) are listed with
 the rest under `lowtide serve`. `lowtide dashboard` (server/dashboard_app.py: this dashboard
@@ -229,10 +233,28 @@ def failed(request: Request, job: str, reason: str | None = None, q: str | None 
     return _json({"job": job, "reason": reason or None, "q": q or None} | asdict(found))
 
 
+@router.get("/dashboard/api/answers")
+def answers(request: Request, job: str, offset: Annotated[int, Query(ge=0)] = 0,
+            limit: Annotated[int, Query(ge=1, le=overview.MAX_PAGE)] = 20, api_jobs: ApiJobs = None) -> Response:  # fmt: skip
+    """One page of a job's succeeded requests and their answers (read a page at a time)."""
+    if not viewer_allowed(request):
+        return refused(request)
+    store: Store = request.app.state.server.store
+    try:
+        with store.read() as conn:
+            if (gone := hidden(conn, hiding(request, api_jobs), job)) is not None:
+                return gone
+            found = overview.answer_rows(conn, get_job(conn, job).id, offset=offset, limit=limit)
+    except JobNotFoundError as err:
+        return JSONResponse({"error": str(err)}, status_code=404)
+    return _json({"job": job, "max_chars": overview.MAX_ANSWER} | asdict(found))
+
+
 @router.get("/dashboard/api/series")
 def series(request: Request, job: str | None = None, bucket: str = "auto", api_jobs: ApiJobs = None) -> Response:
-    """Per time bucket: attempts, failures, known cost, its real-time equivalent and saving
-    (as `cost_report` counts them), and attempts of unknown cost."""
+    """Per time bucket: attempts, failures, known cost and its real-time equivalent (as
+    `cost_report` counts them), the saving of the succeeded attempts (as the page's saving),
+    and attempts of unknown cost."""
     if not viewer_allowed(request):
         return refused(request)
     if bucket != "auto" and bucket not in BUCKETS:
@@ -257,6 +279,7 @@ def series(request: Request, job: str | None = None, bucket: str = "auto", api_j
         # `at` is positive: SQLite's CAST truncates, which is floor; PostgreSQL's rounds.
         slot = cast(a.at / seconds, Integer) if conn.dialect.name == "sqlite" else func.floor(a.at / seconds)
         known = a.cost_picousd.is_not(None)
+        saved = and_(known, a.ok.is_(True))
         unknown = and_(a.cost_picousd.is_(None), or_(a.billed.is_(None), a.billed.is_(True)))
         rows = conn.execute(
             select(
@@ -264,6 +287,7 @@ def series(request: Request, job: str | None = None, bucket: str = "auto", api_j
                 func.sum(case((a.ok.is_(False), 1), else_=0)).label("failures"),
                 func.coalesce(func.sum(a.cost_picousd), 0).label("cost"),
                 func.coalesce(func.sum(case((known, a.realtime_picousd), else_=None)), 0).label("realtime"),
+                func.coalesce(func.sum(case((saved, func.coalesce(a.realtime_picousd, 0) - a.cost_picousd), else_=None)), 0).label("saving"),
                 func.sum(case((unknown, 1), else_=0)).label("unknown"),
             ).where(*where).group_by(slot).order_by(slot)
         ).all()  # fmt: skip
@@ -271,7 +295,7 @@ def series(request: Request, job: str | None = None, bucket: str = "auto", api_j
         {
             "t": int(r.slot) * seconds, "attempts": r.n, "failures": int(r.failures),
             "cost_usd": _money(from_pico(r.cost)), "realtime_usd": _money(from_pico(r.realtime)),
-            "saving_usd": _money(from_pico(int(r.realtime) - int(r.cost))), "unknown_cost_attempts": int(r.unknown),
+            "saving_usd": _money(from_pico(int(r.saving))), "unknown_cost_attempts": int(r.unknown),
         }  # fmt: skip
         for r in rows
     ]

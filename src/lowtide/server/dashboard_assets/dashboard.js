@@ -7,11 +7,16 @@
 const REFRESH_MS = Number(document.body.dataset.refresh) || 2000;
 const SVG = "http://www.w3.org/2000/svg";
 const PAGE = 50;  // failed rows per page
+const ANSWERS = 20;  // answers per page
 // Request states in the order a bar draws them, with their legend words.
 const STATES = [["succeeded", "succeeded"], ["failed", "failed"], ["cancelled", "cancelled"], ["in_flight", "in flight"], ["waiting", "waiting"]];
 let selected = decodeURIComponent(location.hash.slice(1)) || null;
 let timer = null;
 const failedView = { reason: "", q: "", offset: 0 };  // the failed rows' filter and page
+const answersView = { offset: 0 };  // the answers' page
+// Once a job is chosen (a tap, or #JOB in the address), its page is scrolled into view when
+// drawn: it comes below the list, off a phone's screen.
+let reveal = Boolean(selected);
 
 // Formatting ------------------------------------------------------------------------------
 function plain(s) {
@@ -47,6 +52,9 @@ function cost(fig) {
 
 const count = (n) => (n === null || n === undefined ? "-" : Number(n).toLocaleString("en-US"));
 const percent = (s) => (s === null || s === undefined ? "-" : `${s}%`);
+// "saving" is what the succeeded attempts saved against real time (report.py
+// `succeeded_saving_usd`): a failed attempt's spend is never shown as a saving.
+const saving = (c) => field("saving_usd", c.succeeded_saving_usd, `${usd(c.succeeded_saving_usd)} (${percent(c.succeeded_saving_percent)})`);
 const when = (t) => (t ? new Date(t * 1000).toISOString().replace("T", " ").slice(0, 16) : "-");
 const clock = (t) => (t ? new Date(t * 1000).toISOString().slice(11, 19) : "-");
 
@@ -97,7 +105,7 @@ function renderTotals(data) {
   const tiles = [
     ["cost", field("cost_usd", t.cost_usd, cost(t))],
     ["real-time equivalent", field("realtime_usd", t.realtime_usd, usd(t.realtime_usd))],
-    ["saving", field("saving_usd", t.saving_usd, `${usd(t.saving_usd)} (${percent(t.saving_percent)})`)],
+    ["saving", saving(t)],
     ["tokens in / out", el("span", {}, field("input_tokens", t.input_tokens, count(t.input_tokens)), " / ",
       field("output_tokens", t.output_tokens, count(t.output_tokens)))],
     ["failed requests", field("failed_requests", data.failure_figures.requests, count(data.failure_figures.requests), { class: data.failure_figures.requests ? "bad" : "" })],
@@ -126,7 +134,7 @@ function renderJobs(data) {
       cell(field("failed", job.failed, count(job.failed), { class: job.failed ? "bad" : "" }), "num", "failed"),
       cell(field("cost_usd", c.cost_usd, cost(c)), "num", "cost"),
       cell(field("realtime_usd", c.realtime_usd, usd(c.realtime_usd)), "num", "real time"),
-      cell(field("saving_usd", c.saving_usd, `${usd(c.saving_usd)} (${percent(c.saving_percent)})`), "num", "saving"),
+      cell(saving(c), "num", "saving"),
       cell(el("span", {}, field("input_tokens", c.input_tokens, count(c.input_tokens)), " / ",
         field("output_tokens", c.output_tokens, count(c.output_tokens))), "num", "tokens in / out"));
     row.addEventListener("click", () => select(job.name));
@@ -136,7 +144,10 @@ function renderJobs(data) {
   body.replaceChildren(...(items.length ? items : [el("tr", {}, el("td", { colspan: 9, class: "muted" }, "no jobs in this store yet"))]));
 }
 
-function renderFailures(failures, total) {
+function renderFailures(job, failures, total) {
+  // the selected job's failed requests by reason, or every job's
+  document.getElementById("failures-title").textContent = `Failed requests by reason: ${job ? `job ${job}` : "all jobs"}`;
+  document.getElementById("failures-box").dataset.job = job || "";
   document.getElementById("failed-total").textContent = `(${count(total)})`;
   const entries = Object.entries(failures);
   const most = Math.max(1, ...entries.map(([, n]) => n));
@@ -224,8 +235,8 @@ function renderDetail(job) {
   const figures = [
     ["cost", field("cost_usd", c.cost_usd, cost(c))],
     ["real-time equivalent", field("realtime_usd", c.realtime_usd, usd(c.realtime_usd))],
-    ["saving", field("saving_usd", c.saving_usd, usd(c.saving_usd))],
-    ["saving %", field("saving_percent", c.saving_percent, percent(c.saving_percent))],
+    ["saving (succeeded)", field("saving_usd", c.succeeded_saving_usd, usd(c.succeeded_saving_usd))],
+    ["saving %", field("saving_percent", c.succeeded_saving_percent, percent(c.succeeded_saving_percent))],
     ["unknown-cost attempts", field("unknown_cost_attempts", c.unknown_cost_attempts, count(c.unknown_cost_attempts))],
     ["input tokens", field("input_tokens", c.input_tokens, count(c.input_tokens))],
     ["cached input", field("cached_input_tokens", c.cached_input_tokens, count(c.cached_input_tokens))],
@@ -252,7 +263,7 @@ function renderDetail(job) {
     job.tiers.map((t) => el("tr", { "data-tier": t.tier }, cell(t.tier), cell(t.state, "num"), cell(count(t.count), "num"))));
   rows(document.getElementById("detail-routes"), ["route", "tier", "cost", "saving"],
     job.routes.map((g) => el("tr", { "data-route": g.group }, cell(g.group), cell(g.tiers.join(", ") || "-", "num"),
-      cell(cost(g), "num"), cell(`${usd(g.saving_usd)} (${percent(g.saving_percent)})`, "num"))));
+      cell(cost(g), "num"), cell(`${usd(g.succeeded_saving_usd)} (${percent(g.succeeded_saving_percent)})`, "num"))));
   document.getElementById("detail-events").replaceChildren(...job.events.map((e) => el("li", {}, e)));
 }
 
@@ -281,6 +292,26 @@ function renderFailedRows(page) {
   document.getElementById("failed-count").textContent = `(${count(page.total)}${page.reason || page.q ? " matching" : ""})`;
   document.getElementById("failed-prev").disabled = page.offset <= 0;
   document.getElementById("failed-next").disabled = last >= page.total;
+}
+
+function renderAnswers(page) {
+  // the answers as text (never markup), each cut at the server's max_chars, its length told
+  const items = page.rows.map((r) => {
+    const cut = r.answer !== null && r.length > r.answer.length;
+    const answer = el("div", { class: "answer-box" },
+      el("div", { class: "answer", "data-col": "answer" }, r.answer === null ? "(no text answer)" : r.answer),
+      ...(cut ? [el("div", { class: "muted" }, `first ${count(page.max_chars)} of ${count(r.length)} characters`)] : []));
+    return el("tr", { "data-custom-id": r.custom_id },
+      cell(el("code", {}, r.custom_id), "", "custom_id"), cell(answer, "wrap wide", "answer"),
+      cell(el("span", { "data-col": "attempts" }, count(r.attempts)), "num", "attempts"), cell(r.route || "-", "", "route"));
+  });
+  document.querySelector("#answer-rows tbody").replaceChildren(...(items.length ? items
+    : [el("tr", {}, el("td", { colspan: 4, class: "muted", "data-label": "" }, "no succeeded answers"))]));
+  const first = page.total ? page.offset + 1 : 0, last = page.offset + page.rows.length;
+  document.getElementById("answers-range").textContent = `${count(first)}–${count(last)} of ${count(page.total)}`;
+  document.getElementById("answers-count").textContent = `(${count(page.total)})`;
+  document.getElementById("answers-prev").disabled = page.offset <= 0;
+  document.getElementById("answers-next").disabled = last >= page.total;
 }
 
 function renderTimeline(job) {
@@ -326,6 +357,7 @@ function hideDetail() {
   document.getElementById("detail").hidden = true;
   drawn.delete("detail");
   drawn.delete("failed");
+  drawn.delete("answers");
 }
 
 // `?api_jobs=true|false` on the page: every call asks the same (serve's own API batch jobs).
@@ -342,11 +374,21 @@ async function get(path) {
 }
 
 function select(name) {
-  if (name !== selected) Object.assign(failedView, { reason: "", q: "", offset: 0 });
+  if (name !== selected) {
+    Object.assign(failedView, { reason: "", q: "", offset: 0 });
+    answersView.offset = 0;
+  }
   document.getElementById("failed-search").value = failedView.q;
+  const left = selected;
   selected = name;
+  reveal = Boolean(name);
   history.replaceState(null, "", name ? `#${encodeURIComponent(name)}` : location.pathname + location.search);
-  if (!name) hideDetail();
+  if (!name) {
+    hideDetail();
+    // back to the list, at the job left
+    const row = left && document.querySelector(`#jobs tr[data-job="${CSS.escape(left)}"]`);
+    (row || document.getElementById("jobs")).scrollIntoView({ block: "center" });
+  }
   refresh();
 }
 
@@ -357,6 +399,10 @@ function failedQuery() {
   return get(`dashboard/api/failed?${q}`);
 }
 
+function answersQuery() {
+  return get(`dashboard/api/answers?${new URLSearchParams({ job: selected, offset: answersView.offset, limit: ANSWERS })}`);
+}
+
 async function refresh() {
   clearTimeout(timer);
   const status = document.getElementById("status");
@@ -365,27 +411,35 @@ async function refresh() {
     const seriesQuery = get(`dashboard/api/series${selected ? `?job=${encodeURIComponent(selected)}` : ""}`);
     const detailQuery = selected ? get(`dashboard/api/jobs/${encodeURIComponent(selected)}`) : null;
     const failedRowsQuery = selected ? failedQuery() : null;
-    for (const q of [seriesQuery, detailQuery, failedRowsQuery]) q?.catch(() => {});  // awaited below
+    const answerRowsQuery = selected ? answersQuery() : null;
+    for (const q of [seriesQuery, detailQuery, failedRowsQuery, answerRowsQuery]) q?.catch(() => {});  // awaited below
     const data = await jobsQuery;
     if (changed("jobs", { ...data, generated_at: null }, selected)) {  // the time it was read is not shown
       renderTotals(data);
       renderJobs(data);
-      renderFailures(data.failures, data.failure_figures.requests);
     }
+    let job = null;
     try {
       const series = await seriesQuery;
       if (changed("series", series, document.getElementById("series-chart").clientWidth)) renderSeries(series);
       if (detailQuery) {
-        const job = await detailQuery, rows = await failedRowsQuery;
+        job = await detailQuery;
+        const rows = await failedRowsQuery, answers = await answerRowsQuery;
         if (changed("detail", job, failedView)) renderDetail(job);
         if (changed("failed", rows, failedView)) renderFailedRows(rows);
+        if (changed("answers", answers)) renderAnswers(answers);
+        if (reveal) document.getElementById("detail").scrollIntoView({ block: "start" });
+        reveal = false;
       }
     } catch (err) {
       if (err.status !== 404) throw err;
-      selected = null;  // the job is gone (or never was): back to all jobs
+      job = selected = null;  // the job is gone (or never was): back to all jobs
       hideDetail();
       history.replaceState(null, "", location.pathname + location.search);
     }
+    // On a job's page, its failures by reason; otherwise every job's.
+    const scope = job ? [job.name, job.failures, job.failure_figures.requests] : [null, data.failures, data.failure_figures.requests];
+    if (changed("failures", scope)) renderFailures(...scope);
     status.className = "";
     status.textContent = `updated ${new Date().toLocaleTimeString()} · every ${REFRESH_MS / 1000} s`;
   } catch (err) {
@@ -408,6 +462,8 @@ document.getElementById("failed-search").addEventListener("input", (e) => {
 });
 document.getElementById("failed-prev").addEventListener("click", () => { failedView.offset = Math.max(0, failedView.offset - PAGE); refresh(); });
 document.getElementById("failed-next").addEventListener("click", () => { failedView.offset += PAGE; refresh(); });
+document.getElementById("answers-prev").addEventListener("click", () => { answersView.offset = Math.max(0, answersView.offset - ANSWERS); refresh(); });
+document.getElementById("answers-next").addEventListener("click", () => { answersView.offset += ANSWERS; refresh(); });
 document.getElementById("detail-close").addEventListener("click", (e) => { e.preventDefault(); select(null); });
 
 refresh();
