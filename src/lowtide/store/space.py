@@ -8,8 +8,9 @@ incremental vacuuming moves pages without defragmenting them. So a plain `VACUUM
 outside any transaction: it rewrites the whole database into a new file and swaps it in.
 Its cost: time and I/O in proportion to what is kept (not to what was dropped), free disk
 up to the database's size while it runs (the new copy passes through the WAL), and the
-store's write lock held throughout: workers and ticks wait meanwhile (60 s at most, then
-their write fails and is retried at the next tick), so vacuum when nothing is running. A
+store's write lock held throughout: workers and ticks wait meanwhile (up to the 60 s busy
+timeout of store/db.py; past it their write fails, "database is locked"), so vacuum when
+nothing is running. A
 checkpoint then truncates the WAL, where the rewritten pages went. Where the file was made
 `auto_vacuum=INCREMENTAL` by hand, `incremental_vacuum` is used instead: it frees the
 pages without rewriting the file.
