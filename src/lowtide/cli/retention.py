@@ -45,7 +45,9 @@ def delete(
     ] = False,
 ) -> None:
     """Delete a job and everything stored for it: requests, answers, batches, attempts
-    (its ledger), events. In one transaction; other jobs are not touched.
+    (its ledger), events. In one transaction; other jobs are not touched. Records that
+    outlive the job forget it: an ended API batch of `lowtide serve`, a done gateway flush;
+    an eval's record goes with the last of its jobs.
 
     Refused while any of its batches is in flight (sent and not back): their results would
     come back to nothing. `--cancel` cancels the job first; batches a provider is still
