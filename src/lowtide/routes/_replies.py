@@ -162,7 +162,14 @@ def _chat(request: Request, ids: Ids, replies: list[Reply], usage: Usage, create
         logprobs = None if r.logprobs is None else {"content": r.logprobs, "refusal": None}
         choices.append({"index": i, "message": message, "finish_reason": _chat_finish(r.finish), "logprobs": logprobs})
     return {"id": ids("chatcmpl-"), "object": "chat.completion", "created": created, "model": request.model,
-            "choices": choices, "usage": _openai_usage(usage), "system_fingerprint": None}  # fmt: skip
+            "choices": choices, "usage": _openai_usage(usage), "system_fingerprint": None} | _tier(request)  # fmt: skip
+
+
+def _tier(request: Request) -> dict[str, Any]:
+    """The `service_tier` an OpenAI answer reports where its request asked for one (`auto`
+    is served at `default`, as OpenAI reports it)."""
+    asked = request.body.get("service_tier")
+    return {} if asked is None else {"service_tier": "default" if asked == "auto" else asked}
 
 
 def _completion(request: Request, ids: Ids, replies: list[Reply], usage: Usage, created: int) -> dict[str, Any]:
@@ -201,7 +208,7 @@ def _response(request: Request, ids: Ids, replies: list[Reply], usage: Usage, cr
                   "input_tokens_details": {"cached_tokens": usage.cached_input_tokens, "cache_write_tokens": usage.cache_write_tokens},
                   "output_tokens": usage.output_tokens, "output_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
                   "total_tokens": usage.input_tokens + usage.output_tokens},
-    }  # fmt: skip
+    } | _tier(request)  # fmt: skip
 
 
 def _message(request: Request, ids: Ids, replies: list[Reply], usage: Usage, created: int) -> dict[str, Any]:

@@ -23,7 +23,9 @@ parameters must be a valid JSON Schema; one echo cannot make an instance of (a `
 `not`, ...) is refused by name where it could be called, as is a schema it cannot satisfy.
 
 Parameters that change nothing here, since echo is deterministic anyway: `seed`, `top_p`,
-`parallel_tool_calls` (echo makes one call). `n` (chat, completions): n choices; choice 0 is
+`parallel_tool_calls` (echo makes one call), Anthropic's top-level `cache_control` (a
+caching hint). `service_tier` is reported back in the answer, as OpenAI does (`auto` as
+`default`). `n` (chat, completions): n choices; choice 0 is
 the n = 1 answer, choice i draws its instance, tool and choice from `custom_id#i`; a text
 echo is the same in every choice. Everything else plain-text turns cannot say is refused by
 name (`_own.py`).
@@ -35,7 +37,8 @@ from the custom_id (`_echo_moderate.py`).
 `Outcome.response` is the answer in the endpoint's own shape (`_replies.py`): a chat
 completion (with `tool_calls`), a response (a `function_call` output item), a completion, or
 an Anthropic message (a `tool_use` block). `Outcome.text` is choice 0's text ("" for a tool
-call); `Outcome.finish_reason` is in chat's words (stop, length, tool_calls).
+call, but a call of lowtide's forced tool, whose input is the answer: core/native_schema.py);
+`Outcome.finish_reason` is in chat's words (stop, length, tool_calls).
 
 Usage is counted as characters / 4 (rounded up): input over all messages, output over every
 choice's text or tool arguments.
@@ -78,10 +81,10 @@ KNOWN_OPTIONS = {"fail_attempts", "reject", "dispatch_size", "answer"}
 ANSWERS = ("instance", "message")
 # Beyond plain-text turns, per endpoint (see the module doc for what each does).
 HONOURS = {
-    CHAT: frozenset({"response_format", "tools", "tool_choice", "parallel_tool_calls", "seed", "top_p", "n"}),
-    RESPONSES: frozenset({"text", "tools", "tool_choice", "parallel_tool_calls", "top_p"}),
+    CHAT: frozenset({"response_format", "tools", "tool_choice", "parallel_tool_calls", "seed", "top_p", "n", "service_tier"}),
+    RESPONSES: frozenset({"text", "tools", "tool_choice", "parallel_tool_calls", "top_p", "service_tier"}),
     COMPLETIONS: frozenset({"seed", "top_p", "n"}),
-    MESSAGES: frozenset({"output_config", "tools", "tool_choice"}),
+    MESSAGES: frozenset({"output_config", "tools", "tool_choice", "cache_control"}),
 }
 
 

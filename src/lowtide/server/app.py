@@ -32,9 +32,11 @@ from lowtide.server import (
     gemini_versions,
     guard,
     metrics,
+    models_api,
     openai_api,
     realtime_api,
     safejson,
+    stored_api,
     translate,
 )
 from lowtide.server.backend import Backend
@@ -93,7 +95,7 @@ def create_app(config: ServeConfig) -> FastAPI:
     _install_auth(app, config.api_keys)
     app.add_middleware(gemini_versions.GeminiVersions)  # the others see Gemini's /v1 as /v1beta
     guard.protect(app, config)  # outermost: other sites are refused before anything else (guard.py)
-    for module in (files, openai_api, anthropic_api, gemini_files, gemini_api, realtime_api, dashboard, dashboard_evals, metrics):
+    for module in (files, openai_api, anthropic_api, gemini_files, gemini_api, models_api, stored_api, realtime_api, dashboard, dashboard_evals, metrics):
         app.include_router(module.router)
     return app
 

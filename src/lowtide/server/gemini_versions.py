@@ -8,9 +8,10 @@ URIs serve hands back (a file's `uri`, the upload URL) stay on it.
 OpenAI's API shares the `/v1` prefix, and two of its paths have Gemini twins:
 `/v1/files[/{id}]` and `/v1/batches[/{id}]`. A `/v1` call is taken as Gemini's when
 
-- its path is one only Gemini has: `/upload/v1/…`, or a last segment naming a method
-  (`models/m:batchGenerateContent`, `batches/b:cancel`, `files/f:download`: OpenAI's ids
-  never hold a colon), or under `/v1/models/` (serve answers no OpenAI models call);
+- its path is one only Gemini has: `/upload/v1/…`, or a last segment naming one of
+  Gemini's methods (`models/m:batchGenerateContent`, `batches/b:cancel`,
+  `files/f:download`; an OpenAI fine-tuned model's id holds colons too, but never ends in
+  one of these names);
 - or, on the shared paths, it carries what google-genai always sends and OpenAI's and
   Anthropic's SDKs never do: the `x-goog-api-key` or `x-goog-api-client` header, or `?key=`.
 """
@@ -21,15 +22,22 @@ from typing import Any
 from urllib.parse import parse_qs
 
 GEMINI_HEADERS = (b"x-goog-api-key", b"x-goog-api-client")
+# The custom methods of Gemini's resources (`name:method`) in its REST reference.
+GEMINI_METHODS = frozenset({
+    "generateContent", "streamGenerateContent", "batchGenerateContent", "countTokens", "embedContent",
+    "batchEmbedContents", "asyncBatchEmbedContent", "predict", "predictLongRunning", "cancel", "download",
+    "updateGenerateContentBatch", "updateEmbedContentBatch",
+})  # fmt: skip
 
 
 def is_gemini(path: str, headers: list[tuple[bytes, bytes]], query: bytes) -> bool:
     """Whether a call on a `/v1` path is Gemini's (see the module's docstring)."""
-    if path.startswith("/upload/v1/") or path.startswith("/v1/models/"):
+    if path.startswith("/upload/v1/"):
         return True
     if path.startswith("/v1/messages"):
         return False  # Anthropic's, whatever it carries
-    if ":" in path.rsplit("/", 1)[-1]:
+    last = path.rsplit("/", 1)[-1]
+    if ":" in last and last.rsplit(":", 1)[-1] in GEMINI_METHODS:
         return True
     if any(name in GEMINI_HEADERS for name, _ in headers):
         return True
