@@ -176,3 +176,20 @@ def test_a_rows_own_output_config_past_the_limits_is_refused_per_row():
 
     refused = anthropic_refusal(Request("a", MESSAGES, body))
     assert refused.field == "output_config.format.schema" and "recursive" in refused.reason
+
+
+# Gemini's one documented refusal ------------------------------------------------------------
+GEMINI_RECURSIVE = {"type": "object", "properties": {"root": {"$ref": "#/$defs/Node"}}, "required": ["root"],
+                    "$defs": {"Node": {"type": "object", "properties": {"name": {"type": "string"}, "parent": {"$ref": "#/$defs/Node"}},
+                                       "required": ["name", "parent"]}}}  # fmt: skip
+
+
+def test_gemini_refuses_a_recursion_through_a_required_property_at_load(tmp_path, monkeypatch):
+    monkeypatch.setenv(KEY_ENV, "k")
+    spec = _spec(tmp_path, route="gemini-batch", model="gemini-2.5-flash", response_schema=GEMINI_RECURSIVE)
+    with pytest.raises(SpecError, match=r"\$defs\.Node\.properties\.parent: a required property.*gemini-batch"):
+        check_job(spec, "job.yaml")
+    optional = json.loads(json.dumps(GEMINI_RECURSIVE))
+    optional["$defs"]["Node"]["required"] = ["name"]
+    check_job(_spec(tmp_path, route="gemini-batch", model="gemini-2.5-flash", response_schema=optional))  # Gemini unrolls it
+    check_job(_spec(tmp_path, route="gemini-batch", model="gemini-2.5-flash", response_schema=RECURSIVE))  # through an array

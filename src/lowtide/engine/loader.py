@@ -25,7 +25,7 @@ import orjson
 from sqlalchemy import Connection, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 
-from lowtide.core import fastjson, shapes
+from lowtide.core import fastjson, gemini_schema, shapes
 from lowtide.core.anthropic_schema import schema_problem, sent_schema
 from lowtide.core.auto_spec import AUTO
 from lowtide.core.clock import Clock
@@ -33,6 +33,7 @@ from lowtide.core.endpoints import (
     CHAT,
     COMPLETIONS,
     EMBEDDINGS,
+    GEMINI,
     MESSAGES,
     MODERATIONS,
     RESPONSES,
@@ -337,6 +338,7 @@ def _canonical(value) -> bytes:
 WRAPPING_ROUTES = frozenset({"openai", "openai-batch", "openai-compatible", "anthropic", "anthropic-batch"})
 WRAPPED_ENDPOINTS = frozenset({CHAT, RESPONSES, MESSAGES})
 ANTHROPIC_ROUTES = frozenset({"anthropic", "anthropic-batch"})
+GEMINI_ROUTES = frozenset({"gemini", "gemini-batch"})
 
 
 def check_ask(spec: JobSpec, where: str) -> None:
@@ -347,7 +349,7 @@ def check_ask(spec: JobSpec, where: str) -> None:
             f"{where}: choices and response_schema are both set; an answer is either one of the choices or JSON "
             "valid against the schema. Keep one (a schema with an enum at its root counts as choices)"
         )
-    check_anthropic_schema(spec, where)
+    check_native_schema(spec, where)
     choices, limit = spec.effective_choices, spec.output_limit
     if not choices or limit is None or spec.request_endpoint not in WRAPPED_ENDPOINTS:
         return
@@ -360,24 +362,27 @@ def check_ask(spec: JobSpec, where: str) -> None:
         )
 
 
-def check_anthropic_schema(spec: JobSpec, where: str) -> None:
-    """Refuse, once and before any row, a `response_schema` that an Anthropic route would
-    send as `output_config.format` and Anthropic's structured outputs cannot take
-    (core/anthropic_schema.py): it would fail line by line at the provider. An older model
-    asked through a forced tool has no such limits."""
+def check_native_schema(spec: JobSpec, where: str) -> None:
+    """Refuse, once and before any row, a `response_schema` that a route sends in its
+    provider's structured-output field and the provider cannot take: Anthropic's
+    `output_config.format` (core/anthropic_schema.py; an older model asked through a forced
+    tool has no such limits) and Gemini's `responseJsonSchema` (core/gemini_schema.py). It
+    would fail line by line at the provider."""
     schema = spec.response_schema
-    if ask_of(None, schema) is None or spec.request_endpoint not in (CHAT, MESSAGES):
+    if ask_of(None, schema) is None:
         return
     for name, _, model in spec.sending_routes:
-        if name not in ANTHROPIC_ROUTES or not anthropic_structured(model or spec.model):
+        if name in ANTHROPIC_ROUTES and spec.request_endpoint in (CHAT, MESSAGES) and anthropic_structured(model or spec.model):
+            problem, field = schema_problem(sent_schema(schema)), "Anthropic's output_config.format"
+        elif name in GEMINI_ROUTES and spec.request_endpoint in (CHAT, GEMINI):
+            problem, field = gemini_schema.schema_problem(schema), "Gemini's responseJsonSchema"
+        else:
             continue
-        problem = schema_problem(sent_schema(schema))
         if problem is not None:
             raise SpecError(
-                f"{where}: response_schema: {problem}. Route {name} asks for it as Anthropic's output_config.format, "
-                "which would refuse every row; change the schema, or send the job to a route that takes it"
+                f"{where}: response_schema: {problem}. Route {name} asks for it as {field}, which would refuse every "
+                "row; change the schema, or send the job to a route that takes it"
             )
-        return
 
 
 def check_endpoint(route, name: str, endpoint: str, model: str, where: str) -> None:
