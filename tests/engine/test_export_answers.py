@@ -233,3 +233,28 @@ def traced_peak(work) -> int:
         tracemalloc.stop()
     del keep
     return peak
+
+
+NULLABLE = {
+    "type": "object",
+    "properties": {
+        "name": {"type": ["string", "null"]},  # OpenAI's usual optional field
+        "age": {"anyOf": [{"type": "integer"}, {"type": "null"}]},
+        "either": {"type": ["string", "integer"]},  # a real union: JSON text
+    },
+    "required": ["name", "age", "either"],
+}
+
+
+def test_nullable_unions_export_to_parquet_as_their_one_type(store, clock, tmp_path, monkeypatch):
+    """At 2c0e660 `type: [string, null]` crashed the Parquet export after the paid run
+    (TypeError: unhashable type: 'list'; rc 3, no results file)."""
+    job = a.loaded_job(store, clock, tmp_path, monkeypatch, ["a", "b"], response_schema=NULLABLE)
+    a.answer_all(store, job, {"a": a.chat(a.choice(0, json.dumps({"name": "Ada", "age": 36, "either": 1}))),
+                              "b": a.chat(a.choice(0, json.dumps({"name": None, "age": None, "either": "x"})))})  # fmt: skip
+    export_results(store, "tickets", tmp_path / "out.parquet")
+    table = pq.read_table(tmp_path / "out.parquet")
+    assert {f: table.schema.field(f).type for f in NULLABLE["properties"]} == {"name": pa.string(), "age": pa.int64(), "either": pa.string()}
+    rows = {r["ticket_id"]: r for r in table.to_pylist()}
+    assert (rows["a"]["name"], rows["a"]["age"], rows["a"]["either"]) == ("Ada", 36, "1")
+    assert (rows["b"]["name"], rows["b"]["age"], rows["b"]["either"]) == (None, None, "x")

@@ -122,6 +122,16 @@ def schema_type(schema: Any, root: dict[str, Any] | None = None, seen: frozenset
         target = _ref(root, ref)
         return None if target is None or ref in seen else schema_type(target, root, seen | {ref})
     kind = schema.get("type")
+    if isinstance(kind, list):  # a union of types ("string" or "null"): one type besides null, else JSON text
+        kinds = [k for k in kind if k != "null"]
+        kind = kinds[0] if len(kinds) == 1 and isinstance(kinds[0], str) else None
+        if kind is None:
+            return None
+    branches = schema.get("anyOf", schema.get("oneOf"))
+    if kind is None and isinstance(branches, list) and branches:
+        # one Arrow type for every branch but the null one (an optional field), else JSON text
+        types = [schema_type(b, root, seen) for b in branches if not (isinstance(b, dict) and b.get("type") == "null")]
+        return types[0] if types and types[0] is not None and all(t == types[0] for t in types) else None
     if kind is None:
         values = schema["enum"] if isinstance(schema.get("enum"), list) else [schema["const"]] if "const" in schema else None
         kinds = {_json_kind(v) for v in values or [None]}
@@ -135,7 +145,7 @@ def schema_type(schema: Any, root: dict[str, Any] | None = None, seen: frozenset
     if kind == "array":
         items = schema_type(schema.get("items"), root, seen)
         return None if items is None else pa.list_(items)
-    return {"string": pa.string(), "integer": pa.int64(), "number": pa.float64(), "boolean": pa.bool_()}.get(kind)
+    return {"string": pa.string(), "integer": pa.int64(), "number": pa.float64(), "boolean": pa.bool_()}.get(kind) if isinstance(kind, str) else None
 
 
 def _ref(root: dict[str, Any], ref: str) -> Any:
