@@ -19,6 +19,7 @@ import csv
 import resource
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -33,6 +34,9 @@ from lowtide.engine.report import cost_report
 from lowtide.engine.runner import drive
 from lowtide.engine.tick import Engine
 from lowtide.store.db import Store
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from killtest import ClientStore  # noqa: E402  (a fresh PostgreSQL schema per run, dropped after)
 from lowtide.store.queries import get_job
 
 SCHEMA = {"type": "object", "properties": {"label": {"type": "string"}}, "required": ["label"]}
@@ -78,7 +82,8 @@ def main() -> None:
     folder = Path(tempfile.mkdtemp(prefix="lowtide-bench-dash-"))
     try:
         start = time.perf_counter()
-        store = build(folder, args.n, args.db)
+        place = ClientStore(folder, args.db)  # PostgreSQL: a fresh schema, dropped at the end
+        store = build(folder, args.n, place.url if args.db else None)
         print(f"built: {args.n:,} rows, all failed, in {time.perf_counter() - start:.1f} s")
         with store.begin() as conn:
             job_id = get_job(conn, "allbad").id
@@ -114,6 +119,10 @@ def main() -> None:
         print(f"peak RSS: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
         store.close()
     finally:
+        if "place" in locals():
+            if "store" in locals():
+                store.close()
+            place.drop()
         shutil.rmtree(folder, ignore_errors=True)
 
 

@@ -15,6 +15,7 @@ import asyncio
 import csv
 import resource
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -27,6 +28,9 @@ from lowtide.engine.loader import load_job
 from lowtide.engine.runner import drive
 from lowtide.engine.tick import Engine
 from lowtide.store.db import Store
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from killtest import ClientStore  # noqa: E402  (a fresh PostgreSQL schema per run, dropped after)
 
 WORDS = ["invoice", "refund", "login", "password", "delivery", "parcel", "crash", "error", "upgrade", "plan", "seat", "export"]
 
@@ -68,7 +72,8 @@ def main() -> None:
                 "choices": ["billing", "technical", "account", "shipping", "feedback"],
             }
         )
-        store = Store(args.db or str(tmp / "bench.db"))
+        place = ClientStore(tmp, args.db)  # PostgreSQL: a fresh schema, dropped at the end
+        store = Store(place.url)
         phases: dict[str, tuple[float, float]] = {}  # wall, CPU of this process
 
         t, c = time.perf_counter(), time.process_time()
@@ -97,6 +102,8 @@ def main() -> None:
             print(f"  {name:<18} {wall:7.2f}s {n / wall:>10,.0f}   {cpu:7.2f}s")
         print(f"  peak RSS {peak_rss_mb():.0f} MB (interpreter and imports before the run: {rss_start:.0f} MB)")
     finally:
+        if "place" in locals():
+            place.drop()
         shutil.rmtree(tmp, ignore_errors=True)
 
 
