@@ -20,9 +20,11 @@ from typing import TYPE_CHECKING, Any
 
 from lowtide.core.clock import SystemClock
 from lowtide.core.spec import JobSpec, build_spec, load_spec
+from lowtide.core.yamlfile import parse_mapping, read_text
 from lowtide.engine.control import JobStatus, cancel_job, job_status, retry_job
 from lowtide.engine.export import ResultRows, export_results
 from lowtide.engine.loader import LoadReport, load_job
+from lowtide.engine.report import CostReport, cost_report
 from lowtide.engine.runner import drive
 from lowtide.engine.tick import Engine
 from lowtide.store.db import Store
@@ -45,6 +47,25 @@ class Job:
     @classmethod
     def from_yaml(cls, path: str | Path, store: Store | str | None = None) -> Job:
         return cls(load_spec(path), store)
+
+    @classmethod
+    def from_spec(
+        cls, spec: str | Path | dict[str, Any], store: Store | str | None = None, overrides: dict[str, Any] | None = None
+    ) -> Job:
+        """A job from a spec file or dict, with `overrides` merged in (a nested mapping key by
+        key): how a scheduler gives each run its own name and source path. Every problem is
+        lowtide's message naming the file (or `job spec`), the field and, for a key of the
+        file that no override replaced, its line."""
+        if isinstance(spec, dict):
+            data, where, lines = dict(spec), "job spec", None
+        else:
+            path = Path(spec)
+            data, lines = parse_mapping(read_text(path, "job spec"), str(path), "a job spec is a YAML mapping with keys name, source, template, model, route")
+            data.setdefault("base_dir", str(path.parent.resolve()))
+            where = str(path)
+            replaced = list(_leaf_paths(overrides or {}))
+            lines = {key: line for key, line in lines.items() if not any(key[: len(r)] == r for r in replaced)}
+        return cls(build_spec(merged(data, overrides or {}), where=where, lines=lines), store)
 
     @classmethod
     def from_dataframe(
@@ -195,3 +216,20 @@ class Job:
 
     def export(self, path: str | Path, full: bool = False) -> Path:
         return export_results(self.store, self.name, path, full=full).path
+
+    def report(self) -> CostReport:
+        """The job's cost, real-time cost and saving, as `lowtide report --job NAME` shows them."""
+        return cost_report(self.store, job=self.name)
+
+
+def _leaf_paths(mapping: dict[str, Any], above: tuple[str, ...] = ()) -> Any:
+    for key, value in mapping.items():
+        yield from _leaf_paths(value, (*above, key)) if isinstance(value, dict) else [(*above, key)]
+
+
+def merged(base: dict[str, Any], more: dict[str, Any]) -> dict[str, Any]:
+    """`base` with `more` merged in: nested mappings key by key, anything else replaced."""
+    out = dict(base)
+    for key, value in more.items():
+        out[key] = merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
