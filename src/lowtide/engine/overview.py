@@ -20,13 +20,17 @@ from typing import Any
 
 from sqlalchemy import Connection, and_, case, func, or_, select
 
+from lowtide.core import fastjson
+from lowtide.core.endpoints import GEMINI, conversation_key
 from lowtide.core.states import RequestState
+from lowtide.core.tokens import _text_of  # a message's text: its string, or its text parts'
+from lowtide.core.types import Request
 from lowtide.engine.budget import Estimate, estimate_requests
 from lowtide.engine.context import JobContext
 from lowtide.store.schema import attempts, dispatch_phases, dispatches, jobs, requests
 
 MAX_PAGE = 200  # failed rows (or answers) per page, at most
-MAX_ANSWER = 2000  # characters of an answer shown; the rest is cut, its length told
+MAX_ANSWER = 2000  # characters of an answer (or of its request) shown; the rest is cut, its length told
 MAX_BATCHES = 100  # the newest batches in a timeline
 
 
@@ -147,26 +151,63 @@ def failed_rows(
 
 
 # Succeeded answers ---------------------------------------------------------------------
-def answer_rows(conn: Connection, job_id: int, *, offset: int = 0, limit: int = 20) -> RowPage:
+def answer_rows(
+    conn: Connection, job_id: int, *, search: str | None = None, offset: int = 0, limit: int = 20
+) -> RowPage:  # fmt: skip
     """One page of a job's succeeded requests, in source order: custom_id, its answer text
-    (`output`, the first MAX_ANSWER characters; `length` is the whole answer's), attempts,
-    route, output tokens. A request answered with no text (tool calls alone, an embedding)
-    has `answer` None. Read page by page: never the whole job."""
+    (`answer`, the first MAX_ANSWER characters; `length` is the whole answer's), what it was
+    asked (`prompt`, cut alike, `prompt_length`, and the request's `endpoint`: `request_text`),
+    attempts, route, output tokens. A request answered with no text (tool calls alone, an
+    embedding) has `answer` None. `search` keeps rows whose custom_id or answer contains it
+    (any case; `%` and `_` are characters, not wildcards). Read page by page: the payloads
+    read are the page's, never the whole job's."""
     r = requests.c
     where = [r.job_id == job_id, r.state == RequestState.SUCCEEDED.value]
+    if search:
+        where.append(or_(r.custom_id.icontains(search, autoescape=True), r.output.icontains(search, autoescape=True)))
     limit = max(1, min(limit, MAX_PAGE))
     offset = max(0, offset)
     total = conn.execute(select(func.count()).select_from(requests).where(*where)).scalar_one()
     rows = conn.execute(
         select(r.custom_id, r.source_row, func.substr(r.output, 1, MAX_ANSWER).label("answer"), func.length(r.output).label("length"),
-               r.attempts, r.route, r.output_tokens, r.updated_at)
+               r.payload, r.attempts, r.route, r.output_tokens, r.updated_at)
         .where(*where).order_by(r.source_row, r.id).offset(offset).limit(limit)
     ).all()  # fmt: skip
-    return RowPage(total, offset, limit, [
-        {"custom_id": x.custom_id, "source_row": x.source_row, "answer": x.answer, "length": x.length,
-         "attempts": x.attempts, "route": x.route, "output_tokens": x.output_tokens, "at": x.updated_at}
-        for x in rows
-    ])  # fmt: skip
+    page = []
+    for x in rows:
+        prompt, endpoint = request_text(x.payload)
+        page.append({
+            "custom_id": x.custom_id, "source_row": x.source_row, "answer": x.answer, "length": x.length,
+            "prompt": None if prompt is None else prompt[:MAX_ANSWER], "prompt_length": len(prompt or ""), "endpoint": endpoint,
+            "attempts": x.attempts, "route": x.route, "output_tokens": x.output_tokens, "at": x.updated_at,
+        })  # fmt: skip
+    return RowPage(total, offset, limit, page)
+
+
+def request_text(payload: str) -> tuple[str | None, str]:
+    """What a stored request asked, as a person reads it beside the answer, and its
+    endpoint: the text of its last user turn that has text (a completions prompt, a
+    responses input given as text, an embedding's input text), else its system prompt;
+    None when it holds no text (token ids, images alone)."""
+    try:
+        request = Request.from_payload("", fastjson.loads(payload))
+        body = request.body if isinstance(request.body, dict) else {}
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None, "unknown"
+    endpoint = request.endpoint
+    asked = body.get(conversation_key(endpoint))
+    if isinstance(asked, str):
+        return asked, endpoint
+    turns = [m for m in asked if isinstance(m, dict)] if isinstance(asked, list) else []
+    if isinstance(asked, list) and asked and all(isinstance(t, str) for t in asked):  # texts to embed or moderate
+        return "\n".join(asked), endpoint
+    contents = "parts" if endpoint == GEMINI else "content"
+    said = [_text_of(m.get(contents)) for m in reversed(turns) if m.get("role", "user") == "user"]
+    system = body.get("system") or body.get("instructions")
+    if isinstance(body.get("systemInstruction"), dict):
+        system = body["systemInstruction"].get("parts")
+    said += [_text_of(system)] + [_text_of(m.get("content")) for m in reversed(turns) if m.get("role") in ("system", "developer")]
+    return next((t for t in said if t), None), endpoint
 
 
 # Batch timeline ------------------------------------------------------------------------

@@ -10,8 +10,9 @@
                                         timeline, placement, events, cost by route
     GET /dashboard/api/failed?job=      one page of a job's failed requests (?reason=, ?q=,
                                         ?offset=, ?limit=)
-    GET /dashboard/api/answers?job=     one page of a job's succeeded requests and their
-                                        answers, each cut at 2,000 characters (?offset=, ?limit=)
+    GET /dashboard/api/answers?job=     one page of a job's succeeded requests: each answer
+                                        and the text of the request it answered, cut at 2,000
+                                        characters (?q=, ?offset=, ?limit=)
     GET /dashboard/api/series           cost, real-time equivalent and saving per minute,
                                         hour or day, from the attempts' `at` (?job=, ?bucket=)
 
@@ -234,9 +235,10 @@ def failed(request: Request, job: str, reason: str | None = None, q: str | None 
 
 
 @router.get("/dashboard/api/answers")
-def answers(request: Request, job: str, offset: Annotated[int, Query(ge=0)] = 0,
+def answers(request: Request, job: str, q: str | None = None, offset: Annotated[int, Query(ge=0)] = 0,
             limit: Annotated[int, Query(ge=1, le=overview.MAX_PAGE)] = 20, api_jobs: ApiJobs = None) -> Response:  # fmt: skip
-    """One page of a job's succeeded requests and their answers (read a page at a time)."""
+    """One page of a job's succeeded requests, each answer with its request's text (read a
+    page at a time); `q` keeps those whose custom_id or answer contains it (any case)."""
     if not viewer_allowed(request):
         return refused(request)
     store: Store = request.app.state.server.store
@@ -244,10 +246,10 @@ def answers(request: Request, job: str, offset: Annotated[int, Query(ge=0)] = 0,
         with store.read() as conn:
             if (gone := hidden(conn, hiding(request, api_jobs), job)) is not None:
                 return gone
-            found = overview.answer_rows(conn, get_job(conn, job).id, offset=offset, limit=limit)
+            found = overview.answer_rows(conn, get_job(conn, job).id, search=q, offset=offset, limit=limit)
     except JobNotFoundError as err:
         return JSONResponse({"error": str(err)}, status_code=404)
-    return _json({"job": job, "max_chars": overview.MAX_ANSWER} | asdict(found))
+    return _json({"job": job, "q": q or None, "max_chars": overview.MAX_ANSWER} | asdict(found))
 
 
 @router.get("/dashboard/api/series")

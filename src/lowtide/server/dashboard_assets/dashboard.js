@@ -13,7 +13,7 @@ const STATES = [["succeeded", "succeeded"], ["failed", "failed"], ["cancelled", 
 let selected = decodeURIComponent(location.hash.slice(1)) || null;
 let timer = null;
 const failedView = { reason: "", q: "", offset: 0 };  // the failed rows' filter and page
-const answersView = { offset: 0 };  // the answers' page
+const answersView = { q: "", offset: 0 };  // the answers' filter and page
 // Once a job is chosen (a tap, or #JOB in the address), its page is scrolled into view when
 // drawn: it comes below the list, off a phone's screen.
 let reveal = Boolean(selected);
@@ -294,22 +294,26 @@ function renderFailedRows(page) {
   document.getElementById("failed-next").disabled = last >= page.total;
 }
 
+function textBox(col, text, length, max, none) {
+  // a text as text (never markup), cut at the server's max, its whole length told
+  const cut = text !== null && length > text.length;
+  return el("div", { class: "answer-box" },
+    el("div", { class: text === null ? "answer muted" : "answer", "data-col": col }, text === null ? none : text),
+    ...(cut ? [el("div", { class: "muted" }, `first ${count(max)} of ${count(length)} characters`)] : []));
+}
+
 function renderAnswers(page) {
-  // the answers as text (never markup), each cut at the server's max_chars, its length told
-  const items = page.rows.map((r) => {
-    const cut = r.answer !== null && r.length > r.answer.length;
-    const answer = el("div", { class: "answer-box" },
-      el("div", { class: "answer", "data-col": "answer" }, r.answer === null ? "(no text answer)" : r.answer),
-      ...(cut ? [el("div", { class: "muted" }, `first ${count(page.max_chars)} of ${count(r.length)} characters`)] : []));
-    return el("tr", { "data-custom-id": r.custom_id },
-      cell(el("code", {}, r.custom_id), "", "custom_id"), cell(answer, "wrap wide", "answer"),
-      cell(el("span", { "data-col": "attempts" }, count(r.attempts)), "num", "attempts"), cell(r.route || "-", "", "route"));
-  });
+  // each answer beside the request it answered (its last user turn's text)
+  const items = page.rows.map((r) => el("tr", { "data-custom-id": r.custom_id },
+    cell(el("code", {}, r.custom_id), "", "custom_id"),
+    cell(textBox("prompt", r.prompt, r.prompt_length, page.max_chars, `(no text: a ${r.endpoint} request)`), "wrap wide", "request"),
+    cell(textBox("answer", r.answer, r.length, page.max_chars, "(no text answer)"), "wrap wide", "answer"),
+    cell(el("span", { "data-col": "attempts" }, count(r.attempts)), "num", "attempts"), cell(r.route || "-", "", "route")));
   document.querySelector("#answer-rows tbody").replaceChildren(...(items.length ? items
-    : [el("tr", {}, el("td", { colspan: 4, class: "muted", "data-label": "" }, "no succeeded answers"))]));
+    : [el("tr", {}, el("td", { colspan: 5, class: "muted", "data-label": "" }, page.q ? "no succeeded answer matches" : "no succeeded answers"))]));
   const first = page.total ? page.offset + 1 : 0, last = page.offset + page.rows.length;
   document.getElementById("answers-range").textContent = `${count(first)}–${count(last)} of ${count(page.total)}`;
-  document.getElementById("answers-count").textContent = `(${count(page.total)})`;
+  document.getElementById("answers-count").textContent = `(${count(page.total)}${page.q ? " matching" : ""})`;
   document.getElementById("answers-prev").disabled = page.offset <= 0;
   document.getElementById("answers-next").disabled = last >= page.total;
 }
@@ -376,9 +380,10 @@ async function get(path) {
 function select(name) {
   if (name !== selected) {
     Object.assign(failedView, { reason: "", q: "", offset: 0 });
-    answersView.offset = 0;
+    Object.assign(answersView, { q: "", offset: 0 });
   }
   document.getElementById("failed-search").value = failedView.q;
+  document.getElementById("answers-search").value = answersView.q;
   const left = selected;
   selected = name;
   reveal = Boolean(name);
@@ -400,7 +405,9 @@ function failedQuery() {
 }
 
 function answersQuery() {
-  return get(`dashboard/api/answers?${new URLSearchParams({ job: selected, offset: answersView.offset, limit: ANSWERS })}`);
+  const q = new URLSearchParams({ job: selected, offset: answersView.offset, limit: ANSWERS });
+  if (answersView.q) q.set("q", answersView.q);
+  return get(`dashboard/api/answers?${q}`);
 }
 
 async function refresh() {
@@ -427,7 +434,9 @@ async function refresh() {
         const rows = await failedRowsQuery, answers = await answerRowsQuery;
         if (changed("detail", job, failedView)) renderDetail(job);
         if (changed("failed", rows, failedView)) renderFailedRows(rows);
-        if (changed("answers", answers)) renderAnswers(answers);
+        // (a page asked before the filter or page changed is not drawn: the next refresh brings the new one)
+        const current = answers.offset === answersView.offset && (answers.q || "") === answersView.q;
+        if (current && changed("answers", answers)) renderAnswers(answers);
         if (reveal) document.getElementById("detail").scrollIntoView({ block: "start" });
         reveal = false;
       }
@@ -450,8 +459,9 @@ async function refresh() {
   }
 }
 
-// The failed rows' filter and pager ask again at once (the search after a short pause).
-let typing = null;
+// The filters and pagers ask again at once (a search after a short pause in the typing,
+// from its first page).
+let typing = null, typingAnswers = null;
 document.getElementById("failed-reason").addEventListener("change", (e) => {
   Object.assign(failedView, { reason: e.target.value, offset: 0 });
   refresh();
@@ -462,6 +472,10 @@ document.getElementById("failed-search").addEventListener("input", (e) => {
 });
 document.getElementById("failed-prev").addEventListener("click", () => { failedView.offset = Math.max(0, failedView.offset - PAGE); refresh(); });
 document.getElementById("failed-next").addEventListener("click", () => { failedView.offset += PAGE; refresh(); });
+document.getElementById("answers-search").addEventListener("input", (e) => {
+  clearTimeout(typingAnswers);
+  typingAnswers = setTimeout(() => { Object.assign(answersView, { q: e.target.value.trim(), offset: 0 }); refresh(); }, 250);
+});
 document.getElementById("answers-prev").addEventListener("click", () => { answersView.offset = Math.max(0, answersView.offset - ANSWERS); refresh(); });
 document.getElementById("answers-next").addEventListener("click", () => { answersView.offset += ANSWERS; refresh(); });
 document.getElementById("detail-close").addEventListener("click", (e) => { e.preventDefault(); select(null); });
