@@ -143,6 +143,12 @@ def test_metadata_equals_what_lowtide_report_and_status_say_and_results_go_to_re
     assert len(pd.read_parquet(path)) == 4
     assert not isinstance(result.output_for_node("tagged_tickets"), pd.DataFrame)  # the file is the asset: no IO manager value
 
+    # A budget too small for one batch: nothing is sent, and the materialisation says why.
+    poor = daily_asset(spec | {"budget_usd": "0.0000001"}, results_path="out/{partition}.parquet")
+    result = materialise(poor, db, DAYS[0], raise_on_error=False)
+    assert "its budget_usd is spent with 3 request(s) not sent" in failure_of(result)
+    assert "raise budget_usd in the spec and materialise again" in failure_of(result)
+
 
 def test_materialising_a_partition_again_resumes_its_job_and_sends_no_second_batch(tmp_path):
     """A run that died after submitting (the batch is at the provider, not back yet): the
@@ -285,3 +291,25 @@ def test_a_missing_extra_is_an_input_error_and_an_import_error():
     from lowtide.integrations import MissingExtra
 
     assert issubclass(MissingExtra, InputError) and issubclass(MissingExtra, ImportError)
+
+
+def test_the_documented_definitions_file_runs_as_written(tmp_path):
+    """docs/dagster.md shows examples/dagster/definitions.py whole; Dagster's own CLI
+    materialises a day of it (and its downstream asset) against a fresh store, twice."""
+    example = ROOT / "examples" / "dagster" / "definitions.py"
+    doc = (ROOT / "docs" / "dagster.md").read_text()
+    assert "```python\n" + example.read_text() + "```" in doc
+    home = tmp_path / "dagster-home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    env = {**os.environ, "DAGSTER_HOME": str(home), "LOWTIDE_DB": str(tmp_path / "lowtide.db")}
+    command = [str(Path(sys.executable).with_name("dagster")), "asset", "materialize", "-f", str(example),
+               "--select", "classified_tickets*", "--partition", DAYS[0]]  # fmt: skip
+    for _ in range(2):  # the second finds the job finished: same job, same requests, nothing sent
+        ran = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        assert ran.returncode == 0, ran.stderr[-3000:]
+        assert "RUN_SUCCESS" in ran.stderr and "tickets_by_category" in ran.stderr
+        db = tmp_path / "lowtide.db"
+        assert [j.name for j in stored(db, jobs)] == ["classify-tickets-2026-12-01"]
+        assert sorted(r.state for r in job_rows(db, "classify-tickets-2026-12-01")) == ["succeeded"] * 6
+        assert len(stored(db, dispatches)) == 1  # one dispatch of the six requests, made once

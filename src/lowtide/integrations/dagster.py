@@ -115,7 +115,7 @@ def lowtide_asset(
                     context.log.info(f"lowtide job {job.name}: {status.state}, {_counts(status.counts)}")
             status = job.wait()
             metadata = _metadata(job, status)
-            why = _failure(job.name, status.counts, fail_on)
+            why = _failure(job.name, status.state, status.counts, fail_on)
             if why:
                 raise dg.Failure(f"lowtide: {why}", metadata=metadata, allow_retries=False)
             if results_path is not None:
@@ -173,9 +173,13 @@ def _metadata(job: Job, status: Any) -> dict[str, Any]:
     }
 
 
-def _failure(job: str, counts: dict[str, int], fail_on: FailOn) -> str | None:
-    """Why the materialisation fails under `fail_on`, or None."""
+def _failure(job: str, state: str, counts: dict[str, int], fail_on: FailOn) -> str | None:
+    """Why the materialisation fails under `fail_on`, or None. A job that stopped on its
+    budget with requests not sent fails under any_failed and all_failed."""
     bad = counts.get("failed", 0) + counts.get("cancelled", 0)
+    unsent = sum(counts.values()) - bad - counts.get("succeeded", 0)
+    if fail_on != "never" and state == "budget_exhausted" and unsent:
+        return f"job {job!r}: its budget_usd is spent with {unsent} request(s) not sent ({_counts(counts)}); raise budget_usd in the spec and materialise again"
     if fail_on == "any_failed" and bad:
         return f"job {job!r}: {bad} request(s) failed or were cancelled ({_counts(counts)}); see `lowtide status {job}`, and `lowtide retry {job}` then materialise again"
     if fail_on == "all_failed" and sum(counts.values()) and not counts.get("succeeded"):
