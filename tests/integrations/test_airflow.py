@@ -137,12 +137,10 @@ def test_a_triggerer_killed_mid_job_is_replaced_without_a_second_batch(serve, tm
     store_path = tmp_path / "lowtide.db"
     spec = _spec(tmp_path, route="openai-batch", model="gpt-4o-mini", params={"max_tokens": 16},
                  route_options={"base_url": f"{url}/v1", "api_key_env": KEY_ENV, "poll_interval": [0.05, 0.2]})  # fmt: skip
-    from lowtide.core.clock import SystemClock
-    from lowtide.engine.loader import load_job
-    from lowtide.integrations.airflow import load
+    from lowtide.api import Job
 
     store = Store(str(store_path))
-    load_job(store, load(spec), SystemClock())  # what the operator's execute does before deferring
+    Job.from_spec(spec, store).submit()  # what the operator's execute does before deferring
     kwargs = json.dumps({"job": "airflow-job", "db": str(store_path), "poll_interval": 0.1})
     script = tmp_path / "trigger.py"
     script.write_text(TRIGGER)

@@ -48,33 +48,10 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException  # noq
 from airflow.triggers.base import BaseTrigger, TriggerEvent  # noqa: E402
 
 from lowtide.core.errors import InputError  # noqa: E402
-from lowtide.core.spec import JobSpec, build_spec  # noqa: E402
-from lowtide.core.yamlfile import parse_mapping, read_text  # noqa: E402
 
 FailOn = Literal["any_failed", "all_failed", "never"]
 FAIL_ON = ("any_failed", "all_failed", "never")
 TRIGGER_PATH = "lowtide.integrations.airflow.LowtideJobTrigger"
-
-
-def load(spec: str | Path | dict[str, Any], overrides: dict[str, Any] | None = None) -> JobSpec:
-    """The job spec from a file or a dict, with `overrides` merged in (nested mappings
-    merged key by key); lowtide's own message on any problem, naming the file and field."""
-    if isinstance(spec, dict):
-        data, where, lines = dict(spec), "job spec (operator's spec=)", None
-    else:
-        path = Path(spec)
-        text = read_text(path, "job spec")
-        data, lines = parse_mapping(text, str(path), "a job spec is a YAML mapping with keys name, source, template, model, route")
-        data.setdefault("base_dir", str(path.parent.resolve()))
-        where = str(path)
-    return build_spec(_merged(data, overrides or {}), where=where, lines=lines if not overrides else None)
-
-
-def _merged(base: dict[str, Any], more: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in more.items():
-        out[key] = _merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
-    return out
 
 
 def summary(db: str | None, job: str, results_path: str | None = None) -> dict[str, Any]:
@@ -185,19 +162,17 @@ class LowtideJobOperator(BaseOperator):
         self.fail_on, self.poll_interval, self.tick, self.deferrable = fail_on, poll_interval, tick, deferrable
 
     def execute(self, context: Any) -> dict[str, Any]:
-        from lowtide.core.clock import SystemClock
-        from lowtide.engine.loader import load_job
-        from lowtide.store.db import Store
+        from lowtide.api import Job
 
         try:
-            spec = load(self.spec_file if self.spec_file is not None else self.spec_dict, self.overrides)
-            store = Store(self.db)
+            job = Job.from_spec(self.spec_file if self.spec_file is not None else self.spec_dict, self.db, self.overrides)
             try:  # rows already stored stay as they are: a retried task resumes the same job
-                report = load_job(store, spec, SystemClock(), f"job {spec.name!r}")
+                report = job.submit()
             finally:
-                store.close()
+                job.store.close()
         except InputError as err:  # lowtide's message (file, field, fix); retrying cannot help
             raise AirflowFailException(str(err)) from None
+        spec = job.spec
         self.log.info("lowtide job %s: %s rows, %s new", spec.name, report.rows, report.new)
         if not self.deferrable:
             while not step(self.db, spec.name, self.tick)[0]:
