@@ -112,6 +112,10 @@ def base_body(endpoint: str, model: str = "m") -> dict[str, Any]:
     return {"model": model, "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 16}
 
 
+# Parameters that do what one of `base_body`'s keys does, tried in its place.
+REPLACES = {"max_completion_tokens": "max_tokens"}
+
+
 def param_keys(endpoint: str) -> list[str]:
     """The endpoint's keys beyond what `base_body` sets, sorted."""
     return sorted(known_keys(endpoint) - set(base_body(endpoint)))
@@ -206,7 +210,10 @@ def verdicts(routes: Iterable[str] = ROUTES) -> Iterator[Verdict]:
             if act == "refused":
                 continue
             for key, value in param_samples(endpoint):
-                yield Verdict(name, endpoint, key, *action(route, name, endpoint, base | value))
+                # a parameter that stands in for one of the base's (the other output limit) replaces it:
+                # both at once is refused everywhere that takes one limit, which is not the parameter's verdict
+                sent = {k: v for k, v in base.items() if k != REPLACES.get(key)} | value
+                yield Verdict(name, endpoint, key, *action(route, name, endpoint, sent))
             if endpoint in (CHAT, MESSAGES):
                 for item, message in message_samples(endpoint):
                     messages = conversation_with(message, base["messages"][0])
