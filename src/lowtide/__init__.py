@@ -6,16 +6,18 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = ["Job", "JobSpec", "LowtideError", "__version__", "load_spec"]
+__all__ = ["Job", "JobSpec", "LowtideError", "__version__", "export_trace", "load_spec"]
 
 # The public names load on first use: `import lowtide` (and the command's start-up, which
 # imports this package first) stays cheap, and a Ctrl-C then is caught (lowtide/_entry.py).
-_WHERE = {"Job": "lowtide.api", "LowtideError": "lowtide.core.errors", "JobSpec": "lowtide.core.spec", "load_spec": "lowtide.core.spec"}
+_WHERE = {"Job": "lowtide.api", "LowtideError": "lowtide.core.errors", "JobSpec": "lowtide.core.spec", "load_spec": "lowtide.core.spec",
+          "export_trace": "lowtide.engine.otlp"}  # fmt: skip
 
 if TYPE_CHECKING:
     from lowtide.api import Job
     from lowtide.core.errors import LowtideError
     from lowtide.core.spec import JobSpec, load_spec
+    from lowtide.engine.otlp import export_trace
 
 
 def __getattr__(name: str) -> Any:

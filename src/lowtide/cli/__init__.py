@@ -16,6 +16,7 @@ from lowtide.cli.common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, state
 from lowtide.cli.dashboard import register as register_dashboard
 from lowtide.cli.helptext import tidy
 from lowtide.cli.retention import register as register_retention
+from lowtide.cli.traces import register as register_traces
 from lowtide.core.runtime import tune_gc
 
 app = typer.Typer(
@@ -62,6 +63,7 @@ render.register(app)
 trial.register(app)
 register_dashboard(app)
 register_retention(app)
+register_traces(app)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -31,6 +31,7 @@ from lowtide.cli.display import (
     tiers_table,
 )
 from lowtide.cli.tables import Col, fitted_table
+from lowtide.cli.traces import TraceTo, check_trace_to, export_ended
 from lowtide.core.clock import SystemClock
 from lowtide.core.errors import InputError, JobNotFoundError, LowtideError, MissingStoreError
 from lowtide.core.evals import is_eval_file
@@ -90,6 +91,7 @@ def run(
     out_path: Annotated[Path | None, typer.Option("--out", help="Write results here (default: the spec's output.path).")] = None,
     requeue_changed: RequeueChanged = False,
     as_json: AsJson = False,
+    trace_to: TraceTo = None,
 ) -> None:
     """Submit a job and drive it to completion, then write its results.
 
@@ -104,6 +106,7 @@ def run(
 
         return evals.run(spec_path, requeue_changed)
     written = None
+    check_trace_to(trace_to)
     try:
         spec = load_spec(spec_path)
         target = out_path or (spec.resolve(spec.output.path) if spec.output else None)
@@ -119,6 +122,8 @@ def run(
             if target is not None:
                 written = export_results(store, spec.name, target, fmt)
                 console.print(f"results: {written.path} ({written.rows} rows)")
+            if trace_to is not None:
+                export_ended(store, [spec.name], trace_to)
     except KeyboardInterrupt:
         console.print("interrupted: the job is resumable; run the same command again to continue")
         raise typer.Exit(EXIT_INTERRUPTED) from None

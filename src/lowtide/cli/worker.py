@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import ThreadPoolExecutor
 from typing import Annotated
 
 import typer
 
 from lowtide.cli.common import EXIT_INTERRUPTED, console, fail, open_store
+from lowtide.cli.traces import TraceTo, check_trace_to, export_ended
 from lowtide.core.errors import LowtideError
 from lowtide.core.spec import JobSpec
 from lowtide.core.states import JobState
@@ -63,6 +65,7 @@ def worker(
     ray_actors: Annotated[int, typer.Option(help="Actors (model engines) per route.", min=1)] = 2,
     ray_cpus: Annotated[float, typer.Option(help="CPUs per actor.")] = 1.0,
     ray_gpus: Annotated[float, typer.Option(help="GPUs per actor.")] = 0.0,
+    trace_to: TraceTo = None,
 ) -> None:
     """Tick every job in a loop. Stop it any time: the next worker continues from the store.
 
@@ -71,16 +74,26 @@ def worker(
     """
     if ray_route and ray is None:
         raise typer.BadParameter("--ray-route needs --ray (local, auto or a ray:// address)", param_hint="--ray-route")
-
-    def on_tick(report: TickReport) -> None:
-        if verbose and report.busy:
-            console.print(_describe(report), soft_wrap=True)  # one line a log can grep, whatever the width
+    check_trace_to(trace_to)
+    # --trace-to: a finished job's trace is sent from one thread beside the loop, which goes on ticking.
+    tracer = ThreadPoolExecutor(1, thread_name_prefix="lowtide-trace") if trace_to else None
 
     async def go() -> None:
         with open_store() as store:
+
+            def on_tick(report: TickReport) -> None:
+                if verbose and report.busy:
+                    console.print(_describe(report), soft_wrap=True)  # one line a log can grep, whatever the width
+                if tracer is not None and report.finished:
+                    tracer.submit(export_ended, store, list(report.finished), trace_to)
+
             pools = _ray_pools(store, ray, ray_route, ray_actors, ray_cpus, ray_gpus) if ray else {}
-            async with Engine(store, routes=pools) as engine:
-                await work(engine, on_tick, stop_when_idle=until_idle)
+            try:
+                async with Engine(store, routes=pools) as engine:
+                    await work(engine, on_tick, stop_when_idle=until_idle)
+            finally:
+                if tracer is not None:
+                    tracer.shutdown(wait=True)  # before the store closes: traces already due are sent
 
     try:
         asyncio.run(go())
