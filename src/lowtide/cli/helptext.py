@@ -30,6 +30,7 @@ SUMMARIES = {
     "try": "One prompt in real time, stored as a one-row job.",
     "delete": "Delete a job and everything stored for it.",
     "prune": "Drop old finished jobs' payloads and answers.",
+    "trace": "Send a job's trace (batches, attempts) over OTLP.",
 }
 
 

@@ -15,7 +15,6 @@ from lowtide.cli.common import EXIT_USAGE, console, fail, open_store, say_error
 from lowtide.core.errors import LowtideError
 from lowtide.store.db import Store
 
-SUMMARY = "Send a job's trace (batches, attempts) over OTLP."
 ENDPOINT_HELP = (
     "The collector's OTLP/HTTP URL, e.g. http://localhost:4318 (/v1/traces is added). "
     "Default: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT, else http://localhost:4318."
@@ -32,7 +31,7 @@ TraceTo = Annotated[
 
 
 def register(app: typer.Typer) -> None:
-    app.command("trace", short_help=SUMMARY)(trace)
+    app.command("trace")(trace)  # its summary: cli/helptext.py
 
 
 def trace(
