@@ -170,3 +170,29 @@ def test_the_server_runs_on_postgresql(serve, pg_schema_url):
         messages = s.anthropic()
         mb = messages.messages.batches.create(requests=[message_request("a"), message_request("b")])
         assert wait_anthropic(messages, mb.id).request_counts.succeeded == 2
+
+
+def test_a_line_the_backend_keeps_failing_falls_back_where_serve_is_told(serve):
+    """serve's jobs took a fixed three attempts and had no fallback (found running Airflow's
+    LLMBatchOperator against serve): `--max-attempts` and `--fallback` now say both."""
+    failing = {"fail_attempts": {"b": 100}}  # echo fails line b's first 100 attempts, retryably
+    with serve(time_scale=3600, route_options=failing, max_attempts=2, fallback={"route": "echo-batch"}) as s:
+        client = s.openai()
+        batch = wait_openai(client, create_batch(client, [chat_line("a", "one"), chat_line("b", "two")]).id)
+        assert batch.status == "completed" and batch.request_counts.completed == 2 and batch.request_counts.failed == 0
+        out = {x["custom_id"]: x["response"]["body"]["choices"][0]["message"]["content"] for x in file_lines(client, batch.output_file_id)}
+        assert out == {"a": "one", "b": "two"}
+        status = job_status(s.server.store, batch.id)
+        assert ("echo-batch", "succeeded") in {(route, state) for route, _why, state, _n in status.placement}
+    with serve(time_scale=3600, route_options=failing, max_attempts=2) as s:  # no fallback: b fails after 2
+        client = s.openai()
+        batch = wait_openai(client, create_batch(client, [chat_line("a"), chat_line("b")]).id)
+        assert batch.request_counts.failed == 1
+        assert "gave up after 2 attempts" in str(file_lines(client, batch.error_file_id))
+
+
+def test_a_fallback_serve_cannot_make_is_refused_at_start(tmp_path):
+    with pytest.raises(UnknownRouteError, match="no-such-route"):
+        create_app(ServeConfig(data_dir=tmp_path, db=str(tmp_path / "s.db"), fallback={"route": "no-such-route"}))
+    with pytest.raises(Exception, match="max_attempts"):
+        create_app(ServeConfig(data_dir=tmp_path, db=str(tmp_path / "s.db"), max_attempts=0))

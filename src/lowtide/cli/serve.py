@@ -45,6 +45,18 @@ HeaderTimeout = Annotated[
 UNITS = {"": 1, "B": 1, "KB": 1024, "KIB": 1024, "MB": 1024**2, "MIB": 1024**2, "GB": 1024**3, "GIB": 1024**3}
 
 
+def _options(flag: str, items: list[str] | None) -> dict:
+    """Route options given as KEY=VALUE (the value read as YAML: 8, true, [a, b])."""
+    options = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            say_error(f"{flag} {item!r}: write KEY=VALUE, e.g. {flag} slots=8")
+            raise typer.Exit(EXIT_USAGE)
+        options[key.strip()] = yaml.safe_load(value)
+    return options
+
+
 def _size(flag: str, text: str) -> int:
     """`32MB`, `512 KiB`, `1048576` as bytes (binary units)."""
     number = text.strip().rstrip("bBiIkKmMgG ").strip()
@@ -81,6 +93,12 @@ def serve(
     option: Annotated[
         list[str] | None, typer.Option("--option", "-o", help="A route option of the backend, KEY=VALUE (repeatable).")
     ] = None,
+    max_attempts: Annotated[int, typer.Option("--max-attempts", min=1, max=100, help="Attempts per line on the backend before it fails (or falls back).")] = 3,
+    fallback: Annotated[str | None, typer.Option("--fallback", help="A route for lines the backend keeps failing or lets expire (docs/fallback.md).")] = None,
+    fallback_option: Annotated[
+        list[str] | None, typer.Option("--fallback-option", help="A route option of the fallback, KEY=VALUE (repeatable).")
+    ] = None,
+    fallback_model: Annotated[str | None, typer.Option("--fallback-model", help="The model on the fallback route (default: the line's).")] = None,
     max_request_size: Annotated[str, typer.Option("--max-request-size", help="Largest JSON body (real time, /v1/batches), e.g. 32MB.")] = "32MB",
     max_batch_size: Annotated[str, typer.Option("--max-batch-size", help="Largest message batch body (/v1/messages/batches).")] = "256MB",
     max_file_size: Annotated[str, typer.Option("--max-file-size", help="Largest upload to /v1/files.")] = "512MB",
@@ -99,19 +117,20 @@ def serve(
 
     from lowtide.server import ServeConfig, create_app, guard, listen
 
-    route_options = {}
-    for item in option or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            say_error(f"--option {item!r}: write KEY=VALUE, e.g. --option slots=8")
-            raise typer.Exit(EXIT_USAGE)
-        route_options[key.strip()] = yaml.safe_load(value)
+    route_options = _options("--option", option)
+    if fallback_option and not fallback:
+        say_error("--fallback-option needs --fallback ROUTE")
+        raise typer.Exit(EXIT_USAGE)
+    lines_fallback = None if fallback is None else {
+        "route": fallback, "route_options": _options("--fallback-option", fallback_option), "model": fallback_model,
+    }  # fmt: skip
     keys, hosts, origins = access(api_key, api_key_file, allow_host, allow_origin)
     limits = {name: _size(flag, value) for name, flag, value in (
         ("max_request_bytes", "--max-request-size", max_request_size), ("anthropic_max_bytes", "--max-batch-size", max_batch_size),
         ("max_file_bytes", "--max-file-size", max_file_size))}  # fmt: skip
     config = ServeConfig(
-        backend=backend, route_options=route_options, model=model, data_dir=data_dir, db=db or state.db or default_location(),
+        backend=backend, route_options=route_options, model=model, max_attempts=max_attempts, fallback=lines_fallback,
+        data_dir=data_dir, db=db or state.db or default_location(),
         time_scale=time_scale, complete_after=complete_after, faults=faults, api_keys=tuple(keys),
         allow_hosts=tuple(hosts), allow_origins=tuple(origins),
         body_timeout=body_timeout, max_json_depth=max_json_depth, **limits,

@@ -53,6 +53,7 @@ log = logging.getLogger("lowtide.serve")
 def create_app(config: ServeConfig) -> FastAPI:
     """Build the app; the store opens now, the worker starts with the app's lifespan."""
     _check_limits(config)
+    _check_lines_policy(config)
     # An unknown backend fails here, listing the known ones. A direct backend runs on its own
     # thread, one instance shared by the worker and the real-time endpoints (server/backend.py).
     route = config.routes.get(config.backend)
@@ -98,6 +99,19 @@ def create_app(config: ServeConfig) -> FastAPI:
     for module in (files, openai_api, anthropic_api, gemini_files, gemini_api, models_api, stored_api, realtime_api, dashboard, dashboard_evals, metrics):
         app.include_router(module.router)
     return app
+
+
+def _check_lines_policy(config: ServeConfig) -> None:
+    """`max_attempts` and `fallback` as a job spec would take them, refused at start."""
+    from lowtide.core.spec import FallbackSpec, RetrySpec
+
+    try:
+        RetrySpec(max_attempts=config.max_attempts)
+        if config.fallback is not None:
+            fallback = FallbackSpec(**config.fallback)
+            create_route(fallback.route, fallback.route_options)  # an unknown route, a missing key: said now
+    except (ValueError, TypeError) as err:
+        raise SpecError(f"serve's retry and fallback: {err}") from None
 
 
 def _check_limits(config: ServeConfig) -> None:

@@ -26,6 +26,11 @@ class ServeConfig:
     route_options: dict[str, Any] = field(default_factory=dict)
     # Run every batch on this model of the backend; default: the model each batch names.
     model: str | None = None
+    # What lowtide does for a line the backend keeps failing, as a job spec says it
+    # (docs/fallback.md): attempts per line on the backend, and where a line then goes
+    # ({"route", "route_options", "model"}; None: it fails, as it did on the backend).
+    max_attempts: int = 3
+    fallback: dict[str, Any] | None = None
     data_dir: Path = Path("lowtide-serve")
     db: str | None = None
     time_scale: float = 1.0

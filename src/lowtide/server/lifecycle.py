@@ -257,7 +257,8 @@ class Worker:
                 model=server.config.model or job["model"],
                 route=server.config.backend,
                 route_options=server.config.route_options,
-                retry={"max_attempts": 3, "backoff_seconds": 5.0},
+                retry={"max_attempts": server.config.max_attempts, "backoff_seconds": 5.0},
+                fallback=server.config.fallback,
                 packing=False,  # each line is one provider request already, answered in its own shape
             )
             try:
