@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lowtide.core.clock import SystemClock
+from lowtide.core.errors import JobNotFoundError
 from lowtide.core.spec import JobSpec, build_spec, load_spec
 from lowtide.core.yamlfile import parse_mapping, read_text
-from lowtide.engine.control import JobStatus, cancel_job, job_status, retry_job
+from lowtide.engine.control import JobStatus, cancel_job, job_spec, job_status, retry_job
 from lowtide.engine.export import ResultRows, export_results
 from lowtide.engine.loader import LoadReport, load_job
 from lowtide.engine.report import CostReport, cost_report
@@ -216,6 +217,13 @@ class Job:
 
     def export(self, path: str | Path, full: bool = False) -> Path:
         return export_results(self.store, self.name, path, full=full).path
+
+    def stored_spec(self) -> JobSpec | None:
+        """The spec the store holds for a job of this name, or None if there is none yet."""
+        try:
+            return job_spec(self.store, self.name)
+        except JobNotFoundError:
+            return None
 
     def report(self) -> CostReport:
         """The job's cost, real-time cost and saving, as `lowtide report --job NAME` shows them."""

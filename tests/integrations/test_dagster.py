@@ -269,6 +269,19 @@ def test_a_job_name_stored_from_another_spec_is_refused_and_the_stored_job_is_ke
     assert 'job "tickets-2026-12-01" was stored with' in message and "Use a new job name" in message
     assert [tuple(r) for r in job_rows(db, "tickets-2026-12-01")] == before
     assert stored(db, dispatches) == sent  # nothing new was sent
+
+    # The same spec over another day's file, under the same job name: its rows would join
+    # that job (the loader takes a moved source), so the asset refuses it.
+    clash = lowtide_asset(
+        spec=spec_dict(tmp_path), name="other_tickets", partitions_def=dg.DailyPartitionsDefinition(start_date=DAYS[0]),
+        overrides={"name": "tickets-2026-12-01", "source": {"path": str(tmp_path / "tickets" / f"{DAYS[1]}.csv")}},
+    )  # fmt: skip
+    result = materialise(clash, db, DAYS[0], raise_on_error=False)
+    message = failure_of(result)
+    assert f'lowtide: job "tickets-2026-12-01" is stored over source {tmp_path / "tickets" / f"{DAYS[0]}.csv"}' in message
+    assert "give this asset its own" in message
+    assert [tuple(r) for r in job_rows(db, "tickets-2026-12-01")] == before
+    assert stored(db, dispatches) == sent
     assert metadata_of(first)["succeeded"] == 3
 
 

@@ -136,9 +136,25 @@ def _load(spec: str | dict[str, Any], overrides: dict[str, Any] | None, key: str
     `<spec name>-<partition key>` unless the overrides name it."""
     more = _filled(overrides or {}, key or "")
     job = Job.from_spec(spec, store, more)
-    if key is None or "name" in more:
-        return job
-    return Job.from_spec(spec, store, {**more, "name": f"{job.name}-{re.sub(r'[^A-Za-z0-9_.-]', '-', key)}"})
+    if key is not None and "name" not in more:
+        job = Job.from_spec(spec, store, {**more, "name": f"{job.name}-{re.sub(r'[^A-Za-z0-9_.-]', '-', key)}"})
+    _check_same_source(job)
+    return job
+
+
+def _check_same_source(job: Job) -> None:
+    """A job of this name stored over another source file is another asset's (or another
+    partition's) job: refused, where the loader would add this file's rows to it."""
+    stored = job.stored_spec()
+    if stored is None:
+        return
+    was, now = stored.resolve(stored.source.path).resolve(), job.spec.resolve(job.spec.source.path).resolve()
+    if was != now:
+        raise InputError(
+            f'job "{job.name}" is stored over source {was}; this asset\'s source is {now}. '
+            "A job name belongs to one asset and partition: give this asset its own (overrides={\"name\": …}), "
+            "or point source.path back at the stored source"
+        )
 
 
 def _filled(value: Any, key: str) -> Any:
