@@ -22,7 +22,15 @@ from lowtide.core.states import JobState, RequestState
 from lowtide.core.types import Request
 from lowtide.server import billing
 from lowtide.store.queries import LIVE_DISPATCH_STATES
-from lowtide.store.schema import attempts, dispatches, jobs, requests, serve_batches
+from lowtide.store.schema import (
+    attempts,
+    dispatches,
+    events,
+    jobs,
+    notifications,
+    requests,
+    serve_batches,
+)
 
 TERMINAL = {RequestState.SUCCEEDED.value, RequestState.FAILED.value, RequestState.CANCELLED.value}
 LIVE_SERVE = ("validating", "in_progress", "finalizing", "cancelling")
@@ -177,7 +185,30 @@ def nothing_after_deadline(world) -> list[str]:
     return out
 
 
-STEP_CHECKS = (request_states, applied_once, created_once, bill_matches, answers_match, nothing_after_deadline)
+def notified_once(world) -> list[str]:
+    """Each time a job ended or ran out of budget, its notification was enqueued once per
+    receiver, in the same transaction (engine/notify.py): the outbox matches the job's own
+    `finished` and `budget_exhausted` events, kill or no kill; delivery ids are unique."""
+    out = []
+    with world.store.read() as conn:
+        happened = Counter(
+            {(job, kind): n for job, kind, n in conn.execute(
+                sa.select(events.c.job_id, events.c.kind, sa.func.count())
+                .where(events.c.kind.in_(["finished", "budget_exhausted"])).group_by(events.c.job_id, events.c.kind)
+            )}
+        )  # fmt: skip
+        rows = conn.execute(sa.select(notifications.c.id, notifications.c.job_id, notifications.c.event, notifications.c.url)).all()
+        names = dict(conn.execute(sa.select(jobs.c.id, jobs.c.name)).all())
+    enqueued = Counter((job, "finished" if event in ("finished", "failed") else event) for _, job, event, _ in rows)
+    for key in happened.keys() | {k for k in enqueued if k[1] != "deadline_cutover"}:
+        if happened[key] != enqueued[key]:
+            out.append(f"job {names.get(key[0], key[0])}: {happened[key]} {key[1]} event(s), {enqueued[key]} notification(s) enqueued")
+    if len({r.id for r in rows}) != len(rows) or len({r.url for r in rows}) > 1:
+        out.append("notification delivery ids repeat, or a notification went to a URL no spec names")
+    return out
+
+
+STEP_CHECKS = (request_states, applied_once, created_once, bill_matches, answers_match, nothing_after_deadline, notified_once)
 
 
 def check_step(world) -> list[str]:

@@ -42,7 +42,15 @@ from lowtide.store.queries import LIVE_DISPATCH_STATES
 from lowtide.store.schema import dispatches, jobs, requests
 from tests.conftest import write_csv
 from tests.sim import invariants
-from tests.sim.world import KEY_ENV, ROUTE_MODELS, SERVED, WRONG_KEY_ENV, KillPoint, World
+from tests.sim.world import (
+    KEY_ENV,
+    NOTIFY_ENV,
+    ROUTE_MODELS,
+    SERVED,
+    WRONG_KEY_ENV,
+    KillPoint,
+    World,
+)
 
 JOBS = ("a", "b")
 MAX_ROWS = 30
@@ -117,6 +125,7 @@ class SimMachine(RuleBasedStateMachine):
             "route_options": self.world.route_options(self.route, self.chunk, job["provider"], job["key_env"]) | job["options"],
             "params": {"max_tokens": 64},
             "retry": {"max_attempts": 3, "backoff_seconds": 30},
+            "notify": {"urls": [self.world.receiver.url], "secret_env": NOTIFY_ENV, "allow_loopback": True},
         }
         if job["deadline"] is not None:
             data["deadline"] = datetime.fromtimestamp(job["deadline"], UTC).isoformat()

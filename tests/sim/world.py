@@ -18,8 +18,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +36,7 @@ from tests.server.conftest import on_loopback
 KEY_ENV = "LOWTIDE_SIM_KEY"  # the key every provider takes
 WRONG_KEY_ENV = "LOWTIDE_SIM_WRONG_KEY"  # a key no provider takes (a spec change to api_key_env)
 KEY = "sim-key"
+NOTIFY_ENV = "LOWTIDE_SIM_NOTIFY_SECRET"  # every job notifies the world's receiver (invariants.notified_once)
 START = 1_800_000_000.0
 ROUTE_MODELS = {"openai-batch": "gpt-4o-mini", "anthropic-batch": "claude-3-5-haiku-latest",
                 "gemini-batch": "gemini-2.5-flash", "echo-batch": "test-model"}  # fmt: skip
@@ -147,12 +150,37 @@ class SimEngine(Engine):
         return self.kill is not None and self.calls == self.kill.call and self.kill.after == after
 
 
+class Receiver:
+    """Where the jobs' notifications go: a real HTTP server on loopback that answers 204."""
+
+    def __init__(self):
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                self.rfile.read(int(self.headers.get("content-length", 0)))
+                self.send_response(204)
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/lowtide"
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
 class World:
     """Client store + engine, two providers, one clock and one event loop."""
 
     def __init__(self, root: Path, store_url: str):
         os.environ[KEY_ENV] = KEY
         os.environ[WRONG_KEY_ENV] = "not-the-key"
+        os.environ[NOTIFY_ENV] = "sim-notify-secret"
+        self.receiver = Receiver()
         self.root = root
         self.clock = ManualClock(START)
         self.loop = asyncio.new_event_loop()
@@ -214,5 +242,6 @@ class World:
         finally:
             for p in self.providers.values():
                 p.stop()
+            self.receiver.stop()
             self.store.close()
             self.loop.close()

@@ -14,6 +14,13 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from lowtide.core.auto_spec import AUTO, AutoSpec, TierSpec, parse_duration
+from lowtide.core.callbacks import (
+    CallbackRefused,
+    Callbacks,
+    check_literal,
+    check_url_form,
+    shown_url,
+)
 from lowtide.core.embeddings import check_dimensions
 from lowtide.core.endpoints import (
     CHAT,
@@ -230,6 +237,84 @@ class RetentionSpec(_Strict):
         return None if self.results is None else parse_duration(self.results)
 
 
+NOTIFY_EVENTS = ("finished", "failed", "budget_exhausted", "deadline_cutover")
+_VARIABLE = re.compile(r"[A-Z_][A-Z0-9_]{0,127}")
+
+
+class NotifySpec(_Strict):
+    """Where a job's notifications go (docs/notifications.md): each URL is POSTed a signed
+    JSON document when one of `events` happens, at least once, with a delivery id. URLs
+    follow the gateway's callback rules (core/callbacks.py): loopback, private and
+    link-local addresses are refused unless allowed here."""
+
+    # Before `urls`: the URLs are judged by them.
+    allow_loopback: bool = False  # 127/8, ::1
+    allow_private: bool = False  # 10/8, 172.16/12, 192.168/16, fc00::/7, 100.64/10, …
+    allow_link_local: bool = False  # 169.254/16 (cloud metadata), fe80::/10
+    urls: list[str] = Field(min_length=1, max_length=10)
+    events: list[Literal["finished", "failed", "budget_exhausted", "deadline_cutover"]] = Field(
+        default_factory=lambda: list(NOTIFY_EVENTS), min_length=1
+    )
+    # The environment variable that holds the signing secret (never the secret itself).
+    secret_env: str = "LOWTIDE_WEBHOOK_SECRET"
+    max_attempts: int = Field(8, ge=1, le=100)  # then the delivery is given up, with an event
+    backoff_seconds: float = Field(2.0, ge=0)  # before the 2nd attempt; doubled each time, ±20 %
+    max_backoff_seconds: float = Field(600.0, ge=0)
+    timeout_seconds: float = Field(10.0, gt=0, le=300)  # one deadline per attempt
+
+    @field_validator("urls", mode="before")
+    @classmethod
+    def _url_list(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            raise ValueError(f"give a list of URLs, e.g. urls: [{v}]")
+        return v
+
+    @field_validator("urls")
+    @classmethod
+    def _urls(cls, v: list[str], info: ValidationInfo) -> list[str]:
+        """Each URL's form, and a literal address's range, now; a host name's addresses when
+        the job is checked (engine/notify.py `check_notify`) and again before each attempt."""
+        if len(set(v)) != len(v):
+            raise ValueError("a URL is given twice; give each receiver once")
+        rules = _rules(info.data)
+        for i, url in enumerate(v):
+            try:
+                host, _ = check_url_form(url, rules)
+                check_literal(host, rules)
+            except CallbackRefused as err:
+                raise ValueError(f"URL {i + 1} ({shown_url(url)}): {str(err).removeprefix('callback URL: ')}"
+                                 f"{_allow_hint(str(err))}") from None  # fmt: skip
+        return v
+
+    @field_validator("events")
+    @classmethod
+    def _events(cls, v: list[str]) -> list[str]:
+        return list(dict.fromkeys(v))
+
+    @field_validator("secret_env")
+    @classmethod
+    def _secret_env(cls, v: str) -> str:
+        if not _VARIABLE.fullmatch(v):  # most likely the secret itself, pasted in: never repeated
+            raise ValueError("must name an environment variable (capitals, digits, _), not hold the secret itself; "
+                             "the value is not repeated here")  # fmt: skip
+        return v
+
+    @property
+    def rules(self) -> Callbacks:
+        return _rules(self.__dict__)
+
+
+def _rules(fields: dict[str, Any]) -> Callbacks:
+    return Callbacks(**{k: bool(fields.get(k)) for k in ("allow_loopback", "allow_private", "allow_link_local")})
+
+
+def _allow_hint(problem: str) -> str:
+    for what, key in (("loopback", "allow_loopback"), ("private", "allow_private"), ("link-local", "allow_link_local")):
+        if f"a {what} address" in problem:
+            return f"; point it at a public receiver, or set notify.{key}: true if that receiver is yours"
+    return ""
+
+
 class OutputSpec(_Strict):
     path: str
     format: Literal["csv", "jsonl", "parquet"] | None = None
@@ -276,6 +361,9 @@ class JobSpec(_Strict):
     # reserves its estimated cost first, and the job stops sending (`budget_exhausted`)
     # rather than go over.
     budget_usd: Decimal | None = Field(None, gt=0, allow_inf_nan=False)
+    # Signed POSTs when the job finishes, fails, runs out of budget or is cut over at its
+    # deadline (docs/notifications.md).
+    notify: NotifySpec | None = None
     # Labels `lowtide report --by tag` groups costs by.
     tags: list[str] = Field(default_factory=list)
     # The eval variant this job runs (core/evals.py): its name ends every custom_id.
@@ -299,6 +387,14 @@ class JobSpec(_Strict):
     @classmethod
     def _endpoint_word(cls, v: Any) -> Any:
         return {"embeddings": EMBEDDINGS, "moderations": MODERATIONS}.get(v, v) if isinstance(v, str) else v  # the docs' short words
+
+    @field_validator("notify", mode="before")
+    @classmethod
+    def _notify_mapping(cls, v: Any) -> Any:
+        if v is not None and not isinstance(v, dict | NotifySpec):
+            raise ValueError("give a mapping, e.g. notify: {urls: [https://hooks.example.com/lowtide], "
+                             "secret_env: LOWTIDE_WEBHOOK_SECRET} (docs/notifications.md)")  # fmt: skip
+        return v
 
     @field_validator("choices")
     @classmethod

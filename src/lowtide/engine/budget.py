@@ -28,7 +28,7 @@ from lowtide.core.errors import InputError
 from lowtide.core.pricing import attempt_cost, load_catalog
 from lowtide.core.states import DispatchState, JobState, RequestState
 from lowtide.core.types import Request, Usage
-from lowtide.engine import fate
+from lowtide.engine import fate, notify
 from lowtide.engine.context import JobContext
 from lowtide.store.money import from_pico, to_pico
 from lowtide.store.queries import add_event
@@ -169,6 +169,7 @@ def exhaust(conn: Connection, job: JobContext, reason: str, now: float) -> None:
             f"stopped sending: {reason}. {_how_to_resume(reason)}",
             now,
         )  # fmt: skip
+        notify.budget_exhausted(conn, job, now, f"{reason}. {_how_to_resume(reason)}")
 
 
 def resume(conn: Connection, job_id: int, budget: Decimal | None, now: float) -> bool:

@@ -33,7 +33,7 @@ from sqlalchemy import Connection, and_, select, update
 
 from lowtide.core.clock import Clock
 from lowtide.core.states import DispatchState, JobState
-from lowtide.engine import fate
+from lowtide.engine import fate, notify
 from lowtide.engine.context import JobContext
 from lowtide.store.db import Store
 from lowtide.store.queries import add_event
@@ -84,6 +84,7 @@ def cut_over(store: Store, job: JobContext, route_kind: str, route_name: str, cl
             report.to_fallback += unplan(conn, job, route_name, now)
             report.cancelled_batches = cancel_in_flight(conn, job.id, route_name, now)
             report.to_fallback += release_stuck(conn, job, route_name, now, fb.safety_margin / 3)
+            notify.deadline_cutover(conn, job, now, f"deadline cut-over: what {route_name} has not finished goes to {fb.route}")
         elif route_kind == "batch":
             turnaround = expected_turnaround(conn, route_name, fb.expected_turnaround)
             if now + turnaround > cut_at:

@@ -56,6 +56,7 @@ from lowtide.engine import budget
 from lowtide.engine.carried import CarriedKeys
 from lowtide.engine.changes import Changes, move_connections, note_changed, requeue, split_known
 from lowtide.engine.embedding_rows import EmbeddingInput, ModerationInput
+from lowtide.engine.notify import check_notify
 from lowtide.engine.preflight import check_model, check_prices
 from lowtide.routes import create_route
 from lowtide.store.bulk import executemany
@@ -411,6 +412,7 @@ def check_job(spec: JobSpec, where: str = "job spec") -> tuple[MessageTemplate, 
     check_prices(spec, where)
     check_model(spec, where)
     check_ask(spec, where)
+    check_notify(spec, where)
     return template, open_source(spec, template)
 
 

@@ -45,6 +45,7 @@ from lowtide.store.schema import (
     evals,
     events,
     jobs,
+    notifications,
     repair_sends,
     request_versions,
     requests,
@@ -57,7 +58,9 @@ IN_FLIGHT_STATES = (DispatchState.SUBMITTING.value, DispatchState.SUBMITTED.valu
 
 # Every table that holds rows of a job, children first (foreign keys point at the later ones).
 # `dispatch_phases` belongs to a job through its dispatch.
-JOB_TABLES = ("dispatch_phases", "repair_sends", "attempts", "request_versions", "requests", "dispatches", "events", "jobs")
+JOB_TABLES = (
+    "dispatch_phases", "repair_sends", "attempts", "request_versions", "requests", "dispatches", "events", "notifications", "jobs",
+)  # fmt: skip
 # Tables whose rows name the job but belong to something else: the job is taken out of them.
 DETACHED_TABLES = ("serve_batches", "gateway_flushes")
 # An API batch of `lowtide serve` in one of these statuses is still running its jobs
@@ -204,6 +207,7 @@ def _delete_rows(conn: Connection, job_id: int) -> dict[str, int]:
         "requests": delete(requests).where(requests.c.job_id == job_id),
         "dispatches": delete(dispatches).where(dispatches.c.job_id == job_id),
         "events": delete(events).where(events.c.job_id == job_id),
+        "notifications": delete(notifications).where(notifications.c.job_id == job_id),  # pending ones too: the job is gone
         "jobs": delete(jobs).where(jobs.c.id == job_id),
     }
     assert tuple(statements) == JOB_TABLES

@@ -9,7 +9,9 @@
               within the job's budget (engine/budget.py)
     poll      batch routes: poll what is due; ingest what ended
     execute   direct routes: claim one dispatch of due requests, run it, ingest
-    finish    a job whose requests are all terminal is finished
+    finish    a job whose requests are all terminal is finished (its notification enqueued)
+    notify    start the due notifications' attempts, each its own task (engine/notifier.py):
+              the tick never waits for a receiver
 
 Any process may die at any point; the next tick continues from the store alone.
 """
@@ -27,11 +29,12 @@ from sqlalchemy import func, or_, select
 from lowtide.core.clock import Clock, SystemClock
 from lowtide.core.spec import JobSpec
 from lowtide.core.states import DispatchState, JobState, RequestState
-from lowtide.engine import batches, fate, tiers
+from lowtide.engine import batches, fate, notify, tiers
 from lowtide.engine.context import JobContext, Lane
 from lowtide.engine.direct import run_direct
 from lowtide.engine.fallback import cut_over
 from lowtide.engine.ingest import IngestCounts
+from lowtide.engine.notifier import Notifier
 from lowtide.routes import Route, create_route
 from lowtide.store.db import Store
 from lowtide.store.queries import add_event
@@ -50,6 +53,7 @@ class TickReport:
     to_fallback: int = 0
     finished: list[str] = field(default_factory=list)
     ingested: IngestCounts = field(default_factory=IngestCounts)
+    notifying: int = 0  # notification attempts started (they run on: not counted as busy)
 
     @property
     def busy(self) -> bool:
@@ -72,9 +76,13 @@ class Engine:
         lease: float = 120.0,
         seed: int | None = None,
         routes: dict[str, Route] | None = None,
+        notify_concurrency: int = 16,
+        notify_per_receiver: int = 4,
     ):
         """`routes` gives ready-made route instances by route name (an embedding server's
-        own, or a probe in a test); other routes are built from the job spec."""
+        own, or a probe in a test); other routes are built from the job spec.
+        `notify_concurrency`: notification attempts in flight at once, at most
+        `notify_per_receiver` of them to one receiver (engine/notifier.py)."""
         self.store = store
         self.clock = clock or SystemClock()
         self.lease = lease
@@ -83,6 +91,8 @@ class Engine:
         self.owner = f"{self.host}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._given = dict(routes or {})
         self._routes: dict[str, Route] = {}
+        self.notifier = Notifier(store, self.clock, concurrency=notify_concurrency, per_receiver=notify_per_receiver,
+                                 rng=random.Random(self.rng.random()))  # fmt: skip
 
     async def __aenter__(self) -> Engine:
         return self
@@ -91,6 +101,7 @@ class Engine:
         await self.aclose()
 
     async def aclose(self) -> None:
+        await self.notifier.aclose()
         routes, self._routes = self._routes, {}
         for route in routes.values():
             await route.aclose()
@@ -120,6 +131,7 @@ class Engine:
                 await self._work(job, lane, route, report, takes_work=lane.name not in handed_over)
             if self.finish(job):
                 report.finished.append(job.name)
+        report.notifying = len(self.notifier.start_due(job_name))
         return report
 
     async def _work(self, job: JobContext, lane: Lane, route: Route, report: TickReport, takes_work: bool = True) -> None:
@@ -235,6 +247,7 @@ class Engine:
                 return False
             if move_job(conn, job.id, JobState.FINISHED, finished_at=now, updated_at=now):
                 add_event(conn, job.id, "finished", "every request reached a terminal state", now)
+                notify.job_ended(conn, job, now)  # in this transaction: enqueued if and only if finished
                 return True
         return False
 
@@ -263,6 +276,7 @@ class Engine:
                 watched = watched.where(jobs.c.name == job_name)
             for spec_json in conn.scalars(watched):
                 times.append(_cut_over_time(spec_json, now))
+        times.append(self.notifier.next_due(job_name))
         times = [t for t in times if t is not None]
         return min(times) if times else None
 

@@ -43,7 +43,7 @@ from lowtide.core.auto_spec import TierSpec, duration_text
 from lowtide.core.clock import Clock
 from lowtide.core.spec import JobSpec
 from lowtide.core.states import JobState
-from lowtide.engine import turnaround
+from lowtide.engine import notify, turnaround
 from lowtide.engine.context import JobContext, tier_lane
 from lowtide.engine.fallback import cancel_in_flight, move_pending, release_stuck, unplan
 from lowtide.store.db import Store
@@ -147,6 +147,7 @@ def _hand_over(
     """Tier `tier`'s cut time has come: what it has not finished goes up."""
     margin = end - tier.cut
     why = f"{tier.label} hands over {duration_text(margin)} before the end of max_wait"
+    notify.deadline_cutover(conn, job, now, f"deadline cut-over: {why}")
     moved = 0
     if waiting.any(tier.lane):
         moved += _move(conn, job, tier, above, now, end, waiting, waiting.count(tier.lane), why, None)

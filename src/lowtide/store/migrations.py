@@ -230,3 +230,9 @@ def m020_repair_sends(conn: Connection) -> None:
     """Which sends carried repair turns (schema.py `repair_sends`): a repair attempt's cost
     is reported apart. Repairs made before this are counted with the other attempts."""
     schema.metadata.create_all(conn, tables=[schema.repair_sends])
+
+
+@migration
+def m021_notifications(conn: Connection) -> None:
+    """Job notifications' outbox (schema.py `notifications`, engine/notify.py)."""
+    schema.metadata.create_all(conn, tables=[schema.notifications])

@@ -259,6 +259,35 @@ events = Table(
     Index("ix_events_job", "job_id", "at"),
 )
 
+# Job notifications (engine/notify.py): the outbox. A row is written in the transaction of
+# the state change it reports (a job finished, ran out of budget, was cut over at its
+# deadline), one per receiver URL, and delivered from here by engine/notifier.py. `id` is the
+# delivery id, the same on every attempt (receivers dedupe on it); `dedupe_key` makes the
+# same event of a job enqueued once. `body` is the JSON sent, byte for byte, on every
+# attempt; no secret is stored. `claimed_until`: an attempt in flight, claimed before it is
+# sent; one whose claim lapsed (its worker died) is due again.
+notifications = Table(
+    "notifications",
+    metadata,
+    Column("id", String(36), primary_key=True),
+    Column("job_id", Integer, ForeignKey("jobs.id"), nullable=False),
+    Column("event", String(32), nullable=False),
+    Column("dedupe_key", String(128), nullable=False),
+    Column("url", Text, nullable=False),
+    Column("receiver", String(300), nullable=False),  # host:port, the per-receiver bound
+    Column("body", Text, nullable=False),
+    Column("state", String(16), nullable=False),  # pending | delivered | dead
+    Column("attempts", Integer, nullable=False, server_default="0"),
+    Column("next_at", Float, nullable=False),
+    Column("claimed_until", Float),
+    Column("last_error", Text),
+    Column("created_at", Float, nullable=False),
+    Column("ended_at", Float),
+    UniqueConstraint("job_id", "dedupe_key", name="uq_notifications_job_key"),
+    Index("ix_notifications_due", "state", "next_at"),
+    Index("ix_notifications_job", "job_id", "created_at"),
+)
+
 # The Batch API server (`lowtide serve`). A file is uploaded input or produced output; its
 # bytes live under the server's data dir at `path`. An API batch runs as lowtide jobs (one
 # per model) named after it; `status` uses OpenAI's words for both APIs.

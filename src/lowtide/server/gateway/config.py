@@ -30,6 +30,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
+from lowtide.core.callbacks import Callbacks
 from lowtide.core.yamlfile import parse_mapping, read_text, validate
 from lowtide.routes._provider import not_a_variable
 
@@ -222,17 +223,6 @@ class Tenant(_Strict):
     name: str = Field(pattern=r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,63}$")
     key_sha256: str = Field(pattern=r"^[0-9a-fA-F]{64}$")
     quotas: Quotas = Field(default_factory=Quotas)
-
-
-class Callbacks(_Strict):
-    """Which callback URLs are accepted. A host must match the allowlist (globs; empty: any
-    host), and every address it resolves to must be public unless allowed here."""
-
-    allowlist: list[str] = Field(default_factory=list)
-    allow_private: bool = False  # 10/8, 172.16/12, 192.168/16, fc00::/7, 100.64/10, …
-    allow_loopback: bool = False  # 127/8, ::1
-    allow_link_local: bool = False  # 169.254/16 (cloud metadata), fe80::/10
-    schemes: list[Literal["http", "https"]] = Field(default_factory=lambda: ["https", "http"])
 
 
 class Webhooks(_Strict):

@@ -34,53 +34,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import hmac
 import json
 import logging
-import math
 import random
-import time
 from collections import Counter
 from collections.abc import Callable
 
 import httpx
 from sqlalchemy import Row
 
+from lowtide.core.callbacks import CallbackRefused, sign, verify
 from lowtide.core.clock import Clock
+from lowtide.engine.webhook import ANSWER_BYTES, post_once, webhook_client
 from lowtide.server.gateway import records
 from lowtide.server.gateway.config import GatewayConfig
 from lowtide.server.gateway.records import Delivery
-from lowtide.server.gateway.safety import CallbackRefused, check_callback
 from lowtide.server.gateway.views import deferred_view
 from lowtide.store.db import Store
 
 log = logging.getLogger("lowtide.gateway")
 
 CLAIM_SLACK = 60.0  # seconds beyond an attempt's deadline (a slow commit)
-ANSWER_BYTES = 4096  # of a receiver's answer body, read at most (only its status counts)
-
-
-def sign(secret: bytes, timestamp: str, body: bytes) -> str:
-    return "sha256=" + hmac.new(secret, timestamp.encode("ascii") + b"." + body, hashlib.sha256).hexdigest()
-
-
-def verify(secret: bytes, timestamp: str, body: bytes, signature: str | bytes, now: float | None = None,
-           tolerance: float = 300.0) -> bool:  # fmt: skip
-    """For receivers: the signature matches and the timestamp is within `tolerance` seconds
-    of `now` (default: this machine's clock) — a replayed old delivery is refused. Any
-    header that is malformed (not ASCII, not a number) is simply False, never an error."""
-    now = time.time() if now is None else now
-    try:
-        stamp = timestamp.encode("ascii") if isinstance(timestamp, str) else bytes(timestamp)
-        sent = float(stamp)
-        given = signature.encode("utf-8", "surrogateescape") if isinstance(signature, str) else bytes(signature)
-    except (ValueError, TypeError):  # UnicodeEncodeError is a ValueError
-        return False
-    if not math.isfinite(sent) or abs(now - sent) > tolerance:
-        return False
-    expected = ("sha256=" + hmac.new(secret, stamp + b"." + body, hashlib.sha256).hexdigest()).encode("ascii")
-    return hmac.compare_digest(expected, given)
+__all__ = ["ANSWER_BYTES", "CLAIM_SLACK", "Deliverer", "sign", "verify"]  # sign, verify: core/callbacks.py
 
 
 class Deliverer:
@@ -179,36 +154,13 @@ class Deliverer:
 
     def _http(self) -> httpx.AsyncClient:
         if self._client is None:
-            n = self.hooks.concurrency
-            self._client = httpx.AsyncClient(timeout=self.hooks.timeout, follow_redirects=False,
-                                             limits=httpx.Limits(max_connections=n, max_keepalive_connections=n))  # fmt: skip
+            self._client = webhook_client(self.hooks.concurrency, self.hooks.timeout)
         return self._client
 
     async def post(self, url: str, body: bytes, headers: dict[str, str]) -> str | None:
         """One attempt: None for a 2xx within the deadline, else why not (CallbackRefused
-        for a URL that may not be used)."""
-        deadline = asyncio.get_running_loop().time() + self.hooks.timeout
-        request = self._http().build_request("POST", url, content=body, headers=headers)
-        try:
-            async with asyncio.timeout_at(deadline):
-                await check_callback(url, self.callbacks)
-                answer = await self._http().send(request, stream=True)
-        except TimeoutError:
-            return f"no answer within {self.hooks.timeout:g} s"
-        except httpx.HTTPError as err:
-            return type(err).__name__
-        try:  # a little of the body, so a short answer leaves the connection reusable; no more
-            async with asyncio.timeout_at(deadline):
-                read = 0
-                async for chunk in answer.aiter_raw():
-                    read += len(chunk)
-                    if read >= ANSWER_BYTES:
-                        break
-        except (TimeoutError, httpx.HTTPError):
-            pass  # the status is in; the body never counted
-        finally:
-            await answer.aclose()
-        return None if 200 <= answer.status_code < 300 else f"HTTP {answer.status_code}"
+        for a URL that may not be used); the bounds are engine/webhook.py's."""
+        return await post_once(self._http(), url, body, headers, self.hooks.timeout, self.callbacks)
 
     async def deliver(self, row: Row, until: float) -> None:
         """Attempt `row` (claimed until `until`) and record the outcome, if the claim still holds."""
