@@ -53,7 +53,7 @@ route: echo
 
 KNOWN_TOP = (
     "name, source, template, model, route, route_options, endpoint, packing, truncate, param_columns, params, choices, "
-    "response_schema, repair, deadline, retry, fallback, auto, output, retention, chunk_size, budget_usd, tags, variant"
+    "response_schema, repair, deadline, retry, fallback, auto, output, retention, chunk_size, budget_usd, notify, tags, variant"
 )
 
 SPECS: list[tuple[str, str, str]] = [
