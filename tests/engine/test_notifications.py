@@ -185,6 +185,7 @@ def test_a_receiver_that_answers_500_gets_the_same_delivery_again(store, clock, 
             await _ticks(engine, clock, 2, step=1.0)  # finished; the first attempt answered 500
             [row] = _outbox(store)
             assert (row.state, row.attempts, row.last_error) == ("pending", 1, "HTTP 500")
+            assert job_status(store, "tickets").notifications == {"pending": 1}  # `lowtide status` counts them
             assert row.next_at > clock.now()  # its backoff: nothing is sent before it
             await _ticks(engine, clock, 1, step=0.0)
             assert len(receiver.hits) == 1
@@ -200,6 +201,7 @@ def test_a_receiver_that_answers_500_gets_the_same_delivery_again(store, clock, 
     assert all(_signed(h, clock) for h in receiver.hits)
     [row] = _outbox(store)
     assert (row.state, row.attempts) == ("delivered", 3)
+    assert job_status(store, "tickets").notifications == {"delivered": 1}
     assert [m.split(": ", 1)[1] for m in _events(store, "notify_retry")][0].startswith("HTTP 500; again in")
 
 

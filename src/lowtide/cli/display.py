@@ -96,5 +96,6 @@ def status_json(s: JobStatus) -> dict[str, Any]:
         "placement": [{"route": r, "why": why, "state": st, "requests": n} for r, why, st, n in s.placement],
         "tiers": [{"tier": t, "state": st, "requests": n} for t, st, n in s.tiers],
         "events": list(s.events),
+        "notifications": dict(sorted(s.notifications.items())),
         "done": s.done,
     }  # fmt: skip

@@ -202,6 +202,10 @@ def status(
         out.print("failures: " + ", ".join(f"{code} × {n}" for code, n in sorted(s.failures.items())))
     out.print(f"tokens: {s.tokens.get('input_tokens', 0):,} in, {s.tokens.get('output_tokens', 0):,} out over {s.tokens.get('attempts', 0):,} attempts")
     _print_budget(s)
+    if s.notifications:
+        n = s.notifications
+        out.print(f"notifications: {n.get('delivered', 0)} delivered, {n.get('pending', 0)} pending, "
+                  f"{n.get('dead', 0)} given up (events below; docs/notifications.md)", markup=False)  # fmt: skip
     for event in s.events:
         out.print(f"  {event}", markup=False)
 

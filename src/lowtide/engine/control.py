@@ -24,7 +24,7 @@ from lowtide.store.queries import (
     request_counts,
     token_totals,
 )
-from lowtide.store.schema import dispatches, requests
+from lowtide.store.schema import dispatches, notifications, requests
 from lowtide.store.transitions import lock_job, move_dispatch, move_job
 
 
@@ -51,6 +51,9 @@ class JobStatus:
     # and the job's dispatches by state (batches done of total).
     dispatched: dict[str, int] = field(default_factory=dict)
     dispatches: dict[str, int] = field(default_factory=dict)
+    # The job's notifications (`notify:`, engine/notifier.py) by delivery state: pending,
+    # delivered, dead (given up).
+    notifications: dict[str, int] = field(default_factory=dict)
 
     @property
     def in_flight(self) -> int:
@@ -110,6 +113,13 @@ def job_status(store: Store, name: str, events: int = 5) -> JobStatus:
             dispatches=dict(
                 conn.execute(
                     select(dispatches.c.state, func.count()).where(dispatches.c.job_id == job.id).group_by(dispatches.c.state)
+                ).all()
+            ),
+            notifications=dict(
+                conn.execute(
+                    select(notifications.c.state, func.count())
+                    .where(notifications.c.job_id == job.id)
+                    .group_by(notifications.c.state)
                 ).all()
             ),
         )
