@@ -310,6 +310,10 @@ class _ParquetWriter:
             src = pq.ParquetFile(self.rows.source.path).schema_arrow
             fields = [src.field(c) for c in cols]
             self.native = set(cols)
+        elif self.rows.source.format == "jsonl":  # JSON's own types, found in one pass over the source
+            kinds = jsonl_types(self.rows.source, cols)
+            fields = [pa.field(c, kinds.get(c) or pa.string()) for c in cols]
+            self.native = set(kinds)
         else:
             fields = [pa.field(c, pa.string()) for c in cols]
             self.native = set()
@@ -348,6 +352,34 @@ class _ParquetWriter:
         if self.writer is None:  # an empty source still gets a valid file
             self._open()
         self.writer.close()
+
+
+def jsonl_types(source: Source, columns: list[str]) -> dict[str, Any]:
+    """The Arrow type of each JSONL source column whose values (nulls aside) are all of one
+    JSON scalar kind: booleans, integers, numbers (integers among them), or text. A column of
+    mixed kinds or of objects and arrays is left out: it is written as text (JSON for objects
+    and arrays), as in CSV. One pass over the source, a set of kinds per column in memory."""
+    import pyarrow as pa
+
+    seen: dict[str, set[type]] = {c: set() for c in columns}
+    for chunk in source.chunks(strict=False):
+        for row in chunk:
+            for column, kinds in seen.items():
+                value = row.values.get(column)
+                if value is not None:
+                    big = value.__class__ is int and not -(2**63) <= value < 2**63  # past int64: text
+                    kinds.add(object if big else value.__class__)
+    out = {}
+    for column, kinds in seen.items():
+        if kinds == {bool}:
+            out[column] = pa.bool_()
+        elif kinds == {int}:
+            out[column] = pa.int64()
+        elif kinds and kinds <= {int, float}:
+            out[column] = pa.float64()
+        elif kinds == {str}:
+            out[column] = pa.string()
+    return out
 
 
 def _text(value: Any) -> str:
