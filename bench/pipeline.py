@@ -22,7 +22,7 @@ from pathlib import Path
 
 from lowtide.core.clock import SystemClock
 from lowtide.core.runtime import tune_gc
-from lowtide.core.spec import build_spec
+from lowtide.core.spec import JobSpec, build_spec
 from lowtide.engine.export import export_results
 from lowtide.engine.loader import load_job
 from lowtide.engine.runner import drive
@@ -44,6 +44,26 @@ def make_source(path: Path, n: int) -> None:
             w.writerow([f"t{i:07d}", ("email", "chat", "web")[i % 3], f"Customer {i} writes: {body}."])
 
 
+def bench_spec(source: Path, **more) -> JobSpec:
+    """The benches' job: classify each ticket of `make_source` on echo (`more` replaces keys)."""
+    return build_spec({
+        "name": "bench", "source": {"path": str(source), "id_column": "ticket_id"},
+        "template": {"system": "Classify the ticket.", "user": "Channel: {{ channel }}\n{{ body }}"},
+        "model": "echo", "route": "echo", "choices": ["billing", "technical", "account", "shipping", "feedback"],
+    } | more)  # fmt: skip
+
+
+def run_to_end(store: Store, n: int, name: str = "bench") -> None:
+    """Drive the job until every request has ended; all `n` must have succeeded."""
+
+    async def run() -> None:
+        async with Engine(store) as engine:
+            status = await drive(engine, name)
+        assert status.counts == {"succeeded": n}, status.counts
+
+    asyncio.run(run())
+
+
 def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
@@ -62,16 +82,7 @@ def main() -> None:
         source = tmp / "tickets.csv"
         make_source(source, n)
         rss_start = peak_rss_mb()
-        spec = build_spec(
-            {
-                "name": "bench",
-                "source": {"path": str(source), "id_column": "ticket_id"},
-                "template": {"system": "Classify the ticket.", "user": "Channel: {{ channel }}\n{{ body }}"},
-                "model": "echo",
-                "route": "echo",
-                "choices": ["billing", "technical", "account", "shipping", "feedback"],
-            }
-        )
+        spec = bench_spec(source)
         place = ClientStore(tmp, args.db)  # PostgreSQL: a fresh schema, dropped at the end
         store = Store(place.url)
         phases: dict[str, tuple[float, float]] = {}  # wall, CPU of this process
@@ -80,13 +91,8 @@ def main() -> None:
         report = load_job(store, spec, SystemClock())
         phases["render + persist"] = (time.perf_counter() - t, time.process_time() - c)
 
-        async def run() -> None:
-            async with Engine(store) as engine:
-                status = await drive(engine, "bench")
-            assert status.counts == {"succeeded": n}, status.counts
-
         t, c = time.perf_counter(), time.process_time()
-        asyncio.run(run())
+        run_to_end(store, n)
         phases["execute + ingest"] = (time.perf_counter() - t, time.process_time() - c)
 
         t, c = time.perf_counter(), time.process_time()

@@ -15,7 +15,6 @@ that stays flat as N grows). Runs in a temporary folder that is removed afterwar
 from __future__ import annotations
 
 import argparse
-import asyncio
 import resource
 import shutil
 import sys
@@ -25,17 +24,14 @@ from pathlib import Path
 
 from lowtide.core.clock import ManualClock, SystemClock
 from lowtide.core.runtime import tune_gc
-from lowtide.core.spec import build_spec
 from lowtide.engine.loader import load_job
 from lowtide.engine.report import cost_report
 from lowtide.engine.retention import prune
-from lowtide.engine.runner import drive
-from lowtide.engine.tick import Engine
 from lowtide.store.db import Store
 from lowtide.store.space import reclaim, store_bytes
 
 sys.path.insert(0, str(Path(__file__).parent))
-from pipeline import make_source  # noqa: E402  (the same rows as the pipeline bench)
+from pipeline import bench_spec, make_source, run_to_end  # noqa: E402  (the pipeline bench's job)
 
 DAY = 86400.0
 
@@ -72,26 +68,10 @@ def file_bytes(store: Store) -> int:
 def build(folder: Path, n: int) -> Path:
     source = folder / "tickets.csv"
     make_source(source, n)
-    spec = build_spec(
-        {
-            "name": "bench",
-            "source": {"path": str(source), "id_column": "ticket_id"},
-            "template": {"system": "Classify the ticket.", "user": "Channel: {{ channel }}\n{{ body }}"},
-            "model": "echo",
-            "route": "echo",
-            "choices": ["billing", "technical", "account", "shipping", "feedback"],
-        }
-    )
     path = folder / "bench.db"
     with Store(str(path)) as store:
-        load_job(store, spec, SystemClock())
-
-        async def run() -> None:
-            async with Engine(store) as engine:
-                status = await drive(engine, "bench")
-            assert status.counts == {"succeeded": n}, status.counts
-
-        asyncio.run(run())
+        load_job(store, bench_spec(source), SystemClock())
+        run_to_end(store, n)
         reclaim(store)  # checkpoint the WAL: the baseline is the file as a finished job leaves it once settled
     return path
 

@@ -13,7 +13,6 @@ temporary folder that is removed afterwards.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import multiprocessing as mp
 import shutil
 import sys
@@ -24,16 +23,13 @@ from pathlib import Path
 
 from lowtide.core.clock import SystemClock
 from lowtide.core.runtime import tune_gc
-from lowtide.core.spec import build_spec
 from lowtide.engine.loader import load_job
 from lowtide.engine.otlp import export_trace
-from lowtide.engine.runner import drive
-from lowtide.engine.tick import Engine
 from lowtide.engine.traces import PAGE, job_trace
 from lowtide.store.db import Store
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from pipeline import make_source  # noqa: E402
+from pipeline import bench_spec, make_source, run_to_end  # noqa: E402  (the pipeline bench's job)
 from retention import reset_peak, status_mb  # noqa: E402
 
 
@@ -71,19 +67,9 @@ def receive(ports: mp.Queue) -> None:
 def build(folder: Path, n: int) -> Store:
     source = folder / "tickets.csv"
     make_source(source, n)
-    spec = build_spec({
-        "name": "bench", "source": {"path": str(source), "id_column": "ticket_id"},
-        "template": {"system": "Classify the ticket.", "user": "{{ body }}"}, "model": "echo", "route": "echo",
-    })  # fmt: skip
     store = Store(str(folder / "bench.db"))
-    load_job(store, spec, SystemClock())
-
-    async def run() -> None:
-        async with Engine(store) as engine:
-            status = await drive(engine, "bench")
-        assert status.counts == {"succeeded": n}, status.counts
-
-    asyncio.run(run())
+    load_job(store, bench_spec(source, choices=None, template={"system": "Classify the ticket.", "user": "{{ body }}"}), SystemClock())
+    run_to_end(store, n)
     return store
 
 
