@@ -117,7 +117,7 @@ def test_every_table_command_at_80_columns_in_a_pipe_and_its_json(tmp_path):
     one = json.loads(shapes["status-job"][1])
     assert set(one) == {
         "job", "state", "route", "total", "requests", "queued", "in_flight", "batches", "failures", "tokens",
-        "spent_usd", "unknown_costs", "budget_usd", "reserved_usd", "placement", "tiers", "events", "done",
+        "spent_usd", "unknown_costs", "budget_usd", "reserved_usd", "placement", "tiers", "events", "notifications", "done",
     }  # fmt: skip
     assert one["total"] == 1234 and one["requests"]["succeeded"] == 1234 and one["in_flight"] == 0
     assert json.loads(shapes["report"][1])["total"]["attempts"] == 1234

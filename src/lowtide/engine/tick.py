@@ -91,8 +91,10 @@ class Engine:
         self.owner = f"{self.host}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._given = dict(routes or {})
         self._routes: dict[str, Route] = {}
+        # Its own generator, seeded apart: drawing from the engine's would shift every retry's
+        # jitter a seeded run (a test, the simulation) was written against.
         self.notifier = Notifier(store, self.clock, concurrency=notify_concurrency, per_receiver=notify_per_receiver,
-                                 rng=random.Random(self.rng.random()))  # fmt: skip
+                                 rng=random.Random(None if seed is None else f"notify:{seed}"))  # fmt: skip
 
     async def __aenter__(self) -> Engine:
         return self
