@@ -37,9 +37,9 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from lowtide.integrations import require
+from lowtide.integrations import FAIL_ON, FailOn, job_failure, require
 
 require("airflow", "airflow", minimum=(2, 10))
 
@@ -49,8 +49,6 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent  # noqa: E402
 
 from lowtide.core.errors import InputError  # noqa: E402
 
-FailOn = Literal["any_failed", "all_failed", "never"]
-FAIL_ON = ("any_failed", "all_failed", "never")
 TRIGGER_PATH = "lowtide.integrations.airflow.LowtideJobTrigger"
 
 
@@ -76,17 +74,6 @@ def summary(db: str | None, job: str, results_path: str | None = None) -> dict[s
         "cost_usd": money(total.usd), "realtime_usd": money(total.realtime_usd), "savings_usd": money(total.saving_usd),
         "results_path": results_path,
     }  # fmt: skip
-
-
-def failure(result: dict[str, Any], fail_on: FailOn) -> str | None:
-    """Why the task fails under `fail_on`, or None."""
-    counts = result["counts"]
-    bad = counts.get("failed", 0) + counts.get("cancelled", 0)
-    if fail_on == "any_failed" and bad:
-        return f"job {result['job']!r}: {bad} request(s) failed or were cancelled (counts {counts}); see `lowtide status {result['job']}`"
-    if fail_on == "all_failed" and not counts.get("succeeded") and sum(counts.values()):
-        return f"job {result['job']!r}: no request succeeded (counts {counts}); see `lowtide status {result['job']}`"
-    return None
 
 
 class LowtideJobTrigger(BaseTrigger):
@@ -191,7 +178,7 @@ class LowtideJobOperator(BaseOperator):
     def _finish(self, job: str) -> dict[str, Any]:
         result = summary(self.db, job, self.results_path)
         self.log.info("lowtide job %s ended: %s", job, result)
-        why = failure(result, self.fail_on)
+        why = job_failure(job, result["state"], result["counts"], self.fail_on, again="clear the task")
         if why:
             raise AirflowFailException(why)
         return result

@@ -35,9 +35,9 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from lowtide.integrations import require
+from lowtide.integrations import FAIL_ON, FailOn, counted, job_failure, require
 
 require("dagster", "dagster", minimum=(1, 8), below=(2,))
 
@@ -47,8 +47,6 @@ from lowtide.api import Job  # noqa: E402
 from lowtide.core.errors import InputError, StoreError  # noqa: E402
 from lowtide.store.db import Store  # noqa: E402
 
-FailOn = Literal["any_failed", "all_failed", "never"]
-FAIL_ON = ("any_failed", "all_failed", "never")
 PARTITION = "{partition}"
 TOP_REASONS = 5
 
@@ -112,10 +110,10 @@ def lowtide_asset(
             while not job.done():
                 status = job.wait(timeout=log_interval)
                 if not job.done():
-                    context.log.info(f"lowtide job {job.name}: {status.state}, {_counts(status.counts)}")
+                    context.log.info(f"lowtide job {job.name}: {status.state}, {counted(status.counts)}")
             status = job.wait()
             metadata = _metadata(job, status)
-            why = _failure(job.name, status.state, status.counts, fail_on)
+            why = job_failure(job.name, status.state, status.counts, fail_on, again="materialise again")
             if why:
                 raise dg.Failure(f"lowtide: {why}", metadata=metadata, allow_retries=False)
             if results_path is not None:
@@ -187,21 +185,3 @@ def _metadata(job: Job, status: Any) -> dict[str, Any]:
         "failures": counts.get("failed", 0) + counts.get("cancelled", 0),
         "top_failure_reasons": dg.MetadataValue.json(dict(reasons)),
     }
-
-
-def _failure(job: str, state: str, counts: dict[str, int], fail_on: FailOn) -> str | None:
-    """Why the materialisation fails under `fail_on`, or None. A job that stopped on its
-    budget with requests not sent fails under any_failed and all_failed."""
-    bad = counts.get("failed", 0) + counts.get("cancelled", 0)
-    unsent = sum(counts.values()) - bad - counts.get("succeeded", 0)
-    if fail_on != "never" and state == "budget_exhausted" and unsent:
-        return f"job {job!r}: its budget_usd is spent with {unsent} request(s) not sent ({_counts(counts)}); raise budget_usd in the spec and materialise again"
-    if fail_on == "any_failed" and bad:
-        return f"job {job!r}: {bad} request(s) failed or were cancelled ({_counts(counts)}); see `lowtide status {job}`, and `lowtide retry {job}` then materialise again"
-    if fail_on == "all_failed" and sum(counts.values()) and not counts.get("succeeded"):
-        return f"job {job!r}: no request succeeded ({_counts(counts)}); see `lowtide status {job}`"
-    return None
-
-
-def _counts(counts: dict[str, int]) -> str:
-    return ", ".join(f"{n} {state}" for state, n in sorted(counts.items())) or "no requests"
