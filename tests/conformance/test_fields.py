@@ -19,7 +19,7 @@ import pytest
 
 from lowtide.core.clock import ManualClock
 from lowtide.core.endpoints import CHAT, COMPLETIONS, GEMINI, MESSAGES, PROTOCOL, RESPONSES
-from lowtide.core.sources import Source
+from lowtide.core.sources import open_file
 from lowtide.core.spec import build_spec
 from lowtide.core.templates import MessageTemplate
 from lowtide.engine.loader import Refused, RowRenderer, load_job
@@ -114,7 +114,7 @@ def route_options(route: str, url: str) -> dict[str, Any]:
 def split(spec, path: Path) -> tuple[dict[str, str], list[int]]:
     """Ask the loader's own row check about every case: {row: refusal message}, accepted rows."""
     template = MessageTemplate.from_spec(spec)
-    source = Source(path, None)
+    source = open_file(path, None)
     render = RowRenderer(spec, template, source)
     refused, accepted = {}, []
     for chunk in source.chunks():

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 from lowtide.core.errors import SourceError, SpecError
-from lowtide.core.sources import Source, SourceRow
+from lowtide.core.sources import Source, SourceRow, open_file
 
 
 def rows_of(source: Source, size: int = 5000) -> list[SourceRow]:
@@ -25,7 +24,7 @@ def test_csv_quoted_commas_and_embedded_newlines_keep_row_and_line_numbers(tmp_p
         "D,plain\n"  # line 8: row 4
     )
     (tmp_path / "t.csv").write_text(text, encoding="utf-8")
-    source = Source(tmp_path / "t.csv")
+    source = open_file(tmp_path / "t.csv")
     assert source.format == "csv" and source.columns == ["id", "body"]
     rows = rows_of(source)
     assert [(r.number, r.line) for r in rows] == [(1, 2), (2, 3), (3, 7), (4, 8)]
@@ -38,7 +37,7 @@ def test_csv_quoted_commas_and_embedded_newlines_keep_row_and_line_numbers(tmp_p
 def test_csv_row_after_a_multiline_value_with_wrong_width_names_its_line(tmp_path):
     (tmp_path / "t.csv").write_text('id,body\nA,"x\ny"\nB,1,2\n', encoding="utf-8")
     with pytest.raises(SourceError, match=r"t\.csv row 2 \(line 4\): has 3 fields, the header has 2"):
-        rows_of(Source(tmp_path / "t.csv"))
+        rows_of(open_file(tmp_path / "t.csv"))
 
 
 @pytest.mark.parametrize(
@@ -52,51 +51,51 @@ def test_csv_row_after_a_multiline_value_with_wrong_width_names_its_line(tmp_pat
 def test_csv_quote_that_is_never_closed_is_refused_not_read_as_one_cell(tmp_path, text, problem):
     (tmp_path / "t.csv").write_text(text, encoding="utf-8")
     with pytest.raises(SourceError, match=r"t\.csv " + problem) as info:
-        rows_of(Source(tmp_path / "t.csv"))
+        rows_of(open_file(tmp_path / "t.csv"))
     assert len(info.value.problems) == 1
 
 
 def test_csv_quotes_that_are_valid_still_read(tmp_path):
     (tmp_path / "t.csv").write_text('id,body\nA,5" screen\nB,"say ""hi"""\n', encoding="utf-8")
-    assert [r.values["body"] for r in rows_of(Source(tmp_path / "t.csv"))] == ['5" screen', 'say "hi"']
+    assert [r.values["body"] for r in rows_of(open_file(tmp_path / "t.csv"))] == ['5" screen', 'say "hi"']
 
 
 def test_csv_header_with_an_unclosed_quote_or_a_blank_first_line(tmp_path):
     (tmp_path / "t.csv").write_text('id,"body\nA,x\n', encoding="utf-8")
     with pytest.raises(SourceError, match=r"^t\.csv line 1: the header row: a quoted value starts in this row and is never closed"):
-        Source(tmp_path / "t.csv")
+        open_file(tmp_path / "t.csv")
     (tmp_path / "t.csv").write_text("\nid,body\nA,x\n", encoding="utf-8")
     with pytest.raises(SourceError, match=r"^t\.csv line 1: blank; a CSV source's first line is its header row"):
-        Source(tmp_path / "t.csv")
+        open_file(tmp_path / "t.csv")
 
 
 def test_csv_with_a_bom_and_padded_header(tmp_path):
     (tmp_path / "t.csv").write_bytes("\ufeffid , body\nA,x\n".encode())
-    source = Source(tmp_path / "t.csv")
+    source = open_file(tmp_path / "t.csv")
     assert source.columns == ["id", "body"]  # no "\ufeffid": the BOM is not part of the name
     assert rows_of(source)[0].values == {"id": "A", "body": "x"}
 
 
 def test_csv_crlf_line_endings(tmp_path):
     (tmp_path / "t.csv").write_bytes(b'id,body\r\nA,"x\r\ny"\r\nB,z\r\n')
-    rows = rows_of(Source(tmp_path / "t.csv"))
+    rows = rows_of(open_file(tmp_path / "t.csv"))
     assert [(r.number, r.line, r.values["id"]) for r in rows] == [(1, 2, "A"), (2, 4, "B")]
 
 
 def test_csv_empty_file_needs_a_header(tmp_path):
     (tmp_path / "t.csv").write_text("", encoding="utf-8")
     with pytest.raises(SourceError, match=r"t\.csv: empty file; a CSV source needs a header row"):
-        Source(tmp_path / "t.csv")
+        open_file(tmp_path / "t.csv")
 
 
 def test_csv_header_only_has_no_rows(tmp_path):
     (tmp_path / "t.csv").write_text("id,body\n", encoding="utf-8")
-    assert rows_of(Source(tmp_path / "t.csv")) == []
+    assert rows_of(open_file(tmp_path / "t.csv")) == []
 
 
 def test_csv_chunks(tmp_path):
     (tmp_path / "t.csv").write_text("id\n" + "".join(f"{i}\n" for i in range(7)), encoding="utf-8")
-    chunks = list(Source(tmp_path / "t.csv").chunks(3))
+    chunks = list(open_file(tmp_path / "t.csv").chunks(3))
     assert [len(c) for c in chunks] == [3, 3, 1]
     assert [r.number for c in chunks for r in c] == list(range(1, 8))
 
@@ -104,7 +103,7 @@ def test_csv_chunks(tmp_path):
 def test_jsonl_blank_lines_are_skipped_and_lines_kept(tmp_path):
     lines = ["", json.dumps({"id": 1, "body": "a"}), "   ", "", json.dumps({"id": "2", "tags": ["x"]}), ""]
     (tmp_path / "t.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    source = Source(tmp_path / "t.jsonl")
+    source = open_file(tmp_path / "t.jsonl")
     assert source.columns is None
     rows = rows_of(source)
     assert [(r.number, r.line) for r in rows] == [(1, 2), (2, 5)]
@@ -114,7 +113,7 @@ def test_jsonl_blank_lines_are_skipped_and_lines_kept(tmp_path):
 
 def test_ndjson_is_jsonl(tmp_path):
     (tmp_path / "t.ndjson").write_text('{"id": 1}\n', encoding="utf-8")
-    source = Source(tmp_path / "t.ndjson")
+    source = open_file(tmp_path / "t.ndjson")
     assert source.format == "jsonl"
     assert rows_of(source)[0].where(source.path) == "t.ndjson row 1"  # line == row: not repeated
 
@@ -122,7 +121,7 @@ def test_ndjson_is_jsonl(tmp_path):
 def test_jsonl_invalid_json_names_the_line(tmp_path):
     (tmp_path / "t.jsonl").write_text('{"id": 1}\n\n{"id": 2,,}\n', encoding="utf-8")
     with pytest.raises(SourceError, match=r"t\.jsonl line 3: not valid JSON \(.*column \d+\)"):
-        rows_of(Source(tmp_path / "t.jsonl"))
+        rows_of(open_file(tmp_path / "t.jsonl"))
 
 
 @pytest.mark.parametrize("depth", [2_000, 100_000])
@@ -131,18 +130,18 @@ def test_jsonl_line_nested_too_deep_names_the_line(tmp_path, depth):
     deep = '{"id": 2, "body": ' + "[" * depth + "]" * depth + "}"
     (tmp_path / "t.jsonl").write_text('{"id": 1}\n' + deep + "\n", encoding="utf-8")
     with pytest.raises(SourceError, match=r"t\.jsonl line 2: not valid JSON \(nested more than 1,000 levels deep"):
-        rows_of(Source(tmp_path / "t.jsonl"))
+        rows_of(open_file(tmp_path / "t.jsonl"))
 
 
 def test_jsonl_line_that_is_not_an_object(tmp_path):
     (tmp_path / "t.jsonl").write_text('{"id": 1}\n[1, 2]\n', encoding="utf-8")
     with pytest.raises(SourceError, match=r"t\.jsonl line 2: each line must be a JSON object, got list"):
-        rows_of(Source(tmp_path / "t.jsonl"))
+        rows_of(open_file(tmp_path / "t.jsonl"))
 
 
 def test_jsonl_with_a_bom_reads_like_csv_with_one(tmp_path):
     (tmp_path / "t.jsonl").write_bytes("\ufeff".encode() + b'{"id": 1}\n')
-    assert rows_of(Source(tmp_path / "t.jsonl"))[0].values == {"id": 1}
+    assert rows_of(open_file(tmp_path / "t.jsonl"))[0].values == {"id": 1}
 
 
 def test_parquet_chunks_and_types(tmp_path):
@@ -152,7 +151,7 @@ def test_parquet_chunks_and_types(tmp_path):
     n = 12_345
     table = pa.table({"id": [f"P{i}" for i in range(n)], "score": list(range(n)), "note": [None] * n})
     pq.write_table(table, tmp_path / "t.parquet", row_group_size=4000)
-    source = Source(tmp_path / "t.parquet")
+    source = open_file(tmp_path / "t.parquet")
     assert source.format == "parquet" and source.columns == ["id", "score", "note"]
     chunks = list(source.chunks(5000))
     assert [len(c) for c in chunks] == [5000, 5000, 2345]
@@ -165,47 +164,48 @@ def test_parquet_chunks_and_types(tmp_path):
 def test_parquet_that_is_not_parquet(tmp_path):
     (tmp_path / "t.parquet").write_bytes(b"not parquet at all")
     with pytest.raises(SourceError, match=r"t\.parquet: cannot read as parquet"):
-        Source(tmp_path / "t.parquet")
+        open_file(tmp_path / "t.parquet")
 
 
 def test_declared_format_overrides_the_extension(tmp_path):
     (tmp_path / "t.txt").write_text("id\nA\n", encoding="utf-8")
-    source = Source(tmp_path / "t.txt", "csv")
+    source = open_file(tmp_path / "t.txt", "csv")
     assert [r.values for r in rows_of(source)] == [{"id": "A"}]
     with pytest.raises(SpecError, match='unknown file extension ".txt"'):
-        Source(tmp_path / "t.txt")
+        open_file(tmp_path / "t.txt")
 
 
 def test_missing_file_and_folder(tmp_path):
     with pytest.raises(SourceError, match="no such file; check `source.path`"):
-        Source(tmp_path / "nope.csv")
+        open_file(tmp_path / "nope.csv")
     (tmp_path / "d.jsonl").mkdir()
-    with pytest.raises(SourceError, match="is a folder, not a file"):
-        Source(tmp_path / "d.jsonl")
+    with pytest.raises(SourceError, match="an empty folder; put the data files in it"):
+        open_file(tmp_path / "d.jsonl")
 
 
 def test_non_utf8_header(tmp_path):
     (tmp_path / "t.csv").write_bytes(b"id,b\xf6dy\nA,x\n")
     with pytest.raises(SourceError, match=r"t\.csv line 1, column 5: not UTF-8 text; save the file as UTF-8"):
-        Source(tmp_path / "t.csv")
+        open_file(tmp_path / "t.csv")
 
 
 def test_non_utf8_jsonl_row(tmp_path):
     (tmp_path / "t.jsonl").write_bytes(b'{"id": "caf\xe9"}\n')
-    source = Source(tmp_path / "t.jsonl")  # JSONL is only read row by row
+    source = open_file(tmp_path / "t.jsonl")  # JSONL is only read row by row
     with pytest.raises(SourceError, match="not UTF-8 text"):
         rows_of(source)
 
 
-def test_path_is_a_path(tmp_path):
+def test_label_and_name(tmp_path):
     (tmp_path / "t.csv").write_text("id\n", encoding="utf-8")
-    assert isinstance(Source(str(tmp_path / "t.csv")).path, Path)
+    source = open_file(str(tmp_path / "t.csv"))
+    assert source.label == str(tmp_path / "t.csv") and source.name == "t.csv"
 
 
 def test_csv_header_with_a_repeated_column_is_refused(tmp_path):
     (tmp_path / "t.csv").write_text("id,body,body\nA,first,second\n", encoding="utf-8")
     with pytest.raises(SourceError, match='"body"'):
-        rows_of(Source(tmp_path / "t.csv"))
+        rows_of(open_file(tmp_path / "t.csv"))
 
 
 def test_parquet_with_a_repeated_column_name_is_refused(tmp_path):
@@ -216,14 +216,14 @@ def test_parquet_with_a_repeated_column_name_is_refused(tmp_path):
     table = pa.Table.from_arrays([pa.array(["A"]), pa.array(["x"]), pa.array(["y"])], names=["id", "body", "body"])
     pq.write_table(table, tmp_path / "t.parquet")
     with pytest.raises(SourceError, match=r'^t\.parquet schema names "body" more than once; give each column its own name'):
-        Source(tmp_path / "t.parquet")
+        open_file(tmp_path / "t.parquet")
 
 
 def test_a_csv_cell_larger_than_the_csv_modules_default_limit_is_read_whole(tmp_path):
-    from lowtide.core.sources import Source
+    from lowtide.core.sources import open_file
 
     document = "word " * 60_000  # 300,000 characters: over the csv module's 131,072
     path = tmp_path / "docs.csv"
     path.write_text(f'id,text\n1,"{document}"\n', encoding="utf-8")
-    [[row]] = list(Source(path).chunks())
+    [[row]] = list(open_file(path).chunks())
     assert row.values["text"] == document

@@ -74,7 +74,7 @@ def test_missing_source_file_is_refused_and_store_unchanged(store, clock, tmp_pa
 def test_directory_as_source_is_refused(sqlite_store, clock, tmp_path):
     (tmp_path / "data.csv").mkdir()
     msg = str(refused(sqlite_store, spec_for(tmp_path / "data.csv"), clock, SourceError))
-    assert "data.csv" in msg and "is a folder, not a file" in msg and "source.path" in msg
+    assert "data.csv" in msg and "an empty folder" in msg and "source.path" in msg
 
 
 def test_non_utf8_csv_is_refused_with_the_byte_and_the_fix(store, clock, tmp_path, finished):

@@ -1,7 +1,16 @@
 """Source rows, streamed in chunks: a million-row file is never held in memory.
 
-Row numbers are 1-based data rows (the CSV header is not a row); CSV rows also carry the
-file line they start on, which is what an editor shows.
+    source = source_of(spec)                 # a file, a folder, a glob, a URL, or a SQL table
+    for chunk in source.chunks(): ...        # lists of SourceRow, at most CHUNK_ROWS each
+
+Row numbers are 1-based data rows across the whole source (the CSV header is not a row); CSV
+and JSONL rows also carry the file line they start on, which is what an editor shows, and
+the file they come from where the source is many files.
+
+A source of many files (a folder, a glob) reads them in name order; `key=value` folders
+(Hive partitions: `dt=2026-12-03/`) become columns. Parquet goes through pyarrow's datasets,
+so `source.filter` and `since` leave whole partitions and row groups unread; CSV and JSONL are
+read by lowtide's own readers, which name the row and line of every problem.
 """
 
 from __future__ import annotations
@@ -13,11 +22,13 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
+from urllib.parse import unquote
 
-from lowtide.core import fastjson
+from lowtide.core import fastjson, source_types
 from lowtide.core.errors import SourceError
-from lowtide.core.spec import format_of
+from lowtide.core.locations import Location, location
+from lowtide.core.spec import FORMATS, JobSpec, SourceSpec, format_of
 
 CHUNK_ROWS = 5000
 MAX_STRUCTURE_PROBLEMS = 1000  # rows a structural problem is reported for before reading stops
@@ -32,99 +43,304 @@ class SourceRow:
     number: int  # 1-based data row
     line: int | None  # file line where the row starts (CSV, JSONL)
     values: dict[str, Any]
+    file: str | None = None  # the file it comes from, where the source is many files
 
-    def where(self, path: Path | str) -> str:
+    def where(self, name: Path | str) -> str:
         line = f" (line {self.line})" if self.line is not None and self.line != self.number else ""
-        return f"{Path(path).name} row {self.number}{line}"
+        return f"{self.file or Path(name).name} row {self.number}{line}"
+
+
+@dataclass(frozen=True, slots=True)
+class Watermark:
+    """Rows past `value` in `column`: what a `since` load reads."""
+
+    column: str
+    value: Any
+
+    def to_json(self) -> str:
+        """The value with its kind, so a date read back is a date (schema.py `watermarks`)."""
+        from datetime import date, datetime
+        from decimal import Decimal
+
+        v = self.value
+        if isinstance(v, datetime):
+            kind, text = "timestamp", v.isoformat()
+        elif isinstance(v, date):
+            kind, text = "date", v.isoformat()
+        elif isinstance(v, Decimal):
+            kind, text = "decimal", str(v)
+        elif isinstance(v, bool | int | float | str):
+            kind, text = type(v).__name__, v
+        else:
+            kind, text = "string", str(v)
+        return json.dumps({"kind": kind, "value": text})
+
+    @classmethod
+    def from_json(cls, column: str, text: str) -> Watermark:
+        from datetime import date, datetime
+        from decimal import Decimal
+
+        data = json.loads(text)
+        kind, v = data["kind"], data["value"]
+        value = {"timestamp": datetime.fromisoformat, "date": date.fromisoformat, "decimal": Decimal}.get(kind, lambda x: x)(v)
+        return cls(column, value)
+
+    def shown(self) -> str:
+        v = self.value
+        return v.isoformat() if hasattr(v, "isoformat") else str(v)
 
 
 class Source:
-    """A readable source file. `columns` is known up front for CSV and Parquet."""
+    """Rows to load: `columns` is known up front except for JSONL; `label` names the
+    source in messages, `name` its rows (`name row 12`)."""
 
-    def __init__(self, path: Path | str, fmt: str | None = None):
-        self.path = Path(path)
+    label: str
+    name: str
+    format: str
+    columns: list[str] | None = None
+
+    def __init__(self) -> None:
         # Rows that cannot be read as rows (a CSV record of the wrong width, a JSONL line that
-        # is not a JSON object): skipped and listed here, then raised together at the end of
-        # `chunks()`, or left to the caller to report with its own problems (`strict=False`).
+        # is not a JSON object, a value not of its declared type): skipped and listed here,
+        # then raised together at the end of `chunks()`, or left to the caller to report with
+        # its own problems (`strict=False`).
         self.problems: list[str] = []
-        if not self.path.exists():
-            raise SourceError(f"{self.path}: no such file; check `source.path` (relative to the spec file)")
-        if self.path.is_dir():
-            raise SourceError(f"{self.path}: is a folder, not a file; point `source.path` at a file")
-        self.format = format_of(self.path, fmt)
-        self.columns: list[str] | None = self._read_columns()
+        self.types: dict[str, str] = {}  # declared kinds (source.types)
+        self.filters: list[tuple[str, str, Any]] = []
+        self.after: Watermark | None = None
+        self.highest: Any = None  # the highest `since` value read, once `chunks()` has run
 
-    def _read_columns(self) -> list[str] | None:
-        try:
-            if self.format == "csv":
-                with self.path.open(newline="", encoding="utf-8-sig") as f:
-                    reader = csv.reader(f, strict=True)
-                    try:
-                        header = next(reader, None)
-                    except csv.Error as err:
-                        raise SourceError(f"{self.path.name} line 1: the header row: {_csv_reason(err, reader.line_num)}") from None
-                if header is None:
-                    raise SourceError(f"{self.path}: empty file; a CSV source needs a header row")
-                if not header:  # a blank first line: the reader would take it for a header of no columns
-                    raise SourceError(f"{self.path.name} line 1: blank; a CSV source's first line is its header row (remove the blank lines above it)")
-                return self._distinct([h.strip() for h in header], "line 1: the header")
-            if self.format == "parquet":
-                import pyarrow.parquet as pq
-
-                # a row is read as a dict: of two columns with one name, the last would win silently
-                return self._distinct(list(pq.ParquetFile(self.path).schema_arrow.names), "schema")
-        except UnicodeDecodeError:
-            raise self._not_utf8() from None
-        except OSError as err:
-            raise SourceError(f"{self.path}: cannot read ({_reason(err)})") from None
-        except SourceError:
-            raise
-        except Exception as err:  # pyarrow raises its own errors for corrupt files
-            raise SourceError(f"{self.path}: cannot read as {self.format} ({err})") from None
-        return None
-
-    def _distinct(self, columns: list[str], where: str) -> list[str]:
-        repeated = sorted(c for c, n in Counter(columns).items() if n > 1)
-        if repeated:
-            names = ", ".join(f'"{c}"' for c in repeated)
-            raise SourceError(f"{self.path.name} {where} names {names} more than once; give each column its own name")
-        return columns
-
-    def _not_utf8(self) -> SourceError:
-        line, col = _first_bad_utf8(self.path)
-        return SourceError(f"{self.path.name} line {line}, column {col}: not UTF-8 text; save the file as UTF-8")
+    @property
+    def path(self) -> str:  # the name older callers print
+        return self.label
 
     def chunks(self, size: int = CHUNK_ROWS, strict: bool = True) -> Iterator[list[SourceRow]]:
         """Yield the rows in chunks of at most `size`. Rows with a structural problem are
         left out and collected in `problems`; `strict` raises them all at the end."""
-        reader = {"csv": self._csv, "jsonl": self._jsonl, "parquet": self._parquet}[self.format]
         self.problems = []
+        self.highest = None
         chunk: list[SourceRow] = []
-        try:
-            for row in reader():
-                chunk.append(row)
-                if len(chunk) >= size:
-                    yield chunk
-                    chunk = []
-        except UnicodeDecodeError:
-            raise self._not_utf8() from None
-        except OSError as err:
-            raise SourceError(f"{self.path}: cannot read ({_reason(err)})") from None
+        for row in self._rows(size):
+            if self.types and self._mistyped(row):
+                continue
+            if self.after is not None:
+                self._note_highest(row)
+            chunk.append(row)
+            if len(chunk) >= size:
+                yield chunk
+                chunk = []
         if chunk:
             yield chunk
         if strict and self.problems:
-            raise SourceError.from_problems(f"{self.path}: cannot be read as {self.format}", self.problems)
+            raise SourceError.from_problems(f"{self.label}: cannot be read as {self.format}", self.problems)
+
+    def _rows(self, size: int) -> Iterator[SourceRow]:
+        raise NotImplementedError
+
+    def arrow_types(self, columns: list[str]) -> dict[str, Any]:
+        """column -> Arrow type, for the columns whose type is known or agreed by all values
+        (a pass over the source where the format has no types: core/source_types.py)."""
+        inference = source_types.Inference([c for c in columns if c not in self.types], text=self.format == "csv")
+        if inference.seen:
+            for chunk in self.chunks(strict=False):
+                for row in chunk:
+                    inference.add(row.values)
+        kinds = {**inference.kinds(), **self.types}
+        return {c: source_types.arrow_type(k) for c, k in kinds.items()}
+
+    def highest_of(self, column: str) -> Any:
+        """The highest value of `column` among the rows the filter keeps, past no watermark."""
+        after, self.after = self.after, None
+        highest = None
+        try:
+            for chunk in self.chunks(strict=False):
+                for row in chunk:
+                    v = row.values.get(column)
+                    if v is not None and (highest is None or compare_values(v, highest) > 0):
+                        highest = v
+        finally:
+            self.after = after
+        return highest
 
     def _problem(self, message: str) -> None:
         self.problems.append(message)
         if len(self.problems) >= MAX_STRUCTURE_PROBLEMS:
-            raise SourceError.from_problems(f"{self.path}: cannot be read as {self.format} (stopped reading)", self.problems)
+            raise SourceError.from_problems(f"{self.label}: cannot be read as {self.format} (stopped reading)", self.problems)
 
-    def _csv(self) -> Iterator[SourceRow]:
-        with self.path.open(newline="", encoding="utf-8-sig") as f:
+    def _mistyped(self, row: SourceRow) -> bool:
+        for column, kind in self.types.items():
+            why = source_types.problem(row.values.get(column), kind)
+            if why is not None:
+                self._problem(f'{row.where(self.name)}: column "{column}" is {_shown(row.values.get(column))}, {why} '
+                              f"(source.types.{column}: {kind}); fix the value, or the type")  # fmt: skip
+                return True
+        return False
+
+    def _note_highest(self, row: SourceRow) -> None:
+        value = row.values.get(self.after.column)
+        if value is not None and (self.highest is None or compare_values(value, self.highest) > 0):
+            self.highest = value
+
+    def _check_columns(self, columns: list[str], where: str) -> list[str]:
+        repeated = sorted(c for c, n in Counter(columns).items() if n > 1)
+        if repeated:
+            names = ", ".join(f'"{c}"' for c in repeated)
+            # a row is read as a dict: of two columns with one name, the last would win silently
+            raise SourceError(f"{self.name} {where} names {names} more than once; give each column its own name")
+        return columns
+
+    def _check_known(self) -> None:
+        """Columns that filters, `since` and `types` name must exist, where columns are
+        known before the rows."""
+        if self.columns is None:
+            return
+        wanted = [(c, "source.filter") for c, _, _ in self.filters] + [(c, f"source.types.{c}") for c in self.types]
+        if self.after is not None:
+            wanted.append((self.after.column, "source.since.column"))
+        for column, key in wanted:
+            if column not in self.columns:
+                raise SourceError(f'{self.label}: {key} names column "{column}", which it does not have; columns are: {", ".join(self.columns)}')
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def compare_values(a: Any, b: Any) -> int:
+    """-1, 0 or 1; values of different kinds (a number and its text) compare as text."""
+    try:
+        return (a > b) - (a < b)
+    except TypeError:
+        a, b = str(a), str(b)
+        return (a > b) - (a < b)
+
+
+def _holds(value: Any, op: str, wanted: Any) -> bool:
+    """Whether a row's value passes a filter item, as pyarrow would decide it."""
+    if value is None:
+        return False
+    if op in ("in", "not in"):
+        inside = any(compare_values(value, w) == 0 for w in wanted)
+        return inside if op == "in" else not inside
+    c = compare_values(value, wanted)
+    return {"=": c == 0, "==": c == 0, "!=": c != 0, "<": c < 0, "<=": c <= 0, ">": c > 0, ">=": c >= 0}[op]
+
+
+def _typed(value: Any, like: Any) -> Any:
+    """`value` (from the spec or the store) as the kind of `like` (a row's value), so that
+    "2026-12-03" compares with a date, and 7 with "7" in a CSV cell, as values, not text."""
+    from datetime import date, datetime
+
+    if like is None or value is None or value.__class__ is like.__class__:
+        return value
+    try:
+        if isinstance(like, bool):
+            return source_types.convert(value, "bool")
+        if isinstance(like, int):
+            return source_types.convert(value, "int")
+        if isinstance(like, float):
+            return source_types.convert(value, "float")
+        if isinstance(like, datetime):
+            return source_types.convert(value, "timestamp").replace(tzinfo=like.tzinfo) if like.tzinfo is None else source_types.convert(value, "timestamp")
+        if isinstance(like, date):
+            return source_types.convert(value, "date")
+        if isinstance(like, str):
+            return value.isoformat() if isinstance(value, date) else str(value)
+    except (ValueError, TypeError):
+        return value
+    return value
+
+
+class FileSource(Source):
+    """CSV or JSONL: one file or many (a folder, a glob), local or by URL."""
+
+    def __init__(self, loc: Location, fmt: str, files: list[str]):
+        super().__init__()
+        self.loc = loc
+        self.files = files
+        self.format = fmt
+        self.label = loc.text
+        self.name = loc.name_of(files[0]) if len(files) == 1 else loc.text
+        self.partitions = {f: _partitions(loc, f) for f in files}
+        self.partition_columns = list(dict.fromkeys(k for parts in self.partitions.values() for k in parts))
+        self.columns = self._read_columns() if fmt == "csv" else None
+
+    # kept for callers that still read one local file by its path
+    @property
+    def path(self) -> str:
+        return self.label
+
+    def _read_columns(self) -> list[str]:
+        header: list[str] | None = None
+        for f in self.files:
+            own = self._header(f)
+            if header is None:
+                header = own
+            elif own != header:
+                raise SourceError(f"{self.loc.name_of(f)}: its header ({', '.join(own)}) is not the first file's "
+                                  f"({', '.join(header)}); give every file of a source the same columns")  # fmt: skip
+        columns = list(header or []) + [c for c in self.partition_columns if c not in (header or [])]
+        return columns
+
+    def _header(self, f: str) -> list[str]:
+        name = self.loc.name_of(f)
+        try:
+            with self._open(f) as text:
+                reader = csv.reader(text, strict=True)
+                try:
+                    header = next(reader, None)
+                except csv.Error as err:
+                    raise SourceError(f"{name} line 1: the header row: {_csv_reason(err, reader.line_num)}") from None
+        except UnicodeDecodeError:
+            raise self._not_utf8(f) from None
+        if header is None:
+            raise SourceError(f"{self.loc.text if len(self.files) == 1 else name}: empty file; a CSV source needs a header row")
+        if not header:  # a blank first line: the reader would take it for a header of no columns
+            raise SourceError(f"{name} line 1: blank; a CSV source's first line is its header row (remove the blank lines above it)")
+        return self._check_columns([h.strip() for h in header], "line 1: the header")
+
+    def _open(self, f: str, newline: str | None = "") -> IO[str]:
+        if self.loc.local:
+            try:
+                return open(f, newline=newline, encoding="utf-8-sig")  # noqa: SIM115 - closed by the caller's `with`
+            except OSError as err:
+                raise SourceError(f"{f}: cannot read ({_reason(err)})") from None
+        return self.loc.open_text(f, newline=newline)
+
+    def _not_utf8(self, f: str) -> SourceError:
+        line, col = _first_bad_utf8(self.loc, f)
+        return SourceError(f"{self.loc.name_of(f)} line {line}, column {col}: not UTF-8 text; save the file as UTF-8")
+
+    def _rows(self, size: int) -> Iterator[SourceRow]:
+        number = 0
+        many = len(self.files) > 1
+        for f in self.files:
+            reader = self._csv if self.format == "csv" else self._jsonl
+            extra = self.partitions[f]
+            name = self.loc.name_of(f)
+            try:
+                for line, values in reader(f, name):
+                    if extra:
+                        values = {**values, **{k: v for k, v in extra.items() if k not in values}}
+                    if self.filters and not all(_holds(values.get(c), op, _typed(w, values.get(c))) for c, op, w in self.filters):
+                        continue
+                    if self.after is not None:
+                        v = values.get(self.after.column)
+                        if v is None or compare_values(v, _typed(self.after.value, v)) <= 0:
+                            continue
+                    number += 1
+                    yield SourceRow(number, line, values, name if many else None)
+            except UnicodeDecodeError:
+                raise self._not_utf8(f) from None
+            except OSError as err:
+                raise SourceError(f"{self.loc.text if not many else name}: cannot read ({_reason(err)})") from None
+
+    def _csv(self, f: str, name: str) -> Iterator[tuple[int, dict[str, Any]]]:
+        with self._open(f) as text:
             # strict: a quote opened and never closed is an error, not a value that swallows
             # every row after it (the lenient reader returns them as one cell, silently)
-            reader = csv.reader(f, strict=True)
+            reader = csv.reader(text, strict=True)
             header = [h.strip() for h in next(reader)]
             width = len(header)
             number = 0
@@ -137,47 +353,223 @@ class Source:
                     number += 1
                     if len(record) != width:
                         self._problem(
-                            f"{self.path.name} row {number} (line {line}): has {len(record)} fields, "
+                            f"{name} row {number} (line {line}): has {len(record)} fields, "
                             f"the header has {width}; quote values that contain commas"
                         )
                         line = reader.line_num + 1
                         continue
-                    yield SourceRow(number, line, dict(zip(header, record, strict=True)))
+                    yield line, dict(zip(header, record, strict=True))
                     line = reader.line_num + 1
             except csv.Error as err:  # the rows after it cannot be told apart: reading stops here
-                self._problem(f"{self.path.name} row {number + 1} (line {line}): {_csv_reason(err, reader.line_num)}")
+                self._problem(f"{name} row {number + 1} (line {line}): {_csv_reason(err, reader.line_num)}")
 
-    def _jsonl(self) -> Iterator[SourceRow]:
-        with self.path.open(encoding="utf-8-sig") as f:
-            number = 0
-            for lineno, text in enumerate(f, start=1):
-                if not text.strip():
+    def _jsonl(self, f: str, name: str) -> Iterator[tuple[int, dict[str, Any]]]:
+        with self._open(f, newline=None) as text:
+            for lineno, line in enumerate(text, start=1):
+                if not line.strip():
                     continue
-                number += 1
                 try:
-                    values = fastjson.loads(text)
+                    values = fastjson.loads(line)
                 except json.JSONDecodeError as err:
-                    self._problem(f"{self.path.name} line {lineno}: not valid JSON ({err.msg}, column {err.colno})")
+                    self._problem(f"{name} line {lineno}: not valid JSON ({err.msg}, column {err.colno})")
                     continue
                 if not isinstance(values, dict):
-                    self._problem(f"{self.path.name} line {lineno}: each line must be a JSON object, got {type(values).__name__}")
+                    self._problem(f"{name} line {lineno}: each line must be a JSON object, got {type(values).__name__}")
                     continue
-                yield SourceRow(number, lineno, values)
+                yield lineno, values
 
-    def _parquet(self) -> Iterator[SourceRow]:
-        import pyarrow.parquet as pq
 
+class ParquetSource(Source):
+    """Parquet through pyarrow's datasets: one file, a folder or a glob, Hive partitions as
+    columns, `source.filter` and `since` pushed down."""
+
+    format = "parquet"
+
+    def __init__(self, loc: Location, files: list[str]):
+        super().__init__()
+        import pyarrow.dataset as ds
+
+        self.loc = loc
+        self.label = loc.text
+        self.name = loc.name_of(files[0]) if len(files) == 1 else loc.text
+        fs = loc.arrow_filesystem()
+        try:  # a row is read as a dict: two columns of one name are refused by name, first
+            import pyarrow.parquet as pq
+
+            self._check_columns(list(pq.read_schema(files[0], filesystem=fs).names), "schema")
+        except SourceError:
+            raise
+        except Exception as err:
+            raise SourceError(f"{loc.name_of(files[0])}: cannot read as parquet ({_arrow_reason(err)})") from None
+        base = loc.base.rstrip("/") if len(files) > 1 or not loc.one_file else None
+        try:
+            self.dataset = ds.dataset(files, filesystem=fs, format="parquet", partitioning="hive" if base else None,
+                                      partition_base_dir=base)  # fmt: skip
+        except Exception as err:
+            raise SourceError(f"{loc.text}: cannot read as parquet ({_arrow_reason(err)})") from None
+        self._check_schemas()
+        self.columns = self._check_columns(list(self.dataset.schema.names), "schema")
+
+    def _check_schemas(self) -> None:
+        """Every file's columns must have the types the dataset has (the first file's):
+        a partition written with another type is refused before any row is read."""
+        schema = self.dataset.schema
+        for fragment in self.dataset.get_fragments():
+            try:
+                own = fragment.physical_schema
+            except Exception as err:
+                raise SourceError(f"{self.loc.name_of(fragment.path)}: cannot read as parquet ({_arrow_reason(err)})") from None
+            for field in own:
+                i = schema.get_field_index(field.name)
+                if i < 0:
+                    continue  # a column the first file has not: read as missing there, null
+                if not _same_type(schema.field(i).type, field.type):
+                    raise SourceError(
+                        f'{self.loc.name_of(fragment.path)}: column "{field.name}" is {field.type} there, '
+                        f"{schema.field(i).type} in {self.loc.name_of(next(self.dataset.get_fragments()).path)}; "
+                        "write every partition with the same types, or leave the odd one out of source.path"
+                    )
+
+    def expression(self):
+        """The filter and watermark as one pyarrow expression (None for all rows)."""
+        import pyarrow as pa
+        import pyarrow.dataset as ds
+
+        out = None
+        items = list(self.filters) + ([(self.after.column, ">", self.after.value)] if self.after is not None else [])
+        for column, op, value in items:
+            kind = self.dataset.schema.field(column).type
+            field = ds.field(column)
+            if op in ("in", "not in"):
+                values = pa.array([_scalar(v, kind) for v in value], type=kind)
+                e = field.isin(values)
+                e = ~e if op == "not in" else e
+            else:
+                v = pa.scalar(_scalar(value, kind), type=kind)
+                e = {"=": field == v, "==": field == v, "!=": field != v, "<": field < v, "<=": field <= v, ">": field > v, ">=": field >= v}[op]
+            out = e if out is None else out & e
+        return out
+
+    def _rows(self, size: int) -> Iterator[SourceRow]:
         number = 0
-        for batch in pq.ParquetFile(self.path).iter_batches(batch_size=CHUNK_ROWS):
-            for values in batch.to_pylist():
-                number += 1
-                yield SourceRow(number, None, values)
+        try:
+            # little read-ahead: memory stays a few batches whatever the dataset's size
+            batches = self.dataset.to_batches(filter=self.expression(), batch_size=size, batch_readahead=1, fragment_readahead=1)
+            for batch in batches:
+                for values in batch.to_pylist():
+                    number += 1
+                    yield SourceRow(number, None, values)
+        except SourceError:
+            raise
+        except Exception as err:
+            raise SourceError(f"{self.label}: cannot read as parquet ({_arrow_reason(err)})") from None
+
+    def highest_of(self, column: str) -> Any:
+        import pyarrow.compute as pc
+
+        after, self.after = self.after, None
+        try:
+            highest = None
+            for batch in self.dataset.to_batches(columns=[column], filter=self.expression(), batch_readahead=1, fragment_readahead=1):
+                top = pc.max(batch.column(0)).as_py()
+                if top is not None and (highest is None or compare_values(top, highest) > 0):
+                    highest = top
+            return highest
+        finally:
+            self.after = after
+
+    def arrow_types(self, columns: list[str]) -> dict[str, Any]:
+        schema = self.dataset.schema
+        return {c: schema.field(c).type for c in columns if schema.get_field_index(c) >= 0}
 
 
-def _first_bad_utf8(path: Path) -> tuple[int, int]:
+def _same_type(a, b) -> bool:
+    """Types that read the same: a dictionary column and its values' type are one."""
+    import pyarrow as pa
+
+    a = a.value_type if pa.types.is_dictionary(a) else a
+    b = b.value_type if pa.types.is_dictionary(b) else b
+    return a == b or (pa.types.is_string(a) or pa.types.is_large_string(a)) and (pa.types.is_string(b) or pa.types.is_large_string(b))
+
+
+def _scalar(value: Any, kind) -> Any:
+    """A spec's or the store's value as a Python value of the column's Arrow type."""
+    import pyarrow as pa
+
+    if pa.types.is_dictionary(kind):
+        kind = kind.value_type
+    try:
+        return pa.scalar(value).cast(kind).as_py()
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        try:
+            return pa.scalar(str(value.isoformat() if hasattr(value, "isoformat") else value)).cast(kind).as_py()
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+            raise SourceError(f"{value!r} cannot be compared with a column of type {kind}; give a value of that type") from None
+
+
+def _arrow_reason(err: Exception) -> str:
+    text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return text[:300]
+
+
+def _partitions(loc: Location, f: str) -> dict[str, str]:
+    """The `key=value` folders between the location's base and the file."""
+    base = loc.base.rstrip("/")
+    rest = f[len(base) + 1 :] if base and f.startswith(base + "/") else f
+    out = {}
+    for part in rest.split("/")[:-1]:
+        if "=" in part:
+            key, _, value = part.partition("=")
+            out[unquote(key)] = unquote(value)
+    return out
+
+
+def open_file(path: Path | str, fmt: str | None = None) -> Source:
+    """One local file as a source (tests, evals' intermediate files)."""
+    return source_at(SourceSpec(path=str(path), id_column="id", format=fmt))
+
+
+def source_of(spec: JobSpec, after: Watermark | None = None) -> Source:
+    """The source a spec names, ready to read (`after`: a `since` load's watermark)."""
+    return source_at(spec.source, spec.base_dir, after)
+
+
+def source_at(s: SourceSpec, base_dir: str | Path = ".", after: Watermark | None = None) -> Source:
+    if s.url is not None:
+        from lowtide.core.sql_source import SqlSource
+
+        source: Source = SqlSource(s)
+    else:
+        loc = location(s.path, base_dir)
+        files = loc.files()
+        fmt = _format(loc, files, s.format)
+        if s.format is None and not loc.one_file:
+            files = [f for f in files if FORMATS.get(Path(f).suffix.lower()) == fmt]
+        source = ParquetSource(loc, files) if fmt == "parquet" else FileSource(loc, fmt, files)
+    source.types = dict(s.types)
+    source.filters = [tuple(f) for f in s.filter]
+    source.after = after
+    source._check_known()
+    return source
+
+
+def _format(loc: Location, files: list[str], declared: str | None) -> str:
+    if loc.one_file:
+        return format_of(files[0], declared)
+    if declared:
+        return declared
+    found = sorted({FORMATS[Path(f).suffix.lower()] for f in files if Path(f).suffix.lower() in FORMATS})
+    if len(found) != 1:
+        what = "no file with a known extension" if not found else f"files of several formats ({', '.join(found)})"
+        raise SourceError(f"{loc.text}: {what}; name one format with `source.format` (csv, jsonl or parquet), "
+                          "or point source.path at one kind of file")  # fmt: skip
+    return found[0]
+
+
+def _first_bad_utf8(loc: Location, path: str) -> tuple[int, int]:
     """Line and column (1-based) of the first byte that is not UTF-8. The decoder reads in
     blocks, so the error it raises does not say where in the file the bad byte is."""
-    with path.open("rb") as f:
+    with loc.open_bytes(path) as f:
         for lineno, raw in enumerate(f, start=1):
             try:
                 raw.decode("utf-8")

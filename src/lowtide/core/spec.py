@@ -63,12 +63,95 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+FILTER_OPS = ("=", "==", "!=", "<", "<=", ">", ">=", "in", "not in")
+SOURCE_KINDS = ("string", "int", "float", "bool", "date", "timestamp")
+
+
+def sql_url(v: str | None) -> str | None:
+    """An SQLAlchemy URL with no password in it (a spec never holds a key)."""
+    if v is not None:
+        from sqlalchemy.engine import make_url
+
+        try:
+            url = make_url(v)
+        except Exception as err:
+            raise ValueError(f"not an SQLAlchemy URL ({err}); e.g. postgresql://user@host/db") from None
+        if url.password:
+            raise ValueError("holds a password; a spec never holds a key: remove it and give it the driver's own way "
+                             "(PGPASSWORD or ~/.pgpass for PostgreSQL)")  # fmt: skip
+    return v
+
+
+class SinceSpec(_Strict):
+    """Nightly increments (docs/data.md): read only rows whose `column` is past the highest
+    value the last load of this job saw (its watermark, kept in the store)."""
+
+    column: str
+
+
 class SourceSpec(_Strict):
-    path: str
+    """Where the rows come from (docs/data.md): `path` (a file, a folder or a glob; local,
+    or a URL: s3://, gs://, az://, abfs://, hf://, https://), or `url` (an SQLAlchemy URL)
+    with `table` or `query`."""
+
+    path: str | None = None
+    url: str | None = None
+    table: str | None = None
+    query: str | None = None
     id_column: str
     format: Literal["csv", "jsonl", "parquet"] | None = None
     # Columns the template may use that are allowed to be empty in some rows.
     optional_columns: list[str] = Field(default_factory=list)
+    # Rows to read: [[column, op, value], ...], all of which must hold. Pushed down to a
+    # Parquet dataset (partitions and row groups left unread) and to a SQL query.
+    filter: list[tuple[str, str, Any]] = Field(default_factory=list)
+    since: SinceSpec | None = None
+    # Column types of CSV and JSONL sources in typed results (core/source_types.py).
+    types: dict[str, Literal["string", "int", "float", "bool", "date", "timestamp"]] = Field(default_factory=dict)
+
+    @field_validator("filter", mode="before")
+    @classmethod
+    def _filter(cls, v: Any) -> Any:
+        if v is None:
+            return []
+        if isinstance(v, list):
+            for i, item in enumerate(v):
+                if not isinstance(item, list | tuple) or len(item) != 3 or not isinstance(item[0], str):
+                    raise ValueError(f"item {i + 1}: give [column, op, value], e.g. [dt, \">=\", \"2026-12-01\"]")
+                if item[1] not in FILTER_OPS:
+                    raise ValueError(f"item {i + 1}: op {item[1]!r}; use one of {', '.join(FILTER_OPS)}")
+                if item[1] in ("in", "not in") and not isinstance(item[2], list):
+                    raise ValueError(f"item {i + 1}: `{item[1]}` takes a list of values, e.g. [lang, in, [en, fr]]")
+        return v
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str | None) -> str | None:
+        return sql_url(v)
+
+    @model_validator(mode="after")
+    def _one_place(self) -> SourceSpec:
+        if (self.path is None) == (self.url is None):
+            raise ValueError("give exactly one of `path` (a file, a folder, a glob or a URL of files) or `url` (a SQL database) "
+                             "with `table` or `query`")  # fmt: skip
+        if self.url is not None:
+            if (self.table is None) == (self.query is None):
+                raise ValueError("a SQL source takes exactly one of `table` or `query`")
+            if self.format is not None:
+                raise ValueError("`format` is for files; a SQL source has none: remove it")
+        elif self.table is not None or self.query is not None:
+            raise ValueError("`table` and `query` are for a SQL source: give `url` instead of `path`")
+        return self
+
+    @property
+    def where(self) -> str:
+        """The source, named for messages."""
+        if self.url is not None:
+            from sqlalchemy.engine import make_url
+
+            shown = make_url(self.url).render_as_string(hide_password=True)
+            return f"{shown} table {self.table}" if self.table else f"{shown} query"
+        return self.path or ""
 
 
 class PartSpec(_Strict):
@@ -316,8 +399,30 @@ def _allow_hint(problem: str) -> str:
 
 
 class OutputSpec(_Strict):
-    path: str
+    """Where results go (docs/data.md): `path` (a file, or with `partition_by` a folder;
+    local or an object-store URL), or `url` (an SQLAlchemy URL) with `table`."""
+
+    path: str | None = None
     format: Literal["csv", "jsonl", "parquet"] | None = None
+    # Columns whose values name the folders of a partitioned results dataset (col=value/).
+    partition_by: list[str] = Field(default_factory=list)
+    url: str | None = None
+    table: str | None = None
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str | None) -> str | None:
+        return sql_url(v)
+
+    @model_validator(mode="after")
+    def _one_place(self) -> OutputSpec:
+        if (self.path is None) == (self.url is None):
+            raise ValueError("give exactly one of `path` (a file or, with partition_by, a folder) or `url` with `table` (a SQL table)")
+        if self.url is not None and (self.table is None or self.format is not None or self.partition_by):
+            raise ValueError("a SQL output takes `url` and `table` only")
+        if self.path is not None and self.table is not None:
+            raise ValueError("`table` is for a SQL output: give `url` instead of `path`")
+        return self
 
 
 class JobSpec(_Strict):

@@ -130,9 +130,9 @@ def compare(store: Store, ev: EvalSpec, disagreements: int = 20) -> EvalReport:
     if s is not None and s.method in ("choice", "regex", "numeric"):
         # The source may have changed since the run checked it: refused again, by row id.
         pairs = ((k, v.get(s.expected)) for k, v in values.items())
-        problems = check_expected(s, pairs, ev.base.effective_choices, lambda k: f"{ev.base.source.path} row with id {k}")
+        problems = check_expected(s, pairs, ev.base.effective_choices, lambda k: f"{ev.base.source.where} row with id {k}")
         if problems:
-            raise SourceError.from_problems(f"{ev.base.source.path}: cannot score", problems)
+            raise SourceError.from_problems(f"{ev.base.source.where}: cannot score", problems)
     judged = _verdicts(store, ev, values) if method == "judge" else None
     results: list[VariantResult] = []
     scored: dict[str, _Scored] = {}

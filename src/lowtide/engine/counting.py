@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from lowtide.core.endpoints import NO_TEXT
 from lowtide.core.errors import SourceError, SpecError
-from lowtide.core.sources import Source
+from lowtide.core.sources import source_of
 from lowtide.core.spec import JobSpec
 from lowtide.core.templates import MessageTemplate
 from lowtide.core.tokens import TokenCounter
@@ -77,13 +77,13 @@ def count_rows(
 ) -> Count:  # fmt: skip
     """Render and count the first `sample` rows (all when None); count every row."""
     template = MessageTemplate.from_spec(spec, where)
-    source = Source(spec.resolve(spec.source.path), spec.source.format)
+    source = source_of(spec)
     if source.columns is not None:
         if spec.source.id_column not in source.columns:
             raise SourceError(
-                f'{source.path}: no column "{spec.source.id_column}" (source.id_column); columns are: {", ".join(source.columns)}'
+                f'{source.label}: no column "{spec.source.id_column}" (source.id_column); columns are: {", ".join(source.columns)}'
             )
-        template.check_columns(source.columns, source.path.name)
+        template.check_columns(source.columns, source.name)
     render = RowRenderer(spec, template, source, routes_checked)
     count = Count(packs=PackCount() if packing(spec) else None)
     no_output = spec.request_endpoint in NO_TEXT  # an embedding or a moderation: input tokens only

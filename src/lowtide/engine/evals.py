@@ -21,7 +21,7 @@ from lowtide.core.clock import Clock
 from lowtide.core.errors import JobNotFoundError, SourceError
 from lowtide.core.evals import EvalSpec, build_eval, check_judge_columns, judge_spec
 from lowtide.core.scoring import check_expected
-from lowtide.core.sources import Source
+from lowtide.core.sources import source_of
 from lowtide.engine.control import JobStatus, job_done, job_status
 from lowtide.engine.loader import LoadReport, load_job
 from lowtide.engine.runner import IDLE_WAIT_MAX
@@ -36,7 +36,7 @@ STAGE_DIR = "lowtide-stages"  # under the spec's folder: the judge's source file
 def check_eval(ev: EvalSpec) -> None:
     """What an eval adds to its members' checks: its expected column(s) and judge template."""
     spec = ev.base
-    source = Source(spec.resolve(spec.source.path), spec.source.format)
+    source = source_of(spec)
     columns = source.columns
     s = ev.scoring
     if s is not None:
@@ -45,14 +45,14 @@ def check_eval(ev: EvalSpec) -> None:
             for col in wanted:
                 if col not in columns:
                     raise SourceError(
-                        f'{source.path}: no column "{col}" (scoring.{"fields" if s.method == "json_fields" else "expected"}); '
+                        f'{source.label}: no column "{col}" (scoring.{"fields" if s.method == "json_fields" else "expected"}); '
                         f"columns are: {', '.join(columns)}. Name the column with the expected answers"
                     )
         if s.method in ("choice", "regex", "numeric"):
-            values = ((row.where(source.path), row.values.get(s.expected)) for chunk in source.chunks() for row in chunk)
+            values = ((row.where(source.name), row.values.get(s.expected)) for chunk in source.chunks() for row in chunk)
             problems = check_expected(s, values, spec.effective_choices, str)
             if problems:
-                raise SourceError.from_problems(f"{source.path}: refused, nothing was stored", problems)
+                raise SourceError.from_problems(f"{source.label}: refused, nothing was stored", problems)
     if ev.parts.judge is not None:
         check_judge_columns(ev, list(columns or []))
 

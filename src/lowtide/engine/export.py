@@ -29,10 +29,10 @@ from typing import Any
 
 from sqlalchemy import Row, case, func, null, select
 
-from lowtide.core import fastjson
+from lowtide.core import fastjson, source_types
 from lowtide.core.errors import LowtideError
 from lowtide.core.ids import custom_id_for, key_of, legacy_custom_ids
-from lowtide.core.sources import Source
+from lowtide.core.sources import source_of
 from lowtide.core.spec import JobSpec, format_of
 from lowtide.core.templates import MessageTemplate
 from lowtide.engine.answer_columns import (
@@ -78,7 +78,7 @@ class ResultRows:
         self.job_id = job.id
         self.spec = JobSpec.model_validate_json(job.spec)
         try:
-            self.source = Source(self.spec.resolve(self.spec.source.path), self.spec.source.format)
+            self.source = source_of(self.spec)
         except LowtideError as err:
             raise LowtideError(f"cannot join results to the source: {err}") from None
         props = (self.spec.response_schema or {}).get("properties") if self.spec.response_schema else None
@@ -306,17 +306,13 @@ class _ParquetWriter:
         import pyarrow.parquet as pq
 
         cols = self.rows.source_columns or []
-        if self.rows.source.format == "parquet":  # keep the source's own types
-            src = pq.ParquetFile(self.rows.source.path).schema_arrow
-            fields = [src.field(c) for c in cols]
-            self.native = set(cols)
-        elif self.rows.source.format == "jsonl":  # JSON's own types, found in one pass over the source
-            kinds = jsonl_types(self.rows.source, cols)
-            fields = [pa.field(c, kinds.get(c) or pa.string()) for c in cols]
-            self.native = set(kinds)
-        else:
-            fields = [pa.field(c, pa.string()) for c in cols]
-            self.native = set()
+        source = self.rows.source
+        kinds = source.arrow_types(cols)  # the source's own types, or inferred (core/source_types.py)
+        fields = [pa.field(c, kinds.get(c) or pa.string()) for c in cols]
+        # CSV cells are text, and a declared type may be spelt as text: converted as written
+        self.convert = {c: source_types.kind_of(kinds[c]) for c in kinds if c in source.types or source.format == "csv"}
+        self.convert = {c: k for c, k in self.convert.items() if k not in (None, "string")}
+        self.native = {c for c in kinds if c not in self.convert and source.types.get(c) != "string"}
         nested = answer_types() | {f: schema_type(s, self.rows.spec.response_schema) for f, s in self.rows.parsed_schemas.items()}
         for name, out in self.rows.result_columns(cols).items():
             kind = pa.int64() if name in _INT_COLUMNS else pa.bool_() if name in _BOOL_COLUMNS else nested.get(name) or pa.string()
@@ -341,6 +337,9 @@ class _ParquetWriter:
             if f.name in self.typed:
                 kind = self.typed[f.name]
                 values = [None if v is None else fit(v, kind) for v in values]
+            elif f.name in self.convert:
+                kind = self.convert[f.name]
+                values = [source_types.convert(v, kind) for v in values]
             elif f.name not in self.native:
                 values = [v if v is None or v.__class__ is str else _text(v) for v in values]
             # A column with no value in the chunk (no tool calls anywhere, say) is made as
@@ -352,34 +351,6 @@ class _ParquetWriter:
         if self.writer is None:  # an empty source still gets a valid file
             self._open()
         self.writer.close()
-
-
-def jsonl_types(source: Source, columns: list[str]) -> dict[str, Any]:
-    """The Arrow type of each JSONL source column whose values (nulls aside) are all of one
-    JSON scalar kind: booleans, integers, numbers (integers among them), or text. A column of
-    mixed kinds or of objects and arrays is left out: it is written as text (JSON for objects
-    and arrays), as in CSV. One pass over the source, a set of kinds per column in memory."""
-    import pyarrow as pa
-
-    seen: dict[str, set[type]] = {c: set() for c in columns}
-    for chunk in source.chunks(strict=False):
-        for row in chunk:
-            for column, kinds in seen.items():
-                value = row.values.get(column)
-                if value is not None:
-                    big = value.__class__ is int and not -(2**63) <= value < 2**63  # past int64: text
-                    kinds.add(object if big else value.__class__)
-    out = {}
-    for column, kinds in seen.items():
-        if kinds == {bool}:
-            out[column] = pa.bool_()
-        elif kinds == {int}:
-            out[column] = pa.int64()
-        elif kinds and kinds <= {int, float}:
-            out[column] = pa.float64()
-        elif kinds == {str}:
-            out[column] = pa.string()
-    return out
 
 
 def _text(value: Any) -> str:

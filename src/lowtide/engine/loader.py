@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import orjson
-from sqlalchemy import Connection, func, select
+from sqlalchemy import Connection, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from lowtide.core import fastjson, gemini_schema, shapes
@@ -46,7 +46,7 @@ from lowtide.core.fastjson import is_utf8
 from lowtide.core.ids import custom_id_for, key_of
 from lowtide.core.native_schema import anthropic_structured, ask_of, choice_tokens, with_ask
 from lowtide.core.params import cast, check_row
-from lowtide.core.sources import Source, SourceRow
+from lowtide.core.sources import Source, SourceRow, Watermark, compare_values, source_of
 from lowtide.core.spec import JobSpec
 from lowtide.core.spec_changes import SpecChanges, spec_changes
 from lowtide.core.states import JobState, RequestState
@@ -62,7 +62,7 @@ from lowtide.routes import create_route
 from lowtide.store.bulk import executemany
 from lowtide.store.db import Store
 from lowtide.store.queries import LIVE_DISPATCH_STATES, add_event, save_job
-from lowtide.store.schema import dispatches, jobs, requests
+from lowtide.store.schema import dispatches, jobs, requests, watermarks
 from lowtide.store.transitions import move_job
 
 MAX_PROBLEMS = 1000
@@ -81,6 +81,7 @@ class LoadReport:
     changed: int = 0  # stored requests whose row or spec renders differently now
     requeued: int = 0  # of those, re-rendered and queued again (`requeue_changed`)
     applied: list[str] = field(default_factory=list)  # spec changes applied to the stored job
+    watermark: str | None = None  # `source.since`: the highest value stored up to, after this load
 
     @property
     def known(self) -> int:
@@ -270,7 +271,7 @@ class RowRenderer:
         return {**self.optional, **row.values} if self.optional else row.values
 
     def where(self, row: SourceRow) -> str:
-        return row.where(self.source.path)
+        return row.where(self.source.name)
 
     def missing(self, key: str) -> str:
         own = f'in column "{self.body_column}"' if self.body_column is not None else f'as the row\'s "{key}" column'
@@ -397,7 +398,7 @@ def check_endpoint(route, name: str, endpoint: str, model: str, where: str) -> N
                         "send the job to a route that takes them, or change `endpoint:`")  # fmt: skip
 
 
-def check_job(spec: JobSpec, where: str = "job spec") -> tuple[MessageTemplate, Source]:
+def check_job(spec: JobSpec, where: str = "job spec", after: Watermark | None = None) -> tuple[MessageTemplate, Source]:
     """Everything about a job that can be checked without reading its rows."""
     template = MessageTemplate.from_spec(spec, where)
     try:
@@ -413,24 +414,24 @@ def check_job(spec: JobSpec, where: str = "job spec") -> tuple[MessageTemplate, 
     check_model(spec, where)
     check_ask(spec, where)
     check_notify(spec, where)
-    return template, open_source(spec, template)
+    return template, open_source(spec, template, after)
 
 
-def open_source(spec: JobSpec, template: MessageTemplate) -> Source:
+def open_source(spec: JobSpec, template: MessageTemplate, after: Watermark | None = None) -> Source:
     """The job's source, its columns checked against what the spec uses (where the format
-    says its columns before the rows: CSV, Parquet)."""
-    source = Source(spec.resolve(spec.source.path), spec.source.format)
+    says its columns before the rows: CSV, Parquet, SQL); `after`: rows past a watermark."""
+    source = source_of(spec, after)
     if source.columns is not None:
         if spec.source.id_column not in source.columns:
             raise SourceError(
-                f'{source.path}: no column "{spec.source.id_column}" (source.id_column); '
+                f'{source.label}: no column "{spec.source.id_column}" (source.id_column); '
                 f"columns are: {', '.join(source.columns)}"
             )
-        template.check_columns(source.columns, source.path.name)
+        template.check_columns(source.columns, source.name)
         for key, column in spec.param_columns.items():
             if column not in source.columns:
                 raise SourceError(
-                    f'{source.path}: param_columns.{key} names column "{column}", which it does not have; '
+                    f'{source.label}: param_columns.{key} names column "{column}", which it does not have; '
                     f"columns are: {', '.join(source.columns)}"
                 )
     return source
@@ -451,7 +452,8 @@ def load_job(
         from lowtide.engine.auto import resolve
 
         spec, choice = resolve(store, spec, clock, where)
-    template, source = check_job(spec, where)
+    after = _watermark(store, spec)
+    template, source = check_job(spec, where, after)
     render = RowRenderer(spec, template, source, routes_checked)
     insert_requests = (postgresql.insert if not store.is_sqlite else sqlite.insert)(requests)
     insert_requests = insert_requests.on_conflict_do_nothing(index_elements=["job_id", "custom_id"])
@@ -501,18 +503,23 @@ def load_job(
             problems.extend(_duplicates(source, spec.source.id_column, ids, spec.variant))
         problems.extend(_refused(source, refused))
         if problems:
-            raise SourceError.from_problems(f"{source.path}: refused, nothing was stored", problems)
-        if total == 0:
+            raise SourceError.from_problems(f"{source.label}: refused, nothing was stored", problems)
+        increment = spec.source.since is not None and after is not None
+        if total == 0 and increment:
+            _check_forward(source, after)
+        elif total == 0:
             raise SourceError(
-                f"source {source.path} has no rows; nothing was stored. Fill the file, or point source.path at the right one"
+                f"source {source.label} has no rows; nothing was stored. Fill the file, or point source.path at the right one"
             )
+        mark = _save_watermark(conn, job_id, spec, source, after, now)
         requeued = requeue(conn, job_id, changed.pairs, now, where) if changed.pairs else 0
         new = _count(conn, job_id) - before
         if new or requeued:
             conn.execute(jobs.update().where(jobs.c.id == job_id).values(updated_at=now))
             move_job(conn, job_id, JobState.ACTIVE, finished_at=None)
         if new:
-            add_event(conn, job_id, "loaded", f"{new} new request(s) from {source.path.name} ({total} rows)", now)
+            past = f" past {spec.source.since.column} {after.shown()}" if increment else ""
+            add_event(conn, job_id, "loaded", f"{new} new request(s) from {source.name} ({total} rows{past})", now)
         render.carried.note(conn, job_id, now)
         if changes.applied or changes.altering:
             add_event(conn, job_id, "spec_changed", "; ".join(changes.altering + changes.applied)[:2000], now)
@@ -522,8 +529,51 @@ def load_job(
             add_event(conn, job_id, "rows_changed", f"{changed.count} row(s) changed since stored ({examples}): {what}", now)
     return LoadReport(
         job_id=job_id, created=created, rows=total, new=new, changed=changed.count, requeued=requeued,
-        applied=changes.applied + (changes.altering if requeue_changed else []),
+        applied=changes.applied + (changes.altering if requeue_changed else []), watermark=mark.shown() if mark else None,
     )  # fmt: skip
+
+
+def _watermark(store: Store, spec: JobSpec) -> Watermark | None:
+    """The stored watermark of a `since` job (None on its first load, or without `since`).
+    One kept for another column is not used: the spec's column changed, all rows are read."""
+    if spec.source.since is None:
+        return None
+    with store.begin() as conn:
+        row = conn.execute(
+            select(watermarks.c.column, watermarks.c.value).join(jobs, jobs.c.id == watermarks.c.job_id).where(jobs.c.name == spec.name)
+        ).first()
+    if row is None or row.column != spec.source.since.column:
+        return None
+    return Watermark.from_json(row.column, row.value)
+
+
+def _check_forward(source: Source, after: Watermark) -> None:
+    """No row past the watermark: nothing new, unless the column went backwards (the
+    source was replaced by older data, or the column rewritten), which is refused."""
+    highest = source.highest_of(after.column)
+    if highest is None:
+        raise SourceError(f"source {source.label} has no rows; nothing was stored. Fill it, or point source.path at the right one")
+    if compare_values(highest, after.value) < 0:
+        raise SourceError(
+            f"{source.label}: source.since column \"{after.column}\" went backwards: its highest value is now "
+            f"{Watermark(after.column, highest).shown()}, and the last load stored rows up to {after.shown()}. "
+            "Nothing was stored. If the source was rebuilt, rename the job (or `lowtide delete` it) to load it afresh"
+        )
+
+
+def _save_watermark(conn: Connection, job_id: int, spec: JobSpec, source: Source, after: Watermark | None, now: float) -> Watermark | None:
+    """Move a `since` job's watermark up to the highest value this load stored (never down)."""
+    if spec.source.since is None:
+        return None
+    if source.highest is None:
+        return after
+    mark = Watermark(spec.source.since.column, source.highest)
+    if after is not None and compare_values(mark.value, after.value) <= 0:
+        return after
+    values = {"column": mark.column, "value": mark.to_json(), "updated_at": now}
+    if conn.execute(update(watermarks).where(watermarks.c.job_id == job_id).values(**values)).rowcount == 0:
+        conn.execute(watermarks.insert().values(job_id=job_id, **values))
+    return mark
 
 
 def _refused(source: Source, refused: dict[str, list[int]]) -> list[str]:
@@ -531,12 +581,12 @@ def _refused(source: Source, refused: dict[str, list[int]]) -> list[str]:
     out = []
     for message, rows in refused.items():
         named = ", ".join(map(str, rows[:ROWS_NAMED])) + (f" and {len(rows) - ROWS_NAMED} more" if len(rows) > ROWS_NAMED else "")
-        out.append(f"{source.path.name} row{'s' if len(rows) > 1 else ''} {named}: {message}")
+        out.append(f"{source.name} row{'s' if len(rows) > 1 else ''} {named}: {message}")
     return out
 
 
 def _row_name(source: Source) -> Callable[[int], str]:
-    return lambda number: f"{source.path.name} row {number}"
+    return lambda number: f"{source.name} row {number}"
 
 
 def _stored_spec(conn: Connection, name: str) -> JobSpec | None:
@@ -621,7 +671,7 @@ def _duplicates(source: Source, id_column: str, ids: _IdWatch, variant: str | No
             if cid is not None and hash(cid) in ids.repeated:
                 groups.setdefault(cid, []).append(row.number)
     return [
-        f'{source.path.name} rows {", ".join(map(str, rows))}: duplicate id "{cid}" in column "{id_column}"; '
+        f'{source.name} rows {", ".join(map(str, rows))}: duplicate id "{cid}" in column "{id_column}"; '
         "ids must be unique (remove or renumber the repeats)"
         for cid, rows in sorted(groups.items())
         if len(rows) > 1

@@ -108,11 +108,11 @@ def render_rows(spec: JobSpec, where: str = "job spec", first: int = DEFAULT_ROW
             break
     if row_id is not None and not rows:
         raise SourceError(
-            f'{source.path}: no row with id "{row_id}" (column "{id_column}", or a custom_id); '
+            f'{source.label}: no row with id "{row_id}" (column "{id_column}", or a custom_id); '
             f"`lowtide render {where}` shows the first rows and their ids"
         )
     if not rows and not source.problems:
-        raise SourceError(f"source {source.path} has no rows; `lowtide run` would store nothing. Fill the file, or point source.path at the right one")
+        raise SourceError(f"source {source.label} has no rows; `lowtide run` would store nothing. Fill the file, or point source.path at the right one")
     return Rendering(spec, rows, list(source.problems), notes)
 
 

@@ -50,6 +50,7 @@ from lowtide.store.schema import (
     request_versions,
     requests,
     serve_batches,
+    watermarks,
 )
 from lowtide.store.transitions import lock_job
 
@@ -59,7 +60,8 @@ IN_FLIGHT_STATES = (DispatchState.SUBMITTING.value, DispatchState.SUBMITTED.valu
 # Every table that holds rows of a job, children first (foreign keys point at the later ones).
 # `dispatch_phases` belongs to a job through its dispatch.
 JOB_TABLES = (
-    "dispatch_phases", "repair_sends", "attempts", "request_versions", "requests", "dispatches", "events", "notifications", "jobs",
+    "dispatch_phases", "repair_sends", "attempts", "request_versions", "requests", "dispatches", "events", "notifications", "watermarks",
+    "jobs",
 )  # fmt: skip
 # Tables whose rows name the job but belong to something else: the job is taken out of them.
 DETACHED_TABLES = ("serve_batches", "gateway_flushes")
@@ -208,6 +210,7 @@ def _delete_rows(conn: Connection, job_id: int) -> dict[str, int]:
         "dispatches": delete(dispatches).where(dispatches.c.job_id == job_id),
         "events": delete(events).where(events.c.job_id == job_id),
         "notifications": delete(notifications).where(notifications.c.job_id == job_id),  # pending ones too: the job is gone
+        "watermarks": delete(watermarks).where(watermarks.c.job_id == job_id),
         "jobs": delete(jobs).where(jobs.c.id == job_id),
     }
     assert tuple(statements) == JOB_TABLES

@@ -28,7 +28,7 @@ from sqlalchemy import select
 from lowtide.core import fastjson
 from lowtide.core.errors import SourceError
 from lowtide.core.ids import key_of
-from lowtide.core.sources import Source, SourceRow
+from lowtide.core.sources import SourceRow, source_of
 from lowtide.core.spec import JobSpec
 from lowtide.core.states import RequestState
 from lowtide.core.templates import MessageTemplate
@@ -48,7 +48,7 @@ class Upstream:
 
 def source_values(spec: JobSpec) -> dict[str, dict]:
     """The rows of a job's source by business key (as the loader reads the id cell)."""
-    source = Source(spec.resolve(spec.source.path), spec.source.format)
+    source = source_of(spec)
     id_col = spec.source.id_column
     out: dict[str, dict] = {}
     for chunk in source.chunks():
@@ -100,7 +100,7 @@ def stage_fingerprints(spec: JobSpec, rows: list[dict]) -> dict[str, str] | None
     (engine/loader.py): a stored request whose fingerprint differs was rendered from an
     earlier upstream answer or source row. None when the stage's file is gone (cannot tell)."""
     try:
-        source = Source(spec.resolve(spec.source.path), spec.source.format)
+        source = source_of(spec)
     except SourceError:
         return None
     render = RowRenderer(spec, MessageTemplate.from_spec(spec), source, routes_checked=True)

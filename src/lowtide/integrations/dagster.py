@@ -146,13 +146,23 @@ def _check_same_source(job: Job) -> None:
     stored = job.stored_spec()
     if stored is None:
         return
-    was, now = stored.resolve(stored.source.path).resolve(), job.spec.resolve(job.spec.source.path).resolve()
+    was, now = _place(stored), _place(job.spec)
     if was != now:
         raise InputError(
             f'job "{job.name}" is stored over source {was}; this asset\'s source is {now}. '
             "A job name belongs to one asset and partition: give this asset its own (overrides={\"name\": …}), "
             "or point source.path back at the stored source"
         )
+
+
+def _place(spec: Any) -> str:
+    """The source's place: a local path resolved, a URL or a SQL source as written."""
+    from lowtide.core.locations import scheme_of
+
+    path = spec.source.path
+    if path is None or scheme_of(path) is not None:
+        return spec.source.where
+    return str(spec.resolve(path).resolve())
 
 
 def _filled(value: Any, key: str) -> Any:

@@ -236,3 +236,9 @@ def m020_repair_sends(conn: Connection) -> None:
 def m021_notifications(conn: Connection) -> None:
     """Job notifications' outbox (schema.py `notifications`, engine/notify.py)."""
     schema.metadata.create_all(conn, tables=[schema.notifications])
+
+
+@migration
+def m022_watermarks(conn: Connection) -> None:
+    """Nightly increments' watermarks (schema.py `watermarks`, `source.since`)."""
+    schema.metadata.create_all(conn, tables=[schema.watermarks])

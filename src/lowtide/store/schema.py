@@ -288,6 +288,19 @@ notifications = Table(
     Index("ix_notifications_job", "job_id", "created_at"),
 )
 
+# Nightly increments (`source.since`, docs/data.md): the highest value of the job's `since`
+# column that a load has stored rows up to. Written in the load's own transaction, so a load
+# that is refused or dies moves nothing; the next load reads only rows past it. `value` is
+# JSON: {"kind": ..., "value": ...} (core/sources.py Watermark), so a date stays a date.
+watermarks = Table(
+    "watermarks",
+    metadata,
+    Column("job_id", Integer, ForeignKey("jobs.id"), primary_key=True),
+    Column("column", String(200), nullable=False),
+    Column("value", Text, nullable=False),
+    Column("updated_at", Float, nullable=False),
+)
+
 # The Batch API server (`lowtide serve`). A file is uploaded input or produced output; its
 # bytes live under the server's data dir at `path`. An API batch runs as lowtide jobs (one
 # per model) named after it; `status` uses OpenAI's words for both APIs.

@@ -1,0 +1,162 @@
+"""The types of source columns, for typed results (Parquet, SQL tables).
+
+Parquet and SQL sources carry their own types. CSV and JSONL do not, so a column's type is
+inferred from all its values, and `source.types` overrides it:
+
+- CSV: a column whose non-empty cells are all integers is `int`, all numbers `float`, all
+  `true`/`false` (any case) `bool`; anything else, and a column with no value, is `string`.
+  An empty cell of a typed column is null.
+- JSONL: JSON's own kinds: booleans, integers, numbers (integers among them), text; a column
+  of mixed kinds or of objects and arrays is written as text (JSON for objects and arrays).
+- `source.types: {column: kind}` with kind one of string, int, float, bool, date, timestamp.
+  Every value of a declared column is checked as the rows are read: a value that is not of
+  its kind refuses the load, naming the row, the column and the value. A timestamp without an
+  offset is read as UTC.
+
+Templates always see the values as read (CSV text stays text): types change the results
+file, never a request.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, date, datetime
+from typing import Any
+
+KINDS = ("string", "int", "float", "bool", "date", "timestamp")
+_INT = re.compile(r"^[+-]?\d+$")
+_BOOL = {"true": True, "false": False}
+INT64 = (-(2**63), 2**63)
+
+
+def arrow_type(kind: str):
+    import pyarrow as pa
+
+    return {
+        "string": pa.string(), "int": pa.int64(), "float": pa.float64(), "bool": pa.bool_(),
+        "date": pa.date32(), "timestamp": pa.timestamp("us", tz="UTC"),
+    }[kind]  # fmt: skip
+
+
+def kind_of(arrow) -> str | None:
+    """The kind an Arrow type is written from (None: a type no kind makes)."""
+    import pyarrow as pa
+
+    for kind in KINDS:
+        if arrow_type(kind) == arrow:
+            return kind
+    return "timestamp" if pa.types.is_timestamp(arrow) else None
+
+
+def convert(value: Any, kind: str) -> Any:
+    """`value` as `kind`'s Python value (None for an empty cell); ValueError says why not."""
+    if value is None or (value.__class__ is str and value.strip() == "" and kind != "string"):
+        return None
+    if kind == "string":
+        return value if value.__class__ is str else str(value)
+    if kind == "int":
+        if value.__class__ is bool:
+            raise ValueError("not an integer")
+        out = int(value) if value.__class__ is int or (value.__class__ is str and _INT.match(value.strip())) else _whole(value)
+        if not INT64[0] <= out < INT64[1]:
+            raise ValueError("past a 64-bit integer")
+        return out
+    if kind == "float":
+        if value.__class__ is bool:
+            raise ValueError("not a number")
+        return float(value)
+    if kind == "bool":
+        if value.__class__ is bool:
+            return value
+        if value.__class__ is str and value.strip().lower() in _BOOL:
+            return _BOOL[value.strip().lower()]
+        raise ValueError("not true or false")
+    if kind == "date":
+        if isinstance(value, datetime):
+            return value.date()
+        if isinstance(value, date):
+            return value
+        return date.fromisoformat(str(value).strip())
+    if kind == "timestamp":
+        if isinstance(value, datetime):
+            moment = value
+        elif isinstance(value, date):
+            moment = datetime(value.year, value.month, value.day)
+        else:
+            moment = datetime.fromisoformat(str(value).strip().replace("Z", "+00:00"))
+        return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+    raise ValueError(f"unknown kind {kind!r}")
+
+
+def _whole(value: Any) -> int:
+    number = float(value)
+    if not number.is_integer():
+        raise ValueError("not a whole number")
+    return int(number)
+
+
+def problem(value: Any, kind: str) -> str | None:
+    """Why `value` is not of `kind`, or None when it is."""
+    try:
+        convert(value, kind)
+    except (ValueError, TypeError, OverflowError) as err:
+        return str(err) or f"not a {kind}"
+    return None
+
+
+class Inference:
+    """The kind of each column, from the values seen so far (`add`), then `kinds()`."""
+
+    def __init__(self, columns: list[str], text: bool):
+        self.text = text  # CSV: every value is text, read for what it spells
+        self.seen: dict[str, set[str]] = {c: set() for c in columns}
+
+    def add(self, values: dict[str, Any]) -> None:
+        for column, kinds in self.seen.items():
+            value = values.get(column)
+            if value is None:
+                continue
+            kinds.add(self._text_kind(value) if self.text else self._value_kind(value))
+
+    @staticmethod
+    def _text_kind(value: str) -> str | None:
+        v = value.strip()
+        if v == "":
+            return None
+        if _INT.match(v):
+            return "int" if INT64[0] <= int(v) < INT64[1] else "string"
+        if v.lower() in _BOOL:
+            return "bool"
+        try:
+            float(v)
+        except ValueError:
+            return "string"
+        return "float" if v.lower() not in ("nan", "inf", "-inf", "+inf", "infinity", "-infinity") else "string"
+
+    @staticmethod
+    def _value_kind(value: Any) -> str:
+        cls = value.__class__
+        if cls is bool:
+            return "bool"
+        if cls is int:
+            return "int" if INT64[0] <= value < INT64[1] else "string"
+        if cls is float:
+            return "float"
+        if cls is str:
+            return "string"
+        if cls is datetime:
+            return "timestamp"
+        if cls is date:
+            return "date"
+        return "json"
+
+    def kinds(self) -> dict[str, str]:
+        """column -> kind, for the columns whose values agree on one (nulls aside)."""
+        out = {}
+        for column, kinds in self.seen.items():
+            kinds = kinds - {None}
+            if kinds == {"int", "float"}:
+                out[column] = "float"
+            elif len(kinds) == 1 and "json" not in kinds:
+                out[column] = next(iter(kinds))
+        return out
