@@ -280,7 +280,8 @@ class FileSource(Source):
             elif own != header:
                 raise SourceError(f"{self.loc.name_of(f)}: its header ({', '.join(own)}) is not the first file's "
                                   f"({', '.join(header)}); give every file of a source the same columns")  # fmt: skip
-        columns = list(header or []) + [c for c in self.partition_columns if c not in (header or [])]
+        self.header = list(header or [])
+        columns = self.header + [c for c in self.partition_columns if c not in self.header]
         return columns
 
     def _header(self, f: str) -> list[str]:
@@ -318,6 +319,8 @@ class FileSource(Source):
         for f in self.files:
             reader = self._csv if self.format == "csv" else self._jsonl
             extra = self.partitions[f]
+            if extra and self.filters and not self._kept(extra):
+                continue  # a partition the filter leaves out: its file is never opened
             name = self.loc.name_of(f)
             try:
                 for line, values in reader(f, name):
@@ -335,6 +338,12 @@ class FileSource(Source):
                 raise self._not_utf8(f) from None
             except OSError as err:
                 raise SourceError(f"{self.loc.text if not many else name}: cannot read ({_reason(err)})") from None
+
+    def _kept(self, partition: dict[str, str]) -> bool:
+        """Whether a file's `key=value` folders pass the filters that name them (a CSV column
+        of the same name is the row's own value: such filters are left to the rows)."""
+        own = set(getattr(self, "header", ()))
+        return all(_holds(partition[c], op, _typed(w, partition[c])) for c, op, w in self.filters if c in partition and c not in own)
 
     def _csv(self, f: str, name: str) -> Iterator[tuple[int, dict[str, Any]]]:
         with self._open(f) as text:
@@ -407,14 +416,18 @@ class ParquetSource(Source):
                                       partition_base_dir=base)  # fmt: skip
         except Exception as err:
             raise SourceError(f"{loc.text}: cannot read as parquet ({_arrow_reason(err)})") from None
-        self._check_schemas()
         self.columns = self._check_columns(list(self.dataset.schema.names), "schema")
+
+    def _check_known(self) -> None:
+        super()._check_known()
+        self._check_schemas()  # once the filter is known: the partitions it leaves out stay unopened
 
     def _check_schemas(self) -> None:
         """Every file's columns must have the types the dataset has (the first file's):
-        a partition written with another type is refused before any row is read."""
+        a partition written with another type is refused before any row is read. Only the
+        files the filter's partition columns keep are opened."""
         schema = self.dataset.schema
-        for fragment in self.dataset.get_fragments():
+        for fragment in self.dataset.get_fragments(filter=self.expression()):
             try:
                 own = fragment.physical_schema
             except Exception as err:
