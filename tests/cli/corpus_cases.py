@@ -84,7 +84,7 @@ CASES = [
     Case("results-bad-extension", ["results", "tickets", "--out", "r.txt"], 2, files=BASE),
     # The source.
     Case("source-missing", ["run", "job.yaml"], 2, files={"job.yaml": job()}),
-    Case("source-is-a-folder", ["run", "job.yaml"], 2, files={"job.yaml": job(source="data"), "data/x": ""}),
+    Case("source-folder-without-data-files", ["run", "job.yaml"], 2, files={"job.yaml": job(source="data"), "data/x": ""}),
     Case("source-unknown-extension", ["run", "job.yaml"], 2, files={"job.yaml": job(source="t.xlsx"), "t.xlsx": "x"}),
     Case("source-no-id-column", ["run", "job.yaml"], 2, files={"job.yaml": job(), "t.csv": "key,body\n1,a\n"}),
     Case("source-template-column-missing", ["run", "job.yaml"], 2, files={"job.yaml": job(), "t.csv": "id,text\n1,a\n"}),

@@ -29,7 +29,7 @@ MESSAGES: dict[str, str] = {
     'results-bad-extension': 'lowtide: --out r.txt: unknown file extension ".txt"; use .csv, .jsonl or .parquet',
     'results-npy-of-answers': 'lowtide: --out r.npy: unknown file extension ".npy"; use .csv, .jsonl or .parquet',
     'source-missing': 'lowtide: {tmp}/t.csv: no such file; check `source.path` (relative to the spec file)',
-    'source-is-a-folder': 'lowtide: {tmp}/data: is a folder, not a file; point `source.path` at a file',
+    'source-folder-without-data-files': 'lowtide: {tmp}/data: no file with a known extension; name one format with `source.format` (csv, jsonl or parquet), or point source.path at one kind of file',
     'source-unknown-extension': 'lowtide: {tmp}/t.xlsx: unknown file extension ".xlsx"; use one of .csv, .jsonl, .ndjson, .parquet or set `format:` explicitly',
     'source-no-id-column': 'lowtide: {tmp}/t.csv: no column "id" (source.id_column); columns are: key, body',
     'source-template-column-missing': 'lowtide: template: 1 problem(s)\n  - job.yaml template.user line 1 uses "body", but t.csv has no such column; columns are: id, text',

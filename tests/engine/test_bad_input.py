@@ -392,7 +392,7 @@ def test_spec_unknown_keys_name_file_line_and_known_keys(store, clock, tmp_path,
         "route, route_options, endpoint, packing, truncate, param_columns, params, choices, response_schema, repair, deadline, retry, fallback, "
         "auto, output, retention, chunk_size, budget_usd, notify, tags"
     ) in msg
-    assert f"{path} line 5: unknown key `source.id_colum`; known keys here: path, id_column, format, optional_columns" in msg
+    assert f"{path} line 5: unknown key `source.id_colum`; known keys here: path, url, table, query, id_column, format, optional_columns, filter, since, types" in msg
     assert "base_dir" not in msg
     assert snapshot(store) == finished
 

@@ -290,9 +290,9 @@ def results(
 
 def _accuracy(path: Path, column: str) -> dict[str, list[int]]:
     """Hits per expected value: [correct, rows]."""
-    from lowtide.core.sources import Source
+    from lowtide.core.sources import open_file
 
-    source = Source(path)
+    source = open_file(path)
     per: dict[str, list[int]] = {}
     for chunk in source.chunks():
         columns = source.columns or list(chunk[0].values)
