@@ -83,6 +83,8 @@ def _load(store: Store, spec_path: Path, requeue_changed: bool = False) -> JobSp
         console.print(f"spec change applied: {change}", markup=False)
     if line := report.changed_line():
         console.print(line, markup=False)
+    if report.watermark is not None and spec.source.since is not None:  # what the next run reads past
+        console.print(f"watermark: rows stored up to {spec.source.since.column} {report.watermark}", markup=False)
     return spec
 
 

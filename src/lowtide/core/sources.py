@@ -108,6 +108,7 @@ class Source:
         self.types: dict[str, str] = {}  # declared kinds (source.types)
         self.filters: list[tuple[str, str, Any]] = []
         self.after: Watermark | None = None
+        self.since: str | None = None  # the `since` column: its highest value read is noted
         self.highest: Any = None  # the highest `since` value read, once `chunks()` has run
 
     @property
@@ -123,7 +124,7 @@ class Source:
         for row in self._rows(size):
             if self.types and self._mistyped(row):
                 continue
-            if self.after is not None:
+            if self.since is not None:
                 self._note_highest(row)
             chunk.append(row)
             if len(chunk) >= size:
@@ -177,7 +178,7 @@ class Source:
         return False
 
     def _note_highest(self, row: SourceRow) -> None:
-        value = row.values.get(self.after.column)
+        value = row.values.get(self.since)
         if value is not None and (self.highest is None or compare_values(value, self.highest) > 0):
             self.highest = value
 
@@ -195,8 +196,8 @@ class Source:
         if self.columns is None:
             return
         wanted = [(c, "source.filter") for c, _, _ in self.filters] + [(c, f"source.types.{c}") for c in self.types]
-        if self.after is not None:
-            wanted.append((self.after.column, "source.since.column"))
+        if self.since is not None:
+            wanted.append((self.since, "source.since.column"))
         for column, key in wanted:
             if column not in self.columns:
                 raise SourceError(f'{self.label}: {key} names column "{column}", which it does not have; columns are: {", ".join(self.columns)}')
@@ -562,6 +563,7 @@ def source_at(s: SourceSpec, base_dir: str | Path = ".", after: Watermark | None
     source.types = dict(s.types)
     source.filters = [tuple(f) for f in s.filter]
     source.after = after
+    source.since = s.since.column if s.since is not None else None
     source._check_known()
     return source
 
