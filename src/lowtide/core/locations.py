@@ -24,6 +24,7 @@ from lowtide.core.errors import SourceError
 
 # scheme -> the extra that brings its fsspec filesystem
 EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "az": "azure", "abfs": "azure", "abfss": "azure", "adl": "azure", "hf": "hf"}
+BUCKETED = {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss"}  # the path's first part is a bucket (container)
 _URL = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]+)://")
 _GLOB = re.compile(r"[*?\[]")
 
@@ -54,6 +55,11 @@ class Location:
         return bool(_GLOB.search(self.path))
 
     @property
+    def bucket(self) -> str | None:
+        """The bucket (Azure: container) the location is in, for a store that has them."""
+        return self.path.split("/", 1)[0] if scheme_of(self.text) in BUCKETED else None
+
+    @property
     def base(self) -> str:
         """The folder partition directories are read below: the location itself for a
         folder, the part before the first wildcard for a glob."""
@@ -76,18 +82,30 @@ class Location:
     def _list(self) -> list[str]:
         with self.errors():
             if self.is_glob:
-                found = sorted(p for p in self.fs.glob(self.path) if not is_hidden(p.rsplit("/", 1)[-1]) and self.fs.isfile(p))
+                # with details: one listing, not a request per match to ask whether it is a file
+                matched = self.fs.glob(self.path, detail=True)
+                found = sorted(p for p, info in matched.items() if info.get("type") == "file" and not is_hidden(p.rstrip("/").rsplit("/", 1)[-1]))
                 if not found:
+                    self._check_bucket()
                     raise SourceError(f"{self.text}: no file matches; check the pattern in `source.path`")
                 return found
             if self.fs.isdir(self.path):
-                found = sorted(p for p in self.fs.find(self.path) if not any(is_hidden(part) for part in p[len(self.path.rstrip("/")) :].split("/")))
+                top = self.path.rstrip("/")
+                # a key ending in "/" is the marker an object store's "create folder" leaves
+                found = sorted(p for p in self.fs.find(self.path) if not p.endswith("/") and not any(is_hidden(part) for part in p[len(top) :].split("/")))
                 if not found:
                     raise SourceError(f"{self.text}: an empty folder; put the data files in it, or point `source.path` at the right one")
                 return found
             if not self.fs.exists(self.path):
+                self._check_bucket()
                 raise SourceError(f"{self.text}: no such file; check `source.path`{'' if not self.local else ' (relative to the spec file)'}")
             return [self.path]
+
+    def _check_bucket(self) -> None:
+        """Nothing at the path: say so of the bucket where it is the bucket that is missing."""
+        bucket = self.bucket
+        if bucket and not self.fs.exists(bucket):
+            raise SourceError(f"{self.text}: no such bucket ({bucket}); check the bucket's name in the URL")
 
     @property
     def one_file(self) -> bool:
@@ -151,20 +169,20 @@ def redact(text: str) -> str:
     return re.sub(r"(://)[^/@]*:[^/@]*@", r"\1***@", text)
 
 
-def store_problem(url: str, err: BaseException) -> str:
-    """What went wrong reaching `url`, in words, with the fix."""
+def store_problem(url: str, err: BaseException, action: str = "read") -> str:
+    """What went wrong reaching `url`, in words, with the fix; `action`: "read" or "write"."""
     name = type(err).__name__
     text = redact(str(err))
     if name in ("NoCredentialsError", "PartialCredentialsError", "DefaultCredentialsError", "ClientAuthenticationError", "CredentialUnavailableError") or "credentials" in text.lower() and "unable to locate" in text.lower():
         return (f"{url}: no credentials for this store ({name}); give them the store's own way (for S3: AWS_ACCESS_KEY_ID and "
                 "AWS_SECRET_ACCESS_KEY, a profile or an instance role; for GCS: GOOGLE_APPLICATION_CREDENTIALS), never in the spec")  # fmt: skip
     if isinstance(err, PermissionError) or "AccessDenied" in text or "403" in text and "Forbidden" in text:
-        return f"{url}: access denied ({text}); grant the credentials in use read access to it, or use others"
+        return f"{url}: access denied ({text}); grant the credentials in use {action} access to it, or use others"
     if "NoSuchBucket" in text or "bucket does not exist" in text.lower() or "specified bucket does not exist" in text.lower():
         return f"{url}: no such bucket; check the bucket's name in the URL"
     if isinstance(err, FileNotFoundError):
         return f"{url}: not found ({text}); check the path"
     if isinstance(err, OSError) and err.strerror:
-        return f"{url}: cannot read ({err.strerror})"
-    return f"{url}: cannot read ({name}: {text})"
+        return f"{url}: cannot {action} ({err.strerror})"
+    return f"{url}: cannot {action} ({name}: {text})"
 
