@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from lowtide.core.errors import SourceError
 from lowtide.core.sources import SourceSpec, source_at
 from lowtide.engine.export import export_results
 from tests.conftest import drive_to_end, make_spec
@@ -111,7 +112,7 @@ def test_a_filter_on_a_partition_column_leaves_other_partitions_unread(s3):
     assert [(r["id"], str(r["dt"])) for r in rows] == [(3, "2026-12-02")]
 
     # unfiltered, the corrupt partition is read, and named
-    with pytest.raises(Exception, match=r"dt=2026-12-03/part-0\.parquet"):
+    with pytest.raises(SourceError, match=r"s3://pushdown/t/: partition dt=2026-12-03/part-0\.parquet: cannot read as parquet"):
         read(f"{url}/t/")
 
 

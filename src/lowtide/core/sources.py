@@ -432,16 +432,17 @@ class ParquetSource(Source):
             try:
                 own = fragment.physical_schema
             except Exception as err:
-                raise SourceError(f"{self.loc.name_of(fragment.path)}: cannot read as parquet ({_arrow_reason(err)})") from None
+                raise SourceError(f"{self.label}: partition {self.loc.name_of(fragment.path)}: cannot read as parquet "
+                                  f"({_arrow_reason(err)}); replace the file, or leave it out (source.filter, source.path)") from None  # fmt: skip
             for field in own:
                 i = schema.get_field_index(field.name)
                 if i < 0:
                     continue  # a column the first file has not: read as missing there, null
                 if not _same_type(schema.field(i).type, field.type):
                     raise SourceError(
-                        f'{self.loc.name_of(fragment.path)}: column "{field.name}" is {field.type} there, '
-                        f"{schema.field(i).type} in {self.loc.name_of(next(self.dataset.get_fragments()).path)}; "
-                        "write every partition with the same types, or leave the odd one out of source.path"
+                        f'{self.label}: partition {self.loc.name_of(fragment.path)}: column "{field.name}" is {field.type} there, '
+                        f"{schema.field(i).type} in {self.loc.name_of(next(self.dataset.get_fragments()).path)}; write every "
+                        "partition with the same types, or leave the odd one out (a source.filter on its partition column, or source.path)"
                     )
 
     def expression(self):
