@@ -234,6 +234,26 @@ def check_drained(world) -> list[str]:
     return out
 
 
+def check_increment(world, name: str, job: dict[str, Any]) -> list[str]:
+    """After a load of a `since` job: every source row has exactly one request though each
+    load read only the rows past the watermark, and the watermark is the highest `updated`
+    of the rows (never more: a row would be skipped; never less: rows would be read again)."""
+    from lowtide.core.sources import Watermark
+    from lowtide.store.schema import watermarks
+
+    wanted = {f"{name}-{i}" for i in range(job["rows"])}
+    with world.store.read() as conn:
+        job_id = conn.execute(sa.select(jobs.c.id).where(jobs.c.name == name)).scalar_one()
+        stored = Counter(conn.execute(sa.select(requests.c.source_key).where(requests.c.job_id == job_id)).scalars())
+        mark = conn.execute(sa.select(watermarks.c.column, watermarks.c.value).where(watermarks.c.job_id == job_id)).first()
+    out = [f"job {name}: row {k} has {stored[k]} request(s)" for k in sorted(wanted | set(stored)) if stored[k] != (k in wanted)]
+    highest = max((job["stamps"].get(i, 0) for i in range(job["rows"])), default=None)
+    value = Watermark.from_json(mark.column, mark.value).value if mark else None
+    if highest is not None and (value is None or int(value) != highest):
+        out.append(f"job {name}: watermark {value!r}, the rows' highest `updated` is {highest}")
+    return out
+
+
 def batches_created(world) -> int:
     return len(_serve_batches(world))
 

@@ -53,6 +53,7 @@ from tests.sim.world import (
 )
 
 JOBS = ("a", "b")
+SINCE_JOBS = ("b",)  # loaded with `source.since` (docs/data.md): each load reads past a watermark
 MAX_ROWS = 30
 DRAIN_ROUNDS = 40
 STUCK = 8  # drain rounds in a row that changed nothing: what is left will stay so
@@ -111,14 +112,17 @@ class SimMachine(RuleBasedStateMachine):
         self.chunk = 4
         self.standing: dict[str, int] = {}  # the main provider's enqueued-token limit
         self.jobs: dict[str, dict[str, Any]] = {}  # what the operator last loaded, per job
+        self.night = 0  # each load is a night: rows added or edited then carry it in `updated`
 
     # The job's source and spec ------------------------------------------------------------
     def _spec(self, name: str, job: dict[str, Any]):
-        rows = [{"ticket_id": f"{name}-{i}", "body": f"ticket {i} of {name} rev {job['revs'].get(i, 0)}"} for i in range(job["rows"])]
+        rows = [{"ticket_id": f"{name}-{i}", "body": f"ticket {i} of {name} rev {job['revs'].get(i, 0)}", "updated": job["stamps"].get(i, 0)}
+                for i in range(job["rows"])]  # fmt: skip
         path = write_csv(self.root / f"{name}.csv", rows)
         data: dict[str, Any] = {
             "name": name,
-            "source": {"path": str(path), "id_column": "ticket_id"},
+            # Job b is a nightly increment: each load reads only rows past the last one's `updated`.
+            "source": {"path": str(path), "id_column": "ticket_id"} | ({"since": {"column": "updated"}} if name in SINCE_JOBS else {}),
             "template": {"user": "Ticket: {{ body }}"},
             "model": ROUTE_MODELS[self.route],
             "route": self.route,
@@ -141,12 +145,16 @@ class SimMachine(RuleBasedStateMachine):
             hypothesis.note(f"load {name} refused: {str(err)[:300]}")
             return False
         self.jobs[name] = job
+        if name in SINCE_JOBS:
+            found = invariants.check_increment(self.world, name, job)
+            if found:
+                raise invariants.violation(found, f"after loading {name} past its watermark")
         return True
 
     def _job(self, name: str) -> dict[str, Any]:
         known = self.jobs.get(name)
-        return dict(known, revs=dict(known["revs"]), options=dict(known["options"])) if known else {
-            "rows": 0, "revs": {}, "provider": "main", "key_env": KEY_ENV, "deadline": None, "budget": None, "options": {}}  # fmt: skip
+        return dict(known, revs=dict(known["revs"]), stamps=dict(known["stamps"]), options=dict(known["options"])) if known else {
+            "rows": 0, "revs": {}, "stamps": {}, "provider": "main", "key_env": KEY_ENV, "deadline": None, "budget": None, "options": {}}  # fmt: skip
 
     # Rules ----------------------------------------------------------------------------------
     @initialize(target=loaded, chunk=st.integers(2, 6), rows=st.integers(3, 20))
@@ -159,6 +167,9 @@ class SimMachine(RuleBasedStateMachine):
     def load(self, name: str, more: int):
         """Load a job, or load it again with more rows."""
         job = self._job(name)
+        self.night += 1
+        for i in range(job["rows"], min(MAX_ROWS, job["rows"] + more)):
+            job["stamps"][i] = self.night
         job["rows"] = min(MAX_ROWS, job["rows"] + more)
         return name if self._load(name, job) else multiple()
 
@@ -166,8 +177,10 @@ class SimMachine(RuleBasedStateMachine):
     def change_rows(self, name: str, count: int, requeue: bool) -> None:
         """Edit some source rows and load again (with or without --requeue-changed)."""
         job = self._job(name)
+        self.night += 1
         for i in range(min(count, job["rows"])):
             job["revs"][i] = job["revs"].get(i, 0) + 1
+            job["stamps"][i] = self.night  # an edited row comes back past the watermark
         self._load(name, job, requeue)
 
     @precondition(lambda self: self.route in SERVED)

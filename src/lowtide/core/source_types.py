@@ -24,7 +24,7 @@ from datetime import UTC, date, datetime
 from typing import Any
 
 KINDS = ("string", "int", "float", "bool", "date", "timestamp")
-_INT = re.compile(r"^[+-]?\d+$")
+INT_TEXT = re.compile(r"^[+-]?\d+$")
 _BOOL = {"true": True, "false": False}
 INT64 = (-(2**63), 2**63)
 
@@ -57,7 +57,7 @@ def convert(value: Any, kind: str) -> Any:
     if kind == "int":
         if value.__class__ is bool:
             raise ValueError("not an integer")
-        out = int(value) if value.__class__ is int or (value.__class__ is str and _INT.match(value.strip())) else _whole(value)
+        out = int(value) if value.__class__ is int or (value.__class__ is str and INT_TEXT.match(value.strip())) else _whole(value)
         if not INT64[0] <= out < INT64[1]:
             raise ValueError("past a 64-bit integer")
         return out
@@ -123,7 +123,7 @@ class Inference:
         v = value.strip()
         if v == "":
             return None
-        if _INT.match(v):
+        if INT_TEXT.match(v):
             return "int" if INT64[0] <= int(v) < INT64[1] else "string"
         if v.lower() in _BOOL:
             return "bool"

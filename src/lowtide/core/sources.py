@@ -209,12 +209,28 @@ def _shown(value: Any) -> str:
 
 
 def compare_values(a: Any, b: Any) -> int:
-    """-1, 0 or 1; values of different kinds (a number and its text) compare as text."""
+    """-1, 0 or 1. Two texts that both spell numbers (CSV cells) compare as numbers, so "10"
+    is past "9"; values of different kinds (a number and a word) compare as text."""
+    if a.__class__ is str and b.__class__ is str:
+        na, nb = _number(a), _number(b)
+        if na is not None and nb is not None:
+            a, b = na, nb
     try:
         return (a > b) - (a < b)
     except TypeError:
         a, b = str(a), str(b)
         return (a > b) - (a < b)
+
+
+def _number(text: str) -> int | float | None:
+    text = text.strip()
+    if source_types.INT_TEXT.match(text):
+        return int(text)
+    try:
+        number = float(text)
+    except ValueError:
+        return None
+    return number if number == number and abs(number) != float("inf") else None
 
 
 def _holds(value: Any, op: str, wanted: Any) -> bool:
