@@ -5,6 +5,7 @@ inferred from all its values, and `source.types` overrides it:
 
 - CSV: a column whose non-empty cells are all integers is `int`, all numbers `float`, all
   `true`/`false` (any case) `bool`; anything else, and a column with no value, is `string`.
+  A number written with a leading zero (`01234`: a zip code, a phone number) is text.
   An empty cell of a typed column is null.
 - JSONL: JSON's own kinds: booleans, integers, numbers (integers among them), text; a column
   of mixed kinds or of objects and arrays is written as text (JSON for objects and arrays).
@@ -124,6 +125,8 @@ class Inference:
         if v == "":
             return None
         if INT_TEXT.match(v):
+            if len(v.lstrip("+-")) > 1 and v.lstrip("+-").startswith("0"):
+                return "string"  # a zip code or a phone number: its leading zeros are its value
             return "int" if INT64[0] <= int(v) < INT64[1] else "string"
         if v.lower() in _BOOL:
             return "bool"
