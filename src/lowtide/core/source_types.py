@@ -96,12 +96,17 @@ def _whole(value: Any) -> int:
     return int(number)
 
 
+_NOT = {"int": "not an integer", "float": "not a number", "bool": "not true or false", "date": "not a date (YYYY-MM-DD)",
+        "timestamp": "not an ISO 8601 time (2026-12-03T09:00:00Z)"}  # fmt: skip
+_OWN = ("past a 64-bit integer", "not a whole number", "not an integer", "not a number", "not true or false")
+
+
 def problem(value: Any, kind: str) -> str | None:
     """Why `value` is not of `kind`, or None when it is."""
     try:
         convert(value, kind)
     except (ValueError, TypeError, OverflowError) as err:
-        return str(err) or f"not a {kind}"
+        return str(err) if str(err) in _OWN else _NOT.get(kind, f"not a {kind}")
     return None
 
 
