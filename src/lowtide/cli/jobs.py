@@ -35,15 +35,16 @@ from lowtide.cli.traces import TraceTo, check_trace_to, export_ended
 from lowtide.core.clock import SystemClock
 from lowtide.core.errors import InputError, JobNotFoundError, LowtideError, MissingStoreError
 from lowtide.core.evals import is_eval_file
-from lowtide.core.output_target import spec_output
+from lowtide.core.locations import scheme_of
+from lowtide.core.output_target import output_target
 from lowtide.core.spec import JobSpec, load_spec
 from lowtide.core.states import JobState
 from lowtide.engine.control import JobStatus, cancel_job, job_spec, job_status, retry_job
 from lowtide.engine.eval_export import export_eval_results
 from lowtide.engine.evals import eval_named
-from lowtide.engine.export import export_results
+from lowtide.engine.export import export_results, write_rows, write_target
 from lowtide.engine.loader import load_job
-from lowtide.engine.preflight import check_output
+from lowtide.engine.preflight import check_output, check_target
 from lowtide.engine.progress import JobProgress
 from lowtide.engine.runner import drive
 from lowtide.engine.tick import Engine
@@ -90,7 +91,9 @@ def _load(store: Store, spec_path: Path, requeue_changed: bool = False) -> JobSp
 
 def run(
     spec_path: SpecPath,
-    out_path: Annotated[Path | None, typer.Option("--out", help="Write results here (default: the spec's output.path).")] = None,
+    out_path: Annotated[
+        str | None, typer.Option("--out", help="Write results to this file or object-store URL (default: the spec's output).")
+    ] = None,
     requeue_changed: RequeueChanged = False,
     as_json: AsJson = False,
     trace_to: TraceTo = None,
@@ -111,19 +114,17 @@ def run(
     check_trace_to(trace_to)
     try:
         spec = load_spec(spec_path)
-        target = out_path or (spec.resolve(spec.output.path) if spec.output else None)
-        # The spec's output.format goes with its output.path; --out names its format by extension.
-        fmt = spec.output.format if spec.output and out_path is None else None
-        if target is not None:  # before anything is paid for: a bad path fails now, not after the run
-            check_output(target, "--out" if out_path else "output.path", embedding=spec.request_endpoint == "/v1/embeddings", fmt=fmt)
-            if out_path is None:
-                spec_output(spec)  # a spec writes only inside its own folder; --out is the user's own choice
+        # --out: a file, the user's own choice; else the spec's output (a local path only inside
+        # the spec's folder, an object-store URL, a partitioned folder or a SQL table).
+        target = output_target(spec, out_path)
+        if target is not None:  # before anything is paid for: a bad target fails now, not after the run
+            check_target(spec, target)
         with open_store() as store:
             spec = _load(store, spec_path, requeue_changed)
             status = _drive(store, spec.name)
             if target is not None:
-                written = export_results(store, spec.name, target, fmt)
-                console.print(f"results: {written.path} ({written.rows} rows)")
+                written = write_target(store, spec.name, target)
+                console.print(f"results: {written.path} ({written.rows} rows)", markup=False)
             if trace_to is not None:
                 export_ended(store, [spec.name], trace_to)
     except KeyboardInterrupt:
@@ -227,7 +228,9 @@ def _print_budget(s: JobStatus) -> None:
 def results(
     job: JobName,
     out_path: Annotated[
-        Path | None, typer.Option("--out", "-o", help="File to write: .csv, .jsonl or .parquet (embedding jobs: .parquet, .jsonl or .npy).")
+        str | None,
+        typer.Option("--out", "-o", help="File or object-store URL (s3://, gs://, az://) to write: .csv, .jsonl or .parquet "
+                     "(embedding jobs: .parquet, .jsonl or .npy)."),
     ] = None,
     pg_url: Annotated[
         str | None, typer.Option("--pg-url", help="Embedding jobs: upsert the vectors into a PostgreSQL table at this URL.")
@@ -253,7 +256,8 @@ def results(
     if out_path is None and pg_url is None:
         raise fail(InputError("say where the results go: --out FILE, or --pg-url URL for an embedding job's vectors"))
     try:
-        if out_path is not None and out_path.suffix.lower() != ".npy":  # .npy: an embedding job's matrix
+        npy = out_path is not None and out_path.lower().endswith(".npy")
+        if out_path is not None and not npy:  # .npy: an embedding job's matrix
             check_output(out_path, "--out")
         with open_store(create=False) as store:
             if pg_url is not None:
@@ -271,10 +275,16 @@ def results(
                     raise
                 if compare:
                     raise InputError("--compare is for a job; an eval's table has a `correct` column, and `lowtide compare` reports it") from None
-                report = export_eval_results(store, ev, out_path, full=full)
+                if scheme_of(out_path) is None:
+                    report = export_eval_results(store, ev, out_path, full=full)
+                else:  # eval_export takes a local path
+                    from lowtide.core.spec import format_of
+                    from lowtide.engine.eval_export import EvalRows
+
+                    report = write_rows(EvalRows(store, ev, full=full), out_path, format_of(out_path.rsplit("/", 1)[-1]))
                 console.print(f"wrote {report.rows:,} rows of {len(ev.members)} variants to {report.path} (columns `variant` and `correct`)")
                 return
-            if out_path.suffix.lower() == ".npy" and spec.request_endpoint != "/v1/embeddings":
+            if npy and spec.request_endpoint != "/v1/embeddings":
                 check_output(out_path, "--out")  # .npy holds vectors: this job's answers are refused by name
             report = export_results(store, job, out_path, full=full)
     except LowtideError as err:

@@ -19,31 +19,25 @@ for the row as it was, and is never passed off as an answer to the row as it is.
 
 from __future__ import annotations
 
-import csv
-import json
-import os
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Row, case, func, null, select
 
-from lowtide.core import fastjson, source_types
+from lowtide.core import fastjson
 from lowtide.core.errors import LowtideError
 from lowtide.core.ids import custom_id_for, key_of, legacy_custom_ids
+from lowtide.core.locations import location
+from lowtide.core.output_target import OutputTarget
 from lowtide.core.sources import source_of
 from lowtide.core.spec import JobSpec, format_of
 from lowtide.core.templates import MessageTemplate
-from lowtide.engine.answer_columns import (
-    ANSWER_COLUMNS,
-    answer_types,
-    answer_values,
-    fit,
-    plain_values,
-    schema_type,
-)
+from lowtide.engine.answer_columns import ANSWER_COLUMNS, answer_values, plain_values
+from lowtide.engine.committed import committed
 from lowtide.engine.loader import RowRenderer
+from lowtide.engine.result_writers import WRITERS
 from lowtide.store.bulk import among
 from lowtide.store.db import Store
 from lowtide.store.queries import get_job
@@ -53,30 +47,25 @@ _RESULT_COLUMNS = (
     "custom_id", "state", "output", "error", "input_tokens", "output_tokens", "attempts", "route", "source_changed",
     *ANSWER_COLUMNS,
 )  # fmt: skip
-_INT_COLUMNS = {"input_tokens", "output_tokens", "attempts"}
-_BOOL_COLUMNS = {"source_changed", "correct"}  # `correct`: an eval's long table (eval_export.py)
 PAGE_BYTES = 8 << 20  # stored answers read at once, at most (one bigger answer is read alone)
 INLINE_BYTES = 4096  # answers this small come with the chunk's lookup (5,000 of them: 20 MB at most)
 
 
 @dataclass(slots=True)
 class ExportReport:
-    path: Path
+    path: Path | str  # a local file or folder, an object-store URL, or a SQL table in words
     rows: int
     states: dict[str, int]
+    files: list[str] = field(default_factory=list)  # a partitioned dataset's, relative to `path`
 
 
-class ResultRows:
-    """Iterate a job's results joined to its source, in source order."""
+class ResultColumns:
+    """A job's result columns, known from its spec and its source (`columns`: a preflight
+    asks before the job is stored)."""
 
-    def __init__(self, store: Store, job_name: str, full: bool = False):
-        self.store = store
+    def __init__(self, spec: JobSpec, full: bool = False):
         self.full = full  # add `response`: the provider's whole answer body
-        self.answers_renamed = False  # does the source have a column named like an answer column?
-        with store.begin() as conn:
-            job = get_job(conn, job_name)
-        self.job_id = job.id
-        self.spec = JobSpec.model_validate_json(job.spec)
+        self.spec = spec
         try:
             self.source = source_of(self.spec)
         except LowtideError as err:
@@ -88,10 +77,6 @@ class ResultRows:
             {f: props[f] for f in self.parsed_fields} if self.parsed_fields else {"parsed": self.spec.response_schema} if self.whole_parsed else {}
         )  # fmt: skip
         self.source_columns: list[str] | None = self.source.columns
-        try:  # the loader's own rendering, for the fingerprints
-            self.render: RowRenderer | None = RowRenderer(self.spec, MessageTemplate.from_spec(self.spec), self.source)
-        except LowtideError:  # a template file gone since: changes cannot be told (source_changed empty)
-            self.render = None
 
     def result_columns(self, source_columns: list[str]) -> dict[str, str]:
         """lowtide's column names, renamed where the source already has them."""
@@ -100,6 +85,32 @@ class ResultRows:
             names.append("response")
         taken = set(source_columns)
         return {n: (f"lowtide_{n}" if n in taken else n) for n in names}
+
+    def columns(self) -> list[str]:
+        """Every column of the results: the source's (a JSONL source's first chunk's keys, as
+        the export takes them), then lowtide's."""
+        if self.source_columns is None:
+            chunks = self.source.chunks(strict=False)
+            first = next(chunks, [])
+            chunks.close()
+            self.source_columns = list(dict.fromkeys(k for r in first for k in r.values))
+        return [*self.source_columns, *self.result_columns(self.source_columns).values()]
+
+
+class ResultRows(ResultColumns):
+    """Iterate a job's results joined to its source, in source order."""
+
+    def __init__(self, store: Store, job_name: str, full: bool = False):
+        self.store = store
+        self.answers_renamed = False  # does the source have a column named like an answer column?
+        with store.begin() as conn:
+            job = get_job(conn, job_name)
+        self.job_id = job.id
+        super().__init__(JobSpec.model_validate_json(job.spec), full)
+        try:  # the loader's own rendering, for the fingerprints
+            self.render: RowRenderer | None = RowRenderer(self.spec, MessageTemplate.from_spec(self.spec), self.source)
+        except LowtideError:  # a template file gone since: changes cannot be told (source_changed empty)
+            self.render = None
 
     def chunks(self) -> Iterator[list[dict[str, Any]]]:
         id_col = self.spec.source.id_column
@@ -220,25 +231,41 @@ def _changed(render: RowRenderer, row, fingerprint: str | None, payload: str | N
 
 
 def export_results(store: Store, job_name: str, out: str | Path, fmt: str | None = None, full: bool = False) -> ExportReport:
-    """Write the joined results to `out` (CSV, JSONL or Parquet by extension), atomically;
-    `full` adds each provider's whole answer body (`response`)."""
-    out = Path(out)
+    """Write the joined results to `out` (CSV, JSONL or Parquet by extension; a local path or
+    an object-store URL), atomically; `full` adds each provider's whole answer body (`response`)."""
     if _is_embedding_job(store, job_name):  # vectors, not answers (engine/vector_export.py)
         from lowtide.engine.vector_export import export_vectors
 
         report = export_vectors(store, job_name, out)
         return ExportReport(report.path, report.rows, report.states)
-    return write_rows(ResultRows(store, job_name, full=full), out, format_of(out, fmt))
+    return write_rows(ResultRows(store, job_name, full=full), out, format_of(_name(out), fmt))
 
 
-def write_rows(rows: ResultRows, out: Path, fmt: str) -> ExportReport:
-    """Write `rows` (a job's, or an eval's long table: engine/eval_export.py) atomically."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+def write_target(store: Store, job_name: str, target: OutputTarget, full: bool = False) -> ExportReport:
+    """Write the job's results where `target` says: a file (export_results), a partitioned
+    dataset (partitions.py) or a SQL table (sql_sink.py)."""
+    if target.table is not None:
+        from lowtide.engine.sql_sink import upsert_results
+
+        count, states = upsert_results(ResultRows(store, job_name, full=full), target.url, target.table)
+        return ExportReport(target.shown, count, states)
+    if target.partition_by:
+        from lowtide.engine.partitions import write_partitioned
+
+        loc = location(target.path)
+        count, states, files = write_partitioned(ResultRows(store, job_name, full=full), loc, target.fmt or "parquet", list(target.partition_by))
+        return ExportReport(_shown_path(loc, target.path), count, states, files)
+    return export_results(store, job_name, target.path, target.fmt, full)
+
+
+def write_rows(rows: ResultRows, out: str | Path, fmt: str) -> ExportReport:
+    """Write `rows` (a job's, or an eval's long table: engine/eval_export.py) to `out`, a local
+    path or an object-store URL, whole or not at all (committed.py)."""
+    loc = location(str(out))
     states: dict[str, int] = {}
     count = 0
-    try:
-        writer = _WRITERS[fmt](tmp, rows)
+    with committed(loc) as f:
+        writer = WRITERS[fmt](f, rows)
         for chunk in rows.chunks():
             state_col = rows.result_columns(rows.source_columns or [])["state"]
             for r in chunk:
@@ -246,10 +273,17 @@ def write_rows(rows: ResultRows, out: Path, fmt: str) -> ExportReport:
             writer.write(chunk)
             count += len(chunk)
         writer.close()
-        tmp.replace(out)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return ExportReport(out, count, states)
+    return ExportReport(_shown_path(loc, out), count, states)
+
+
+def _name(out: str | Path) -> str:
+    """The file name of a path or URL (its extension names the format)."""
+    return str(out).rstrip("/").rsplit("/", 1)[-1]
+
+
+def _shown_path(loc, out: str | Path) -> Path | str:
+    """A local path as the caller gave it; a URL as written."""
+    return Path(str(out).removeprefix("file://")) if loc.local else loc.text
 
 
 def _is_embedding_job(store: Store, job_name: str) -> bool:
@@ -258,103 +292,3 @@ def _is_embedding_job(store: Store, job_name: str) -> bool:
     with store.begin() as conn:
         job = get_job(conn, job_name)
     return JobSpec.model_validate_json(job.spec).request_endpoint == EMBEDDINGS
-
-
-def _cell(value: Any) -> Any:
-    return json.dumps(value, ensure_ascii=False) if isinstance(value, dict | list) else value
-
-
-class _CsvWriter:
-    def __init__(self, path: Path, rows: ResultRows):
-        self.f = path.open("w", newline="", encoding="utf-8")
-        self.rows = rows
-        self.writer: csv.DictWriter | None = None
-
-    def write(self, chunk: list[dict[str, Any]]) -> None:
-        if self.writer is None:
-            cols = self.rows.source_columns or []
-            fields = cols + list(self.rows.result_columns(cols).values())
-            self.writer = csv.DictWriter(self.f, fieldnames=fields, extrasaction="ignore")
-            self.writer.writeheader()
-        self.writer.writerows({k: _cell(v) for k, v in r.items()} for r in chunk)
-
-    def close(self) -> None:
-        self.f.close()
-
-
-class _JsonlWriter:
-    def __init__(self, path: Path, rows: ResultRows):
-        self.f = path.open("w", encoding="utf-8")
-
-    def write(self, chunk: list[dict[str, Any]]) -> None:
-        self.f.writelines(json.dumps(r, ensure_ascii=False, default=str) + "\n" for r in chunk)
-
-    def close(self) -> None:
-        self.f.close()
-
-
-class _ParquetWriter:
-    def __init__(self, path: Path, rows: ResultRows):
-        self.path = path
-        self.rows = rows
-        self.writer = None
-        self.schema = None
-        self.typed: dict[str, Any] = {}  # column -> the Arrow type its nested values are fitted to
-
-    def _open(self) -> None:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        cols = self.rows.source_columns or []
-        source = self.rows.source
-        kinds = source.arrow_types(cols)  # the source's own types, or inferred (core/source_types.py)
-        fields = [pa.field(c, kinds.get(c) or pa.string()) for c in cols]
-        # CSV cells are text, and a declared type may be spelt as text: converted as written
-        self.convert = {c: source_types.kind_of(kinds[c]) for c in kinds if c in source.types or source.format == "csv"}
-        self.convert = {c: k for c, k in self.convert.items() if k not in (None, "string")}
-        self.native = {c for c in kinds if c not in self.convert and source.types.get(c) != "string"}
-        nested = answer_types() | {f: schema_type(s, self.rows.spec.response_schema) for f, s in self.rows.parsed_schemas.items()}
-        for name, out in self.rows.result_columns(cols).items():
-            kind = pa.int64() if name in _INT_COLUMNS else pa.bool_() if name in _BOOL_COLUMNS else nested.get(name) or pa.string()
-            fields.append(pa.field(out, kind))
-            if name in _INT_COLUMNS or name in _BOOL_COLUMNS:
-                self.native.add(out)
-            elif name in self.rows.parsed_schemas:  # typed from the schema, or JSON text where no type fits
-                self.typed[out] = nested[name]
-            elif name in nested:  # the answer columns: already of their types (core/answers.py)
-                self.native.add(out)
-        self.schema = pa.schema(fields)
-        self.writer = pq.ParquetWriter(self.path, self.schema)
-
-    def write(self, chunk: list[dict[str, Any]]) -> None:
-        import pyarrow as pa
-
-        if self.writer is None:
-            self._open()
-        columns = {}
-        for f in self.schema:
-            values = [r.get(f.name) for r in chunk]
-            if f.name in self.typed:
-                kind = self.typed[f.name]
-                values = [None if v is None else fit(v, kind) for v in values]
-            elif f.name in self.convert:
-                kind = self.convert[f.name]
-                values = [source_types.convert(v, kind) for v in values]
-            elif f.name not in self.native:
-                values = [v if v is None or v.__class__ is str else _text(v) for v in values]
-            # A column with no value in the chunk (no tool calls anywhere, say) is made as
-            # nulls: converting Nones to a nested type costs as much as real values.
-            columns[f.name] = pa.nulls(len(values), f.type) if values.count(None) == len(values) else values
-        self.writer.write_table(pa.Table.from_pydict(columns, schema=self.schema))
-
-    def close(self) -> None:
-        if self.writer is None:  # an empty source still gets a valid file
-            self._open()
-        self.writer.close()
-
-
-def _text(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False) if isinstance(value, dict | list) else str(value)
-
-
-_WRITERS = {"csv": _CsvWriter, "jsonl": _JsonlWriter, "parquet": _ParquetWriter}

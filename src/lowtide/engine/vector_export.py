@@ -13,20 +13,22 @@ time, so a million vectors are written in bounded memory. Each row: the source's
 
 from __future__ import annotations
 
+import io
 import json
-import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from sqlalchemy import func, select
 
 from lowtide.core import fastjson
 from lowtide.core.embeddings import vector_of
 from lowtide.core.errors import InputError, LowtideError
+from lowtide.core.locations import Location, location
 from lowtide.core.spec import JobSpec
+from lowtide.engine.committed import committed
 from lowtide.store.db import Store
 from lowtide.store.queries import get_job
 from lowtide.store.schema import requests
@@ -75,29 +77,29 @@ def _dimensions(store: Store, job_id: int) -> int:
 
 @dataclass(slots=True)
 class VectorReport:
-    path: Path
+    path: Path | str  # a local file, or an object-store URL
     rows: int
     states: dict[str, int]
 
 
 def export_vectors(store: Store, job_name: str, out: str | Path) -> VectorReport:
-    out = Path(out)
-    suffix = out.suffix.lower()
+    """Write the job's vectors to `out` (a local path or an object-store URL), whole or not
+    at all (committed.py); .npy with its ids file beside it."""
+    loc = location(str(out))
+    suffix = Path(loc.path.rsplit("/", 1)[-1]).suffix.lower()
     if suffix not in FORMATS:
         raise InputError(f"{out}: an embedding job's results are written as {', '.join(FORMATS)}; pick one of those extensions")
     with store.begin() as conn:
         job = get_job(conn, job_name)
     spec = JobSpec.model_validate_json(job.spec)
     n = _dimensions(store, job.id)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     states: dict[str, int] = {}
     count = 0
-    try:
-        if suffix == ".npy":
-            count = _write_npy(store, job.id, tmp, out, n, states)
-        else:
-            writer = (_Parquet if suffix == ".parquet" else _Jsonl)(tmp, spec.source.id_column, n)
+    if suffix == ".npy":
+        count = _write_npy(store, job.id, loc, n, states)
+    else:
+        with committed(loc) as f:
+            writer = (_Parquet if suffix == ".parquet" else _Jsonl)(f, spec.source.id_column, n)
             for row in vector_rows(store, job.id):
                 if row.vector is not None and len(row.vector) != n:
                     raise LowtideError(f"{job_name}: row {row.key} has a vector of {len(row.vector)} numbers, others {n}; "
@@ -106,14 +108,11 @@ def export_vectors(store: Store, job_name: str, out: str | Path) -> VectorReport
                 writer.write(row)
                 count += 1
             writer.close()
-        tmp.replace(out)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return VectorReport(out, count, states)
+    return VectorReport(Path(str(out)) if loc.local else loc.text, count, states)
 
 
 class _Parquet:
-    def __init__(self, path: Path, id_column: str, n: int):
+    def __init__(self, f: IO[bytes], id_column: str, n: int):
         import pyarrow as pa
         import pyarrow.parquet as pq
 
@@ -122,7 +121,7 @@ class _Parquet:
             (id_column, pa.string()), ("custom_id", pa.string()), ("state", pa.string()),
             ("embedding", pa.list_(pa.float32(), max(n, 1))), ("error", pa.string()), ("input_tokens", pa.int64()),
         ])  # fmt: skip
-        self.writer = pq.ParquetWriter(str(path), self.schema)
+        self.writer = pq.ParquetWriter(f, self.schema)  # closing it leaves `f` open
         self.rows: list[VectorRow] = []
 
     def write(self, row: VectorRow) -> None:
@@ -149,11 +148,11 @@ class _Parquet:
 
 
 class _Jsonl:
-    def __init__(self, path: Path, id_column: str, n: int):
+    def __init__(self, f: IO[bytes], id_column: str, n: int):
         from array import array
 
         self.array = array
-        self.f = path.open("wb")
+        self.f = f
         self.id_column = id_column
 
     def write(self, row: VectorRow) -> None:
@@ -164,15 +163,23 @@ class _Jsonl:
         self.f.write(fastjson.dumpb(line) + b"\n")
 
     def close(self) -> None:
-        self.f.close()
+        self.f.flush()
 
 
 def ids_path(npy: Path) -> Path:
     return npy.with_suffix(".ids.txt")
 
 
-def _write_npy(store: Store, job_id: int, tmp: Path, out: Path, n: int, states: dict[str, int]) -> int:
-    """The succeeded rows' vectors as one float32 matrix, streamed; their keys beside it."""
+def _ids_location(npy: Location) -> Location:
+    """The `.ids.txt` file beside a `.npy` file, in the same store."""
+    stem = npy.path[: -len(".npy")]
+    text = npy.text[: -len(".npy")] + ".ids.txt"
+    return Location(text, npy.fs, stem + ".ids.txt", npy.local)
+
+
+def _write_npy(store: Store, job_id: int, out: Location, n: int, states: dict[str, int]) -> int:
+    """The succeeded rows' vectors as one float32 matrix, streamed; their keys beside it.
+    Both are committed only when both are whole."""
     import numpy as np
     from numpy.lib import format as npformat
 
@@ -180,26 +187,25 @@ def _write_npy(store: Store, job_id: int, tmp: Path, out: Path, n: int, states: 
         total = conn.execute(
             select(func.count()).select_from(requests).where(requests.c.job_id == job_id, requests.c.state == "succeeded")
         ).scalar_one()
-    ids_tmp = tmp.with_name(tmp.name + ".ids")
+    name = out.path.rsplit("/", 1)[-1]
     written = 0
-    try:
-        with tmp.open("wb") as f, ids_tmp.open("w", encoding="utf-8") as ids:
-            npformat.write_array_header_1_0(f, {"descr": "<f4", "fortran_order": False, "shape": (total, n)})
-            for row in vector_rows(store, job_id):
-                states[row.state] = states.get(row.state, 0) + 1
-                if row.vector is None:
-                    continue
-                if len(row.vector) != n or "\n" in row.key or written >= total:
-                    raise LowtideError(f"row {row.key}: cannot go into {out.name} (a vector of another length, a key with a "
-                                       "line break, or rows added while exporting); use .parquet or .jsonl")  # fmt: skip
-                f.write(np.asarray(row.vector, dtype="<f4").tobytes())
-                ids.write(row.key + "\n")
-                written += 1
+    with committed(out) as f, committed(_ids_location(out)) as raw_ids:
+        ids = io.TextIOWrapper(raw_ids, encoding="utf-8", write_through=True)
+        npformat.write_array_header_1_0(f, {"descr": "<f4", "fortran_order": False, "shape": (total, n)})
+        for row in vector_rows(store, job_id):
+            states[row.state] = states.get(row.state, 0) + 1
+            if row.vector is None:
+                continue
+            if len(row.vector) != n or "\n" in row.key or written >= total:
+                raise LowtideError(f"row {row.key}: cannot go into {name} (a vector of another length, a key with a "
+                                   "line break, or rows added while exporting); use .parquet or .jsonl")  # fmt: skip
+            f.write(np.asarray(row.vector, dtype="<f4").tobytes())
+            ids.write(row.key + "\n")
+            written += 1
         if written != total:
-            raise LowtideError(f"{out.name}: {total - written} succeeded row(s) changed while exporting; export again")
-        ids_tmp.replace(ids_path(out))
-    finally:
-        ids_tmp.unlink(missing_ok=True)
+            raise LowtideError(f"{name}: {total - written} succeeded row(s) changed while exporting; export again")
+        ids.flush()
+        ids.detach()
     return sum(states.values())
 
 
