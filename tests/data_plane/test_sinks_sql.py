@@ -1,0 +1,169 @@
+"""`output.url` + `output.table`: results upserted into a real SQLite file and a real
+PostgreSQL schema, from real jobs: typed columns, upsert by custom_id, one transaction,
+idempotent; an existing table missing a column is refused before the run with its fix."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+
+import pytest
+import sqlalchemy as sa
+
+from lowtide.core.errors import LowtideError, SpecError
+from lowtide.core.output_target import OutputTarget
+from lowtide.engine.export import write_target
+from lowtide.engine.preflight import check_target
+from lowtide.store.db import Store
+from tests.conftest import drive_to_end, make_spec, write_csv
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "label": {"type": "string", "enum": ["billing", "technical"]},
+        "confidence": {"type": "number"},
+        "tags": {"type": "array", "items": {"type": "string"}},
+        "detail": {"type": "object", "properties": {"urgent": {"type": "boolean"}, "count": {"type": "integer"}}},
+    },
+    "required": ["label", "confidence", "tags", "detail"],
+}
+
+
+def _rows(n: int = 6, bad: bool = False) -> list[dict]:
+    rows = [
+        {"ticket_id": f"T{1000 + i}", "body": f"ticket {i}", "n": str(i * 10), "score": f"{i}.5", "flag": "true" if i % 2 else "false",
+         "opened": f"2026-03-0{i + 1}T08:30:00+00:00", "day": f"2026-03-0{i + 1}"}
+        for i in range(n)
+    ]  # fmt: skip
+    if bad:
+        rows[-1]["n"] = "lots"  # a declared int that is not one: the source is refused after the other rows
+    return rows
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def db_url(request, tmp_path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'warehouse.db'}"
+    return request.getfixturevalue("pg_schema_url")
+
+
+@pytest.fixture
+def job(tmp_path, clock):
+    write_csv(tmp_path / "tickets.csv", _rows())
+    spec = make_spec(
+        tmp_path / "tickets.csv", source={"types": {"n": "int", "opened": "timestamp", "day": "date"}},
+        response_schema=SCHEMA, route_options={"reject": ["T1005"]},
+    )  # fmt: skip
+    store = Store(str(tmp_path / "lowtide.db"))
+    drive_to_end(store, spec, clock)
+    yield store, spec
+    store.close()
+
+
+def _read(url: str, table: str) -> tuple[dict[str, sa.types.TypeEngine], list[dict]]:
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            t = sa.Table(table, sa.MetaData(), autoload_with=conn)
+            rows = [dict(r._mapping) for r in conn.execute(sa.select(t).order_by(t.c.custom_id))]
+            return {c.name: c.type for c in t.columns}, rows
+    finally:
+        engine.dispose()
+
+
+def test_a_table_is_made_with_typed_columns_and_upserts_are_idempotent(job, db_url):
+    store, spec = job
+    table = f"results_{uuid.uuid4().hex[:6]}"
+    target = OutputTarget("output.url", url=db_url, table=table)
+    check_target(spec, target)  # the database answers; the table is made by the export
+    report = write_target(store, "tickets", target)
+    assert (report.rows, report.states) == (6, {"succeeded": 5, "failed": 1})
+    types, rows = _read(db_url, table)
+    kinds = {name: type(t).__name__.upper() for name, t in types.items()}
+    assert kinds["n"] == "BIGINT" and kinds["input_tokens"] == "BIGINT"
+    assert kinds["score"] in ("FLOAT", "DOUBLE_PRECISION", "DOUBLE") and kinds["confidence"] == kinds["score"]
+    assert kinds["flag"] == "BOOLEAN" and kinds["source_changed"] == "BOOLEAN"
+    assert kinds["opened"] in ("DATETIME", "TIMESTAMP") and kinds["day"] == "DATE"
+    assert kinds["body"] == "TEXT" and kinds["label"] == "TEXT"
+    assert kinds["tags"] in ("JSON", "JSONB") and kinds["detail"] == kinds["tags"] and kinds["tool_calls"] == kinds["tags"]
+    first = rows[0]
+    assert first["custom_id"] == "T1000" and first["state"] == "succeeded"
+    assert first["n"] == 0 and first["score"] == 0.5 and first["flag"] is False and first["day"] == dt.date(2026, 3, 1)
+    assert first["opened"].replace(tzinfo=None) == dt.datetime(2026, 3, 1, 8, 30)
+    assert isinstance(first["tags"], list) and isinstance(first["detail"], dict) and first["label"] in ("billing", "technical")
+    assert rows[5]["state"] == "failed" and rows[5]["label"] is None and rows[5]["error"].startswith("invalid_request")
+    # A row changed by hand, and one the job does not have: the next export restores the
+    # first and keeps the second (an upsert by custom_id, never a replace).
+    engine = sa.create_engine(db_url)
+    with engine.begin() as conn:
+        conn.execute(sa.text(f"UPDATE {table} SET output = 'edited' WHERE custom_id = 'T1001'"))
+        conn.execute(sa.text(f"INSERT INTO {table} (custom_id, state) VALUES ('other-job-row', 'succeeded')"))
+    engine.dispose()
+    again = write_target(store, "tickets", target)
+    assert again.rows == 6
+    _, after = _read(db_url, table)
+    assert [r for r in after if r["custom_id"] != "other-job-row"] == rows
+    assert [r["custom_id"] for r in after].count("other-job-row") == 1
+
+
+def test_a_failure_mid_write_leaves_the_previous_rows(job, db_url, tmp_path):
+    store, _ = job
+    table = f"results_{uuid.uuid4().hex[:6]}"
+    target = OutputTarget("output.url", url=db_url, table=table)
+    write_target(store, "tickets", target)
+    _, before = _read(db_url, table)
+    engine = sa.create_engine(db_url)
+    with engine.begin() as conn:
+        conn.execute(sa.text(f"UPDATE {table} SET output = 'kept' WHERE custom_id = 'T1000'"))
+    engine.dispose()
+    write_csv(tmp_path / "tickets.csv", _rows(bad=True))  # rows 1-5 are upserted, then the source is refused
+    with pytest.raises(LowtideError, match="lots"):
+        write_target(store, "tickets", target)
+    _, after = _read(db_url, table)
+    assert after[0]["output"] == "kept"  # rolled back: the export's T1000 never landed
+    assert [{**r, "output": None} for r in after] == [{**r, "output": None} for r in before]
+
+
+def test_an_existing_table_missing_a_column_is_refused_before_the_run_with_the_statement_that_fixes_it(tmp_path, db_url):
+    write_csv(tmp_path / "tickets.csv", _rows())
+    spec = make_spec(tmp_path / "tickets.csv", source={"types": {"n": "int", "opened": "timestamp", "day": "date"}}, response_schema=SCHEMA)
+    table = f"results_{uuid.uuid4().hex[:6]}"
+    engine = sa.create_engine(db_url)
+    with engine.begin() as conn:
+        conn.execute(sa.text(f"CREATE TABLE {table} (custom_id TEXT PRIMARY KEY, ticket_id TEXT, body TEXT, score FLOAT, flag BOOLEAN, "
+                             "day DATE, opened TEXT, state TEXT, output TEXT, label TEXT, confidence FLOAT, tags TEXT, detail TEXT)"))  # fmt: skip
+    target = OutputTarget("output.url", url=db_url, table=table)
+    with pytest.raises(SpecError) as caught:
+        check_target(spec, target)
+    message = str(caught.value)
+    assert message.startswith(f'output.table {table}: has no column "n", "error", "input_tokens"')
+    fixes = message.split("add them: ", 1)[1]
+    assert f"ALTER TABLE {table} ADD COLUMN n BIGINT" in fixes and f"ALTER TABLE {table} ADD COLUMN source_changed BOOLEAN" in fixes
+    with engine.begin() as conn:  # the statements the message gives are the fix
+        for statement in fixes.split("; "):
+            conn.execute(sa.text(statement))
+    engine.dispose()
+    check_target(spec, target)
+
+
+def test_an_existing_table_without_a_key_on_custom_id_is_refused(tmp_path, db_url):
+    write_csv(tmp_path / "tickets.csv", _rows())
+    spec = make_spec(tmp_path / "tickets.csv")
+    table = f"results_{uuid.uuid4().hex[:6]}"
+    columns = ", ".join(f"{c} TEXT" for c in ["ticket_id", "body", "n", "score", "flag", "opened", "day", "custom_id", "state", "output", "error",
+                                              "input_tokens", "output_tokens", "attempts", "route", "source_changed", "finish_reason",
+                                              "tool_calls", "refusal", "reasoning", "logprobs", "choices"])  # fmt: skip
+    engine = sa.create_engine(db_url)
+    with engine.begin() as conn:
+        conn.execute(sa.text(f"CREATE TABLE {table} ({columns})"))
+    engine.dispose()
+    with pytest.raises(SpecError, match=f'has no primary key or unique index on "custom_id".*CREATE UNIQUE INDEX ON {table} \\(custom_id\\)'):
+        check_target(spec, OutputTarget("output.url", url=db_url, table=table))
+
+
+def test_an_unreachable_database_is_refused_before_the_run(tmp_path):
+    write_csv(tmp_path / "tickets.csv", _rows())
+    spec = make_spec(tmp_path / "tickets.csv")
+    target = OutputTarget("output.url", url="postgresql://nobody@127.0.0.1:1/none", table="results")
+    with pytest.raises(SpecError, match=r"output.url postgresql://nobody@127.0.0.1:1/none: cannot connect .*PGPASSWORD"):
+        check_target(spec, target)
