@@ -110,7 +110,7 @@ def test_an_unknown_partition_column_is_refused_before_the_run_naming_the_column
     spec = make_spec(tmp_path / "tickets.csv")
     with pytest.raises(SpecError) as caught:
         check_target(spec, OutputTarget("output.path", str(tmp_path / "out"), None, ("region",)))
-    assert str(caught.value).startswith("output.partition_by: the results has no column 'region'; partition by one of: ticket_id, channel, body, gold, custom_id, state")
+    assert str(caught.value).startswith("output.partition_by: no column 'region' in the results; partition by one of: ticket_id, channel, body, gold, custom_id, state")
     file = tmp_path / "a-file"
     file.write_text("x")
     with pytest.raises(SpecError, match="is a file; with partition_by, output.path names a folder"):

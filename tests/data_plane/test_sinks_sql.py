@@ -167,3 +167,17 @@ def test_an_unreachable_database_is_refused_before_the_run(tmp_path):
     target = OutputTarget("output.url", url="postgresql://nobody@127.0.0.1:1/none", table="results")
     with pytest.raises(SpecError, match=r"output.url postgresql://nobody@127.0.0.1:1/none: cannot connect .*PGPASSWORD"):
         check_target(spec, target)
+
+
+def test_lowtide_run_upserts_into_a_specs_sql_table(tmp_path):
+    from tests.cli.test_cli import Cli, write_job
+
+    url = f"sqlite:///{tmp_path / 'warehouse.db'}"
+    write_job(tmp_path, output={"url": url, "table": "ticket_results"})
+    cli = Cli(tmp_path, str(tmp_path / "lowtide.db"))
+    for _ in range(2):  # a second run adds nothing and changes nothing
+        code, out = cli("run", "job.yaml")
+        assert code == 0, out
+        assert f"results: {url} table ticket_results (6 rows)" in out
+        _, rows = _read(url, "ticket_results")
+        assert [r["custom_id"] for r in rows] == [f"T{1000 + i}" for i in range(6)] and {r["state"] for r in rows} == {"succeeded"}

@@ -50,7 +50,7 @@ def check_partition_columns(columns: Collection[str], known: list[str], where: s
     """Refuse a partition column the results do not have, listing those they do."""
     for c in columns:
         if c not in known:
-            raise LowtideError(f"output.partition_by: {where} has no column {c!r}; partition by one of: {', '.join(known)}")
+            raise LowtideError(f"output.partition_by: no column {c!r} in {where}; partition by one of: {', '.join(known)}")
 
 
 class _Parts:
