@@ -413,29 +413,57 @@ class ParquetSource(Source):
 
     def __init__(self, loc: Location, files: list[str]):
         super().__init__()
-        import pyarrow.dataset as ds
-
         self.loc = loc
+        self.files = files
         self.label = loc.text
         self.name = loc.name_of(files[0]) if len(files) == 1 else loc.text
-        fs = loc.arrow_filesystem()
-        try:  # a row is read as a dict: two columns of one name are refused by name, first
-            import pyarrow.parquet as pq
+        self.dataset: Any = None  # opened once the filter and watermark are known (_check_known)
 
-            self._check_columns(list(pq.read_schema(files[0], filesystem=fs).names), "schema")
+    def _open(self) -> None:
+        """The dataset, with the schema of the LAST file the filter and watermark keep (in
+        name order: the newest partition of a dated dataset, the one a nightly load reads),
+        given to pyarrow rather than inferred from the first file: only that one footer is
+        read up front, so partitions left out are never opened."""
+        import pyarrow as pa
+        import pyarrow.dataset as ds
+        import pyarrow.parquet as pq
+
+        loc, files = self.loc, self.files
+        fs = loc.arrow_filesystem()
+        kept = [f for f in files if self._keeps(f)]
+        self.reference = (kept or files)[-1]
+        try:  # a row is read as a dict: two columns of one name are refused by name, first
+            physical = pq.read_schema(self.reference, filesystem=fs)
+            self._check_columns(list(physical.names), "schema")
         except SourceError:
             raise
         except Exception as err:
-            raise SourceError(f"{loc.name_of(files[0])}: cannot read as parquet ({_arrow_reason(err)})") from None
+            if len(files) == 1:
+                raise SourceError(f"{loc.name_of(self.reference)}: cannot read as parquet ({_arrow_reason(err)})") from None
+            raise SourceError(f"{loc.text}: partition {loc.name_of(self.reference)}: cannot read as parquet ({_arrow_reason(err)}); "
+                              "replace the file, or leave it out (source.filter, source.path)") from None  # fmt: skip
         base = loc.base.rstrip("/") if len(files) > 1 or not loc.one_file else None
+        keys = _partition_schema(loc, files) if base else None
+        if keys is not None:
+            physical = pa.schema([f for f in physical if f.name not in keys.names] + list(keys))
         try:
-            self.dataset = ds.dataset(files, filesystem=fs, format="parquet", partitioning="hive" if base else None,
+            self.dataset = ds.dataset(files, filesystem=fs, format="parquet", schema=physical,
+                                      partitioning=ds.partitioning(keys, flavor="hive") if keys is not None else None,
                                       partition_base_dir=base)  # fmt: skip
         except Exception as err:
             raise SourceError(f"{loc.text}: cannot read as parquet ({_arrow_reason(err)})") from None
         self.columns = self._check_columns(list(self.dataset.schema.names), "schema")
 
+    def _keeps(self, f: str) -> bool:
+        """Whether the filter and watermark can keep rows of file `f`, judged by its
+        partition folders alone (a condition on a data column keeps every file)."""
+        parts = _partitions(self.loc, f)
+        items = list(self.filters) + ([(self.after.column, ">", self.after.value)] if self.after is not None else [])
+        return all(_holds(parts[c], op, _typed(w, parts[c]) if op not in ("in", "not in") else [_typed(x, parts[c]) for x in w])
+                   for c, op, w in items if c in parts)  # fmt: skip
+
     def _check_known(self) -> None:
+        self._open()
         super()._check_known()
         self._check_schemas()  # once the filter is known: the partitions it leaves out stay unopened
 
@@ -457,7 +485,7 @@ class ParquetSource(Source):
                 if not _same_type(schema.field(i).type, field.type):
                     raise SourceError(
                         f'{self.label}: partition {self.loc.name_of(fragment.path)}: column "{field.name}" is {field.type} there, '
-                        f"{schema.field(i).type} in {self.loc.name_of(next(self.dataset.get_fragments()).path)}; write every "
+                        f"{schema.field(i).type} in {self.loc.name_of(self.reference)}; write every "
                         "partition with the same types, or leave the odd one out (a source.filter on its partition column, or source.path)"
                     )
 
@@ -512,6 +540,18 @@ class ParquetSource(Source):
     def arrow_types(self, columns: list[str]) -> dict[str, Any]:
         schema = self.dataset.schema
         return {c: schema.field(c).type for c in columns if schema.get_field_index(c) >= 0}
+
+
+def _partition_schema(loc: Location, files: list[str]):
+    """The Hive partition columns of `files`, typed from the folder names alone as pyarrow
+    infers them (all digits: int32; else text), so no file is opened to learn them."""
+    import pyarrow as pa
+
+    values: dict[str, set[str]] = {}
+    for f in files:
+        for key, value in _partitions(loc, f).items():
+            values.setdefault(key, set()).add(value)
+    return pa.schema([pa.field(k, pa.int32() if all(v.lstrip("-").isdigit() for v in vs) else pa.string()) for k, vs in values.items()])
 
 
 def _same_type(a, b) -> bool:

@@ -1,0 +1,57 @@
+"""A partitioned Parquet dataset read night after night with `source.since` on its partition
+column: the watermark is pushed down, so partitions already loaded are not even opened."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import sqlalchemy as sa
+
+from lowtide.core.errors import SourceError
+from lowtide.core.sources import source_of
+from lowtide.engine.loader import load_job
+from tests.conftest import make_spec
+
+
+def write_day(root, day: str, ids: range, text_priority: bool = False) -> None:
+    folder = root / f"dt={day}"
+    folder.mkdir(parents=True)
+    priority = [str(i % 3) if text_priority else i % 3 for i in ids]
+    table = pa.table({"ticket_id": [f"T{i}" for i in ids], "body": [f"ticket {i}" for i in ids], "priority": priority})
+    pq.write_table(table, folder / "part-0.parquet")
+
+
+def spec_for(root, **source):
+    return make_spec(root, source={"id_column": "ticket_id", **source}, template={"user": "{{ dt }}: {{ body }}"})
+
+
+def test_each_load_opens_only_the_partitions_past_the_watermark(sqlite_store, clock, tmp_path):
+    root = tmp_path / "tickets"
+    write_day(root, "2026-12-01", range(0, 5))
+    write_day(root, "2026-12-02", range(5, 8))
+    spec = spec_for(root, since={"column": "dt"})
+    first = load_job(sqlite_store, spec, clock)
+    assert (first.rows, first.new, first.watermark) == (8, 8, "2026-12-02")
+
+    # the loaded days are now unreadable: a load that opened them would fail
+    for day in ("2026-12-01", "2026-12-02"):
+        (root / f"dt={day}" / "part-0.parquet").write_bytes(b"not parquet any more")
+    write_day(root, "2026-12-03", range(8, 12))
+    second = load_job(sqlite_store, spec, clock)
+    assert (second.rows, second.new, second.watermark) == (4, 4, "2026-12-03")
+    with sqlite_store.begin() as conn:
+        assert conn.execute(sa.text("SELECT count(*) FROM requests")).scalar() == 12
+
+
+def test_a_partition_of_another_type_is_refused_by_name_unless_filtered_out(sqlite_store, clock, tmp_path):
+    root = tmp_path / "tickets"
+    write_day(root, "2026-12-01", range(0, 3), text_priority=True)
+    write_day(root, "2026-12-02", range(3, 6))
+    with pytest.raises(SourceError, match=r'partition dt=2026-12-01/part-0.parquet: column "priority" is string there, int64 in '
+                                          r"dt=2026-12-02/part-0.parquet; write every partition with the same types"):
+        load_job(sqlite_store, spec_for(root), clock)
+    with sqlite_store.begin() as conn:
+        assert conn.execute(sa.text("SELECT count(*) FROM requests")).scalar() == 0
+    kept = source_of(spec_for(root, filter=[["dt", "=", "2026-12-02"]]))
+    assert [r.values["ticket_id"] for c in kept.chunks() for r in c] == ["T3", "T4", "T5"]
