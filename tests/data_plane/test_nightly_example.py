@@ -5,6 +5,7 @@ one stored."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -37,6 +38,9 @@ def test_each_night_reads_only_the_new_days(tmp_path):
     day3 = folder / "tickets" / "dt=2026-12-03"
     day3.mkdir()
     (day3 / "tickets.csv").write_text("ticket_id,channel,body\nN-1008,chat,Where is my order?\nN-1009,email,Love the new export!\n")
+    code, out = cli("estimate", "tag-new-tickets.yaml", "--json")  # priced as the next run reads it
+    assert code == 0, out
+    assert json.loads(out)["rows"] == 2
     code, out = cli("run", "tag-new-tickets.yaml")
     assert code == 0, out
     assert "2 new, 0 already stored" in out and "dt 2026-12-03" in out

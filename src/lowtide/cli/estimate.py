@@ -23,6 +23,7 @@ from rich.progress import Progress, TextColumn, TimeElapsedColumn
 from lowtide.cli.common import console, fail, out, state
 from lowtide.cli.tables import Col, fitted_table
 from lowtide.core.auto_spec import AUTO, duration_text, parse_duration
+from lowtide.core.cards import CARDS
 from lowtide.core.endpoints import EMBEDDINGS, MODERATIONS
 from lowtide.core.errors import InputError, LowtideError, MissingStoreError
 from lowtide.core.pricing import (
@@ -35,12 +36,14 @@ from lowtide.core.pricing import (
     billing_of,
     load_catalog,
 )
+from lowtide.core.sources import Watermark
 from lowtide.core.spec import JobSpec, load_spec
 from lowtide.core.tokens import TokenCounter, counter_for
 from lowtide.core.types import Usage
 from lowtide.engine import advisor
 from lowtide.engine.auto import Choice, money, wait_of
 from lowtide.engine.counting import Count, count_rows
+from lowtide.engine.watermarks import stored_watermark
 from lowtide.store.db import Store
 
 LATENCY = {
@@ -189,7 +192,22 @@ def _count(spec: JobSpec, where: str, counter: TokenCounter, sample: int | None,
     with progress:
         task = progress.add_task(f"count {spec.name}", total=None)
         return count_rows(spec, where, counter, sample, output_tokens, lambda n: progress.update(task, completed=n),
-                          routes_checked=spec.route == AUTO)  # fmt: skip
+                          routes_checked=spec.route == AUTO, after=_watermark(spec))  # fmt: skip
+
+
+def _watermark(spec: JobSpec) -> Watermark | None:
+    """A `since` job's stored watermark, when there is a store: the estimate prices what the
+    next load would read, not the whole history."""
+    if spec.source.since is None:
+        return None
+    try:
+        store = Store(state.db, create=False)
+    except MissingStoreError:
+        return None
+    try:
+        return stored_watermark(store, spec)
+    finally:
+        store.close()
 
 
 def _lines(
@@ -269,14 +287,14 @@ def provider_requests(spec: JobSpec, count: Count) -> dict[str, Any] | None:
     if spec.request_endpoint != EMBEDDINGS:
         return None
     from lowtide.engine.batches import DEFAULT_CHUNK, PACKED_CHUNK
-    from lowtide.routes.openai_batch import MAX_REQUESTS
 
+    most = CARDS["openai-batch"].limits.max_requests or DEFAULT_CHUNK  # requests a batch (core/cards.py)
     packed = count.scaled(count.packs.requests) if count.packs is not None else None
     rows_per_batch = spec.chunk_size or (PACKED_CHUNK if packed is not None else DEFAULT_CHUNK)
-    unpacked_batch = min(spec.chunk_size or DEFAULT_CHUNK, MAX_REQUESTS)
+    unpacked_batch = min(spec.chunk_size or DEFAULT_CHUNK, most)
     return {
         "packing": packed is not None, "rows": count.rows,
-        "packed_requests": packed, "packed_batches": -(-count.rows // min(rows_per_batch, MAX_REQUESTS)) if packed is not None else None,
+        "packed_requests": packed, "packed_batches": -(-count.rows // min(rows_per_batch, most)) if packed is not None else None,
         "unpacked_requests": count.rows, "unpacked_batches": -(-count.rows // unpacked_batch),
     }  # fmt: skip
 

@@ -178,11 +178,12 @@ def resolve(store: Store, spec: JobSpec, clock: Clock, where: str = "job spec") 
     first = spec.auto.candidates[0]
     counted_spec = spec.model_copy(update={"route": first.route, "route_options": first.route_options})
     from lowtide.engine.counting import count_rows  # the loader imports this module
+    from lowtide.engine.watermarks import stored_watermark
 
     catalog = load_catalog()
     billing = billing_of(first.route, first.route_options)
     counter = counter_for(spec.model, (billing.provider if billing else None) or catalog.provider_of(spec.model))
-    count = count_rows(counted_spec, where, counter, SAMPLE_ROWS, None, routes_checked=True)
+    count = count_rows(counted_spec, where, counter, SAMPLE_ROWS, None, routes_checked=True, after=stored_watermark(store, spec))
     with store.begin() as conn:
         options = evaluate(conn, spec, count.usage, count.rows, catalog)
     choice = choose(options, wait, where)

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from lowtide.core.endpoints import NO_TEXT
 from lowtide.core.errors import SourceError, SpecError
-from lowtide.core.sources import source_of
+from lowtide.core.sources import Watermark, source_of
 from lowtide.core.spec import JobSpec
 from lowtide.core.templates import MessageTemplate
 from lowtide.core.tokens import TokenCounter
@@ -73,11 +73,12 @@ def system_text(body: dict) -> str:
 
 def count_rows(
     spec: JobSpec, where: str, counter: TokenCounter, sample: int | None, output_tokens: int | None,
-    on_rows: Callable[[int], None] | None = None, routes_checked: bool = False,
+    on_rows: Callable[[int], None] | None = None, routes_checked: bool = False, after: Watermark | None = None,
 ) -> Count:  # fmt: skip
-    """Render and count the first `sample` rows (all when None); count every row."""
+    """Render and count the first `sample` rows (all when None); count every row (past
+    `after`, a `since` job's watermark: what its next load would read)."""
     template = MessageTemplate.from_spec(spec, where)
-    source = source_of(spec)
+    source = source_of(spec, after)
     if source.columns is not None:
         if spec.source.id_column not in source.columns:
             raise SourceError(

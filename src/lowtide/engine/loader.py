@@ -22,12 +22,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import orjson
-from sqlalchemy import Connection, func, select, update
+from sqlalchemy import Connection, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 
 from lowtide.core import fastjson, gemini_schema, shapes
 from lowtide.core.anthropic_schema import schema_problem, sent_schema
 from lowtide.core.auto_spec import AUTO
+from lowtide.core.cards import routes_of
 from lowtide.core.clock import Clock
 from lowtide.core.endpoints import (
     CHAT,
@@ -46,7 +47,7 @@ from lowtide.core.fastjson import is_utf8
 from lowtide.core.ids import custom_id_for, key_of
 from lowtide.core.native_schema import anthropic_structured, ask_of, choice_tokens, with_ask
 from lowtide.core.params import cast, check_row
-from lowtide.core.sources import Source, SourceRow, Watermark, compare_values, source_of
+from lowtide.core.sources import Source, SourceRow, Watermark, source_of
 from lowtide.core.spec import JobSpec
 from lowtide.core.spec_changes import SpecChanges, spec_changes
 from lowtide.core.states import JobState, RequestState
@@ -58,11 +59,12 @@ from lowtide.engine.changes import Changes, move_connections, note_changed, requ
 from lowtide.engine.embedding_rows import EmbeddingInput, ModerationInput
 from lowtide.engine.notify import check_notify
 from lowtide.engine.preflight import check_model, check_prices
+from lowtide.engine.watermarks import check_forward, save_watermark, stored_watermark
 from lowtide.routes import create_route
 from lowtide.store.bulk import executemany
 from lowtide.store.db import Store
 from lowtide.store.queries import LIVE_DISPATCH_STATES, add_event, save_job
-from lowtide.store.schema import dispatches, jobs, requests, watermarks
+from lowtide.store.schema import dispatches, jobs, requests
 from lowtide.store.transitions import move_job
 
 MAX_PROBLEMS = 1000
@@ -337,10 +339,10 @@ def _canonical(value) -> bytes:
 
 # Routes that send a job's `choices` to a provider as JSON `{"choice": ...}` (OpenAI's and
 # Anthropic's structured outputs take an object): the wrapper counts against the output limit.
-WRAPPING_ROUTES = frozenset({"openai", "openai-batch", "openai-compatible", "anthropic", "anthropic-batch"})
+WRAPPING_ROUTES = frozenset(routes_of("openai") + routes_of("anthropic"))  # by their cards (core/cards.py)
 WRAPPED_ENDPOINTS = frozenset({CHAT, RESPONSES, MESSAGES})
-ANTHROPIC_ROUTES = frozenset({"anthropic", "anthropic-batch"})
-GEMINI_ROUTES = frozenset({"gemini", "gemini-batch"})
+ANTHROPIC_ROUTES = frozenset(routes_of("anthropic"))
+GEMINI_ROUTES = frozenset(routes_of("gemini"))
 
 
 def check_ask(spec: JobSpec, where: str) -> None:
@@ -452,7 +454,7 @@ def load_job(
         from lowtide.engine.auto import resolve
 
         spec, choice = resolve(store, spec, clock, where)
-    after = _watermark(store, spec)
+    after = stored_watermark(store, spec)
     template, source = check_job(spec, where, after)
     render = RowRenderer(spec, template, source, routes_checked)
     insert_requests = (postgresql.insert if not store.is_sqlite else sqlite.insert)(requests)
@@ -506,12 +508,12 @@ def load_job(
             raise SourceError.from_problems(f"{source.label}: refused, nothing was stored", problems)
         increment = spec.source.since is not None and after is not None
         if total == 0 and increment:
-            _check_forward(source, after)
+            check_forward(source, after)
         elif total == 0:
             raise SourceError(
                 f"source {source.label} has no rows; nothing was stored. Fill the file, or point source.path at the right one"
             )
-        mark = _save_watermark(conn, job_id, spec, source, after, now)
+        mark = save_watermark(conn, job_id, spec, source, after, now)
         requeued = requeue(conn, job_id, changed.pairs, now, where) if changed.pairs else 0
         new = _count(conn, job_id) - before
         if new or requeued:
@@ -531,49 +533,6 @@ def load_job(
         job_id=job_id, created=created, rows=total, new=new, changed=changed.count, requeued=requeued,
         applied=changes.applied + (changes.altering if requeue_changed else []), watermark=mark.shown() if mark else None,
     )  # fmt: skip
-
-
-def _watermark(store: Store, spec: JobSpec) -> Watermark | None:
-    """The stored watermark of a `since` job (None on its first load, or without `since`).
-    One kept for another column is not used: the spec's column changed, all rows are read."""
-    if spec.source.since is None:
-        return None
-    with store.begin() as conn:
-        row = conn.execute(
-            select(watermarks.c.column, watermarks.c.value).join(jobs, jobs.c.id == watermarks.c.job_id).where(jobs.c.name == spec.name)
-        ).first()
-    if row is None or row.column != spec.source.since.column:
-        return None
-    return Watermark.from_json(row.column, row.value)
-
-
-def _check_forward(source: Source, after: Watermark) -> None:
-    """No row past the watermark: nothing new, unless the column went backwards (the
-    source was replaced by older data, or the column rewritten), which is refused."""
-    highest = source.highest_of(after.column)
-    if highest is None:
-        raise SourceError(f"source {source.label} has no rows; nothing was stored. Fill it, or point source.path at the right one")
-    if compare_values(highest, after.value) < 0:
-        raise SourceError(
-            f"{source.label}: source.since column \"{after.column}\" went backwards: its highest value is now "
-            f"{Watermark(after.column, highest).shown()}, and the last load stored rows up to {after.shown()}. "
-            "Nothing was stored. If the source was rebuilt, rename the job (or `lowtide delete` it) to load it afresh"
-        )
-
-
-def _save_watermark(conn: Connection, job_id: int, spec: JobSpec, source: Source, after: Watermark | None, now: float) -> Watermark | None:
-    """Move a `since` job's watermark up to the highest value this load stored (never down)."""
-    if spec.source.since is None:
-        return None
-    if source.highest is None:
-        return after
-    mark = Watermark(spec.source.since.column, source.highest)
-    if after is not None and compare_values(mark.value, after.value) <= 0:
-        return after
-    values = {"column": mark.column, "value": mark.to_json(), "updated_at": now}
-    if conn.execute(update(watermarks).where(watermarks.c.job_id == job_id).values(**values)).rowcount == 0:
-        conn.execute(watermarks.insert().values(job_id=job_id, **values))
-    return mark
 
 
 def _refused(source: Source, refused: dict[str, list[int]]) -> list[str]:
