@@ -16,6 +16,7 @@ from lowtide.cli.common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, state
 from lowtide.cli.dashboard import register as register_dashboard
 from lowtide.cli.helptext import tidy
 from lowtide.cli.retention import register as register_retention
+from lowtide.cli.routes import routes
 from lowtide.cli.traces import register as register_traces
 from lowtide.core.runtime import tune_gc
 
@@ -55,7 +56,7 @@ def _main(
     tune_gc()  # this process is lowtide's own: collect garbage less often (core/runtime.py)
 
 
-for command in (jobs.run, jobs.submit, estimate.estimate, prices.prices, jobs.status, jobs.results, jobs.cancel, jobs.retry, report.report, worker.tick, worker.worker, serve.serve):
+for command in (jobs.run, jobs.submit, estimate.estimate, prices.prices, routes, jobs.status, jobs.results, jobs.cancel, jobs.retry, report.report, worker.tick, worker.worker, serve.serve):
     app.command()(command)
 app.command("compare")(evals.compare_command)
 gateway.register(app)

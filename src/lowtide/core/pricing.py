@@ -46,6 +46,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from lowtide.core import genai_source
+from lowtide.core.cards import CARDS
 from lowtide.core.errors import InputError
 from lowtide.core.types import Usage
 from lowtide.core.yamlfile import parse_mapping, read_text, validate
@@ -327,18 +328,8 @@ class Billing:
     cache_write_ttl: Literal["5m", "1h"] = "5m"
 
 
-_ROUTES: dict[str, tuple[str | None, Tier]] = {
-    "openai": ("openai", Tier.REALTIME),
-    "openai-batch": ("openai", Tier.BATCH),
-    "anthropic": ("anthropic", Tier.REALTIME),
-    "anthropic-batch": ("anthropic", Tier.BATCH),
-    "gemini": ("google", Tier.REALTIME),
-    "gemini-batch": ("google", Tier.BATCH),
-    "openai-compatible": (None, Tier.SELF_HOSTED),
-    "local": (None, Tier.SELF_HOSTED),
-    "echo": (None, Tier.FREE),
-    "echo-batch": (None, Tier.FREE),
-}
+# route -> (price list, tier): each route's card (core/cards.py).
+_ROUTES: dict[str, tuple[str | None, Tier]] = {name: (card.billing, Tier(card.tier)) for name, card in CARDS.items()}
 
 
 def billing_of(route: str, route_options: Mapping[str, Any] | None = None) -> Billing | None:

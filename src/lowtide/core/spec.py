@@ -21,6 +21,7 @@ from lowtide.core.callbacks import (
     check_url_form,
     shown_url,
 )
+from lowtide.core.cards import routes_of
 from lowtide.core.embeddings import check_dimensions
 from lowtide.core.endpoints import (
     CHAT,
@@ -204,7 +205,7 @@ class TemplateSpec(_Strict):
 def template_keys(endpoint: str) -> frozenset[str]:
     """Body keys a spec does not set through `params`: the model and the template make them."""
     return frozenset({"model", conversation_key(endpoint)} | ({"system"} if endpoint == MESSAGES else set()))
-ANTHROPIC_ROUTES = ("anthropic", "anthropic-batch")
+ANTHROPIC_ROUTES = routes_of("anthropic")  # core/cards.py: anthropic, anthropic-batch
 
 
 def default_endpoint(route: str) -> str:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from sqlalchemy import Connection, select
 
 from lowtide.core.auto_spec import duration_text
+from lowtide.core.cards import CARDS, Prior
 from lowtide.core.states import DispatchState
 from lowtide.store.schema import dispatches
 
@@ -29,24 +30,12 @@ HISTORY = 50  # recent dispatches a turnaround is measured over
 MIN_SAMPLES = 3
 
 
-@dataclass(frozen=True, slots=True)
-class Prior:
-    p50: float
-    p95: float
-    per_request: bool  # seconds per request (direct routes) or per batch
-    source: str
-
-
-# Seconds. Batch: the providers' own statements; direct: a request's latency divided by
-# the requests a route keeps in flight (16 by default), rounded up.
+# Seconds: each route's card (core/cards.py) — for batch routes the providers' own
+# statements; for direct ones a request's latency divided by the requests a route keeps in
+# flight (16 by default), rounded up — and a service tier's own (`openai:flex`).
 PRIORS: dict[str, Prior] = {
-    "openai-batch": Prior(4 * 3600, 24 * 3600, False, "OpenAI: completion window 24 h, no typical time published"),
-    "anthropic-batch": Prior(3600, 24 * 3600, False, "Anthropic: most batches finish in less than 1 h, all within 24 h"),
-    "openai": Prior(0.5, 2.0, True, "about 8-30 s a request, 16 in flight"),
-    "openai:flex": Prior(2.0, 10.0, True, "flex: slower answers and 429s when capacity is short (OpenAI flex guide)"),
-    "anthropic": Prior(0.5, 2.0, True, "about 8-30 s a request, 16 in flight"),
-    "echo": Prior(0.001, 0.01, True, "lowtide's echo route"),
-    "echo-batch": Prior(1.0, 5.0, False, "lowtide's echo batch route"),
+    **{name: card.turnaround for name, card in CARDS.items() if card.turnaround is not None},
+    **{f"{name}:{tier}": prior for name, card in CARDS.items() for tier, prior in card.tier_turnaround.items()},
 }
 
 

@@ -8,6 +8,7 @@ import re
 from typing import Any
 from urllib.parse import urlsplit
 
+from lowtide.core.cards import CARDS, check_limit
 from lowtide.core.errors import RouteError
 from lowtide.routes.base import BatchLimits, number_option
 
@@ -25,12 +26,17 @@ def retryable_status(status: int) -> bool:
     return status in (408, 409, 429) or status >= 500
 
 
-def batch_limits(route: str, options: dict[str, Any], max_requests: int, max_bytes: int, one_model_per_batch: bool = False) -> BatchLimits:
-    """The provider's limits per batch, or tighter ones from route_options (never looser)."""
+def batch_limits(route: str, options: dict[str, Any]) -> BatchLimits:
+    """The provider's limits per batch (the route's card, core/cards.py), or tighter ones
+    from route_options; a looser one is refused, naming the limit and the fix."""
+    card = CARDS[route].limits
+    assert card.max_requests is not None and card.max_bytes is not None, route
+    requests = number_option(route, options, "max_requests", card.max_requests, int, 1)
+    size = number_option(route, options, "max_bytes", card.max_bytes, int, 1)
     return BatchLimits(
-        max_requests=min(number_option(route, options, "max_requests", max_requests, int, 1), max_requests),
-        max_bytes=min(number_option(route, options, "max_bytes", max_bytes, int, 1), max_bytes),
-        one_model_per_batch=one_model_per_batch,
+        max_requests=check_limit(route, "max_requests", requests, card.max_requests, "requests"),
+        max_bytes=check_limit(route, "max_bytes", size, card.max_bytes, "bytes"),
+        one_model_per_batch=card.one_model_per_batch,
     )
 
 

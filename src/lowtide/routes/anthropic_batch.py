@@ -29,6 +29,7 @@ from typing import Any, Literal
 import anthropic
 
 from lowtide.core import fastjson
+from lowtide.core.cards import CARDS
 from lowtide.core.errors import BatchGone, BatchRejected, NotSent, RouteError
 from lowtide.core.types import Outcome, Refusal, Request
 from lowtide.routes._provider import (
@@ -54,8 +55,7 @@ from lowtide.routes.base import (
 )
 
 log = logging.getLogger(__name__)
-MAX_REQUESTS = 100_000
-MAX_BYTES = 256 * 2**20
+TERMINAL = CARDS["anthropic-batch"].ended_states()  # "ended" (core/cards.py)
 OPTIONS = {"base_url", "api_key_env", "max_requests", "max_bytes", "poll_interval", "find_window", "cache_prefix", "timeout"}
 
 
@@ -89,7 +89,7 @@ class AnthropicBatchRoute:
 
     def __init__(self, options: dict[str, Any]):
         check_options(self.name, options, OPTIONS)
-        self.limits = batch_limits(self.name, options, MAX_REQUESTS, MAX_BYTES)
+        self.limits = batch_limits(self.name, options)
         self.poll_interval = poll_interval(options, (30.0, 600.0))
         self.find_window = number_option(self.name, options, "find_window", 600, float)
         self.cache_prefix = flag_option(self.name, options, "cache_prefix", False)
@@ -183,7 +183,7 @@ class AnthropicBatchRoute:
         except anthropic.NotFoundError as err:
             raise BatchGone(f"{self.name}: HTTP 404 for batch {batch_id}: {err.message}") from None
         counts = batch.request_counts.model_dump()
-        return BatchStatus(phase=batch.processing_status, ended=batch.processing_status == "ended", counts=counts)
+        return BatchStatus(phase=batch.processing_status, ended=batch.processing_status in TERMINAL, counts=counts)
 
     async def results(self, batch_id: str) -> AsyncIterator[Outcome]:
         # The raw stream, not the SDK's decoder: one corrupt line must not stop the rest. It

@@ -19,11 +19,13 @@ from collections.abc import AsyncIterator, Collection, Iterable
 from pathlib import Path
 from typing import Any, Literal
 
+from lowtide.core.cards import CARDS
 from lowtide.core.errors import BatchGone, RouteError
 from lowtide.core.types import Outcome, Refusal, Request
 from lowtide.routes.base import BatchLimits, BatchStatus, number_option, text_option, texts_option
 from lowtide.routes.echo import EchoRoute
 
+MAX_BYTES = CARDS["echo-batch"].limits.max_bytes or 0  # core/cards.py
 KNOWN_OPTIONS = {"dir", "polls_to_complete", "cancel_polls", "max_requests", "drop", "fail_attempts", "reject", "answer"}
 
 
@@ -41,7 +43,7 @@ class EchoBatchRoute:
         self.polls_to_complete = number_option(self.name, options, "polls_to_complete", 1)
         self.cancel_polls = number_option(self.name, options, "cancel_polls", 1)
         self.drop = set(texts_option(self.name, options, "drop"))
-        self.limits = BatchLimits(max_requests=number_option(self.name, options, "max_requests", 1000, int, 1), max_bytes=100 * 2**20)
+        self.limits = BatchLimits(max_requests=number_option(self.name, options, "max_requests", 1000, int, 1), max_bytes=MAX_BYTES)
         self.echo = EchoRoute({k: options[k] for k in ("fail_attempts", "reject", "answer") if k in options})
 
     def check_model(self, model: str) -> None:

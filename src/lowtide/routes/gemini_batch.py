@@ -42,6 +42,7 @@ from google.genai import errors as genai_errors
 from google.genai import types
 
 from lowtide.core import fastjson
+from lowtide.core.cards import CARDS, check_limit
 from lowtide.core.errors import BatchGone, BatchRejected, NotSent, RouteError
 from lowtide.core.types import Outcome, Refusal, Request
 from lowtide.routes import _gemini_operation as op
@@ -65,10 +66,9 @@ from lowtide.routes.base import (
 )
 
 log = logging.getLogger(__name__)
-MAX_REQUESTS = 100_000
-MAX_BYTES = 2 * 2**30  # Gemini's largest input file
-INLINE_BYTES = 10 * 2**20  # Gemini takes inline requests under 20 MB a batch
-TERMINAL = {"JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED", "JOB_STATE_CANCELLED", "JOB_STATE_EXPIRED"}
+CARD = CARDS["gemini-batch"]  # limits, states (core/cards.py)
+INLINE_BYTES = 10 * 2**20  # by default half of what Gemini takes inline (under 20 MB a batch)
+TERMINAL = CARD.ended_states()
 OPTIONS = {"base_url", "api_key_env", "max_requests", "max_bytes", "inline_bytes", "poll_interval", "find_pages",
            "timeout", "models"}  # fmt: skip
 
@@ -118,8 +118,9 @@ class GeminiBatchRoute:
 
     def __init__(self, options: dict[str, Any]):
         check_options(self.name, options, OPTIONS)
-        self.limits = batch_limits(self.name, options, MAX_REQUESTS, MAX_BYTES, one_model_per_batch=True)
-        self.inline_bytes = number_option(self.name, options, "inline_bytes", INLINE_BYTES)
+        self.limits = batch_limits(self.name, options)
+        inline = number_option(self.name, options, "inline_bytes", INLINE_BYTES)
+        self.inline_bytes = check_limit(self.name, "inline_bytes", inline, CARD.limits.inline_bytes, "bytes inline")
         self.poll_interval = poll_interval(options, (30.0, 600.0))
         self.find_pages = number_option(self.name, options, "find_pages", 10, int, 1)
         self.models = frozenset(texts_option(self.name, options, "models"))

@@ -28,6 +28,7 @@ import openai
 
 from lowtide.core import fastjson
 from lowtide.core.batch_limits import TIERS, enqueued_token_limit
+from lowtide.core.cards import CARDS
 from lowtide.core.errors import BatchGone, BatchRejected, NotSent, RouteError
 from lowtide.core.types import Outcome, Refusal, Request
 from lowtide.routes._provider import (
@@ -42,13 +43,12 @@ from lowtide.routes._wire import openai_outcome, openai_refusal, text_or_none
 from lowtide.routes.base import BatchStatus, never_sent, number_option, secret_of, text_option
 
 log = logging.getLogger(__name__)
-MAX_REQUESTS = 50_000
-MAX_BYTES = 200 * 2**20
 ENDPOINT = "/v1/chat/completions"  # the default: a batch's endpoint is its requests' own
-TERMINAL = {"completed", "failed", "expired", "cancelled"}
+CARD = CARDS["openai-batch"]  # limits, states, how a batch is found (core/cards.py)
+TERMINAL = CARD.ended_states()
 OPTIONS = {"base_url", "api_key_env", "max_requests", "max_bytes", "poll_interval", "find_hours", "timeout",
            "tier", "max_enqueued_tokens"}  # fmt: skip
-METADATA_KEY = "lowtide_key"
+METADATA_KEY = CARD.recovery.field.removeprefix("metadata.")  # lowtide_key
 QUEUE_FULL = "token_limit_exceeded"  # the validation error of a batch over the enqueued-token limit
 
 
@@ -84,7 +84,7 @@ class OpenAIBatchRoute:
 
     def __init__(self, options: dict[str, Any]):
         check_options(self.name, options, OPTIONS)
-        self.limits = batch_limits(self.name, options, MAX_REQUESTS, MAX_BYTES, one_model_per_batch=True)
+        self.limits = batch_limits(self.name, options)
         self.poll_interval = poll_interval(options, (30.0, 600.0))
         self.tier, self.max_enqueued_tokens = _queue_options(self.name, options)
         self.find_seconds = number_option(self.name, options, "find_hours", 48, float) * 3600

@@ -1,0 +1,289 @@
+"""One capability card per route: what a provider allows and keeps, as data in one place.
+
+    CARDS[route] ─► routes    limits a batch is planned within (routes/_provider.py), the states
+                              a poll reads as ended, the metadata key a batch is found by
+                  ─► core     how a route bills (pricing.py), the endpoint a spec defaults to
+                              (spec.py), which routes carry bodies verbatim (params.py)
+                  ─► engine   turnaround priors for `route: auto` (engine/turnaround.py)
+                  ─► cli      `lowtide routes` (`--json`), and docs/support.md (routes/support.py)
+
+A figure comes from the provider's own documentation as compiled in
+shared/reference/batch-apis.md, or from lowtide's own code for its own routes; one that no
+primary source settled is named in the card's `unconfirmed` (its dotted field), never
+invented: None means "not known here". A route option may make a limit tighter, never
+looser (`check_limit`). A plugin route has no card: code reading one falls back to its own.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from lowtide.core.endpoints import (
+    CHAT,
+    COMPLETIONS,
+    EMBEDDINGS,
+    GEMINI,
+    MESSAGES,
+    MODERATIONS,
+    RESPONSES,
+)
+from lowtide.core.errors import RouteError
+
+MB = 2**20
+HOUR = 3600
+DAY = 86400
+
+# What a provider's word for a batch's state means to lowtide.
+Meaning = Literal["running", "cancelling", "ended", "failed", "expired", "cancelled"]
+ENDED_MEANINGS = frozenset({"ended", "failed", "expired", "cancelled"})
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Limits(_Frozen):
+    """Per batch, at the provider; None: no such limit, or not known (see `unconfirmed`)."""
+
+    max_requests: int | None = None
+    max_bytes: int | None = None  # one batch's input: its file, or its create call's body
+    inline_bytes: int | None = None  # a batch sent inline rather than as an uploaded file
+    min_requests: int | None = None
+    custom_id_max: int | None = None  # characters
+    custom_id_pattern: str | None = None
+    enqueued_tokens: str | None = None  # how the provider's queue limits apply, and where lowtide keeps them
+    one_model_per_batch: bool = False
+    one_endpoint_per_batch: bool = False
+    metadata: str | None = None  # what a batch may carry of the caller's own
+
+
+class Lines(_Frozen):
+    """The shape of one request line in a batch and the key its result is matched by."""
+
+    input: str
+    result_key: str
+    order: str = "any: results are matched by their key, never by position"
+
+
+class Recovery(_Frozen):
+    """How a batch is found after a crash between its create and recording its id (DESIGN 3)."""
+
+    how: Literal["metadata", "display_name", "match", "local", "none"]
+    field: str | None = None  # where the dispatch's key travels
+    note: str = ""
+
+
+class Retention(_Frozen):
+    """How long the provider keeps a batch's parts; seconds, None where not known."""
+
+    window_s: int | None = None  # a batch still running after this is expired by the provider
+    inputs_s: int | None = None
+    results_s: int | None = None
+    note: str = ""
+
+
+class Ends(_Frozen):
+    """What a batch that did not finish keeps."""
+
+    expired: str | None  # None: not known (see `unconfirmed`)
+    cancelled: str | None
+
+
+class Discount(_Frozen):
+    factor: Decimal | None  # the share of the real-time price paid
+    stacks_with_cache: bool | None  # whether prompt-cache prices are discounted too
+    source: str
+
+
+class Privacy(_Frozen):
+    residency: str | None = None  # where the data is processed
+    zero_retention: bool | None = None  # whether the route is eligible for zero data retention
+    note: str = ""
+
+
+class Prior(_Frozen):
+    """A turnaround to assume until this store has measured the route (engine/turnaround.py)."""
+
+    p50: float
+    p95: float
+    per_request: bool  # seconds per request (direct routes) or per batch
+    source: str
+
+
+class Card(_Frozen):
+    name: str
+    kind: Literal["batch", "direct"]
+    provider: str  # in words: who runs the requests
+    # The protocol whose bodies the route sends to its provider as they came (a body of
+    # another protocol is translated or refused); None: lowtide's own engine runs them.
+    protocol: Literal["openai", "anthropic", "gemini"] | None
+    billing: Literal["openai", "anthropic", "google"] | None  # the price list (core/pricing.py)
+    tier: Literal["realtime", "batch", "self_hosted", "free"]
+    endpoints: tuple[str, ...]  # those the provider takes (in a batch, for a batch route)
+    limits: Limits = Limits()
+    lines: Lines | None = None
+    recovery: Recovery | None = None
+    retention: Retention = Retention()
+    ends: Ends | None = None
+    status: dict[str, Meaning] = {}
+    discount: Discount | None = None
+    privacy: Privacy = Privacy()
+    turnaround: Prior | None = None
+    tier_turnaround: dict[str, Prior] = {}  # by `route_options.service_tier`
+    unconfirmed: tuple[str, ...] = ()  # dotted fields no primary source settled
+    sources: tuple[str, ...] = ()
+
+    def ended_states(self) -> frozenset[str]:
+        """The provider's words for a batch that will change no more."""
+        return frozenset(s for s, meaning in self.status.items() if meaning in ENDED_MEANINGS)
+
+
+def check_limit(route: str, key: str, value: int, limit: int | None, what: str) -> int:
+    """A route option that sets a per-batch limit (`max_requests`, `max_bytes`, …), checked
+    against the card's: tighter is kept, looser is refused naming the provider, the limit
+    and the fix (the provider would refuse the batch, after its upload)."""
+    card = CARDS.get(route)
+    if limit is None or value <= limit:
+        return value
+    who = card.provider if card else route
+    raise RouteError(
+        f"{route}: route_options.{key} is {value:,}, over {who}'s limit of {limit:,} {what} a batch; "
+        f"give at most {limit:,}, or leave route_options.{key} out to use the limit"
+    )
+
+
+def card_of(route: str) -> Card | None:
+    """The route's card; None for a route lowtide does not ship (a plugin)."""
+    return CARDS.get(route)
+
+
+def routes_of(protocol: str) -> tuple[str, ...]:
+    """The routes that carry `protocol`'s bodies verbatim to a provider of that protocol."""
+    return tuple(n for n, c in CARDS.items() if c.protocol == protocol)
+
+
+_OPENAI_BATCH_STATUS: dict[str, Meaning] = {
+    "validating": "running", "in_progress": "running", "finalizing": "running", "completed": "ended",
+    "failed": "failed", "expired": "expired", "cancelling": "cancelling", "cancelled": "cancelled",
+}  # fmt: skip
+_REALTIME = "about 8-30 s a request, 16 in flight"
+_DIRECT_RETENTION = Retention(note="nothing is kept for lowtide: each answer comes back on the call that asked")
+_ANTHROPIC_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"
+
+CARDS: dict[str, Card] = {
+    "openai-batch": Card(
+        name="openai-batch", kind="batch", provider="OpenAI", protocol="openai", billing="openai", tier="batch",
+        endpoints=(RESPONSES, CHAT, EMBEDDINGS, COMPLETIONS, MODERATIONS),
+        limits=Limits(
+            max_requests=50_000, max_bytes=200 * MB, min_requests=1, one_model_per_batch=True, one_endpoint_per_batch=True,
+            enqueued_tokens="per model and usage tier (core/batch_limits.py); route_options.tier or max_enqueued_tokens",
+            metadata="16 pairs, keys ≤ 64 characters, values ≤ 512",
+        ),
+        lines=Lines(input='{"custom_id", "method": "POST", "url", "body"} per JSONL line', result_key="custom_id"),
+        recovery=Recovery(how="metadata", field="metadata.lowtide_key",
+                          note="find lists recent batches (route_options.find_hours, 48) and adopts the one with the key"),
+        retention=Retention(window_s=24 * HOUR, results_s=30 * DAY,
+                            note="output files are deleted after 30 days; input files keep until deleted, or `expires_after`"),
+        ends=Ends(expired="finished requests are in the output file (billed); the rest come back as batch_expired lines",
+                  cancelled="cancelling takes up to ~10 min; partial results are in the output file"),
+        status=_OPENAI_BATCH_STATUS,
+        discount=Discount(factor=Decimal("0.5"), stacks_with_cache=None, source="OpenAI Batch API: 50% of the synchronous price"),
+        turnaround=Prior(p50=4 * HOUR, p95=24 * HOUR, per_request=False, source="OpenAI: completion window 24 h, no typical time published"),
+        unconfirmed=("limits.custom_id_max", "retention.inputs_s", "discount.stacks_with_cache", "privacy.residency", "privacy.zero_retention"),
+        sources=("platform.openai.com/docs/guides/batch", "openai/openai-openapi openapi.yaml"),
+    ),
+    "anthropic-batch": Card(
+        name="anthropic-batch", kind="batch", provider="Anthropic", protocol="anthropic", billing="anthropic", tier="batch",
+        endpoints=(MESSAGES,),
+        limits=Limits(max_requests=100_000, max_bytes=256 * MB, min_requests=1, custom_id_max=64,
+                      custom_id_pattern=_ANTHROPIC_PATTERN, metadata="none: a batch carries nothing of the caller's"),
+        lines=Lines(input='{"custom_id", "params"} per entry of the create call\'s `requests`', result_key="custom_id"),
+        recovery=Recovery(how="match", note="no metadata: a batch of the dispatch's size created in its window "
+                          "(route_options.find_window, 600 s) is adopted once ended and holding only its custom_ids"),
+        retention=Retention(window_s=24 * HOUR, results_s=29 * DAY, note="results stay available 29 days"),
+        ends=Ends(expired="finished requests keep their results; the rest are `expired` results, not billed",
+                  cancelled="finished requests keep their results; the rest are `canceled` results, not billed"),
+        status={"in_progress": "running", "canceling": "cancelling", "ended": "ended"},
+        discount=Discount(factor=Decimal("0.5"), stacks_with_cache=True,
+                          source="Anthropic Message Batches: 50% of standard, stacking with prompt caching"),
+        turnaround=Prior(p50=HOUR, p95=24 * HOUR, per_request=False, source="Anthropic: most batches finish in less than 1 h, all within 24 h"),
+        unconfirmed=("retention.inputs_s", "privacy.residency", "privacy.zero_retention"),
+        sources=("docs.anthropic.com/en/docs/build-with-claude/batch-processing", "anthropic-sdk-python"),
+    ),
+    "gemini-batch": Card(
+        name="gemini-batch", kind="batch", provider="Google", protocol="gemini", billing="google", tier="batch",
+        endpoints=(GEMINI,),
+        limits=Limits(max_requests=100_000, max_bytes=2048 * MB, inline_bytes=20 * MB, min_requests=1, one_model_per_batch=True,
+                      metadata="a display name (the dispatch's key)"),
+        lines=Lines(input='{"key", "request"} per JSONL line (inline: each request\'s metadata.key)', result_key="key"),
+        recovery=Recovery(how="display_name", field="displayName",
+                          note="find reads recent batches (route_options.find_pages, 10 pages of 100) for the key"),
+        retention=Retention(window_s=48 * HOUR, note="a batch still pending or running after 48 h is expired"),
+        ends=Ends(expired=None, cancelled=None),
+        status={"JOB_STATE_PENDING": "running", "JOB_STATE_RUNNING": "running", "JOB_STATE_SUCCEEDED": "ended",
+                "JOB_STATE_FAILED": "failed", "JOB_STATE_CANCELLED": "cancelled", "JOB_STATE_EXPIRED": "expired"},
+        discount=Discount(factor=Decimal("0.5"), stacks_with_cache=None, source="Gemini Batch Mode: 50% of the standard cost"),
+        unconfirmed=("limits.max_requests", "limits.custom_id_max", "retention.inputs_s", "retention.results_s", "ends.expired",
+                     "ends.cancelled", "discount.stacks_with_cache", "privacy.residency", "privacy.zero_retention", "turnaround"),
+        sources=("ai.google.dev/gemini-api/docs/batch-mode", "googleapis/python-genai batches.py"),
+    ),
+    "echo-batch": Card(
+        name="echo-batch", kind="batch", provider="lowtide (echo, a folder)", protocol=None, billing=None, tier="free",
+        endpoints=(CHAT, RESPONSES, COMPLETIONS, MESSAGES, GEMINI, EMBEDDINGS, MODERATIONS),
+        limits=Limits(max_bytes=100 * MB, min_requests=1),
+        lines=Lines(input="the request as stored, one JSON file per batch", result_key="custom_id",
+                    order="reversed, on purpose: results are matched by custom_id"),
+        recovery=Recovery(how="local", field="meta.json key", note="batches are folders that outlive the process"),
+        retention=Retention(note="kept in its folder until deleted"),
+        ends=Ends(expired="never expires", cancelled="requests not done come back as batch_cancelled"),
+        status={"in_progress": "running", "cancelling": "cancelling", "ended": "ended"},
+        privacy=Privacy(residency="this machine", zero_retention=True),
+        turnaround=Prior(p50=1.0, p95=5.0, per_request=False, source="lowtide's echo batch route"),
+        sources=("src/lowtide/routes/echo_batch.py",),
+    ),
+    "openai": Card(
+        name="openai", kind="direct", provider="OpenAI", protocol="openai", billing="openai", tier="realtime",
+        endpoints=(CHAT, RESPONSES, COMPLETIONS, EMBEDDINGS, MODERATIONS), retention=_DIRECT_RETENTION,
+        discount=Discount(factor=Decimal("0.5"), stacks_with_cache=None,
+                          source="route_options.service_tier: flex bills at batch-rate prices"),
+        turnaround=Prior(p50=0.5, p95=2.0, per_request=True, source=_REALTIME),
+        tier_turnaround={"flex": Prior(p50=2.0, p95=10.0, per_request=True,
+                                       source="flex: slower answers and 429s when capacity is short (OpenAI flex guide)")},
+        unconfirmed=("discount.stacks_with_cache", "privacy.residency", "privacy.zero_retention"),
+        sources=("platform.openai.com/docs/guides/flex-processing",),
+    ),
+    "openai-compatible": Card(
+        name="openai-compatible", kind="direct", provider="any OpenAI-compatible server (vLLM, SGLang, llama.cpp)",
+        protocol="openai", billing=None, tier="self_hosted", endpoints=(CHAT, RESPONSES, COMPLETIONS, EMBEDDINGS),
+        retention=Retention(note="whatever the server keeps"),
+        privacy=Privacy(residency="wherever route_options.base_url points"),
+    ),
+    "anthropic": Card(
+        name="anthropic", kind="direct", provider="Anthropic", protocol="anthropic", billing="anthropic", tier="realtime",
+        endpoints=(MESSAGES,), limits=Limits(custom_id_max=64, custom_id_pattern=_ANTHROPIC_PATTERN), retention=_DIRECT_RETENTION,
+        turnaround=Prior(p50=0.5, p95=2.0, per_request=True, source=_REALTIME),
+        unconfirmed=("privacy.residency", "privacy.zero_retention"),
+    ),
+    "gemini": Card(
+        name="gemini", kind="direct", provider="Google", protocol="gemini", billing="google", tier="realtime",
+        endpoints=(GEMINI,), retention=_DIRECT_RETENTION,
+        discount=Discount(factor=Decimal("0.5"), stacks_with_cache=None,
+                          source="route_options.service_tier: flex, about half the standard price; UNCONFIRMED per model"),
+        unconfirmed=("discount.factor", "privacy.residency", "privacy.zero_retention", "turnaround"),
+    ),
+    "echo": Card(
+        name="echo", kind="direct", provider="lowtide (echo)", protocol=None, billing=None, tier="free",
+        endpoints=(CHAT, RESPONSES, COMPLETIONS, MESSAGES, GEMINI, EMBEDDINGS, MODERATIONS),
+        retention=Retention(note="nothing is kept"), privacy=Privacy(residency="this machine", zero_retention=True),
+        turnaround=Prior(p50=0.001, p95=0.01, per_request=True, source="lowtide's echo route"),
+    ),
+    "local": Card(
+        name="local", kind="direct", provider="lowtide (embedded model)", protocol=None, billing=None, tier="self_hosted",
+        endpoints=(CHAT, RESPONSES, COMPLETIONS, MESSAGES, EMBEDDINGS),
+        retention=Retention(note="nothing is kept"), privacy=Privacy(residency="this machine", zero_retention=True),
+        unconfirmed=("turnaround",),
+    ),
+}
