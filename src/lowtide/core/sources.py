@@ -512,10 +512,8 @@ class ParquetSource(Source):
     def _rows(self, size: int) -> Iterator[SourceRow]:
         number = 0
         try:
-            # little read-ahead: memory stays a few batches whatever the dataset's size
-            batches = self.dataset.to_batches(filter=self.expression(), batch_size=size, batch_readahead=1, fragment_readahead=1)
-            for batch in batches:
-                for values in batch.to_pylist():
+            for table in self._tables(size):
+                for values in table.to_pylist():
                     number += 1
                     yield SourceRow(number, None, values)
         except SourceError:
@@ -523,14 +521,59 @@ class ParquetSource(Source):
         except Exception as err:
             raise SourceError(f"{self.label}: cannot read as parquet ({_arrow_reason(err)})") from None
 
+    def _tables(self, size: int, columns: list[str] | None = None) -> Iterator[Any]:
+        """The rows the filter and watermark keep, at most `size` per table, file by file and
+        row group by row group. Not the dataset scanner: it decodes whole row groups ahead of
+        the reader whatever its read-ahead settings (~100 MB at a million-row source's row
+        groups); one file's batches, unbuffered, stay a few MB."""
+        import pyarrow as pa
+        import pyarrow.dataset as ds
+        import pyarrow.parquet as pq
+
+        expr = self.expression()
+        schema = self.dataset.schema if columns is None else pa.schema([self.dataset.schema.field(c) for c in columns])
+        for fragment in self.dataset.get_fragments(filter=expr):
+            keys = ds.get_partition_keys(fragment.partition_expression) or {}
+            # row groups whose statistics the filter rules out are never read
+            groups = None if expr is None else [piece.row_groups[0].id for piece in fragment.split_by_row_group(filter=expr, schema=self.dataset.schema)]
+            if groups == []:
+                continue
+            with self._open_file(fragment.path) as f:
+                pf = pq.ParquetFile(f, pre_buffer=False)
+                own = set(pf.schema_arrow.names)
+                needed = set(schema.names) | ({c for c, _, _ in self.filters} | ({self.after.column} if self.after else set()))
+                wanted = [c for c in pf.schema_arrow.names if c in needed and c not in keys]
+                for batch in pf.iter_batches(batch_size=size, row_groups=groups, columns=wanted, use_threads=False):
+                    n = batch.num_rows
+                    arrays = {}
+                    for field in self.dataset.schema:
+                        if field.name in keys:
+                            arrays[field.name] = pa.array([keys[field.name]] * n, type=field.type)
+                        elif field.name in own and field.name in needed:
+                            arrays[field.name] = batch.column(field.name)
+                        elif field.name in needed:  # a column this file has not: null here
+                            arrays[field.name] = pa.nulls(n, field.type)
+                    table = pa.table(arrays)
+                    if expr is not None:
+                        table = table.filter(expr)
+                    yield table.select(schema.names)
+
+    def _open_file(self, path: str):
+        if self.loc.local:
+            import pyarrow as pa
+
+            return pa.OSFile(path, "rb")
+        # a small read-ahead block: fsspec's default (S3: 50 MB) would be held per open file
+        return self.loc.fs.open(path, "rb", block_size=8 << 20)
+
     def highest_of(self, column: str) -> Any:
         import pyarrow.compute as pc
 
         after, self.after = self.after, None
         try:
             highest = None
-            for batch in self.dataset.to_batches(columns=[column], filter=self.expression(), batch_readahead=1, fragment_readahead=1):
-                top = pc.max(batch.column(0)).as_py()
+            for table in self._tables(CHUNK_ROWS * 10, columns=[column]):
+                top = pc.max(table.column(0)).as_py()
                 if top is not None and (highest is None or compare_values(top, highest) > 0):
                     highest = top
             return highest
