@@ -23,7 +23,7 @@ def write_day(root, day: str, ids: range, text_priority: bool = False) -> None:
 
 
 def spec_for(root, **source):
-    return make_spec(root, source={"id_column": "ticket_id", **source}, template={"user": "{{ dt }}: {{ body }}"})
+    return make_spec(root, source={"id_column": "ticket_id", **source}, template={"user": "{{ dt }}: {{ ticket_id }}"})
 
 
 def test_each_load_opens_only_the_partitions_past_the_watermark(sqlite_store, clock, tmp_path):
@@ -55,3 +55,20 @@ def test_a_partition_of_another_type_is_refused_by_name_unless_filtered_out(sqli
         assert conn.execute(sa.text("SELECT count(*) FROM requests")).scalar() == 0
     kept = source_of(spec_for(root, filter=[["dt", "=", "2026-12-02"]]))
     assert [r.values["ticket_id"] for c in kept.chunks() for r in c] == ["T3", "T4", "T5"]
+
+
+def test_csv_files_of_one_source_must_share_the_header(sqlite_store, clock, tmp_path):
+    """Only the first file's header is read up front; a later file that disagrees refuses the
+    load when it is reached, and the load's transaction keeps nothing of the files before it."""
+    root = tmp_path / "tickets"
+    (root / "dt=2026-12-01").mkdir(parents=True)
+    (root / "dt=2026-12-02").mkdir(parents=True)
+    (root / "dt=2026-12-01" / "a.csv").write_text("ticket_id,body\nT1,one\n", encoding="utf-8")
+    (root / "dt=2026-12-02" / "a.csv").write_text("ticket_id,text\nT2,two\n", encoding="utf-8")
+    with pytest.raises(SourceError, match=r"dt=2026-12-02/a.csv: its header \(ticket_id, text\) is not the first file's "
+                                          r"\(ticket_id, body\); give every file of a source the same columns"):
+        load_job(sqlite_store, spec_for(root), clock)
+    with sqlite_store.begin() as conn:
+        assert conn.execute(sa.text("SELECT count(*) FROM requests")).scalar() == 0
+    kept = source_of(spec_for(root, filter=[["dt", "=", "2026-12-01"]]))  # the odd file filtered out
+    assert [r.values["ticket_id"] for c in kept.chunks() for r in c] == ["T1"]

@@ -26,6 +26,7 @@ from lowtide.core.errors import SourceError
 EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "az": "azure", "abfs": "azure", "abfss": "azure", "adl": "azure", "hf": "hf"}
 BUCKETED = {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss"}  # the path's first part is a bucket (container)
 _URL = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]+)://")
+BLOCK = 8 << 20  # bytes fetched per read from an object store
 _GLOB = re.compile(r"[*?\[]")
 
 
@@ -113,7 +114,8 @@ class Location:
 
     @contextmanager
     def open_text(self, path: str, newline: str | None = None) -> Iterator[IO[str]]:
-        with self.errors(), self.fs.open(path, "rb") as raw, io.TextIOWrapper(raw, encoding="utf-8-sig", newline=newline) as f:
+        # a small read-ahead block: fsspec's default (S3: 50 MB) is fetched whole to read a header
+        with self.errors(), self.fs.open(path, "rb", block_size=BLOCK) as raw, io.TextIOWrapper(raw, encoding="utf-8-sig", newline=newline) as f:
             yield f
 
     def open_bytes(self, path: str):

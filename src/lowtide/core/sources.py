@@ -27,7 +27,7 @@ from urllib.parse import unquote
 
 from lowtide.core import fastjson, source_types
 from lowtide.core.errors import SourceError
-from lowtide.core.locations import Location, location
+from lowtide.core.locations import BLOCK, Location, location
 from lowtide.core.spec import FORMATS, JobSpec, SourceSpec, format_of
 
 CHUNK_ROWS = 5000
@@ -289,15 +289,10 @@ class FileSource(Source):
         return self.label
 
     def _read_columns(self) -> list[str]:
-        header: list[str] | None = None
-        for f in self.files:
-            own = self._header(f)
-            if header is None:
-                header = own
-            elif own != header:
-                raise SourceError(f"{self.loc.name_of(f)}: its header ({', '.join(own)}) is not the first file's "
-                                  f"({', '.join(header)}); give every file of a source the same columns")  # fmt: skip
-        self.header = list(header or [])
+        # The first file's header is the source's: the others are checked as each is read
+        # (a load is one transaction: a file that disagrees stores nothing), so a source of
+        # a thousand files costs one open up front, and partitions a filter leaves out none.
+        self.header = self._header(self.files[0])
         columns = self.header + [c for c in self.partition_columns if c not in self.header]
         return columns
 
@@ -367,7 +362,13 @@ class FileSource(Source):
             # strict: a quote opened and never closed is an error, not a value that swallows
             # every row after it (the lenient reader returns them as one cell, silently)
             reader = csv.reader(text, strict=True)
-            header = [h.strip() for h in next(reader)]
+            try:
+                header = [h.strip() for h in next(reader)]
+            except StopIteration:
+                raise SourceError(f"{name}: empty file; every CSV file of a source starts with the header row") from None
+            if header != self.header:
+                raise SourceError(f"{name}: its header ({', '.join(header)}) is not the first file's ({', '.join(self.header)}); "
+                                  "give every file of a source the same columns")  # fmt: skip
             width = len(header)
             number = 0
             line = reader.line_num + 1
@@ -564,7 +565,7 @@ class ParquetSource(Source):
 
             return pa.OSFile(path, "rb")
         # a small read-ahead block: fsspec's default (S3: 50 MB) would be held per open file
-        return self.loc.fs.open(path, "rb", block_size=8 << 20)
+        return self.loc.fs.open(path, "rb", block_size=BLOCK)
 
     def highest_of(self, column: str) -> Any:
         import pyarrow.compute as pc
