@@ -100,6 +100,7 @@ def test_every_table_command_at_80_columns_in_a_pipe_and_its_json(tmp_path):
         "status": ("status",), "status-job": ("status", "tickets"), "report": ("report",),
         "report-by": ("report", "--by", "route"), "estimate": ("estimate", "job.yaml"),
         "compare": ("results", "tickets", "--out", "r.csv", "--compare", "gold"), "cancel": ("cancel", "tickets"),
+        "routes": ("routes",), "routes-one": ("routes", "openai-batch"),
     }  # fmt: skip
     outputs = dict(zip(runs, cli.many(*runs.values()), strict=True))
     for name, (code, text) in outputs.items():
@@ -126,6 +127,8 @@ def test_every_table_command_at_80_columns_in_a_pipe_and_its_json(tmp_path):
     assert compare["rows"] == 1234 and compare["accuracy"]["rows"] == 1234
     assert compare["accuracy"]["chance"] == 1 / len(LABELS)
     assert json.loads(shapes["cancel"][1])["cancelled_now"] == 0
+    assert "openai-batch" in json.loads(shapes["routes"][1])
+    assert json.loads(shapes["routes-one"][1])["limits"]["max_requests"] == 50_000
 
 
 def test_a_notebook_gets_plain_lines_not_a_live_widget_and_a_run_from_python_ends_with_a_summary():

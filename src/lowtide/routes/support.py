@@ -22,6 +22,7 @@ from typing import Any, Literal, Union
 
 import typing_extensions
 
+from lowtide.core.cards import CARDS
 from lowtide.core.endpoints import (
     CHAT,
     COMPLETIONS,
@@ -305,6 +306,73 @@ def asks_markdown() -> list[str]:
     return out
 
 
+def _cell(value: Any, unconfirmed: bool = False) -> str:
+    text = "—" if value is None else ("yes" if value is True else "no" if value is False else str(value))
+    return (text + " (UNCONFIRMED)" if unconfirmed else text).replace("|", "\\|")
+
+
+def _bytes(n: int | None) -> str | None:
+    return None if n is None else next(f"{n // s:,} {u}" for u, s in (("GB", 2**30), ("MB", 2**20), ("B", 1)) if n % s == 0)
+
+
+def _time(s: int | None) -> str | None:
+    return None if s is None else next(f"{s // k:,} {u}" for u, k in (("d", 86400), ("h", 3600), ("s", 1)) if s % k == 0)
+
+
+def _share(card: Any) -> str | None:
+    factor = card.discount.factor if card.discount else None
+    return None if factor is None else f"{(factor * 100).normalize():f}%"
+
+
+def cards_markdown() -> list[str]:
+    """Each route's capability card (core/cards.py), as tables: `lowtide routes NAME` shows one whole."""
+    names = list(CARDS)
+    rows: list[tuple[str, Any]] = [
+        ("kind", lambda c: c.kind), ("provider", lambda c: c.provider),
+        ("requests a batch", lambda c: None if c.limits.max_requests is None else f"{c.limits.max_requests:,}"),
+        ("bytes a batch", lambda c: _bytes(c.limits.max_bytes)), ("bytes inline", lambda c: _bytes(c.limits.inline_bytes)),
+        ("custom_id", lambda c: c.limits.custom_id_pattern or c.limits.custom_id_max),
+        ("one model a batch", lambda c: c.limits.one_model_per_batch if c.kind == "batch" else None),
+        ("enqueued tokens", lambda c: c.limits.enqueued_tokens),
+        ("line", lambda c: c.lines and c.lines.input), ("result key", lambda c: c.lines and c.lines.result_key),
+        ("found after a crash", lambda c: c.recovery and f"{c.recovery.how}" + (f" (`{c.recovery.field}`)" if c.recovery.field else "")),
+        ("expired after", lambda c: _time(c.retention.window_s)), ("results kept", lambda c: _time(c.retention.results_s)),
+        ("inputs kept", lambda c: _time(c.retention.inputs_s)),
+        ("an expired batch keeps", lambda c: c.ends and c.ends.expired),
+        ("a cancelled batch keeps", lambda c: c.ends and c.ends.cancelled),
+        ("share of real-time price", lambda c: _share(c) if c.kind == "batch" else None),
+        ("stacks with cache prices", lambda c: c.discount.stacks_with_cache if c.kind == "batch" and c.discount else None),
+        ("data processed", lambda c: c.privacy.residency), ("zero retention", lambda c: c.privacy.zero_retention),
+    ]  # fmt: skip
+    fields = {"requests a batch": "limits.max_requests", "bytes a batch": "limits.max_bytes", "custom_id": "limits.custom_id_max",
+              "inputs kept": "retention.inputs_s", "results kept": "retention.results_s", "an expired batch keeps": "ends.expired",
+              "a cancelled batch keeps": "ends.cancelled", "share of real-time price": "discount.factor",
+              "stacks with cache prices": "discount.stacks_with_cache", "data processed": "privacy.residency",
+              "zero retention": "privacy.zero_retention"}  # fmt: skip
+    out = [
+        "## What each route's provider allows and keeps",
+        "",
+        "Each route's capability card (`src/lowtide/core/cards.py`); `lowtide routes NAME` shows one whole,",
+        "`lowtide routes --json` all of them. The planner keeps each batch within the card's limits; a",
+        "`route_options.max_requests`, `max_bytes` or `inline_bytes` over them is refused before anything",
+        "is sent. UNCONFIRMED: no primary source settled it (—: not known, or no such thing).",
+        "",
+        "| | " + " | ".join(names) + " |",
+        "|---|" + "---|" * len(names),
+    ]
+    for title, get in rows:
+        field = fields.get(title)
+        # (a direct route's discount is its flex tier's: not in this table)
+        shown = [(get(c), field in c.unconfirmed and not (c.kind == "direct" and title.startswith(("share", "stacks")))) for c in CARDS.values()]
+        cells = [_cell(v if v or v is False else None, unsure) for v, unsure in shown]
+        out.append(f"| {title} | " + " | ".join(cells) + " |")
+    out += ["", "### Provider states", "", "| route | state | read as |", "|---|---|---|"]
+    for card in CARDS.values():
+        out += [f"| {card.name} | {state} | {meaning} |" for state, meaning in card.status.items()]
+    out.append("")
+    return out
+
+
 def markdown() -> str:
     rows = list(verdicts())
     out = [
@@ -334,6 +402,7 @@ def markdown() -> str:
             out.append(f"| {item} | " + " | ".join(cells.get((item, n), "refused") for n in names) + " |")
         out.append("")
     out += asks_markdown()
+    out += cards_markdown()
     return "\n".join(out)
 
 
