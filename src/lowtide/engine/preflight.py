@@ -37,6 +37,8 @@ def check_target(spec: JobSpec, target: OutputTarget) -> None:
     if embedding:
         return
     check_schema_types(spec)
+    if target.table is None and not target.partition_by:
+        return
     rows = _result_columns(spec)
     if rows is None:  # the source itself is at fault: loading it says how
         return
