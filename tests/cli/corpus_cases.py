@@ -76,7 +76,7 @@ CASES = [
     Case("spec-unknown-route", ["run", "job.yaml"], 2, files={"t.csv": CSV, "job.yaml": job().replace("route: echo", "route: carrier-pigeon")}),
     Case("spec-unknown-param", ["run", "job.yaml"], 2, files={"t.csv": CSV, "job.yaml": job().replace("max_tokens: 4", "max_tokens: 4, warp: 9")}),
     Case("output-unknown-extension", ["run", "job.yaml"], 2, files={"t.csv": CSV, "job.yaml": job(extra="output: {path: out.txt2}\n")}),
-    Case("output-in-proc", ["run", "job.yaml"], 2, files={"t.csv": CSV, "job.yaml": job(extra="output: {path: /proc/x.csv}\n")}),
+    Case("output-in-proc", ["run", "job.yaml", "--out", "/proc/x.csv"], 2, files={"t.csv": CSV, "job.yaml": job()}),
     Case("output-under-a-file", ["run", "job.yaml", "--out", "t.csv/r.csv"], 2, files=BASE),
     Case("output-is-a-folder", ["run", "job.yaml", "--out", "outdir"], 2, files={**BASE, "outdir/keep": ""}),
     Case("budget-unknown-price", ["run", "job.yaml"], 2,
