@@ -72,3 +72,17 @@ def test_csv_files_of_one_source_must_share_the_header(sqlite_store, clock, tmp_
         assert conn.execute(sa.text("SELECT count(*) FROM requests")).scalar() == 0
     kept = source_of(spec_for(root, filter=[["dt", "=", "2026-12-01"]]))  # the odd file filtered out
     assert [r.values["ticket_id"] for c in kept.chunks() for r in c] == ["T1"]
+
+
+def test_csv_partitions_already_loaded_are_not_opened(sqlite_store, clock, tmp_path):
+    root = tmp_path / "tickets"
+    for day, ids in (("2026-12-01", "T1"), ("2026-12-02", "T2")):
+        (root / f"dt={day}").mkdir(parents=True)
+        (root / f"dt={day}" / "a.csv").write_text(f"ticket_id,body\n{ids},x\n", encoding="utf-8")
+    spec = spec_for(root, since={"column": "dt"})
+    assert load_job(sqlite_store, spec, clock).new == 2
+    (root / "dt=2026-12-01" / "a.csv").write_bytes(b"\xff\xfe not a csv any more")  # opened, it would refuse the load
+    (root / "dt=2026-12-03").mkdir()
+    (root / "dt=2026-12-03" / "a.csv").write_text("ticket_id,body\nT3,y\n", encoding="utf-8")
+    report = load_job(sqlite_store, spec, clock)
+    assert (report.rows, report.new, report.watermark) == (1, 1, "2026-12-03")

@@ -281,18 +281,25 @@ class FileSource(Source):
         self.name = loc.name_of(files[0]) if len(files) == 1 else loc.text
         self.partitions = {f: _partitions(loc, f) for f in files}
         self.partition_columns = list(dict.fromkeys(k for parts in self.partitions.values() for k in parts))
-        self.columns = self._read_columns() if fmt == "csv" else None
+        self.columns: list[str] | None = None  # a CSV's: read once the filter and watermark are known (_check_known)
 
     # kept for callers that still read one local file by its path
     @property
     def path(self) -> str:
         return self.label
 
+    def _check_known(self) -> None:
+        if self.format == "csv":
+            self.columns = self._read_columns()
+        super()._check_known()
+
     def _read_columns(self) -> list[str]:
-        # The first file's header is the source's: the others are checked as each is read
-        # (a load is one transaction: a file that disagrees stores nothing), so a source of
-        # a thousand files costs one open up front, and partitions a filter leaves out none.
-        self.header = self._header(self.files[0])
+        # The first kept file's header is the source's: the others are checked as each is
+        # read (a load is one transaction: a file that disagrees stores nothing), so a source
+        # of a thousand files costs one open up front, and partitions that the filter or the
+        # watermark leave out none.
+        kept = [f for f in self.files if self._kept(self.partitions[f])]
+        self.header = self._header((kept or self.files)[0])
         columns = self.header + [c for c in self.partition_columns if c not in self.header]
         return columns
 
@@ -331,8 +338,8 @@ class FileSource(Source):
         for f in self.files:
             reader = self._csv if self.format == "csv" else self._jsonl
             extra = self.partitions[f]
-            if extra and self.filters and not self._kept(extra):
-                continue  # a partition the filter leaves out: its file is never opened
+            if extra and (self.filters or self.after is not None) and not self._kept(extra):
+                continue  # a partition the filter or the watermark leaves out: its file is never opened
             name = self.loc.name_of(f)
             try:
                 for line, values in reader(f, name):
@@ -352,10 +359,11 @@ class FileSource(Source):
                 raise SourceError(f"{self.loc.text if not many else name}: cannot read ({_reason(err)})") from None
 
     def _kept(self, partition: dict[str, str]) -> bool:
-        """Whether a file's `key=value` folders pass the filters that name them (a CSV column
-        of the same name is the row's own value: such filters are left to the rows)."""
+        """Whether a file's `key=value` folders pass the filters and the watermark that name
+        them (a CSV column of the same name is the row's own value: those are left to the rows)."""
         own = set(getattr(self, "header", ()))
-        return all(_holds(partition[c], op, _typed(w, partition[c])) for c, op, w in self.filters if c in partition and c not in own)
+        items = list(self.filters) + ([(self.after.column, ">", self.after.value)] if self.after is not None else [])
+        return all(_holds(partition[c], op, _typed(w, partition[c])) for c, op, w in items if c in partition and c not in own)
 
     def _csv(self, f: str, name: str) -> Iterator[tuple[int, dict[str, Any]]]:
         with self._open(f) as text:
