@@ -14,6 +14,7 @@ SUMMARIES = {
     "submit": "Check a job and store its requests; send nothing.",
     "estimate": "A job's tokens, cost and wait on each tier.",
     "prices": "The prices that apply to a model, and their sources.",
+    "routes": "Each route's limits, recovery, retention and discount.",
     "status": "How far jobs are: requests by state, live batches.",
     "results": "Write a job's results joined to its source rows.",
     "cancel": "Cancel a job's unsent requests and live batches.",
