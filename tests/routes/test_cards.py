@@ -76,6 +76,8 @@ def test_the_routes_read_their_cards_states_and_key():
         ("anthropic-batch", "max_requests", 200_000, ("Anthropic's limit of 100,000 requests", "give at most 100,000")),
         ("anthropic-batch", "max_bytes", 300 * 2**20, ("Anthropic's limit of 268,435,456 bytes", "route_options.max_bytes out")),
         ("gemini-batch", "inline_bytes", 30 * 2**20, ("Google's limit of 20,971,520 bytes inline", "give at most")),
+        # Google documents no request count: the card's is lowtide's own bound, and says so
+        ("gemini-batch", "max_requests", 100_001, ("over lowtide's bound of 100,000 requests a batch", "give at most 100,000")),
     ],
 )
 def test_a_route_option_over_the_cards_limit_is_refused_naming_the_provider_the_limit_and_the_fix(name, option, value, words, key, tmp_path):

@@ -148,9 +148,11 @@ def check_limit(route: str, key: str, value: int, limit: int | None, what: str) 
     card = CARDS.get(route)
     if limit is None or value <= limit:
         return value
-    who = card.provider if card else route
+    field = f"limits.{key}"  # the option and the card field share the name
+    # a limit no provider document settles is lowtide's own bound, and said to be
+    whose = f"{card.provider}'s limit" if card and field not in card.unconfirmed else "lowtide's bound"
     raise RouteError(
-        f"{route}: route_options.{key} is {value:,}, over {who}'s limit of {limit:,} {what} a batch; "
+        f"{route}: route_options.{key} is {value:,}, over {whose} of {limit:,} {what} a batch; "
         f"give at most {limit:,}, or leave route_options.{key} out to use the limit"
     )
 
