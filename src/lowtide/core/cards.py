@@ -16,8 +16,9 @@ looser (`check_limit`). A plugin route has no card: code reading one falls back 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from decimal import Decimal
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -113,6 +114,18 @@ class Prior(_Frozen):
     source: str
 
 
+class Wire(_Frozen):
+    """How a route speaking OpenAI's Files + Batches API reaches one provider: what differs
+    between the providers that speak it (a profile of `openai-compatible-batch`, `azure-batch`)."""
+
+    base_url: str | None  # None: route_options.base_url must give it
+    key_env: str  # the environment variable the key is read from, by default
+    auth: Literal["bearer", "api-key"] = "bearer"  # `Authorization: Bearer KEY`, or Azure's `api-key: KEY`
+    purpose: str = "batch"  # the upload's `purpose`
+    completion_window: str = "24h"
+    metadata: bool = True  # whether a batch carries `metadata` (the dispatch's key, to be found by)
+
+
 class Card(_Frozen):
     name: str
     kind: Literal["batch", "direct"]
@@ -120,7 +133,8 @@ class Card(_Frozen):
     # The protocol whose bodies the route sends to its provider as they came (a body of
     # another protocol is translated or refused); None: lowtide's own engine runs them.
     protocol: Literal["openai", "anthropic", "gemini"] | None
-    billing: Literal["openai", "anthropic", "google"] | None  # the price list (core/pricing.py)
+    # the price list (core/pricing.py); lowtide has none for groq, together, azure's own prices
+    billing: Literal["openai", "anthropic", "google", "groq", "together", "novita", "azure"] | None
     tier: Literal["realtime", "batch", "self_hosted", "free"]
     endpoints: tuple[str, ...]  # those the provider takes (in a batch, for a batch route)
     limits: Limits = Limits()
@@ -133,6 +147,7 @@ class Card(_Frozen):
     privacy: Privacy = Privacy()
     turnaround: Prior | None = None
     tier_turnaround: dict[str, Prior] = {}  # by `route_options.service_tier`
+    wire: Wire | None = None  # for routes that speak OpenAI's Batch API to more than one provider
     unconfirmed: tuple[str, ...] = ()  # dotted fields no primary source settled
     sources: tuple[str, ...] = ()
 
@@ -157,9 +172,21 @@ def check_limit(route: str, key: str, value: int, limit: int | None, what: str) 
     )
 
 
-def card_of(route: str) -> Card | None:
-    """The route's card; None for a route lowtide does not ship (a plugin)."""
-    return CARDS.get(route)
+def card_of(route: str, options: Mapping[str, Any] | None = None) -> Card | None:
+    """The route's card, or its profile's (`route_options.profile`: `ROUTE:PROFILE`); None for
+    a route lowtide does not ship (a plugin)."""
+    return CARDS.get(card_name(route, options))
+
+
+def card_name(route: str, options: Mapping[str, Any] | None = None) -> str:
+    """The card a route with these options runs by: `ROUTE:PROFILE` where the route has profiles."""
+    profile = (options or {}).get("profile")
+    return f"{route}:{profile}" if isinstance(profile, str) and f"{route}:{profile}" in CARDS else route
+
+
+def profiles_of(route: str) -> tuple[str, ...]:
+    """The profiles a route takes in `route_options.profile`."""
+    return tuple(n.split(":", 1)[1] for n in CARDS if n.startswith(f"{route}:"))
 
 
 def routes_of(protocol: str) -> tuple[str, ...]:
@@ -174,6 +201,9 @@ _OPENAI_BATCH_STATUS: dict[str, Meaning] = {
 _REALTIME = "about 8-30 s a request, 16 in flight"
 _DIRECT_RETENTION = Retention(note="nothing is kept for lowtide: each answer comes back on the call that asked")
 _ANTHROPIC_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"
+_OPENAI_LINES = Lines(input='{"custom_id", "method": "POST", "url", "body"} per JSONL line', result_key="custom_id")
+_OPENAI_RECOVERY = Recovery(how="metadata", field="metadata.lowtide_key",
+                            note="find lists recent batches (route_options.find_hours, 48) and adopts the one with the key")
 
 CARDS: dict[str, Card] = {
     "openai-batch": Card(
@@ -231,6 +261,62 @@ CARDS: dict[str, Card] = {
         unconfirmed=("limits.max_requests", "limits.custom_id_max", "retention.inputs_s", "retention.results_s", "ends.expired",
                      "ends.cancelled", "discount.stacks_with_cache", "privacy.residency", "privacy.zero_retention", "turnaround"),
         sources=("ai.google.dev/gemini-api/docs/batch-mode", "googleapis/python-genai batches.py"),
+    ),
+    # `openai-compatible-batch`: OpenAI's Files + Batches API at another provider, one card per
+    # `route_options.profile` (routes/openai_compatible_batch.py); without a profile, any server
+    # speaking it at route_options.base_url, within OpenAI's limits as lowtide's own bound.
+    "openai-compatible-batch": Card(
+        name="openai-compatible-batch", kind="batch", provider="any server speaking OpenAI's Batch API (route_options.base_url)",
+        protocol="openai", billing=None, tier="self_hosted", endpoints=(CHAT, RESPONSES, COMPLETIONS, EMBEDDINGS),
+        limits=Limits(max_requests=50_000, max_bytes=200 * MB, min_requests=1, one_model_per_batch=True, one_endpoint_per_batch=True),
+        lines=_OPENAI_LINES, recovery=_OPENAI_RECOVERY, status=_OPENAI_BATCH_STATUS,
+        retention=Retention(note="whatever the server keeps"), privacy=Privacy(residency="wherever route_options.base_url points"),
+        wire=Wire(base_url=None, key_env="OPENAI_API_KEY"),
+        unconfirmed=("limits.max_requests", "limits.max_bytes"),
+    ),
+    "openai-compatible-batch:groq": Card(
+        name="openai-compatible-batch:groq", kind="batch", provider="Groq", protocol="openai", billing="groq", tier="batch",
+        endpoints=(CHAT,),
+        limits=Limits(max_requests=50_000, max_bytes=100 * MB, min_requests=1, one_model_per_batch=True, one_endpoint_per_batch=True,
+                      metadata="a metadata mapping (the groq SDK's batches.create takes one)"),
+        lines=_OPENAI_LINES, recovery=_OPENAI_RECOVERY, status=_OPENAI_BATCH_STATUS,
+        retention=Retention(window_s=24 * HOUR, note="completion_window 24h (Groq takes 24h to 7d)"),
+        discount=Discount(factor=Decimal("0.75"), stacks_with_cache=None, source="console.groq.com/docs/batch: 25% lower cost than the synchronous API"),
+        turnaround=Prior(p50=4 * HOUR, p95=24 * HOUR, per_request=False, source="Groq: a 24-hour processing window, no typical time published"),
+        wire=Wire(base_url="https://api.groq.com/openai/v1", key_env="GROQ_API_KEY"),
+        unconfirmed=("limits.max_requests", "limits.max_bytes", "limits.custom_id_max", "limits.one_model_per_batch", "retention.inputs_s",
+                     "retention.results_s", "ends.expired", "ends.cancelled", "discount.stacks_with_cache", "privacy.residency",
+                     "privacy.zero_retention"),
+        sources=("console.groq.com/docs/batch", "groq-python resources/batches.py (POST /openai/v1/batches)"),
+    ),
+    "openai-compatible-batch:together": Card(
+        name="openai-compatible-batch:together", kind="batch", provider="Together AI", protocol="openai", billing="together", tier="batch",
+        endpoints=(CHAT,),
+        limits=Limits(max_requests=50_000, max_bytes=100 * MB, min_requests=1, custom_id_max=64, one_model_per_batch=True, one_endpoint_per_batch=True,
+                      enqueued_tokens="up to 30B tokens enqueued per model (Together's limit; not planned by lowtide)"),
+        lines=_OPENAI_LINES, recovery=_OPENAI_RECOVERY,
+        status=_OPENAI_BATCH_STATUS | {s.upper(): m for s, m in _OPENAI_BATCH_STATUS.items()},
+        retention=Retention(window_s=24 * HOUR, note="the 24h completion window is Together's default and cannot be changed; best effort"),
+        discount=Discount(factor=None, stacks_with_cache=None, source="docs.together.ai batch overview: up to 50% off serverless rates, on selected models"),
+        turnaround=Prior(p50=HOUR, p95=24 * HOUR, per_request=False,
+                         source="Together: the 24-hour window is a maximum; batches under 1,000 requests typically finish in minutes"),
+        wire=Wire(base_url="https://api.together.xyz/v1", key_env="TOGETHER_API_KEY", purpose="batch-api"),
+        unconfirmed=("discount.factor", "limits.one_model_per_batch", "limits.metadata", "recovery", "status", "retention.inputs_s",
+                     "retention.results_s", "ends.expired", "ends.cancelled", "discount.stacks_with_cache", "privacy.residency",
+                     "privacy.zero_retention"),
+        sources=("docs.together.ai/docs/inference/batch/overview", "docs.together.ai/docs/inference/batch/tutorial"),
+    ),
+    "openai-compatible-batch:novita": Card(
+        name="openai-compatible-batch:novita", kind="batch", provider="Novita AI", protocol="openai", billing="novita", tier="batch",
+        endpoints=(CHAT, COMPLETIONS),
+        limits=Limits(max_requests=50_000, max_bytes=100 * MB, min_requests=1, one_model_per_batch=True, one_endpoint_per_batch=True),
+        lines=_OPENAI_LINES, recovery=_OPENAI_RECOVERY, status=_OPENAI_BATCH_STATUS,
+        retention=Retention(note="Novita's guide gives results within 24 h in one version and 48 h in another"),
+        wire=Wire(base_url=None, key_env="NOVITA_API_KEY"),
+        unconfirmed=("wire.base_url", "limits.max_requests", "limits.max_bytes", "limits.custom_id_max", "limits.metadata", "recovery",
+                     "retention.window_s", "retention.inputs_s", "retention.results_s", "ends.expired", "ends.cancelled", "discount",
+                     "privacy.residency", "privacy.zero_retention", "turnaround"),
+        sources=("novita.ai/docs/guides/llm-batch-api",),
     ),
     "echo-batch": Card(
         name="echo-batch", kind="batch", provider="lowtide (echo, a folder)", protocol=None, billing=None, tier="free",

@@ -28,7 +28,7 @@ import openai
 
 from lowtide.core import fastjson
 from lowtide.core.batch_limits import TIERS, enqueued_token_limit
-from lowtide.core.cards import CARDS
+from lowtide.core.cards import CARDS, Card
 from lowtide.core.errors import BatchGone, BatchRejected, NotSent, RouteError
 from lowtide.core.types import Outcome, Refusal, Request
 from lowtide.routes._provider import (
@@ -82,17 +82,29 @@ class OpenAIBatchRoute:
     name = "openai-batch"
     group_by_prefix = True  # requests sharing a prompt prefix go together: cache hits
 
+    purpose = "batch"  # the upload's purpose; `wire` (a card's) says another provider's
+    completion_window = "24h"
+    send_metadata = True
+
     def __init__(self, options: dict[str, Any]):
         check_options(self.name, options, OPTIONS)
-        self.limits = batch_limits(self.name, options)
-        self.poll_interval = poll_interval(options, (30.0, 600.0))
         self.tier, self.max_enqueued_tokens = _queue_options(self.name, options)
+        self.setup(options, CARD, "OPENAI_API_KEY", text_option(self.name, options, "base_url"))
+
+    def setup(self, options: dict[str, Any], card: Card, key_env: str, base_url: str | None,
+              client_class: type[openai.AsyncOpenAI] = openai.AsyncOpenAI) -> None:
+        """What every route speaking OpenAI's Batch API sets up from its options and its card:
+        limits, polling, the key and the SDK client (routes/openai_compatible_batch.py)."""
+        self.card = card
+        self.terminal = card.ended_states()
+        self.limits = batch_limits(card.name, options)
+        self.poll_interval = poll_interval(options | {"base_url": base_url}, (30.0, 600.0))
         self.find_seconds = number_option(self.name, options, "find_hours", 48, float) * 3600
-        key = api_key(self.name, options, "OPENAI_API_KEY")
+        key = api_key(self.name, options, key_env)
         self.secret = secret_of(key)  # scrubbed from the errors the engine keeps (routes/base.py)
-        self.client = openai.AsyncOpenAI(
+        self.client = client_class(
             api_key=key,
-            base_url=text_option(self.name, options, "base_url"),
+            base_url=base_url,
             # Per read or write, not per call: a stalled download gives up and the next poll resumes.
             timeout=number_option(self.name, options, "timeout", 120, float, 1e-3),
         )
@@ -122,12 +134,13 @@ class OpenAIBatchRoute:
                 raise BatchRejected(f"{self.name}: one endpoint per batch file, got {sorted(endpoints)}")
             f.seek(0)
             try:
-                uploaded = await self.client.files.create(file=(f"{key}.jsonl", f), purpose="batch")
+                # a purpose or window the SDK's types do not list is sent as given
+                uploaded = await self.client.files.create(file=(f"{key}.jsonl", f), purpose=self.purpose)  # type: ignore[arg-type]
                 batch = await self.client.with_options(max_retries=0).batches.create(
                     input_file_id=uploaded.id,
                     endpoint=endpoints.pop(),
-                    completion_window="24h",
-                    metadata={METADATA_KEY: key},
+                    completion_window=self.completion_window,  # type: ignore[arg-type]
+                    metadata={METADATA_KEY: key} if self.send_metadata else openai.omit,
                 )
             except openai.APIStatusError as err:
                 raise translate_create_error(self.name, err) from None
@@ -161,7 +174,7 @@ class OpenAIBatchRoute:
             errors = [f"line {e.line}: {e.code}: {e.message}" if e.line else f"{e.code}: {e.message}" for e in data]
             errors = errors or ["the provider failed the batch without saying why"]
             queue_full = bool(data) and all(e.code == QUEUE_FULL for e in data)
-        return BatchStatus(phase=batch.status, ended=batch.status in TERMINAL, counts=counts, errors=errors, queue_full=queue_full)
+        return BatchStatus(phase=batch.status, ended=batch.status in self.terminal, counts=counts, errors=errors, queue_full=queue_full)
 
     async def results(self, batch_id: str) -> AsyncIterator[Outcome]:
         batch = await self.client.batches.retrieve(batch_id)

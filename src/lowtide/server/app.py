@@ -126,7 +126,8 @@ def _check_limits(config: ServeConfig) -> None:
 
 def _install_auth(app: FastAPI, keys: tuple[str, ...]) -> None:
     """With keys configured, every /v1 call must carry one (`Authorization: Bearer KEY` as
-    OpenAI's SDK sends it, `x-api-key` as Anthropic's does), and every Gemini call (/v1beta,
+    OpenAI's SDK sends it, `x-api-key` as Anthropic's does, `api-key` as Azure OpenAI takes
+    it), and every Gemini call (/v1beta,
     /upload; a Gemini call on /v1 arrives here as /v1beta, gemini_versions.py) its `x-goog-api-key`. Keys are never logged."""
     if not keys:
         return
@@ -140,7 +141,7 @@ def _install_auth(app: FastAPI, keys: tuple[str, ...]) -> None:
         if not request.url.path.startswith(("/v1/", "/v1beta/", "/upload/")):
             return await call_next(request)
         bearer = request.headers.get("authorization", "")
-        given = request.headers.get("x-api-key") or request.headers.get("x-goog-api-key")
+        given = request.headers.get("x-api-key") or request.headers.get("x-goog-api-key") or request.headers.get("api-key")
         given = given or (bearer[7:].strip() if bearer.lower().startswith("bearer ") else None)
         if known(given):
             return await call_next(request)

@@ -20,7 +20,9 @@ from lowtide.server.schemas import FILE_UPLOAD, form_body
 from lowtide.server.uploads import FORM_OVERHEAD, FormReceiver
 
 router = APIRouter(prefix="/v1/files")
-PURPOSES = ("batch", "assistants", "fine-tune", "vision", "user_data", "evals")
+# A batch's input file: OpenAI's purpose, and Together's word for it (its Batch API is OpenAI's otherwise)
+BATCH_PURPOSES = ("batch", "batch-api")
+PURPOSES = ("batch", "assistants", "fine-tune", "vision", "user_data", "evals", "batch-api")
 FEED_BYTES = 256 * 1024  # also how far past its limit a file may get before the 413
 
 
@@ -95,11 +97,11 @@ def _store(server: Server, file_id: str, form: FormReceiver) -> dict[str, Any]:
     purpose, filename = form.fields.get("purpose"), form.filename or "upload"
     if purpose not in PURPOSES:
         raise ApiError(400, f"'{purpose}' is not one of {list(PURPOSES)} - 'purpose'", param="purpose")
-    if purpose == "batch" and not batch_name_ok(filename):
+    if purpose in BATCH_PURPOSES and not batch_name_ok(filename):
         raise ApiError(400, "Invalid file format for Batch API. Must be .jsonl", param="file")
     now = server.clock.now()
     expires_at = _expires_after(form.fields, now)
-    relative = f"files/{file_id}.jsonl" if purpose == "batch" else f"files/{file_id}"
+    relative = f"files/{file_id}.jsonl" if purpose in BATCH_PURPOSES else f"files/{file_id}"
     form.target.rename(server.path(relative))
     values = {"id": file_id, "purpose": purpose, "filename": filename, "bytes": form.size, "path": relative,
               "created_at": now, "expires_at": expires_at}  # fmt: skip

@@ -16,6 +16,7 @@ from lowtide.server import records
 from lowtide.server.bodies import parse_object, read_body
 from lowtide.server.context import Server
 from lowtide.server.errors import ApiError, not_found
+from lowtide.server.files import BATCH_PURPOSES
 from lowtide.server.finalize import Summary, live_summary
 from lowtide.server.records import TERMINAL
 from lowtide.server.records import BatchStatus as S
@@ -148,7 +149,7 @@ def _create(server: Server, body: BatchCreate) -> dict[str, Any]:
         file = records.get_file(conn, body.input_file_id, "openai")
         if file is None:
             raise not_found("openai", "file", body.input_file_id)
-        if file.purpose != "batch":
+        if file.purpose not in BATCH_PURPOSES:
             raise ApiError(400, f"The file {file.id} has purpose '{file.purpose}'; a batch needs a file uploaded with purpose 'batch'.", param="input_file_id")
         records.insert_batch(
             conn, id=batch_id, api="openai", endpoint=body.endpoint, input_file_id=body.input_file_id,

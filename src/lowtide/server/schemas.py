@@ -73,7 +73,7 @@ FILE_UPLOAD: dict[str, Any] = {
     "required": ["file", "purpose"],
     "properties": {
         "file": {"type": "string", "format": "binary"},
-        "purpose": {"type": "string", "enum": ["batch", "assistants", "fine-tune", "vision", "user_data", "evals"]},
+        "purpose": {"type": "string", "enum": ["batch", "assistants", "fine-tune", "vision", "user_data", "evals", "batch-api"]},
         "expires_after[anchor]": {"type": "string", "enum": ["created_at"]},
         "expires_after[seconds]": {"type": "integer", "minimum": 3600, "maximum": 2_592_000},
     },
