@@ -46,7 +46,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from lowtide.core import genai_source
-from lowtide.core.cards import CARDS
+from lowtide.core.cards import CARDS, card_name
 from lowtide.core.errors import InputError
 from lowtide.core.types import Usage
 from lowtide.core.yamlfile import parse_mapping, read_text, validate
@@ -338,9 +338,10 @@ def billing_of(route: str, route_options: Mapping[str, Any] | None = None) -> Bi
     `openai` with `route_options.service_tier: flex` (or `priority`) bills at that tier,
     until a response says otherwise (`Outcome.tier`, engine/ledger.py). Anthropic routes with
     `cache_prefix: true` write their cache with the 1-hour TTL (what anthropic-batch sends)."""
+    options = route_options or {}
+    route = card_name(route, options)  # a profile's card: `openai-compatible-batch:groq`
     if route not in _ROUTES:
         return None
-    options = route_options or {}
     provider, tier = _ROUTES[route]
     if route in ("openai", "gemini") and options.get("service_tier") in (Tier.FLEX, Tier.PRIORITY):
         tier = Tier(options["service_tier"])
@@ -432,6 +433,12 @@ def attempt_cost(
         note = hosted.note or ("" if usd is not None else f"self_hosted.{name} has no throughput; add input_ and output_tokens_per_second")
         return Cost(usd, usd, Tier.SELF_HOSTED, entry=name, note=note)
     assert billing.provider is not None
+    if billing.provider not in PROVIDERS:  # Groq, Together, …: no price list here, never a guess
+        return Cost(
+            None, None, billing.tier,
+            note=f'no {billing.provider} prices: lowtide prices {", ".join(PROVIDERS)} models, so "{model}" '
+            f"on {route} has no estimate (its share of the real-time price: `lowtide routes {card_name(route, route_options)}`)",
+        )  # fmt: skip
     found_model = catalog.lookup(billing.provider, model, at)
     if found_model is None:
         return Cost(
