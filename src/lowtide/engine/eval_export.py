@@ -59,6 +59,6 @@ class EvalRows:
 
 
 def export_eval_results(store: Store, ev: EvalSpec, out: str | Path, full: bool = False) -> ExportReport:
-    """Write every variant's answers to `out` (CSV, JSONL or Parquet by extension)."""
-    out = Path(out)
-    return write_rows(EvalRows(store, ev, full=full), out, format_of(out, None))  # type: ignore[arg-type]
+    """Write every variant's answers to `out` (CSV, JSONL or Parquet by extension; a local
+    path or an object-store URL), whole or not at all, as a job's export is (export.py)."""
+    return write_rows(EvalRows(store, ev, full=full), out, format_of(str(out).rstrip("/").rsplit("/", 1)[-1]))
