@@ -4,8 +4,10 @@ Each output row is the source row plus: custom_id, state, output, one column per
 an object response schema (or `parsed` for any other schema), error, tokens, attempts, route,
 source_changed, then what the provider's stored answer says (answer_columns.py):
 finish_reason, tool_calls, refusal, reasoning, logprobs, choices (all of them, where n > 1),
-and with `full` the whole response. A lowtide column whose name the source already uses is
-prefixed with `lowtide_`.
+and with `full` the whole response. A schema property named like one of those columns
+(`state`, `route`, `response`, ...) is written as `answer_<name>` beside lowtide's own, in
+every format and sink alike; a lowtide column whose name the source already uses is prefixed
+with `lowtide_`. No column is ever written over by another.
 
 Nested values are real nested values: objects in JSONL, structs and lists in Parquet (types
 in answer_columns.py), JSON text in CSV. Rows are read a source chunk at a time, and a
@@ -47,6 +49,7 @@ _RESULT_COLUMNS = (
     "custom_id", "state", "output", "error", "input_tokens", "output_tokens", "attempts", "route", "source_changed",
     *ANSWER_COLUMNS,
 )  # fmt: skip
+_OWN = frozenset(_RESULT_COLUMNS) | {"response"}  # a parsed field named so is `answer_<name>` (with or without `full`)
 PAGE_BYTES = 8 << 20  # stored answers read at once, at most (one bigger answer is read alone)
 INLINE_BYTES = 4096  # answers this small come with the chunk's lookup (5,000 of them: 20 MB at most)
 
@@ -73,18 +76,31 @@ class ResultColumns:
         props = (self.spec.response_schema or {}).get("properties") if self.spec.response_schema else None
         self.parsed_fields: list[str] = list(props) if isinstance(props, dict) else []
         self.whole_parsed = self.spec.response_schema is not None and not self.parsed_fields
-        self.parsed_schemas: dict[str, Any] = (
-            {f: props[f] for f in self.parsed_fields} if self.parsed_fields else {"parsed": self.spec.response_schema} if self.whole_parsed else {}
+        # A parsed field's key in `result_columns`, apart from lowtide's own column names.
+        self.parsed_keys = {f: f"parsed:{f}" for f in self.parsed_fields}
+        self.parsed_schemas: dict[str, Any] = (  # by key in `result_columns`
+            {self.parsed_keys[f]: props[f] for f in self.parsed_fields} if self.parsed_fields
+            else {"parsed": self.spec.response_schema} if self.whole_parsed else {}
         )  # fmt: skip
         self.source_columns: list[str] | None = self.source.columns
 
     def result_columns(self, source_columns: list[str]) -> dict[str, str]:
-        """lowtide's column names, renamed where the source already has them."""
-        names = list(_RESULT_COLUMNS[:3]) + self.parsed_fields + (["parsed"] if self.whole_parsed else []) + list(_RESULT_COLUMNS[3:])
-        if self.full:
-            names.append("response")
+        """lowtide's columns, key -> column name: lowtide's own under their names, a parsed
+        field under `parsed:<field>`. A field named like one of lowtide's columns is
+        `answer_<field>`; any name the source (or a column before it) already has is
+        prefixed with `lowtide_`, so no two columns share a name."""
+        fields = set(self.parsed_fields)
+        wanted = [(n, n) for n in _RESULT_COLUMNS[:3]]
+        wanted += [(self.parsed_keys[f], _unique(f"answer_{f}", fields | _OWN) if f in _OWN else f) for f in self.parsed_fields]
+        wanted += [("parsed", "parsed")] if self.whole_parsed else []
+        wanted += [(n, n) for n in _RESULT_COLUMNS[3:]]
+        wanted += [("response", "response")] if self.full else []
         taken = set(source_columns)
-        return {n: (f"lowtide_{n}" if n in taken else n) for n in names}
+        names: dict[str, str] = {}
+        for key, name in wanted:
+            names[key] = name = _unique(f"lowtide_{name}", taken) if name in taken else name
+            taken.add(name)
+        return names
 
     def columns(self) -> list[str]:
         """Every column of the results: the source's (a JSONL source's first chunk's keys, as
@@ -140,8 +156,8 @@ class ResultRows(ResultColumns):
         parsed = fastjson.loads(parsed) if parsed and self.parsed_schemas else None
         record[names["state"]] = state
         record[names["output"]] = output
-        for f in self.parsed_fields:
-            record[names[f]] = parsed.get(f) if isinstance(parsed, dict) else None
+        for f, key in self.parsed_keys.items():
+            record[names[key]] = parsed.get(f) if isinstance(parsed, dict) else None
         if self.whole_parsed:
             record[names["parsed"]] = parsed
         record[names["error"]] = f"{error_code}: {error_message}" if state != "succeeded" and error_code else None
@@ -202,6 +218,14 @@ class ResultRows(ResultColumns):
                 for old, res in fetch(list(legacy)).items():
                     found.setdefault(legacy[old], res)
             return found
+
+
+def _unique(name: str, taken: set[str] | frozenset[str]) -> str:
+    """`name`, prefixed again (`answer_answer_state`, `lowtide_lowtide_state`) while taken."""
+    prefix = name.split("_", 1)[0] + "_"
+    while name in taken:
+        name = prefix + name
+    return name
 
 
 def _pages(rows: list[tuple]) -> Iterator[list[tuple]]:
