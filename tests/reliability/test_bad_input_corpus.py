@@ -129,8 +129,8 @@ class Load:
 LOADS: list[Load] = [
     Load("missing source file", {}, SourceError,
          "{dir}/t.csv: no such file; check `source.path` (relative to the spec file)"),
-    Load("source is a folder", {"t.csv/": ""}, SourceError,
-         "{dir}/t.csv: is a folder, not a file; point `source.path` at a file"),
+    Load("source is an empty folder", {"t.csv/": ""}, SourceError,
+         "{dir}/t.csv: an empty folder; put the data files in it, or point `source.path` at the right one"),
     Load("empty CSV", {"t.csv": ""}, SourceError,
          "{dir}/t.csv: empty file; a CSV source needs a header row"),
     Load("a header name twice", {"t.csv": "ticket_id,body,body\nT1,a,b\n"}, SourceError,
