@@ -28,15 +28,12 @@ def _free_port() -> int:
 
 
 @dataclass
-class S3Server:
+class _Server:
     endpoint: str
-
-    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+    scheme = ""
 
     def fs(self):
-        import s3fs
-
-        return s3fs.S3FileSystem(client_kwargs={"endpoint_url": self.endpoint}, key="testing", secret="testing")
+        raise NotImplementedError
 
     def bucket(self, name: str) -> str:
         """A new, empty bucket: its URL."""
@@ -45,7 +42,17 @@ class S3Server:
             fs.rm(name, recursive=True)
         fs.mkdir(name)
         fs.invalidate_cache()
-        return f"s3://{name}"
+        return f"{self.scheme}://{name}"
+
+
+class S3Server(_Server):
+    scheme = "s3"
+    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+
+    def fs(self):
+        import s3fs
+
+        return s3fs.S3FileSystem(client_kwargs={"endpoint_url": self.endpoint}, key="testing", secret="testing")
 
 
 @pytest.fixture(scope="module")
@@ -85,22 +92,13 @@ def s3(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> Iterator[S3Serve
     _fresh_fsspec()
 
 
-@dataclass
-class GcsServer:
-    endpoint: str
+class GcsServer(_Server):
+    scheme = "gs"
 
     def fs(self):
         import gcsfs
 
         return gcsfs.GCSFileSystem(endpoint_url=self.endpoint, token="anon", project="test")
-
-    def bucket(self, name: str) -> str:
-        fs = self.fs()
-        if fs.exists(name):
-            fs.rm(name, recursive=True)
-        fs.mkdir(name)
-        fs.invalidate_cache()
-        return f"gs://{name}"
 
 
 @pytest.fixture(scope="module")

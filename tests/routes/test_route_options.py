@@ -18,6 +18,7 @@ BAD = ["x", True, 2.5, float("nan"), -1, [1], {"a": 1}]
 # Enough for each route to be built at all (its key, its server), so the option is what is judged.
 BASE = {
     "openai-compatible": {"base_url": "http://127.0.0.1:9/v1"},
+    "openai-compatible-batch": {"base_url": "http://127.0.0.1:9/v1"},
 }
 
 
