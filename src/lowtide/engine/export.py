@@ -40,7 +40,7 @@ from lowtide.core.templates import MessageTemplate
 from lowtide.engine.answer_columns import ANSWER_COLUMNS, answer_values, plain_values
 from lowtide.engine.committed import committed
 from lowtide.engine.loader import RowRenderer
-from lowtide.engine.result_writers import WRITERS
+from lowtide.engine.result_writers import WRITERS, tally
 from lowtide.store.bulk import among
 from lowtide.store.db import Store
 from lowtide.store.queries import get_job
@@ -295,10 +295,7 @@ def write_rows(rows: ResultRows, out: str | Path, fmt: str) -> ExportReport:
     count = 0
     with committed(loc) as f:
         writer = WRITERS[fmt](f, rows)
-        for chunk in rows.chunks():
-            state_col = rows.result_columns(rows.source_columns or [])["state"]
-            for r in chunk:
-                states[r[state_col]] = states.get(r[state_col], 0) + 1
+        for chunk in tally(rows, states):
             writer.write(chunk)
             count += len(chunk)
         writer.close()

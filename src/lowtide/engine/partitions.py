@@ -26,7 +26,7 @@ from urllib.parse import quote
 from lowtide.core.errors import LowtideError
 from lowtide.core.locations import Location
 from lowtide.engine.committed import store_errors, temp_name
-from lowtide.engine.result_writers import EXTENSIONS, WRITERS, ArrowLayout, output_columns
+from lowtide.engine.result_writers import EXTENSIONS, WRITERS, ArrowLayout, output_columns, tally
 
 HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"  # the folder of rows with no value, as Hive and pyarrow name it
 MAX_PARTITIONS = 500  # each is an open file while writing
@@ -105,13 +105,10 @@ def write_partitioned(rows: Any, folder: Location, fmt: str, columns: list[str])
     count = 0
     checked = False
     try:
-        for chunk in rows.chunks():
+        for chunk in tally(rows, states):
             if not checked:
                 check_partition_columns(columns, output_columns(rows), "the results")
                 checked = True
-            state_col = rows.result_columns(rows.source_columns or [])["state"]
-            for r in chunk:
-                states[r[state_col]] = states.get(r[state_col], 0) + 1
             parts.write(chunk)
             count += len(chunk)
         parts.close()

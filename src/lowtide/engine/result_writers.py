@@ -13,7 +13,7 @@ from __future__ import annotations
 import csv
 import io
 import json
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
 from typing import IO, Any
 
 from lowtide.core import source_types
@@ -156,3 +156,12 @@ class ParquetWriter:
 
 WRITERS = {"csv": CsvWriter, "jsonl": JsonlWriter, "parquet": ParquetWriter}
 EXTENSIONS = {"csv": ".csv", "jsonl": ".jsonl", "parquet": ".parquet"}
+
+
+def tally(rows: Any, states: dict[str, int]) -> Iterator[list[dict[str, Any]]]:
+    """`rows`' chunks, each counted into `states` (rows per state) as it passes."""
+    for chunk in rows.chunks():
+        state_col = rows.result_columns(rows.source_columns or [])["state"]
+        for r in chunk:
+            states[r[state_col]] = states.get(r[state_col], 0) + 1
+        yield chunk
