@@ -42,26 +42,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from pipeline import bench_spec, make_source, run_to_end  # noqa: E402  (the pipeline bench's job)
+from retention import build  # noqa: E402  (the pipeline bench's job, run to the end in a SQLite store)
 from sources import peak_rss_mb, start_s3  # noqa: E402  (VmHWM; moto's server on loopback)
 
 RSS_TARGET_MB = 300
 EXTENSIONS = {"parquet": "parquet", "csv": "csv", "jsonl": "jsonl"}
-
-
-def build(folder: Path, n: int) -> Path:
-    """A SQLite store holding the finished job `bench` of `n` succeeded requests."""
-    from lowtide.core.clock import SystemClock
-    from lowtide.engine.loader import load_job
-    from lowtide.store.db import Store
-
-    source = folder / "tickets.csv"
-    make_source(source, n)
-    path = folder / "bench.db"
-    with Store(str(path)) as store:
-        load_job(store, bench_spec(source), SystemClock())
-        run_to_end(store, n)
-    return path
 
 
 def export_once(db: str, out: str, fmt: str) -> dict:
