@@ -131,7 +131,7 @@ def test_an_existing_table_missing_a_column_is_refused_before_the_run_with_the_s
     engine = sa.create_engine(db_url)
     with engine.begin() as conn:
         conn.execute(sa.text(f"CREATE TABLE {table} (custom_id TEXT PRIMARY KEY, ticket_id TEXT, body TEXT, score FLOAT, flag BOOLEAN, "
-                             "day DATE, opened TEXT, state TEXT, output TEXT, label TEXT, confidence FLOAT, tags TEXT, detail TEXT)"))  # fmt: skip
+                             "day DATE, opened TIMESTAMP WITH TIME ZONE, state TEXT, output TEXT, label TEXT, confidence FLOAT, tags JSON, detail JSON)"))  # fmt: skip
     target = OutputTarget("output.url", url=db_url, table=table)
     with pytest.raises(SpecError) as caught:
         check_target(spec, target)
@@ -181,3 +181,49 @@ def test_lowtide_run_upserts_into_a_specs_sql_table(tmp_path):
         assert f"results: {url} table ticket_results (6 rows)" in out
         _, rows = _read(url, "ticket_results")
         assert [r["custom_id"] for r in rows] == [f"T{1000 + i}" for i in range(6)] and {r["state"] for r in rows} == {"succeeded"}
+
+
+@pytest.mark.postgres
+def test_an_existing_column_that_cannot_take_the_results_is_refused_before_the_run_with_its_fix(job, pg_schema_url):
+    """PostgreSQL refuses a bigint into a TEXT column and a float into an INTEGER one: found
+    before the run, not by the upsert after it."""
+    store, spec = job
+    table = f"results_{uuid.uuid4().hex[:6]}"
+    engine = sa.create_engine(pg_schema_url)
+    with engine.begin() as conn:
+        conn.execute(sa.text(
+            f"CREATE TABLE {table} (custom_id TEXT PRIMARY KEY, ticket_id TEXT, body TEXT, n NUMERIC, score FLOAT, flag BOOLEAN, "
+            "opened TIMESTAMP WITH TIME ZONE, day DATE, state TEXT, output TEXT, error TEXT, label TEXT, confidence INTEGER, "
+            "tags JSONB, detail JSONB, input_tokens BIGINT, output_tokens BIGINT, attempts TEXT, route TEXT, source_changed BOOLEAN, "
+            "finish_reason TEXT, tool_calls JSONB, refusal TEXT, reasoning TEXT, logprobs JSONB, choices JSONB)"
+        ))  # fmt: skip  (n NUMERIC takes the results' BIGINT: not refused)
+    target = OutputTarget("output.url", url=pg_schema_url, table=table)
+    with pytest.raises(SpecError) as caught:
+        check_target(spec, target)
+    message = str(caught.value)
+    assert message.startswith(f'output.table {table}: column "confidence" is INTEGER but the results\' are FLOAT, '
+                              '"attempts" is TEXT but the results\' are BIGINT; change them (')  # fmt: skip
+    fixes = message.split("change them (", 1)[1].split("), or name a new table", 1)[0]
+    with engine.begin() as conn:  # the statements the message gives are the fix
+        for statement in fixes.split("; "):
+            conn.execute(sa.text(statement))
+    engine.dispose()
+    check_target(spec, target)
+    assert write_target(store, "tickets", target).rows == 6
+    types, rows = _read(pg_schema_url, table)
+    assert isinstance(types["attempts"], sa.BigInteger) and {r["attempts"] for r in rows} == {1}
+
+
+def test_results_with_no_rows_still_make_their_table(tmp_path, db_url, clock):
+    """A source emptied since the run (tonight's file, not there yet) joins no rows: the
+    table is made all the same, so the step after the export finds it."""
+    write_csv(tmp_path / "tickets.csv", _rows(2))
+    spec = make_spec(tmp_path / "tickets.csv")
+    table = f"results_{uuid.uuid4().hex[:6]}"
+    with Store(str(tmp_path / "lowtide.db")) as store:
+        drive_to_end(store, spec, clock)
+        (tmp_path / "tickets.csv").write_text("ticket_id,body,n,score,flag,opened,day\n")
+        report = write_target(store, "tickets", OutputTarget("output.url", url=db_url, table=table))
+    assert (report.rows, report.states) == (0, {})
+    types, rows = _read(db_url, table)
+    assert rows == [] and {"custom_id", "ticket_id", "body", "state", "output"} <= set(types)

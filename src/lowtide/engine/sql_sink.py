@@ -8,9 +8,11 @@ JSON elsewhere; `custom_id` is the primary key. Every row is written with INSERT
 CONFLICT (custom_id) DO UPDATE (PostgreSQL, SQLite), all in one transaction: a failure
 half-way leaves the table as it was, and running the export again changes nothing.
 
-An existing table keeps its own column types; one missing a results column, or without a
-unique key on custom_id, is refused before the run (preflight.py) with the statement that
-fixes it. The URL holds no password: the driver's own chain gives it (PGPASSWORD,
+An existing table keeps its own column types. One missing a results column, one whose
+column cannot take the results' values (PostgreSQL: a TEXT column for token counts, an
+INTEGER one for the answer; SQLite's columns take any value), or one without a unique key on
+custom_id, is refused before the run (preflight.py) with the statement that fixes it. A job
+with no rows still makes its (empty) table. The URL holds no password: the driver's own chain gives it (PGPASSWORD,
 ~/.pgpass, a service file).
 """
 
@@ -138,7 +140,43 @@ def _table_problem(conn: sa.Connection, rows: Any, table: str, dialect: Any) -> 
     if [id_column] not in keys:
         return (f'has no primary key or unique index on "{id_column}", which the upsert is keyed by; add one: '
                 f"CREATE UNIQUE INDEX ON {_quoted(conn, table)} ({conn.dialect.identifier_preparer.quote(id_column)})")  # fmt: skip
+    if dialect.name == "postgresql":  # SQLite's columns take any value
+        return _type_problem(conn, inspector, rows, table, wanted, dialect)
     return None
+
+
+def _family(kind: sa.types.TypeEngine) -> str | None:
+    """What values a column type takes, coarsely; None for a type not judged here."""
+    for family, types in (("bool", sa.Boolean), ("int", sa.Integer), ("number", (sa.Numeric, sa.Float)), ("json", sa.JSON),
+                          ("timestamp", sa.DateTime), ("date", sa.Date), ("time", sa.Time),
+                          ("binary", sa.LargeBinary), ("text", sa.String)):  # fmt: skip
+        if isinstance(kind, types):
+            return family
+    return None
+
+
+def _takes(have: str | None, ours: str | None) -> bool:
+    """Whether a column of family `have` takes values of family `ours` (an integer fits a
+    numeric or float column)."""
+    return have is None or ours is None or have == ours or (ours == "int" and have == "number")
+
+
+def _type_problem(conn: sa.Connection, inspector: Any, rows: Any, table: str, wanted: list[str], dialect: Any) -> str | None:
+    """The existing columns whose type cannot take the results' values, with the fix."""
+    schema, name = _split(table)
+    declared = {c["name"]: c["type"] for c in inspector.get_columns(name, schema=schema)}
+    types = ArrowLayout(rows, only=wanted).schema
+    q = conn.dialect.identifier_preparer.quote
+    clashes = []
+    for c in wanted:
+        ours = sql_type(types.field(c).type, dialect.name)
+        if not _takes(_family(declared[c]), _family(ours)):
+            clashes.append((c, declared[c].compile(dialect=dialect), ours.compile(dialect=dialect)))
+    if not clashes:
+        return None
+    what = ", ".join(f'"{c}" is {have} but the results\' are {ours}' for c, have, ours in clashes)
+    fixes = "; ".join(f"ALTER TABLE {_quoted(conn, table)} ALTER COLUMN {q(c)} TYPE {ours} USING {q(c)}::{ours}" for c, _, ours in clashes)
+    return f"column {what}; change {'it' if len(clashes) == 1 else 'them'} ({fixes}), or name a new table for lowtide to make"
 
 
 def _quoted(conn: sa.Connection, table: str) -> str:
@@ -155,17 +193,16 @@ def upsert_results(rows: Any, url: str, table: str) -> tuple[int, dict[str, int]
     count = 0
     try:
         with engine.begin() as conn:
-            sql_table = stmt = None
+            rows.columns()  # a JSONL source's columns are its first chunk's keys: known before the table is made
+            problem = _table_problem(conn, rows, table, engine.dialect)
+            if problem:
+                raise LowtideError(f"output.table {table}: {problem}")
+            names = rows.result_columns(rows.source_columns or [])
+            layout = ArrowLayout(rows)
+            sql_table = _table(table, layout, names["custom_id"], engine.dialect.name)
+            sql_table.create(conn, checkfirst=True)  # a job with no rows still gets its table
+            stmt = _upsert(sql_table, names["custom_id"], engine.dialect.name)
             for chunk in rows.chunks():
-                if sql_table is None:
-                    problem = _table_problem(conn, rows, table, engine.dialect)
-                    if problem:
-                        raise LowtideError(f"output.table {table}: {problem}")
-                    names = rows.result_columns(rows.source_columns or [])
-                    layout = ArrowLayout(rows)
-                    sql_table = _table(table, layout, names["custom_id"], engine.dialect.name)
-                    sql_table.create(conn, checkfirst=True)
-                    stmt = _upsert(sql_table, names["custom_id"], engine.dialect.name)
                 for r in chunk:
                     states[r[names["state"]]] = states.get(r[names["state"]], 0) + 1
                 conn.execute(stmt, layout.table(chunk).to_pylist())
