@@ -85,3 +85,43 @@ def test_from_dataframe_takes_optional_columns_so_a_nan_cell_is_not_refused(tmp_
         raise AssertionError("an empty templated cell must be refused without optional_columns")
     status = _frame_job(tmp_path / "lenient", df, optional_columns=["note"]).run(progress=False)
     assert status.all_succeeded and status.total == 5
+
+
+def _output_job(tmp_path, output: str, name: str = "out") -> lowtide.Job:
+    source = write_csv(tmp_path / "t.csv", ticket_rows(6))
+    (tmp_path / f"{name}.yaml").write_text(
+        f"name: {name}\nsource: {{path: {source}, id_column: ticket_id}}\n"
+        f"template: {{user: '{{{{ body }}}}'}}\nmodel: any\nroute: echo\noutput: {output}\n"
+    )
+    return lowtide.Job.from_yaml(tmp_path / f"{name}.yaml", store=str(tmp_path / "lowtide.db"))
+
+
+def test_run_writes_the_specs_output_as_lowtide_run_does(tmp_path):
+    import asyncio
+
+    import pyarrow.parquet as pq
+    import sqlalchemy as sa
+
+    job = _output_job(tmp_path, "{path: results/tickets.parquet}")
+    assert job.run(progress=False).all_succeeded
+    assert (job.written.path, job.written.rows) == (tmp_path / "results" / "tickets.parquet", 6)
+    assert pq.read_table(tmp_path / "results" / "tickets.parquet").column("state").to_pylist() == ["succeeded"] * 6
+
+    url = f"sqlite:///{tmp_path / 'warehouse.db'}"  # a SQL table, through run_async
+    job = _output_job(tmp_path, f"{{url: '{url}', table: answers}}", name="table")
+    assert asyncio.run(job.run_async(progress=False)).all_succeeded
+    engine = sa.create_engine(url)
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT count(*) FROM answers WHERE state = 'succeeded'")).scalar() == 6
+    engine.dispose()
+
+
+def test_run_refuses_a_bad_output_before_anything_is_stored(tmp_path):
+    job = _output_job(tmp_path, "{path: ../elsewhere.csv}")
+    try:
+        job.run(progress=False)
+    except lowtide.LowtideError as err:
+        assert "output.path ../elsewhere.csv: a spec writes only inside its own folder" in str(err)
+    else:
+        raise AssertionError("a spec writing outside its folder ran")
+    assert job.stored_spec() is None and not (tmp_path.parent / "elsewhere.csv").exists()

@@ -23,8 +23,10 @@ from lowtide.core.errors import JobNotFoundError
 from lowtide.core.spec import JobSpec, build_spec, load_spec
 from lowtide.core.yamlfile import parse_mapping, read_text
 from lowtide.engine.control import JobStatus, cancel_job, job_spec, job_status, retry_job
-from lowtide.engine.export import ResultRows, export_results
+from lowtide.core.output_target import OutputTarget, output_target
+from lowtide.engine.export import ExportReport, ResultRows, export_results, write_target
 from lowtide.engine.loader import LoadReport, load_job
+from lowtide.engine.preflight import check_target
 from lowtide.engine.report import CostReport, cost_report
 from lowtide.engine.runner import drive
 from lowtide.engine.tick import Engine
@@ -44,6 +46,7 @@ class Job:
         self.store = store if isinstance(store, Store) else Store(store)
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
+        self.written: ExportReport | None = None  # where run() wrote the spec's `output`, if it names one
 
     @classmethod
     def from_yaml(cls, path: str | Path, store: Store | str | None = None) -> Job:
@@ -133,8 +136,18 @@ class Job:
     def run(self, progress: bool = True) -> JobStatus:
         """Submit and drive the job to the end, blocking. Inside a running event loop (a
         Jupyter cell) the job is driven on a thread of its own, so this works there too;
-        `await job.run_async()` keeps the loop free instead."""
+        `await job.run_async()` keeps the loop free instead.
+
+        A spec that names an `output` (a file, an object-store URL, a partitioned folder or a
+        SQL table) gets its results written there at the end, as `lowtide run` does; a bad
+        target is refused before anything is stored or sent. `job.written` says what was written."""
+        target = self._output()
         self.submit()
+        status = self._drive_blocking(progress)
+        self._write(target)
+        return status
+
+    def _drive_blocking(self, progress: bool) -> JobStatus:
         try:
             asyncio.get_running_loop()
         except RuntimeError:
@@ -157,17 +170,36 @@ class Job:
 
     async def run_async(self, progress: bool = True) -> JobStatus:
         """Submit and drive the job to the end on the running event loop: `await job.run_async()`.
-        Storing the rows runs on a worker thread, so the loop stays responsive."""
+        Storing the rows (and writing the spec's `output`, as `run` does) runs on a worker
+        thread, so the loop stays responsive."""
+        target = self._output()
         await asyncio.to_thread(self.submit)
-        return await self._drive(progress)
+        status = await self._drive(progress)
+        await asyncio.to_thread(self._write, target)
+        return status
+
+    def _output(self) -> OutputTarget | None:
+        """The spec's `output`, checked before the run (a file only inside the spec's folder;
+        a table that can take the results)."""
+        target = output_target(self.spec, None)
+        if target is not None:
+            check_target(self.spec, target)
+        return target
+
+    def _write(self, target: OutputTarget | None) -> None:
+        if target is not None:
+            self.written = write_target(self.store, self.name, target)
 
     def start(self) -> None:
-        """Submit, then drive the job in a background thread; see `done()` and `wait()`."""
+        """Submit, then drive the job in a background thread (and write the spec's `output`,
+        as `run` does); see `done()` and `wait()`."""
+        output = self._output()
         self.submit()
 
         def target() -> None:
             try:
                 asyncio.run(self._drive())
+                self._write(output)
             except BaseException as err:  # surfaced by wait()
                 self._error = err
 
