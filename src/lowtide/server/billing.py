@@ -16,11 +16,11 @@ from typing import Any
 
 from sqlalchemy import Connection, select
 
-from lowtide.core.pricing import attempt_cost
+from lowtide.core.types import Usage
+from lowtide.engine.ledger import Rate, current_ledger
 from lowtide.server.outputs import Result
 from lowtide.server.translate import decode_key, encode_key
 from lowtide.store.db import Store
-from lowtide.store.money import to_pico
 from lowtide.store.schema import serve_billing
 
 ROUTE_OF = {"openai": "openai-batch", "anthropic": "anthropic-batch", "gemini": "gemini-batch"}  # whose prices apply
@@ -46,6 +46,11 @@ class Bill:
     def __init__(self, batch_id: str, api: str, at: float):
         self.batch_id, self.api, self.at = batch_id, api, at
         self._lines: dict[str, dict[str, Any]] = {}
+        # Priced as the client's ledger prices its attempts: each model's rate looked up once
+        # and each set of token counts costed once (a catalog lookup per line was most of
+        # ending a batch).
+        self._ledger = current_ledger()
+        self._rates: dict[str | None, Rate] = {}
 
     def note(self, r: Result, fate: str) -> None:
         """A line written for `r` (fate: whole, or corrupt); only a succeeded request's is billed."""
@@ -53,17 +58,29 @@ class Bill:
             return
         if r.custom_id in self._lines:  # written twice: one request, billed once
             return
-        cost = attempt_cost(r.usage, r.model, ROUTE_OF[self.api], at=self.at)
+        rate = self._rates.get(r.model)
+        if rate is None:
+            rate = self._rates[r.model] = self._ledger.rate(ROUTE_OF[self.api], None, r.model, at=self.at)
+        _, cost_picousd, _ = self._ledger.columns(_Billed(r.usage), rate)
         self._lines[r.custom_id] = {
             # Kept as the jobs keep it: PostgreSQL's text holds no NUL (server/translate.py).
             "batch_id": self.batch_id, "api": self.api, "custom_id": encode_key(r.custom_id), "model": r.model,
             "input_tokens": r.usage.input_tokens, "cached_input_tokens": r.usage.cached_input_tokens,
-            "output_tokens": r.usage.output_tokens, "cost_picousd": to_pico(cost.usd),
+            "output_tokens": r.usage.output_tokens, "cost_picousd": cost_picousd,
             "whole": fate != "corrupt", "at": self.at,
         }  # fmt: skip
 
     def rows(self) -> list[dict[str, Any]]:
         return list(self._lines.values())
+
+
+@dataclass(frozen=True, slots=True)
+class _Billed:
+    """A succeeded line as the ledger reads an outcome."""
+
+    usage: Usage
+    ok: bool = True
+    error_code: None = None
 
 
 def record(conn: Connection, rows: list[dict[str, Any]]) -> None:
