@@ -318,6 +318,33 @@ CARDS: dict[str, Card] = {
                      "privacy.residency", "privacy.zero_retention", "turnaround"),
         sources=("novita.ai/docs/guides/llm-batch-api",),
     ),
+    # `azure-batch`: the same API at an Azure OpenAI resource (routes/azure_batch.py): the
+    # resource's own base URL, the key in an `api-key` header, `model` the deployment's name.
+    "azure-batch": Card(
+        name="azure-batch", kind="batch", provider="Azure OpenAI (Global Batch)", protocol="openai", billing="azure", tier="batch",
+        endpoints=(CHAT, RESPONSES, EMBEDDINGS),
+        limits=Limits(
+            max_requests=100_000, max_bytes=200 * MB, min_requests=1, one_model_per_batch=True, one_endpoint_per_batch=True,
+            enqueued_tokens="per deployment: the quota set in Azure, not published per model; route_options.max_enqueued_tokens",
+            metadata="16 pairs, keys ≤ 64 characters, values ≤ 512 (Azure's v1 reference)",
+        ),
+        lines=Lines(input='{"custom_id", "method": "POST", "url", "body"} per JSONL line; body.model is the deployment name',
+                    result_key="custom_id"),
+        recovery=_OPENAI_RECOVERY, status=_OPENAI_BATCH_STATUS,
+        retention=Retention(note="Azure aims to finish in 24 h and does not expire a job that takes longer: "
+                                 "it runs until it ends or is cancelled (a job's deadline cancels it)"),
+        ends=Ends(expired="Azure does not expire jobs",
+                  cancelled="the work already finished is returned (and billed); the rest is cancelled"),
+        discount=Discount(factor=Decimal("0.5"), stacks_with_cache=None, source="Azure OpenAI Global Batch: 50% less than Global Standard"),
+        privacy=Privacy(residency="at rest in the resource's Azure geography; processed in any Azure OpenAI location (Global Batch)",
+                        note="Entra ID tokens are not supported yet: a key in the api-key header"),
+        turnaround=Prior(p50=4 * HOUR, p95=24 * HOUR, per_request=False, source="Azure: a 24-hour target turnaround, not a limit; no typical time published"),
+        wire=Wire(base_url=None, key_env="AZURE_OPENAI_API_KEY", auth="api-key"),
+        unconfirmed=("endpoints", "limits.max_requests", "limits.custom_id_max", "retention.inputs_s", "retention.results_s",
+                     "discount.stacks_with_cache", "privacy.zero_retention"),
+        sources=("learn.microsoft.com/azure/foundry/openai/how-to/batch", "learn.microsoft.com/azure/foundry/openai/latest (v1: POST /openai/v1/batches)",
+                 "learn.microsoft.com/azure/foundry/openai/api-version-lifecycle"),
+    ),
     "echo-batch": Card(
         name="echo-batch", kind="batch", provider="lowtide (echo, a folder)", protocol=None, billing=None, tier="free",
         endpoints=(CHAT, RESPONSES, COMPLETIONS, MESSAGES, GEMINI, EMBEDDINGS, MODERATIONS),

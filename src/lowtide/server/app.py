@@ -1,7 +1,8 @@
-"""The Batch API server: OpenAI's Files and Batches and Anthropic's Message Batches,
-over any lowtide route. Each API batch runs as a lowtide job in the store. A direct
-backend also answers in real time (`/v1/chat/completions`, `/v1/messages`). Every job of the
-store is shown at `/dashboard` and counted at `/metrics` (server/dashboard.py, metrics.py).
+"""The Batch API server: OpenAI's Files and Batches (under Azure OpenAI's `/openai` paths
+too, azure_paths.py) and Anthropic's Message Batches, over any lowtide route. Each API batch
+runs as a lowtide job in the store. A direct backend also answers in real time
+(`/v1/chat/completions`, `/v1/messages`). Every job of the store is shown at `/dashboard` and
+counted at `/metrics` (server/dashboard.py, metrics.py).
 
     app = create_app(ServeConfig(backend="echo", time_scale=3600))
     uvicorn.run(app, port=8000)
@@ -22,6 +23,7 @@ from lowtide.core.errors import SpecError
 from lowtide.routes import create_route
 from lowtide.server import (
     anthropic_api,
+    azure_paths,
     dashboard,
     dashboard_evals,
     errors,
@@ -95,7 +97,8 @@ def create_app(config: ServeConfig) -> FastAPI:
     faults.install(app, server.faults, config.swappable_faults)  # inner: runs after the key check
     _install_auth(app, config.api_keys)
     app.add_middleware(gemini_versions.GeminiVersions)  # the others see Gemini's /v1 as /v1beta
-    guard.protect(app, config)  # outermost: other sites are refused before anything else (guard.py)
+    guard.protect(app, config)  # other sites are refused before anything else (guard.py) ...
+    app.add_middleware(azure_paths.AzurePaths)  # ... but Azure's /openai/… paths are OpenAI's /v1/… first
     for module in (files, openai_api, anthropic_api, gemini_files, gemini_api, models_api, stored_api, realtime_api, dashboard, dashboard_evals, metrics):
         app.include_router(module.router)
     return app
