@@ -134,7 +134,7 @@ class Card(_Frozen):
     # another protocol is translated or refused); None: lowtide's own engine runs them.
     protocol: Literal["openai", "anthropic", "gemini"] | None
     # the price list (core/pricing.py); lowtide has none for groq, together, azure's own prices
-    billing: Literal["openai", "anthropic", "google", "groq", "together", "novita", "azure"] | None
+    billing: Literal["openai", "anthropic", "google", "groq", "together", "novita", "azure", "openrouter"] | None
     tier: Literal["realtime", "batch", "self_hosted", "free"]
     endpoints: tuple[str, ...]  # those the provider takes (in a batch, for a batch route)
     limits: Limits = Limits()
@@ -344,6 +344,33 @@ CARDS: dict[str, Card] = {
                      "discount.stacks_with_cache", "privacy.zero_retention"),
         sources=("learn.microsoft.com/azure/foundry/openai/how-to/batch", "learn.microsoft.com/azure/foundry/openai/latest (v1: POST /openai/v1/batches)",
                  "learn.microsoft.com/azure/foundry/openai/api-version-lifecycle"),
+    ),
+    # `openrouter-batch`: OpenRouter's Batch API (routes/openrouter_batch.py): inline JSON, no files,
+    # one model and one endpoint per batch, run on one upstream provider OpenRouter picks.
+    "openrouter-batch": Card(
+        name="openrouter-batch", kind="batch", provider="OpenRouter (one upstream provider per batch)", protocol="openai",
+        billing="openrouter", tier="batch", endpoints=(CHAT, RESPONSES, MESSAGES, EMBEDDINGS),
+        limits=Limits(max_requests=5_000, max_bytes=200 * MB, min_requests=1, one_model_per_batch=True, one_endpoint_per_batch=True,
+                      metadata="none: a batch carries nothing of the caller's (no metadata, no idempotency key)"),
+        lines=Lines(input='{"custom_id", "body"} per entry of the create call\'s `requests`, after `endpoint` and `model`; '
+                          "images and files by http(s) URL only", result_key="custom_id"),
+        recovery=Recovery(how="match", note="no metadata, no idempotency key: a batch of the dispatch's size created in its "
+                          "window (route_options.find_window, 600 s) is adopted once ended and holding only its custom_ids"),
+        retention=Retention(window_s=24 * HOUR, results_s=30 * DAY,
+                            note="results are read from GET /batches/{id} once it has ended; the API reference "
+                                 "speaks of a 30-day artifact retention window; a batch may be deleted once ended"),
+        ends=Ends(expired=None, cancelled=None),
+        status=_OPENAI_BATCH_STATUS,
+        discount=Discount(factor=Decimal("0.5"), stacks_with_cache=None,
+                          source="openrouter.ai/docs/guides/features/batch-api: typically 50% of the model's standard per-token "
+                                 "price; some components are not discounted"),
+        privacy=Privacy(zero_retention=False, note="OpenRouter's guide: use the sync API for Zero Data Retention; "
+                        "the cheapest eligible batch provider is picked unless route_options.provider_only pins one"),
+        turnaround=Prior(p50=4 * HOUR, p95=24 * HOUR, per_request=False, source="OpenRouter: a 24-hour completion window, no typical time published"),
+        unconfirmed=("discount.factor", "discount.stacks_with_cache", "retention.inputs_s", "retention.results_s", "ends.expired",
+                     "ends.cancelled", "limits.custom_id_max", "privacy.residency"),
+        sources=("openrouter.ai/docs/guides/features/batch-api", "openrouter.ai/docs/batch-quickstart",
+                 "openrouter python SDK 1.3.84 batch.py (POST/GET /batches, GET /batches/{id}, DELETE)"),
     ),
     "echo-batch": Card(
         name="echo-batch", kind="batch", provider="lowtide (echo, a folder)", protocol=None, billing=None, tier="free",
