@@ -46,9 +46,24 @@ from lowtide.core.cards import CARDS
 from lowtide.core.endpoints import MESSAGES
 from lowtide.core.errors import BatchGone, BatchRejected, NotSent, RouteError
 from lowtide.core.types import Outcome, Refusal, Request
-from lowtide.routes._provider import RETRYABLE_CODES, api_key, batch_limits, check_options, poll_interval, retryable_status
+from lowtide.routes._provider import (
+    RETRYABLE_CODES,
+    api_key,
+    batch_limits,
+    check_options,
+    poll_interval,
+    retryable_status,
+)
 from lowtide.routes._wire import anthropic_outcome, openai_outcome, text_or_none
-from lowtide.routes.base import BatchStatus, flag_option, never_sent, number_option, secret_of, text_option, texts_option
+from lowtide.routes.base import (
+    BatchStatus,
+    flag_option,
+    never_sent,
+    number_option,
+    secret_of,
+    text_option,
+    texts_option,
+)
 from lowtide.routes.openrouter_lines import refusal
 
 log = logging.getLogger(__name__)
@@ -84,7 +99,11 @@ def parse_result(result: dict[str, Any], endpoint: str) -> Outcome:
     response = result.get("response")
     if isinstance(response, dict) and response.get("status_code", 500) < 400:
         body = response["body"]
-        return anthropic_outcome(cid, body, batch=True) if endpoint == MESSAGES else openai_outcome(cid, endpoint, body, batch=True)
+        return (
+            anthropic_outcome(cid, body, batch=True)
+            if endpoint == MESSAGES
+            else openai_outcome(cid, endpoint, body, batch=True)
+        )
     if isinstance(response, dict):  # an HTTP error for this request alone
         status = response.get("status_code", 500)
         error = (response.get("body") or {}).get("error") or {}
@@ -92,8 +111,13 @@ def parse_result(result: dict[str, Any], endpoint: str) -> Outcome:
         message = text_or_none(error.get("message")) or f"HTTP {status}"
         return Outcome.failure(cid, code, f"HTTP {status}: {message}", retryable_status(status))
     error = result.get("error") or {}
-    code = text_or_none(error.get("error_type") or error.get("type") or error.get("code")) or "unknown_error"
-    return Outcome.failure(cid, code, text_or_none(error.get("message")) or code, code in RETRYABLE_CODES)
+    code = (
+        text_or_none(error.get("error_type") or error.get("type") or error.get("code"))
+        or "unknown_error"
+    )
+    return Outcome.failure(
+        cid, code, text_or_none(error.get("message")) or code, code in RETRYABLE_CODES
+    )
 
 
 class OpenRouterBatchRoute:
@@ -108,8 +132,16 @@ class OpenRouterBatchRoute:
         self.poll_interval = poll_interval(options, (30.0, 600.0))
         self.find_window = number_option(self.name, options, "find_window", 600, float)
         only = texts_option(self.name, options, "provider_only")
-        fallbacks = flag_option(self.name, options, "allow_fallbacks", True) if "allow_fallbacks" in options else None
-        self.provider = {k: v for k, v in (("only", only or None), ("allow_fallbacks", fallbacks)) if v is not None} or None
+        fallbacks = (
+            flag_option(self.name, options, "allow_fallbacks", True)
+            if "allow_fallbacks" in options
+            else None
+        )
+        self.provider = {
+            k: v
+            for k, v in (("only", only or None), ("allow_fallbacks", fallbacks))
+            if v is not None
+        } or None
         key = api_key(self.name, options, "OPENROUTER_API_KEY")
         self.secret = secret_of(key)  # scrubbed from the errors the engine keeps (routes/base.py)
         self._auth = {"Authorization": f"Bearer {key}"}  # for cancel, as the SDK sends it
@@ -135,7 +167,9 @@ class OpenRouterBatchRoute:
             endpoints.add(r.endpoint)
             entries.append({"custom_id": r.custom_id, "body": r.body})
         if len(models) != 1 or len(endpoints) != 1:  # sending it again cannot help: permanent
-            raise BatchRejected(f"{self.name}: one model and one endpoint per batch, got {sorted(models)} and {sorted(endpoints)}")
+            raise BatchRejected(
+                f"{self.name}: one model and one endpoint per batch, got {sorted(models)} and {sorted(endpoints)}"
+            )
         try:
             batch = await self.client.batch.create_batches_async(
                 model=models.pop(), endpoint=endpoints.pop(), requests=entries,  # type: ignore[arg-type]
@@ -148,12 +182,19 @@ class OpenRouterBatchRoute:
             raise RouteError(message) from None
         except httpx.TransportError as err:
             if never_sent(err):  # no connection, so no batch: nothing to find after this
-                raise NotSent(f"{self.name}: could not connect to {self.client.sdk_configuration.get_server_details()[0]}: {err}") from None
+                raise NotSent(
+                    f"{self.name}: could not connect to {self.client.sdk_configuration.get_server_details()[0]}: {err}"
+                ) from None
             raise
         return batch.id
 
     async def find(
-        self, key: str, size: int, not_before: float, known: Collection[str] = (), sent: Collection[str] | None = None
+        self,
+        key: str,
+        size: int,
+        not_before: float,
+        known: Collection[str] = (),
+        sent: Collection[str] | None = None,
     ) -> str | None:
         """This dispatch's batch, proven by its results holding only `sent` (the custom_ids its
         create carried); None only when no batch in the window can be it."""
@@ -175,7 +216,9 @@ class OpenRouterBatchRoute:
             )
         return ours[0] if ours else None
 
-    async def _candidates(self, size: int, not_before: float, known: Collection[str]) -> AsyncIterator[Any]:
+    async def _candidates(
+        self, size: int, not_before: float, known: Collection[str]
+    ) -> AsyncIterator[Any]:
         """Batches of `size` requests created in the window, other than those in `known`."""
         page = await self.client.batch.list_async(limit=100, created_after=int(not_before - 60))
         while page is not None:
@@ -183,7 +226,11 @@ class OpenRouterBatchRoute:
                 created = batch.created_at
                 if created < not_before - 60:  # newest first: everything further is older
                     return
-                if batch.id not in known and created <= not_before + self.find_window and batch.request_counts.total == size:
+                if (
+                    batch.id not in known
+                    and created <= not_before + self.find_window
+                    and batch.request_counts.total == size
+                ):
                     yield batch
             page = await page.next() if page.next is not None else None
 
@@ -201,8 +248,13 @@ class OpenRouterBatchRoute:
         status = batch.get("status", "")
         errors_ = []
         if status == "failed":
-            errors_ = [text_or_none((batch.get("error") or {}).get("message")) or "OpenRouter failed the batch without saying why"]
-        return BatchStatus(phase=status, ended=status in TERMINAL, counts=dict(counts), errors=errors_)
+            errors_ = [
+                text_or_none((batch.get("error") or {}).get("message"))
+                or "OpenRouter failed the batch without saying why"
+            ]
+        return BatchStatus(
+            phase=status, ended=status in TERMINAL, counts=dict(counts), errors=errors_
+        )
 
     async def results(self, batch_id: str) -> AsyncIterator[Outcome]:
         batch = await self._batch(batch_id)
@@ -210,7 +262,11 @@ class OpenRouterBatchRoute:
         for result in batch.get("results") or []:
             try:
                 outcome = parse_result(result, endpoint)
-            except (KeyError, TypeError, AttributeError) as err:  # its request counts as missing: retried
+            except (
+                KeyError,
+                TypeError,
+                AttributeError,
+            ) as err:  # its request counts as missing: retried
                 log.warning("%s: skipped an unreadable result (%s): %.200s", self.name, err, result)
                 continue
             yield outcome
@@ -222,8 +278,12 @@ class OpenRouterBatchRoute:
             await self.client.batch.get_batches_async(id=batch_id)
         except errors.OpenRouterError as err:
             if err.status_code in (404, 410):
-                raise BatchGone(f"{self.name}: HTTP {err.status_code} for batch {batch_id}: {_message(err)}") from None
-            raise RouteError(f"{self.name}: HTTP {err.status_code} for batch {batch_id}: {_message(err)}") from None
+                raise BatchGone(
+                    f"{self.name}: HTTP {err.status_code} for batch {batch_id}: {_message(err)}"
+                ) from None
+            raise RouteError(
+                f"{self.name}: HTTP {err.status_code} for batch {batch_id}: {_message(err)}"
+            ) from None
         return fastjson.loads(self._raw.bodies.pop(batch_id))
 
     async def cancel(self, batch_id: str) -> None:
@@ -235,7 +295,9 @@ class OpenRouterBatchRoute:
             timeout=config.timeout_ms / 1000 if config.timeout_ms else None,
         )
         if response.status_code >= 400:
-            raise RouteError(f"{self.name}: HTTP {response.status_code} cancelling batch {batch_id}: {response.text[:500]}")
+            raise RouteError(
+                f"{self.name}: HTTP {response.status_code} cancelling batch {batch_id}: {response.text[:500]}"
+            )
 
     async def aclose(self) -> None:
         await self.client.__aexit__(None, None, None)
