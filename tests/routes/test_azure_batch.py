@@ -13,6 +13,7 @@ import subprocess
 import sys
 from importlib.metadata import EntryPoint
 
+import httpx
 import openai
 import pytest
 import sqlalchemy as sa
@@ -88,6 +89,9 @@ def test_a_job_runs_through_azures_paths_and_a_refused_row_fails_alone(serve, tm
     assert sorted(b.id for b in legacy.batches.list()) == sorted(provider_ids)
     with pytest.raises(openai.AuthenticationError):
         _azure(url, "wrong-key").batches.list()
+    # Azure's paths are renamed, not exempted: a web page of another site is still refused (server/guard.py)
+    page = httpx.get(f"{url}/openai/v1/batches", headers={"api-key": KEY, "Origin": "https://elsewhere.example"})
+    assert page.status_code == 403
 
 
 def test_the_route_sends_the_key_in_azures_header_to_the_resources_v1_base(monkeypatch):
