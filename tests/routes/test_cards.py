@@ -34,6 +34,8 @@ def _options(name: str, tmp_path, **more) -> dict:
         return {"api_key_env": KEY_ENV, **more}
     if name in ("openai-compatible", "openai-compatible-batch"):
         return {"base_url": "http://127.0.0.1:9/v1", "api_key_env": KEY_ENV, **more} if name.endswith("batch") else {"base_url": "http://127.0.0.1:9/v1", **more}
+    if name == "azure-batch":
+        return {"endpoint": "http://127.0.0.1:9", "api_key_env": KEY_ENV, **more}
     if name == "echo-batch":
         return {"dir": str(tmp_path / "echo-batch"), **more}
     return dict(more)
