@@ -4,10 +4,20 @@ render → persist → chunk → upload → poll → download → ingest → exp
     .venv/bin/python bench/batch.py              # 100,000 requests
     .venv/bin/python bench/batch.py --n 20000 --route anthropic-batch
     .venv/bin/python bench/batch.py --structured  # response_format + tools on every line
+    .venv/bin/python bench/batch.py --cli         # then the same job by `lowtide run`, CPU beside the API's
+    .venv/bin/python bench/batch.py --cli --cli-terminal --export csv   # ... its live bar drawn; both write CSV
 
 Prints the client's wall and CPU time per phase and its peak RSS (the server is another
 process and is not counted; its CPU is printed apart). CPU seconds compare runs on a busy
 machine better than wall time does. Runs in a temporary folder that is removed afterwards.
+
+`--cli` then runs the same job again, in a store of its own against the same server, the
+way a user does: `lowtide run SPEC --out results.<export>` in a child process, and prints
+its CPU (start-up and imports included, as the API process's total includes its own) beside
+the API path's. `--cli-terminal` makes it draw its live progress as on a terminal
+(TTY_COMPATIBLE=1); otherwise it writes the plain lines it writes to a pipe. `--serve-src
+DIR` runs the server from another source folder (e.g. today's `src` while the client runs
+from a git worktree of an older commit), so that a client's before/after meets one server.
 """
 
 from __future__ import annotations
@@ -25,6 +35,7 @@ import time
 from pathlib import Path
 
 import httpx
+import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
 from lowtide.core.clock import SystemClock  # noqa: E402
@@ -38,7 +49,7 @@ from lowtide.store.db import Store  # noqa: E402
 from pipeline import make_source, peak_rss_mb  # noqa: E402
 
 
-def start_server(tmp: Path) -> tuple[subprocess.Popen, str]:
+def start_server(tmp: Path, src: str | None = None) -> tuple[subprocess.Popen, str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -47,6 +58,7 @@ def start_server(tmp: Path) -> tuple[subprocess.Popen, str]:
         [str(lowtide), "serve", "--backend", "echo", "--port", str(port), "--time-scale", "3600",
          "--db", str(tmp / "server.db"), "--data-dir", str(tmp / "server-data")],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env=os.environ | ({"PYTHONPATH": str(Path(src).resolve())} if src else {}),
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     for _ in range(600):  # a bare connect until it listens: an httpx client per try costs CPU
@@ -83,12 +95,16 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=100_000)
     parser.add_argument("--route", default="openai-batch", choices=["openai-batch", "anthropic-batch"])
     parser.add_argument("--structured", action="store_true", help="every line carries response_format and tools (openai-batch)")
+    parser.add_argument("--export", default="parquet", choices=["parquet", "csv"], help="the results file both paths write")
+    parser.add_argument("--cli", action="store_true", help="then run the same job by `lowtide run` and compare its CPU")
+    parser.add_argument("--cli-terminal", action="store_true", help="`lowtide run` draws its live bar, as on a terminal")
+    parser.add_argument("--serve-src", help="run the server from this source folder (PYTHONPATH)")
     args = parser.parse_args()
     tune_gc()  # as lowtide's commands do (core/runtime.py)
     n = args.n
 
     tmp = Path(tempfile.mkdtemp(prefix="lowtide-bench-batch-"))
-    server, url = start_server(tmp)
+    server, url = start_server(tmp, args.serve_src)
     server_startup_cpu = cpu_seconds(server.pid)  # imports and the SDK types it checks lines against
     os.environ["LOWTIDE_BENCH_KEY"] = "bench"
     try:
@@ -99,17 +115,16 @@ def main() -> None:
             options["find_window"] = 10**7  # the server's clock runs fast
         phases: dict[str, tuple[float, float]] = {}
         t, c = time.perf_counter(), time.process_time()
-        spec = build_spec(
-            {
-                "name": "bench",
-                "source": {"path": str(tmp / "tickets.csv"), "id_column": "ticket_id"},
-                "template": {"system": "Classify the ticket.", "user": "Channel: {{ channel }}\n{{ body }}"},
-                "model": "gpt-4o-mini",
-                "route": args.route,
-                "route_options": options,
-                "params": {"max_tokens": 64, **(STRUCTURED if args.structured else {})},
-            }
-        )
+        fields = {
+            "name": "bench",
+            "source": {"path": str(tmp / "tickets.csv"), "id_column": "ticket_id"},
+            "template": {"system": "Classify the ticket.", "user": "Channel: {{ channel }}\n{{ body }}"},
+            "model": "gpt-4o-mini",
+            "route": args.route,
+            "route_options": options,
+            "params": {"max_tokens": 64, **(STRUCTURED if args.structured else {})},
+        }
+        spec = build_spec(fields)
         phases["check the spec"] = (time.perf_counter() - t, time.process_time() - c)
 
         def timed(name: str, t: float, c: float) -> None:
@@ -130,8 +145,8 @@ def main() -> None:
         asyncio.run(run())
         timed("chunk, upload, poll, download, ingest", t, c)
         t, c = time.perf_counter(), time.process_time()
-        assert export_results(store, "bench", tmp / "results.parquet").rows == n
-        timed("export (parquet)", t, c)
+        assert export_results(store, "bench", tmp / f"results.{args.export}").rows == n
+        timed(f"export ({args.export})", t, c)
         store.close()
 
         total = sum(wall for wall, _ in phases.values())
@@ -143,13 +158,38 @@ def main() -> None:
             print(f"  {name:<38} {wall:7.2f} s {cpu:7.2f} s")
         print(f"  {'total':<38} {total:7.2f} s {total_cpu:7.2f} s  {n / total:,.0f} req/s")
         client_cpu = resource.getrusage(resource.RUSAGE_SELF)
-        print(f"  client peak RSS {peak_rss_mb():.0f} MB; CPU: client {client_cpu.ru_utime + client_cpu.ru_stime:.1f} s, "
+        api_cpu = client_cpu.ru_utime + client_cpu.ru_stime
+        print(f"  client peak RSS {peak_rss_mb():.0f} MB; CPU: client {api_cpu:.1f} s, "
               f"server {cpu_seconds(server.pid) - server_startup_cpu:.1f} s "
               f"(+{server_startup_cpu:.1f} s starting) (on {os.cpu_count()} CPUs)")
+        if args.cli:
+            run_cli(tmp, fields, args, n, api_cpu)
     finally:
         server.terminate()
         server.wait(30)
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def run_cli(tmp: Path, fields: dict, args: argparse.Namespace, n: int, api_cpu: float) -> None:
+    """The same job by `lowtide run`, in a store of its own: its wall, CPU and exit code."""
+    spec_path = tmp / "cli" / "bench.yaml"
+    spec_path.parent.mkdir()
+    spec_path.write_text(yaml.safe_dump(fields | {"output": {"path": f"results.{args.export}"}}))
+    env = os.environ | {"LOWTIDE_DB": str(tmp / "cli" / "client.db")}
+    if args.cli_terminal:
+        env |= {"TTY_COMPATIBLE": "1", "COLUMNS": "120"}
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t = time.perf_counter()
+    done = subprocess.run([str(Path(sys.executable).with_name("lowtide")), "run", str(spec_path)], env=env,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    wall = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    assert done.returncode == 0, f"lowtide run exited with {done.returncode}"
+    assert (tmp / "cli" / f"results.{args.export}").exists()
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    shown = "its live bar drawn" if args.cli_terminal else "plain lines, as to a pipe"
+    print(f"lowtide run, the same {n:,} requests ({shown}; results.{args.export}): wall {wall:.2f} s, CPU {cpu:.1f} s, "
+          f"{cpu / api_cpu:.2f}x the API path's {api_cpu:.1f} s (each process's total: start-up and imports too)")
 
 
 if __name__ == "__main__":

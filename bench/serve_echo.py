@@ -34,6 +34,7 @@ import httpx
 import openai
 
 MODEL = "gpt-4o-mini"
+POLL = 0.2  # seconds between a client's looks at each batch (lowtide's route in bench/batch.py: 0.2–0.5)
 WORDS = ["invoice", "refund", "password", "login", "shipping", "parcel", "broken", "screen", "charge", "twice", "account", "locked"]  # fmt: skip
 
 
@@ -113,7 +114,7 @@ def one_run(n: int, per_batch: int, src: str | None) -> dict[str, float]:
                     got = client.batches.retrieve(b.id)
                     if got.status in ("completed", "failed", "expired", "cancelled"):
                         ended[b.id] = got
-            time.sleep(0.05)
+            time.sleep(POLL)
         wall, cpu = time.perf_counter() - t0, cpu_seconds(server.pid) - cpu0
         ok = 0
         for b in ended.values():

@@ -146,7 +146,8 @@ def _drive(store: Store, name: str) -> JobStatus:
     async def go() -> JobStatus:
         with JobProgress(console, f"run {name}") as progress:
             async with Engine(store) as engine:
-                return await drive(engine, name, lambda status, _report: progress.update(status))
+                # Counts read cheaply once a second (engine/progress.py), not the whole status per tick.
+                return await progress.watch(drive(engine, name), store, name)
 
     return asyncio.run(go())
 

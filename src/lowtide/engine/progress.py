@@ -1,6 +1,9 @@
 """The progress of a running job, for both faces (the CLI and the Python API): item counts,
 and apart from them the provider phase of its batches (validating / in_progress /
-finalizing), batches done of total and an ETA from the measured rate. On a terminal it is a
+finalizing), batches done of total and an ETA from the measured rate. While a job runs, the
+display reads `progress_status`, a few indexed counts, at most once a second (`watch`), not
+`job_status`, whose scans over the whole job cost more than the run's own bookkeeping at
+100,000 requests. On a terminal it is a
 Rich progress display; in a pipe, a log file or a notebook it is a plain line now and then
 (and whenever the batches change phase): Rich's live display needs ipywidgets in a notebook,
 and without them prints a warning and an empty box in every cell. A run from Python ends
@@ -8,18 +11,47 @@ with one summary line: what was done, what failed, and what it cost."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from sqlalchemy import func, select
 
 from lowtide.core.states import DispatchState, RequestState
-from lowtide.engine.control import JobStatus
+from lowtide.engine.control import SENT_DISPATCH_STATES, JobStatus
+from lowtide.store.db import Store
+from lowtide.store.queries import dispatch_phases, get_job, request_counts
+from lowtide.store.schema import dispatches, requests
 
 PLAIN_EVERY = 30.0  # seconds between plain lines when nothing changes phase
+REFRESH = 1.0  # seconds between reads of a running job's counts
+READ_SHARE = 0.05  # ... or longer, so that reading them takes at most this share of the run
 ENDED_DISPATCHES = (DispatchState.ENDED, DispatchState.FAILED, DispatchState.CANCELLED, DispatchState.ABANDONED)
 DONE = (RequestState.SUCCEEDED, RequestState.FAILED, RequestState.CANCELLED)
+
+
+def progress_status(store: Store, name: str) -> JobStatus:
+    """What a progress display shows of a job: its state, requests by state, requests in
+    flight, batches by state and live ones by phase. Counted on indexes (requests by job and
+    state; dispatched requests through their dispatch); the rest of `job_status` (placement,
+    tiers, failures, tokens and cost, events) is left empty: it is read once, at the end."""
+    with store.read() as conn:
+        job = get_job(conn, name)
+        sent = conn.execute(
+            select(dispatches.c.state, func.count())
+            .select_from(requests.join(dispatches, requests.c.dispatch_id == dispatches.c.id))
+            .where(requests.c.job_id == job.id, requests.c.state == RequestState.DISPATCHED.value,
+                   dispatches.c.state.in_(SENT_DISPATCH_STATES))
+            .group_by(dispatches.c.state)
+        ).all()  # fmt: skip
+        by_state = conn.execute(
+            select(dispatches.c.state, func.count()).where(dispatches.c.job_id == job.id).group_by(dispatches.c.state)
+        ).all()
+        return JobStatus(name=job.name, state=job.state, route=job.route, counts=request_counts(conn, job.id),
+                         phases=dispatch_phases(conn, job.id), dispatched=dict(sent), dispatches=dict(by_state))  # fmt: skip
 
 
 def done_count(status: JobStatus) -> int:
@@ -132,6 +164,27 @@ class JobProgress:
             self.progress.__exit__(exc_type, *exc)
         if self.summary and exc_type is None and self.last is not None:
             self.console.print(summary_line(self.label, self.last), markup=False, highlight=False, soft_wrap=True)
+
+    async def watch(self, run: Awaitable[JobStatus], store: Store, name: str, refresh: float = REFRESH) -> JobStatus:
+        """Await `run` (driving job `name` to its end: `runner.drive`), showing its progress
+        from `progress_status` meanwhile; shows and returns the final status `run` returns."""
+        follow = asyncio.ensure_future(self._follow(store, name, refresh))
+        try:
+            status = await run
+        finally:
+            follow.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await follow
+        self.update(status)
+        return status
+
+    async def _follow(self, store: Store, name: str, refresh: float) -> None:
+        wait = 0.0  # the first look at once: the bar has its total from the start
+        while True:
+            await asyncio.sleep(wait)
+            started = time.perf_counter()
+            self.update(progress_status(store, name))
+            wait = max(refresh, (time.perf_counter() - started) / READ_SHARE)
 
     def update(self, s: JobStatus) -> None:
         self.last = s
