@@ -134,7 +134,7 @@ class Card(_Frozen):
     # another protocol is translated or refused); None: lowtide's own engine runs them.
     protocol: Literal["openai", "anthropic", "gemini"] | None
     # the price list (core/pricing.py); lowtide has none for groq, together, azure's own prices
-    billing: Literal["openai", "anthropic", "google", "groq", "together", "novita", "azure", "openrouter"] | None
+    billing: Literal["openai", "anthropic", "google", "groq", "together", "novita", "azure", "openrouter", "mistral"] | None
     tier: Literal["realtime", "batch", "self_hosted", "free"]
     endpoints: tuple[str, ...]  # those the provider takes (in a batch, for a batch route)
     limits: Limits = Limits()
@@ -371,6 +371,33 @@ CARDS: dict[str, Card] = {
                      "ends.cancelled", "limits.custom_id_max", "privacy.residency"),
         sources=("openrouter.ai/docs/guides/features/batch-api", "openrouter.ai/docs/batch-quickstart",
                  "openrouter python SDK 1.3.84 batch.py (POST/GET /batches, GET /batches/{id}, DELETE)"),
+    ),
+    # `mistral-batch`: Mistral's own batch job API (routes/mistral_batch.py, the mistralai SDK):
+    # a JSONL file of {custom_id, body} lines, one model and one endpoint per job, `timeout_hours`.
+    "mistral-batch": Card(
+        name="mistral-batch", kind="batch", provider="Mistral AI", protocol="openai", billing="mistral", tier="batch",
+        endpoints=(CHAT, EMBEDDINGS),
+        limits=Limits(max_requests=1_000_000, max_bytes=512 * MB, min_requests=1, one_model_per_batch=True,
+                      one_endpoint_per_batch=True, metadata="a mapping of text to text (the SDK's `metadata: Dict[str, str]`)"),
+        lines=Lines(input='{"custom_id", "body"} per JSONL line; the job names the model and the endpoint', result_key="custom_id"),
+        recovery=Recovery(how="metadata", field="metadata.lowtide_key",
+                          note="find lists jobs newest first (pages of 100, back route_options.find_hours, 48) and adopts "
+                               "the one with the key; the list's metadata filter is not relied on"),
+        retention=Retention(window_s=24 * HOUR, results_s=24 * HOUR,
+                            note="a job still running after timeout_hours (24 by default; route_options.timeout_hours) ends "
+                                 "TIMEOUT_EXCEEDED; results can be downloaded only for a limited time after the job ends "
+                                 "(24 h per issue 30): the route reads them as soon as a poll sees it ended"),
+        ends=Ends(expired="TIMEOUT_EXCEEDED: the requests answered are in the output file; the rest, with no line, are "
+                          "retried or sent to the fallback route as expired",
+                  cancelled="CANCELLED: the requests answered are in the output file; the rest are retried or fall back"),
+        status={"QUEUED": "running", "RUNNING": "running", "CANCELLATION_REQUESTED": "cancelling", "SUCCESS": "ended",
+                "FAILED": "failed", "TIMEOUT_EXCEEDED": "expired", "CANCELLED": "cancelled"},
+        discount=Discount(factor=Decimal("0.5"), stacks_with_cache=None, source="Mistral batch inference: 50% of the real-time price"),
+        unconfirmed=("limits.max_requests", "limits.custom_id_max", "retention.results_s", "retention.inputs_s", "ends.expired",
+                     "ends.cancelled", "discount.factor", "discount.stacks_with_cache", "privacy.residency", "privacy.zero_retention",
+                     "turnaround"),
+        sources=("docs.mistral.ai/capabilities/batch", "docs.mistral.ai/api/endpoint/batch",
+                 "mistralai 3.7 client/jobs.py, files.py (upload: 512 MB a file), models/batchjobstatus.py, createbatchjobrequest.py"),
     ),
     "echo-batch": Card(
         name="echo-batch", kind="batch", provider="lowtide (echo, a folder)", protocol=None, billing=None, tier="free",

@@ -1,6 +1,7 @@
 """The Batch API server: OpenAI's Files and Batches (under Azure OpenAI's `/openai` paths
-too, azure_paths.py) and Anthropic's Message Batches, over any lowtide route. Each API batch
-runs as a lowtide job in the store. A direct backend also answers in real time
+too, azure_paths.py), Mistral's batch jobs (under `/mistral`, mistral_api.py) and
+Anthropic's Message Batches, over any lowtide route. Each API batch runs as a lowtide job in
+the store. A direct backend also answers in real time
 (`/v1/chat/completions`, `/v1/messages`). Every job of the store is shown at `/dashboard` and
 counted at `/metrics` (server/dashboard.py, metrics.py).
 
@@ -34,8 +35,10 @@ from lowtide.server import (
     gemini_versions,
     guard,
     metrics,
+    mistral_api,
     models_api,
     openai_api,
+    openrouter_api,
     realtime_api,
     safejson,
     stored_api,
@@ -99,6 +102,10 @@ def create_app(config: ServeConfig) -> FastAPI:
     app.add_middleware(gemini_versions.GeminiVersions)  # the others see Gemini's /v1 as /v1beta
     guard.protect(app, config)  # other sites are refused before anything else (guard.py) ...
     app.add_middleware(azure_paths.AzurePaths)  # ... but Azure's /openai/… paths are OpenAI's /v1/… first
+    app.add_middleware(mistral_api.MistralPaths)  # ... and Mistral's /mistral/v1/… serve's own (mistral_api.py)
+    app.include_router(mistral_api.files_router)  # before OpenAI's /v1/files/{id}/…
+    app.include_router(mistral_api.jobs_router)
+    app.include_router(openrouter_api.router)  # OpenRouter's /api/v1/batches
     for module in (files, openai_api, anthropic_api, gemini_files, gemini_api, models_api, stored_api, realtime_api, dashboard, dashboard_evals, metrics):
         app.include_router(module.router)
     return app
@@ -141,7 +148,7 @@ def _install_auth(app: FastAPI, keys: tuple[str, ...]) -> None:
 
     @app.middleware("http")
     async def _auth(request: Request, call_next):
-        if not request.url.path.startswith(("/v1/", "/v1beta/", "/upload/")):
+        if not request.url.path.startswith(("/v1/", "/v1beta/", "/upload/", "/api/v1/")):
             return await call_next(request)
         bearer = request.headers.get("authorization", "")
         given = request.headers.get("x-api-key") or request.headers.get("x-goog-api-key") or request.headers.get("api-key")
@@ -151,6 +158,8 @@ def _install_auth(app: FastAPI, keys: tuple[str, ...]) -> None:
         api = api_of(request.url.path)
         if api == "gemini":
             return ApiError(401 if given is None else 400, "API key not valid. Please pass a valid API key.").response(api)
+        if api == "openrouter":
+            return ApiError(401, "No auth credentials found" if given is None else "User not found.").response(api)
         if api == "anthropic":
             message = "x-api-key header is required" if given is None else "invalid x-api-key"
             return ApiError(401, message, type="authentication_error").response(api)
