@@ -157,7 +157,15 @@ class MistralBatchRoute:
         for file_id in (job.output_file, job.error_file):
             if not file_id:
                 continue
-            response = await self.client.files.download_async(file_id=file_id)
+            try:
+                response = await self.client.files.download_async(file_id=file_id)
+            except MistralError as err:
+                if err.status_code != 404:
+                    raise
+                # Past Mistral's retention its files are gone: the requests they answered have
+                # no line, so the engine treats them as expired (retried, or sent to the fallback).
+                log.warning("%s: batch job %s: file %s is gone (HTTP 404): its requests count as expired", NAME, batch_id, file_id)
+                continue
             try:
                 async for text in response.aiter_lines():
                     outcome = _parse(text, endpoint) if text.strip() else None

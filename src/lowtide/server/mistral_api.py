@@ -101,6 +101,11 @@ def content(file_id: str, request: Request):
     return files.content(file_id, request)
 
 
+@files_router.delete("/{file_id}")
+def delete(file_id: str, request: Request) -> dict[str, Any]:
+    return files.delete(file_id, request)
+
+
 # Batch jobs -------------------------------------------------------------------------------
 class JobCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
