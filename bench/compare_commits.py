@@ -97,7 +97,7 @@ def main() -> None:
         print(f"  median B {args.b}: CPU {cb:.2f}s, wall {wb:.2f}s")
         print(f"  B / A: CPU {cb / ca:.2f}x, wall {wb / wa:.2f}x")
     finally:
-        for rev, tree in trees.items():
+        for tree in trees.values():
             if tree != ROOT:
                 subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], capture_output=True)
         shutil.rmtree(tmp, ignore_errors=True)
