@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from sqlalchemy import Connection, and_, func, select, update
+from sqlalchemy import Connection, func, select, update
 
 from lowtide.core.auto_spec import TierSpec, duration_text
 from lowtide.core.clock import Clock
@@ -47,7 +47,7 @@ from lowtide.engine import notify, turnaround
 from lowtide.engine.context import JobContext, tier_lane
 from lowtide.engine.fallback import cancel_in_flight, move_pending, release_stuck, unplan
 from lowtide.store.db import Store
-from lowtide.store.queries import add_event
+from lowtide.store.queries import add_event, pending_lanes, pending_on_lane
 from lowtide.store.schema import PENDING, requests
 
 
@@ -212,24 +212,13 @@ class Waiting:
     decision needs it (a batch tier that no longer fits, a direct tier with more than it can
     do), so a quiet tick reads a few index entries however many requests wait. Moves made in
     the pass are told to it (`arrived`, `left`). The index on (job_id, state, lane) answers
-    each read (store/schema.py, m015)."""
+    each read (store/schema.py, m015), by seeks on PostgreSQL too (store/queries.py)."""
 
     def __init__(self, conn: Connection, job_id: int):
         self._conn = conn
-        self._pending = and_(requests.c.job_id == job_id, requests.c.state == PENDING)  # the partial lane index
-        self.lanes = self._lanes()
+        self._job_id = job_id
+        self.lanes = pending_lanes(conn, job_id)
         self._counts: dict[str, int] = {}
-
-    def _lanes(self) -> set[str]:
-        """Each lane with pending requests, found as the least lane after the last one found
-        (a skip scan: the index gives each in one seek, instead of a GROUP BY over every row)."""
-        first = select(requests.c.lane).where(self._pending).order_by(requests.c.lane).limit(1)
-        found: set[str] = set()
-        lane = self._conn.execute(first).scalar()
-        while lane is not None:
-            found.add(lane)
-            lane = self._conn.execute(first.where(requests.c.lane > lane)).scalar()
-        return found
 
     def any(self, lane: str) -> bool:
         return lane in self.lanes
@@ -239,7 +228,7 @@ class Waiting:
             return 0
         if lane not in self._counts:
             self._counts[lane] = self._conn.execute(
-                select(func.count()).where(self._pending, requests.c.lane == lane)
+                select(func.count()).where(pending_on_lane(self._job_id, lane))
             ).scalar_one()
         return self._counts[lane]
 
@@ -249,7 +238,7 @@ class Waiting:
             return False
         if lane not in self._counts:
             cap = min(n, 2**62) + 1  # a LIMIT the databases take, however small a p95 made `n`
-            some = select(requests.c.id).where(self._pending, requests.c.lane == lane).limit(cap).subquery()
+            some = select(requests.c.id).where(pending_on_lane(self._job_id, lane)).limit(cap).subquery()
             seen = self._conn.execute(select(func.count()).select_from(some)).scalar_one()
             if seen <= n:
                 self._counts[lane] = seen  # all of them

@@ -4,12 +4,25 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Connection, Row, and_, case, func, insert, or_, select, update
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Row,
+    and_,
+    case,
+    func,
+    insert,
+    literal,
+    or_,
+    select,
+    tuple_,
+    update,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 
 from lowtide.core.errors import JobNotFoundError, SpecError
 from lowtide.core.states import JobState
-from lowtide.store.schema import dispatches, events, jobs, requests
+from lowtide.store.schema import PENDING, dispatches, events, jobs, requests
 
 
 def get_job(conn: Connection, name: str) -> Row:
@@ -119,3 +132,34 @@ def token_totals(conn: Connection, job_id: int) -> dict[str, Any]:
         "attempts": row[0], "input_tokens": row[1], "output_tokens": row[2],
         "cost_picousd": int(row[3]), "unknown_cost": int(row[4]),
     }  # fmt: skip
+
+
+# A job's pending requests by lane, read off the partial lane index (ix_requests_pending_lane:
+# job_id, state, lane, ...) by seeks on both databases. PostgreSQL leaves `state = 'pending'`
+# out of a plain read's index condition (the partial index implies it), and with no condition
+# on `state` it cannot seek on `lane`: it reads every pending entry of the job (50 ms at
+# 1,000,000 pending). A bound on the row value (state, lane), which the index implies nothing
+# about, keeps its seek; SQLite seeks on the plain `lane` condition beside it and only checks
+# the row value. (A FOR UPDATE read keeps every condition: the claims need none of this.)
+def pending_on_lane(job_id: int, lane: str) -> ColumnElement[bool]:
+    """The condition for a job's pending requests on `lane`, as an index range."""
+    at, bound = tuple_(requests.c.state, requests.c.lane), tuple_(PENDING, literal(lane))
+    return and_(requests.c.job_id == job_id, requests.c.state == PENDING, requests.c.lane == lane, at >= bound, at <= bound)
+
+
+def pending_lanes(conn: Connection, job_id: int) -> set[str]:
+    """Each lane with pending requests of the job, found as the least lane after the last one
+    found: one index seek per lane (a skip scan), instead of a GROUP BY over every row."""
+    first = (
+        select(requests.c.lane)
+        .where(requests.c.job_id == job_id, requests.c.state == PENDING)
+        .order_by(requests.c.lane)
+        .limit(1)
+    )
+    found: set[str] = set()
+    lane = conn.execute(first).scalar()
+    while lane is not None:
+        found.add(lane)
+        after = tuple_(requests.c.state, requests.c.lane) > tuple_(PENDING, literal(lane))
+        lane = conn.execute(first.where(requests.c.lane > lane, after)).scalar()
+    return found
