@@ -44,6 +44,7 @@ ROUTES: dict[str, dict[str, Any]] = {
     "openai-compatible": {"base_url": "http://127.0.0.1:9/v1"},
     "openai-compatible-batch": {"profile": "groq", "api_key_env": "LOWTIDE_SUPPORT_KEY"},
     "azure-batch": {"endpoint": "https://lowtide-support.openai.azure.com", "api_key_env": "LOWTIDE_SUPPORT_KEY"},
+    "mistral-batch": {"api_key_env": "LOWTIDE_SUPPORT_KEY"},
     "anthropic-batch": {"api_key_env": "LOWTIDE_SUPPORT_KEY"},
     "anthropic": {"api_key_env": "LOWTIDE_SUPPORT_KEY"},
     "gemini-batch": {"api_key_env": "LOWTIDE_SUPPORT_KEY"},
