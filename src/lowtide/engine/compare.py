@@ -8,7 +8,14 @@ McNemar's exact p-value. For `choices`: a confusion matrix per variant. And the 
 the variants' answers differ, for reading.
 
 Everything is read from the store in a few queries per member (no per-row query), and the
-expected answers from the source once.
+expected answers from the source once. Scoring does little per row: each expected value is
+normalised once per eval and each distinct answer once per member (a choices eval has a
+handful); a variant's verdicts are also two sets of keys (right, wrong), so each pair's counts
+are set intersections rather than a loop over the rows; turnarounds are one array per member.
+
+The reads are read-only transactions (`Store.read`): on SQLite a compare never waits for a
+worker writing the store (another job's ingest, a worker's tick), nor holds one up. (A judge's
+rows are still rendered by engine/stages.py `stage_rows`, in a write transaction.)
 
 A judge verdict counts only for the answer it judged: one rendered from an earlier answer (the
 member re-ran the row with `--requeue-changed`, the judge has not yet) leaves the row unscored.
@@ -22,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 from itertools import combinations
 from typing import Any
 
+import numpy as np
 from sqlalchemy import func, select
 
 from lowtide.core import fastjson
@@ -121,6 +129,8 @@ class _Scored:
     verdicts: dict[str, bool]  # key -> correct, for scored rows
     answers: dict[str, str]  # key -> the answer as compared (normalised), succeeded rows
     by_custom_id: dict[str, bool] = field(default_factory=dict)  # the verdicts again, by custom_id
+    right: set[str] = field(default_factory=set)  # the keys of the rows scored correct
+    wrong: set[str] = field(default_factory=set)  # ... and wrong
 
 
 def compare(store: Store, ev: EvalSpec, disagreements: int = 20) -> EvalReport:
@@ -134,10 +144,11 @@ def compare(store: Store, ev: EvalSpec, disagreements: int = 20) -> EvalReport:
         if problems:
             raise SourceError.from_problems(f"{ev.base.source.where}: cannot score", problems)
     judged = _verdicts(store, ev, values) if method == "judge" else None
+    expected = _expected(ev, values)
     results: list[VariantResult] = []
     scored: dict[str, _Scored] = {}
     confusion: dict[str, dict[str, dict[str, int]]] = {}
-    with store.begin() as conn:
+    with store.read() as conn:  # one snapshot, and no wait for a worker writing meanwhile
         ids = dict(conn.execute(select(jobs.c.name, jobs.c.id).where(jobs.c.name.in_([m.spec.name for m in ev.members]))).all())
         costs = _costs(conn, list(ids.values()))
         for m in ev.members:
@@ -151,7 +162,7 @@ def compare(store: Store, ev: EvalSpec, disagreements: int = 20) -> EvalReport:
                 select(requests.c.custom_id, requests.c.source_key, requests.c.state, requests.c.output, requests.c.parsed, requests.c.error_code)
                 .where(requests.c.job_id == job_id)
             ).all()  # fmt: skip
-            scored[m.variant] = _score(ev, m, r, rows, values, judged, confusion)
+            scored[m.variant] = _score(ev, m, r, rows, values, expected, judged, confusion)
             c = costs.get(job_id)
             if c is not None:
                 cost, realtime, unpriced, tin, tout = c
@@ -160,83 +171,121 @@ def compare(store: Store, ev: EvalSpec, disagreements: int = 20) -> EvalReport:
                 r.cost_per_correct = r.cost_usd / r.correct if r.correct else None
             r.turnaround_p50_s, r.turnaround_p95_s = quantiles(_turnarounds(conn, job_id))
         judge = _judge_cost(conn, ev) if ev.parts.judge is not None else None
-    pairs = [_pair(a, b, scored[a].verdicts, scored[b].verdicts) for a, b in combinations([r.variant for r in results], 2) if a in scored and b in scored]
+    pairs = [_paired(a, b, scored[a], scored[b]) for a, b in combinations([r.variant for r in results], 2) if a in scored and b in scored]
     rows, count = _disagreements(ev, scored, values, disagreements)
     verdicts = {variant: s.by_custom_id for variant, s in scored.items()}
     return EvalReport(ev.name, method, results, pairs, confusion, rows, count, judge, verdicts)
 
 
-def _score(ev: EvalSpec, m: Member, r: VariantResult, rows, values: dict[str, dict], judged: _Verdicts | None, confusion) -> _Scored:
+def _expected(ev: EvalSpec, values: dict[str, dict]) -> dict[str, tuple[Any, str]]:
+    """Each row's expected value of a plain method, with its normalised text, by key; rows
+    with none are left out (never scored). Read once for every member."""
     s = ev.scoring
-    plain = scorer(s) if s is not None and s.method not in ("json_fields", "judge") else None
-    choices = ev.base.effective_choices
-    labels = {normalise(c): c for c in choices or []}
+    if s is None or s.method in ("json_fields", "judge"):
+        return {}
+    out = {}
+    for key, row in values.items():
+        want = row.get(s.expected)
+        if not is_missing(want):
+            out[key] = (want, normalise(want))
+    return out
+
+
+def _score(
+    ev: EvalSpec, m: Member, r: VariantResult, rows, values: dict[str, dict], expected: dict[str, tuple[Any, str]],
+    judged: _Verdicts | None, confusion,
+) -> _Scored:  # fmt: skip
+    s = ev.scoring
+    method = s.method if s is not None else None
+    plain = scorer(s) if method in ("regex", "numeric") else None  # exact and choice: normalised texts compared here
+    labels = {normalise(c): c for c in ev.base.effective_choices or []}
     matrix: dict[str, dict[str, int]] = {}
     fields_right: Counter[str] = Counter()
     fields_seen: Counter[str] = Counter()
     out = _Scored({}, {})
+    right, wrong = out.right, out.wrong
     not_scored: Counter[str] = Counter()
     failures: Counter[str] = Counter()
+    said: dict[str, str] = {}  # an answer's text -> normalised: a few distinct answers repeat over the rows
+    succeeded = RequestState.SUCCEEDED.value
+    failed = RequestState.FAILED.value
+    r.rows = len(rows)
     for cid, key, state, output, parsed_text, error_code in rows:
-        r.rows += 1
-        if state != RequestState.SUCCEEDED.value:
-            failures[error_code or state if state == RequestState.FAILED.value else state] += 1
+        if state != succeeded:
+            failures[error_code or state if state == failed else state] += 1
             continue
         r.succeeded += 1
         parsed = fastjson.loads(parsed_text) if parsed_text else None
-        row = values.get(key_of(key), {})
+        text = said.get(output)
+        if text is None:
+            text = said[output] = normalise(output)
         # A JSON answer as its sorted JSON (normalising would strip its braces and quotes:
         # `category": "billing`); a text answer normalised, as exact match compares it.
         is_json = parsed is not None and not isinstance(parsed, str)
-        out.answers[key] = json.dumps(parsed, sort_keys=True, ensure_ascii=False) if is_json else normalise(output)
-        if s is None:
+        out.answers[key] = json.dumps(parsed, sort_keys=True, ensure_ascii=False) if is_json else text
+        if method is None:
             continue
         verdict: bool | None
-        if s.method == "judge":
+        if method == "judge":
             verdict = judged.verdicts.get(cid) if judged is not None else None
             if verdict is None:
                 not_scored[judged.stale_reason if judged is not None and cid in judged.stale else "not judged"] += 1
                 continue
-        elif s.method == "json_fields":
+        elif method == "json_fields":
             verdict = None
-            answer = parsed if isinstance(parsed, dict) else {}
+            row = values.get(key_of(key), {})
+            got = parsed if isinstance(parsed, dict) else {}
             for prop, column in s.fields.items():
                 want = row.get(column)
                 if is_missing(want):
                     continue
-                ok = prop in answer and field_equal(answer[prop], want)
+                ok = prop in got and field_equal(got[prop], want)
                 fields_seen[prop] += 1
                 fields_right[prop] += ok
                 verdict = ok if verdict is None else verdict and ok
         else:
-            expected = row.get(s.expected)
-            verdict = plain(output, parsed, expected)
-            if verdict is not None and s.method == "choice":
-                want = labels.get(normalise(expected), str(expected))
-                got = labels.get(normalise(output), OTHER)
-                matrix.setdefault(want, {}).setdefault(got, 0)
-                matrix[want][got] += 1
+            want = expected.get(key_of(key))
+            if want is None:
+                verdict = None
+            elif plain is None:  # exact, choice: the answer's text normalised against the expected's
+                verdict = text == want[1]
+                if method == "choice":
+                    got_label = labels.get(text, OTHER)
+                    row_of = matrix.setdefault(labels.get(want[1], str(want[0])), {})
+                    row_of[got_label] = row_of.get(got_label, 0) + 1
+            else:
+                verdict = plain(output, parsed, want[0])
         if verdict is None:
             not_scored["no expected value"] += 1
             continue
         out.verdicts[key] = out.by_custom_id[cid] = verdict
+        (right if verdict else wrong).add(key)
+        (wrong if verdict else right).discard(key)  # a key twice in a job: its last verdict, as in `verdicts`
     r.scored = len(out.verdicts)
-    r.correct = sum(out.verdicts.values())
+    r.correct = len(right)
     r.not_scored, r.failures = dict(not_scored), dict(failures)
     if r.scored:
         r.accuracy = r.correct / r.scored
         r.ci_low, r.ci_high = accuracy_ci(r.correct, r.scored)
     r.field_accuracy = {p: fields_right[p] / n for p, n in fields_seen.items() if n}
-    if s is not None and s.method == "choice":
+    if method == "choice":
         confusion[m.variant] = matrix
     return out
 
 
 def _pair(a: str, b: str, va: dict[str, bool], vb: dict[str, bool]) -> PairResult:
-    both = va.keys() & vb.keys()
-    a_only = sum(1 for k in both if va[k] and not vb[k])
-    b_only = sum(1 for k in both if vb[k] and not va[k])
-    n = len(both)
+    """The pair from two variants' verdicts by key."""
+    return _paired(a, b, _sets(va), _sets(vb))
+
+
+def _sets(verdicts: dict[str, bool]) -> _Scored:
+    return _Scored(verdicts, {}, right={k for k, v in verdicts.items() if v}, wrong={k for k, v in verdicts.items() if not v})
+
+
+def _paired(a: str, b: str, va: _Scored, vb: _Scored) -> PairResult:
+    a_only = len(va.right & vb.wrong)  # set intersections: no loop over the rows here
+    b_only = len(vb.right & va.wrong)
+    n = a_only + b_only + len(va.right & vb.right) + len(va.wrong & vb.wrong)  # rows both scored
     ci = paired_difference_ci(a_only, b_only, n)
     p = mcnemar_p(a_only, b_only) if n else None  # no pair scored by both: nothing was tested
     return PairResult(a, b, n, a_only, b_only, (a_only - b_only) / n if n else None, *(ci or (None, None)), p)
@@ -263,7 +312,8 @@ def _turnarounds(conn, job_id: int) -> list[float]:
         .select_from(attempts.join(dispatches, a.dispatch_id == d.id))
         .where(a.job_id == job_id, a.applied.is_(True), a.ok.is_(True))
     )
-    return [max(0.0, float(x)) for (x,) in conn.execute(q) if x is not None]
+    took = np.array(conn.execute(q).scalars().all(), dtype=float)  # a NULL reads as nan
+    return np.maximum(took[~np.isnan(took)], 0.0).tolist()
 
 
 @dataclass(slots=True)
@@ -277,7 +327,7 @@ def _verdicts(store: Store, ev: EvalSpec, values: dict[str, dict]) -> _Verdicts:
     """The judge's verdict for each first-stage custom_id it judged, if it judged the answer
     stored now: its request's fingerprint is that of the judge row the answer makes now."""
     field_name = ev.parts.judge.verdict_field
-    with store.begin() as conn:
+    with store.read() as conn:
         job = conn.execute(select(jobs.c.id, jobs.c.spec).where(jobs.c.name == ev.judge_name)).first()
         if job is None:
             return _Verdicts({}, set())

@@ -76,7 +76,7 @@ def eval_named(store: Store, name: str) -> EvalSpec | None:
 
 
 def stored_eval(store: Store, name: str) -> EvalSpec:
-    with store.begin() as conn:
+    with store.read() as conn:  # reading only: never waits for a worker writing the store
         data = conn.execute(select(evals.c.spec).where(evals.c.name == name)).scalar()
         if data is None:
             known = list(conn.scalars(select(evals.c.name).order_by(evals.c.name).limit(20)))
