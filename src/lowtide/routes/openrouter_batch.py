@@ -35,11 +35,13 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import AsyncIterator, Collection, Iterable
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 import httpx
 import openrouter
 from openrouter import errors, utils
+from openrouter.types import UNSET
 
 from lowtide.core import fastjson
 from lowtide.core.cards import CARDS
@@ -173,7 +175,7 @@ class OpenRouterBatchRoute:
         try:
             batch = await self.client.batch.create_batches_async(
                 model=models.pop(), endpoint=endpoints.pop(), requests=entries,  # type: ignore[arg-type]
-                provider=self.provider if self.provider else utils.UNSET, retries=NO_RETRIES,
+                provider=self.provider if self.provider else UNSET, retries=NO_RETRIES,
             )  # fmt: skip
         except errors.OpenRouterError as err:
             message = f"{self.name}: HTTP {err.status_code}: {_message(err)}"
@@ -220,7 +222,10 @@ class OpenRouterBatchRoute:
         self, size: int, not_before: float, known: Collection[str]
     ) -> AsyncIterator[Any]:
         """Batches of `size` requests created in the window, other than those in `known`."""
-        page = await self.client.batch.list_async(limit=100, created_after=int(not_before - 60))
+        since = datetime.fromtimestamp(not_before - 60, UTC).strftime(
+            "%Y-%m-%dT%H:%M:%SZ"
+        )  # as OpenRouter's reference writes one
+        page = await self.client.batch.list_async(limit=100, created_after=since)
         while page is not None:
             for batch in page.result.data:
                 created = batch.created_at
@@ -272,10 +277,22 @@ class OpenRouterBatchRoute:
             yield outcome
 
     async def _batch(self, batch_id: str) -> dict[str, Any]:
-        """`GET /batches/{id}` as OpenRouter sent it (the SDK checks it; its typed object
-        would drop what its models do not declare)."""
+        """`GET /batches/{id}` as OpenRouter sent it: the SDK's typed object would drop what
+        its models do not declare, and its models refuse an answer they do not know whole
+        (a Messages answer without `container`), which is still read."""
         try:
             await self.client.batch.get_batches_async(id=batch_id)
+        except (
+            errors.ResponseValidationError
+        ) as err:  # an answer shaped beyond the SDK's models: kept as sent
+            if batch_id not in self._raw.bodies:
+                raise RouteError(f"{self.name}: batch {batch_id}: {err.message}") from None
+            log.debug(
+                "%s: batch %s: read as sent; the SDK's models refused it: %.300s",
+                self.name,
+                batch_id,
+                err,
+            )
         except errors.OpenRouterError as err:
             if err.status_code in (404, 410):
                 raise BatchGone(

@@ -23,7 +23,7 @@ from lowtide.server.translate import decode_key, encode_key
 from lowtide.store.db import Store
 from lowtide.store.schema import serve_billing
 
-ROUTE_OF = {"openai": "openai-batch", "anthropic": "anthropic-batch", "gemini": "gemini-batch"}  # whose prices apply
+ROUTE_OF = {"openai": "openai-batch", "anthropic": "anthropic-batch", "gemini": "gemini-batch", "openrouter": "openrouter-batch"}  # whose prices apply
 
 
 @dataclass(frozen=True, slots=True)

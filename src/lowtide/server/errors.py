@@ -1,11 +1,12 @@
 """HTTP errors in each provider's own shape.
 
 OpenAI:    {"error": {"message", "type", "param", "code"}}
+OpenRouter: {"error": {"code", "message"}}  (under /api/v1, OpenRouter's base path)
 Anthropic: {"type": "error", "error": {"type", "message"}}
 Gemini:    {"error": {"code", "message", "status"}}  (google.rpc.Status)
 
-Paths under /v1/messages are Anthropic's, under /v1beta and /upload Gemini's; every other
-path is OpenAI's.
+Paths under /v1/messages are Anthropic's, under /v1beta and /upload Gemini's, under /api/v1
+OpenRouter's; every other path is OpenAI's.
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ GEMINI_STATUS = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSI
 def api_of(path: str) -> str:
     if path.startswith(("/v1beta/", "/upload/")):
         return "gemini"
+    if path.startswith("/api/v1/"):  # OpenRouter's base path (openrouter_api.py)
+        return "openrouter"
     return "anthropic" if path.startswith("/v1/messages") else "openai"
 
 
@@ -68,6 +71,8 @@ class ApiError(Exception):
         if api == "gemini":
             status = GEMINI_STATUS.get(self.status) or ("INTERNAL" if self.status >= 500 else "FAILED_PRECONDITION")
             return {"error": {"code": self.status, "message": self.message, "status": status}}
+        if api == "openrouter":
+            return {"error": {"code": self.status, "message": self.message}}
         if api == "anthropic":
             kind = self.type if self.type in ANTHROPIC_TYPES.values() else None
             kind = kind or ANTHROPIC_TYPES.get(self.status) or ("api_error" if self.status >= 500 else "invalid_request_error")

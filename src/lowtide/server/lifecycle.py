@@ -41,6 +41,7 @@ from lowtide.server.context import Server
 from lowtide.server.finalize import batch_folder, build_anthropic, build_openai
 from lowtide.server.gemini_outputs import build_gemini
 from lowtide.server.intake import Intake, check_size, take_openai_file
+from lowtide.server.openrouter_api import build_openrouter
 from lowtide.server.records import BatchStatus as S
 from lowtide.server.translate import Rejection, decode_key
 from lowtide.store.schema import jobs, requests
@@ -328,7 +329,7 @@ class Worker:
     def end(self, row: Row, current: S, target: S, ending: str) -> bool:
         """Write the batch's output and move it to its final status, together."""
         server = self.server
-        build = {"openai": build_openai, "gemini": build_gemini}.get(row.api, build_anthropic)
+        build = {"openai": build_openai, "gemini": build_gemini, "openrouter": build_openrouter}.get(row.api, build_anthropic)
         built = build(server, row, ending)
         with server.store.begin() as conn:
             if not records.move_batch(conn, row.id, current, target, server.clock.now(), **built["values"]):
