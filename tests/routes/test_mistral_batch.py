@@ -184,12 +184,16 @@ def test_the_key_is_never_stored_or_logged(serve, tmp_path, monkeypatch, caplog)
         assert KEY.encode() not in path.read_bytes(), path
 
 
-def test_serve_speaks_mistrals_files_states_cancel_and_metadata_filter(serve, tmp_path):
-    """Serve's job API as the SDK reads it: a cancelled job, and the status map of the card."""
+LINE = b'{"custom_id": "a", "body": {"messages": [{"role": "user", "content": "hi"}]}}\n'
+
+
+def test_serve_speaks_mistrals_job_api_and_results_gone_past_retention_are_expired(serve, monkeypatch):
+    """Serve's job API as the SDK reads it (files, the card's states, cancel, the metadata
+    filter); and a job whose output file Mistral has deleted (past the card's results_s)
+    yields no outcome and no error: its requests have no line, so the engine expires them."""
     url = serve()
     client = _mistral(url)
-    up = client.files.upload(file={"file_name": "in.jsonl", "content": b'{"custom_id": "a", "body": {"messages": [{"role": "user", "content": "hi"}]}}\n'},
-                             purpose="batch")  # fmt: skip
+    up = client.files.upload(file={"file_name": "in.jsonl", "content": LINE}, purpose="batch")
     assert (up.purpose, up.sample_type, up.source) == ("batch", "batch_request", "upload")
     job = client.batch.jobs.create(input_files=[up.id], endpoint=CHAT, model="mistral-small-latest", metadata={"k": "v"}, timeout_hours=2)
     assert job.status in CARDS[NAME].status and job.metadata == {"k": "v"}
@@ -202,17 +206,10 @@ def test_serve_speaks_mistrals_files_states_cancel_and_metadata_filter(serve, tm
     assert client.batch.jobs.get(job_id=job.id).status in ended
     assert client.batch.jobs.list(metadata={"k": "v"}).total == 1 and client.batch.jobs.list(metadata={"k": "w"}).total == 0
 
-
-def test_results_gone_past_retention_leave_their_requests_to_be_retried(serve, monkeypatch):
-    """A job whose output file Mistral has deleted (past the card's results_s) yields no outcome
-    and no error: its requests have no line, so the engine treats them as expired."""
-    url = serve()
     monkeypatch.setenv(KEY_ENV, KEY)
     route = create(_options(url))
-    lines = b'{"custom_id": "a", "body": {"messages": [{"role": "user", "content": "hi"}]}}\n'
 
-    async def go() -> list:
-        up = await route.client.files.upload_async(file={"file_name": "in.jsonl", "content": lines}, purpose="batch")
+    async def gone() -> list:
         job = await route.client.batch.jobs.create_async(input_files=[up.id], endpoint=CHAT, model="m")
         while not (status := await route.poll(job.id)).ended:  # bounded by serve's fast clock, not timed
             await asyncio.sleep(0.05)
@@ -221,4 +218,4 @@ def test_results_gone_past_retention_leave_their_requests_to_be_retried(serve, m
         assert (await route.client.files.delete_async(file_id=output)).deleted
         return [o async for o in route.results(job.id)]
 
-    assert asyncio.run(go()) == []
+    assert asyncio.run(gone()) == []
