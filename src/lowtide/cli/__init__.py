@@ -12,7 +12,7 @@ from typer.exceptions import TyperException
 from lowtide import __version__
 from lowtide.cli import estimate, evals, gateway, jobs, prices, render, report, serve, trial, worker
 from lowtide.cli.argv import VALUE_OPTIONS, hoist_global_options
-from lowtide.cli.common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, state
+from lowtide.cli.common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, known_failure, say_error, state
 from lowtide.cli.dashboard import register as register_dashboard
 from lowtide.cli.helptext import tidy
 from lowtide.cli.retention import register as register_retention
@@ -86,6 +86,8 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as err:
         if debug or state.debug:
             traceback.print_exc()
+        elif (known := known_failure(err)) is not None:
+            say_error(known)
         else:
             line = (str(err).strip().splitlines() or [""])[0][:300]
             print(f"lowtide: unexpected error: {type(err).__name__}: {line} (run again with --debug for the traceback)", file=sys.stderr)

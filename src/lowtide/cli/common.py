@@ -56,6 +56,29 @@ def fail(err: LowtideError) -> typer.Exit:
     return typer.Exit(code)
 
 
+def known_failure(err: BaseException) -> str | None:
+    """What to tell the user about an error no command caught, where its cause is known
+    outside lowtide: the store's database going away, a full disk. None for anything else."""
+    import errno
+
+    import sqlalchemy as sa
+
+    reason = (str(getattr(err, "orig", None) or err).strip().splitlines() or [""])[0][:300]
+    if isinstance(err, sa.exc.OperationalError) and "disk is full" in reason:  # SQLite
+        return (f"the store's disk is full ({reason}); what was under way is rolled back: every change is one "
+                "transaction. Free space, or `lowtide prune` finished jobs, and run the command again")  # fmt: skip
+    if isinstance(err, sa.exc.DBAPIError) and err.connection_invalidated:
+        return (f"lost the store's database connection ({reason}); what was under way is rolled back: every change "
+                "is one transaction. Run the command again once the database answers; a batch this process had "
+                "claimed is taken over when its lease ends (a worker's: at most 15 minutes)")  # fmt: skip
+    if isinstance(err, OSError) and err.errno == errno.ENOSPC:  # writing results
+        where = f" writing {err.filename}" if err.filename else ""
+        return (f"no space left on the disk{where}; a results file is written under a temporary name and moved into "
+                "place only when whole, so the previous one is intact and the answers stay in the store. Free space "
+                "(or write elsewhere with --out) and run the command again")  # fmt: skip
+    return None
+
+
 # The other sites' options of serve and the gateway (server/guard.py) --------------------
 def env_list(name: str) -> list[str]:
     return [item.strip() for item in os.environ.get(name, "").split(",") if item.strip()]

@@ -1,0 +1,60 @@
+"""A worker whose PostgreSQL connection the server ends (a failover, an administrator, an idle
+timeout): it exits with lowtide's own message and exit code 3, not a traceback or an
+"unexpected error", and nothing it was doing is applied twice."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+
+import pytest
+import sqlalchemy as sa
+import yaml
+
+from tests.conftest import PG_ADMIN_URL
+from tests.reliability.test_kill import _harness
+
+
+@pytest.mark.postgres
+def test_a_worker_whose_connection_is_cut_exits_with_lowtides_message(pg_schema_url, tmp_path):
+    killtest = _harness()
+    server = killtest.Server(tmp_path)
+    app = f"lowtide-cut-{os.getpid()}-{tmp_path.name[-12:]}"
+    url = f"{pg_schema_url}&application_name={app}"
+    source = tmp_path / "tickets.csv"
+    killtest.write_source(source, 300, trial=0)
+    spec = {"name": "cut", "source": {"path": str(source), "id_column": "ticket_id"}, "template": {"user": "{{ body }}"},
+            "model": "gpt-4o-mini", "route": "openai-batch", "route_options": server.options(100)}  # fmt: skip
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(spec))
+    env = dict(os.environ) | {killtest.KEY_ENV: "sk-cut"}
+    admin = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    worker = None
+    try:
+        assert subprocess.run([killtest.LOWTIDE, "--db", url, "submit", "job.yaml"], cwd=tmp_path, env=env).returncode == 0
+        worker = subprocess.Popen([killtest.LOWTIDE, "--db", url, "worker"], cwd=tmp_path, env=env,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        deadline = time.monotonic() + 120  # a safety net for a worker that never notices, not a timing assumption
+        while worker.poll() is None and time.monotonic() < deadline:
+            with admin.connect() as conn:  # end each of its connections; a pooled idle one is replaced, one in use fails
+                conn.execute(sa.text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = :a"), {"a": app})
+            try:
+                worker.wait(0.2)
+            except subprocess.TimeoutExpired:
+                pass
+        assert worker.poll() is not None, "the worker kept running with its connections cut for 120 s"
+        err = worker.stderr.read()
+        assert worker.returncode == 3, err
+        assert err.startswith("lowtide: lost the store's database connection (terminating connection due to administrator command)"), err
+        assert "unexpected error" not in err and "Traceback" not in err
+        with sa.create_engine(pg_schema_url).connect() as conn:
+            twice = conn.execute(sa.text("SELECT COUNT(*) FROM (SELECT request_id FROM attempts WHERE applied "
+                                         "GROUP BY request_id HAVING COUNT(*) > 1) t")).scalar_one()  # fmt: skip
+            assert twice == 0
+            assert conn.execute(sa.text("SELECT COUNT(*) FROM requests")).scalar_one() == 300  # nothing stored was lost
+    finally:
+        if worker is not None and worker.poll() is None:
+            worker.kill()
+            worker.wait()
+        admin.dispose()
+        server.stop()
