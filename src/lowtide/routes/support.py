@@ -45,6 +45,7 @@ ROUTES: dict[str, dict[str, Any]] = {
     "openai-compatible-batch": {"profile": "groq", "api_key_env": "LOWTIDE_SUPPORT_KEY"},
     "azure-batch": {"endpoint": "https://lowtide-support.openai.azure.com", "api_key_env": "LOWTIDE_SUPPORT_KEY"},
     "mistral-batch": {"api_key_env": "LOWTIDE_SUPPORT_KEY"},
+    "openrouter-batch": {"api_key_env": "LOWTIDE_SUPPORT_KEY"},
     "anthropic-batch": {"api_key_env": "LOWTIDE_SUPPORT_KEY"},
     "anthropic": {"api_key_env": "LOWTIDE_SUPPORT_KEY"},
     "gemini-batch": {"api_key_env": "LOWTIDE_SUPPORT_KEY"},
@@ -56,6 +57,9 @@ OWN = frozenset({"echo", "echo-batch", "local"})
 ENDPOINT_ORDER = (CHAT, RESPONSES, COMPLETIONS, MESSAGES, GEMINI)
 # Each provider route's own protocol: a body of another protocol is translated (or refused).
 ROUTE_PROTOCOL = {"anthropic": "anthropic", "anthropic-batch": "anthropic", "gemini": "gemini", "gemini-batch": "gemini"}
+# Routes whose provider takes more than one protocol's bodies as they are (OpenRouter batches
+# chat completions and responses, and Anthropic's messages, each at its own endpoint).
+ALSO_NATIVE = {"openrouter-batch": ("anthropic",)}
 
 
 # Sample values from the SDKs' annotations ------------------------------------------------
@@ -200,7 +204,7 @@ def action(route: Any, name: str, endpoint: str, body: dict[str, Any]) -> tuple[
         return "refused", refused.reason
     if name in OWN:
         return "honours", ""
-    native = PROTOCOL[endpoint] == ROUTE_PROTOCOL.get(name, "openai")
+    native = PROTOCOL[endpoint] == ROUTE_PROTOCOL.get(name, "openai") or PROTOCOL[endpoint] in ALSO_NATIVE.get(name, ())
     return ("passes", "") if native else ("translates", "")
 
 
