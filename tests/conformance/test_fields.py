@@ -105,6 +105,8 @@ def route_options(route: str, url: str) -> dict[str, Any]:
         return {"base_url": f"{url}/v1"}
     if route == "gemini":  # the model "m" is this test's own: listed, so it is not refused as unknown
         return {"base_url": url, "api_key_env": KEY_ENV, "models": ["m"]}
+    if route == "mistral-batch":
+        return {"base_url": f"{url}/mistral", "api_key_env": KEY_ENV, "poll_interval": [0.05, 0.2]}
     if route == "azure-batch":
         return {"endpoint": url, "api_key_env": KEY_ENV, "poll_interval": [0.05, 0.2]}
     if route in ("openai", "openai-batch"):
@@ -130,7 +132,7 @@ def split(spec, path: Path) -> tuple[dict[str, str], list[int]]:
     return refused, accepted
 
 
-ROUTES = ("openai", "openai-compatible", "anthropic", "gemini", "openai-batch", "azure-batch", "anthropic-batch", "echo", "local")
+ROUTES = ("openai", "openai-compatible", "anthropic", "gemini", "openai-batch", "azure-batch", "mistral-batch", "anthropic-batch", "echo", "local")
 
 
 @pytest.mark.parametrize("endpoint", [CHAT, RESPONSES, COMPLETIONS, MESSAGES, GEMINI])
