@@ -121,16 +121,19 @@ def test_a_job_runs_through_serve_and_a_refused_row_fails_alone(serve, tmp_path,
     with pytest.raises(errors.OpenRouterError) as wrong:
         _sdk(url, "wrong-key").batch.get_batches(id=full[1].id)
     assert wrong.value.status_code == 401
+    _check_create_refusals(url)
 
 
-def test_serve_refuses_requests_before_endpoint_and_model_and_a_body_naming_another_model(serve):
-    url = serve()
+def _check_create_refusals(url: str) -> None:
+    """serve refuses `requests` before `endpoint` and `model`, and a body naming another model, as OpenRouter does."""
+
     def post(body):
         return httpx.post(
             f"{url}/api/v1/batches",
             content=body,
-            headers={"Authorization": "Bearer x", "Content-Type": "application/json"},
+            headers={"Authorization": "Bearer " + KEY, "Content-Type": "application/json"},
         )
+
     first = post(
         b'{"requests": [{"custom_id": "a", "body": {"messages": []}}], "endpoint": "/v1/chat/completions", "model": "m"}'
     )
