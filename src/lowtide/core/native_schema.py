@@ -106,6 +106,20 @@ def unwrap_choice(text: str | None) -> str | None:
     """The choice inside an answer `{"choice": "..."}`; any other text as it is."""
     if text is None or not text.lstrip().startswith("{"):
         return text
+    if text.__class__ is str and len(text) <= SHORT_ANSWER:  # a job's answers are its few choices: each read once
+        return _unwrap_short(text)
+    return _unwrap(text)
+
+
+SHORT_ANSWER = 256  # characters of an answer whose unwrapping is remembered
+
+
+@lru_cache(maxsize=512)
+def _unwrap_short(text: str) -> str:
+    return _unwrap(text)
+
+
+def _unwrap(text: str) -> str:
     try:
         value = orjson.loads(text)
     except orjson.JSONDecodeError:

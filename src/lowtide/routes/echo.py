@@ -55,6 +55,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Literal
 
 import orjson
@@ -109,11 +110,26 @@ def text_chat(request: Request) -> tuple[str, int, int | None] | None:
     body = request.body
     if request.endpoint != CHAT or request.choices or request.response_schema is not None or not TEXT_CHAT_KEYS.issuperset(body):
         return None
-    messages = body.get("messages")
+    told = told_turns(body.get("messages"))
+    if told is None:
+        return None
+    stop = body.get("stop")
+    if stop is not None and stop.__class__ is not str and not (stop.__class__ is list and all(s.__class__ is str for s in stop)):
+        return None
+    limit = body.get("max_completion_tokens", body.get("max_tokens"))
+    if limit is not None and limit.__class__ is not int:
+        return None
+    return *told, limit
+
+
+def told_turns(messages: Any) -> tuple[str, int] | None:
+    """Chat `messages` whose every turn is {role, content} of text with a role chat takes
+    (which `_own._turns` reads at once, and nothing in which is refused): the last user
+    turn and the input tokens. None for any other."""
     if messages.__class__ is not list or not messages:
         return None
     last_user, input_tokens = "", 0
-    for m in messages:  # {role, content} of text, with a role chat takes: as `_own._turns` reads it at once
+    for m in messages:
         if m.__class__ is not dict or len(m) != 2:
             return None
         role, content = m.get("role"), m.get("content")
@@ -122,17 +138,11 @@ def text_chat(request: Request) -> tuple[str, int, int | None] | None:
         if role == "user":  # (the only role read as user)
             last_user = content
         input_tokens += -(-len(content) // 4)
-    stop = body.get("stop")
-    if stop is not None and stop.__class__ is not str and not (stop.__class__ is list and all(s.__class__ is str for s in stop)):
-        return None
-    limit = body.get("max_completion_tokens", body.get("max_tokens"))
-    if limit is not None and limit.__class__ is not int:
-        return None
-    return last_user, input_tokens, limit
+    return last_user, input_tokens
 
 
-def answer(request: Request, plain: Plain, seed: int | None = None, choices: Sequence[str] | None = None) -> str:
-    last_user = _last_user(plain)
+def answer(request: Request, last_user: str, max_tokens: int | None, seed: int | None = None,
+           choices: Sequence[str] | None = None) -> str:  # fmt: skip
     choices = choices or request.choices
     if choices:
         lowered = last_user.lower()
@@ -141,7 +151,7 @@ def answer(request: Request, plain: Plain, seed: int | None = None, choices: Seq
             return min(hits)[1]
         seed = zlib.crc32(request.custom_id.encode()) if seed is None else seed
         return choices[seed % len(choices)]
-    return last_user if plain.max_tokens is None else last_user[: plain.max_tokens * 4]
+    return last_user if max_tokens is None else last_user[: max_tokens * 4]
 
 
 @dataclass(slots=True)
@@ -152,6 +162,7 @@ class Plan:
     json: JsonAsk | None
     schema: Instances | None  # for `json` with a schema
     calls: list[tuple[Tool, Instances]]  # the tools a required call may go to
+    picks: list[str] | None = None  # `json` is lowtide's choice schema: its choices, answered as choices
 
 
 def plan(request: Request, instances: bool = True) -> Plan | Refusal:
@@ -164,7 +175,46 @@ def plan(request: Request, instances: bool = True) -> Plan | Refusal:
     if isinstance(made, Refusal):
         return made
     ask, schema, calls = made
-    return Plan(plain, ask, schema, list(calls) if calls else [])
+    picks = choices_of(ask.schema) if ask is not None and not ask.bare else None
+    return Plan(plain, ask, schema, list(calls) if calls else [], picks)
+
+
+# What a chat body's turns stand in for in `chat_told`'s remembered plans (text turns read alike).
+_STAND_IN = [{"role": "user", "content": ""}]
+_CHAT_MEMO: dict[bytes, tuple[list[Any], Plan | Refusal]] = {}
+
+
+def chat_told(request: Request, instances: bool = True) -> tuple[Plan | Refusal, str, int] | None:
+    """A chat request whose turns are all {role, content} of text (`told_turns`), told
+    without reading it whole: its plan but for the turns (a stand-in's), its last user turn
+    and its input tokens. Such turns are never refused, and a job's requests differ in their
+    turns alone, so the rest of the body (limits, stops, n, the JSON ask, the tools) decides
+    the refusal and the rest of the plan: it is read once per distinct rest. None for any
+    other request (a turn of parts, an odd role, another endpoint, a value JSON text cannot
+    hold), planned the general way. Refusal and answer are the general way's, byte for byte
+    (tests/routes/test_echo_chat_told.py)."""
+    if request.endpoint != CHAT:
+        return None
+    body = request.body
+    told = told_turns(body.get("messages"))
+    if told is None:
+        return None
+    rest = {k: v for k, v in body.items() if k != "messages"}
+    asked = [rest, request.choices, request.response_schema, instances]
+    try:  # exact types only (orjson refuses a subclass), in the body's own key order
+        key = orjson.dumps(asked, option=orjson.OPT_PASSTHROUGH_SUBCLASS)
+    except TypeError:
+        return None
+    found = _CHAT_MEMO.get(key)
+    # The same text is the same rest, but for what JSON text cannot tell apart (a tuple from
+    # a list, NaN from null): equality tells those.
+    if found is None or found[0] != asked:
+        stand_in = Request("", CHAT, rest | {"messages": _STAND_IN}, request.choices, request.response_schema)
+        found = (asked, plan(stand_in, instances))
+        if len(_CHAT_MEMO) >= _MEMO_SIZE:
+            _CHAT_MEMO.clear()
+        _CHAT_MEMO[key] = found
+    return found[1], *told
 
 
 def _without_gemini_structure(request: Request) -> Request:
@@ -256,11 +306,15 @@ def _unsatisfiable(field: str, err: Unsatisfiable) -> Refusal:
     return Refusal(where, f"{err.reason}; echo cannot answer it (simplify the schema, or dry-run without it)")
 
 
-def replies(request: Request, p: Plan) -> list[Reply]:
+def replies(request: Request, p: Plan, last_user: str | None = None) -> list[Reply]:
+    """One reply per choice asked (`n`); `last_user`: the request's last user turn, where
+    `p`'s turns stand in for its own (`chat_told`)."""
+    last_user = _last_user(p.plain) if last_user is None else last_user
+    max_tokens = p.plain.max_tokens
     out = []
     for i in range(p.plain.n):
         if not p.calls and p.json is None and not request.choices:  # the text echo: no seed to draw
-            full = _last_user(p.plain)
+            full = last_user
             text = full if p.plain.max_tokens is None else full[: p.plain.max_tokens * 4]
             finish = "length" if len(text) < len(full) else "stop"  # cut at the limit
             out.append(Reply(text=text, finish=finish, output_tokens=_tokens(text)))
@@ -272,19 +326,25 @@ def replies(request: Request, p: Plan) -> list[Reply]:
             out.append(Reply(finish="tool_calls", call=Call(tool.name, arguments),
                              output_tokens=_tokens(arguments_text(arguments))))  # fmt: skip
             continue
-        asked = choices_of(p.json.schema) if p.json is not None and not p.json.bare else None
         if p.json is not None and p.json.bare:  # Gemini's text/x.enum: a bare choice
-            text = answer(request, p.plain, seed, p.json.schema["enum"])
-        elif asked is not None:  # lowtide's own choice schema: the choice, picked as choices are
-            text = arguments_text({CHOICE_KEY: answer(request, p.plain, seed, asked)})
+            text = answer(request, last_user, max_tokens, seed, p.json.schema["enum"])
+        elif p.picks is not None:  # lowtide's own choice schema: the choice, picked as choices are
+            text = choice_text(answer(request, last_user, max_tokens, seed, p.picks))
         elif p.schema is not None:
             text = arguments_text(p.schema.make(seed))
         elif p.json is not None:
-            text = arguments_text({"echo": answer(request, p.plain, seed)})
+            text = arguments_text({"echo": answer(request, last_user, max_tokens, seed)})
         else:  # one of the request's choices
-            text = answer(request, p.plain, seed)
+            text = answer(request, last_user, max_tokens, seed)
         out.append(Reply(text=text, output_tokens=_tokens(text)))
     return out
+
+
+@lru_cache(maxsize=256)
+def choice_text(choice: str) -> str:
+    """`{"choice": ...}` as `arguments_text` writes it: a job has a few choices, and a
+    request answers one of them."""
+    return arguments_text({CHOICE_KEY: choice})
 
 
 def _fail_attempts(value: Any) -> dict[str, int]:
@@ -319,7 +379,9 @@ class EchoRoute:
             return _echo_moderate.refusal(request)
         if text_chat(request) is not None:  # nothing in it to refuse
             return None
-        p = plan(request, self.answer == "instance")
+        instances = self.answer == "instance"
+        told = chat_told(request, instances)
+        p = plan(request, instances) if told is None else told[0]
         return p if isinstance(p, Refusal) else None
 
     def outcome(self, request: Request) -> Outcome:
@@ -334,14 +396,18 @@ class EchoRoute:
         told = text_chat(request)
         if told is not None:
             return self._text_echo(request, *told)
-        p = plan(request, self.answer == "instance")
+        instances = self.answer == "instance"
+        told = chat_told(request, instances)
+        if told is not None:
+            p, last_user, input_tokens = told
+        else:
+            p, last_user = plan(request, instances), None
         if isinstance(p, Refusal):
             return Outcome.failure(request.custom_id, "invalid_request", p.message(self.name), False)
-        answers = replies(request, p)
-        usage = Usage(
-            input_tokens=sum(_tokens(m["content"]) for m in p.plain.messages),
-            output_tokens=sum(r.output_tokens for r in answers),
-        )
+        if last_user is None:
+            input_tokens = sum(_tokens(m["content"]) for m in p.plain.messages)
+        answers = replies(request, p, last_user)
+        usage = Usage(input_tokens=input_tokens, output_tokens=sum(r.output_tokens for r in answers))
         first = answers[0]
         text = first.text
         if first.call is not None and first.call.name == FORCED_TOOL:  # the answer, asked through a forced tool
