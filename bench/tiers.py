@@ -15,7 +15,7 @@ in CPU seconds (time.process_time, this process only: nothing else runs):
 A/B runs are interleaved, `--repeat` times; medians and the chain / cut-over ratio are
 printed, with peak RSS.
 
-    .venv/bin/python bench/tiers.py --quiet                       # 10,000 and 100,000 pending
+    .venv/bin/python bench/tiers.py --quiet                       # 100,000 and 1,000,000 pending
     .venv/bin/python bench/tiers.py --quiet --sizes 100000 --ticks 50 --pg postgresql://…
 
 `--quiet`: what a chain job's quiet tick costs as its pending requests grow. Its requests
@@ -166,7 +166,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=100_000)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--quiet", action="store_true", help="time quiet ticks of a chain job at each of --sizes")
-    ap.add_argument("--sizes", default="10000,100000")
+    ap.add_argument("--sizes", default="100000,1000000")
     ap.add_argument("--ticks", type=int, default=20)
     ap.add_argument("--pg", help="PostgreSQL admin URL (with --quiet): run there, in a schema of its own")
     args = ap.parse_args()
