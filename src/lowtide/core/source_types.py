@@ -6,7 +6,9 @@ inferred from all its values, and `source.types` overrides it:
 - CSV: a column whose non-empty cells are all integers is `int`, all numbers `float`, all
   `true`/`false` (any case) `bool`; anything else, and a column with no value, is `string`.
   A number written with a leading zero (`01234`: a zip code, a phone number) is text.
-  An empty cell of a typed column is null.
+  An empty cell of a typed column is null. One word among a column's cells makes it text
+  whatever the others are, so the pass that infers the types (sources.py `arrow_types`)
+  stops once every column is text: a source of text columns costs its first rows.
 - JSONL: JSON's own kinds: booleans, integers, numbers (integers among them), text; a column
   of mixed kinds or of objects and arrays is written as text (JSON for objects and arrays).
 - `source.types: {column: kind}` with kind one of string, int, float, bool, date, timestamp.
@@ -110,19 +112,42 @@ def problem(value: Any, kind: str) -> str | None:
     return None
 
 
+# The kinds a CSV column's cells may have seen and still agree on one (int and float: float).
+_AGREEING = ({"int"}, {"float"}, {"int", "float"}, {"bool"})
+
+
 class Inference:
-    """The kind of each column, from the values seen so far (`add`), then `kinds()`."""
+    """The kind of each column, from the values seen so far (`add`), then `kinds()`.
+    A CSV column is `string` as soon as its cells can no longer agree on another kind (a
+    word among numbers): `settled` says when every column is, so a pass can stop there."""
 
     def __init__(self, columns: list[str], text: bool):
         self.text = text  # CSV: every value is text, read for what it spells
         self.seen: dict[str, set[str]] = {c: set() for c in columns}
+        self.open = list(columns)  # CSV: the columns whose kind the next cells may still change
+
+    @property
+    def settled(self) -> bool:
+        return self.text and not self.open
 
     def add(self, values: dict[str, Any]) -> None:
-        for column, kinds in self.seen.items():
+        if not self.text:
+            for column, kinds in self.seen.items():
+                value = values.get(column)
+                if value is not None:
+                    kinds.add(self._value_kind(value))
+            return
+        changed = False
+        for column in self.open:
             value = values.get(column)
             if value is None:
                 continue
-            kinds.add(self._text_kind(value) if self.text else self._value_kind(value))
+            kind = self._text_kind(value)
+            if kind is not None and kind not in (kinds := self.seen[column]):
+                kinds.add(kind)
+                changed = True
+        if changed:
+            self.open = [c for c in self.open if not self.seen[c] or self.seen[c] in _AGREEING]
 
     @staticmethod
     def _text_kind(value: str) -> str | None:
@@ -163,7 +188,9 @@ class Inference:
         out = {}
         for column, kinds in self.seen.items():
             kinds = kinds - {None}
-            if kinds == {"int", "float"}:
+            if self.text and kinds and kinds not in _AGREEING:  # cells of several kinds, a word among them: text
+                out[column] = "string"
+            elif kinds == {"int", "float"}:
                 out[column] = "float"
             elif len(kinds) == 1 and "json" not in kinds:
                 out[column] = next(iter(kinds))

@@ -32,6 +32,7 @@ from lowtide.core.locations import Location, location
 from lowtide.core.spec import FORMATS, JobSpec, SourceSpec, format_of
 
 CHUNK_ROWS = 5000
+INFER_ROWS = 500  # rows a pass that infers CSV types reads between checks that it may stop
 MAX_STRUCTURE_PROBLEMS = 1000  # rows a structural problem is reported for before reading stops
 
 # A cell may be a whole document: no limit below what any provider takes in one request
@@ -144,9 +145,18 @@ class Source:
         (a pass over the source where the format has no types: core/source_types.py)."""
         inference = source_types.Inference([c for c in columns if c not in self.types], text=self.format == "csv")
         if inference.seen:
-            for chunk in self.chunks(strict=False):
-                for row in chunk:
-                    inference.add(row.values)
+            # A pass of its own: what a pass in progress noted (problems, the highest value) stays.
+            noted = self.problems, self.highest
+            chunks = self.chunks(INFER_ROWS, strict=False)
+            try:
+                for chunk in chunks:
+                    for row in chunk:
+                        inference.add(row.values)
+                    if inference.settled:  # every column is text already (CSV): no cell further on changes that
+                        break
+            finally:
+                chunks.close()
+                self.problems, self.highest = noted
         kinds = {**inference.kinds(), **self.types}
         return {c: source_types.arrow_type(k) for c, k in kinds.items()}
 
