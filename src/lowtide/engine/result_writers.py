@@ -14,6 +14,7 @@ import csv
 import io
 import json
 from collections.abc import Collection, Iterator
+from itertools import repeat
 from typing import IO, Any
 
 from lowtide.core import source_types
@@ -64,26 +65,36 @@ class ArrowLayout:
             elif name in nested:  # the answer columns: already of their types (core/answers.py)
                 self.native.add(out)
         self.schema = pa.schema(fields)
+        self.fields = [(f.name, f.type) for f in fields]  # read once: a field's name is a property
 
     def table(self, chunk: list[dict[str, Any]]):
         """`chunk`'s records as an Arrow table of the schema."""
         import pyarrow as pa
 
         columns = {}
-        for f in self.schema:
-            values = [r.get(f.name) for r in chunk]
-            if f.name in self.typed:
-                kind = self.typed[f.name]
-                values = [None if v is None else fit(v, kind) for v in values]
-            elif f.name in self.convert:
-                kind = self.convert[f.name]
-                values = [source_types.convert(v, kind) for v in values]
-            elif f.name not in self.native:
+        for name, kind in self.fields:
+            values = list(map(dict.get, chunk, repeat(name)))  # (records are dicts; a loop in C)
+            if name in self.typed:
+                fitted = self.typed[name]
+                values = [None if v is None else fit(v, fitted) for v in values]
+            elif name in self.convert:
+                to = self.convert[name]
+                values = [source_types.convert(v, to) for v in values]
+            elif name not in self.native and not _all_text(values):
                 values = [v if v is None or v.__class__ is str else _text(v) for v in values]
             # A column with no value in the chunk (no tool calls anywhere, say) is made as
             # nulls: converting Nones to a nested type costs as much as real values.
-            columns[f.name] = pa.nulls(len(values), f.type) if values.count(None) == len(values) else values
+            columns[name] = pa.nulls(len(values), kind) if values.count(None) == len(values) else values
         return pa.Table.from_pydict(columns, schema=self.schema)
+
+
+def _all_text(values: list[Any]) -> bool:
+    """Whether every value is text or None (a CSV source's columns): told by a set of their
+    classes, in C."""
+    return set(map(type, values)) <= _TEXT_CLASSES
+
+
+_TEXT_CLASSES = {str, type(None)}
 
 
 def _text(value: Any) -> str:
