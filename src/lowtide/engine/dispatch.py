@@ -30,9 +30,11 @@ def claim_due(
     an UPDATE the planner may run a `LIMIT … FOR UPDATE SKIP LOCKED` subquery once per row
     (a semi-join), which claims every due request instead of `limit`."""
     due = _due(conn, job_id, now, limit, lane)
-    if conn.dialect.name == "postgresql":
-        due = list(conn.scalars(due))
-    moved = _move_into(conn, dispatch_id, requests.c.id.in_(due), route, now)
+    if conn.dialect.name == "postgresql":  # the ids as one array parameter, not one each
+        which = among(conn, requests.c.id, list(conn.scalars(due)))
+    else:
+        which = requests.c.id.in_(due)
+    moved = _move_into(conn, dispatch_id, which, route, now)
     conn.execute(update(dispatches).where(dispatches.c.id == dispatch_id).values(size=moved))
     return moved
 

@@ -18,7 +18,7 @@ from lowtide.core.states import (
     RequestState,
     check_transition,
 )
-from lowtide.store.bulk import executemany, fixed
+from lowtide.store.bulk import executemany, fixed, guard
 from lowtide.store.schema import dispatches, jobs, requests
 
 
@@ -69,12 +69,13 @@ def settle_dispatched(
         return
     check_transition(REQUEST_TRANSITIONS, RequestState.DISPATCHED, target)
     # What all rows share is written into the SQL, not bound: less to bind for 100,000 rows.
+    # Each row is found by its id; the rest is a guard (store/bulk.py: one statement on PostgreSQL).
     stmt = (
         update(requests)
         .where(
             requests.c.id == bindparam("_id"),
-            requests.c.dispatch_id == fixed(conn, dispatch_id),
-            requests.c.state == fixed(conn, RequestState.DISPATCHED.value),
+            guard(conn, requests.c.dispatch_id, dispatch_id),
+            guard(conn, requests.c.state, RequestState.DISPATCHED.value),
         )
         .values(
             state=fixed(conn, target.value),
@@ -82,7 +83,7 @@ def settle_dispatched(
             **{c: bindparam(c) for c in columns},
         )
     )
-    executemany(conn, stmt, rows)
+    executemany(conn, stmt, rows, by_key=True)
 
 
 def move_dispatch(
@@ -129,7 +130,7 @@ def start_new_version(conn: Connection, rows: Sequence[dict[str, Any]], values: 
     stay in the ledger. Only rows still succeeded are touched."""
     stmt = (
         update(requests)
-        .where(requests.c.id == bindparam("_id"), requests.c.state == RequestState.SUCCEEDED.value)
+        .where(requests.c.id == bindparam("_id"), guard(conn, requests.c.state, RequestState.SUCCEEDED.value))
         .values(state=RequestState.PENDING.value, version=requests.c.version + 1, **values)
     )
-    executemany(conn, stmt, rows)
+    executemany(conn, stmt, rows, by_key=True)
