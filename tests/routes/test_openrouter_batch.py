@@ -185,6 +185,31 @@ def test_a_cancelled_batch_returns_its_requests_as_cancelled_errors(serve, tmp_p
     assert len(outcomes) == 3 and all(not o.ok and o.retryable for o in outcomes), outcomes
 
 
+def test_lines_dropped_duplicated_and_cut_are_retried_and_the_batch_stays_readable(serve, tmp_path, monkeypatch):
+    """serve's line faults on an OpenRouter batch: the dropped result and the cut one (kept as a
+    JSON string inside the batch's JSON answer, which the route cannot read) are retried, the
+    duplicated one applied once. Before, the cut entry broke GET /batches/{id} (HTTP 500) for
+    every poll, and the batch's whole answers were never read (found by tests/sim)."""
+    plan = tmp_path / "faults.yaml"
+    plan.write_text(json.dumps({"batches": [{"first": 1, "drop_lines": 1, "duplicate_lines": 1, "corrupt_lines": 1}]}))
+    url = serve("--api-key", KEY, "--faults", str(plan))
+    monkeypatch.setenv(KEY_ENV, KEY)
+    spec = make_spec(write_csv(tmp_path / "t.csv", ticket_rows(6)), route=NAME, model="m", route_options=_options(url),
+                     retry={"max_attempts": 3, "backoff_seconds": 0})  # fmt: skip
+    store = Store(str(tmp_path / "client.db"))
+    load_job(store, spec, SystemClock())
+    status = _run(store, "tickets", timeout=60)  # a safety net: before, the polls failed until it ran out
+    assert status.counts == {"succeeded": 6}
+    with store.begin() as conn:
+        first = conn.execute(sa.select(dispatches.c.provider_id).order_by(dispatches.c.id)).scalars().first()
+        applied = conn.execute(sa.text("SELECT COUNT(*) FROM attempts WHERE applied AND ok")).scalar_one()
+    assert applied == 6
+    answer = httpx.get(f"{url}/api/v1/batches/{first}", headers={"Authorization": f"Bearer {KEY}"})
+    assert answer.status_code == 200, answer.text
+    results = answer.json()["results"]
+    assert [type(r).__name__ for r in results] == ["dict", "dict", "str", "dict", "dict", "dict"]  # 1 dropped, 1 twice, 1 cut
+
+
 def test_sigkill_between_create_and_recording_the_id_adopts_the_batch(serve, tmp_path):
     url = serve()
     store_path = str(tmp_path / "client.db")

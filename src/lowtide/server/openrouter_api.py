@@ -282,7 +282,7 @@ def batch_object(server: Server, row: Row, with_results: bool = False) -> dict[s
     }  # fmt: skip
 
 
-def _results(server: Server, row: Row) -> list[dict[str, Any]]:
+def _results(server: Server, row: Row) -> list[Any]:
     path = batch_folder(server, row.id) / RESULTS
     if not path.exists():  # failed at validation: nothing ran
         return []
@@ -307,7 +307,9 @@ def build_openrouter(server: Server, row: Row, ending: str) -> dict[str, Any]:
     with (folder / RESULTS).open("w", encoding="utf-8", errors=LONE_SURROGATES) as f:
         for line, r, fate in line_fates(lines(), records.faults_of(row)):
             bill.note(r, fate)
-            f.write(line + "\n")
+            # A cut entry (corrupt_lines) goes as a JSON string: `results` is part of one JSON
+            # answer, which a line cut in half would break whole, every other entry with it.
+            f.write((fastjson.dumps(line) if fate == "corrupt" else line) + "\n")
     return {"values": {"counts": summary.to_json()}, "files": [], "bill": bill.rows()}
 
 
