@@ -99,6 +99,9 @@ def main() -> None:
     parser.add_argument("--cli", action="store_true", help="then run the same job by `lowtide run` and compare its CPU")
     parser.add_argument("--cli-terminal", action="store_true", help="`lowtide run` draws its live bar, as on a terminal")
     parser.add_argument("--serve-src", help="run the server from this source folder (PYTHONPATH)")
+    parser.add_argument("--cli-src", action="append", help="run `lowtide run` from this source folder (repeatable: "
+                        "runs alternate, --rounds times, against the one server; implies --cli)")
+    parser.add_argument("--rounds", type=int, default=1, help="rounds of `lowtide run` runs")
     args = parser.parse_args()
     tune_gc()  # as lowtide's commands do (core/runtime.py)
     n = args.n
@@ -162,20 +165,26 @@ def main() -> None:
         print(f"  client peak RSS {peak_rss_mb():.0f} MB; CPU: client {api_cpu:.1f} s, "
               f"server {cpu_seconds(server.pid) - server_startup_cpu:.1f} s "
               f"(+{server_startup_cpu:.1f} s starting) (on {os.cpu_count()} CPUs)")
-        if args.cli:
-            run_cli(tmp, fields, args, n, api_cpu)
+        if args.cli or args.cli_src:
+            runs = 0
+            for _ in range(args.rounds):
+                for src in args.cli_src or [None]:
+                    runs += 1
+                    run_cli(tmp / f"cli-{runs}", fields, args, n, api_cpu, src)
     finally:
         server.terminate()
         server.wait(30)
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def run_cli(tmp: Path, fields: dict, args: argparse.Namespace, n: int, api_cpu: float) -> None:
+def run_cli(folder: Path, fields: dict, args: argparse.Namespace, n: int, api_cpu: float, src: str | None = None) -> None:
     """The same job by `lowtide run`, in a store of its own: its wall, CPU and exit code."""
-    spec_path = tmp / "cli" / "bench.yaml"
-    spec_path.parent.mkdir()
+    spec_path = folder / "bench.yaml"
+    folder.mkdir()
     spec_path.write_text(yaml.safe_dump(fields | {"output": {"path": f"results.{args.export}"}}))
-    env = os.environ | {"LOWTIDE_DB": str(tmp / "cli" / "client.db")}
+    env = os.environ | {"LOWTIDE_DB": str(folder / "client.db")}
+    if src is not None:
+        env["PYTHONPATH"] = str(Path(src).resolve())
     if args.cli_terminal:
         env |= {"TTY_COMPATIBLE": "1", "COLUMNS": "120"}
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -185,10 +194,10 @@ def run_cli(tmp: Path, fields: dict, args: argparse.Namespace, n: int, api_cpu: 
     wall = time.perf_counter() - t
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     assert done.returncode == 0, f"lowtide run exited with {done.returncode}"
-    assert (tmp / "cli" / f"results.{args.export}").exists()
+    assert (folder / f"results.{args.export}").exists()
     cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
     shown = "its live bar drawn" if args.cli_terminal else "plain lines, as to a pipe"
-    print(f"lowtide run, the same {n:,} requests ({shown}; results.{args.export}): wall {wall:.2f} s, CPU {cpu:.1f} s, "
+    print(f"lowtide run{f' from {src}' if src else ''}, the same {n:,} requests ({shown}; results.{args.export}): wall {wall:.2f} s, CPU {cpu:.1f} s, "
           f"{cpu / api_cpu:.2f}x the API path's {api_cpu:.1f} s (each process's total: start-up and imports too)")
 
 
