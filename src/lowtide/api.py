@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING, Any
 
 from lowtide.core.clock import SystemClock
 from lowtide.core.errors import JobNotFoundError
+from lowtide.core.output_target import OutputTarget, output_target
 from lowtide.core.spec import JobSpec, build_spec, load_spec
 from lowtide.core.yamlfile import parse_mapping, read_text
 from lowtide.engine.control import JobStatus, cancel_job, job_spec, job_status, retry_job
-from lowtide.core.output_target import OutputTarget, output_target
 from lowtide.engine.export import ExportReport, ResultRows, export_results, write_target
 from lowtide.engine.loader import LoadReport, load_job
 from lowtide.engine.preflight import check_target

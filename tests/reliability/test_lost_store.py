@@ -4,6 +4,7 @@ timeout): it exits with lowtide's own message and exit code 3, not a traceback o
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import time
@@ -38,10 +39,8 @@ def test_a_worker_whose_connection_is_cut_exits_with_lowtides_message(pg_schema_
         while worker.poll() is None and time.monotonic() < deadline:
             with admin.connect() as conn:  # end each of its connections; a pooled idle one is replaced, one in use fails
                 conn.execute(sa.text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = :a"), {"a": app})
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 worker.wait(0.2)
-            except subprocess.TimeoutExpired:
-                pass
         assert worker.poll() is not None, "the worker kept running with its connections cut for 120 s"
         err = worker.stderr.read()
         assert worker.returncode == 3, err

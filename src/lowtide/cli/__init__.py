@@ -12,7 +12,14 @@ from typer.exceptions import TyperException
 from lowtide import __version__
 from lowtide.cli import estimate, evals, gateway, jobs, prices, render, report, serve, trial, worker
 from lowtide.cli.argv import VALUE_OPTIONS, hoist_global_options
-from lowtide.cli.common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, known_failure, say_error, state
+from lowtide.cli.common import (
+    EXIT_ERROR,
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    known_failure,
+    say_error,
+    state,
+)
 from lowtide.cli.dashboard import register as register_dashboard
 from lowtide.cli.helptext import tidy
 from lowtide.cli.retention import register as register_retention

@@ -16,8 +16,6 @@ import os
 import time
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 from sqlalchemy import Connection, Select, and_, case, func, literal, null, or_, select
 
 from lowtide.core.errors import InputError
@@ -26,27 +24,33 @@ from lowtide.store.schema import attempts, request_versions, requests
 
 CHUNK = 5000  # rows per read and per row group
 
-SCHEMA = pa.schema(
-    [
-        ("table", pa.string()),  # requests | request_versions
-        ("row_id", pa.int64()),  # the row's id in that table
-        ("request_id", pa.int64()),  # requests.id (for a version: the request it is an earlier version of)
-        ("custom_id", pa.string()),
-        ("version", pa.int64()),
-        ("state", pa.string()),
-        # The bodies, as stored; NULL where the prune keeps it (a failed request's payload, the
-        # answers under --keep-results) or where there was none.
-        ("payload", pa.string()),
-        ("response", pa.string()),
-        ("repair", pa.string()),
-        ("output", pa.string()),
-        ("parsed", pa.string()),
-        ("plain_answer", pa.string()),
-        # What the request's attempts cost in all (the ledger, which the store keeps), in
-        # picodollars (10^-12 USD); NULL for an earlier version (its attempts are its request's).
-        ("cost_picousd", pa.int64()),
-    ]
-)
+# The archive's columns (its Arrow schema is made where one is written: pyarrow costs every
+# `lowtide` command 0.1 s to import, and only `prune --archive` writes one).
+COLUMNS = [
+    ("table", "string"),  # requests | request_versions
+    ("row_id", "int64"),  # the row's id in that table
+    ("request_id", "int64"),  # requests.id (for a version: the request it is an earlier version of)
+    ("custom_id", "string"),
+    ("version", "int64"),
+    ("state", "string"),
+    # The bodies, as stored; NULL where the prune keeps it (a failed request's payload, the
+    # answers under --keep-results) or where there was none.
+    ("payload", "string"),
+    ("response", "string"),
+    ("repair", "string"),
+    ("output", "string"),
+    ("parsed", "string"),
+    ("plain_answer", "string"),
+    # What the request's attempts cost in all (the ledger, which the store keeps), in
+    # picodollars (10^-12 USD); NULL for an earlier version (its attempts are its request's).
+    ("cost_picousd", "int64"),
+]
+
+
+def archive_schema():
+    import pyarrow as pa
+
+    return pa.schema([(name, getattr(pa, kind)()) for name, kind in COLUMNS])
 
 
 def payload_dropped(pruned: str):
@@ -111,6 +115,8 @@ def archive_name(job: str, now: float) -> str:
 def write_archives(conn: Connection, folder: Path, cuts: list, now: float, pruned: str) -> dict[str, Path]:
     """Write each cut's (job_id, name, keep_results) archive under `folder`; {job: path}.
     InputError naming the folder and the fix if any cannot be written; then none is left."""
+    import pyarrow as pa
+
     written: dict[str, Path] = {}
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -134,15 +140,19 @@ def write_archives(conn: Connection, folder: Path, cuts: list, now: float, prune
 
 
 def _write(conn: Connection, path: Path, queries: list[Select]) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = archive_schema()
     part = path.with_name(f".{path.name}.part")
     try:
         with part.open("wb") as f:
-            with pq.ParquetWriter(f, SCHEMA, compression="zstd") as writer:
+            with pq.ParquetWriter(f, schema, compression="zstd") as writer:
                 for query in queries:
                     result = conn.execute(query.execution_options(yield_per=CHUNK))
                     for chunk in result.partitions():
-                        columns = list(zip(*chunk, strict=True)) if chunk else [[] for _ in SCHEMA]
-                        writer.write_batch(pa.record_batch([pa.array(c, type=t.type) for c, t in zip(columns, SCHEMA, strict=True)], schema=SCHEMA))
+                        columns = list(zip(*chunk, strict=True)) if chunk else [[] for _ in schema]
+                        writer.write_batch(pa.record_batch([pa.array(c, type=t.type) for c, t in zip(columns, schema, strict=True)], schema=schema))
             f.flush()
             os.fsync(f.fileno())
         os.replace(part, path)
