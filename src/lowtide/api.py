@@ -227,7 +227,8 @@ class Job:
         # A live bar on a terminal; plain lines in a notebook or a pipe; a summary at the end.
         with JobProgress(Console(stderr=True), f"run {self.name}", summary=True) as shown:
             async with Engine(self.store) as engine:
-                return await drive(engine, self.name, lambda status, _report: shown.update(status))
+                # A few indexed counts at most once a second, not the whole status per tick.
+                return await shown.watch(drive(engine, self.name), self.store, self.name)
 
     def status(self) -> JobStatus:
         return job_status(self.store, self.name)

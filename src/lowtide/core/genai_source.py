@@ -46,6 +46,7 @@ FIELDS = {
 }
 
 
+@lru_cache(maxsize=1)  # read from the package's metadata on disk: once per process, not per priced line
 def package() -> str:
     return f"genai-prices {version('genai_prices')}"
 
