@@ -161,15 +161,17 @@ def _chat(request: Request, ids: Ids, replies: list[Reply], usage: Usage, create
                                       "function": {"name": r.call.name, "arguments": arguments_text(r.call.arguments)}}]  # fmt: skip
         logprobs = None if r.logprobs is None else {"content": r.logprobs, "refusal": None}
         choices.append({"index": i, "message": message, "finish_reason": _chat_finish(r.finish), "logprobs": logprobs})
-    return {"id": ids("chatcmpl-"), "object": "chat.completion", "created": created, "model": request.model,
-            "choices": choices, "usage": _openai_usage(usage), "system_fingerprint": None} | _tier(request)  # fmt: skip
+    return _with_tier({"id": ids("chatcmpl-"), "object": "chat.completion", "created": created, "model": request.model,
+                       "choices": choices, "usage": _openai_usage(usage), "system_fingerprint": None}, request)  # fmt: skip
 
 
-def _tier(request: Request) -> dict[str, Any]:
-    """The `service_tier` an OpenAI answer reports where its request asked for one (`auto`
-    is served at `default`, as OpenAI reports it)."""
+def _with_tier(answer: dict[str, Any], request: Request) -> dict[str, Any]:
+    """`answer` with the `service_tier` an OpenAI answer reports where its request asked for
+    one (`auto` is served at `default`, as OpenAI reports it), last; most ask none."""
     asked = request.body.get("service_tier")
-    return {} if asked is None else {"service_tier": "default" if asked == "auto" else asked}
+    if asked is not None:
+        answer["service_tier"] = "default" if asked == "auto" else asked
+    return answer
 
 
 def _completion(request: Request, ids: Ids, replies: list[Reply], usage: Usage, created: int) -> dict[str, Any]:
@@ -197,7 +199,7 @@ def _response(request: Request, ids: Ids, replies: list[Reply], usage: Usage, cr
         item = {"type": "message", "id": ids("msg_"), "status": "incomplete" if cut else "completed", "role": "assistant",
                 "content": [part]}  # fmt: skip
     body = request.body
-    return {
+    return _with_tier({
         "id": ids("resp_"), "object": "response", "created_at": created, "model": request.model,
         "status": "incomplete" if cut else "completed",
         "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
@@ -208,7 +210,7 @@ def _response(request: Request, ids: Ids, replies: list[Reply], usage: Usage, cr
                   "input_tokens_details": {"cached_tokens": usage.cached_input_tokens, "cache_write_tokens": usage.cache_write_tokens},
                   "output_tokens": usage.output_tokens, "output_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
                   "total_tokens": usage.input_tokens + usage.output_tokens},
-    } | _tier(request)  # fmt: skip
+    }, request)  # fmt: skip
 
 
 def _message(request: Request, ids: Ids, replies: list[Reply], usage: Usage, created: int) -> dict[str, Any]:
