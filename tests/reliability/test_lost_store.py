@@ -31,11 +31,17 @@ def test_a_worker_whose_connection_is_cut_exits_with_lowtides_message(pg_schema_
     env = dict(os.environ) | {killtest.KEY_ENV: "sk-cut"}
     admin = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
     worker = None
+    store = sa.create_engine(pg_schema_url)
     try:
         assert subprocess.run([killtest.LOWTIDE, "--db", url, "submit", "job.yaml"], cwd=tmp_path, env=env).returncode == 0
         worker = subprocess.Popen([killtest.LOWTIDE, "--db", url, "worker"], cwd=tmp_path, env=env,
                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
-        deadline = time.monotonic() + 120  # a safety net for a worker that never notices, not a timing assumption
+        deadline = time.monotonic() + 120  # safety nets for a worker that never gets there, not timing assumptions
+        while worker.poll() is None and time.monotonic() < deadline:  # at work: past opening the store, a chunk claimed
+            with store.connect() as conn:
+                if conn.execute(sa.text("SELECT COUNT(*) FROM dispatches")).scalar_one():
+                    break
+        deadline = time.monotonic() + 120
         while worker.poll() is None and time.monotonic() < deadline:
             with admin.connect() as conn:  # end each of its connections; a pooled idle one is replaced, one in use fails
                 conn.execute(sa.text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = :a"), {"a": app})
@@ -46,7 +52,7 @@ def test_a_worker_whose_connection_is_cut_exits_with_lowtides_message(pg_schema_
         assert worker.returncode == 3, err
         assert err.startswith("lowtide: lost the store's database connection (terminating connection due to administrator command)"), err
         assert "unexpected error" not in err and "Traceback" not in err
-        with sa.create_engine(pg_schema_url).connect() as conn:
+        with store.connect() as conn:
             twice = conn.execute(sa.text("SELECT COUNT(*) FROM (SELECT request_id FROM attempts WHERE applied "
                                          "GROUP BY request_id HAVING COUNT(*) > 1) t")).scalar_one()  # fmt: skip
             assert twice == 0
@@ -56,4 +62,5 @@ def test_a_worker_whose_connection_is_cut_exits_with_lowtides_message(pg_schema_
             worker.kill()
             worker.wait()
         admin.dispose()
+        store.dispose()
         server.stop()
