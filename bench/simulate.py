@@ -3,11 +3,14 @@
     .venv/bin/python bench/simulate.py --steps 60 --seeds 20
     .venv/bin/python bench/simulate.py --steps 40 --seeds 5 --store postgres --route openai-batch
     .venv/bin/python bench/simulate.py --route gemini-batch --store sqlite --seed 3 --seeds 1 --examples 4 --steps 25
+    .venv/bin/python bench/simulate.py --route mistral-batch --store sqlite --seeds 3 --examples 8 --steps 40
 
 Each seed runs `--examples` drawn sequences of up to `--steps` steps (load, append, tick,
 kill, cancel, retry, spec change, budget, deadline, clock steps, provider faults) on each
-route and store asked for, checking the invariants after every step and draining at the
-end (docs/simulation.md). Prints one line per seed and route, then the steps run, the seeds
+route and store asked for (`--route`, or all eight: openai-batch, anthropic-batch,
+gemini-batch, echo-batch, openai-compatible-batch, azure-batch, mistral-batch,
+openrouter-batch), checking the invariants after every step and draining at the end
+(docs/simulation.md). Prints one line per seed and route, then the steps run, the seeds
 and the violations, each with the shrunk sequence and the command that replays it. Exits 1
 if any seed found a violation.
 """
@@ -23,8 +26,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests package
 
 from tests.sim.machine import SimMachine, replay_command, run  # noqa: E402
+from tests.sim.world import ROUTE_MODELS  # noqa: E402
 
-ROUTES = ["openai-batch", "anthropic-batch", "gemini-batch", "echo-batch"]
+ROUTES = list(ROUTE_MODELS)  # every batch route the simulation drives (tests/sim/world.py)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -63,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
                     # Several kinds found: Hypothesis raises them together, each shrunk apart.
                     for one in err.exceptions if isinstance(err, ExceptionGroup) else [err]:
                         violations.append((seed, store_kind, route, _text(one)))
-                print(f"seed {seed:4d}  {store_kind:8s} {route:16s} {said:9s} {time.monotonic() - t0:7.1f} s", flush=True)
+                print(f"seed {seed:4d}  {store_kind:8s} {route:23s} {said:9s} {time.monotonic() - t0:7.1f} s", flush=True)
     print(f"\nsteps run: {SimMachine.steps_run}   seeds: {args.seeds} (from {args.seed})   routes: {', '.join(routes)}   "
           f"stores: {', '.join(stores)}   violations: {len(violations)}   {time.monotonic() - started:.0f} s")  # fmt: skip
     for seed, store_kind, route, text in violations:

@@ -2,9 +2,14 @@
 the client's store and from each provider's own store and bill. Each check returns the
 violations it found, as sentences; an empty list is a pass.
 
-Not checked here, and why: a chunk created twice on anthropic-batch (Message Batches keep
-no metadata, so adoption after a lost create matches by size and time: docs/guarantees.md
-names that window); the bill of echo-batch (it is not a provider, nothing is charged).
+Not checked here, and why: a chunk created twice on anthropic-batch and openrouter-batch
+(Message Batches and OpenRouter's batches keep no metadata, so adoption after a lost create
+matches by size and time: docs/guarantees.md names that window); the bill of echo-batch (it
+is not a provider, nothing is charged).
+
+serve keeps each API's batches in one table: a Mistral job is one of its OpenAI batches (its
+metadata holds the job's own, `lowtide_key` included: mistral_api.py), Azure's and an
+OpenAI-compatible server's are OpenAI's, OpenRouter's are `api = "openrouter"`.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from lowtide.store.schema import (
     requests,
     serve_batches,
 )
+from tests.sim.world import SERVED
 
 TERMINAL = {RequestState.SUCCEEDED.value, RequestState.FAILED.value, RequestState.CANCELLED.value}
 LIVE_SERVE = ("validating", "in_progress", "finalizing", "cancelling")
@@ -83,13 +89,14 @@ def _serve_batches(world) -> list[tuple[str, Any]]:
 
 
 def _key_of(batch) -> str | None:
-    """The lowtide dispatch key a provider batch carries: OpenAI's metadata, Gemini's displayName."""
+    """The lowtide dispatch key a provider batch carries: OpenAI's metadata (Azure's, an
+    OpenAI-compatible server's and a Mistral job's too), Gemini's displayName."""
     meta = json.loads(batch.metadata) if batch.metadata else {}
     if batch.api == "openai":
         return (meta or {}).get("lowtide_key")
     if batch.api == "gemini":
         return (meta or {}).get("displayName")
-    return None  # anthropic: no handle (exempt, see the module doc)
+    return None  # anthropic, openrouter: no handle (exempt, see the module doc)
 
 
 def created_once(world) -> list[str]:
@@ -109,7 +116,7 @@ def _client_bill(world) -> dict[tuple[str, str], list[tuple[int, int]]]:
             sa.select(dispatches.c.provider_id, requests.c.custom_id, attempts.c.input_tokens, attempts.c.output_tokens)
             .join(dispatches, dispatches.c.id == attempts.c.dispatch_id)
             .join(requests, requests.c.id == attempts.c.request_id)
-            .where(attempts.c.billed.is_(True), attempts.c.route.in_(["openai-batch", "anthropic-batch", "gemini-batch"]))
+            .where(attempts.c.billed.is_(True), attempts.c.route.in_(SERVED))
         ).all()  # fmt: skip
     booked: dict[tuple[str, str], list[tuple[int, int]]] = defaultdict(list)
     for provider_id, cid, tin, tout in rows:

@@ -5,8 +5,9 @@ and at the end of the sequence a drain must bring every request to a terminal st
     from tests.sim.machine import run
     run("openai-batch", "sqlite", seed=1, examples=5, steps=30)
 
-A new route plugs in through `world.ROUTE_MODELS` and `World.route_options`; a new
-provider fault through `fault_plan`; a new operator action is one more `@rule`.
+A new route plugs in through `world.ROUTE_MODELS`, `world.SERVED`, `World.route_options` and
+`CALLS` (and `NOT_ON`, for faults its API cannot meet); a new provider fault through
+`fault_plan`; a new operator action is one more `@rule`.
 """
 
 from __future__ import annotations
@@ -57,14 +58,37 @@ SINCE_JOBS = ("b",)  # loaded with `source.since` (docs/data.md): each load read
 MAX_ROWS = 30
 DRAIN_ROUNDS = 40
 STUCK = 8  # drain rounds in a row that changed nothing: what is left will stay so
-# Each API's calls, for HTTP faults: create, poll.
+# Each API's calls, for HTTP faults: create, poll; as serve's fault plan sees the path, after
+# its middlewares moved Azure's /openai/v1/… to /v1/… (azure_paths.py) and Mistral's
+# /mistral/v1/batch/jobs to /v1/mistral/batch/jobs (mistral_api.py).
 CALLS = {
     "openai-batch": ("POST /v1/batches", "GET /v1/batches/*"),
     "anthropic-batch": ("POST /v1/messages/batches", "GET /v1/messages/batches/*"),
     "gemini-batch": ("POST /v1beta/models/*", "GET /v1beta/batches/*"),
+    "openai-compatible-batch": ("POST /v1/batches", "GET /v1/batches/*"),
+    "azure-batch": ("POST /v1/batches", "GET /v1/batches/*"),
+    "mistral-batch": ("POST /v1/mistral/batch/jobs", "GET /v1/mistral/batch/jobs/*"),
+    "openrouter-batch": ("POST /api/v1/batches", "GET /api/v1/batches/*"),
 }
 FAULTS = ("none", "queue_full", "queue_tight", "queue_room", "fail_validation", "expire", "drop_lines",
           "duplicate_lines", "corrupt_lines", "create_429", "poll_500", "lost_create")  # fmt: skip
+QUEUE = ("queue_full", "queue_tight", "queue_room")
+# Faults a route's API cannot meet, left out of its draws, and why.
+NOT_ON = {
+    # serve's queue limit is OpenAI's (a batch failing validation with token_limit_exceeded);
+    # Mistral publishes no enqueued-token limit, so a job failed by it would be OpenAI's answer
+    # in Mistral's clothes, not a case the route must meet.
+    "mistral-batch": QUEUE,
+    # OpenRouter: no queue limit (serve checks one on OpenAI batches only); no validation step
+    # (the create checks the body and answers 400 at once, so serve's OpenRouter batches have
+    # nothing fail_validation could fail). corrupt_lines stays: a cut result is a JSON string
+    # inside GET /batches/{id}'s answer (openrouter_api.py), which the route cannot read.
+    "openrouter-batch": (*QUEUE, "fail_validation"),
+}
+
+
+def faults_on(route: str) -> tuple[str, ...]:
+    return tuple(k for k in FAULTS if k not in NOT_ON.get(route, ()))
 
 
 def fault_plan(kind: str, route: str, standing: dict[str, int]) -> FaultPlan:
@@ -85,6 +109,17 @@ def fault_plan(kind: str, route: str, standing: dict[str, int]) -> FaultPlan:
     elif kind == "lost_create":
         plan["http"] = [{"match": create, "first": 1, "status": 500, "after": True}]
     return FaultPlan.model_validate(plan)
+
+
+def _faults_rule(kinds: tuple[str, ...]):
+    """The rule that changes the main provider's fault plan, drawing from `kinds`."""
+
+    @precondition(lambda self: self.route in SERVED)
+    @rule(kind=st.sampled_from(kinds))
+    def faults(self, kind: str) -> None:
+        self.set_faults(kind)
+
+    return faults
 
 
 class SimMachine(RuleBasedStateMachine):
@@ -244,13 +279,13 @@ class SimMachine(RuleBasedStateMachine):
     def retry(self, name: str, failed: bool, cancelled: bool) -> None:
         retry_job(self.world.store, name, self.world.clock, failed=failed, cancelled=cancelled)
 
-    @precondition(lambda self: self.route in SERVED)
-    @rule(kind=st.sampled_from(FAULTS))
-    def faults(self, kind: str) -> None:
+    def set_faults(self, kind: str) -> None:
         """The main provider's fault plan changes (queue_*: its enqueued-token limit)."""
         if kind.startswith("queue_"):
             self.standing = {"full": {"*": 1}, "tight": {"*": 60}, "room": {}}[kind.removeprefix("queue_")]
         self.world.set_faults(fault_plan(kind, self.route, self.standing))
+
+    faults = _faults_rule(FAULTS)  # each route's machine draws from its own (machine_for)
 
     # Checks -----------------------------------------------------------------------------------
     @invariant()
@@ -324,7 +359,10 @@ class SimMachine(RuleBasedStateMachine):
 
 
 def machine_for(route: str, store_kind: str) -> type[SimMachine]:
-    return type(f"Sim_{route.replace('-', '_')}_{store_kind}", (SimMachine,), {"route": route, "store_kind": store_kind})
+    attrs: dict[str, Any] = {"route": route, "store_kind": store_kind}
+    if route in NOT_ON:
+        attrs["faults"] = _faults_rule(faults_on(route))
+    return type(f"Sim_{route.replace('-', '_')}_{store_kind}", (SimMachine,), attrs)
 
 
 def sim_settings(examples: int, steps: int, shrink: bool = True) -> settings:

@@ -39,8 +39,13 @@ KEY = "sim-key"
 NOTIFY_ENV = "LOWTIDE_SIM_NOTIFY_SECRET"  # every job notifies the world's receiver (invariants.notified_once)
 START = 1_800_000_000.0
 ROUTE_MODELS = {"openai-batch": "gpt-4o-mini", "anthropic-batch": "claude-3-5-haiku-latest",
-                "gemini-batch": "gemini-2.5-flash", "echo-batch": "test-model"}  # fmt: skip
-SERVED = ("openai-batch", "anthropic-batch", "gemini-batch")  # through lowtide serve
+                "gemini-batch": "gemini-2.5-flash", "echo-batch": "test-model",
+                "openai-compatible-batch": "gpt-4o-mini", "azure-batch": "gpt-4o-mini",  # azure: the deployment's name
+                "mistral-batch": "mistral-small-latest", "openrouter-batch": "openai/gpt-4o-mini"}  # fmt: skip
+# Through lowtide serve: each speaks its API there (azure under /openai, mistral under /mistral,
+# openrouter at /api/v1: server/azure_paths.py, mistral_api.py, openrouter_api.py).
+SERVED = ("openai-batch", "anthropic-batch", "gemini-batch", "openai-compatible-batch", "azure-batch", "mistral-batch",
+          "openrouter-batch")  # fmt: skip
 PASSES = 30  # serve worker passes per step, at most (a pass that moves nothing ends the step)
 
 
@@ -226,13 +231,12 @@ class World:
     def route_options(self, route: str, chunk: int, provider: str = "main", key_env: str = KEY_ENV) -> dict[str, Any]:
         url = self.providers[provider].url
         polls = [60.0, 600.0]
-        if route == "openai-batch":
-            return {"base_url": f"{url}/v1", "api_key_env": key_env, "poll_interval": polls, "max_requests": chunk}
-        if route == "anthropic-batch":
-            return {"base_url": url, "api_key_env": key_env, "poll_interval": polls, "max_requests": chunk}
-        if route == "gemini-batch":
-            return {"base_url": url, "api_key_env": key_env, "poll_interval": polls, "max_requests": chunk}
-        return {"dir": str(self.root / "echo-batch"), "max_requests": chunk, "polls_to_complete": 2}
+        if route == "echo-batch":
+            return {"dir": str(self.root / "echo-batch"), "max_requests": chunk, "polls_to_complete": 2}
+        where = {"openai-batch": ("base_url", f"{url}/v1"), "openai-compatible-batch": ("base_url", f"{url}/v1"),
+                 "azure-batch": ("endpoint", url), "mistral-batch": ("base_url", f"{url}/mistral"),
+                 "openrouter-batch": ("base_url", f"{url}/api/v1")}.get(route, ("base_url", url))  # fmt: skip
+        return {where[0]: where[1], "api_key_env": key_env, "poll_interval": polls, "max_requests": chunk}
 
     def close(self) -> None:
         try:
