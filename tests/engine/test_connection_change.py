@@ -161,14 +161,27 @@ def test_every_batch_routes_option_is_sorted_into_connection_or_not():
     # A new batch route option that says where batches live must join CONNECTION_OPTIONS;
     # this fails until someone decides which it is.
     from lowtide.core.spec_changes import CONNECTION_OPTIONS
-    from lowtide.routes import anthropic_batch, echo_batch, gemini_batch, openai_batch
+    from lowtide.routes import (
+        anthropic_batch,
+        azure_batch,
+        echo_batch,
+        gemini_batch,
+        mistral_batch,
+        openai_batch,
+        openai_compatible_batch,
+        openrouter_batch,
+    )  # fmt: skip
 
     not_connection = {
         "max_requests", "max_bytes", "inline_bytes", "poll_interval", "find_window", "find_hours", "find_pages", "timeout",
         "tier", "max_enqueued_tokens", "cache_prefix", "models", "polls_to_complete", "cancel_polls", "drop",
         "fail_attempts", "reject", "answer",
+        "api_version",  # azure-batch: v1 or preview reach the same resource's batches
+        "timeout_hours",  # mistral-batch: how long a new job may run
+        "provider_only", "allow_fallbacks",  # openrouter-batch: where new batches run
     }  # fmt: skip
-    options = openai_batch.OPTIONS | anthropic_batch.OPTIONS | gemini_batch.OPTIONS | echo_batch.KNOWN_OPTIONS
+    options = (openai_batch.OPTIONS | anthropic_batch.OPTIONS | gemini_batch.OPTIONS | echo_batch.KNOWN_OPTIONS | azure_batch.OPTIONS
+               | mistral_batch.OPTIONS | openrouter_batch.OPTIONS | openai_compatible_batch.OPTIONS)  # fmt: skip
     assert options - not_connection == set(CONNECTION_OPTIONS)
 
 

@@ -26,10 +26,11 @@ RENDERING_KEYS = ("model", "endpoint", "params", "param_columns", "template", "c
 SENDING_KEYS = ("route", "fallback", "fallback.route", "fallback.model", "auto.chain")
 # Route options that change what is sent or how it is billed, not only how it travels.
 PAYLOAD_OPTIONS = ("service_tier", "cache_prefix")
-# Route options that say where a route's batches live: the server (base_url), the account
-# (the key's variable), echo-batch's folder (dir). A route option of that kind joins here
-# (tests/engine/test_connection_change.py checks every batch route's options are sorted).
-CONNECTION_OPTIONS = ("base_url", "api_key_env", "dir")
+# Route options that say where a route's batches live: the server (base_url; azure-batch's
+# resource, endpoint; openai-compatible-batch's provider, profile, which gives both URL and
+# key), the account (the key's variable), echo-batch's folder (dir). A route option of that
+# kind joins here (tests/engine/test_connection_change.py checks every batch route's options are sorted).
+CONNECTION_OPTIONS = ("base_url", "api_key_env", "dir", "endpoint", "profile")
 _VARIABLE = re.compile(r"[A-Z_][A-Z0-9_]{0,127}")  # as routes/_provider.not_a_variable
 
 
