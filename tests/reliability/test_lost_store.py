@@ -50,7 +50,8 @@ def test_a_worker_whose_connection_is_cut_exits_with_lowtides_message(pg_schema_
         assert worker.poll() is not None, "the worker kept running with its connections cut for 120 s"
         err = worker.stderr.read()
         assert worker.returncode == 3, err
-        assert err.startswith("lowtide: lost the store's database connection (terminating connection due to administrator command)"), err
+        # The reason is the driver's: the termination notice, or the closed socket when the notice is not read first.
+        assert err.startswith("lowtide: lost the store's database connection ("), err
         assert "unexpected error" not in err and "Traceback" not in err
         with store.connect() as conn:
             twice = conn.execute(sa.text("SELECT COUNT(*) FROM (SELECT request_id FROM attempts WHERE applied "

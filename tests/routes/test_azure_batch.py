@@ -11,7 +11,6 @@ import re
 import signal
 import subprocess
 import sys
-from importlib.metadata import EntryPoint
 
 import httpx
 import openai
@@ -19,7 +18,6 @@ import pytest
 import sqlalchemy as sa
 import yaml
 
-from lowtide import routes
 from lowtide.core.clock import SystemClock
 from lowtide.core.errors import RouteError, SpecError
 from lowtide.core.pricing import attempt_cost
@@ -33,23 +31,10 @@ from tests.routes.conftest import KEY_ENV, _run
 from tests.routes.test_batch_routes import KILL_AFTER_CREATE
 
 KEY = "azk-" + "Qm7pR2sV9x" * 3  # long enough to be scrubbed (routes/base.py secret_of)
-# The route as its entry point registers it (pyproject's `lowtide.routes` group), for an
-# installation whose metadata predates it; the crash test's subprocess needs it too.
-ENTRY = EntryPoint(NAME, "lowtide.routes.azure_batch:create", routes.ENTRY_POINT_GROUP)
-REGISTER = (
-    "from lowtide import routes\n"
-    "from importlib.metadata import EntryPoint\n"
-    "found = dict(routes._entry_points())\n"
-    f"found.setdefault({NAME!r}, EntryPoint({NAME!r}, {ENTRY.value!r}, routes.ENTRY_POINT_GROUP))\n"
-    "routes._entry_points = lambda: found\n"
-)
 
 
 @pytest.fixture(autouse=True)
-def registered(monkeypatch):
-    found = dict(routes._entry_points())
-    found.setdefault(NAME, ENTRY)
-    monkeypatch.setattr(routes, "_entry_points", lambda: found)
+def no_provider_env(monkeypatch):
     monkeypatch.delenv("AZURE_OPENAI_ENDPOINT", raising=False)
     monkeypatch.delenv("AZURE_OPENAI_API_KEY", raising=False)
 
@@ -146,7 +131,7 @@ def test_sigkill_between_create_and_recording_the_id_adopts_the_batch(serve, tmp
     spec = make_spec(write_csv(tmp_path / "t.csv", ticket_rows(6)), route=NAME, route_options=_options(url))
     store = Store(store_path)
     load_job(store, spec, SystemClock())
-    killed = subprocess.run([sys.executable, "-c", REGISTER + KILL_AFTER_CREATE, store_path], env=os.environ, capture_output=True)
+    killed = subprocess.run([sys.executable, "-c", KILL_AFTER_CREATE, store_path], env=os.environ, capture_output=True)
     assert killed.returncode == -signal.SIGKILL, killed.stderr.decode()[-2000:]
     assert len(list(_azure(url).batches.list())) == 1  # created, its id never recorded
 

@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-from importlib.metadata import EntryPoint
 
 import pytest
 import sqlalchemy as sa
@@ -19,7 +18,6 @@ import yaml
 from mistralai.client import Mistral
 from mistralai.client.errors import SDKError
 
-from lowtide import routes
 from lowtide.core.cards import CARDS
 from lowtide.core.clock import SystemClock
 from lowtide.core.errors import InputError
@@ -33,24 +31,11 @@ from tests.routes.conftest import KEY_ENV, _run
 from tests.routes.test_batch_routes import KILL_AFTER_CREATE
 
 KEY = "mst-" + "Qm7pR2sV9x" * 3  # long enough to be scrubbed (routes/base.py secret_of)
-# The route as its entry point registers it (pyproject's `lowtide.routes` group), for an
-# installation whose metadata predates it; the crash test's subprocess needs it too.
-ENTRY = EntryPoint(NAME, "lowtide.routes.mistral_batch:create", routes.ENTRY_POINT_GROUP)
-REGISTER = (
-    "from lowtide import routes\n"
-    "from importlib.metadata import EntryPoint\n"
-    "found = dict(routes._entry_points())\n"
-    f"found.setdefault({NAME!r}, EntryPoint({NAME!r}, {ENTRY.value!r}, routes.ENTRY_POINT_GROUP))\n"
-    "routes._entry_points = lambda: found\n"
-)
 CHAT = "/v1/chat/completions"
 
 
 @pytest.fixture(autouse=True)
-def registered(monkeypatch):
-    found = dict(routes._entry_points())
-    found.setdefault(NAME, ENTRY)
-    monkeypatch.setattr(routes, "_entry_points", lambda: found)
+def no_provider_env(monkeypatch):
     monkeypatch.delenv("MISTRAL_API_KEY", raising=False)
 
 
@@ -109,7 +94,7 @@ def test_sigkill_between_create_and_recording_the_id_adopts_the_job(serve, tmp_p
     url = serve()
     store_path = str(tmp_path / "client.db")
     _load(tmp_path, url, 6)
-    killed = subprocess.run([sys.executable, "-c", REGISTER + KILL_AFTER_CREATE, store_path], env=os.environ, capture_output=True)
+    killed = subprocess.run([sys.executable, "-c", KILL_AFTER_CREATE, store_path], env=os.environ, capture_output=True)
     assert killed.returncode == -signal.SIGKILL, killed.stderr.decode()[-2000:]
     assert _mistral(url).batch.jobs.list().total == 1  # created, its id never recorded
 

@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-from importlib.metadata import EntryPoint
 
 import httpx
 import openrouter
@@ -20,7 +19,6 @@ import pytest
 import sqlalchemy as sa
 from openrouter import errors
 
-from lowtide import routes
 from lowtide.core.clock import SystemClock
 from lowtide.core.errors import InputError, RouteError, SpecError
 from lowtide.core.spec import JobSpec
@@ -33,23 +31,10 @@ from tests.routes.conftest import KEY_ENV, _run
 from tests.routes.test_batch_routes import KILL_AFTER_CREATE
 
 KEY = "sk-or-v1-" + "Qm7pR2sV9x" * 3
-# The route as its entry point registers it (pyproject's `lowtide.routes` group), for an
-# installation whose metadata predates it; the crash test's subprocess needs it too.
-ENTRY = EntryPoint(NAME, "lowtide.routes.openrouter_batch:create", routes.ENTRY_POINT_GROUP)
-REGISTER = (
-    "from lowtide import routes\n"
-    "from importlib.metadata import EntryPoint\n"
-    "found = dict(routes._entry_points())\n"
-    f"found.setdefault({NAME!r}, EntryPoint({NAME!r}, {ENTRY.value!r}, routes.ENTRY_POINT_GROUP))\n"
-    "routes._entry_points = lambda: found\n"
-)
 
 
 @pytest.fixture(autouse=True)
-def registered(monkeypatch):
-    found = dict(routes._entry_points())
-    found.setdefault(NAME, ENTRY)
-    monkeypatch.setattr(routes, "_entry_points", lambda: found)
+def no_provider_env(monkeypatch):
     monkeypatch.delenv("OPENROUTER_API_KEY", raising=False)
 
 
@@ -219,7 +204,7 @@ def test_sigkill_between_create_and_recording_the_id_adopts_the_batch(serve, tmp
     store = Store(store_path)
     load_job(store, spec, SystemClock())
     killed = subprocess.run(
-        [sys.executable, "-c", REGISTER + KILL_AFTER_CREATE, store_path],
+        [sys.executable, "-c", KILL_AFTER_CREATE, store_path],
         env=os.environ,
         capture_output=True,
     )

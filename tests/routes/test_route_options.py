@@ -19,6 +19,7 @@ BAD = ["x", True, 2.5, float("nan"), -1, [1], {"a": 1}]
 BASE = {
     "openai-compatible": {"base_url": "http://127.0.0.1:9/v1"},
     "openai-compatible-batch": {"base_url": "http://127.0.0.1:9/v1"},
+    "azure-batch": {"endpoint": "http://127.0.0.1:9"},
 }
 
 
@@ -39,7 +40,7 @@ def test_every_route_lists_its_options():
 
 @pytest.mark.parametrize(("route", "key"), CASES, ids=[f"{r}.{k}" for r, k in CASES])
 def test_an_option_refuses_a_value_it_cannot_use_by_name(route, key, monkeypatch):
-    for env in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "GEMINI_API_KEY"):
+    for env in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "GEMINI_API_KEY", "AZURE_OPENAI_API_KEY", "MISTRAL_API_KEY", "OPENROUTER_API_KEY"):
         monkeypatch.setenv(env, "test-key-not-real")
     taken = []
     for bad in BAD:
