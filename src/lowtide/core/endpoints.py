@@ -89,9 +89,27 @@ def known_keys(endpoint: str) -> frozenset[str]:
     return frozenset(params.__required_keys__ | params.__optional_keys__)
 
 
-@cache
+# The body keys each endpoint's SDK type marks `Required`, written out: every spec is checked
+# against them, and reading them from the types imports the whole openai package (0.7 s of
+# CPU for every `lowtide` command and API script). tests/core/test_endpoints_required.py
+# reads them from the installed SDKs, so a key an SDK starts to require is caught there.
+REQUIRED: dict[str, frozenset[str]] = {
+    CHAT: frozenset({"messages", "model"}),
+    RESPONSES: frozenset(),
+    COMPLETIONS: frozenset({"model", "prompt"}),
+    MESSAGES: frozenset({"max_tokens", "messages", "model"}),
+    GEMINI: frozenset({"contents"}),
+    EMBEDDINGS: frozenset({"input", "model"}),
+    MODERATIONS: frozenset({"input"}),
+}
+
+
 def required_keys(endpoint: str) -> frozenset[str]:
-    return required_of(_typed_dict(endpoint))
+    """The keys the official SDK requires in a body of `endpoint` (REQUIRED)."""
+    try:
+        return REQUIRED[endpoint]
+    except KeyError:
+        raise ValueError(f"unknown endpoint {endpoint!r}; known: {', '.join(ENDPOINTS)}") from None
 
 
 def required_of(typed_dict: Any) -> frozenset[str]:

@@ -227,6 +227,8 @@ def check_params(
         if isinstance(named, tuple):
             raise ValueError(f'"{named[0]}" {named[1]}')
         params = named
+    if not params:  # nothing to check (and the SDK's types, which the check reads, stay unimported)
+        return {}
     known = known_keys(endpoint) | ENGINE_EXTRAS
     made = template_keys(endpoint)
     for key in params:

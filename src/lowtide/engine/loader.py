@@ -136,7 +136,8 @@ class RowRenderer:
         given = spec.template.messages_column is not None or spec.template.body_column is not None
         self.needed = sorted(required_keys(self.endpoint)) if given else []
         # {parameter: (column, the scalar type CSV text is read as, or None)}
-        types = shapes.fields(body_type(self.endpoint))
+        # (the SDK's types only where a column gives a parameter: reading them imports the SDK)
+        types = shapes.fields(body_type(self.endpoint)) if spec.param_columns else {}
         csv = source.format == "csv"
         self.param_columns = {
             key: (column, shapes.scalar(types[key][0]) if csv and key in types else None) for key, column in spec.param_columns.items()
