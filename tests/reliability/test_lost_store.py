@@ -13,12 +13,20 @@ import pytest
 import sqlalchemy as sa
 import yaml
 
-from tests.conftest import PG_ADMIN_URL
+from tests.conftest import PG_ADMIN_URL, fresh_pg_schema
 from tests.reliability.test_kill import _harness
 
 
+@pytest.fixture
+def own_schema(pg_schema_url):
+    """A schema of this test's own: the run's shared one holds other tests' jobs."""
+    with fresh_pg_schema("lowtide_cut") as url:
+        yield url
+
+
 @pytest.mark.postgres
-def test_a_worker_whose_connection_is_cut_exits_with_lowtides_message(pg_schema_url, tmp_path):
+def test_a_worker_whose_connection_is_cut_exits_with_lowtides_message(own_schema, tmp_path):
+    pg_schema_url = own_schema
     killtest = _harness()
     server = killtest.Server(tmp_path)
     app = f"lowtide-cut-{os.getpid()}-{tmp_path.name[-12:]}"
