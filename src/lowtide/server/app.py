@@ -101,8 +101,8 @@ def create_app(config: ServeConfig) -> FastAPI:
     _install_auth(app, config.api_keys)
     app.add_middleware(gemini_versions.GeminiVersions)  # the others see Gemini's /v1 as /v1beta
     guard.protect(app, config)  # other sites are refused before anything else (guard.py) ...
-    app.add_middleware(azure_paths.AzurePaths)  # ... but Azure's /openai/… paths are OpenAI's /v1/… first
-    app.add_middleware(mistral_api.MistralPaths)  # ... and Mistral's /mistral/v1/… serve's own (mistral_api.py)
+    app.add_middleware(azure_paths.MovedPaths)  # ... but Azure's /openai/… paths are OpenAI's /v1/… first
+    app.add_middleware(azure_paths.MovedPaths, prefix=mistral_api.PREFIX, moved=mistral_api.moved)  # ... and Mistral's /mistral/v1/… serve's own (mistral_api.py)
     app.include_router(mistral_api.files_router)  # before OpenAI's /v1/files/{id}/…
     app.include_router(mistral_api.jobs_router)
     app.include_router(openrouter_api.router)  # OpenRouter's /api/v1/batches

@@ -13,6 +13,7 @@ may come in Azure's `api-key` header (server/app.py's key check reads it).
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 PREFIX = "/openai/"
@@ -25,14 +26,15 @@ def moved(path: str) -> str:
     return _AZURE.sub("/v1/", path, count=1)
 
 
-class AzurePaths:
-    """ASGI middleware: an Azure OpenAI call under `/openai` is routed as OpenAI's under `/v1`."""
+class MovedPaths:
+    """ASGI middleware: a call whose path starts with `prefix` is routed as `moved(path)`
+    (Azure's here; Mistral's in mistral_api.py)."""
 
-    def __init__(self, app: Any) -> None:
-        self.app = app
+    def __init__(self, app: Any, prefix: str = PREFIX, moved: Callable[[str], str] = moved) -> None:
+        self.app, self.prefix, self.moved = app, prefix, moved
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["path"].startswith(PREFIX):
+        if scope["type"] == "http" and scope["path"].startswith(self.prefix):
             raw = scope.get("raw_path") or scope["path"].encode()
-            scope = dict(scope, path=moved(scope["path"]), raw_path=moved(raw.decode("latin-1")).encode("latin-1"))
+            scope = dict(scope, path=self.moved(scope["path"]), raw_path=self.moved(raw.decode("latin-1")).encode("latin-1"))
         await self.app(scope, receive, send)

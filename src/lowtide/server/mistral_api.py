@@ -4,7 +4,7 @@ as it does at https://api.mistral.ai (`/v1/files`, `/v1/batch/jobs`, `.../cancel
 `/v1/files/{id}/content`), with the key as `Authorization: Bearer` (app.py's key check).
 
 Why a prefix: Mistral's `/v1/files` is OpenAI's path with another file object (Mistral's SDK
-requires `sample_type` and `source`), so the two cannot share it. `MistralPaths` moves
+requires `sample_type` and `source`), so the two cannot share it. `moved` (through azure_paths.MovedPaths) moves
 `/mistral/v1/files…` to `/v1/files/mistral…` (the guard takes uploads there as it takes
 OpenAI's) and the rest of `/mistral/v1/…` to `/v1/mistral/…`, before anything else sees
 them: the key check, the fault plan (`match: "POST /v1/mistral/batch/jobs"`) and routing.
@@ -57,19 +57,6 @@ def moved(path: str) -> str:
     if _FILES.match(path):
         return _FILES.sub("/v1/files/mistral", path, count=1)
     return "/v1/mistral/" + path.removeprefix(PREFIX)
-
-
-class MistralPaths:
-    """ASGI middleware: a Mistral call under `/mistral/v1/` is routed to this module's paths."""
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["path"].startswith(PREFIX):
-            raw = scope.get("raw_path") or scope["path"].encode()
-            scope = dict(scope, path=moved(scope["path"]), raw_path=moved(raw.decode("latin-1")).encode("latin-1"))
-        await self.app(scope, receive, send)
 
 
 def _server(request: Request) -> Server:
