@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -17,6 +19,7 @@ import httpx
 import openrouter
 import pytest
 import sqlalchemy as sa
+import yaml
 from openrouter import errors
 
 from lowtide.core.clock import SystemClock
@@ -25,7 +28,7 @@ from lowtide.core.spec import JobSpec
 from lowtide.engine.loader import load_job
 from lowtide.routes.openrouter_batch import NAME, create
 from lowtide.store.db import Store
-from lowtide.store.schema import dispatches, jobs, requests
+from lowtide.store.schema import attempts, dispatches, events, jobs, requests
 from tests.conftest import make_spec, ticket_rows, write_csv
 from tests.routes.conftest import KEY_ENV, _run
 from tests.routes.test_batch_routes import KILL_AFTER_CREATE
@@ -290,3 +293,33 @@ def test_a_missing_key_or_a_bad_option_is_refused_before_anything_is_stored(
         assert conn.execute(sa.select(sa.func.count()).select_from(jobs)).scalar_one() == 0
     with pytest.raises(RouteError):
         create(options)
+
+
+def test_the_key_is_never_stored_or_logged(serve, tmp_path, monkeypatch, caplog):
+    """A create and polls answered 500 with the key in the message (a proxy that echoes its
+    headers): the error is kept, the key scrubbed from it, from the store's bytes and the log."""
+    echoed = f"bad header Authorization: Bearer {KEY}"
+    plan = tmp_path / "faults.yaml"
+    plan.write_text(yaml.safe_dump({"http": [{"match": "POST /api/v1/batches", "first": 1, "status": 500, "message": echoed},
+                                             {"match": "GET /api/v1/batches/*", "first": 3, "status": 500, "message": echoed}]}))  # fmt: skip
+    url = serve("--api-key", KEY, "--faults", str(plan))
+    monkeypatch.setenv(KEY_ENV, KEY)
+    spec = make_spec(write_csv(tmp_path / "t.csv", ticket_rows(4)), route=NAME, model="meta-llama/llama-3.3-70b-instruct",
+                     route_options=_options(url), retry={"max_attempts": 3, "backoff_seconds": 0})  # fmt: skip
+    store = Store(str(tmp_path / "client.db"))
+    caplog.set_level(logging.DEBUG)
+    load_job(store, spec, SystemClock())
+    status = _run(store, "tickets", timeout=120)
+    assert status.counts == {"succeeded": 4}
+    with store.begin() as conn:
+        stored = repr([tuple(r) for t in (jobs, requests, attempts, dispatches, events) for r in conn.execute(sa.select(t))])
+        kinds = set(conn.scalars(sa.select(events.c.kind)))
+    store.close()
+    # The create is sent once (the SDK's retries off): its error is kept, scrubbed. The SDK
+    # retries a poll's 500 itself, so those leave no event, only log lines (checked below).
+    assert "submit_error" in kinds and "[api key]" in stored
+    assert re.findall(r".{0,60}" + KEY[9:21] + ".{0,20}", stored) == []  # where it leaked, if it did
+    assert KEY_ENV in stored  # the spec names the variable, never its value
+    assert KEY not in caplog.text
+    for path in tmp_path.glob("client.db*"):  # the database's own bytes, its WAL too
+        assert KEY.encode() not in path.read_bytes(), path
