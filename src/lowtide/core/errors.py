@@ -77,6 +77,10 @@ class UnknownRouteError(RouteError, InputError):
     """No route is registered under that name."""
 
 
+class RouteUnavailableError(RouteError, InputError):
+    """A registered route whose module needs a package that is not installed."""
+
+
 class StoreError(LowtideError):
     """The store cannot be opened, or was written by a newer lowtide."""
 

