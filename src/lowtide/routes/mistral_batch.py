@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import logging
-import tempfile
 from collections.abc import AsyncIterator, Collection, Iterable
 from typing import Any, Literal
 
@@ -43,7 +42,7 @@ from lowtide.core.types import Outcome, Refusal, Request
 from lowtide.routes import _mistral_wire
 from lowtide.routes._provider import api_key, batch_limits, check_options, poll_interval
 from lowtide.routes.base import BatchStatus, never_sent, number_option, secret_of, text_option
-from lowtide.routes.openai_batch import parse_result_line
+from lowtide.routes.openai_batch import jsonl_file, parse_result_line
 
 log = logging.getLogger(__name__)
 NAME = "mistral-batch"
@@ -98,22 +97,11 @@ class MistralBatchRoute:
         return _mistral_wire.refusal(request, self.name)
 
     async def submit(self, key: str, requests: Iterable[Request]) -> str:
-        models, endpoints = set(), set()
-        # Spooled: small files stay in memory, big ones go to disk, never both whole.
-        with tempfile.SpooledTemporaryFile(max_size=16 * 2**20) as f:
-            for r in requests:
-                models.add(r.model)
-                endpoints.add(r.endpoint)
-                f.write(fastjson.dumpb(request_line(r)) + b"\n")
-            if len(models) != 1:  # sending it again cannot help: permanent, never retried
-                raise BatchRejected(f"{self.name}: one model per batch job, got {sorted(models)}")
-            if len(endpoints) != 1:
-                raise BatchRejected(f"{self.name}: one endpoint per batch job, got {sorted(endpoints)}")
-            f.seek(0)
+        with jsonl_file(self.name, requests, request_line, "batch job") as (f, model, endpoint):
             try:
                 uploaded = await self.client.files.upload_async(file={"file_name": f"{key}.jsonl", "content": f}, purpose="batch")
                 job = await self.client.batch.jobs.create_async(
-                    input_files=[uploaded.id], endpoint=endpoints.pop(), model=models.pop(),
+                    input_files=[uploaded.id], endpoint=endpoint, model=model,
                     metadata={METADATA_KEY: key}, timeout_hours=self.timeout_hours,
                 )  # fmt: skip
             except MistralError as err:

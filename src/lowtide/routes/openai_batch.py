@@ -21,8 +21,9 @@ from __future__ import annotations
 import json
 import logging
 import tempfile
-from collections.abc import AsyncIterator, Collection, Iterable
-from typing import Any, Literal
+from collections.abc import AsyncIterator, Callable, Collection, Iterable, Iterator
+from contextlib import contextmanager
+from typing import IO, Any, Literal
 
 import openai
 
@@ -50,6 +51,26 @@ OPTIONS = {"base_url", "api_key_env", "max_requests", "max_bytes", "poll_interva
            "tier", "max_enqueued_tokens"}  # fmt: skip
 METADATA_KEY = CARD.recovery.field.removeprefix("metadata.")  # lowtide_key
 QUEUE_FULL = "token_limit_exceeded"  # the validation error of a batch over the enqueued-token limit
+
+
+@contextmanager
+def jsonl_file(name: str, requests: Iterable[Request], line: Callable[[Request], dict[str, Any]], unit: str) -> Iterator[tuple[IO[bytes], str, str]]:
+    """The requests as a JSONL file of `line(request)`, at its start, with their one model
+    and endpoint; more than one of either is BatchRejected (sending it again cannot help:
+    permanent, never retried). Spooled: small files stay in memory, big ones go to disk,
+    never both whole."""
+    models, endpoints = set(), set()
+    with tempfile.SpooledTemporaryFile(max_size=16 * 2**20) as f:
+        for r in requests:
+            models.add(r.model)
+            endpoints.add(r.endpoint)
+            f.write(fastjson.dumpb(line(r)) + b"\n")
+        if len(models) != 1:
+            raise BatchRejected(f"{name}: one model per {unit}, got {sorted(models)}")
+        if len(endpoints) != 1:
+            raise BatchRejected(f"{name}: one endpoint per {unit}, got {sorted(endpoints)}")
+        f.seek(0)
+        yield f, models.pop(), endpoints.pop()
 
 
 def request_line(request: Request) -> dict[str, Any]:
@@ -120,25 +141,13 @@ class OpenAIBatchRoute:
         return openai_refusal(request, self.name)
 
     async def submit(self, key: str, requests: Iterable[Request]) -> str:
-        models = set()
-        endpoints = set()
-        # Spooled: small files stay in memory, big ones go to disk, never both whole.
-        with tempfile.SpooledTemporaryFile(max_size=16 * 2**20) as f:
-            for r in requests:
-                models.add(r.model)
-                endpoints.add(r.endpoint)
-                f.write(fastjson.dumpb(request_line(r)) + b"\n")
-            if len(models) != 1:  # sending it again cannot help: permanent, never retried
-                raise BatchRejected(f"{self.name}: one model per batch file, got {sorted(models)}")
-            if len(endpoints) != 1:
-                raise BatchRejected(f"{self.name}: one endpoint per batch file, got {sorted(endpoints)}")
-            f.seek(0)
+        with jsonl_file(self.name, requests, request_line, "batch file") as (f, _model, endpoint):
             try:
                 # a purpose or window the SDK's types do not list is sent as given
                 uploaded = await self.client.files.create(file=(f"{key}.jsonl", f), purpose=self.purpose)  # type: ignore[arg-type]
                 batch = await self.client.with_options(max_retries=0).batches.create(
                     input_file_id=uploaded.id,
-                    endpoint=endpoints.pop(),
+                    endpoint=endpoint,
                     completion_window=self.completion_window,  # type: ignore[arg-type]
                     metadata={METADATA_KEY: key} if self.send_metadata else openai.omit,
                 )
