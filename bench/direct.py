@@ -126,7 +126,7 @@ def requests(n: int):  # type: ignore[no-untyped-def]
 
 async def run_route(url: str, n: int, options: dict) -> tuple[float, float, float, int]:
     """(wall seconds, CPU seconds, second-half requests/s, final limit)"""
-    from lowtide.routes.openai_direct import OpenAIChatRoute
+    from lowtide.routes.openai.direct import OpenAIChatRoute
 
     route = OpenAIChatRoute("openai-compatible", {"base_url": url, **options})
     work = requests(n)

@@ -39,8 +39,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from lowtide.routes.local_embed import Embedder  # noqa: E402
-from lowtide.routes.local_embed.files import default_files  # noqa: E402
+from lowtide.routes.own.local_embed import Embedder  # noqa: E402
+from lowtide.routes.own.local_embed.files import default_files  # noqa: E402
 
 OPENERS = [
     "I was charged twice for my subscription this month",

@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from lowtide.core.types import Request, Usage  # noqa: E402
-from lowtide.routes.local import DEFAULT_MODEL, create  # noqa: E402
+from lowtide.routes.own.local import DEFAULT_MODEL, create  # noqa: E402
 
 LABELS = ["billing", "technical", "account", "shipping", "feedback"]
 SYSTEM = (
@@ -217,7 +217,7 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    from lowtide.routes.local.model import default_model_path, requantized
+    from lowtide.routes.own.local.model import default_model_path, requantized
 
     rows, source = tickets(args.n)
     threads = args.threads

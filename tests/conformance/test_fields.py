@@ -37,7 +37,7 @@ from tests.conftest import drive_to_end
 from tests.routes.conftest import _run
 
 KEY_ENV = "LOWTIDE_CONFORMANCE_KEY"
-# Where a chat completions key lands in the Anthropic body it is translated to (routes/_translate.py).
+# Where a chat completions key lands in the Anthropic body it is translated to (routes/anthropic/translate.py).
 # A key the translation starts to map must be added here: the test fails until it is.
 LANDS = {
     "max_completion_tokens": "max_tokens", "stop": "stop_sequences", "tools": "tools",
@@ -52,7 +52,7 @@ LANDS = {
 }  # fmt: skip
 
 
-# Where a chat completions key lands in the Gemini body it is translated to (routes/_gemini.py):
+# Where a chat completions key lands in the Gemini body it is translated to (routes/gemini/wire.py):
 # (a top-level key, the key inside it). The same rule: a newly mapped key fails until added.
 GEMINI_LANDS = {
     "max_completion_tokens": ("generationConfig", "maxOutputTokens"), "temperature": ("generationConfig", "temperature"),

@@ -14,7 +14,7 @@ from lowtide.core.errors import LowtideError
 from lowtide.core.spec import build_spec
 from lowtide.engine.export import export_results
 from lowtide.engine.loader import load_job
-from lowtide.routes.local_embed import embedder
+from lowtide.routes.own.local_embed import embedder
 from lowtide.store.schema import requests
 from tests.conftest import drive_to_end
 from tests.embeddings.helpers import docs_csv, embed_spec
@@ -94,7 +94,7 @@ def test_the_chat_model_is_not_asked_for_vectors_nor_the_embedding_model_for_tex
 
 def test_a_model_folder_of_ones_own_takes_its_own_model_name(tmp_path):
     from lowtide.routes import create_route
-    from lowtide.routes.local_embed.files import default_files
+    from lowtide.routes.own.local_embed.files import default_files
 
     files = default_files()
     folder = tmp_path / "my-model"

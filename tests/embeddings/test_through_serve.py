@@ -85,7 +85,7 @@ def test_serve_answers_an_sdk_embeddings_batch_in_openais_line_shape(serve, tmp_
 
 
 def test_serve_on_the_local_backend_embeds_with_the_embedded_model_and_refuses_what_it_lacks(serve, tmp_path):  # noqa: F811
-    from lowtide.routes.local_embed import embedder  # noqa: PLC0415
+    from lowtide.routes.own.local_embed import embedder  # noqa: PLC0415
 
     url = serve("--backend", "local")
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="test-key", max_retries=0)

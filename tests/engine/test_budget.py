@@ -21,7 +21,7 @@ from lowtide.engine import budget
 from lowtide.engine.control import cancel_job, job_status
 from lowtide.engine.loader import load_job
 from lowtide.engine.tick import Engine
-from lowtide.routes.echo import EchoRoute
+from lowtide.routes.own.echo import EchoRoute
 from lowtide.store.money import from_pico
 from lowtide.store.queries import save_job
 from lowtide.store.schema import attempts, dispatches, events, jobs, requests

@@ -19,7 +19,7 @@ from lowtide.core.clock import SystemClock
 from lowtide.core.states import DispatchState, JobState
 from lowtide.engine.loader import load_job
 from lowtide.engine.tick import Engine
-from lowtide.routes.openai_batch import OpenAIBatchRoute
+from lowtide.routes.openai.batch import OpenAIBatchRoute
 from lowtide.store.db import Store
 from lowtide.store.schema import dispatches, events, requests
 from lowtide.store.transitions import move_job

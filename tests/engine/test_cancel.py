@@ -21,8 +21,8 @@ from lowtide.engine.control import cancel_job, job_status, retry_job
 from lowtide.engine.loader import load_job
 from lowtide.engine.runner import drive
 from lowtide.engine.tick import Engine
-from lowtide.routes.anthropic_batch import AnthropicBatchRoute
-from lowtide.routes.openai_batch import OpenAIBatchRoute
+from lowtide.routes.anthropic.batch import AnthropicBatchRoute
+from lowtide.routes.openai.batch import OpenAIBatchRoute
 from lowtide.store.schema import dispatches
 from tests.conftest import make_spec, ticket_rows, write_csv
 from tests.routes.conftest import ROUTES, _options, _run, serve  # noqa: F401  (the `serve` fixture)

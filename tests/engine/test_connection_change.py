@@ -161,16 +161,14 @@ def test_every_batch_routes_option_is_sorted_into_connection_or_not():
     # A new batch route option that says where batches live must join CONNECTION_OPTIONS;
     # this fails until someone decides which it is.
     from lowtide.core.spec_changes import CONNECTION_OPTIONS
-    from lowtide.routes import (
-        anthropic_batch,
-        azure_batch,
-        echo_batch,
-        gemini_batch,
-        mistral_batch,
-        openai_batch,
-        openai_compatible_batch,
-        openrouter_batch,
-    )  # fmt: skip
+    from lowtide.routes.anthropic import batch as anthropic_batch
+    from lowtide.routes.azure import batch as azure_batch
+    from lowtide.routes.gemini import batch as gemini_batch
+    from lowtide.routes.mistral import batch as mistral_batch
+    from lowtide.routes.openai import batch as openai_batch
+    from lowtide.routes.openai import compatible_batch as openai_compatible_batch
+    from lowtide.routes.openrouter import batch as openrouter_batch
+    from lowtide.routes.own import echo_batch
 
     not_connection = {
         "max_requests", "max_bytes", "inline_bytes", "poll_interval", "find_window", "find_hours", "find_pages", "timeout",

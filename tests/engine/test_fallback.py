@@ -91,7 +91,7 @@ def test_a_request_failing_on_the_fallback_too_fails_with_its_retries_counted_th
 
 def test_the_fallback_model_replaces_the_jobs_model_on_the_fallback_route(store, clock, tmp_path):
     seen: list[str] = []
-    from lowtide.routes.echo import EchoRoute
+    from lowtide.routes.own.echo import EchoRoute
 
     class Spy(EchoRoute):
         async def execute(self, batch):
@@ -245,7 +245,7 @@ def test_retry_of_failed_requests_starts_them_again_on_the_main_route(store, clo
 
 
 def test_a_scalable_fallback_route_is_told_how_much_must_finish_by_the_deadline(store, clock, tmp_path):
-    from lowtide.routes.echo import EchoRoute
+    from lowtide.routes.own.echo import EchoRoute
 
     class Scalable(EchoRoute):
         asked: list[tuple[int, float]] = []

@@ -13,8 +13,8 @@ from lowtide.engine.context import JobContext
 from lowtide.engine.ingest import apply_outcomes
 from lowtide.engine.loader import load_job
 from lowtide.engine.tick import Engine
-from lowtide.routes.echo import EchoRoute
-from lowtide.routes.echo_batch import EchoBatchRoute
+from lowtide.routes.own.echo import EchoRoute
+from lowtide.routes.own.echo_batch import EchoBatchRoute
 from lowtide.store.db import Store
 from lowtide.store.queries import get_job
 from lowtide.store.schema import attempts, dispatches, requests

@@ -23,7 +23,7 @@ from lowtide.engine.control import job_status
 from lowtide.engine.loader import load_job
 from lowtide.engine.notifier import CLAIM_SLACK
 from lowtide.engine.tick import Engine
-from lowtide.routes.echo import EchoRoute
+from lowtide.routes.own.echo import EchoRoute
 from lowtide.store.schema import events, jobs, notifications
 from tests.conftest import make_spec, ticket_rows, write_csv
 from tests.engine.ledger_helpers import stored_job

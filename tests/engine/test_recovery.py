@@ -16,7 +16,7 @@ from lowtide.engine.dispatch import dispatched_requests
 from lowtide.engine.loader import load_job
 from lowtide.engine.tick import Engine
 from lowtide.routes.base import BatchStatus
-from lowtide.routes.echo_batch import EchoBatchRoute
+from lowtide.routes.own.echo_batch import EchoBatchRoute
 from lowtide.store.schema import dispatches, requests
 from lowtide.store.transitions import move_dispatch
 from tests.conftest import drive_to_end, make_spec, ticket_rows, write_csv

@@ -159,7 +159,7 @@ def test_every_messages_parameter_the_sdk_declares_reaches_the_anthropic_route_o
 
 def test_a_key_the_sdk_does_not_declare_is_carried_and_a_stream_is_refused(tmp_path, upstream, serve):
     """A same-protocol batch route carries a key the installed SDK does not declare as it
-    came (routes/_wire.py); what no batch can do (a stream) is a 400 naming it, not stored."""
+    came (routes/openai/wire.py); what no batch can do (a stream) is a 400 naming it, not stored."""
     config = base_config(tmp_path, upstream, batch=_batch_target(serve.url))
     with running_gateway(tmp_path, config) as g, g.client() as c:
         carried = c.post("/v1/chat/completions", json={**RICH, "guided_json": {"type": "object"}}, headers=DEFER)
@@ -201,7 +201,7 @@ def test_an_anthropic_body_reaches_its_route_verbatim_and_a_refusal_is_in_anthro
         sdk = anthropic.Anthropic(base_url=g.url, api_key=KEYS["acme"], max_retries=0)
         with pytest.raises(anthropic.BadRequestError, match="stream"):  # the SDK reads it as Anthropic's own 400
             sdk.messages.create(**body, stream=True, extra_headers=DEFER)
-    # system blocks, cache_control, tools: as sent; a key the SDK does not declare carried as it came (routes/_wire.py)
+    # system blocks, cache_control, tools: as sent; a key the SDK does not declare carried as it came (routes/openai/wire.py)
     assert [call["body"] for call in upstream.calls] == [body, {**body, "frobnicate": 1}]
     assert done["status"] == "succeeded" and done["response"] == {
         "id": "msg_up", "type": "message", "role": "assistant", "model": body["model"], "stop_reason": "end_turn",

@@ -29,8 +29,8 @@ from lowtide.core.outputs import InvalidOutput, parse_output
 from lowtide.core.spec import load_spec
 from lowtide.engine.loader import load_job
 from lowtide.routes import known_routes
-from lowtide.routes.anthropic_batch import parse_result
-from lowtide.routes.openai_batch import _parse
+from lowtide.routes.anthropic.batch import parse_result
+from lowtide.routes.openai.batch import _parse
 from lowtide.server.gateway import create_gateway_app, load_gateway_config
 from lowtide.server.gateway.tenants import sha256_hex
 from lowtide.store.db import Store

@@ -24,8 +24,8 @@ from hypothesis import strategies as st
 from lowtide.core.errors import SpecError
 from lowtide.core.spec import JobSpec, build_spec, load_spec
 from lowtide.core.types import Outcome, Usage
-from lowtide.routes.anthropic_batch import parse_result
-from lowtide.routes.openai_batch import _parse
+from lowtide.routes.anthropic.batch import parse_result
+from lowtide.routes.openai.batch import _parse
 
 SETTINGS = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -10,8 +10,8 @@ from collections.abc import Callable
 
 import pytest
 
-from lowtide.routes._adaptive import Controller
-from lowtide.routes._ratelimit import Pacer, TokenBucket
+from lowtide.routes.pool.adaptive import Controller
+from lowtide.routes.pool.ratelimit import Pacer, TokenBucket
 
 
 class FakeClock:

@@ -18,7 +18,7 @@ from lowtide.core.types import Request
 from lowtide.engine.control import cancel_job
 from lowtide.engine.loader import load_job
 from lowtide.engine.tick import Engine
-from lowtide.routes.anthropic_batch import AnthropicBatchRoute
+from lowtide.routes.anthropic.batch import AnthropicBatchRoute
 from lowtide.store.schema import dispatches, events, requests
 from tests.conftest import make_spec, ticket_rows, write_csv
 from tests.routes.conftest import _options, _run

@@ -18,8 +18,8 @@ from lowtide.core.native_schema import FORCED_TOOL, anthropic_structured
 from lowtide.core.outputs import parse_output
 from lowtide.core.types import Request
 from lowtide.engine.loader import check_job, load_job, request_base
-from lowtide.routes._translate import chat_to_messages
-from lowtide.routes.echo import EchoRoute
+from lowtide.routes.anthropic.translate import chat_to_messages
+from lowtide.routes.own.echo import EchoRoute
 from lowtide.store.db import Store
 from lowtide.store.schema import requests
 from tests.conftest import make_spec, ticket_rows, write_csv
@@ -87,7 +87,7 @@ def test_the_forced_tools_input_is_the_answer_on_every_path(tmp_path, monkeypatc
     """echo answers the forced tool with a call; its input is the answer's text (the outcome
     and the export's view), checked against the schema like any JSON answer."""
     from lowtide.core.answers import read_answer, tool_calls
-    from lowtide.routes._wire import anthropic_outcome
+    from lowtide.routes.anthropic.wire import anthropic_outcome
 
     monkeypatch.setenv(KEY_ENV, "k")
     body = request_base(_spec(tmp_path, model=OLD_MODEL, response_schema=SCHEMA)) | {"messages": [{"role": "user", "content": "Ann, 40"}]}
@@ -172,7 +172,7 @@ def test_a_schema_anthropic_cannot_take_is_refused_at_load_naming_keyword_and_ro
 def test_a_rows_own_output_config_past_the_limits_is_refused_per_row():
     body = {"model": "claude-sonnet-4-5", "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}],
             "output_config": {"format": {"type": "json_schema", "schema": sent_schema(RECURSIVE)}}}  # fmt: skip
-    from lowtide.routes._wire import anthropic_refusal
+    from lowtide.routes.anthropic.wire import anthropic_refusal
 
     refused = anthropic_refusal(Request("a", MESSAGES, body))
     assert refused.field == "output_config.format.schema" and "recursive" in refused.reason

@@ -23,7 +23,7 @@ from lowtide.core.errors import RouteError, SpecError
 from lowtide.core.pricing import attempt_cost
 from lowtide.core.types import Request, Usage
 from lowtide.engine.loader import load_job
-from lowtide.routes.azure_batch import NAME, create
+from lowtide.routes.azure.batch import NAME, create
 from lowtide.store.db import Store
 from lowtide.store.schema import attempts, dispatches, events, jobs, requests
 from tests.conftest import make_spec, ticket_rows, write_csv

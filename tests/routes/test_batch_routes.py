@@ -199,7 +199,7 @@ def test_anthropic_adoption_is_anchored_at_the_create_not_at_planning(serve, sto
 
     from lowtide.core.clock import ManualClock
     from lowtide.core.errors import RouteError
-    from lowtide.routes.anthropic_batch import AnthropicBatchRoute
+    from lowtide.routes.anthropic.batch import AnthropicBatchRoute
 
     plan = tmp_path / "faults.yaml"
     plan.write_text(yaml.safe_dump({"http": [{"match": "POST /v1/messages/batches", "first": 1, "status": 500}]}))

@@ -15,7 +15,10 @@ from lowtide.core.pricing import PROVIDERS, Tier, billing_of, load_catalog
 from lowtide.engine import batches, turnaround
 from lowtide.engine.loader import load_job
 from lowtide.engine.tick import Engine
-from lowtide.routes import anthropic_batch, create_route, gemini_batch, known_routes, openai_batch
+from lowtide.routes import create_route, known_routes
+from lowtide.routes.anthropic import batch as anthropic_batch
+from lowtide.routes.gemini import batch as gemini_batch
+from lowtide.routes.openai import batch as openai_batch
 from lowtide.store.schema import dispatches
 from tests.cli.test_cli import Cli
 from tests.conftest import make_spec, ticket_rows, write_csv

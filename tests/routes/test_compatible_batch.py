@@ -17,7 +17,7 @@ from lowtide.core.errors import RouteError
 from lowtide.core.pricing import attempt_cost, billing_of
 from lowtide.core.types import Request, Usage
 from lowtide.engine.loader import load_job
-from lowtide.routes.openai_compatible_batch import NAME, create
+from lowtide.routes.openai.compatible_batch import NAME, create
 from lowtide.store.db import Store
 from lowtide.store.schema import requests
 from tests.conftest import make_spec, ticket_rows, write_csv
@@ -33,7 +33,7 @@ def registered(monkeypatch):
     """The route as its entry point registers it (pyproject's `lowtide.routes` group), for an
     installation whose metadata predates it."""
     found = dict(routes._entry_points())
-    found.setdefault(NAME, EntryPoint(NAME, "lowtide.routes.openai_compatible_batch:create", routes.ENTRY_POINT_GROUP))
+    found.setdefault(NAME, EntryPoint(NAME, "lowtide.routes.openai.compatible_batch:create", routes.ENTRY_POINT_GROUP))
     monkeypatch.setattr(routes, "_entry_points", lambda: found)
 
 

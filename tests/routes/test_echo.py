@@ -21,8 +21,8 @@ from openai.types.chat.chat_completion_tool_choice_option_param import (
 from openai.types.responses import Response
 
 from lowtide.core.types import Request
-from lowtide.routes._instances import Instances, Unsatisfiable
-from lowtide.routes.echo import EchoRoute
+from lowtide.routes.own.echo import EchoRoute
+from lowtide.routes.own.instances import Instances, Unsatisfiable
 
 ECHO = EchoRoute({})
 USER = [{"role": "user", "content": "Ticket: the printer is on fire"}]

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from lowtide.core import fastjson
 from lowtide.core.endpoints import CHAT, MESSAGES
 from lowtide.core.types import Refusal, Request
-from lowtide.routes import _replies, echo
+from lowtide.routes import replies as _replies
+from lowtide.routes.own import echo
 
 TEXT = st.text(st.characters(codec="utf-8"), max_size=60)
 CHOICES = ["billing", "technical", "account"]

@@ -2,7 +2,7 @@
 the edge of what they take (odd roles, content parts, stop values, extra keys, lowtide's own
 choices and schema, JSON asks, tools and tool choices on every endpoint):
 
-- `_own._turns` reads a {role, content} message of text at once: the same turn, or the same
+- `plain._turns` reads a {role, content} message of text at once: the same turn, or the same
   refusal, as the general reader (`_turn`);
 - echo reads a body's structure (JSON ask, tools, required call) once per distinct ask
   (`_structure`): the same plan, refusal and answer, byte for byte, as reading it afresh,
@@ -17,8 +17,10 @@ from hypothesis import strategies as st
 from lowtide.core import fastjson
 from lowtide.core.endpoints import CHAT, COMPLETIONS, GEMINI, MESSAGES, RESPONSES
 from lowtide.core.types import Refusal, Request
-from lowtide.routes import _own, _replies, echo
-from lowtide.routes._own import read_plain
+from lowtide.routes import replies as _replies
+from lowtide.routes.own import echo
+from lowtide.routes.own import plain as _own
+from lowtide.routes.own.plain import read_plain
 
 TEXT = st.text(st.characters(codec="utf-8"), max_size=40)
 ROLES = st.sampled_from(["system", "developer", "user", "assistant", "tool", "User", ""])

@@ -14,8 +14,8 @@ from lowtide.core.gemini import camel, camel_body, rest_keys
 from lowtide.core.spec import check_params
 from lowtide.core.types import Request
 from lowtide.routes import create_route
-from lowtide.routes._gemini_names import named_body
-from lowtide.routes.gemini_batch import request_line
+from lowtide.routes.gemini.batch import request_line
+from lowtide.routes.gemini.names import named_body
 
 TOP, GENERATION = rest_keys()
 CONTENTS = [{"role": "user", "parts": [{"text": "hi"}]}]

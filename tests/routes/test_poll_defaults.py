@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lowtide.routes._provider import LOOPBACK_POLL, poll_interval
+from lowtide.routes.provider import LOOPBACK_POLL, poll_interval
 
 PROVIDER = (30.0, 600.0)
 

@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from lowtide.core.errors import RouteError
 from lowtide.core.types import Request
-from lowtide.routes.anthropic_batch import batch_request, parse_result
-from lowtide.routes.openai_batch import _parse, parse_result_line, request_line
+from lowtide.routes.anthropic.batch import batch_request, parse_result
+from lowtide.routes.openai.batch import _parse, parse_result_line, request_line
 
 OPENAI_OK = json.loads(
     '{"id":"batch_req_123","custom_id":"request-2","response":{"status_code":200,"request_id":"req_123",'

@@ -15,7 +15,7 @@ from lowtide.core.batch_limits import OPENAI_BATCH_QUEUE, enqueued_token_limit
 from lowtide.core.clock import SystemClock
 from lowtide.core.errors import RouteError
 from lowtide.engine.loader import load_job
-from lowtide.routes.openai_batch import OpenAIBatchRoute
+from lowtide.routes.openai.batch import OpenAIBatchRoute
 from lowtide.store.db import Store
 from lowtide.store.schema import attempts, dispatches, events, requests
 from tests.conftest import make_spec, ticket_rows, write_csv

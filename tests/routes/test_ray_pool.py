@@ -20,7 +20,7 @@ def local_ray():
 
 
 def _pool(**kw):
-    from lowtide.routes.ray_pool import RayPool
+    from lowtide.routes.pool.ray import RayPool
 
     return RayPool("echo", {}, actors=2, num_cpus=0.5, shard_size=16, **kw)
 

@@ -15,9 +15,9 @@ import sqlalchemy as sa
 from lowtide.core.errors import RouteError
 from lowtide.core.types import Outcome, Request
 from lowtide.routes import DirectRoute, create_route
-from lowtide.routes._direct import retry_after
-from lowtide.routes.anthropic_direct import AnthropicMessagesRoute
-from lowtide.routes.openai_direct import OpenAIChatRoute
+from lowtide.routes.anthropic.direct import AnthropicMessagesRoute
+from lowtide.routes.openai.direct import OpenAIChatRoute
+from lowtide.routes.pool.direct import retry_after
 from lowtide.store.schema import attempts
 from tests.conftest import drive_to_end, make_spec, ticket_rows, write_csv
 from tests.routes.upstream import Reply, Upstream

@@ -1,7 +1,7 @@
-"""The one answer builder (`routes/_replies.py`) writes each endpoint's answer in the
+"""The one answer builder (`routes/replies.py`) writes each endpoint's answer in the
 provider's own shape: checked against the official SDKs' response models, walked field by
 field (every required field present, no key the model does not declare), so a field the SDK
-makes required next is caught here; and what it writes reads back through `_wire.py` as the
+makes required next is caught here; and what it writes reads back through `routes/openai/wire.py` and `routes/anthropic/wire.py` as the
 same usage and the same finish reason."""
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ import pytest
 
 from lowtide.core.endpoints import CHAT, COMPLETIONS, MESSAGES, RESPONSES
 from lowtide.core.types import Request, Usage
-from lowtide.routes._replies import Call, Ids, Reply, finish_of, in_shape, reply_body, text_body
-from lowtide.routes._wire import anthropic_usage, openai_usage, responses_usage
+from lowtide.routes.anthropic.wire import anthropic_usage
+from lowtide.routes.openai.wire import openai_usage, responses_usage
+from lowtide.routes.replies import Call, Ids, Reply, finish_of, in_shape, reply_body, text_body
 
 MODELS = {CHAT: openai.types.chat.ChatCompletion, RESPONSES: openai.types.responses.Response,
           COMPLETIONS: openai.types.Completion, MESSAGES: anthropic.types.Message}  # fmt: skip

@@ -1,15 +1,15 @@
 """The tier a provider says it served a request at becomes `Outcome.tier`, in lowtide's
-words (issue 15 item 8; routes/_wire.py): real-time routes against a real HTTP server on
+words (issue 15 item 8; routes/openai/wire.py): real-time routes against a real HTTP server on
 loopback (tests/routes/upstream.py), batch result lines as the providers write them."""
 
 from __future__ import annotations
 
 import pytest
 
-from lowtide.routes.anthropic_batch import parse_result
-from lowtide.routes.anthropic_direct import AnthropicMessagesRoute
-from lowtide.routes.openai_batch import parse_result_line
-from lowtide.routes.openai_direct import OpenAIChatRoute
+from lowtide.routes.anthropic.batch import parse_result
+from lowtide.routes.anthropic.direct import AnthropicMessagesRoute
+from lowtide.routes.openai.batch import parse_result_line
+from lowtide.routes.openai.direct import OpenAIChatRoute
 from tests.routes.test_realtime_routes import FAST_RETRY, KEY, reqs, run
 from tests.routes.upstream import Upstream
 

@@ -1,5 +1,5 @@
 """The one mapping from a chat completions body to an Anthropic Messages body
-(routes/_translate.py), row by row of its table, and what it refuses by name."""
+(routes/anthropic/translate.py), row by row of its table, and what it refuses by name."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import pytest
 
 from lowtide.core.endpoints import MESSAGES
 from lowtide.core.types import Refusal, Request
-from lowtide.routes._translate import chat_to_messages
-from lowtide.routes._wire import anthropic_params
+from lowtide.routes.anthropic.translate import chat_to_messages
+from lowtide.routes.anthropic.wire import anthropic_params
 
 
 def chat(**body):
@@ -83,7 +83,7 @@ def test_what_has_no_mapping_is_refused_by_name(body, field):
 def test_sampling_parameters_are_mapped_whether_or_not_the_sdk_declares_them():
     # The Messages API takes both; an anthropic release that stops declaring one (it did for
     # temperature) must not make a chat job's temperature a refusal, as a same-protocol
-    # route carries it (routes/_wire.py).
+    # route carries it (routes/openai/wire.py).
     for key in ("temperature", "top_p"):
         assert chat_to_messages(chat(**{key: 0.5}))[key] == 0.5
 

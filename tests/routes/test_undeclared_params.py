@@ -35,8 +35,8 @@ from lowtide.core.spec import check_params
 from lowtide.core.types import Request
 from lowtide.engine.carried import CarriedKeys
 from lowtide.routes import create_route
-from lowtide.routes.anthropic_batch import batch_request
-from lowtide.routes.openai_batch import request_line
+from lowtide.routes.anthropic.batch import batch_request
+from lowtide.routes.openai.batch import request_line
 from lowtide.store.db import Store
 from lowtide.store.schema import events
 

@@ -22,7 +22,7 @@ from fastapi import FastAPI
 from fastapi import Request as HttpRequest
 
 from lowtide.core.types import Request
-from lowtide.routes.echo import EchoRoute
+from lowtide.routes.own.echo import EchoRoute
 from lowtide.server import ServeConfig, create_app
 from tests.conftest import wait_until
 from tests.server.browser import browser, page  # noqa: F401 (the dashboard tests' Chromium fixtures)

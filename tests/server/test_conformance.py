@@ -12,8 +12,8 @@ import httpx
 import pytest
 
 from lowtide.core.endpoints import CHAT, COMPLETIONS, MESSAGES, NEVER, RESPONSES, known_keys
-from lowtide.routes._own import BASE_KEYS
-from lowtide.routes.echo import HONOURS
+from lowtide.routes.own.echo import HONOURS
+from lowtide.routes.own.plain import BASE_KEYS
 from lowtide.server.translate import scalar_checks
 from tests.server.conftest import file_lines, upload, wait_anthropic, wait_openai
 

@@ -16,7 +16,7 @@ from google import genai
 from google.genai import errors, types
 
 from lowtide.core.types import Request
-from lowtide.routes.gemini_direct import GeminiRoute
+from lowtide.routes.gemini.direct import GeminiRoute
 from tests.conftest import wait_until
 
 MODEL = "gemini-2.5-flash"

@@ -250,7 +250,7 @@ def test_across_protocols_a_chat_batch_is_translated_and_a_messages_batch_is_ref
         client = s.openai()
         done = wait_openai(client, create_batch(client, [chat_line("a", "hi", max_completion_tokens=20)]).id)
         (line,) = file_lines(client, done.output_file_id)
-    # The one chat -> messages mapping (routes/_translate.py): the limit under Anthropic's name.
+    # The one chat -> messages mapping (routes/anthropic/translate.py): the limit under Anthropic's name.
     assert capture.bodies == [{"model": "gpt-test", "max_tokens": 20, "messages": [{"role": "user", "content": "hi"}]}]
     answer = openai.types.chat.ChatCompletion.model_validate(line["response"]["body"])  # built: the upstream's is a message
     assert answer.choices[0].message.content == "done" and answer.model == "gpt-test"

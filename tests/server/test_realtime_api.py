@@ -16,7 +16,7 @@ import pytest
 
 from lowtide.core.errors import RouteError
 from lowtide.core.types import Outcome, Request
-from lowtide.routes.echo import EchoRoute
+from lowtide.routes.own.echo import EchoRoute
 from lowtide.server import backend as backend_module
 from tests.server.conftest import chat_line, create_batch, file_lines, wait_openai
 

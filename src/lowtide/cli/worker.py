@@ -106,7 +106,7 @@ def worker(
 
 def _ray_pools(store, address: str, routes: list[str], actors: int, cpus: float, gpus: float) -> dict:
     """One RayPool per named route, with the route options of the first active job using it."""
-    from lowtide.routes.ray_pool import RayPool
+    from lowtide.routes.pool.ray import RayPool
 
     with store.begin() as conn:
         specs = [JobSpec.model_validate_json(r.spec) for r in list_jobs(conn, [JobState.ACTIVE])]

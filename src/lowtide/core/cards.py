@@ -1,6 +1,6 @@
 """One capability card per route: what a provider allows and keeps, as data in one place.
 
-    CARDS[route] ─► routes    limits a batch is planned within (routes/_provider.py), the states
+    CARDS[route] ─► routes    limits a batch is planned within (routes/provider.py), the states
                               a poll reads as ended, the metadata key a batch is found by
                   ─► core     how a route bills (pricing.py), the endpoint a spec defaults to
                               (spec.py), which routes carry bodies verbatim (params.py)
@@ -263,7 +263,7 @@ CARDS: dict[str, Card] = {
         sources=("ai.google.dev/gemini-api/docs/batch-mode", "googleapis/python-genai batches.py"),
     ),
     # `openai-compatible-batch`: OpenAI's Files + Batches API at another provider, one card per
-    # `route_options.profile` (routes/openai_compatible_batch.py); without a profile, any server
+    # `route_options.profile` (routes/openai/compatible_batch.py); without a profile, any server
     # speaking it at route_options.base_url, within OpenAI's limits as lowtide's own bound.
     "openai-compatible-batch": Card(
         name="openai-compatible-batch", kind="batch", provider="any server speaking OpenAI's Batch API (route_options.base_url)",
@@ -318,7 +318,7 @@ CARDS: dict[str, Card] = {
                      "privacy.residency", "privacy.zero_retention", "turnaround"),
         sources=("novita.ai/docs/guides/llm-batch-api",),
     ),
-    # `azure-batch`: the same API at an Azure OpenAI resource (routes/azure_batch.py): the
+    # `azure-batch`: the same API at an Azure OpenAI resource (routes/azure/batch.py): the
     # resource's own base URL, the key in an `api-key` header, `model` the deployment's name.
     "azure-batch": Card(
         name="azure-batch", kind="batch", provider="Azure OpenAI (Global Batch)", protocol="openai", billing="azure", tier="batch",
@@ -345,7 +345,7 @@ CARDS: dict[str, Card] = {
         sources=("learn.microsoft.com/azure/foundry/openai/how-to/batch", "learn.microsoft.com/azure/foundry/openai/latest (v1: POST /openai/v1/batches)",
                  "learn.microsoft.com/azure/foundry/openai/api-version-lifecycle"),
     ),
-    # `openrouter-batch`: OpenRouter's Batch API (routes/openrouter_batch.py): inline JSON, no files,
+    # `openrouter-batch`: OpenRouter's Batch API (routes/openrouter/batch.py): inline JSON, no files,
     # one model and one endpoint per batch, run on one upstream provider OpenRouter picks.
     "openrouter-batch": Card(
         name="openrouter-batch", kind="batch", provider="OpenRouter (one upstream provider per batch)", protocol="openai",
@@ -372,7 +372,7 @@ CARDS: dict[str, Card] = {
         sources=("openrouter.ai/docs/guides/features/batch-api", "openrouter.ai/docs/batch-quickstart",
                  "openrouter python SDK 1.3.84 batch.py (POST/GET /batches, GET /batches/{id}, DELETE)"),
     ),
-    # `mistral-batch`: Mistral's own batch job API (routes/mistral_batch.py, the mistralai SDK):
+    # `mistral-batch`: Mistral's own batch job API (routes/mistral/batch.py, the mistralai SDK):
     # a JSONL file of {custom_id, body} lines, one model and one endpoint per job, `timeout_hours`.
     "mistral-batch": Card(
         name="mistral-batch", kind="batch", provider="Mistral AI", protocol="openai", billing="mistral", tier="batch",
@@ -411,7 +411,7 @@ CARDS: dict[str, Card] = {
         status={"in_progress": "running", "cancelling": "cancelling", "ended": "ended"},
         privacy=Privacy(residency="this machine", zero_retention=True),
         turnaround=Prior(p50=1.0, p95=5.0, per_request=False, source="lowtide's echo batch route"),
-        sources=("src/lowtide/routes/echo_batch.py",),
+        sources=("src/lowtide/routes/own/echo_batch.py",),
     ),
     "openai": Card(
         name="openai", kind="direct", provider="OpenAI", protocol="openai", billing="openai", tier="realtime",

@@ -24,7 +24,7 @@ Anthropic's structured outputs (`output_config.format`) exist on Claude 4.5 and 
 is asked the way Anthropic documented before it: a tool `lowtide_output` with the schema as
 its `input_schema`, and `tool_choice` forcing a call of it. The call's `input` is the answer
 (`forced_text`): read as the answer's text on every path (core/answers.py,
-routes/_wire.py), so it is checked, stored and exported like any JSON answer. A body with
+routes/openai/wire.py), so it is checked, stored and exported like any JSON answer. A body with
 tools of its own, or with extended thinking on (which refuses a forced tool), cannot be
 forced: nothing is added and the answer is checked after.
 

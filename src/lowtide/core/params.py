@@ -22,7 +22,7 @@ from lowtide.core.cards import routes_of
 from lowtide.core.endpoints import PROTOCOL, body_type
 
 # Routes that send a body of the endpoint's own protocol to the provider as it came
-# (routes/_wire.py): a top-level key the installed SDK does not declare travels there as it
+# (routes/openai/wire.py): a top-level key the installed SDK does not declare travels there as it
 # is, as the SDKs' `extra_body` sends it. Elsewhere lowtide translates the body or runs it
 # itself, and refuses such a key by name.
 CARRYING_ROUTES = {protocol: routes_of(protocol) for protocol in ("openai", "anthropic", "gemini")}  # core/cards.py

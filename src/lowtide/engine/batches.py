@@ -34,7 +34,8 @@ from lowtide.engine.dispatch import assign, iter_dispatched, left_in_dispatch, n
 from lowtide.engine.ingest import IngestCounts, apply_outcomes
 from lowtide.engine.packs import Packer, pack_size, packing, unpack_stored, vector_check
 from lowtide.engine.policy import poll_delay
-from lowtide.routes.base import BatchRoute, scrub
+from lowtide.routes.base import BatchRoute
+from lowtide.routes.options import scrub
 from lowtide.store.db import Store
 from lowtide.store.queries import add_event, note_phase
 from lowtide.store.schema import PENDING, dispatches, requests

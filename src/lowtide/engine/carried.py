@@ -3,7 +3,7 @@ key (an event `carried_param`, shown by `lowtide status` and the dashboard).
 
 On a route that sends a body to a provider of its own protocol unchanged (core/params.py
 `carries`), such a key is not refused: it travels as it came, as the SDKs' `extra_body`
-sends it (routes/_wire.py). Which keys an SDK declares changes from release to release
+sends it (routes/openai/wire.py). Which keys an SDK declares changes from release to release
 (anthropic's stopped declaring `temperature`), so the user is told which keys lowtide sent
 without knowing them, once, instead of every row being refused or every row warned about.
 """

@@ -21,7 +21,8 @@ from lowtide.engine.dispatch import (
 )
 from lowtide.engine.ingest import IngestCounts, apply_outcomes
 from lowtide.engine.packs import execute_packed, packing
-from lowtide.routes.base import DirectRoute, scrub
+from lowtide.routes.base import DirectRoute
+from lowtide.routes.options import scrub
 from lowtide.store.db import Store
 from lowtide.store.queries import add_event
 from lowtide.store.schema import dispatches

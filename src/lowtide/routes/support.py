@@ -262,8 +262,8 @@ def sent_as(name: str, route: Any, endpoint: str, choices: list[str] | None, sch
     the body the loader renders (engine/loader.py `request_base`), as the route's own
     mapping sends it; or what an own engine does with it."""
     from lowtide.core.native_schema import ask_of, with_ask
-    from lowtide.routes._gemini import from_chat
-    from lowtide.routes._translate import chat_to_messages
+    from lowtide.routes.anthropic.translate import chat_to_messages
+    from lowtide.routes.gemini.wire import from_chat
 
     base = base_body(endpoint)
     if route.refusal(Request("support", endpoint, base)) is not None:
@@ -389,7 +389,7 @@ def markdown() -> str:
         "each route's own check (`src/lowtide/routes/support.py`); a test keeps this file current.",
         "",
         "- **passes**: sent to the provider exactly as given.",
-        "- **translates**: sent in the route's protocol by its one mapping: `routes/_translate.py` (Anthropic), `routes/_gemini.py` (Gemini).",
+        "- **translates**: sent in the route's protocol by its one mapping: `routes/anthropic/translate.py` (Anthropic), `routes/gemini/wire.py` (Gemini).",
         "- **honours**: lowtide's own engine (`echo`, `local`) acts on it.",
         "- **refused**: the request is refused before anything is submitted, naming the field and the route.",
         "",

@@ -30,7 +30,7 @@ from starlette.concurrency import run_in_threadpool
 from lowtide.core import fastjson
 from lowtide.core.endpoints import GEMINI
 from lowtide.core.types import Request as LowtideRequest
-from lowtide.routes._replies import Ids, in_shape, text_body
+from lowtide.routes.replies import Ids, in_shape, text_body
 from lowtide.server import records, safejson
 from lowtide.server.bodies import parse_object, read_body
 from lowtide.server.context import Server

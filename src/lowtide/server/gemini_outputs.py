@@ -17,7 +17,7 @@ from sqlalchemy import Row
 from lowtide.core import fastjson
 from lowtide.core.endpoints import GEMINI
 from lowtide.core.types import Request
-from lowtide.routes._replies import Ids, in_shape, text_body
+from lowtide.routes.replies import Ids, in_shape, text_body
 from lowtide.server import records
 from lowtide.server.billing import Bill
 from lowtide.server.context import Server

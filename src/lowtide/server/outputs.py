@@ -4,7 +4,7 @@ provider's line shapes: OpenAI's output and error files, Anthropic's results.
 Each request becomes one `Result`: succeeded, failed (an HTTP error for that request, or a
 timeout), cancelled or expired. A succeeded request's answer is the upstream's whole body
 when it kept one in the request's endpoint's shape, else built from the text it kept
-(`routes/_replies.py`, the one answer builder). Requests refused at the
+(`routes/replies.py`, the one answer builder). Requests refused at the
 edge (`rejected.jsonl`) fail as HTTP 4xx, naming the field. Files are streamed row page by
 row page; nothing is held whole.
 """
@@ -26,7 +26,7 @@ from lowtide.core import fastjson
 from lowtide.core.endpoints import CHAT, COMPLETIONS, MESSAGES
 from lowtide.core.states import RequestState
 from lowtide.core.types import Request, Usage
-from lowtide.routes._replies import Ids, finish_of, in_shape, text_body
+from lowtide.routes.replies import Ids, finish_of, in_shape, text_body
 from lowtide.server.translate import decode_key
 from lowtide.store.bulk import among
 from lowtide.store.db import Store
@@ -178,7 +178,7 @@ def answer(endpoint: str, r: Result, ids: Ids, created: int) -> dict[str, Any]:
     if in_shape(endpoint, r.response):  # the usual case: the request's payload is not read
         return r.response | {"model": r.model}
     request = Request.from_payload(r.custom_id, fastjson.loads(r.payload)) if r.payload else None
-    finish = finish_of(r.response)  # lowtide's words (routes/_replies.py): the kept answer's own
+    finish = finish_of(r.response)  # lowtide's words (routes/replies.py): the kept answer's own
     if finish is None:  # a row stored before answers were kept: all of the limit used reads as cut
         limit = request.output_limit if request else None
         finish = "length" if limit and r.usage.output_tokens >= limit else "stop"

@@ -10,7 +10,7 @@ as a 400 naming the field and the route (`translate.rejection`). The request run
 `Backend.run` (backend.py: one owner loop for the route, concurrent requests grouped into
 one `execute`); the answer is the upstream's whole body when it returned one in the
 endpoint's shape (lowtide's own engines do too), else built from its text by the one answer
-builder (`routes/_replies.py`). With `stream: true` that same answer is sent as the
+builder (`routes/replies.py`). With `stream: true` that same answer is sent as the
 provider's Server-Sent Events (chat and messages): text in word-sized pieces, each tool call
 whole. Errors are in each provider's shape (`errors.py`). A batch backend cannot answer now: 501.
 """
@@ -37,7 +37,7 @@ from lowtide.core.endpoints import (
     RESPONSES,
 )
 from lowtide.core.types import Outcome
-from lowtide.routes._replies import Ids, finish_word, in_shape, text_body
+from lowtide.routes.replies import Ids, finish_word, in_shape, text_body
 from lowtide.server.backend import Backend, BackendClosed
 from lowtide.server.bodies import parse_object, read_body
 from lowtide.server.context import Server

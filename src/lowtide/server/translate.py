@@ -5,7 +5,7 @@ on), and how an API's custom_id travels through the store.
 A body is never rebuilt here: it is stored verbatim (DESIGN invariant 8). `rejection`
 asks only what the SDK's own types require of the endpoint, and the backend route's
 `refusal`: an upstream of the body's protocol takes every key its SDK knows; lowtide's own
-engines (echo, local) refuse what they cannot honour, by name (routes/_own.py).
+engines (echo, local) refuse what they cannot honour, by name (routes/own/plain.py).
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_valida
 
 from lowtide.core.callbacks import Callbacks
 from lowtide.core.yamlfile import parse_mapping, read_text, validate
-from lowtide.routes._provider import not_a_variable
+from lowtide.routes.provider import not_a_variable
 
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")

@@ -11,7 +11,7 @@ Out: a finished lowtide request (a `requests` row) becomes what the API itself a
 the provider's whole response body as the route kept it (`requests.response`) when it is in
 the API's shape, or else (a row that kept no answer, or an answer of another protocol) a
 `chat.completion` or `message` built from the answer text by the one answer builder
-(`routes/_replies.py`); a failure becomes the API's error body with the HTTP status it would have
+(`routes/replies.py`); a failure becomes the API's error body with the HTTP status it would have
 had.
 """
 
@@ -24,7 +24,7 @@ from sqlalchemy import Row
 
 from lowtide.core.endpoints import CHAT, MESSAGES
 from lowtide.core.types import Refusal, Request, Usage
-from lowtide.routes._replies import Ids, finish_of, in_shape, text_body
+from lowtide.routes.replies import Ids, finish_of, in_shape, text_body
 from lowtide.server.errors import ApiError
 from lowtide.server.outputs import EXPIRED_CODES, HTTP_ERRORS, TIMEOUT_CODES
 

@@ -1,0 +1,3 @@
+"""OpenRouter: `openrouter-batch`, OpenRouter's inline Batch API, and what it refuses in a
+request.
+"""
