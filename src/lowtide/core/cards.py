@@ -456,3 +456,41 @@ CARDS: dict[str, Card] = {
         unconfirmed=("turnaround",),
     ),
 }
+
+# `bedrock-batch`: AWS Bedrock's batch inference (routes/bedrock/batch.py, boto3 and s3fs): a JSONL
+# file of {recordId, modelInput} records in S3, one model a job, results written back to S3.
+CARDS["bedrock-batch"] = Card(
+    name="bedrock-batch", kind="batch", provider="AWS Bedrock (batch inference)", protocol="anthropic",
+    # Claude on Bedrock is priced as Anthropic's API prices it; the catalog knows Anthropic's model
+    # names, not Bedrock's ids (anthropic.claude-…-v1:0), which it reports as not in the catalog.
+    billing="anthropic", tier="batch", endpoints=(MESSAGES,),
+    limits=Limits(max_requests=50_000, max_bytes=1024 * MB, min_requests=100, one_model_per_batch=True, one_endpoint_per_batch=True,
+                  metadata="a job name and a clientRequestToken (both the dispatch's key); tags, which lowtide does not set"),
+    lines=Lines(input='{"recordId", "modelInput"} per JSONL line in S3; modelInput is the model\'s InvokeModel body (Claude: a '
+                      'Messages body with anthropic_version bedrock-2023-05-31 and no model); the job names the model',
+                result_key="recordId"),
+    recovery=Recovery(how="metadata", field="clientRequestToken",
+                      note="the key is the job's name and its idempotency token: a create sent again answers the same job; "
+                           "find lists jobs whose name holds the key (nameContains) and adopts the one with the token"),
+    retention=Retention(window_s=24 * HOUR,
+                        note="the job's timeoutDurationInHours (route_options.timeout_hours, 24 to 168; 24 here) ends it Expired; "
+                             "input and output stay in the user's own S3 bucket until they delete them"),
+    ends=Ends(expired="Expired: the records answered are in the .out file; the rest have no record and are retried or fall back",
+              cancelled="Stopped: only tokens already processed are billed; the records answered are in the .out file, the rest "
+                        "are retried or fall back"),
+    status={"Submitted": "running", "Validating": "running", "Scheduled": "running", "InProgress": "running",
+            "Stopping": "cancelling", "Completed": "ended", "PartiallyCompleted": "ended", "Failed": "failed",
+            "Stopped": "cancelled", "Expired": "expired"},
+    discount=Discount(factor=Decimal("0.5"), stacks_with_cache=None,
+                      source="aws.amazon.com/bedrock/pricing: batch inference at 50% of on-demand, for the models that offer it"),
+    privacy=Privacy(residency="the AWS region of the job (route_options.region); an inference profile (us., eu., global.) may "
+                              "route to other regions of its geography",
+                    note="credentials from AWS's own chain (environment, profile, role); never in the spec or the store"),
+    turnaround=Prior(p50=4 * HOUR, p95=24 * HOUR, per_request=False, source="AWS: jobs run within the job's timeout; no typical time published"),
+    unconfirmed=("limits.max_requests", "limits.max_bytes", "limits.custom_id_max", "limits.min_requests",
+                 "retention.window_s", "ends.expired", "discount.stacks_with_cache", "privacy.zero_retention", "turnaround"),
+    sources=("docs.aws.amazon.com/bedrock/latest/userguide/batch-inference-data.html (records, the quotas by name)",
+             "docs.aws.amazon.com/bedrock/latest/userguide/batch-inference-results.html (.out records, manifest.json.out)",
+             "botocore data/bedrock/2023-04-20/service-2.json (CreateModelInvocationJob, statuses, patterns)",
+             "docs.aws.amazon.com/general/latest/gr/bedrock.html (quotas: 100 records a job at least, per model)"),
+)
