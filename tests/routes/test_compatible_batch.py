@@ -4,6 +4,8 @@ the upload's purpose, the key in its header, the limits and prices of the profil
 
 from __future__ import annotations
 
+from datetime import date
+from decimal import Decimal
 from importlib.metadata import EntryPoint
 
 import openai
@@ -25,7 +27,7 @@ from tests.routes.conftest import KEY_ENV, _run
 
 KEY = "test-key"  # what the fixture puts in KEY_ENV, and serve is told to accept
 # the purpose each profile's provider wants on the upload (its docs; core/cards.py)
-PURPOSE = {"groq": "batch", "together": "batch-api", "novita": "batch"}
+PURPOSE = {"groq": "batch", "together": "batch-api", "novita": "batch", "doubleword": "batch"}
 
 
 @pytest.fixture(autouse=True)
@@ -93,7 +95,7 @@ def test_each_profile_defaults_to_its_providers_url_key_and_purpose(monkeypatch)
 def test_what_a_profile_cannot_take_is_refused_naming_the_fix(monkeypatch):
     monkeypatch.setenv("GROQ_API_KEY", "g")
     monkeypatch.setenv("NOVITA_API_KEY", "n")
-    with pytest.raises(RouteError, match="known: groq, together, novita"):
+    with pytest.raises(RouteError, match="known: groq, together, novita, doubleword"):
         create({"profile": "fireworks"})
     with pytest.raises(RouteError, match="give route_options.base_url"):
         create({"profile": "novita"})  # its base URL is not confirmed here: the user gives it
@@ -116,5 +118,15 @@ def test_each_profile_is_a_card_with_its_discount_and_wire():
 
 def test_a_profile_bills_by_its_card_and_says_when_no_price_is_known():
     assert billing_of(NAME, {"profile": "groq"}).provider == "groq"
-    cost = attempt_cost(Usage(input_tokens=10, output_tokens=5), "llama-3.1-8b-instant", NAME, {"profile": "groq"})
-    assert cost.usd is None and "no groq prices" in cost.note and f"lowtide routes {NAME}:groq" in cost.note
+    usage = Usage(input_tokens=1_000_000, output_tokens=1_000_000)
+    # genai-prices' Groq list; its batch variant where it has one (from 2026-10-14), else the card's 25% off
+    cost = attempt_cost(usage, "openai/gpt-oss-120b", NAME, {"profile": "groq"}, at=date(2026, 12, 1))
+    assert (cost.usd, cost.realtime_usd) == (Decimal("0.375"), Decimal("0.75"))
+    cost = attempt_cost(usage, "llama-3.1-8b-instant", NAME, {"profile": "groq"}, at=date(2026, 12, 1))
+    assert (cost.usd, cost.realtime_usd) == (Decimal("0.0975"), Decimal("0.13"))
+    # Together states no flat discount: no batch price, and the note says how to add one
+    cost = attempt_cost(usage, "openai/gpt-oss-120b", NAME, {"profile": "together"}, at=date(2026, 12, 1))
+    assert cost.usd is None and cost.realtime_usd == Decimal("0.75")
+    assert "add `batch:` prices for openai/gpt-oss-120b under `together:` in a price file" in cost.note
+    cost = attempt_cost(usage, "no-such-model", NAME, {"profile": "doubleword"})
+    assert cost.usd is None and "add it under `doubleword:` in a price file" in cost.note

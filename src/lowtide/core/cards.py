@@ -134,7 +134,7 @@ class Card(_Frozen):
     # another protocol is translated or refused); None: lowtide's own engine runs them.
     protocol: Literal["openai", "anthropic", "gemini"] | None
     # the price list (core/pricing.py); lowtide has none for groq, together, azure's own prices
-    billing: Literal["openai", "anthropic", "google", "groq", "together", "novita", "azure", "openrouter", "mistral"] | None
+    billing: Literal["openai", "anthropic", "google", "groq", "together", "novita", "doubleword", "azure", "openrouter", "mistral"] | None
     tier: Literal["realtime", "batch", "self_hosted", "free"]
     endpoints: tuple[str, ...]  # those the provider takes (in a batch, for a batch route)
     limits: Limits = Limits()
@@ -295,7 +295,8 @@ CARDS: dict[str, Card] = {
         limits=Limits(max_requests=50_000, max_bytes=100 * MB, min_requests=1, custom_id_max=64, one_model_per_batch=True, one_endpoint_per_batch=True,
                       enqueued_tokens="up to 30B tokens enqueued per model (Together's limit; not planned by lowtide)"),
         lines=_OPENAI_LINES, recovery=_OPENAI_RECOVERY,
-        status=_OPENAI_BATCH_STATUS | {s.upper(): m for s, m in _OPENAI_BATCH_STATUS.items()},
+        # Together's words are upper case, and it spells one with one L (together-python types/batch.py)
+        status=_OPENAI_BATCH_STATUS | {s.upper(): m for s, m in _OPENAI_BATCH_STATUS.items()} | {"CANCELING": "cancelling"},
         retention=Retention(window_s=24 * HOUR, note="the 24h completion window is Together's default and cannot be changed; best effort"),
         discount=Discount(factor=None, stacks_with_cache=None, source="docs.together.ai batch overview: up to 50% off serverless rates, on selected models"),
         turnaround=Prior(p50=HOUR, p95=24 * HOUR, per_request=False,
@@ -304,7 +305,8 @@ CARDS: dict[str, Card] = {
         unconfirmed=("discount.factor", "limits.one_model_per_batch", "limits.metadata", "recovery", "status", "retention.inputs_s",
                      "retention.results_s", "ends.expired", "ends.cancelled", "discount.stacks_with_cache", "privacy.residency",
                      "privacy.zero_retention"),
-        sources=("docs.together.ai/docs/inference/batch/overview", "docs.together.ai/docs/inference/batch/tutorial"),
+        sources=("docs.together.ai/docs/inference/batch/overview", "docs.together.ai/docs/inference/batch/tutorial",
+                 "together-python resources/batch.py, types/batch.py (create answers {job}; a job has progress, error)"),
     ),
     "openai-compatible-batch:novita": Card(
         name="openai-compatible-batch:novita", kind="batch", provider="Novita AI", protocol="openai", billing="novita", tier="batch",
@@ -318,6 +320,30 @@ CARDS: dict[str, Card] = {
                      "privacy.residency", "privacy.zero_retention", "turnaround"),
         sources=("novita.ai/docs/guides/llm-batch-api",),
     ),
+    "openai-compatible-batch:doubleword": Card(
+        name="openai-compatible-batch:doubleword", kind="batch", provider="Doubleword", protocol="openai", billing="doubleword",
+        tier="batch", endpoints=(CHAT, EMBEDDINGS),
+        # no request count is stated: OpenAI's 50,000 as lowtide's bound (unconfirmed)
+        limits=Limits(max_requests=50_000, max_bytes=200 * MB, min_requests=1, custom_id_max=64, one_model_per_batch=True,
+                      one_endpoint_per_batch=True),
+        lines=_OPENAI_LINES, recovery=_OPENAI_RECOVERY, status=_OPENAI_BATCH_STATUS,
+        retention=Retention(window_s=24 * HOUR, note="completion_window 24h (the cheapest); Doubleword also takes 1h at a higher price, "
+                                                     "which lowtide does not send yet"),
+        discount=Discount(factor=None, stacks_with_cache=None,
+                          source="Doubleword: batch prices are per model and per completion window, not one share of real time"),
+        turnaround=Prior(p50=4 * HOUR, p95=24 * HOUR, per_request=False, source="Doubleword: a 24-hour SLA, no typical time published"),
+        wire=Wire(base_url="https://api.doubleword.ai/v1", key_env="DOUBLEWORD_API_KEY"),
+        unconfirmed=("limits.max_requests", "limits.metadata", "recovery", "retention.inputs_s", "retention.results_s", "ends.expired",
+                     "ends.cancelled", "discount.factor", "discount.stacks_with_cache", "privacy.residency", "privacy.zero_retention",
+                     "turnaround"),
+        sources=("github.com/doublewordai/batch-skill (Doubleword's batch guide: OpenAI's Batch API at api.doubleword.ai/v1, "
+                 "purpose batch, custom_id ≤ 64, files ≤ 200 MB, completion_window 24h or 1h)", "docs.doubleword.ai/inference-api"),
+    ),
+    # Not profiles, on purpose (docs/batch-routes.md): DigitalOcean's batch inference uploads
+    # through a presigned URL (POST /v1/batches/files, then PUT), creates with `file_id`,
+    # `provider` and a required `request_id`, answers `batch_id` and hands results out as
+    # download links; Fireworks' is its own dataset + batchInferenceJobs API. The openai SDK
+    # speaks neither, so neither is faked here.
     # `azure-batch`: the same API at an Azure OpenAI resource (routes/azure/batch.py): the
     # resource's own base URL, the key in an `api-key` header, `model` the deployment's name.
     "azure-batch": Card(

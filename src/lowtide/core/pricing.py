@@ -1,6 +1,7 @@
 """Prices and cost arithmetic: the one place that knows what tokens cost.
 
-    genai-prices (base catalog, dated) ──────┐
+    genai-prices (base catalog, dated; the
+                  hosts' in host_prices.py) ─┐
     prices.yaml (shipped: derived tiers,     │
                  self-hosted entries) ───────┤
     $LOWTIDE_PRICES / --prices ──────────────┴─► load_catalog() ─► Catalog.explain(provider, model, day)
@@ -17,6 +18,11 @@ Each provider counts differently, and each rule is written out once, in `token_u
 - Anthropic: `input_tokens` EXCLUDES cache reads (`cached_input_tokens`) and cache writes
   (`cache_write_tokens`); the three are billed separately, writes at 1.25x input for the
   5-minute TTL and 2x for the 1-hour one. `output_tokens` includes thinking tokens.
+
+Hosts of open models (Groq, Together, Novita, Doubleword: `openai-compatible-batch`'s
+profiles) bill by OpenAI's rule. Their batch tier is genai-prices' where it has one, else
+their card's flat discount (`card_discounts`), else a price file's; otherwise unknown,
+with a note that says how to add it.
 
 `reasoning_tokens` is therefore never added: it is already inside `output_tokens`.
 A model the catalog does not know has an unknown cost (`Cost.usd is None`), never a guess.
@@ -45,14 +51,19 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from lowtide.core import genai_source
+from lowtide.core import genai_source, host_prices
 from lowtide.core.cards import CARDS, card_name
+from lowtide.core.host_prices import HOSTS
 from lowtide.core.errors import InputError
 from lowtide.core.types import Usage
 from lowtide.core.yamlfile import parse_mapping, read_text, validate
 
 PRICES_ENV = "LOWTIDE_PRICES"
 PROVIDERS = ("openai", "anthropic", "google")
+# Every price list: the three providers' and the open-model hosts' (core/host_prices.py);
+# a model's provider is guessed among PROVIDERS only (a host serves others' models).
+PRICE_LISTS = PROVIDERS + HOSTS
+PriceList = Literal["openai", "anthropic", "google", "groq", "together", "novita", "doubleword"]
 ZERO = Decimal(0)
 MILLION = Decimal(1_000_000)
 HOUR = Decimal(3600)
@@ -137,10 +148,13 @@ class PriceFile(_Strict):
     openai: dict[str, ModelPrices] = Field(default_factory=dict)
     anthropic: dict[str, ModelPrices] = Field(default_factory=dict)
     google: dict[str, ModelPrices] = Field(default_factory=dict)  # Gemini API
+    # hosts of open models (openai-compatible-batch's profiles), by the host's own model id
+    groq: dict[str, ModelPrices] = Field(default_factory=dict)
+    together: dict[str, ModelPrices] = Field(default_factory=dict)
+    novita: dict[str, ModelPrices] = Field(default_factory=dict)
+    doubleword: dict[str, ModelPrices] = Field(default_factory=dict)
     self_hosted: dict[str, SelfHosted] = Field(default_factory=dict)
-    derived: dict[Literal["openai", "anthropic", "google"], dict[Literal["batch", "flex", "priority"], DerivedTier]] = Field(
-        default_factory=dict
-    )
+    derived: dict[PriceList, dict[Literal["batch", "flex", "priority"], DerivedTier]] = Field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,7 +226,8 @@ class Catalog:
 
     def known_models(self, provider: str) -> list[str]:
         """Every model name this catalog prices for `provider`: the price files' and genai-prices'."""
-        return sorted(set(self.models.get(provider, {})) | set(genai_source.model_ids(provider)))
+        listed = host_prices.model_ids(provider) if provider in HOSTS else genai_source.model_ids(provider)
+        return sorted(set(self.models.get(provider, {})) | set(listed))
 
     def describe(self) -> str:
         shipped = f"{genai_source.package()}, tiers it lacks derived by lowtide's catalog of {self.date or 'unknown date'}"
@@ -220,7 +235,8 @@ class Catalog:
 
 
 def _from_genai(provider: str, model: str, day: Date, rules: Mapping[str, DerivedTier]) -> PriceLookup | None:
-    entry = genai_source.lookup(provider, model.strip(), day)
+    source_of = host_prices.lookup if provider in HOSTS else genai_source.lookup
+    entry = source_of(provider, model.strip(), day)
     realtime = (entry.tiers["realtime"] or {}) if entry is not None else {}
     if entry is not None and "output" not in realtime and "input" in realtime and "embedding" in entry.name.lower():
         realtime = realtime | {"output": Decimal(0)}  # an embedding model bills input tokens only: it has no output
@@ -244,11 +260,11 @@ def _from_genai(provider: str, model: str, day: Date, rules: Mapping[str, Derive
 
 def _merge(files: list[tuple[str | None, PriceFile]]) -> Catalog:
     """Entries of later files replace entries of the same name (tiers and aliases included)."""
-    models: dict[str, dict[str, ModelPrices]] = {p: {} for p in PROVIDERS}
+    models: dict[str, dict[str, ModelPrices]] = {p: {} for p in PRICE_LISTS}
     self_hosted: dict[str, SelfHosted] = {}
-    derived: dict[str, dict[str, DerivedTier]] = {}
+    derived: dict[str, dict[str, DerivedTier]] = {p: {"batch": rule} for p, rule in card_discounts().items()}
     for _, f in files:
-        for provider in PROVIDERS:
+        for provider in PRICE_LISTS:
             models[provider].update({k.lower(): v for k, v in getattr(f, provider).items()})
         self_hosted.update({k.lower(): v for k, v in f.self_hosted.items()})
         for provider, rules in f.derived.items():
@@ -267,6 +283,18 @@ def _merge(files: list[tuple[str | None, PriceFile]]) -> Catalog:
         aliases=aliases,
         derived=derived,
     )
+
+
+def card_discounts() -> dict[str, DerivedTier]:
+    """A host's batch tier where genai-prices has none: its card's discount (core/cards.py),
+    where the provider states one flat share of the real-time price; a price file's
+    `derived` wins. A host whose discount is per model or not confirmed derives nothing."""
+    out = {}
+    for card in CARDS.values():
+        d = card.discount
+        if card.billing in HOSTS and d is not None and d.factor is not None and "discount.factor" not in card.unconfirmed:
+            out[card.billing] = DerivedTier(factor=d.factor, source=f"{d.source} (the {card.name} card)")
+    return out
 
 
 @lru_cache(maxsize=1)
@@ -433,21 +461,27 @@ def attempt_cost(
         note = hosted.note or ("" if usd is not None else f"self_hosted.{name} has no throughput; add input_ and output_tokens_per_second")
         return Cost(usd, usd, Tier.SELF_HOSTED, entry=name, note=note)
     assert billing.provider is not None
-    if billing.provider not in PROVIDERS:  # Groq, Together, …: no price list here, never a guess
+    if billing.provider not in PRICE_LISTS:  # Azure's, OpenRouter's, …: no price list here, never a guess
         return Cost(
             None, None, billing.tier,
-            note=f'no {billing.provider} prices: lowtide prices {", ".join(PROVIDERS)} models, so "{model}" '
+            note=f'no {billing.provider} prices: lowtide prices {", ".join(PRICE_LISTS)} models, so "{model}" '
             f"on {route} has no estimate (its share of the real-time price: `lowtide routes {card_name(route, route_options)}`)",
         )  # fmt: skip
     found_model = catalog.lookup(billing.provider, model, at)
     if found_model is None:
         return Cost(
             None, None, billing.tier,
-            note=f'{billing.provider} model "{model}" is not in the price catalog; add it to a price file (docs/costs.md)',
+            note=f'{billing.provider} model "{model}" is not in the price catalog; add it under `{billing.provider}:` '
+            "in a price file (docs/costs.md)",
         )  # fmt: skip
     name, entry = found_model
     realtime = token_usd(billing.provider, usage, entry.realtime, billing.cache_write_ttl)
     prices = entry.tier(billing.tier)
+    if prices is None and billing.provider in HOSTS:
+        return Cost(None, realtime, billing.tier, entry=name,
+                    note=f"no {billing.tier} price for {name} at {billing.provider}: genai-prices has none and the "
+                    f"{card_name(route, route_options)} card states no flat discount; add `{billing.tier}:` prices for "
+                    f"{name} under `{billing.provider}:` in a price file (docs/costs.md)")  # fmt: skip
     if prices is None:
         return Cost(None, realtime, billing.tier, entry=name, note=f"the catalog has no {billing.tier} price for {name} (not offered)")
     usd = token_usd(billing.provider, usage, prices, billing.cache_write_ttl)
