@@ -1,8 +1,9 @@
 """bulk.executemany for many rows at once: an UPDATE run `by_key` gives each row its own
 values and leaves a row its guard no longer matches as it was, on SQLite and PostgreSQL; on
-PostgreSQL an INSERT or a keyed UPDATE of many rows is one statement, and a result applied
-right after a claim finds its requests by primary key even when the table's statistics
-predate the claim (they said: no request in any dispatch)."""
+PostgreSQL an INSERT or a keyed UPDATE of many rows is one statement (an INSERT a COPY,
+which gives back every value as it was sent and skips a stored row as ON CONFLICT DO NOTHING
+says), and a result applied right after a claim finds its requests by primary key even when
+the table's statistics predate the claim (they said: no request in any dispatch)."""
 
 from __future__ import annotations
 
@@ -76,8 +77,47 @@ def test_many_rows_are_one_statement_on_postgresql(store):
     with store.begin() as conn:
         executemany(conn, items.insert(), [{"state": "open", "note": f"n{i}", "score": 0.5, "ok": True, "big": i} for i in range(3000)])
         executemany(conn, _keyed_update(conn, "open"), [{"_id": i, "note": "x", "score": 1.0, "ok": False, "big": 0} for i in range(1, 3001)], by_key=True)
-    assert sent == [False, False]
+    assert True not in sent  # the INSERT is a COPY (in a savepoint), the UPDATE one statement
     assert [r[:3] for r in _rows(store)[:2]] == [(1, "closed", "x"), (2, "closed", "x")]
+    assert len(_rows(store)) == 3000
+
+
+def _copied_rows() -> list[dict]:
+    return [
+        {"state": "open", "note": note, "score": i / 3 if i % 3 else None, "ok": [True, False, None][i % 3], "big": 2**53 + i}
+        for i, note in enumerate(AWKWARD)
+    ]  # fmt: skip
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("store", ["postgres"], indirect=True)
+def test_a_copied_insert_keeps_every_value_and_fixed_ones(store):
+    _fresh(store, 0)
+    with store.begin() as conn:
+        executemany(conn, items.insert(), _copied_rows())
+        fixed_state = items.insert().values(state=fixed(conn, "fixed"), note=sa.bindparam("note"))
+        executemany(conn, fixed_state, [{"note": "a"}, {"note": None}])
+    expected = [(i + 1, r["state"], r["note"], r["score"], r["ok"], r["big"]) for i, r in enumerate(_copied_rows())]
+    n = len(expected)
+    assert _rows(store) == expected + [(n + 1, "fixed", "a", None, None, None), (n + 2, "fixed", None, None, None, None)]
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("store", ["postgres"], indirect=True)
+def test_a_copied_insert_meeting_a_stored_row_skips_it_as_on_conflict_says(store):
+    from sqlalchemy.dialects import postgresql
+
+    _fresh(store, 0)
+    insert = postgresql.insert(items).on_conflict_do_nothing(index_elements=["id"])
+    with store.begin() as conn:
+        executemany(conn, insert, [{"id": 2, "state": "first", "note": None, "score": None, "ok": None, "big": None}])
+        executemany(conn, items.insert(), [{"id": 5, "state": "first", "note": None, "score": None, "ok": None, "big": None}])
+    rows = [{"id": i, "state": "second", "note": f"n{i}", "score": 1.5, "ok": True, "big": i} for i in range(1, 5)]
+    with store.begin() as conn:
+        executemany(conn, insert, rows)  # id 2 is stored: the COPY is rolled back, the rest inserted
+    assert [r[:2] for r in _rows(store)] == [(1, "second"), (2, "first"), (3, "second"), (4, "second"), (5, "first")]
+    with pytest.raises(sa.exc.IntegrityError), store.begin() as conn:  # without ON CONFLICT: refused, as before
+        executemany(conn, items.insert(), [{"id": 5, "state": "again", "note": None, "score": None, "ok": None, "big": None}])
 
 
 @pytest.mark.postgres
