@@ -425,6 +425,39 @@ CARDS: dict[str, Card] = {
         sources=("docs.mistral.ai/capabilities/batch", "docs.mistral.ai/api/endpoint/batch",
                  "mistralai 3.7 client/jobs.py, files.py (upload: 512 MB a file), models/batchjobstatus.py, createbatchjobrequest.py"),
     ),
+    # `vertex-batch`: Gemini models on Vertex AI batch prediction (routes/vertex/batch.py, google-genai
+    # with vertexai=True): a JSONL file in Cloud Storage in, a folder of predictions out.
+    "vertex-batch": Card(
+        name="vertex-batch", kind="batch", provider="Google Cloud (Vertex AI batch prediction)", protocol="gemini",
+        billing="google", tier="batch", endpoints=(GEMINI,),
+        limits=Limits(max_requests=200_000, max_bytes=1024 * MB, min_requests=1, one_model_per_batch=True,
+                      metadata="a display name (the dispatch's key); labels on each request (its custom_id)"),
+        lines=Lines(input='{"request": GenerateContentRequest} per JSONL line in Cloud Storage, the custom_id in '
+                          "request.labels (lowtide_id, base32)", result_key="request.labels.lowtide_id"),
+        recovery=Recovery(how="display_name", field="displayName",
+                          note='find lists jobs filtered by display_name="KEY" (route_options.find_pages, 10 pages of 100)'),
+        retention=Retention(note="inputs and outputs are objects in your bucket (route_options.staging): they stay until "
+                                 "you delete them; lowtide deletes none"),
+        ends=Ends(expired="the requests answered keep their predictions lines; the rest, with none, are retried or sent "
+                          "to the fallback route",
+                  cancelled="the lines already written are kept; the requests without one are retried or fall back"),
+        status={"JOB_STATE_QUEUED": "running", "JOB_STATE_PENDING": "running", "JOB_STATE_RUNNING": "running",
+                "JOB_STATE_PAUSED": "running", "JOB_STATE_UPDATING": "running", "JOB_STATE_CANCELLING": "cancelling",
+                "JOB_STATE_SUCCEEDED": "ended", "JOB_STATE_PARTIALLY_SUCCEEDED": "ended", "JOB_STATE_FAILED": "failed",
+                "JOB_STATE_EXPIRED": "expired", "JOB_STATE_CANCELLED": "cancelled"},
+        discount=Discount(factor=Decimal("0.5"), stacks_with_cache=False,
+                          source="Vertex AI batch inference: 50% less than real time; the implicit-cache discount takes "
+                                 "precedence and does not stack with it"),
+        privacy=Privacy(residency="the job's location (route_options.location; the global endpoint keeps no residency)"),
+        turnaround=Prior(p50=4 * HOUR, p95=24 * HOUR, per_request=False,
+                         source="Vertex AI: jobs typically complete within 24 hours of starting; no typical time published"),
+        unconfirmed=("limits.max_requests", "limits.max_bytes", "limits.custom_id_max", "retention.window_s", "ends.expired",
+                     "ends.cancelled", "privacy.zero_retention"),
+        sources=("cloud.google.com/vertex-ai/generative-ai/docs/multimodal/batch-prediction-gemini",
+                 "cloud.google.com/vertex-ai/generative-ai/docs/multimodal/batch-prediction-from-cloud-storage",
+                 "googleapis/python-genai batches.py (batchPredictionJobs create/get/list/cancel, JobState)",
+                 "BerriAI/litellm llms/vertex_ai (a Vertex line matched by a request label)"),
+    ),
     "echo-batch": Card(
         name="echo-batch", kind="batch", provider="lowtide (echo, a folder)", protocol=None, billing=None, tier="free",
         endpoints=(CHAT, RESPONSES, COMPLETIONS, MESSAGES, GEMINI, EMBEDDINGS, MODERATIONS),
