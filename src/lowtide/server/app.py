@@ -43,6 +43,7 @@ from lowtide.server import (
     safejson,
     stored_api,
     translate,
+    vertex_api,
 )
 from lowtide.server.backend import Backend
 from lowtide.server.clock import ScaledClock, SteppedClock
@@ -106,6 +107,7 @@ def create_app(config: ServeConfig) -> FastAPI:
     app.include_router(mistral_api.files_router)  # before OpenAI's /v1/files/{id}/…
     app.include_router(mistral_api.jobs_router)
     app.include_router(openrouter_api.router)  # OpenRouter's /api/v1/batches
+    app.include_router(vertex_api.router)  # Vertex AI's batchPredictionJobs (its /v1 moved to /v1beta, gemini_versions.py)
     for module in (files, openai_api, anthropic_api, gemini_files, gemini_api, models_api, stored_api, realtime_api, dashboard, dashboard_evals, metrics):
         app.include_router(module.router)
     return app
