@@ -41,7 +41,7 @@ from lowtide.core.spec import JobSpec, load_spec
 from lowtide.core.tokens import TokenCounter, counter_for
 from lowtide.core.types import Usage
 from lowtide.engine import advisor
-from lowtide.engine.auto import Choice, money, wait_of
+from lowtide.engine.auto import Choice, Quote, money, wait_of
 from lowtide.engine.counting import Count, count_rows
 from lowtide.engine.watermarks import stored_watermark
 from lowtide.store.db import Store
@@ -110,6 +110,7 @@ def estimate(
         with _measurements() as conn:
             points = advisor.curve(conn, spec, provider, count, catalog)
             pick = advisor.auto_pick(conn, spec, points, count, catalog, wait) if wait is not None else None
+            quoted = advisor.candidate_quotes(conn, spec, count, catalog, wait, pick) if wait is not None and pick is not None else []
     except LowtideError as err:
         raise fail(err) from None
     usage = count.usage
@@ -123,10 +124,13 @@ def estimate(
         report = _as_json(spec, count, counter, usage, lines, catalog, output_tokens)
         report["tiers"] = [_point_json(p) for p in points]
         report["auto"] = _pick_json(pick, wait, wait_text)
+        if quoted:
+            report["auto"]["candidates"] = [_quote_json(q) for q in quoted]
         print(json.dumps(report, indent=2))
     else:
         _print(spec, count, counter, usage, lines, catalog, output_tokens)
         _print_curve(points, pick, wait, wait_text)
+        _print_quotes(quoted)
 
 
 @contextmanager
@@ -158,6 +162,25 @@ def _print_curve(points: list[advisor.Point], pick: Choice | str | None, wait: f
         out.print(f"auto, max_wait {wait_text} ({duration_text(wait or 0)}): {pick.reason}", markup=False)
     elif isinstance(pick, str):
         out.print(f"auto, max_wait {wait_text}: {pick}", markup=False)
+
+
+def _print_quotes(quoted: list[Quote]) -> None:
+    """An auto job's candidates: each one's price, expected wait and why it was taken or not."""
+    if not quoted:
+        return
+    rows = [[markup_escape(q.option.label), _money(q.option.cost.usd), q.option.took.text(), markup_escape(q.verdict),
+             markup_escape(q.option.took.basis)] for q in quoted]  # fmt: skip
+    cols = [Col("candidate"), Col("cost", figure=True), Col("expected wait"), Col("why"), Col("wait basis", drop=1)]
+    out.print(fitted_table(out, cols, rows, title="auto candidates"))
+
+
+def _quote_json(q: Quote) -> dict[str, Any]:
+    o = q.option
+    return {
+        "label": o.label, "route": o.candidate.route, "route_options": o.candidate.route_options,
+        "usd": None if o.cost.usd is None else str(o.cost.usd), "price_note": o.cost.note or None,
+        "wait_p50_seconds": o.took.p50, "wait_p95_seconds": o.took.p95, "wait_basis": o.took.basis, "why": q.verdict,
+    }  # fmt: skip
 
 
 def _options_text(options: dict[str, Any]) -> str:

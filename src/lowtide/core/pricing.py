@@ -53,8 +53,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from lowtide.core import genai_source, host_prices
 from lowtide.core.cards import CARDS, card_name
-from lowtide.core.host_prices import HOSTS
 from lowtide.core.errors import InputError
+from lowtide.core.host_prices import HOSTS
 from lowtide.core.types import Usage
 from lowtide.core.yamlfile import parse_mapping, read_text, validate
 
@@ -200,7 +200,8 @@ class Catalog:
             origins = {t.value: f"{where}: {provider}.{name}.{t.value}" for t in PROVIDER_TIERS if entry.tier(t) is not None}
             missing = tuple(t.value for t in PROVIDER_TIERS if entry.tier(t) is None)
             return PriceLookup(provider, model, name, day, entry, origins, missing)
-        return _from_genai(provider, model, day, self.derived.get(provider, {}))
+        rules = {**card_discounts().get(provider, {}), **self.derived.get(provider, {})}  # a file's rule wins
+        return _from_genai(provider, model, day, rules)
 
     def _own(self, provider: str, model: str) -> tuple[str, ModelPrices] | None:
         """An entry of a price file for `model`: by name or alias (case-insensitive), then
@@ -262,7 +263,7 @@ def _merge(files: list[tuple[str | None, PriceFile]]) -> Catalog:
     """Entries of later files replace entries of the same name (tiers and aliases included)."""
     models: dict[str, dict[str, ModelPrices]] = {p: {} for p in PRICE_LISTS}
     self_hosted: dict[str, SelfHosted] = {}
-    derived: dict[str, dict[str, DerivedTier]] = {p: {"batch": rule} for p, rule in card_discounts().items()}
+    derived: dict[str, dict[str, DerivedTier]] = {}
     for _, f in files:
         for provider in PRICE_LISTS:
             models[provider].update({k.lower(): v for k, v in getattr(f, provider).items()})
@@ -285,15 +286,16 @@ def _merge(files: list[tuple[str | None, PriceFile]]) -> Catalog:
     )
 
 
-def card_discounts() -> dict[str, DerivedTier]:
+@lru_cache(maxsize=1)
+def card_discounts() -> dict[str, dict[str, DerivedTier]]:
     """A host's batch tier where genai-prices has none: its card's discount (core/cards.py),
     where the provider states one flat share of the real-time price; a price file's
     `derived` wins. A host whose discount is per model or not confirmed derives nothing."""
-    out = {}
+    out: dict[str, dict[str, DerivedTier]] = {}
     for card in CARDS.values():
         d = card.discount
         if card.billing in HOSTS and d is not None and d.factor is not None and "discount.factor" not in card.unconfirmed:
-            out[card.billing] = DerivedTier(factor=d.factor, source=f"{d.source} (the {card.name} card)")
+            out[card.billing] = {"batch": DerivedTier(factor=d.factor, source=f"{d.source} (the {card.name} card)")}
     return out
 
 

@@ -26,7 +26,7 @@ from lowtide.core.pricing import Catalog, Cost, attempt_cost
 from lowtide.core.spec import JobSpec
 from lowtide.core.types import Usage
 from lowtide.engine import turnaround
-from lowtide.engine.auto import Choice, Option, choose, evaluate, kind_of
+from lowtide.engine.auto import Choice, Option, Quote, choose, evaluate, kind_of, quotes
 from lowtide.engine.counting import Count
 
 # Shortest prompt prefix a provider caches (OpenAI's prompt-caching guide: 1,024 tokens;
@@ -96,6 +96,16 @@ def curve(conn: Connection | None, spec: JobSpec, provider: str | None, count: C
     )  # fmt: skip
     points.append(Point("self-hosted", hosted_route, {}, cost, took, cost.note))
     return points
+
+
+def candidate_quotes(conn: Connection | None, spec: JobSpec, count: Count, catalog: Catalog, wait: float,
+                     pick: Choice | str) -> list[Quote]:  # fmt: skip
+    """An auto job's candidates, each quoted with its price, expected wait and why `pick` took
+    it or not (none for a job without `auto:`)."""
+    if spec.auto is None:
+        return []
+    options = pick.options if isinstance(pick, Choice) else tuple(evaluate(conn, spec, count.usage, count.rows, catalog))
+    return quotes(list(options), wait, pick if isinstance(pick, Choice) else None)
 
 
 def auto_pick(conn: Connection | None, spec: JobSpec, points: list[Point], count: Count, catalog: Catalog,

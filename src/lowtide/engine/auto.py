@@ -12,6 +12,11 @@
                   max_wait becomes the job's deadline. A spec's own `fallback:` is kept
                   instead (engine/fallback.py): it has no chain.
 
+Several providers of one open model (`openai-compatible-batch` with `profile: groq`,
+`together`, …: the job's `model` is each host's id for it) are candidates like any other:
+each is priced from its host's price list and waited for by its own card's prior or its own
+measurements, and `quotes` says for each why it was taken or not (`lowtide estimate`).
+
 Decided before anything is stored (`lowtide submit` and `lowtide estimate` alike), recorded
 as a `route_choice` event with its reason, and kept: submitting the same spec again keeps
 the choice rather than changing the route of work in flight.
@@ -25,9 +30,10 @@ from decimal import Decimal
 
 from sqlalchemy import Connection, select
 
-from lowtide.core.auto_spec import AUTO, CandidateSpec, TierSpec, duration_text
+from lowtide.core.auto_spec import AUTO, CandidateSpec, TierSpec, duration_text, route_label
+from lowtide.core.cards import CARDS, card_name, check_limit, profiles_of
 from lowtide.core.clock import Clock
-from lowtide.core.errors import SpecError
+from lowtide.core.errors import RouteError, SpecError
 from lowtide.core.pricing import Catalog, Cost, Tier, attempt_cost, billing_of, load_catalog
 from lowtide.core.spec import JobSpec
 from lowtide.core.tokens import counter_for
@@ -52,7 +58,7 @@ class Option:
 
     @property
     def label(self) -> str:
-        return self.candidate.label
+        return label_of(self.candidate)
 
     def fits(self, wait: float) -> bool:
         return self.took.p95 is not None and self.took.p95 <= wait
@@ -71,6 +77,50 @@ class Choice:
         """Seconds before the end of max_wait at which each tier takes over (0 for the
         first): its p95 for the job's work, at least MIN_MARGIN, at most half of max_wait."""
         return [0.0] + [max(MIN_MARGIN, min(o.took.p95 or MIN_MARGIN, self.wait / 2)) for o in self.chain[1:]]
+
+
+def label_of(candidate: CandidateSpec) -> str:
+    """A candidate as reasons name it: its profile's card where it has one
+    (`openai-compatible-batch:groq`), and its service tier (`openai (flex)`)."""
+    return route_label(card_name(candidate.route, candidate.route_options), candidate.route_options)
+
+
+@dataclass(frozen=True, slots=True)
+class Quote:
+    """One candidate as `lowtide estimate` quotes it: price, expected wait, and why it was
+    taken or not."""
+
+    option: Option
+    verdict: str
+
+
+def quotes(options: list[Option], wait: float, choice: Choice | None) -> list[Quote]:
+    """Each candidate with the reason it was chosen, is a tier up, or was not taken (no price,
+    no known turnaround, too slow, dearer, or slower at the same price)."""
+    return [Quote(o, _verdict(o, wait, choice)) for o in options]
+
+
+def _verdict(o: Option, wait: float, choice: Choice | None) -> str:
+    if o.cost.usd is None:
+        return f"no price: {o.cost.note}"
+    if o.took.p95 is None:
+        return f"no known turnaround: {o.took.basis}"
+    if not o.fits(wait):
+        return f"too slow: p95 {duration_text(o.took.p95)} is over max_wait {duration_text(wait)}"
+    if choice is None:
+        return "fits; but auto took none (see its refusal)"
+    best = choice.option
+    if o is best:
+        rivals = [q for q in choice.options if q is not o and q.fits(wait) and q.cost.usd is not None]
+        return "chosen: the cheapest that fits" if rivals else "chosen: the only one priced that fits"
+    if o in choice.chain:
+        return f"tier {choice.chain.index(o)} up: takes over as the end of max_wait nears"
+    assert best.cost.usd is not None
+    if o.cost.usd > best.cost.usd:
+        return f"not taken: {money(o.cost.usd - best.cost.usd)} dearer than {best.label}"
+    if o.cost.usd == best.cost.usd and (o.took.p95 or 0) >= (best.took.p95 or 0):
+        return f"not taken: as cheap as {best.label}, and not faster"
+    return "not taken: a faster tier up is no dearer"
 
 
 def kind_of(route: str, options: dict) -> str:
@@ -100,10 +150,8 @@ def choose(options: list[Option], wait: float, where: str = "job spec", *, stric
     unpriced = [o for o in options if o.cost.usd is None]
     if strict_prices and unpriced:
         o = unpriced[0]
-        raise SpecError(
-            f"{where}: auto.candidates[{o.index}] ({o.label}) has no price: {o.cost.note}; "
-            "add one to a price file (docs/costs.md) or drop the candidate"
-        )
+        how = "or drop the candidate" if "docs/costs.md" in o.cost.note else "add one to a price file (docs/costs.md) or drop the candidate"
+        raise SpecError(f"{where}: auto.candidates[{o.index}] ({o.label}) has no price: {o.cost.note}; {how}")
     fitting = [o for o in options if o.fits(wait) and o.cost.usd is not None]
     if not fitting:
         timed = [o for o in options if o.took.p95 is not None]
@@ -171,6 +219,7 @@ def resolve(store: Store, spec: JobSpec, clock: Clock, where: str = "job spec") 
             if before.auto is not None and before.auto.undecided() == spec.auto and before.route != AUTO:  # decided: kept
                 keep = ("route", "route_options", "fallback", "deadline", "auto")
                 return spec.model_copy(update={k: getattr(before, k) for k in keep}), None
+    check_candidates(spec, where)
     now = clock.now()
     wait = wait_of(spec, now)
     if wait <= 0:
@@ -188,6 +237,26 @@ def resolve(store: Store, spec: JobSpec, clock: Clock, where: str = "job spec") 
         options = evaluate(conn, spec, count.usage, count.rows, catalog)
     choice = choose(options, wait, where)
     return effective(spec, choice, now), choice
+
+
+def check_candidates(spec: JobSpec, where: str) -> None:
+    """What a candidate's options say against its card, before it is priced: a profile the
+    route does not have (it would be priced as the route without one), and a limit looser
+    than the profile's. The chosen route is made and checked whole when the job is loaded."""
+    assert spec.auto is not None
+    for i, c in enumerate(spec.auto.candidates):
+        profile, known = c.route_options.get("profile"), profiles_of(c.route)
+        if profile is not None and known and profile not in known:
+            raise SpecError(f"{where}: auto.candidates[{i}] ({c.route}): unknown route_options.profile {profile!r}; "
+                            f"known: {', '.join(known)}")  # fmt: skip
+        card = CARDS.get(card_name(c.route, c.route_options))
+        for key in ("max_requests", "max_bytes"):
+            value = c.route_options.get(key)
+            if card is not None and isinstance(value, int) and not isinstance(value, bool):
+                try:
+                    check_limit(card.name, key, value, getattr(card.limits, key), key.removeprefix("max_"))
+                except RouteError as err:
+                    raise SpecError(f"{where}: auto.candidates[{i}]: {err}") from None
 
 
 def effective(spec: JobSpec, choice: Choice, now: float) -> JobSpec:
