@@ -39,6 +39,7 @@ from lowtide.core.locations import scheme_of
 from lowtide.core.output_target import output_target
 from lowtide.core.spec import JobSpec, load_spec
 from lowtide.core.states import JobState
+from lowtide.engine.attention import attention
 from lowtide.engine.control import JobStatus, cancel_job, job_spec, job_status, retry_job
 from lowtide.engine.eval_export import export_eval_results
 from lowtide.engine.evals import eval_named
@@ -181,12 +182,16 @@ def status(
                 with store.begin() as conn:
                     names = [r.name for r in list_jobs(conn)]
                 statuses = [job_status(store, n) for n in names]
+                heeds = {n: attention(store, n, SystemClock()) for n in names}
                 if as_json:
-                    print(json.dumps({"jobs": [status_json(s) for s in statuses]}, indent=2))
+                    print(json.dumps({"jobs": [_with_attention(status_json(s), heeds[s.name]) for s in statuses]}, indent=2))
                 else:
                     out.print(status_table(statuses, out) if statuses else "no jobs in this store yet")
+                    for name, said in ((n, w) for n in names for w in heeds[n]):
+                        out.print(f"{name}: {said}", markup=False, style="yellow")
                 return
             s = job_status(store, job)
+            heed = attention(store, job, SystemClock())
     except MissingStoreError as err:
         if job is None:  # nothing submitted here yet: the truthful answer is "no jobs"
             print(json.dumps({"jobs": []}) if as_json else f"no jobs yet ({str(err).split(':')[0]})")
@@ -195,9 +200,11 @@ def status(
     except LowtideError as err:
         raise fail(err) from None
     if as_json:
-        print(json.dumps(status_json(s), indent=2))
+        print(json.dumps(_with_attention(status_json(s), heed), indent=2))
         return
     out.print(status_table([s], out))
+    for said in heed:  # what waits on the operator: a held batch, results about to expire
+        out.print(said, markup=False, style="yellow")
     if len(s.placement) > 1 or any(why for _, why, _, _ in s.placement):
         out.print(placement_table(s, out))
     if s.tiers:
@@ -212,6 +219,11 @@ def status(
                   f"{n.get('dead', 0)} given up (events below; docs/notifications.md)", markup=False)  # fmt: skip
     for event in s.events:
         out.print(f"  {event}", markup=False)
+
+
+def _with_attention(shape: dict, said: list[str]) -> dict:
+    """A job's status JSON, with `attention` (engine/attention.py) only when something waits on the operator."""
+    return shape | {"attention": said} if said else shape
 
 
 def _print_budget(s: JobStatus) -> None:

@@ -17,6 +17,7 @@ again (`NotSent`). What happens to requests is decided by engine/fate.py.
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -26,14 +27,20 @@ from sqlalchemy import case, func, select, update
 from lowtide.core.clock import Clock
 from lowtide.core.embeddings import MAX_INPUTS
 from lowtide.core.errors import BatchGone, BatchRejected, NotSent
-from lowtide.core.states import DispatchState
+from lowtide.core.states import DispatchState, JobState
 from lowtide.core.types import Outcome, Request
 from lowtide.engine import budget, fate, queue_limit
 from lowtide.engine.context import JobContext
 from lowtide.engine.dispatch import assign, iter_dispatched, left_in_dispatch, new_dispatch
 from lowtide.engine.ingest import IngestCounts, apply_outcomes
 from lowtide.engine.packs import Packer, pack_size, packing, unpack_stored, vector_check
-from lowtide.engine.policy import poll_delay
+from lowtide.engine.results_window import (
+    RESULTS_GONE,
+    gone_reason,
+    next_poll_delay,
+    past_retention,
+    results_gone,
+)
 from lowtide.routes.base import BatchRoute
 from lowtide.routes.options import scrub
 from lowtide.store.db import Store
@@ -55,6 +62,7 @@ DEFAULT_CHUNK = 10_000
 SUBMITS_PER_TICK = 2  # then the tick polls and ingests before sending more
 LINE_OVERHEAD = 200  # bytes a provider's line format adds around a request's payload
 DEFAULT_POLL_INTERVAL = (30.0, 600.0)
+log = logging.getLogger("lowtide.engine")
 
 
 def plan(store: Store, job: JobContext, route: BatchRoute, clock: Clock, lane: str | None = None) -> int:
@@ -104,7 +112,7 @@ def plan(store: Store, job: JobContext, route: BatchRoute, clock: Clock, lane: s
                 rooms[model] = queue_limit.room(conn, route.name, model, limit_of(model) if limit_of else None, now)
             taken = rooms[model].take(need)
             if taken is None:  # can never be queued: fails now, by name
-                queue_limit.refuse_oversized(conn, job, route.name, model, rid, need, rooms[model].limit, now)
+                queue_limit.refuse_oversized(conn, job, route.name, model, rid, need, rooms[model], now)
                 continue
             if not taken:  # the queue is full for this model: waits for a later tick
                 continue
@@ -192,6 +200,9 @@ async def submit(
                 )
             except Exception as err:  # cannot tell whether it was sent: wait, never guess
                 said = scrub(route, str(err))
+                if key_refused(err):  # held, and said so once (it may end by a cancel or the deadline)
+                    _hold(store, job, route, dispatch_id, key, said, clock, rng)
+                    continue
                 with store.begin() as conn:
                     conn.execute(
                         update(dispatches).where(dispatches.c.id == dispatch_id).values(error=said[:2000], lease_until=0.0)
@@ -237,11 +248,65 @@ async def submit(
                 conn, dispatch_id, DispatchState.SUBMITTING, DispatchState.SUBMITTED,
                 provider_id=provider_id, submitted_at=now, error=None, lease_until=0.0,
                 # A cancel that came while the create was on its way: poll (and cancel) at once.
-                next_poll_at=case((dispatches.c.cancel_requested.is_(True), now), else_=now + poll_delay(interval, 0, rng)),
+                next_poll_at=case((dispatches.c.cancel_requested.is_(True), now), else_=now + next_poll_delay(route, interval, 0, rng)),
             )  # fmt: skip
             add_event(conn, job.id, "submitted", f"{route.name} batch {provider_id}: {waiting} request(s)", now)
         sent += 1
     return sent
+
+
+HELD = "held: "  # how a held dispatch's error begins (engine/attention.py reads it)
+
+
+def key_refused(err: BaseException) -> bool:
+    """Did the provider refuse the route's key (HTTP 401 or 403)? Read off the SDK's error
+    (or what it was raised from): a route's `find` lets the SDK's errors through."""
+    for e in (err, err.__cause__):
+        status = getattr(e, "status_code", None) or getattr(e, "code", None)
+        if status in (401, 403):
+            return True
+    return False
+
+
+def _hold(store: Store, job: JobContext, route: BatchRoute, dispatch_id: int, key: str, said: str, clock: Clock,
+          rng: random.Random) -> None:  # fmt: skip
+    """`find` was refused the key, so nothing proves the create never reached the provider:
+    the requests are not sent again. The dispatch is held, said once (an event, the worker's
+    log; `lowtide status` shows its error) until the key works again (the next `find`
+    adopts the batch or sends it), the job is cancelled, or the deadline (less a fallback's
+    safety margin) passes. Then its requests leave it as from a batch given up as lost
+    (`batch_lost`, retryable: engine/fate.py decides: cancelled in a cancelled job, the
+    fallback route where there is one, else another batch while attempts remain)."""
+    now = clock.now()
+    spec = job.spec
+    with store.begin() as conn:
+        state = lock_job(conn, job.id)
+        error, cancel_requested = conn.execute(
+            select(dispatches.c.error, dispatches.c.cancel_requested).where(dispatches.c.id == dispatch_id)
+        ).one()
+    margin = spec.fallback.safety_margin if spec.fallback is not None else 0.0
+    late = spec.deadline is not None and now >= spec.deadline.timestamp() - margin
+    if state == JobState.CANCELLED.value or cancel_requested or late:
+        why = "the job was cancelled" if state == JobState.CANCELLED.value or cancel_requested else "the job's deadline came"
+        reason = (
+            f"{route.name} refused the key while lowtide looked for batch {key} ({said}), so it cannot tell whether that "
+            f"batch was created; given up as {why}: if it was, it runs and is paid for at the provider, its results not "
+            "brought in"
+        )
+        _reject(store, job, route, dispatch_id, DispatchState.SUBMITTING, reason, clock, rng, code="batch_lost", retryable=True)
+        return
+    env = spec.route_options.get("api_key_env") if route.name == spec.route else None
+    variable = f" ({env})" if isinstance(env, str) else ""
+    held = (
+        f"{HELD}the provider refused the key while looking for batch {key}; fix the key in the variable "
+        f"route_options.api_key_env names{variable} where the worker runs, and the next tick adopts the batch (or sends "
+        f"it, if it was never created); or `lowtide cancel {job.name}` ends its requests cancelled ({said})"
+    )[:2000]
+    with store.begin() as conn:
+        conn.execute(update(dispatches).where(dispatches.c.id == dispatch_id).values(error=held, lease_until=0.0))
+        if not (error or "").startswith(HELD):  # once per hold, not once per tick
+            add_event(conn, job.id, "held", f"{route.name}: {held}", now)
+            log.warning("lowtide: job %s: %s: %s", job.name, route.name, held)
 
 
 def _end_unsent(conn, job: JobContext, route: BatchRoute, dispatch_id: int, now: float) -> None:
@@ -357,17 +422,17 @@ async def poll(
             conn.execute(
                 select(
                     dispatches.c.id, dispatches.c.provider_id, dispatches.c.polls, dispatches.c.cancel_requested,
-                    dispatches.c.owner, dispatches.c.lease_until,
+                    dispatches.c.owner, dispatches.c.lease_until, dispatches.c.submitted_at,
                 ).where(
                     dispatches.c.job_id == job.id,
                     dispatches.c.route == route.name,
                     dispatches.c.state == DispatchState.SUBMITTED.value,
                     dispatches.c.next_poll_at <= now,
-                )
+                ).order_by(dispatches.c.next_poll_at)  # the longest waiting first: its results may be the oldest
             )
         )
     interval = getattr(route, "poll_interval", DEFAULT_POLL_INTERVAL)
-    for dispatch_id, provider_id, polls, cancel_requested, owner, lease_until in due:
+    for dispatch_id, provider_id, polls, cancel_requested, owner, lease_until, submitted_at in due:
         if not _claim(store, dispatch_id, owner, lease_until, worker, now, POLL_LEASE):
             continue  # another worker is polling or ingesting it
         asked = bool(cancel_requested)
@@ -384,12 +449,13 @@ async def poll(
             with store.begin() as conn:
                 conn.execute(
                     update(dispatches).where(dispatches.c.id == dispatch_id).values(
-                        polls=polls + 1, error=said[:2000], next_poll_at=clock.now() + poll_delay(interval, polls, rng),
+                        polls=polls + 1, error=said[:2000], next_poll_at=clock.now() + next_poll_delay(route, interval, polls, rng),
                         lease_until=0.0, lost_since=func.coalesce(dispatches.c.lost_since, clock.now()),
                     )
                 )
                 add_event(conn, job.id, "poll_error", f"{route.name} batch {provider_id}: {said}", clock.now())
-            _give_up_if_lost(store, job, route, dispatch_id, provider_id, said, isinstance(err, BatchGone), clock, rng)
+            if not _gone_past_retention(store, job, route, dispatch_id, provider_id, submitted_at, err, said, clock, rng):
+                _give_up_if_lost(store, job, route, dispatch_id, provider_id, said, isinstance(err, BatchGone), clock, rng)
             continue
         # The flag is cleared only once acted on: a cancel that arrived during this poll stays.
         settled = {"cancel_requested": False} if status.ended or (asked and not cancel_requested) else {}
@@ -398,7 +464,7 @@ async def poll(
             conn.execute(
                 update(dispatches).where(dispatches.c.id == dispatch_id).values(
                     polls=polls + 1, phase=status.phase, error=None, lost_since=None, **settled,
-                    next_poll_at=clock.now() + poll_delay(interval, polls + 1, rng),
+                    next_poll_at=clock.now() + next_poll_delay(route, interval, polls + 1, rng),
                     # Held while an ended batch is ingested; let go otherwise.
                     lease_until=clock.now() + POLL_LEASE if status.ended else 0.0,
                 )
@@ -413,6 +479,8 @@ async def poll(
             try:
                 counts.add(await _ingest(store, job, route, dispatch_id, provider_id, clock, rng))
             except Exception as err:  # a download broke off: what was applied stays, the rest comes next poll
+                if _gone_past_retention(store, job, route, dispatch_id, provider_id, submitted_at, err, scrub(route, str(err)), clock, rng):
+                    continue
                 with store.begin() as conn:
                     conn.execute(update(dispatches).where(dispatches.c.id == dispatch_id).values(lease_until=0.0))
                     add_event(conn, job.id, "ingest_error", scrub(route, f"{route.name} batch {provider_id}: {err}"), clock.now())
@@ -438,6 +506,20 @@ def _give_up_if_lost(store: Store, job: JobContext, route: BatchRoute, dispatch_
     known = "has not known" if gone else "has answered every poll of"
     reason = f"the provider {known} batch {provider_id} for {now - since:.0f} s (last: {said}); given up as lost"
     _reject(store, job, route, dispatch_id, DispatchState.SUBMITTED, reason, clock, rng, code="batch_lost", retryable=True)
+
+
+def _gone_past_retention(store: Store, job: JobContext, route: BatchRoute, dispatch_id: int, provider_id: str,
+                         submitted_at: float | None, err: BaseException, said: str, clock: Clock, rng: random.Random) -> bool:  # fmt: skip
+    """A batch (or its results) the provider no longer has, sent longer ago than its card
+    keeps results: not waited for (they will not come back). Its requests leave it
+    `results_expired`, retryable, naming the retention and the fix (engine/results_window.py)."""
+    now = clock.now()
+    kept = past_retention(route, submitted_at, now) if results_gone(err) else None
+    if kept is None or submitted_at is None:
+        return False
+    reason = gone_reason(route.name, provider_id, kept, now - submitted_at, said)
+    _reject(store, job, route, dispatch_id, DispatchState.SUBMITTED, reason, clock, rng, code=RESULTS_GONE, retryable=True)
+    return True
 
 
 async def _cancel(store: Store, job: JobContext, route: BatchRoute, provider_id: str, clock: Clock) -> bool:

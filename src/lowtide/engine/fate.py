@@ -70,7 +70,7 @@ from lowtide.store.transitions import (
 DISPATCHED = RequestState.DISPATCHED.value
 # Failures that say the batch ran out of time, not that the request is bad: with a fallback
 # route they go there at once instead of waiting for another batch.
-OUT_OF_TIME = frozenset({"expired", "batch_expired", "batch_cancelled", "canceled", "cancelled", "batch_lost"})
+OUT_OF_TIME = frozenset({"expired", "batch_expired", "batch_cancelled", "canceled", "cancelled", "batch_lost", "results_expired"})
 
 
 # --- answers and failures that came back -------------------------------------------------
@@ -240,12 +240,12 @@ def past_deadline(conn: Connection, job: JobContext, now: float) -> int:
     return n
 
 
-def refuse(conn: Connection, job_id: int, request_id: int, code: str, message: str, now: float) -> int:
-    """A pending request that can never be sent (e.g. bigger than the provider's whole
-    queue) fails now, naming why and the fix."""
+def refuse(conn: Connection, job_id: int, request_ids: Sequence[int], code: str, message: str, now: float) -> int:
+    """Pending requests of a job that can never be sent (e.g. bigger than the provider's
+    whole queue) fail now, naming why and the fix."""
     return move_requests(
-        conn, RequestState.FAILED, requests.c.id == request_id, only=[RequestState.PENDING],
-        values={"error_code": code, "error_message": message, "updated_at": now},
+        conn, RequestState.FAILED, and_(requests.c.job_id == job_id, among(conn, requests.c.id, request_ids)),
+        only=[RequestState.PENDING], values={"error_code": code, "error_message": message, "updated_at": now},
     )  # fmt: skip
 
 

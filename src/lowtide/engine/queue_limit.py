@@ -14,11 +14,13 @@ interval has passed.
 
 A batch refused with nothing of its model in flight would be refused again for ever (no
 limit set, a tier-1 organization, chunks of 10,000): the refusal teaches a limit instead,
-half that batch's tokens, kept for a day, so the next chunk is half the size; a batch of one
-request refused alone can never be queued, and that request fails with the provider's words.
-A request bigger than the whole limit can never be enqueued: it fails at once, naming its
-size, the limit and the fix. The first request of an empty queue is always let through,
-whatever was learned: the provider tells.
+half that batch's tokens, kept for a day, so the next chunk is half the size. A batch of one
+request refused alone can never be queued: that request fails with the provider's words, and
+the refusal *proves* the limit is under its size (kept for a day too). Every request of the
+model at least that big then fails at once, naming its size, the limit and the fix, rather
+than being sent alone and refused one batch and one poll at a time (simulation finding 3).
+A request bigger than the whole configured limit fails the same way. The first request of an
+empty queue is otherwise let through, whatever was guessed: the provider tells.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from lowtide.core.states import DispatchState, RequestState
 from lowtide.engine import fate
 from lowtide.engine.context import JobContext
 from lowtide.store.queries import add_event
-from lowtide.store.schema import dispatches, meta
+from lowtide.store.schema import PENDING, dispatches, meta, requests
 from lowtide.store.transitions import move_dispatch
 
 QUEUE_FULL = "token_limit_exceeded"
@@ -81,16 +83,26 @@ def held(conn: Connection, route: str, model: str) -> bool:
 @dataclass(slots=True)
 class Room:
     """What of one model's queue a plan may still fill: `left` tokens (None: no limit known),
-    `limit` the configured whole (None: none), `empty` nothing of the model enqueued yet."""
+    `limit` the configured whole (None: none), `empty` nothing of the model enqueued yet,
+    `proven` the most a lone refusal left possible (None: none stands)."""
 
     left: int | None
     limit: int | None
     empty: bool
+    proven: Proven | None = None
+
+    @property
+    def never(self) -> int | None:
+        """Tokens above which a request can never be queued: the smaller of the configured
+        limit and the proven one."""
+        caps = [c for c in (self.limit, self.proven.tokens if self.proven else None) if c is not None]
+        return min(caps) if caps else None
 
     def take(self, need: int) -> bool | None:
         """True: a request of `need` tokens goes into the plan; False: it waits; None: it
-        can never be queued (bigger than the whole configured limit)."""
-        if self.limit is not None and need > self.limit:
+        can never be queued (bigger than the whole configured limit, or than a proven one)."""
+        never = self.never
+        if never is not None and need > never:
             return None
         if self.left is None:
             return True
@@ -105,38 +117,105 @@ class Room:
 def room(conn: Connection, route: str, model: str, limit: int | None, now: float) -> Room:
     """The room left in `route`'s queue for `model` now: the configured limit or the one a
     refusal taught (the smaller), less what this store has enqueued; none while held."""
+    proof = proven(conn, route, model, now)
     if held(conn, route, model):
-        return Room(0, limit, False)
+        return Room(0, limit, False, proof)
     caps = [c for c in (limit, learned(conn, route, model, now)) if c is not None]
     used = enqueued(conn, route, model)
-    return Room(max(min(caps) - used, 0) if caps else None, limit, used == 0)
+    return Room(max(min(caps) - used, 0) if caps else None, limit, used == 0, proof)
 
 
 def _learned_key(route: str, model: str) -> str:
     return f"queue_limit {route} {model}"
 
 
-def learned(conn: Connection, route: str, model: str, now: float) -> int | None:
+def _kept(conn: Connection, route: str, model: str, now: float) -> dict | None:
+    """What refusals taught about the model's limit, while it stands (a day): `tokens` the
+    room planned within; `proven` and `proof`, where a lone request was refused, the most
+    that can fit and how that was learned."""
     raw = conn.execute(select(meta.c.value).where(meta.c.key == _learned_key(route, model))).scalar()
     if raw is None:
         return None
     kept = json.loads(raw)
-    return kept["tokens"] if now - kept["at"] < LEARNED_FOR else None
+    return kept if now - kept["at"] < LEARNED_FOR else None
 
 
-def learn(conn: Connection, route: str, model: str, tokens: int, now: float) -> None:
-    key, value = _learned_key(route, model), json.dumps({"tokens": tokens, "at": now})
-    if conn.execute(meta.update().where(meta.c.key == key).values(value=value)).rowcount == 0:
-        conn.execute(meta.insert().values(key=key, value=value))
+def learned(conn: Connection, route: str, model: str, now: float) -> int | None:
+    kept = _kept(conn, route, model, now)
+    return kept["tokens"] if kept else None
 
 
-def refuse_oversized(conn: Connection, job: JobContext, route: str, model: str, rid: int, tokens: int, limit: int, now: float) -> None:
-    reason = (
-        f"about {tokens:,} input tokens, over {route}'s enqueued-token limit of {limit:,} for {model}: it can never be "
-        "queued; raise route_options.max_enqueued_tokens (or tier) to your organization's limit, or shorten the request"
+@dataclass(frozen=True, slots=True)
+class Proven:
+    """A limit a lone refusal proved: no request over `tokens` fits; `said` is how (the
+    refused request's size and the provider's words)."""
+
+    tokens: int
+    said: str
+
+
+def proven(conn: Connection, route: str, model: str, now: float) -> Proven | None:
+    kept = _kept(conn, route, model, now)
+    return Proven(kept["proven"], kept["proof"]) if kept and "proven" in kept else None
+
+
+def learn(conn: Connection, route: str, model: str, tokens: int, now: float, proof: str | None = None) -> None:
+    """Keep a limit for a day: a guess (half a refused batch), or with `proof` the most a
+    refused lone request leaves possible (which also caps the guess). A proof that stands
+    is kept through later guesses; a smaller proof replaces it."""
+    kept = _kept(conn, route, model, now) or {}
+    value: dict = {"tokens": tokens, "at": now}
+    if "proven" in kept:
+        value.update(proven=kept["proven"], proof=kept["proof"], tokens=min(tokens, kept["proven"]))
+    if proof is not None and ("proven" not in kept or tokens < kept["proven"]):
+        value.update(proven=tokens, proof=proof, tokens=min(tokens, kept.get("tokens", tokens)))
+    key, raw = _learned_key(route, model), json.dumps(value)
+    if conn.execute(meta.update().where(meta.c.key == key).values(value=raw)).rowcount == 0:
+        conn.execute(meta.insert().values(key=key, value=raw))
+
+
+def _oversized_reason(route: str, model: str, tokens: int, room: Room) -> str:
+    if room.limit is not None and tokens > room.limit:
+        return (
+            f"about {tokens:,} input tokens, over {route}'s enqueued-token limit of {room.limit:,} for {model}: it can never "
+            "be queued; raise route_options.max_enqueued_tokens (or tier) to your organization's limit, or shorten the request"
+        )
+    assert room.proven is not None
+    return (
+        f"about {tokens:,} input tokens, over the at most {room.proven.tokens:,} that {route}'s enqueued-token queue for "
+        f"{model} can hold: {room.proven.said}; it cannot be queued either; shorten the request, or raise your "
+        "organization's limit, then `lowtide retry JOB --failed`"
     )
-    if fate.refuse(conn, job.id, rid, "over_token_limit", reason, now):
+
+
+def refuse_oversized(conn: Connection, job: JobContext, route: str, model: str, rid: int, tokens: int, room: Room, now: float) -> None:
+    reason = _oversized_reason(route, model, tokens, room)
+    if fate.refuse(conn, job.id, [rid], "over_token_limit", reason, now):
         add_event(conn, job.id, "over_token_limit", f"1 request: {reason}", now)
+
+
+def refuse_all_oversized(conn: Connection, job: JobContext, route: str, model: str, lane: str | None, now: float) -> int:
+    """Every pending request of the job's `lane` for `model` bigger than a proven limit
+    fails now, each naming its size (engine/fate.py `refuse`): none is sent alone to be
+    refused one batch and one poll at a time. How many."""
+    room = Room(None, None, False, proven(conn, route, model, now))
+    if room.proven is None:
+        return 0
+    over = select(requests.c.id, func.length(requests.c.payload)).where(
+        requests.c.job_id == job.id, requests.c.state == PENDING, requests.c.model == model,
+        func.length(requests.c.payload) > room.proven.tokens * CHARS_PER_TOKEN,
+    )  # fmt: skip
+    if lane is not None:
+        over = over.where(requests.c.lane == lane)
+    by_size: dict[int, list[int]] = {}
+    for rid, chars in conn.execute(over).all():
+        by_size.setdefault(tokens_of(chars), []).append(rid)
+    n = 0
+    for tokens, ids in sorted(by_size.items()):
+        n += fate.refuse(conn, job.id, ids, "over_token_limit", _oversized_reason(route, model, tokens, room), now)
+    if n:
+        add_event(conn, job.id, "over_token_limit", f"{n} pending request(s) of {model} failed: {_oversized_reason(route, model, min(by_size), room)}", now)
+    return n
 
 
 def requeue(conn: Connection, job: JobContext, route: str, dispatch_id: int, current: DispatchState, reason: str,
@@ -160,9 +239,17 @@ def requeue(conn: Connection, job: JobContext, route: str, dispatch_id: int, cur
             f"{route} refused it for its queue limit with nothing else of {model} in flight ({error}): it cannot be "
             "queued as it is; shorten the request, or raise your organization's limit, then `lowtide retry JOB --failed`"
         )
+        lane = conn.execute(select(requests.c.lane).where(requests.c.dispatch_id == dispatch_id).limit(1)).scalar()
         n = fate.refuse_dispatched(conn, job, dispatch_id, "over_token_limit", why, now)
         waiting = 0
         said = f"{route}: {n} request(s) failed: {why}"
+        if model is not None and tokens:
+            # The limit is under this request's size: nothing of the model this big is sent again.
+            proof = f"a request of about {int(tokens):,} tokens was refused alone with nothing else of {model} in flight ({error})"
+            learn(conn, route, model, max(int(tokens) - 1, 0), now, proof)
+            n = refuse_all_oversized(conn, job, route, model, lane, now)
+            if n:
+                said += f"; {n} pending request(s) as big or bigger failed at once: they cannot be queued either"
     else:
         taken = fate.take_back(conn, job, dispatch_id, now, sent=False, values={"not_before": now + wait})
         waiting = taken.get(RequestState.PENDING, 0)

@@ -1,0 +1,102 @@
+"""The simulation's findings 3 and 4 on the issue-30 routes (docs/simulation.md), each
+pinned in the simulation's own world (tests/sim/world.py: the real engine and store,
+`lowtide serve` in this process, one ManualClock):
+
+- a standing queue limit smaller than one request: once a lone request is refused, every
+  request as big fails at once, naming its size, the limit and the fix; not one batch and
+  one poll per request (engine/queue_limit.py);
+- the provider refuses the key while lowtide looks for a batch it may have created: the
+  dispatch is held, said once (an event, `lowtide status`), not re-sent; the hold ends
+  when the key works again, or by a cancel (engine/batches.py `_hold`)."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+from lowtide.engine.batches import SUBMIT_LEASE
+from lowtide.engine.control import cancel_job
+from lowtide.server.faults import FaultPlan
+from tests.engine.sim_world import (
+    dispatch_rows,
+    event_rows,
+    job_state,
+    load,
+    request_rows,
+    rounds,
+    world,
+)
+from tests.sim import invariants
+from tests.sim.world import KEY, WRONG_KEY_ENV, KillPoint
+
+
+def test_requests_a_queue_cannot_hold_fail_at_once_not_one_batch_each(tmp_path):
+    with world(tmp_path) as w:
+        w.set_faults(FaultPlan.model_validate({"enqueued_tokens": {"*": 1}}))  # not one request fits
+        load(w, "openai-compatible-batch", rows=20, chunk=4)
+        rounds(w, 12)
+        rows = request_rows(w)
+        assert [r.state for r in rows] == ["failed"] * 20
+        assert {r.error_code for r in rows} == {"over_token_limit"}
+        made = invariants.batches_created(w)
+        sizes = [(d.size, d.state, d.error and d.error[:60]) for d in dispatch_rows(w)]
+        assert made <= 8, sizes  # halved down to one request, refused alone: the rest never sent (it was 20 and more)
+        unsent = [r.error_message for r in rows if r.attempts == 0]
+        assert len(unsent) >= 12, sizes
+        assert all("input tokens, over the at most" in m and "refused alone" in m and "shorten the request" in m for m in unsent)
+        assert invariants.request_states(w) + invariants.created_once(w) + invariants.bill_matches(w, drained=True) == []
+
+
+def attention(store, name, clock) -> list[str]:
+    # Imported here: the defect tests run on the commit before engine/attention.py too.
+    from lowtide.engine.attention import attention
+
+    return attention(store, name, clock)
+
+
+def _held_world(w, monkeypatch):
+    """Job a on azure-batch with a key the provider refuses: the first create is refused
+    (401: its two requests fail), and the worker dies just before the second, leaving it
+    `submitting`: nothing proves it was not sent."""
+    monkeypatch.setenv(WRONG_KEY_ENV, "not-the-key")
+    load(w, "azure-batch", rows=4, chunk=2, key_env=WRONG_KEY_ENV)
+    assert w.tick_killed(KillPoint(2, after=False))
+    [submitting] = [d for d in dispatch_rows(w) if d.state == "submitting"]
+    w.clock.advance(SUBMIT_LEASE)  # the dead worker's lease on it runs out (it ran in this process)
+    return submitting
+
+
+def test_a_find_refused_the_key_holds_the_dispatch_and_says_so_once(tmp_path, monkeypatch):
+    with world(tmp_path) as w:
+        held = _held_world(w, monkeypatch)
+        rounds(w, 6)
+        [again] = [d for d in dispatch_rows(w) if d.id == held.id]
+        assert again.state == "submitting" and again.error.startswith("held: the provider refused the key while looking")
+        assert held.key in again.error and "LOWTIDE_SIM_WRONG_KEY" in again.error and "lowtide cancel a" in again.error
+        assert len(event_rows(w, "held")) == 1  # once, not once a tick
+        assert event_rows(w, "find_error") == []
+        said = attention(w.store, "a", w.clock)
+        assert len(said) == 1 and said[0] == again.error
+        assert invariants.batches_created(w) == 0  # the refused create made none; nothing sent again blindly
+
+        monkeypatch.setenv(WRONG_KEY_ENV, KEY)  # the operator fixes the key where the worker runs
+        w.run(w.engine.aclose())
+        w.engine = w._new_engine()
+        rounds(w, 8)
+        states = sorted((r.state, r.error_code or "") for r in request_rows(w))
+        assert states == [("failed", "batch_rejected")] * 2 + [("succeeded", "")] * 2
+        assert job_state(w) == "finished" and attention(w.store, "a", w.clock) == []
+
+
+def test_a_cancel_ends_a_held_dispatch_its_requests_cancelled(tmp_path, monkeypatch):
+    with world(tmp_path) as w:
+        held = _held_world(w, monkeypatch)
+        rounds(w, 2)
+        cancel_job(w.store, "a", w.clock)
+        rounds(w, 2)
+        with w.store.read() as conn:
+            state = conn.execute(sa.text("select state from dispatches where id = :i"), {"i": held.id}).scalar_one()
+        assert state == "failed"
+        rows = request_rows(w)
+        assert sorted(r.state for r in rows) == ["cancelled", "cancelled", "failed", "failed"]
+        assert all("cannot tell whether that batch was created" in r.error_message for r in rows if r.state == "cancelled")
+        assert job_state(w) == "cancelled" and attention(w.store, "a", w.clock) == []
