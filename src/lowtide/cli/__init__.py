@@ -1,4 +1,5 @@
-"""The `lowtide` command: one module per noun, registered here."""
+"""The `lowtide` command: one module per noun, each imported when its command runs
+(cli/commands.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import typer
 from typer.exceptions import TyperException
 
 from lowtide import __version__
-from lowtide.cli import estimate, evals, gateway, jobs, prices, render, report, serve, trial, worker
-from lowtide.cli.argv import VALUE_OPTIONS, hoist_global_options
+from lowtide.cli.argv import hoist_global_options
+from lowtide.cli.commands import LazyGroup, own_options
 from lowtide.cli.common import (
     EXIT_ERROR,
     EXIT_INTERRUPTED,
@@ -20,15 +21,12 @@ from lowtide.cli.common import (
     say_error,
     state,
 )
-from lowtide.cli.dashboard import register as register_dashboard
 from lowtide.cli.helptext import tidy
-from lowtide.cli.retention import register as register_retention
-from lowtide.cli.routes import routes
-from lowtide.cli.traces import register as register_traces
 from lowtide.core.runtime import tune_gc
 
 app = typer.Typer(
     name="lowtide",
+    cls=LazyGroup,
     help="Turn LLM work that can wait into cheap, reliable offline jobs.",
     no_args_is_help=True,
     add_completion=False,
@@ -63,22 +61,11 @@ def _main(
     tune_gc()  # this process is lowtide's own: collect garbage less often (core/runtime.py)
 
 
-for command in (jobs.run, jobs.submit, estimate.estimate, prices.prices, routes, jobs.status, jobs.results, jobs.cancel, jobs.retry, report.report, worker.tick, worker.worker, serve.serve):
-    app.command()(command)
-app.command("compare")(evals.compare_command)
-gateway.register(app)
-render.register(app)
-trial.register(app)
-register_dashboard(app)
-register_retention(app)
-register_traces(app)
-
-
 def main(argv: list[str] | None = None) -> None:
     """Run the command line; every way out is one of the README's exit codes."""
     command = typer.main.get_command(app)
     tidy(command)
-    args = hoist_global_options(list(sys.argv[1:] if argv is None else argv), _own_options(command))
+    args = hoist_global_options(list(sys.argv[1:] if argv is None else argv), own_options)
     debug = "--debug" in args or state.debug
     try:
         code = command.main(args=args, prog_name="lowtide", standalone_mode=False)
@@ -101,13 +88,3 @@ def main(argv: list[str] | None = None) -> None:
         code = EXIT_ERROR
     sys.exit(code if isinstance(code, int) else 0)
 
-
-def _own_options(group) -> dict[str, set[str]]:
-    """The global options a subcommand defines itself (serve's and gateway's --db)."""
-    own: dict[str, set[str]] = {}
-    for name, cmd in group.commands.items():
-        opts = {o for p in getattr(cmd, "params", []) for o in p.opts}
-        for sub in getattr(cmd, "commands", {}).values():
-            opts |= {o for p in sub.params for o in p.opts}
-        own[name] = opts & VALUE_OPTIONS
-    return own

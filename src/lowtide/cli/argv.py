@@ -6,13 +6,16 @@ A command with its own `--db` (serve, gateway) keeps it: its option, not the glo
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 VALUE_OPTIONS = frozenset({"--db"})
 FLAG_OPTIONS = frozenset({"--debug"})
 
 
-def hoist_global_options(args: list[str], own: dict[str, set[str]]) -> list[str]:
-    """`args` with every global option moved before the subcommand. `own` maps a
-    subcommand to the global option names it defines itself (left where they are)."""
+def hoist_global_options(args: list[str], own: Callable[[str], set[str]]) -> list[str]:
+    """`args` with every global option moved before the subcommand. `own(name)` gives the
+    global option names subcommand `name` defines itself (left where they are); it is asked
+    only about the subcommand named, and only where a global option follows it."""
     front: list[str] = []
     moved: list[str] = []
     rest: list[str] = []
@@ -25,7 +28,7 @@ def hoist_global_options(args: list[str], own: dict[str, set[str]]) -> list[str]
             rest.extend(args[i:])
             break
         is_global = name in VALUE_OPTIONS or arg in FLAG_OPTIONS
-        if is_global and (command is None or name not in own.get(command, set())):
+        if is_global and (command is None or name not in own(command)):
             takes_value = name in VALUE_OPTIONS and "=" not in arg and i + 1 < len(args)
             (front if command is None else moved).extend(args[i : i + 1 + takes_value])
             i += 1 + takes_value

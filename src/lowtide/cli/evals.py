@@ -1,4 +1,7 @@
-"""Evals: `lowtide run` of an eval spec (variants:), and `lowtide compare EVAL`."""
+"""Evals: `lowtide run` of an eval spec (variants:), and `lowtide compare EVAL`.
+
+What only a run needs (the engine, the progress display) is imported by `run`: `lowtide
+compare` reads and scores, and pays for nothing else."""
 
 from __future__ import annotations
 
@@ -22,20 +25,19 @@ from lowtide.cli.common import (
     out,
     say_error,
 )
-from lowtide.cli.display import done_count, job_progress, status_table
 from lowtide.cli.tables import Col, fitted_table
-from lowtide.core.clock import SystemClock
 from lowtide.core.errors import LowtideError
-from lowtide.core.evals import load_eval
 from lowtide.engine.compare import EvalReport, compare, variant_rows
-from lowtide.engine.evals import load_eval as load_eval_jobs
-from lowtide.engine.evals import run_eval, stored_eval
-from lowtide.engine.tick import Engine
-from lowtide.store.db import Store
+from lowtide.engine.evals import stored_eval
 
 
 def run(spec_path: Path, requeue_changed: bool = False) -> None:
     """`lowtide run` of an eval spec: load every variant, run them together, print the report."""
+    from lowtide.cli.display import status_table
+    from lowtide.core.clock import SystemClock
+    from lowtide.core.evals import load_eval
+    from lowtide.engine.evals import load_eval as load_eval_jobs
+
     try:
         with open_store() as store:
             ev = load_eval(spec_path)
@@ -58,7 +60,12 @@ def run(spec_path: Path, requeue_changed: bool = False) -> None:
     raise typer.Exit(EXIT_OK if all(s.all_succeeded for s in statuses) else EXIT_FAILURES)
 
 
-def _drive(store: Store, ev, requeue_changed: bool):
+def _drive(store, ev, requeue_changed: bool):
+    from lowtide.cli.display import done_count, job_progress
+    from lowtide.core.clock import SystemClock
+    from lowtide.engine.evals import run_eval
+    from lowtide.engine.tick import Engine
+
     async def go():
         with job_progress() as progress:
             tasks = {}

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from itertools import combinations
 from typing import Any
 
@@ -40,7 +40,6 @@ from lowtide.core.scoring import check_expected, field_equal, is_missing, normal
 from lowtide.core.spec import JobSpec
 from lowtide.core.states import RequestState
 from lowtide.core.stats import accuracy_ci, mcnemar_p, paired_difference_ci, quantiles
-from lowtide.engine.evals import judge_rows
 from lowtide.engine.stages import source_values, stage_fingerprints
 from lowtide.store.db import Store
 from lowtide.store.schema import attempts, dispatches, jobs, requests
@@ -106,7 +105,7 @@ class EvalReport:
     verdicts: dict[str, dict[str, bool]] = field(default_factory=dict, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
-        whole = asdict(self)
+        whole = asdict(replace(self, verdicts={}))  # not asdict(self): it deep-copies a verdict per row, then dropped
         del whole["verdicts"]
         return whole
 
@@ -326,6 +325,9 @@ class _Verdicts:
 def _verdicts(store: Store, ev: EvalSpec, values: dict[str, dict]) -> _Verdicts:
     """The judge's verdict for each first-stage custom_id it judged, if it judged the answer
     stored now: its request's fingerprint is that of the judge row the answer makes now."""
+    # The engine's run path, imported only by an eval with a judge.
+    from lowtide.engine.evals import judge_rows
+
     field_name = ev.parts.judge.verdict_field
     with store.read() as conn:
         job = conn.execute(select(jobs.c.id, jobs.c.spec).where(jobs.c.name == ev.judge_name)).first()
