@@ -12,7 +12,7 @@ from sqlalchemy import Row
 from starlette.concurrency import run_in_threadpool
 
 from lowtide.core.endpoints import CHAT, COMPLETIONS, EMBEDDINGS, MODERATIONS, RESPONSES
-from lowtide.server import records
+from lowtide.server import records, together_batches
 from lowtide.server.bodies import parse_object, read_body
 from lowtide.server.context import Server
 from lowtide.server.errors import ApiError, not_found
@@ -159,13 +159,20 @@ def _create(server: Server, body: BatchCreate) -> dict[str, Any]:
         )  # fmt: skip
         row = records.get_batch(conn, batch_id)
     server.notify()
+    if file.purpose == together_batches.PURPOSE:  # Together's batch: its create wraps the job
+        return {"job": together_batches.job(batch_object(server, row), file.bytes)}
     return batch_object(server, row)
 
 
 @router.get("/{batch_id}")
 def retrieve(batch_id: str, request: Request) -> dict[str, Any]:
     server = _server(request)
-    return batch_object(server, _get(server, batch_id))
+    row = _get(server, batch_id)
+    with server.store.read() as conn:
+        file = records.get_file(conn, row.input_file_id)
+    if file is not None and file.purpose == together_batches.PURPOSE:  # Together's batch, in its shape
+        return together_batches.job(batch_object(server, row), file.bytes)
+    return batch_object(server, row)
 
 
 @router.get("")
