@@ -7,7 +7,7 @@ pinned in the simulation's own world (tests/sim/world.py: the real engine and st
   one poll per request (engine/queue_limit.py);
 - the provider refuses the key while lowtide looks for a batch it may have created: the
   dispatch is held, said once (an event, `lowtide status`), not re-sent; the hold ends
-  when the key works again, or by a cancel (engine/batches.py `_hold`)."""
+  when the key works again, or by a cancel (engine/held.py)."""
 
 from __future__ import annotations
 

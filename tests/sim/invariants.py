@@ -226,7 +226,7 @@ def check_step(world) -> list[str]:
 
 
 def held_dispatches(world) -> dict[int, tuple[int, str]]:
-    """Dispatches held and said so (engine/batches.py `_hold`: the provider refused the key
+    """Dispatches held and said so (engine/held.py: the provider refused the key
     while lowtide looked for a batch it may have created): `submitting`, their error
     beginning "held: ", and a `held` event in their job. A hold is a state the operator is
     told of, so the drain accepts it; a silent one would still be a violation. id -> (job, key)."""

@@ -1,6 +1,6 @@
 """What in a job waits on the operator, as sentences `lowtide status` prints (and `--json`
 carries as `attention`): a batch held because the provider refused the key while lowtide
-looked for it (engine/batches.py `_hold`), and batches whose results risk expiring at the
+looked for it (engine/held.py), and batches whose results risk expiring at the
 provider before they are read (engine/results_window.py `at_risk`)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from sqlalchemy import select
 from lowtide.core.clock import Clock
 from lowtide.core.spec import JobSpec
 from lowtide.core.states import DispatchState
-from lowtide.engine.batches import HELD
+from lowtide.engine.held import HELD
 from lowtide.engine.results_window import at_risk
 from lowtide.store.db import Store
 from lowtide.store.queries import get_job

@@ -17,7 +17,6 @@ again (`NotSent`). What happens to requests is decided by engine/fate.py.
 
 from __future__ import annotations
 
-import logging
 import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -27,11 +26,12 @@ from sqlalchemy import case, func, select, update
 from lowtide.core.clock import Clock
 from lowtide.core.embeddings import MAX_INPUTS
 from lowtide.core.errors import BatchGone, BatchRejected, NotSent
-from lowtide.core.states import DispatchState, JobState
+from lowtide.core.states import DispatchState
 from lowtide.core.types import Outcome, Request
 from lowtide.engine import budget, fate, queue_limit
 from lowtide.engine.context import JobContext
 from lowtide.engine.dispatch import assign, iter_dispatched, left_in_dispatch, new_dispatch
+from lowtide.engine.held import hold, key_refused
 from lowtide.engine.ingest import IngestCounts, apply_outcomes
 from lowtide.engine.packs import Packer, pack_size, packing, unpack_stored, vector_check
 from lowtide.engine.results_window import (
@@ -62,7 +62,6 @@ DEFAULT_CHUNK = 10_000
 SUBMITS_PER_TICK = 2  # then the tick polls and ingests before sending more
 LINE_OVERHEAD = 200  # bytes a provider's line format adds around a request's payload
 DEFAULT_POLL_INTERVAL = (30.0, 600.0)
-log = logging.getLogger("lowtide.engine")
 
 
 def plan(store: Store, job: JobContext, route: BatchRoute, clock: Clock, lane: str | None = None) -> int:
@@ -200,8 +199,11 @@ async def submit(
                 )
             except Exception as err:  # cannot tell whether it was sent: wait, never guess
                 said = scrub(route, str(err))
-                if key_refused(err):  # held, and said so once (it may end by a cancel or the deadline)
-                    _hold(store, job, route, dispatch_id, key, said, clock, rng)
+                if key_refused(err):  # held, said once (engine/held.py), until the key works, a cancel or the deadline
+                    given_up = hold(store, job, route.name, dispatch_id, key, said, clock.now())
+                    if given_up:
+                        _reject(store, job, route, dispatch_id, DispatchState.SUBMITTING, given_up, clock, rng,
+                                code="batch_lost", retryable=True)  # fmt: skip
                     continue
                 with store.begin() as conn:
                     conn.execute(
@@ -253,60 +255,6 @@ async def submit(
             add_event(conn, job.id, "submitted", f"{route.name} batch {provider_id}: {waiting} request(s)", now)
         sent += 1
     return sent
-
-
-HELD = "held: "  # how a held dispatch's error begins (engine/attention.py reads it)
-
-
-def key_refused(err: BaseException) -> bool:
-    """Did the provider refuse the route's key (HTTP 401 or 403)? Read off the SDK's error
-    (or what it was raised from): a route's `find` lets the SDK's errors through."""
-    for e in (err, err.__cause__):
-        status = getattr(e, "status_code", None) or getattr(e, "code", None)
-        if status in (401, 403):
-            return True
-    return False
-
-
-def _hold(store: Store, job: JobContext, route: BatchRoute, dispatch_id: int, key: str, said: str, clock: Clock,
-          rng: random.Random) -> None:  # fmt: skip
-    """`find` was refused the key, so nothing proves the create never reached the provider:
-    the requests are not sent again. The dispatch is held, said once (an event, the worker's
-    log; `lowtide status` shows its error) until the key works again (the next `find`
-    adopts the batch or sends it), the job is cancelled, or the deadline (less a fallback's
-    safety margin) passes. Then its requests leave it as from a batch given up as lost
-    (`batch_lost`, retryable: engine/fate.py decides: cancelled in a cancelled job, the
-    fallback route where there is one, else another batch while attempts remain)."""
-    now = clock.now()
-    spec = job.spec
-    with store.begin() as conn:
-        state = lock_job(conn, job.id)
-        error, cancel_requested = conn.execute(
-            select(dispatches.c.error, dispatches.c.cancel_requested).where(dispatches.c.id == dispatch_id)
-        ).one()
-    margin = spec.fallback.safety_margin if spec.fallback is not None else 0.0
-    late = spec.deadline is not None and now >= spec.deadline.timestamp() - margin
-    if state == JobState.CANCELLED.value or cancel_requested or late:
-        why = "the job was cancelled" if state == JobState.CANCELLED.value or cancel_requested else "the job's deadline came"
-        reason = (
-            f"{route.name} refused the key while lowtide looked for batch {key} ({said}), so it cannot tell whether that "
-            f"batch was created; given up as {why}: if it was, it runs and is paid for at the provider, its results not "
-            "brought in"
-        )
-        _reject(store, job, route, dispatch_id, DispatchState.SUBMITTING, reason, clock, rng, code="batch_lost", retryable=True)
-        return
-    env = spec.route_options.get("api_key_env") if route.name == spec.route else None
-    variable = f" ({env})" if isinstance(env, str) else ""
-    held = (
-        f"{HELD}the provider refused the key while looking for batch {key}; fix the key in the variable "
-        f"route_options.api_key_env names{variable} where the worker runs, and the next tick adopts the batch (or sends "
-        f"it, if it was never created); or `lowtide cancel {job.name}` ends its requests cancelled ({said})"
-    )[:2000]
-    with store.begin() as conn:
-        conn.execute(update(dispatches).where(dispatches.c.id == dispatch_id).values(error=held, lease_until=0.0))
-        if not (error or "").startswith(HELD):  # once per hold, not once per tick
-            add_event(conn, job.id, "held", f"{route.name}: {held}", now)
-            log.warning("lowtide: job %s: %s: %s", job.name, route.name, held)
 
 
 def _end_unsent(conn, job: JobContext, route: BatchRoute, dispatch_id: int, now: float) -> None:

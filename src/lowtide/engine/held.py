@@ -1,0 +1,77 @@
+"""A dispatch held because the provider refused the route's key while lowtide looked for a
+batch it may have created (simulation finding 4: a crash mid-submit, then a key that no
+longer works).
+
+`find` answered 401 or 403, so nothing proves the create never reached the provider, and
+sending the requests again could run them twice. The dispatch stays `submitting`, held:
+
+    said once    its error begins "held: " and names the batch key and the fix; one `held`
+                 event and one warning in the worker's log when the hold begins, not one a
+                 tick; `lowtide status` shows it (engine/attention.py)
+    ends when    the key works again (the next `find` adopts the batch, or finds none and
+                 sends it); the job is cancelled; or the deadline (less a fallback's safety
+                 margin) comes. The last two give the requests up as from a batch given up
+                 as lost (`batch_lost`, retryable: engine/fate.py decides: cancelled in a
+                 cancelled job, the fallback route where there is one, else another batch
+                 while attempts remain, then `deadline_passed`)
+"""
+
+from __future__ import annotations
+
+import logging
+
+from sqlalchemy import select, update
+
+from lowtide.core.states import JobState
+from lowtide.engine.context import JobContext
+from lowtide.store.db import Store
+from lowtide.store.queries import add_event
+from lowtide.store.schema import dispatches
+from lowtide.store.transitions import lock_job
+
+HELD = "held: "  # how a held dispatch's error begins
+log = logging.getLogger("lowtide.engine")
+
+
+def key_refused(err: BaseException) -> bool:
+    """Did the provider refuse the route's key (HTTP 401 or 403)? Read off the SDK's error
+    (or what it was raised from): a route's `find` lets the SDK's errors through."""
+    for e in (err, err.__cause__):
+        status = getattr(e, "status_code", None) or getattr(e, "code", None)
+        if status in (401, 403):
+            return True
+    return False
+
+
+def hold(store: Store, job: JobContext, route: str, dispatch_id: int, key: str, said: str, now: float) -> str | None:
+    """Hold the dispatch (saying so once), or, if its job is cancelled or its deadline has
+    come, the reason its requests are given up with (the caller ends the dispatch with it).
+    `said`: the provider's refusal, with any key scrubbed."""
+    spec = job.spec
+    with store.begin() as conn:
+        state = lock_job(conn, job.id)
+        error, cancel_requested = conn.execute(
+            select(dispatches.c.error, dispatches.c.cancel_requested).where(dispatches.c.id == dispatch_id)
+        ).one()
+    margin = spec.fallback.safety_margin if spec.fallback is not None else 0.0
+    late = spec.deadline is not None and now >= spec.deadline.timestamp() - margin
+    if state == JobState.CANCELLED.value or cancel_requested or late:
+        why = "the job's deadline came" if late and not (state == JobState.CANCELLED.value or cancel_requested) else "the job was cancelled"
+        return (
+            f"{route} refused the key while lowtide looked for batch {key} ({said}), so it cannot tell whether that "
+            f"batch was created; given up as {why}: if it was, it runs and is paid for at the provider, its results not "
+            "brought in"
+        )
+    env = spec.route_options.get("api_key_env") if route == spec.route else None
+    variable = f" ({env})" if isinstance(env, str) else ""
+    held = (
+        f"{HELD}the provider refused the key while looking for batch {key}; fix the key in the variable "
+        f"route_options.api_key_env names{variable} where the worker runs, and the next tick adopts the batch (or sends "
+        f"it, if it was never created); or `lowtide cancel {job.name}` ends its requests cancelled ({said})"
+    )[:2000]
+    with store.begin() as conn:
+        conn.execute(update(dispatches).where(dispatches.c.id == dispatch_id).values(error=held, lease_until=0.0))
+        if not (error or "").startswith(HELD):  # once per hold, not once per tick
+            add_event(conn, job.id, "held", f"{route}: {held}", now)
+            log.warning("lowtide: job %s: %s: %s", job.name, route, held)
+    return None
