@@ -11,7 +11,7 @@ a 2 GB Gemini batch input, a 200 MB OpenAI batch input of 50,000 lines (its limi
 Each case is one job of 50,000 rows (× `--scale`) sent as one batch: `lowtide submit`
 renders and stores it, `lowtide worker --until-idle` writes the batch file, uploads it
 (OpenAI's multipart upload; Gemini's resumable one), polls, downloads the output and
-ingests it, against `lowtide serve --backend echo` (fast clock), which takes the upload,
+ingests it, against `lowtide serve --backend echo` (real clock: a 24 h window does not end mid-batch), which takes the upload,
 runs every line and writes the output file. Every process is fresh per case. A process's
 peak RSS is its `VmHWM` (/proc/<pid>/status), read while it runs and, for the client's
 commands, the kernel's figure at exit (`wait4`'s ru_maxrss, the same high-water mark);
@@ -54,8 +54,8 @@ LOWTIDE = [sys.executable, "-c", "from lowtide._entry import main; main()"]
 KEY_ENV = "LOWTIDE_MAXSIZE_KEY"
 TARGET_MB = 300
 ROWS = 50_000
-WORDS = ("invoice refund password login shipping parcel broken screen charge twice account locked order "
-         "delivery late missing address update billing cycle plan upgrade cancel support agent reply").split()  # fmt: skip
+WORDS = ["invoice", "refund", "password", "login", "shipping", "parcel", "broken", "screen", "charge", "twice", "account",
+         "locked", "order", "delivery", "late", "missing", "address", "update", "billing", "cycle", "plan", "upgrade"]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -124,8 +124,20 @@ class Ran:
     code: int = 0
 
 
-def run(name: str, argv: list[str], cwd: Path, env: dict[str, str], log: Path) -> Ran:
-    """Run a `lowtide` command to its end, sampling its VmHWM while it runs."""
+def rss_of(pid: int) -> float:
+    """VmRSS of a live process, in MB (0 once it is gone)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def run(name: str, argv: list[str], cwd: Path, env: dict[str, str], log: Path, watch: Serve | None = None) -> Ran:
+    """Run a `lowtide` command to its end, sampling its VmHWM while it runs; with `watch`,
+    print both processes' RSS and serve's batch each second (where a peak comes from)."""
     t = time.perf_counter()
     with log.open("ab") as out:
         proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
@@ -133,8 +145,13 @@ def run(name: str, argv: list[str], cwd: Path, env: dict[str, str], log: Path) -
     done = threading.Event()
 
     def sample() -> None:
+        tick = 0
         while not done.wait(0.2):
             seen[0] = max(seen[0], peak_of(proc.pid))
+            tick += 1
+            if watch is not None and tick % 5 == 0:
+                print(f"    {time.perf_counter() - t:6.1f} s  {name}: RSS {rss_of(proc.pid):5.0f} MB   serve: RSS "
+                      f"{rss_of(watch.proc.pid):5.0f} MB, batch {watch.batch()}", flush=True)  # fmt: skip
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
@@ -157,7 +174,7 @@ class Serve:
         self.log = (folder / "serve.log").open("wb")
         self.started = time.perf_counter()
         self.proc = subprocess.Popen(
-            [*LOWTIDE, "serve", "--backend", "echo", "--port", str(self.port), "--time-scale", "3600",
+            [*LOWTIDE, "serve", "--backend", "echo", "--port", str(self.port), "--time-scale", "1",
              "--max-file-size", "2GB", "--db", str(self.db), "--data-dir", str(folder / "serve-data")],
             stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=folder,
         )  # fmt: skip
@@ -173,6 +190,15 @@ class Serve:
                     raise SystemExit("lowtide serve did not start within 120 s") from None
                 time.sleep(0.05)
         self.start_rss = peak_of(self.proc.pid)
+
+    def batch(self) -> str:
+        """The status of serve's batch so far (where it is in its work)."""
+        try:
+            with sqlite3.connect(self.db, timeout=0.1) as conn:
+                got = conn.execute("SELECT status FROM serve_batches ORDER BY created_at DESC LIMIT 1").fetchone()
+        except sqlite3.Error:
+            return "?"
+        return got[0] if got else "-"
 
     def files(self) -> list[tuple[str, int]]:
         """(purpose, bytes) of every file serve holds: the upload and the outputs."""
@@ -211,7 +237,7 @@ def states(db: Path) -> dict[str, int]:
         return dict(conn.execute("SELECT state, COUNT(*) FROM requests GROUP BY state").fetchall())
 
 
-def one_case(case: Case, scale: float, src: str | None, root: Path) -> dict:
+def one_case(case: Case, scale: float, src: str | None, root: Path, watch: bool = False) -> dict:
     rows = max(1, round(ROWS * scale))
     folder = Path(tempfile.mkdtemp(prefix=f"maxsize-{case.name}-", dir=root))
     env = dict(os.environ) | {KEY_ENV: "sk-maxsize"}
@@ -227,7 +253,7 @@ def one_case(case: Case, scale: float, src: str | None, root: Path) -> dict:
         base = [*LOWTIDE, "--db", str(db)]
         ran = [run("lowtide submit", [*base, "submit", "job.yaml"], folder, env, log)]
         if ran[0].code == 0:
-            ran.append(run("lowtide worker", [*base, "worker", "--until-idle"], folder, env, log))
+            ran.append(run("lowtide worker", [*base, "worker", "--until-idle"], folder, env, log, serve if watch else None))
         files = serve.files()
         ran.append(serve.stop())
         serve = None
@@ -266,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scale", type=float, default=1.0, help="a share of the 50,000 rows (0.1: a quick run)")
     parser.add_argument("--src", action="append", help="run every lowtide process from this source folder (repeatable: runs alternate)")
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--watch", action="store_true", help="print serve's and the worker's RSS each second")
     parser.add_argument("--tmp", default=tempfile.gettempdir(), help="where the temporary folders go")
     args = parser.parse_args(argv)
     if not 0 < args.scale <= 1:
@@ -284,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(args.rounds):
         for case in cases:
             for src in args.src or [None]:
-                lines = report(one_case(case, args.scale, src, root))
+                lines = report(one_case(case, args.scale, src, root, args.watch))
                 verdicts.append(lines[-1].split(":")[1].strip())
                 print("\n".join(lines), flush=True)
     return 0 if all(v == "PASS" for v in verdicts) else 1

@@ -16,15 +16,14 @@ from sqlalchemy import Row
 
 from lowtide.core import fastjson
 from lowtide.core.endpoints import GEMINI
-from lowtide.core.types import Request
-from lowtide.routes.replies import Ids, in_shape, text_body
+from lowtide.routes.replies import Ids, in_shape
 from lowtide.server import records
 from lowtide.server.billing import Bill
 from lowtide.server.context import Server
 from lowtide.server.errors import GEMINI_STATUS
 from lowtide.server.faults import line_fates
 from lowtide.server.finalize import LONE_SURROGATES, OUTPUT_FILE_DAYS, Summary, _count, batch_folder
-from lowtide.server.outputs import Result, _ids, results
+from lowtide.server.outputs import Result, _ids, answer, results
 
 INLINE = "inline.jsonl"
 
@@ -38,9 +37,7 @@ def response_of(r: Result, batch_id: str, created: int) -> dict[str, Any]:
     Gemini's shape, else built from the text it kept."""
     if in_shape(GEMINI, r.response):
         return r.response
-    asked = Request(r.custom_id, GEMINI, dict(r.request.body) if r.request else {})
-    asked.model = r.model
-    return text_body(asked, r.text, r.finish, r.usage, ids=Ids(_ids(batch_id, r.custom_id)[:24]), created=created)
+    return answer(GEMINI, r, Ids(_ids(batch_id, r.custom_id)[:24]), created)
 
 
 def error_of(r: Result) -> dict[str, Any]:
@@ -65,7 +62,8 @@ def build_gemini(server: Server, row: Row, ending: str) -> dict[str, Any]:
     folder.mkdir(parents=True, exist_ok=True)
     inline = bool(meta_of(row).get("inline"))
     created = int(server.clock.now())
-    found = results(server.store, folder, row, records.jobs_of(row), ending)
+    # GEMINI: a page's payloads are read only for answers built here, not with every row
+    found = results(server.store, folder, row, records.jobs_of(row), ending, GEMINI)
 
     def lines():
         for r in found:
