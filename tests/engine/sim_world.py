@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -26,15 +27,16 @@ def world(root: Path) -> Iterator[World]:
         w.close()
 
 
-def load(w: World, route: str, rows: int, chunk: int, key_env: str = KEY_ENV, **options: Any) -> None:
-    """Job `a` of `rows` tickets on `route` at the main provider, `chunk` requests a batch."""
+def load(w: World, route: str, rows: int, chunk: int, key_env: str = KEY_ENV, deadline: float | None = None, **options: Any) -> None:
+    """Job `a` of `rows` tickets on `route` at the main provider, `chunk` requests a batch;
+    `deadline` on the world's clock."""
     source = write_csv(w.root / "a.csv", [{"ticket_id": f"a-{i}", "body": f"ticket {i} of a"} for i in range(rows)])
     spec = build_spec({
         "name": "a", "source": {"path": str(source), "id_column": "ticket_id"}, "template": {"user": "Ticket: {{ body }}"},
         "model": ROUTE_MODELS[route], "route": route, "params": {"max_tokens": 64},
         "route_options": w.route_options(route, chunk, "main", key_env) | options,
         "retry": {"max_attempts": 3, "backoff_seconds": 30},
-    })  # fmt: skip
+    } | ({"deadline": datetime.fromtimestamp(deadline, UTC).isoformat()} if deadline is not None else {}))  # fmt: skip
     load_job(w.store, spec, w.clock)
 
 

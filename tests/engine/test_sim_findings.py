@@ -53,12 +53,12 @@ def attention(store, name, clock) -> list[str]:
     return attention(store, name, clock)
 
 
-def _held_world(w, monkeypatch):
+def _held_world(w, monkeypatch, deadline: float | None = None):
     """Job a on azure-batch with a key the provider refuses: the first create is refused
     (401: its two requests fail), and the worker dies just before the second, leaving it
     `submitting`: nothing proves it was not sent."""
     monkeypatch.setenv(WRONG_KEY_ENV, "not-the-key")
-    load(w, "azure-batch", rows=4, chunk=2, key_env=WRONG_KEY_ENV)
+    load(w, "azure-batch", rows=4, chunk=2, key_env=WRONG_KEY_ENV, deadline=deadline)
     assert w.tick_killed(KillPoint(2, after=False))
     [submitting] = [d for d in dispatch_rows(w) if d.state == "submitting"]
     w.clock.advance(SUBMIT_LEASE)  # the dead worker's lease on it runs out (it ran in this process)
@@ -100,3 +100,20 @@ def test_a_cancel_ends_a_held_dispatch_its_requests_cancelled(tmp_path, monkeypa
         assert sorted(r.state for r in rows) == ["cancelled", "cancelled", "failed", "failed"]
         assert all("cannot tell whether that batch was created" in r.error_message for r in rows if r.state == "cancelled")
         assert job_state(w) == "cancelled" and attention(w.store, "a", w.clock) == []
+
+
+def test_a_held_dispatch_is_given_up_when_the_deadline_comes(tmp_path, monkeypatch):
+    with world(tmp_path) as w:
+        deadline = w.clock.now() + 7200
+        held = _held_world(w, monkeypatch, deadline)
+        rounds(w, 2)
+        assert len(event_rows(w, "held")) == 1
+        w.clock.advance(deadline - w.clock.now())
+        rounds(w, 3)
+        [ended] = [d for d in dispatch_rows(w) if d.id == held.id]
+        assert ended.state == "failed" and "given up as the job's deadline came" in ended.error
+        # batch_lost, retryable: another batch while attempts remain, but past the deadline nothing is sent
+        assert sorted((r.state, r.error_code) for r in request_rows(w)) == [
+            ("failed", "batch_rejected"), ("failed", "batch_rejected"), ("failed", "deadline_passed"), ("failed", "deadline_passed")
+        ]  # fmt: skip
+        assert job_state(w) == "finished" and invariants.batches_created(w) == 0
