@@ -41,8 +41,6 @@ from lowtide.core.spec import JobSpec, load_spec
 from lowtide.core.states import JobState
 from lowtide.engine.attention import attention
 from lowtide.engine.control import JobStatus, cancel_job, job_spec, job_status, retry_job
-from lowtide.engine.eval_export import export_eval_results
-from lowtide.engine.evals import eval_named
 from lowtide.engine.export import export_results, write_rows, write_target
 from lowtide.engine.loader import load_job
 from lowtide.engine.preflight import check_output, check_target
@@ -283,6 +281,10 @@ def results(
             try:
                 spec = job_spec(store, job)
             except JobNotFoundError:
+                # An eval's results: its scoring (numpy and all) is imported only here.
+                from lowtide.engine.eval_export import export_eval_results
+                from lowtide.engine.evals import eval_named
+
                 ev = eval_named(store, job)
                 if ev is None:
                     raise

@@ -153,6 +153,7 @@ class JobProgress:
             self.progress = Progress(
                 TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                 TextColumn("{task.fields[detail]}"), TimeElapsedColumn(), console=self.console,
+                auto_refresh=False,  # drawn when the counts change (`update`), not 10 times a second by a thread
             )  # fmt: skip
             self.progress.__enter__()
             self.requests = self.progress.add_task(self.label, total=None, detail="")
@@ -197,6 +198,7 @@ class JobProgress:
                 ended = sum(s.dispatches.get(d.value, 0) for d in ENDED_DISPATCHES)
                 phases = ", ".join(f"{n} {p}" for p, n in sorted(s.phases.items()))
                 self.progress.update(self.batches, total=total, completed=ended, detail=f"[cyan]{phases}[/]", visible=True)
+            self.progress.refresh()
             return
         self.plain(s, done, eta)
 
