@@ -25,6 +25,7 @@ from lowtide.routes import create_route
 from lowtide.server import (
     anthropic_api,
     azure_paths,
+    bedrock_api,
     dashboard,
     dashboard_evals,
     errors,
@@ -107,6 +108,7 @@ def create_app(config: ServeConfig) -> FastAPI:
     app.include_router(mistral_api.files_router)  # before OpenAI's /v1/files/{id}/…
     app.include_router(mistral_api.jobs_router)
     app.include_router(openrouter_api.router)  # OpenRouter's /api/v1/batches
+    app.include_router(bedrock_api.router)  # Bedrock's /model-invocation-job(s) (its input and output in S3)
     app.include_router(vertex_api.router)  # Vertex AI's batchPredictionJobs (its /v1 moved to /v1beta, gemini_versions.py)
     for module in (files, openai_api, anthropic_api, gemini_files, gemini_api, models_api, stored_api, realtime_api, dashboard, dashboard_evals, metrics):
         app.include_router(module.router)
