@@ -1,0 +1,56 @@
+"""What a `lowtide` command imports before it does its work: only its own module and what that
+needs (cli/commands.py). Checked by module names in a fresh interpreter, never by the clock:
+`lowtide compare` pays for no engine run, server or progress display; `lowtide run` for no
+scoring (numpy) and no server."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from lowtide.cli.commands import COMMANDS
+
+HEAVY = ("fastapi", "uvicorn", "pyarrow", "numpy")
+OTHER_COMMANDS = sorted({f"lowtide.cli.{target.split(':')[0]}" for target in COMMANDS.values()})
+
+
+def imported_after(code: str) -> set[str]:
+    """The modules a fresh interpreter holds after running `code`."""
+    probe = f"import json, sys\n{code}\nprint(json.dumps(sorted(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
+    return set(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def test_the_command_line_imports_no_command_until_one_runs():
+    loaded = imported_after("import lowtide.cli")
+    assert loaded.isdisjoint(OTHER_COMMANDS), sorted(loaded & set(OTHER_COMMANDS))
+    assert loaded.isdisjoint(HEAVY), sorted(loaded & set(HEAVY))
+
+
+def test_compare_imports_no_run_path_server_or_other_command():
+    loaded = imported_after("from lowtide.cli.commands import load_command\nload_command('compare')")
+    others = set(OTHER_COMMANDS) - {"lowtide.cli.evals", "lowtide.cli.tables"}
+    assert loaded.isdisjoint(others), sorted(loaded & others)
+    shunned = {"fastapi", "uvicorn", "pyarrow", "lowtide.server", "lowtide.cli.display"}
+    assert loaded.isdisjoint(shunned), sorted(loaded & shunned)
+
+
+@pytest.mark.parametrize("command", ["run", "status", "results"])
+def test_job_commands_import_no_scoring_or_server(command):
+    loaded = imported_after(f"from lowtide.cli.commands import load_command\nload_command({command!r})")
+    assert loaded.isdisjoint(HEAVY), sorted(loaded & set(HEAVY))
+    assert "lowtide.engine.compare" not in loaded and "lowtide.server" not in loaded
+
+
+def test_help_lists_every_command(capsys):
+    from lowtide.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["--help"])
+    assert done.value.code == 0
+    section = capsys.readouterr().out.split("Commands:", 1)[1]
+    listed = [line.split()[0] for line in section.splitlines() if line.startswith("  ") and line.split()]
+    assert listed == list(COMMANDS)
