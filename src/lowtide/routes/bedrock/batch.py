@@ -42,6 +42,7 @@ import re
 import shutil
 from collections.abc import AsyncIterator, Collection, Iterable
 from typing import IO, Any, Literal
+from urllib.parse import urlsplit
 
 import boto3
 import botocore.exceptions
@@ -66,6 +67,7 @@ OPTIONS = {"role_arn", "staging", "bucket", "region", "profile", "endpoint_url",
 ROLE = re.compile(r"arn:aws(-[^:]+)?:iam::([0-9]{12})?:role/.+")  # botocore's RoleArn pattern
 # botocore's S3Uri pattern: a lower-case bucket, then keys of these characters only.
 S3_URI = re.compile(r"s3://[a-z0-9][-.a-z0-9]{1,61}[a-z0-9](?:/[-!_*'().a-z0-9A-Z]+(?:/[-!_*'().a-z0-9A-Z]+)*)?/?")
+REGION = re.compile(r"[a-z]{2}(-[a-z]+)+-[0-9]+")  # us-east-1, ap-southeast-2, us-gov-west-1
 BLOCK = 1 << 20  # bytes read from S3 at a time
 # Refusals that sending the same create again cannot fix; any other error is transient.
 PERMANENT = frozenset({"ValidationException", "AccessDeniedException", "ResourceNotFoundException"})
@@ -86,10 +88,13 @@ class BedrockBatchRoute:
         self.timeout_hours = number_option(self.name, options, "timeout_hours", 24, int, 24)
         if self.timeout_hours > 168:
             raise RouteError(f"{self.name}: route_options.timeout_hours is {self.timeout_hours}; Bedrock takes 24 to 168 hours")
-        endpoint_url = text_option(self.name, options, "endpoint_url")
+        endpoint_url = _endpoint(options)
         self.poll_interval = poll_interval(options | {"base_url": endpoint_url}, (60.0, 900.0))
         profile = text_option(self.name, options, "profile")
-        session = _session(profile, text_option(self.name, options, "region"))
+        region = text_option(self.name, options, "region")
+        if region is not None and not REGION.fullmatch(region):
+            raise RouteError(f"{self.name}: route_options.region {region!r} is not an AWS region; give one such as us-east-1")
+        session = _session(profile, region)
         self.region = session.region_name
         credentials = session.get_credentials()
         # scrubbed from the errors the engine keeps (routes/base.py); never stored
@@ -250,6 +255,15 @@ def _role(options: dict[str, Any]) -> str:
     return role
 
 
+def _endpoint(options: dict[str, Any]) -> str | None:
+    url = text_option(NAME, options, "endpoint_url")
+    parts = urlsplit(url) if url else None
+    if parts is not None and (parts.scheme not in ("http", "https") or not parts.netloc):
+        raise RouteError(f"{NAME}: route_options.endpoint_url {url!r} is not an http(s) URL; give e.g. http://127.0.0.1:8000 "
+                         "(lowtide serve), or leave it out for Bedrock's own endpoint in the region")  # fmt: skip
+    return url
+
+
 def _staging(options: dict[str, Any]) -> str:
     staging, bucket = text_option(NAME, options, "staging"), text_option(NAME, options, "bucket")
     if staging and bucket:
@@ -261,8 +275,9 @@ def _staging(options: dict[str, Any]) -> str:
                          "(s3://BUCKET/PREFIX, in the job's region) or route_options.bucket")  # fmt: skip
     staging = staging.rstrip("/")
     if not S3_URI.fullmatch(staging):
-        raise RouteError(f"{NAME}: route_options.staging {staging!r} is not an S3 prefix Bedrock takes: s3://BUCKET/PREFIX, the "
-                         "bucket in lower case, the prefix of letters, digits and -!_*'(). only")  # fmt: skip
+        given = f"route_options.bucket {bucket!r}" if bucket else f"route_options.staging {staging!r}"
+        raise RouteError(f"{NAME}: {given} is not an S3 place Bedrock takes: s3://BUCKET/PREFIX, the bucket 3 to 63 "
+                         "lower-case letters, digits, - and ., the prefix of letters, digits and -!_*'(). only")  # fmt: skip
     return staging
 
 
