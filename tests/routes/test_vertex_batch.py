@@ -7,6 +7,7 @@ project are refused before anything is stored; the access token is never kept.""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -29,7 +30,7 @@ from lowtide.core.spec import JobSpec
 from lowtide.core.types import Request
 from lowtide.engine.loader import load_job
 from lowtide.routes.vertex import lines
-from lowtide.routes.vertex.batch import NAME
+from lowtide.routes.vertex.batch import NAME, create
 from lowtide.store.db import Store
 from lowtide.store.schema import attempts, dispatches, events, jobs, requests
 from tests import objectstores
@@ -231,3 +232,26 @@ def test_what_vertex_does_not_take_is_refused_by_name_and_ids_round_trip():
     assert (failed.custom_id, failed.ok, failed.error_code, failed.retryable) == ("T1", False, "invalid_argument", False)
     busy = lines.parse_output_line({"status": "Internal error: UNAVAILABLE", "request": line["request"]})
     assert busy.retryable and busy.error_code == "unavailable"
+
+
+def test_a_failed_job_fails_its_batch_with_vertexs_error(serve, gcs, tmp_path, monkeypatch):
+    plan = tmp_path / "faults.yaml"
+    plan.write_text(yaml.safe_dump({"batches": [{"api": "gemini", "fail_validation": {"code": "invalid", "message": "quota gone"}}]}))
+    url = serve("--faults", str(plan))
+    options = {k: v for k, v in _options(url, gcs.bucket("vertex-failed")).items() if k != "access_token_env"}
+    route = create(options | {"anonymous": True})  # no key at serve: no token needed
+
+    async def go():
+        try:
+            name = await route.submit("job-1.d1", [Request.chat(f"r{i}", MODEL, [{"role": "user", "content": "hi"}]) for i in range(3)])
+            for _ in range(200):  # the server's fast clock ends it within a few polls
+                status = await route.poll(name)
+                if status.ended:
+                    return status
+                await asyncio.sleep(0.02)
+            raise AssertionError("the job did not end")
+        finally:
+            await route.aclose()
+
+    status = asyncio.run(go())
+    assert status.phase == "JOB_STATE_FAILED" and status.errors == ["3: quota gone"]
