@@ -25,10 +25,11 @@ from google.oauth2.credentials import Credentials
 
 from lowtide.core.clock import SystemClock
 from lowtide.core.endpoints import GEMINI
-from lowtide.core.errors import InputError
+from lowtide.core.errors import InputError, RouteUnavailableError
 from lowtide.core.spec import JobSpec
 from lowtide.core.types import Request
 from lowtide.engine.loader import load_job
+from lowtide.routes import create_route
 from lowtide.routes.vertex import lines
 from lowtide.routes.vertex.batch import NAME, create
 from lowtide.store.db import Store
@@ -255,3 +256,10 @@ def test_a_failed_job_fails_its_batch_with_vertexs_error(serve, gcs, tmp_path, m
 
     status = asyncio.run(go())
     assert status.phase == "JOB_STATE_FAILED" and status.errors == ["3: quota gone"]
+
+
+def test_without_gcsfs_the_route_is_refused_naming_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "gcsfs", None)  # as if not installed
+    monkeypatch.delitem(sys.modules, "lowtide.routes.vertex.batch")
+    with pytest.raises(RouteUnavailableError, match=r"pip install 'lowtide\[vertex\]'"):
+        create_route(NAME, {})

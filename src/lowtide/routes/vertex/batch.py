@@ -40,6 +40,7 @@ import tempfile
 from collections.abc import AsyncIterator, Collection, Iterable
 from typing import Any, Literal
 
+import gcsfs  # noqa: F401  (missing: the route is refused when loaded, naming pip install 'lowtide[vertex]')
 from google import genai
 from google.genai import errors as genai_errors
 from google.genai import types
