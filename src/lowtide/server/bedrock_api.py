@@ -40,6 +40,7 @@ from starlette.concurrency import run_in_threadpool
 
 from lowtide.core.cards import CARDS
 from lowtide.core.endpoints import MESSAGES
+from lowtide.core.errors import SourceError
 from lowtide.server import bedrock_records as s3
 from lowtide.server import records
 from lowtide.server.bodies import read_body
@@ -217,7 +218,10 @@ def _settled(server: Server, row: Row) -> Row:
         own = _own(row)
         if not own["written"]:
             found = s3.read_results(batch_folder(server, row.id) / "results.jsonl")
-            own["manifest"] = s3.write_outputs(own["inputs"], own["output"], row.id, found)
+            try:
+                own["manifest"] = s3.write_outputs(own["inputs"], own["output"], row.id, found)
+            except (OSError, s3.InputProblem, SourceError) as err:  # asked again, it is tried again
+                raise BedrockError(500, "InternalServerException", f"Could not write the job's output to {own['output']}: {err}") from None
             own["written"] = True
             with server.store.begin() as conn:
                 records.set_batch(conn, row.id, metadata=json.dumps({MARK: json.dumps(own)}))
