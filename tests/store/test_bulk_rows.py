@@ -122,6 +122,29 @@ def test_a_copied_insert_meeting_a_stored_row_skips_it_as_on_conflict_says(store
 
 @pytest.mark.postgres
 @pytest.mark.parametrize("store", ["postgres"], indirect=True)
+def test_a_copy_finishing_in_the_background_is_waited_for_and_its_error_raised(store):
+    """The COPY ends while the caller goes on: its next statement sees every row, and a row
+    the table refuses is raised there (as SQLAlchemy's error), nothing of it kept."""
+    _fresh(store, 0)
+    many = [{"state": "open", "note": "x" * 200, "score": 0.5, "ok": True, "big": i} for i in range(20_000)]
+    with store.begin() as conn:
+        executemany(conn, items.insert(), many)
+        assert conn.execute(sa.select(sa.func.count()).select_from(items)).scalar_one() == 20_000
+        executemany(conn, items.insert(), many[:10])
+    assert len(_rows(store)) == 20_010
+    bad = [{"state": "open", "note": None, "score": None, "ok": None, "big": None}] * 100 + [
+        {"state": None, "note": None, "score": None, "ok": None, "big": None}
+    ]  # fmt: skip
+    with pytest.raises(sa.exc.IntegrityError, match="state"), store.begin() as conn:
+        executemany(conn, items.insert(), bad)
+        conn.execute(sa.select(1))
+    with pytest.raises(sa.exc.IntegrityError, match="state"), store.begin() as conn:  # raised by the commit
+        executemany(conn, items.insert(), bad)
+    assert len(_rows(store)) == 20_010
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("store", ["postgres"], indirect=True)
 def test_results_right_after_a_claim_find_their_requests_by_primary_key(store):
     """Statistics taken while no request was in a dispatch estimate a fresh dispatch at one
     row; a guard written `dispatch_id = 7` then drove the plan through the dispatch index

@@ -16,14 +16,9 @@ table: `INSERT … SELECT … FROM rows`, and for a statement that finds each ro
 written by lowtide's fastjson, so a NaN or infinite float arrives as NULL (no such value is
 stored by lowtide).
 
-An INSERT on PostgreSQL goes by `COPY` where it can (`_copied`): the server reads COPY's rows
-for about half the CPU of `json_to_recordset`'s (measured on the requests table, 50,000 rows:
-1.6 s against 2.9 s of the server), and the client writes them in C. COPY knows no `ON
-CONFLICT`, so it runs in a savepoint: the callers' inserts seldom meet a stored row (the
-loader inserts only rows it did not find, ingest only attempts it has not seen), and where
-one does, the savepoint is rolled back and the rows go by the set-based statement, which
-skips it. Only plain columns (numbers, text, booleans) whose values come from the rows, a
-scalar default or `fixed` go this way; anything else takes the set-based statement.
+An INSERT on PostgreSQL goes by `COPY` where it can, finished in the background while the
+caller goes on (store/copying.py says why and how); where it cannot, by the set-based
+statement.
 
 Why an UPDATE must say so: PostgreSQL plans the join of the table with the rows, and
 estimates the table's side from statistics taken before this transaction. `dispatch_id =
@@ -42,7 +37,6 @@ from operator import itemgetter
 from typing import Any
 
 from sqlalchemy import (
-    Boolean,
     ColumnElement,
     Connection,
     Dialect,
@@ -57,12 +51,12 @@ from sqlalchemy import (
     select,
 )
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.dialects.postgresql.dml import OnConflictDoNothing
 from sqlalchemy.sql import Executable, Insert, Update, visitors
 from sqlalchemy.sql.elements import BindParameter
 from sqlalchemy.types import NullType, TypeEngine
 
 from lowtide.core import fastjson
+from lowtide.store.copying import FIXED, copy_in_background
 
 _SQLITE_QMARK = sqlite.dialect(paramstyle="qmark")
 
@@ -95,7 +89,7 @@ def executemany(conn: Connection, stmt: Executable, rows: Sequence[dict[str, Any
     if not rows:
         return
     if conn.dialect.name == "postgresql" and (by_key or isinstance(stmt, Insert)):
-        if isinstance(stmt, Insert) and _copied(conn, stmt, rows):
+        if isinstance(stmt, Insert) and copy_in_background(conn, stmt, rows, lambda: _set_based_sql(conn, stmt, rows)):
             return
         conn.execute(_set_based(stmt, list(rows[0])), {_ROWS: fastjson.dumps(rows)})
         return
@@ -119,6 +113,13 @@ def executemany(conn: Connection, stmt: Executable, rows: Sequence[dict[str, Any
 
 
 _ROWS = "_lowtide_rows"
+
+
+def _set_based_sql(conn: Connection, stmt: Executable, rows: Sequence[dict[str, Any]]) -> tuple[str, dict]:
+    """The set-based statement as the driver takes it: for a COPY's thread, which runs it on
+    the driver's connection where a row was already stored."""
+    compiled = _set_based(stmt, list(rows[0])).compile(dialect=conn.dialect)
+    return str(compiled), compiled.construct_params({_ROWS: fastjson.dumps(rows)})
 
 
 def _set_based(stmt: Executable, keys: list[str]) -> Executable:
@@ -155,69 +156,6 @@ def _set_based(stmt: Executable, keys: list[str]) -> Executable:
     return into.from_select(list(given), select(*values).select_from(rows))
 
 
-def _copied(conn: Connection, stmt: Insert, rows: Sequence[dict[str, Any]]) -> bool:
-    """Insert `rows` by COPY, in a savepoint (see the module doc). False, having changed
-    nothing, where the statement is not one COPY can stand for or a row was already stored."""
-    plan = _copy_plan(conn.dialect, stmt, list(rows[0]))
-    if plan is None or conn.dialect.driver != "psycopg":
-        return False
-    from psycopg.errors import UniqueViolation  # PostgreSQL's driver: an optional extra
-    names, keys, constants = plan
-    sql = f"COPY {_quoted(conn, stmt.table.name)} ({', '.join(_quoted(conn, n) for n in names)}) FROM STDIN"
-    try:
-        with conn.begin_nested(), conn.connection.dbapi_connection.cursor() as cursor, cursor.copy(sql) as copy:
-            write = copy.write_row
-            if constants:
-                for row in rows:
-                    write([*(row[k] for k in keys), *constants])
-            else:
-                pick = itemgetter(*keys) if len(keys) > 1 else (lambda r, k=keys[0]: (r[k],))
-                for row in rows:
-                    write(pick(row))
-    except UniqueViolation:  # a row already stored: the set-based INSERT skips it
-        return False
-    return True
-
-
-def _copy_plan(dialect: Dialect, stmt: Insert, keys: list[str]) -> tuple[list[str], list[str], list[Any]] | None:
-    """(columns, the row keys that fill them, then the values every row gets) for COPY, or
-    None where COPY cannot stand for `stmt`: RETURNING, an ON CONFLICT other than DO NOTHING,
-    a value computed in SQL, a column that SQLAlchemy converts (Boolean's check of its values
-    aside: psycopg writes a bool as PostgreSQL reads it) or defaults by a function."""
-    if stmt._returning or stmt._post_values_clause is not None and not isinstance(stmt._post_values_clause, OnConflictDoNothing):
-        return None
-    table = stmt.table
-    given = {(k if isinstance(k, str) else k.key): v for k, v in (stmt._values or {}).items()}
-    if not given:
-        given = {k: bindparam(k) for k in keys}
-    names, from_rows, fixed_names, constants = [], [], [], []
-    for name, value in given.items():
-        if isinstance(value, BindParameter) and value.key in keys:
-            names.append(name)
-            from_rows.append(value.key)
-        elif _FIXED in getattr(value, "__dict__", {}):
-            fixed_names.append(name)
-            constants.append(value.__dict__[_FIXED])
-        else:
-            return None
-    for col in table.c:  # what SQLAlchemy would fill in for a column the statement leaves out
-        if col.name in given or col.default is None:
-            continue
-        if not col.default.is_scalar:
-            return None
-        fixed_names.append(col.name)
-        constants.append(col.default.arg)
-    for name in names + fixed_names:
-        kind = table.c[name].type
-        if not isinstance(kind, Boolean) and kind._cached_bind_processor(dialect) is not None:
-            return None
-    return names + fixed_names, from_rows, constants
-
-
-def _quoted(conn: Connection, name: str) -> str:
-    return conn.dialect.identifier_preparer.quote(name)
-
-
 def _sql_type(found: TypeEngine, table, key: str) -> TypeEngine:
     if not isinstance(found, NullType):
         return found
@@ -251,8 +189,5 @@ def fixed(conn: Connection, value: Any) -> ColumnElement[Any]:
     text from a user's spec or a provider stays a bound parameter."""
     sql = literal(value).compile(dialect=conn.dialect, compile_kwargs={"literal_binds": True})
     out = literal_column(str(sql))
-    out.__dict__[_FIXED] = value  # for COPY, which takes values, not SQL (see `_copied`)
+    out.__dict__[FIXED] = value  # for COPY, which takes values, not SQL (store/copying.py)
     return out
-
-
-_FIXED = "_lowtide_fixed"
