@@ -11,6 +11,7 @@ import typer
 from typer.exceptions import TyperException
 
 from lowtide import __version__
+from lowtide.cli import _lean  # noqa: F401  (first: what no command uses stays unimported)
 from lowtide.cli.argv import hoist_global_options
 from lowtide.cli.commands import LazyGroup, own_options
 from lowtide.cli.common import (
