@@ -170,7 +170,8 @@ def status(
     job: Annotated[str | None, typer.Argument(help="A job name; all jobs when left out.", show_default=False)] = None,
     as_json: AsJson = False,
 ) -> None:
-    """Show how far jobs are: requests by state, live batches by provider phase, recent events.
+    """Show how far jobs are: requests by state, live batches by provider phase, recent events,
+    and what waits on you (a batch held for a refused key, results about to expire at the provider).
 
     Example: lowtide status classify-tickets
     """
