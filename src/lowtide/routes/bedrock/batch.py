@@ -83,20 +83,27 @@ class BedrockBatchRoute:
         self.card = CARD
         self.limits = batch_limits(self.name, options)
         self.min_records = CARD.limits.min_requests or 1
-        self.role_arn = _role(options)
-        self.staging = _staging(options)
+        # Each option given is checked first, so a bad value is named before anything missing.
+        role, staging = _role(options), _staging(options)
         self.timeout_hours = number_option(self.name, options, "timeout_hours", 24, int, 24)
         if self.timeout_hours > 168:
             raise RouteError(f"{self.name}: route_options.timeout_hours is {self.timeout_hours}; Bedrock takes 24 to 168 hours")
         endpoint_url = _endpoint(options)
         self.poll_interval = poll_interval(options | {"base_url": endpoint_url}, (60.0, 900.0))
-        profile = text_option(self.name, options, "profile")
         region = text_option(self.name, options, "region")
         if region is not None and not REGION.fullmatch(region):
             raise RouteError(f"{self.name}: route_options.region {region!r} is not an AWS region; give one such as us-east-1")
-        session = _session(profile, region)
+        session = _session(text_option(self.name, options, "profile"), region)
+        # Then what is missing: the role, the S3 place, the region, the credentials.
+        if role is None:
+            raise RouteError(f"{NAME}: no IAM role: set route_options.role_arn to the ARN of the service role Bedrock runs the "
+                             "job as (it reads the input and writes the output in S3), e.g. arn:aws:iam::123456789012:role/BedrockBatch")  # fmt: skip
+        if staging is None:
+            raise RouteError(f"{NAME}: no S3 place for the job's input and output: set route_options.staging to an s3:// prefix "
+                             "(s3://BUCKET/PREFIX, in the job's region) or route_options.bucket")  # fmt: skip
+        self.role_arn, self.staging = role, staging
+        credentials = _credentials(session)
         self.region = session.region_name
-        credentials = session.get_credentials()
         # scrubbed from the errors the engine keeps (routes/base.py); never stored
         self.secret = secret_of(credentials.secret_key if credentials is not None else os.environ.get("AWS_BEARER_TOKEN_BEDROCK"))
         # boto3 at its defaults (its retries resend a create with the same token: no second job)
@@ -245,12 +252,9 @@ def _create_error(route: str, err: botocore.exceptions.ClientError) -> RouteErro
     return BatchRejected(said) if code in PERMANENT else RouteError(said)
 
 
-def _role(options: dict[str, Any]) -> str:
+def _role(options: dict[str, Any]) -> str | None:
     role = text_option(NAME, options, "role_arn")
-    if role is None:
-        raise RouteError(f"{NAME}: no IAM role: set route_options.role_arn to the ARN of the service role Bedrock runs the "
-                         "job as (it reads the input and writes the output in S3), e.g. arn:aws:iam::123456789012:role/BedrockBatch")  # fmt: skip
-    if not ROLE.fullmatch(role):
+    if role is not None and not ROLE.fullmatch(role):
         raise RouteError(f"{NAME}: route_options.role_arn {role!r} is not an IAM role ARN; give arn:aws:iam::ACCOUNT:role/NAME")
     return role
 
@@ -264,15 +268,14 @@ def _endpoint(options: dict[str, Any]) -> str | None:
     return url
 
 
-def _staging(options: dict[str, Any]) -> str:
+def _staging(options: dict[str, Any]) -> str | None:
     staging, bucket = text_option(NAME, options, "staging"), text_option(NAME, options, "bucket")
     if staging and bucket:
         raise RouteError(f"{NAME}: give route_options.staging (an s3:// prefix) or route_options.bucket, not both")
     if bucket:
         staging = f"s3://{bucket}/lowtide"
     if not staging:
-        raise RouteError(f"{NAME}: no S3 place for the job's input and output: set route_options.staging to an s3:// prefix "
-                         "(s3://BUCKET/PREFIX, in the job's region) or route_options.bucket")  # fmt: skip
+        return None
     staging = staging.rstrip("/")
     if not S3_URI.fullmatch(staging):
         given = f"route_options.bucket {bucket!r}" if bucket else f"route_options.staging {staging!r}"
@@ -282,8 +285,8 @@ def _staging(options: dict[str, Any]) -> str:
 
 
 def _session(profile: str | None, region: str | None) -> boto3.Session:
-    """A boto3 session on AWS's own credential chain; missing credentials or region are
-    refused here, before anything is stored or sent, naming the fix."""
+    """A boto3 session on AWS's own credential chain; a named profile that is not there is
+    refused, naming it."""
     try:
         session = boto3.Session(profile_name=profile, region_name=region)
         if not session.region_name and os.environ.get("AWS_REGION"):  # the SDKs' other variable, which botocore skips
@@ -291,6 +294,12 @@ def _session(profile: str | None, region: str | None) -> boto3.Session:
     except botocore.exceptions.ProfileNotFound:
         raise RouteError(f"{NAME}: no AWS profile {profile!r} in ~/.aws/config or ~/.aws/credentials; "
                          "fix route_options.profile, or leave it out") from None  # fmt: skip
+    return session
+
+
+def _credentials(session: boto3.Session) -> Any:
+    """The session's credentials (None with a Bedrock API key instead); a missing region or
+    missing credentials are refused here, before anything is stored or sent, naming the fix."""
     if not session.region_name:
         raise RouteError(f"{NAME}: no AWS region: set route_options.region, or AWS_REGION / AWS_DEFAULT_REGION, or a profile's "
                          "region (the job runs there; its S3 bucket must be in the same region)")  # fmt: skip
@@ -302,7 +311,7 @@ def _session(profile: str | None, region: str | None) -> boto3.Session:
         raise RouteError(f"{NAME}: no AWS credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, name a profile "
                          "(route_options.profile or AWS_PROFILE), sign in with aws sso login, or run with an instance role; "
                          "never in the spec")  # fmt: skip
-    return session
+    return credentials
 
 
 def create(options: dict[str, Any]) -> BedrockBatchRoute:
