@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-from lowtide.store.schema import serve_batches
+from lowtide.store.schema import serve_batches, serve_files
 from tests.engine.sim_world import dispatch_rows, load, request_rows, world
 
 DAY = 86400.0
@@ -54,3 +54,18 @@ def test_status_warns_of_a_batch_nobody_polled_for_half_its_results_window(tmp_p
         w.clock.advance(DAY / 2 + 3600)  # no worker ran
         [said] = attention(w.store, "a", w.clock)
         assert "has not been polled for 13 h" in said and "keeps results 24 h" in said and "lowtide worker" in said
+
+
+def test_requests_missing_from_files_gone_past_the_window_say_so(tmp_path):
+    # Mistral's own sign: its files answer 404 past retention, and the route reads none of them.
+    with world(tmp_path) as w:
+        load(w, "mistral-batch", rows=3, chunk=3)
+        w.tick()
+        w.serve_step()  # the provider runs the job to its end
+        with w.providers["main"].store.begin() as conn:
+            conn.execute(sa.delete(serve_files))  # and later deletes its files
+        w.clock.advance(DAY + 3600)
+        w.tick()
+        rows = request_rows(w)
+        assert {(r.state, r.error_code) for r in rows} == {("pending", "expired")}  # retried: attempts remain
+        assert all("keeps results 24 h after a batch ends" in r.error_message for r in rows)

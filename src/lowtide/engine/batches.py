@@ -37,6 +37,7 @@ from lowtide.engine.packs import Packer, pack_size, packing, unpack_stored, vect
 from lowtide.engine.results_window import (
     RESULTS_GONE,
     gone_reason,
+    late_words,
     next_poll_delay,
     past_retention,
     results_gone,
@@ -425,7 +426,7 @@ async def poll(
             _reject(store, job, route, dispatch_id, DispatchState.SUBMITTED, scrub(route, "; ".join(status.errors)), clock, rng)
         elif status.ended:
             try:
-                counts.add(await _ingest(store, job, route, dispatch_id, provider_id, clock, rng))
+                counts.add(await _ingest(store, job, route, dispatch_id, provider_id, clock, rng, submitted_at))
             except Exception as err:  # a download broke off: what was applied stays, the rest comes next poll
                 if _gone_past_retention(store, job, route, dispatch_id, provider_id, submitted_at, err, scrub(route, str(err)), clock, rng):
                     continue
@@ -480,7 +481,8 @@ async def _cancel(store: Store, job: JobContext, route: BatchRoute, provider_id:
         return False
 
 
-async def _ingest(store, job: JobContext, route: BatchRoute, dispatch_id: int, provider_id: str, clock, rng) -> IngestCounts:
+async def _ingest(store, job: JobContext, route: BatchRoute, dispatch_id: int, provider_id: str, clock, rng,
+                  submitted_at: float | None = None) -> IngestCounts:  # fmt: skip
     """Stream an ended batch's results into the store, chunk by chunk; then close it."""
     counts = IngestCounts()
     chunk: list[Outcome] = []
@@ -505,7 +507,11 @@ async def _ingest(store, job: JobContext, route: BatchRoute, dispatch_id: int, p
             chunk = unpack_stored(conn, job.id, dispatch_id, chunk, vectors.expected)
         counts.add(apply_outcomes(conn, job, dispatch_id, route.name, chunk, now, rng, together=_together(route)))
         missing = left_in_dispatch(conn, dispatch_id)
-        expired = [Outcome.failure(c, "expired", "no result for this request in the batch output; treated as expired", True) for c in missing]
+        why = "no result for this request in the batch output; treated as expired"
+        kept = past_retention(route, submitted_at, now)
+        if kept is not None and submitted_at is not None:  # a route's own sign that files were gone (Mistral's 404)
+            why += f" ({late_words(route.name, kept, now - submitted_at)})"
+        expired = [Outcome.failure(c, "expired", why, True) for c in missing]
         counts.add(apply_outcomes(conn, job, dispatch_id, route.name, expired, now, rng, together=_together(route)))
         move_dispatch(conn, dispatch_id, DispatchState.SUBMITTED, DispatchState.ENDED, ended_at=now)
         if counts.unknown:

@@ -78,6 +78,14 @@ def gone_reason(route: str, provider_id: str, kept: float, sent_ago: float, said
     )
 
 
+def late_words(route: str, kept: float, sent_ago: float) -> str:
+    """For requests missing from a batch read after its window may have passed."""
+    return (
+        f"the batch was sent {duration_text(sent_ago)} ago and {route} keeps results {duration_text(kept)} after a batch "
+        "ends: they may have been deleted before they were read; keep a worker running (`lowtide worker`)"
+    )
+
+
 def at_risk(conn: Connection, job_id: int, route_options: Mapping[str, Any], job_route: str, now: float) -> list[str]:
     """Sentences for the job's sent batches whose results risk expiring at the provider:
     ended and unread, or not polled, for over WARN_SHARE of the card's results window."""
