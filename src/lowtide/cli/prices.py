@@ -15,14 +15,14 @@ from rich.table import Table
 from lowtide.cli.common import fail, out
 from lowtide.core.errors import InputError, LowtideError
 from lowtide.core.genai_source import as_day
-from lowtide.core.pricing import PRICES_ENV, PROVIDERS, PriceLookup, TierPrices, load_catalog
+from lowtide.core.pricing import PRICE_LISTS, PRICES_ENV, PriceLookup, TierPrices, load_catalog
 
 FIELDS = ("input", "cached_input", "cache_write_5m", "cache_write_1h", "output")
 
 
 def prices(
     model: Annotated[str, typer.Argument(help="A model name as requests send it, e.g. gpt-4o-mini-2024-07-18.", show_default=False)],
-    provider: Annotated[str | None, typer.Option("--provider", help=f"One of {', '.join(PROVIDERS)} (default: the first that knows the model).")] = None,
+    provider: Annotated[str | None, typer.Option("--provider", help=f"One of {', '.join(PRICE_LISTS)} (default: the first that knows the model).")] = None,
     on: Annotated[str | None, typer.Option("--date", help="The request's date, YYYY-MM-DD (default: today): prices are those of that day.")] = None,
     price_file: Annotated[Path | None, typer.Option("--prices", help=f"A price file merged over the catalog (default: ${PRICES_ENV}).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print as JSON.")] = False,
@@ -33,12 +33,12 @@ def prices(
     """
     try:
         day = _day(on)
-        if provider is not None and provider not in PROVIDERS:
-            raise InputError(f'--provider "{provider}" is not known; use one of {", ".join(PROVIDERS)}')
+        if provider is not None and provider not in PRICE_LISTS:
+            raise InputError(f'--provider "{provider}" is not known; use one of {", ".join(PRICE_LISTS)}')
         catalog = load_catalog(price_file)
-        found = next((f for p in ([provider] if provider else PROVIDERS) if (f := catalog.explain(p, model, day))), None)
+        found = next((f for p in ([provider] if provider else PRICE_LISTS) if (f := catalog.explain(p, model, day))), None)
         if found is None:
-            where = provider or " or ".join(PROVIDERS)
+            where = provider or " or ".join(PRICE_LISTS)
             raise InputError(
                 f'model "{model}" has no {where} price on {as_day(day)} ({catalog.describe()}); '
                 f"add it to a price file and name it with --prices or ${PRICES_ENV} (docs/costs.md)"

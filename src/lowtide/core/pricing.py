@@ -51,7 +51,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from lowtide.core import genai_source, host_prices
+from lowtide.core import genai_source
 from lowtide.core.cards import CARDS, card_name
 from lowtide.core.errors import InputError
 from lowtide.core.host_prices import HOSTS
@@ -227,7 +227,7 @@ class Catalog:
 
     def known_models(self, provider: str) -> list[str]:
         """Every model name this catalog prices for `provider`: the price files' and genai-prices'."""
-        listed = host_prices.model_ids(provider) if provider in HOSTS else genai_source.model_ids(provider)
+        listed = genai_source.model_ids(provider)
         return sorted(set(self.models.get(provider, {})) | set(listed))
 
     def describe(self) -> str:
@@ -236,8 +236,7 @@ class Catalog:
 
 
 def _from_genai(provider: str, model: str, day: Date, rules: Mapping[str, DerivedTier]) -> PriceLookup | None:
-    source_of = host_prices.lookup if provider in HOSTS else genai_source.lookup
-    entry = source_of(provider, model.strip(), day)
+    entry = genai_source.lookup(provider, model.strip(), day)
     realtime = (entry.tiers["realtime"] or {}) if entry is not None else {}
     if entry is not None and "output" not in realtime and "input" in realtime and "embedding" in entry.name.lower():
         realtime = realtime | {"output": Decimal(0)}  # an embedding model bills input tokens only: it has no output
