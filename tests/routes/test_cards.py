@@ -30,6 +30,9 @@ PROVIDER_BATCH = ("openai-batch", "anthropic-batch", "gemini-batch")
 @pytest.fixture
 def key(monkeypatch):
     monkeypatch.setenv(KEY_ENV, "test-key-of-some-length")
+    for name, value in {"AWS_ACCESS_KEY_ID": "AKIATESTTESTTEST", "AWS_SECRET_ACCESS_KEY": "test-secret-of-some-length",
+                        "AWS_EC2_METADATA_DISABLED": "true"}.items():  # bedrock-batch: no instance metadata looked for
+        monkeypatch.setenv(name, value)
 
 
 def _options(name: str, tmp_path, **more) -> dict:
@@ -41,6 +44,10 @@ def _options(name: str, tmp_path, **more) -> dict:
         return {"endpoint": "http://127.0.0.1:9", "api_key_env": KEY_ENV, **more}
     if name == "echo-batch":
         return {"dir": str(tmp_path / "echo-batch"), **more}
+    if name == "bedrock-batch":  # an IAM role and an S3 place are required; credentials come from `key`
+        return {"role_arn": "arn:aws:iam::123456789012:role/B", "staging": "s3://b-ok/x", "region": "us-east-1", **more}
+    if name == "vertex-batch":  # a project, a Cloud Storage place and a token
+        return {"project": "p", "staging": "gs://b-ok/x", "access_token_env": KEY_ENV, **more}
     return dict(more)
 
 

@@ -72,7 +72,7 @@ class Lines(_Frozen):
 class Recovery(_Frozen):
     """How a batch is found after a crash between its create and recording its id (DESIGN 3)."""
 
-    how: Literal["metadata", "display_name", "match", "local", "none"]
+    how: Literal["metadata", "display_name", "idempotency_key", "match", "local", "none"]
     field: str | None = None  # where the dispatch's key travels
     note: str = ""
 
@@ -528,7 +528,7 @@ CARDS["bedrock-batch"] = Card(
     lines=Lines(input='{"recordId", "modelInput"} per JSONL line in S3; modelInput is the model\'s InvokeModel body (Claude: a '
                       'Messages body with anthropic_version bedrock-2023-05-31 and no model); the job names the model',
                 result_key="recordId"),
-    recovery=Recovery(how="metadata", field="clientRequestToken",
+    recovery=Recovery(how="idempotency_key", field="clientRequestToken",
                       note="the key is the job's name and its idempotency token: a create sent again answers the same job; "
                            "find lists jobs whose name holds the key (nameContains) and adopts the one with the token"),
     retention=Retention(window_s=24 * HOUR,
