@@ -223,7 +223,9 @@ def spec_of(case: Case, rows: int, serve: Serve) -> dict:
         "name": "maxsize", "source": {"path": "rows.jsonl", "id_column": "id"},
         "template": {"user": "{{ body }}"}, "model": case.model, "route": case.route, "params": case.params,
         "chunk_size": rows, "packing": False,
-        "route_options": {"base_url": base, "api_key_env": KEY_ENV, "poll_interval": [0.2, 1.0], "max_requests": rows},
+        "route_options": {"base_url": base, "api_key_env": KEY_ENV, "poll_interval": [0.2, 1.0], "max_requests": rows,
+                          # serve takes a Gemini file in during the create call: 2 GB outlasts the default 120 s
+                          "timeout": 1800},
     }  # fmt: skip
     if case.endpoint:
         spec["endpoint"] = case.endpoint
@@ -262,6 +264,9 @@ def one_case(case: Case, scale: float, src: str | None, root: Path, watch: bool 
             tail = log.read_text(errors="replace")[-3000:]
             raise SystemExit(f"{case.name}: {failed[0].name} exited {failed[0].code}:\n{tail}")
         counts = states(db)
+        if counts != {"succeeded": rows}:  # what went wrong, before the folder goes
+            for name in ("lowtide.log", "serve.log"):
+                print(f"--- {case.name}: the end of {name}\n{(folder / name).read_text(errors='replace')[-4000:]}", flush=True)
         return {"case": case, "rows": rows, "ran": ran, "files": files, "counts": counts, "src": src}
     finally:
         if serve is not None:
