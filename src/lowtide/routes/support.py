@@ -50,13 +50,17 @@ ROUTES: dict[str, dict[str, Any]] = {
     "anthropic": {"api_key_env": "LOWTIDE_SUPPORT_KEY"},
     "gemini-batch": {"api_key_env": "LOWTIDE_SUPPORT_KEY"},
     "gemini": {"api_key_env": "LOWTIDE_SUPPORT_KEY"},
+    "vertex-batch": {"project": "lowtide-support", "staging": "gs://lowtide-support/x", "access_token_env": "LOWTIDE_SUPPORT_KEY"},
+    "bedrock-batch": {"role_arn": "arn:aws:iam::123456789012:role/lowtide-support", "staging": "s3://lowtide-support/x",
+                      "region": "us-east-1"},
     "echo": {},
     "local": {},
 }
 OWN = frozenset({"echo", "echo-batch", "local"})
 ENDPOINT_ORDER = (CHAT, RESPONSES, COMPLETIONS, MESSAGES, GEMINI)
 # Each provider route's own protocol: a body of another protocol is translated (or refused).
-ROUTE_PROTOCOL = {"anthropic": "anthropic", "anthropic-batch": "anthropic", "gemini": "gemini", "gemini-batch": "gemini"}
+ROUTE_PROTOCOL = {"anthropic": "anthropic", "anthropic-batch": "anthropic", "bedrock-batch": "anthropic", "gemini": "gemini",
+                  "gemini-batch": "gemini", "vertex-batch": "gemini"}  # fmt: skip
 # Routes whose provider takes more than one protocol's bodies as they are (OpenRouter batches
 # chat completions and responses, and Anthropic's messages, each at its own endpoint).
 ALSO_NATIVE = {"openrouter-batch": ("anthropic",)}
@@ -195,7 +199,18 @@ def _route(name: str):
     from lowtide.routes import create_route
 
     os.environ.setdefault("LOWTIDE_SUPPORT_KEY", "sk-support-table")
-    return create_route(name, ROUTES.get(name, {}))
+    if name != "bedrock-batch":
+        return create_route(name, ROUTES.get(name, {}))
+    # boto3 reads credentials from the environment only: lent for the route's making, then put back
+    lent = {"AWS_ACCESS_KEY_ID": "AKIASUPPORTTABLE", "AWS_SECRET_ACCESS_KEY": "support-table-secret", "AWS_EC2_METADATA_DISABLED": "true"}
+    before = {k: os.environ.get(k) for k in lent}
+    os.environ.update({k: v for k, v in lent.items() if before[k] is None})
+    try:
+        return create_route(name, ROUTES[name])
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
 
 
 def action(route: Any, name: str, endpoint: str, body: dict[str, Any]) -> tuple[str, str]:
