@@ -54,3 +54,13 @@ def test_help_lists_every_command(capsys):
     section = capsys.readouterr().out.split("Commands:", 1)[1]
     listed = [line.split()[0] for line in section.splitlines() if line.startswith("  ") and line.split()]
     assert listed == list(COMMANDS)
+
+
+def test_a_mistyped_command_is_answered_with_the_closest_names(capsys):
+    # Typer looks for them among the commands already imported: here, none yet.
+    from lowtide.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["statu"])
+    assert done.value.code == 2
+    assert "No such command 'statu'. Did you mean 'status'" in capsys.readouterr().err

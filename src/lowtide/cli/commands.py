@@ -8,12 +8,14 @@ module only when it is invoked, or when `--help` lists them all. The order is th
 
 from __future__ import annotations
 
+from difflib import get_close_matches
 from functools import cache
 from importlib import import_module
+from typing import Any
 
-import click
 import typer
 from typer.core import TyperGroup
+from typer.exceptions import TyperException
 
 # name -> "module:function" under lowtide.cli
 COMMANDS = {
@@ -43,7 +45,7 @@ COMMANDS = {
 
 
 @cache
-def load_command(name: str) -> click.Command:
+def load_command(name: str) -> Any:
     """The click command `name`, built by Typer from its function (as `app.command` would),
     once per process."""
     from lowtide.cli.helptext import tidy
@@ -60,16 +62,27 @@ def load_command(name: str) -> click.Command:
 class LazyGroup(TyperGroup):
     """A Typer group whose commands are imported on first use (`COMMANDS`)."""
 
-    def list_commands(self, ctx: click.Context) -> list[str]:
+    def list_commands(self, ctx: typer.Context) -> list[str]:
         return list(COMMANDS)
 
-    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+    def get_command(self, ctx: typer.Context, cmd_name: str) -> Any:
         if cmd_name not in COMMANDS:
             return None
         try:
             return load_command(cmd_name)
         except KeyboardInterrupt:  # Ctrl-C while it imports: `main` says "interrupted", exit 130
             raise typer.Abort() from None
+
+    def resolve_command(self, ctx: typer.Context, args: list[str]) -> Any:
+        """As Typer's, whose "Did you mean" looks only among the commands already imported."""
+        try:
+            return super().resolve_command(ctx, args)
+        except TyperException as err:
+            message = getattr(err, "message", None)
+            matches = get_close_matches(args[0], list(COMMANDS)) if args and message and "Did you mean" not in message else []
+            if matches:
+                err.message = f"{message.rstrip('.')}. Did you mean {', '.join(repr(m) for m in matches)}?"
+            raise
 
 
 def own_options(name: str) -> set[str]:
