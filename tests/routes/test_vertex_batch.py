@@ -260,6 +260,5 @@ def test_a_failed_job_fails_its_batch_with_vertexs_error(serve, gcs, tmp_path, m
 
 def test_without_gcsfs_the_route_is_refused_naming_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "gcsfs", None)  # as if not installed
-    monkeypatch.delitem(sys.modules, "lowtide.routes.vertex.batch")
     with pytest.raises(RouteUnavailableError, match=r"pip install 'lowtide\[vertex\]'"):
         create_route(NAME, {})

@@ -33,6 +33,7 @@ models).
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import logging
 import shutil
@@ -40,14 +41,13 @@ import tempfile
 from collections.abc import AsyncIterator, Collection, Iterable
 from typing import Any, Literal
 
-import gcsfs  # noqa: F401  (missing: the route is refused when loaded, naming pip install 'lowtide[vertex]')
 from google import genai
 from google.genai import errors as genai_errors
 from google.genai import types
 
 from lowtide.core import fastjson
 from lowtide.core.cards import CARDS
-from lowtide.core.errors import BatchGone, BatchRejected, NotSent, RouteError
+from lowtide.core.errors import BatchGone, BatchRejected, NotSent, RouteError, RouteUnavailableError
 from lowtide.core.locations import BLOCK, location, scheme_of, store_problem
 from lowtide.core.types import Outcome, Refusal, Request
 from lowtide.routes.base import BatchStatus
@@ -90,6 +90,9 @@ class VertexBatchRoute:
 
     def __init__(self, options: dict[str, Any]):
         check_options(self.name, options, OPTIONS)
+        if importlib.util.find_spec("gcsfs") is None:  # said now, not on every submit
+            raise RouteUnavailableError(f'route "{NAME}" needs the Python package "gcsfs", which is not installed; install it: '
+                                        "pip install 'lowtide[vertex]'")  # fmt: skip
         self.card = CARD
         self.limits = batch_limits(self.name, options)
         staging = text_option(self.name, options, "staging")
