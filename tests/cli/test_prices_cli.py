@@ -53,7 +53,7 @@ def test_a_users_entry_wins_and_is_named(tmp_path):
 def test_an_unknown_model_or_bad_date_is_refused_with_the_fix():
     unknown = prices("gpt-99-ultra", "--date", "2026-03-01")
     assert unknown.exit_code == 2
-    assert 'model "gpt-99-ultra" has no openai or anthropic or google or groq or together or novita or doubleword price on 2026-03-01' in unknown.stderr
+    assert 'model "gpt-99-ultra" has no openai or anthropic or google or groq or together or novita or doubleword or mistral or openrouter or azure or aws price on 2026-03-01' in unknown.stderr
     assert "add it to a price file" in unknown.stderr
     bad = prices("gpt-4o", "--date", "2026-13-01")
     assert bad.exit_code == 2 and '--date "2026-13-01" is not a date; give YYYY-MM-DD' in bad.stderr

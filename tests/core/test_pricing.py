@@ -341,7 +341,7 @@ def test_a_user_file_is_read_again_when_it_changes(tmp_path):
             "openai:\n  gpt-4o:\n    realtime: {input: -1, output: 2}\n",
             "my.yaml line 3: `openai.gpt-4o.realtime.input`: Input should be greater than or equal to 0",
         ),
-        ("gemini:\n  gemini-2.5-pro: {}\n", "my.yaml line 1: unknown key `gemini`; known keys here: date, source, openai, anthropic, google, groq, together, novita, doubleword, self_hosted, derived"),
+        ("gemini:\n  gemini-2.5-pro: {}\n", "my.yaml line 1: unknown key `gemini`; known keys here: date, source, openai, anthropic, google, groq, together, novita, doubleword, mistral, openrouter, azure, aws, self_hosted, derived"),
         (
             "self_hosted:\n  llama:\n    gpu_hourly_usd: 2\n    tokens_per_second: 5\n",
             "my.yaml line 4: unknown key `self_hosted.llama.tokens_per_second`; known keys here: gpu_hourly_usd, input_tokens_per_second, output_tokens_per_second, note",

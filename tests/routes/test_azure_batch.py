@@ -169,6 +169,10 @@ def test_the_key_is_never_stored_or_logged(serve, tmp_path, monkeypatch, caplog)
         assert KEY.encode() not in path.read_bytes(), path
 
 
-def test_azure_bills_by_its_card_and_says_it_has_no_price_list():
-    cost = attempt_cost(Usage(input_tokens=10, output_tokens=5), "gpt-4o-mini-batch", NAME)
-    assert cost.usd is None and "no azure prices" in cost.note and f"lowtide routes {NAME}" in cost.note
+def test_azure_bills_by_its_price_list_and_names_where_a_deployment_is_priced():
+    # genai-prices keeps Azure's list: a deployment named as its model is priced at Azure's batch
+    # price; one with a name of its own is not guessed at, and the note says where to price it.
+    named = attempt_cost(Usage(input_tokens=1_000_000, output_tokens=1_000_000), "gpt-4o-mini", NAME)
+    assert named.usd is not None and named.usd < named.realtime_usd, named
+    own = attempt_cost(Usage(input_tokens=10, output_tokens=5), "gpt-4o-mini-batch", NAME)
+    assert own.usd is None and "add it under `azure:` in a price file" in own.note, own.note

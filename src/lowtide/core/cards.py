@@ -134,7 +134,8 @@ class Card(_Frozen):
     # another protocol is translated or refused); None: lowtide's own engine runs them.
     protocol: Literal["openai", "anthropic", "gemini"] | None
     # the price list (core/pricing.py); lowtide has none for groq, together, azure's own prices
-    billing: Literal["openai", "anthropic", "google", "groq", "together", "novita", "doubleword", "azure", "openrouter", "mistral"] | None
+    billing: Literal["openai", "anthropic", "google", "groq", "together", "novita", "doubleword", "azure", "openrouter", "mistral",
+                     "aws"] | None
     tier: Literal["realtime", "batch", "self_hosted", "free"]
     endpoints: tuple[str, ...]  # those the provider takes (in a batch, for a batch route)
     limits: Limits = Limits()
@@ -520,9 +521,8 @@ CARDS: dict[str, Card] = {
 # file of {recordId, modelInput} records in S3, one model a job, results written back to S3.
 CARDS["bedrock-batch"] = Card(
     name="bedrock-batch", kind="batch", provider="AWS Bedrock (batch inference)", protocol="anthropic",
-    # Claude on Bedrock is priced as Anthropic's API prices it; the catalog knows Anthropic's model
-    # names, not Bedrock's ids (anthropic.claude-…-v1:0), which it reports as not in the catalog.
-    billing="anthropic", tier="batch", endpoints=(MESSAGES,),
+    # Priced by genai-prices' AWS list, which knows Bedrock's own ids (us.anthropic.claude-…-v1:0).
+    billing="aws", tier="batch", endpoints=(MESSAGES,),
     limits=Limits(max_requests=50_000, max_bytes=1024 * MB, min_requests=100, one_model_per_batch=True, one_endpoint_per_batch=True,
                   metadata="a job name and a clientRequestToken (both the dispatch's key); tags, which lowtide does not set"),
     lines=Lines(input='{"recordId", "modelInput"} per JSONL line in S3; modelInput is the model\'s InvokeModel body (Claude: a '

@@ -30,9 +30,10 @@ from genai_prices.types import ModelInfo, TieredPrices
 
 # lowtide's provider name -> genai-prices' provider id
 # lowtide's price-list name -> genai-prices' provider id: the three providers, and the hosts of
-# open models behind openai-compatible-batch (core/host_prices.py), listed under the same ids.
+# open models and the clouds (core/host_prices.py), listed under the same ids.
 PROVIDER_IDS = {"openai": "openai", "anthropic": "anthropic", "gemini": "google", "google": "google",
-                "groq": "groq", "together": "together", "novita": "novita", "doubleword": "doubleword"}  # fmt: skip
+                "groq": "groq", "together": "together", "novita": "novita", "doubleword": "doubleword",
+                "mistral": "mistral", "openrouter": "openrouter", "azure": "azure", "aws": "aws"}  # fmt: skip
 # lowtide's tier -> the request context genai-prices selects that tier's variant by
 CONTEXTS: dict[str, dict[str, str]] = {
     "batch": {"processing": "batch"},

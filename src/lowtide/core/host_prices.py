@@ -13,4 +13,6 @@ each candidate host by that one id, and a host that does not list it has no pric
 
 from __future__ import annotations
 
-HOSTS = ("groq", "together", "novita", "doubleword")
+# The price lists genai-prices keeps for the hosts and clouds lowtide's batch routes reach beyond
+# the three providers: open-model hosts, and Mistral, OpenRouter, Azure and AWS Bedrock.
+HOSTS = ("groq", "together", "novita", "doubleword", "mistral", "openrouter", "azure", "aws")

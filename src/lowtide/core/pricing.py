@@ -63,7 +63,8 @@ PROVIDERS = ("openai", "anthropic", "google")
 # Every price list: the three providers' and the open-model hosts' (core/host_prices.py);
 # a model's provider is guessed among PROVIDERS only (a host serves others' models).
 PRICE_LISTS = PROVIDERS + HOSTS
-PriceList = Literal["openai", "anthropic", "google", "groq", "together", "novita", "doubleword"]
+PriceList = Literal["openai", "anthropic", "google", "groq", "together", "novita", "doubleword", "mistral", "openrouter", "azure",
+                    "aws"]
 ZERO = Decimal(0)
 MILLION = Decimal(1_000_000)
 HOUR = Decimal(3600)
@@ -153,6 +154,11 @@ class PriceFile(_Strict):
     together: dict[str, ModelPrices] = Field(default_factory=dict)
     novita: dict[str, ModelPrices] = Field(default_factory=dict)
     doubleword: dict[str, ModelPrices] = Field(default_factory=dict)
+    # clouds and brokers with batch routes, by their own model ids (Bedrock's anthropic.claude-…)
+    mistral: dict[str, ModelPrices] = Field(default_factory=dict)
+    openrouter: dict[str, ModelPrices] = Field(default_factory=dict)
+    azure: dict[str, ModelPrices] = Field(default_factory=dict)
+    aws: dict[str, ModelPrices] = Field(default_factory=dict)
     self_hosted: dict[str, SelfHosted] = Field(default_factory=dict)
     derived: dict[PriceList, dict[Literal["batch", "flex", "priority"], DerivedTier]] = Field(default_factory=dict)
 
