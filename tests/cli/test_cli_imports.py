@@ -1,6 +1,7 @@
 """What a `lowtide` command imports before it does its work: only its own module and what that
 needs (cli/commands.py). Checked by module names in a fresh interpreter, never by the clock:
-`lowtide compare` pays for no engine run, server or progress display; `lowtide run` for no
+`lowtide compare` pays for no engine run, server or progress display, nor for the openai
+SDK (the stored eval's specs are not checked against its types again); `lowtide run` for no
 scoring (numpy) and no server."""
 
 from __future__ import annotations
@@ -36,6 +37,21 @@ def test_compare_imports_no_run_path_server_or_other_command():
     assert loaded.isdisjoint(others), sorted(loaded & others)
     shunned = {"fastapi", "uvicorn", "pyarrow", "lowtide.server", "lowtide.cli.display", "pygments"}  # pygments: httpx's CLI
     assert loaded.isdisjoint(shunned), sorted(loaded & shunned)
+
+
+def test_compare_of_a_stored_eval_imports_no_provider_sdk(tmp_path, monkeypatch):
+    # An eval with params (max_tokens), as most have: rebuilding its member specs from the
+    # store used to check them against the openai SDK's types, importing the whole package.
+    from tests.cli.test_compare_cli import _run_eval
+
+    _run_eval(tmp_path, monkeypatch)  # sets LOWTIDE_DB, which the fresh interpreter inherits
+    code = ("from lowtide.cli import main\ntry:\n    main(['compare', 'cli-ev', '--json'])\n"
+            "except SystemExit as done:\n    assert not done.code, done.code")  # fmt: skip
+    loaded = imported_after(code)
+    assert "lowtide.engine.compare" in loaded  # the report was made
+    sdks = {m for m in loaded if m.split(".")[0] in ("openai", "anthropic", "google")}
+    assert not sdks, sorted(sdks)[:10]
+    assert loaded.isdisjoint({"lowtide.engine.tick", "lowtide.engine.runner"}), sorted(loaded & {"lowtide.engine.tick", "lowtide.engine.runner"})
 
 
 @pytest.mark.parametrize("command", ["run", "status", "results"])

@@ -6,6 +6,9 @@ Every path in a spec file is relative to the spec file's folder.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -213,15 +216,37 @@ def default_endpoint(route: str) -> str:
     return MESSAGES if route in ANTHROPIC_ROUTES else CHAT
 
 
+# Set while a spec is rebuilt from lowtide's own store (`rebuilt_from_store`): its params
+# passed check_params, against the installed SDK's types, when the spec was stored. Reading
+# those types again imports the openai package (0.5-1 s of CPU) for commands that send
+# nothing, such as `lowtide compare`; the key and value checks that need them are skipped.
+_REBUILT = ContextVar("lowtide_spec_rebuilt_from_store", default=False)
+
+
+@contextmanager
+def rebuilt_from_store() -> Iterator[None]:
+    """Specs built inside this block come from the store, checked when they were stored."""
+    token = _REBUILT.set(True)
+    try:
+        yield
+    finally:
+        _REBUILT.reset(token)
+
+
 def check_params(
-    params: dict[str, Any], endpoint: str, per_row: frozenset[str] = frozenset(), route: str | None = None
+    params: dict[str, Any],
+    endpoint: str,
+    per_row: frozenset[str] = frozenset(),
+    route: str | None = None,
+    stored: bool = False,
 ) -> dict[str, Any]:
     """`params` as the body keys of `endpoint` they are (a null value sets nothing), or a
     ValueError naming the key and the keys the endpoint has, or what is wrong with a value
     (core/params.py). `per_row` keys are filled from each row (`param_columns`). On a
     `route` that sends the body to its own protocol's provider unchanged (params.carries), a
     key the installed SDK does not declare is carried, not refused; a Gemini key's
-    snake_case name is read as its camelCase one (core/gemini.py)."""
+    snake_case name is read as its camelCase one (core/gemini.py). `stored` params passed all
+    of this when their spec was stored: what reads the SDK's types is not done again."""
     if endpoint == GEMINI:
         named = camel_body(params)
         if isinstance(named, tuple):
@@ -229,6 +254,8 @@ def check_params(
         params = named
     if not params:  # nothing to check (and the SDK's types, which the check reads, stay unimported)
         return {}
+    if stored:
+        return {k: v for k, v in params.items() if v is not None}
     known = known_keys(endpoint) | ENGINE_EXTRAS
     made = template_keys(endpoint)
     for key in params:
@@ -554,14 +581,14 @@ class JobSpec(_Strict):
         if route is None:  # the route is refused already: its error is the one to read
             return v
         endpoint = info.data.get("endpoint") or default_endpoint(route)
-        return check_params(v, endpoint, frozenset(info.data.get("param_columns") or ()), route)
+        return check_params(v, endpoint, frozenset(info.data.get("param_columns") or ()), route, stored=_REBUILT.get())
 
     @field_validator("param_columns")
     @classmethod
     def _param_columns(cls, v: dict[str, str], info: ValidationInfo) -> dict[str, str]:
         route = info.data.get("route")
         if route is not None:  # the names only: the values come with each row
-            check_params(dict.fromkeys(v), info.data.get("endpoint") or default_endpoint(route), route=route)
+            check_params(dict.fromkeys(v), info.data.get("endpoint") or default_endpoint(route), route=route, stored=_REBUILT.get())
         return v
 
     @model_validator(mode="after")

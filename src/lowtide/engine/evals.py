@@ -13,22 +13,21 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-
-import orjson
-from sqlalchemy import select
+from typing import TYPE_CHECKING
 
 from lowtide.core.clock import Clock
 from lowtide.core.errors import JobNotFoundError, SourceError
-from lowtide.core.evals import EvalSpec, build_eval, check_judge_columns, judge_spec
+from lowtide.core.evals import EvalSpec, check_judge_columns, judge_spec
 from lowtide.core.scoring import check_expected
 from lowtide.core.sources import source_of
 from lowtide.engine.control import JobStatus, job_done, job_status
-from lowtide.engine.loader import LoadReport, load_job
-from lowtide.engine.runner import IDLE_WAIT_MAX
+from lowtide.engine.eval_store import eval_named, save_eval, stored_eval  # noqa: F401  (their older callers' import)
 from lowtide.engine.stages import Upstream, source_values, stage_rows, write_stage_source
-from lowtide.engine.tick import Engine, TickReport
 from lowtide.store.db import Store
-from lowtide.store.schema import evals
+
+if TYPE_CHECKING:
+    from lowtide.engine.loader import LoadReport
+    from lowtide.engine.tick import Engine
 
 STAGE_DIR = "lowtide-stages"  # under the spec's folder: the judge's source files
 
@@ -57,34 +56,6 @@ def check_eval(ev: EvalSpec) -> None:
         check_judge_columns(ev, list(columns or []))
 
 
-def save_eval(store: Store, ev: EvalSpec, now: float) -> None:
-    data = orjson.dumps(ev.data, default=str).decode()
-    with store.begin() as conn:
-        found = conn.execute(select(evals.c.id).where(evals.c.name == ev.name)).scalar()
-        if found is None:
-            conn.execute(evals.insert().values(name=ev.name, spec=data, created_at=now, updated_at=now))
-        else:
-            conn.execute(evals.update().where(evals.c.id == found).values(spec=data, updated_at=now))
-
-
-def eval_named(store: Store, name: str) -> EvalSpec | None:
-    """The stored eval of that name, or None where there is none."""
-    try:
-        return stored_eval(store, name)
-    except JobNotFoundError:
-        return None
-
-
-def stored_eval(store: Store, name: str) -> EvalSpec:
-    with store.read() as conn:  # reading only: never waits for a worker writing the store
-        data = conn.execute(select(evals.c.spec).where(evals.c.name == name)).scalar()
-        if data is None:
-            known = list(conn.scalars(select(evals.c.name).order_by(evals.c.name).limit(20)))
-            hint = f"; evals in this store: {', '.join(known)}" if known else "; this store has no evals yet (`lowtide run` an eval spec)"
-            raise JobNotFoundError(f'no eval named "{name}"{hint}')
-    return build_eval(orjson.loads(data), where=f"eval {name!r} (stored)")
-
-
 def load_eval(
     store: Store,
     ev: EvalSpec,
@@ -94,6 +65,9 @@ def load_eval(
 ) -> list[LoadReport]:
     """Check the eval, store it and load every member; members already stored add only what
     is new (a new variant is a new member: the stored ones are not changed by it)."""
+    # The run path, imported here: a caller that only reads evals back never loads it.
+    from lowtide.engine.loader import load_job
+
     check_eval(ev)
     save_eval(store, ev, clock.now())
     reports = []
@@ -114,12 +88,14 @@ async def drive_jobs(
 ) -> list[JobStatus]:
     """Tick several jobs until each is done: their batches are in flight together. When
     nothing was due, `on_idle(seconds)` waits (default: sleeps; a test moves its clock)."""
+    from lowtide.engine.runner import IDLE_WAIT_MAX  # the run path, as in load_eval
+
     left = list(names)
     last = 0.0
     while left:
         busy = False
         for name in list(left):
-            report: TickReport = await engine.tick(name)
+            report = await engine.tick(name)
             busy = busy or report.busy
             if job_done(engine.store, name):
                 left.remove(name)
@@ -161,6 +137,8 @@ def load_judge(store: Store, ev: EvalSpec, clock: Clock, requeue_changed: bool =
     rows, columns = judge_rows(store, ev)
     if not rows:
         return None
+    from lowtide.engine.loader import load_job
+
     path = write_stage_source(stage_path(ev), rows)
     spec = judge_spec(ev, path, columns)
     return load_job(store, spec, clock, f"{ev.where} judge", requeue_changed=requeue_changed)
