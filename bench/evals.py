@@ -39,13 +39,10 @@ from pathlib import Path
 SRC = Path(os.environ.get("LOWTIDE_BENCH_SRC") or Path(__file__).resolve().parent.parent / "src")
 sys.path.insert(0, str(SRC))
 sys.path.insert(0, str(Path(__file__).parent))
-from batch import start_server  # noqa: E402
-from lowtide.core.clock import SystemClock  # noqa: E402
-from lowtide.core.evals import build_eval  # noqa: E402
+# What the compare child needs; the run's own imports (engine, routes, server) are in build().
 from lowtide.core.runtime import tune_gc  # noqa: E402
 from lowtide.engine.compare import compare  # noqa: E402
-from lowtide.engine.evals import load_eval, run_eval, stored_eval  # noqa: E402
-from lowtide.engine.tick import Engine  # noqa: E402
+from lowtide.engine.evals import stored_eval  # noqa: E402
 from lowtide.store.db import Store  # noqa: E402
 
 LABELS = ["billing", "technical", "account", "shipping", "feedback"]
@@ -126,6 +123,12 @@ def print_compare(c: dict, label: str = "") -> None:
 
 def build(tmp: Path, n: int) -> tuple[str, str]:
     """Run the eval of `n` rows into a store in `tmp`; print the run's figures; (db, eval name)."""
+    from batch import start_server
+    from lowtide.core.clock import SystemClock
+    from lowtide.core.evals import build_eval
+    from lowtide.engine.evals import load_eval, run_eval
+    from lowtide.engine.tick import Engine
+
     os.environ.setdefault("OPENAI_API_KEY", "bench")
     os.environ["PYTHONPATH"] = str(SRC) + os.pathsep + os.environ.get("PYTHONPATH", "")
     proc, url = start_server(tmp)
