@@ -173,7 +173,7 @@ def test_a_budgeted_job_sends_nothing_it_cannot_price(store, tmp_path):
         refused = budget.reserve(conn, job, d, "openai-batch")
         assert refused == (
             'the cost of 2 request(s) on openai-batch cannot be estimated (openai model "gpt-9-turbo" is not in the price '
-            "catalog; add it to a price file (docs/costs.md)); a budgeted job sends nothing it cannot price"
+            "catalog; add it under `openai:` in a price file (docs/costs.md)); a budgeted job sends nothing it cannot price"
         )
         budget.exhaust(conn, job, refused, NOW)
         states = conn.execute(sa.select(dispatches.c.state)).scalars().all()

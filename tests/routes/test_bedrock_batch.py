@@ -166,3 +166,15 @@ def test_a_record_is_a_claude_messages_body_and_an_output_record_an_outcome():
     failed = wire.outcome({"recordId": "a2", "modelInput": {}, "error": {"errorCode": 429, "errorMessage": "slow down"}})
     assert not failed.ok and failed.retryable and failed.error_code == "http_429" and "slow down" in failed.error_message
     assert not wire.outcome({"recordId": "a3", "error": {"errorCode": 400, "errorMessage": "bad"}}).retryable
+
+
+def test_a_remainder_under_the_minimum_borrows_from_the_chunk_before_it(serve, s3, tmp_path):  # noqa: F811
+    # 260 requests in chunks of at most 200: not 200 + a 60 that Bedrock refuses, but 160 + 100.
+    url = serve()
+    bucket = s3.bucket("lowtide-remainder")
+    store = _load(tmp_path, url, bucket, 260, chunk_size=200)
+    status = _run(store, "tickets")
+    assert status.counts == {"succeeded": 260}
+    with store.begin() as conn:
+        sizes = sorted(n for (n,) in conn.execute(sa.select(sa.func.count()).select_from(requests).group_by(requests.c.dispatch_id)))
+    assert sizes == [100, 160] and len(_jobs(url)) == 2

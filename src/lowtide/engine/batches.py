@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sqlalchemy import case, func, select, update
 
@@ -95,18 +95,16 @@ def plan(store: Store, job: JobContext, route: BatchRoute, clock: Clock, lane: s
         if _first_on(conn, job.id, route.name):  # only what this tick sends: the provider starts at once
             chunks = min(chunks, SUBMITS_PER_TICK)
         rows = conn.execute(due.order_by(*order).limit(limit * chunks)).all()
-        chunk: list[int] = []
-        size = tokens = 0
+        chunks_made: list[_Chunk] = []
+        chunk = _Chunk()
         one_model = route.limits.one_model_per_batch
-        chunk_model = None
-        models: set[str] = set()
         rooms: dict[str, queue_limit.Room] = {}  # model -> what of its provider queue is left
         for rid, nbytes, model in rows:
-            if chunk and (
-                len(chunk) >= limit or size + nbytes > route.limits.max_bytes or (one_model and model != chunk_model)
+            if chunk.ids and (
+                len(chunk.ids) >= limit or chunk.size + nbytes > route.limits.max_bytes or (one_model and model != chunk.model)
             ):  # a provider that takes one model per batch never gets two in a chunk
-                planned += _plan_one(conn, job, route, chunk, now, models, tokens)
-                chunk, size, tokens, models = [], 0, 0, set()
+                chunks_made.append(chunk)
+                chunk = _Chunk()
             need = queue_limit.tokens_of(nbytes - LINE_OVERHEAD)
             if model not in rooms:
                 rooms[model] = queue_limit.room(conn, route.name, model, limit_of(model) if limit_of else None, now)
@@ -116,14 +114,62 @@ def plan(store: Store, job: JobContext, route: BatchRoute, clock: Clock, lane: s
                 continue
             if not taken:  # the queue is full for this model: waits for a later tick
                 continue
-            chunk.append(rid)
-            chunk_model = model
-            models.add(model)
-            size += nbytes
-            tokens += need
-        if chunk:
-            planned += _plan_one(conn, job, route, chunk, now, models, tokens)
+            chunk.add(rid, nbytes, need, model)
+        if chunk.ids:
+            chunks_made.append(chunk)
+        for made in _at_least(chunks_made, route.limits.min_requests, limit, route.limits.max_bytes):
+            planned += _plan_one(conn, job, route, made.ids, now, made.models, sum(made.tokens))
     return planned
+
+
+@dataclass
+class _Chunk:
+    """Requests planned into one batch, with what each adds to its bytes and tokens."""
+
+    ids: list[int] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    models: set[str] = field(default_factory=set)
+    model: str | None = None  # the last request's
+    size: int = 0
+
+    def add(self, rid: int, nbytes: int, need: int, model: str) -> None:
+        self.ids.append(rid)
+        self.sizes.append(nbytes)
+        self.tokens.append(need)
+        self.models.add(model)
+        self.model = model
+        self.size += nbytes
+
+
+def _at_least(chunks: list[_Chunk], minimum: int, limit: int, max_bytes: int) -> list[_Chunk]:
+    """The chunks with none under a provider's minimum batch (Bedrock's 100 records) where the
+    chunk before it, of the same model, can spare the difference or take it whole: 10,050
+    requests go as 9,950 + 100, not 10,000 + a 50 the provider refuses. A model with fewer
+    requests than the minimum is sent as it is, and its refusal names the minimum and the fix."""
+    if minimum <= 1:
+        return chunks
+    out: list[_Chunk] = []
+    for chunk in chunks:
+        before = out[-1] if out else None
+        short = minimum - len(chunk.ids)
+        if short <= 0 or before is None or before.models != chunk.models:
+            out.append(chunk)
+        elif len(before.ids) + len(chunk.ids) <= limit and before.size + chunk.size <= max_bytes:
+            for i, rid in enumerate(chunk.ids):  # the two fit in one batch
+                before.add(rid, chunk.sizes[i], chunk.tokens[i], chunk.model or "")
+        elif len(before.ids) - short >= minimum and chunk.size + sum(before.sizes[-short:]) <= max_bytes:
+            moved = _Chunk()
+            for rid, nbytes, need in zip(before.ids[-short:], before.sizes[-short:], before.tokens[-short:], strict=True):
+                moved.add(rid, nbytes, need, chunk.model or "")
+            del before.ids[-short:], before.sizes[-short:], before.tokens[-short:]
+            before.size = sum(before.sizes)
+            for i, rid in enumerate(chunk.ids):
+                moved.add(rid, chunk.sizes[i], chunk.tokens[i], chunk.model or "")
+            out.append(moved)
+        else:
+            out.append(chunk)
+    return out
 
 
 def _first_on(conn, job_id: int, route: str) -> bool:

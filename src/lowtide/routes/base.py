@@ -44,6 +44,7 @@ class BatchLimits:
     max_requests: int
     max_bytes: int
     one_model_per_batch: bool = False
+    min_requests: int = 1  # a provider that refuses a smaller batch (Bedrock: 100 records a job)
 
 
 @dataclass(slots=True)

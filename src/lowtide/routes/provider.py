@@ -38,6 +38,7 @@ def batch_limits(route: str, options: dict[str, Any]) -> BatchLimits:
         max_requests=check_limit(route, "max_requests", requests, card.max_requests, "requests"),
         max_bytes=check_limit(route, "max_bytes", size, card.max_bytes, "bytes"),
         one_model_per_batch=card.one_model_per_batch,
+        min_requests=card.min_requests or 1,
     )
 
 
