@@ -32,6 +32,7 @@ from lowtide.core.locations import Location, location
 from lowtide.core.spec import FORMATS, JobSpec, SourceSpec, format_of
 
 CHUNK_ROWS = 5000
+CHUNK_CHARS = 16 * 2**20  # ... and about this much text: 5,000 rows of 40 kB prompts would be 200 MB
 INFER_ROWS = 500  # rows a pass that infers CSV types reads between checks that it may stop
 MAX_STRUCTURE_PROBLEMS = 1000  # rows a structural problem is reported for before reading stops
 
@@ -123,15 +124,17 @@ class Source:
         self.problems = []
         self.highest = None
         chunk: list[SourceRow] = []
+        chars = 0
         for row in self._rows(size):
             if self.types and self._mistyped(row):
                 continue
             if self.since is not None:
                 self._note_highest(row)
             chunk.append(row)
-            if len(chunk) >= size:
+            chars += _chars(row.values)
+            if len(chunk) >= size or chars >= CHUNK_CHARS:
                 yield chunk
-                chunk = []
+                chunk, chars = [], 0
         if chunk:
             yield chunk
         if strict and self.problems:
@@ -512,3 +515,14 @@ def _reason(err: Exception) -> str:
     if isinstance(err, OSError):
         return err.strerror or str(err)
     return str(err)
+
+
+def _chars(value: Any) -> int:
+    """About how much text a row holds: its strings' lengths, nested ones included."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(_chars(v) for v in value.values())
+    if isinstance(value, list):
+        return sum(_chars(v) for v in value)
+    return 8
