@@ -12,10 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-import jsonschema
 import referencing
 import referencing.exceptions
-import referencing.jsonschema
 
 from lowtide.core import shapes
 from lowtide.core.cards import routes_of
@@ -141,6 +139,8 @@ def _at(value: Any, place: tuple[str, ...]) -> Any:
 
 def check_schema(schema: Any) -> None:
     """A ValueError unless `schema` is a valid JSON Schema whose every `$ref` resolves inside it."""
+    import jsonschema  # here: a spec without a schema (and `lowtide compare`) never pays its import
+
     try:
         jsonschema.Draft202012Validator.check_schema(schema)
     except jsonschema.SchemaError as err:
@@ -154,8 +154,11 @@ def check_schema(schema: Any) -> None:
 def check_refs(schema: dict[str, Any]) -> None:
     """Every `$ref` must resolve inside the schema itself: one that does not would only show
     when the first answer is checked, and a remote one would be fetched at that moment."""
+    # with jsonschema's import: only when a schema is checked
+    from referencing.jsonschema import DRAFT202012
+
     resolver = referencing.Registry().resolver_with_root(
-        referencing.Resource.from_contents(schema, default_specification=referencing.jsonschema.DRAFT202012)
+        referencing.Resource.from_contents(schema, default_specification=DRAFT202012)
     )
 
     def refs(node: Any):

@@ -25,7 +25,7 @@ from sqlalchemy import Connection, delete, func, or_, select, update
 from lowtide.core.clock import Clock
 from lowtide.core.errors import InputError, LowtideError
 from lowtide.core.evals import build_eval
-from lowtide.core.spec import RetentionSpec
+from lowtide.core.spec import RetentionSpec, rebuilt_from_store
 from lowtide.core.states import DispatchState, JobState
 from lowtide.engine.archive import (
     dropped_requests,
@@ -181,7 +181,8 @@ def _delete_finished_evals(conn: Connection, name: str) -> int:
         if not _may_be_member(eval_name, name):
             continue
         try:
-            ev = build_eval(orjson.loads(data), where=f"eval {eval_name!r} (stored)")
+            with rebuilt_from_store():  # checked when stored: no SDK types read again
+                ev = build_eval(orjson.loads(data), where=f"eval {eval_name!r} (stored)")
         except LowtideError:
             continue  # not readable as an eval any more: `lowtide compare` says so; nothing to tell here
         names = {m.spec.name for m in ev.members} | {ev.judge_name}

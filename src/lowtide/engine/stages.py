@@ -32,7 +32,6 @@ from lowtide.core.sources import SourceRow, source_of
 from lowtide.core.spec import JobSpec
 from lowtide.core.states import RequestState
 from lowtide.core.templates import MessageTemplate
-from lowtide.engine.loader import RowRenderer
 from lowtide.store.db import Store
 from lowtide.store.queries import get_job
 from lowtide.store.schema import requests
@@ -103,6 +102,9 @@ def stage_fingerprints(spec: JobSpec, rows: list[dict]) -> dict[str, str] | None
         source = source_of(spec)
     except SourceError:
         return None
+    # here: readers of a job's source values (lowtide compare) need no renderer
+    from lowtide.engine.loader import RowRenderer
+
     render = RowRenderer(spec, MessageTemplate.from_spec(spec), source, routes_checked=True)
     out = {}
     for row in rows:
