@@ -20,6 +20,8 @@ BASE = {
     "openai-compatible": {"base_url": "http://127.0.0.1:9/v1"},
     "openai-compatible-batch": {"base_url": "http://127.0.0.1:9/v1"},
     "azure-batch": {"endpoint": "http://127.0.0.1:9"},
+    "vertex-batch": {"staging": "gs://b/lowtide", "project": "p", "anonymous": True, "base_url": "http://127.0.0.1:9"},
+    "bedrock-batch": {"role_arn": "arn:aws:iam::123456789012:role/B", "staging": "s3://bkt/lowtide", "region": "us-east-1"},
 }
 
 
@@ -42,6 +44,9 @@ def test_every_route_lists_its_options():
 def test_an_option_refuses_a_value_it_cannot_use_by_name(route, key, monkeypatch):
     for env in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "GEMINI_API_KEY", "AZURE_OPENAI_API_KEY", "MISTRAL_API_KEY", "OPENROUTER_API_KEY"):
         monkeypatch.setenv(env, "test-key-not-real")
+    for env, value in {"AWS_ACCESS_KEY_ID": "AKIATESTTESTTEST", "AWS_SECRET_ACCESS_KEY": "test-key-not-real",
+                       "AWS_EC2_METADATA_DISABLED": "true"}.items():  # bedrock-batch's credentials: no metadata lookups
+        monkeypatch.setenv(env, value)
     taken = []
     for bad in BAD:
         options = BASE.get(route, {}) | {key: bad}
