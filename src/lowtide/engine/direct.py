@@ -33,6 +33,10 @@ class _OverBudget(Exception):
     pass
 
 
+# What one claim may hold, in stored payload (characters on SQLite, bytes on PostgreSQL), as
+# well as the route's dispatch_size: the claimed requests are held parsed while they run, and
+# 5,000 Gemini prompts of 40 kB took serve to 625 MB (issue 32). At least one is claimed.
+CLAIM_BYTES = 32 * 2**20
 FLUSH_EVERY = 5000  # outcomes
 FLUSH_SECONDS = 1.0  # wall time between commits while a slow route runs
 HEARTBEAT_LOOK = 0.2  # real seconds between looks at the engine clock for a lease renewal
@@ -64,7 +68,7 @@ async def run_direct(
                 model=(lane.model if lane else None) or job.spec.model,  # turnarounds are kept per model
                 tier=turnaround.service_tier(lane.options if lane else job.spec.route_options),  # ... and tier
             )
-            claim_due(conn, dispatch_id, job.id, now, route.dispatch_size, route.name, lane_name)
+            claim_due(conn, dispatch_id, job.id, now, route.dispatch_size, route.name, lane_name, CLAIM_BYTES)
             refused = budget.reserve(conn, job, dispatch_id, route.name)
             if refused:
                 raise _OverBudget(refused)  # undoes the claim: nothing was sent

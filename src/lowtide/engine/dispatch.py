@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 
-from sqlalchemy import ColumnElement, Connection, insert, select, update
+from sqlalchemy import ColumnElement, Connection, Row, func, insert, select, update
 
 from lowtide.core import fastjson
 from lowtide.core.states import DispatchState, RequestState
@@ -23,25 +23,55 @@ def pending_ids(conn: Connection, job_id: int, now: float, limit: int, lane: str
 
 
 def claim_due(
-    conn: Connection, dispatch_id: int, job_id: int, now: float, limit: int, route: str, lane: str | None = None
+    conn: Connection,
+    dispatch_id: int,
+    job_id: int,
+    now: float,
+    limit: int,
+    route: str,
+    lane: str | None = None,
+    max_bytes: int | None = None,
 ) -> int:
-    """Move up to `limit` due pending requests into a dispatch: on SQLite in one statement
+    """Move up to `limit` due pending requests into a dispatch, and with `max_bytes` only as
+    many as fit in that much stored payload (always at least one): on SQLite in one statement
     (the ids never travel to Python and back). On PostgreSQL the ids are read first: inside
     an UPDATE the planner may run a `LIMIT … FOR UPDATE SKIP LOCKED` subquery once per row
     (a semi-join), which claims every due request instead of `limit`."""
-    due = _due(conn, job_id, now, limit, lane)
     if conn.dialect.name == "postgresql":  # the ids as one array parameter, not one each
-        which = among(conn, requests.c.id, list(conn.scalars(due)))
+        if max_bytes is None:
+            ids = list(conn.scalars(_due(conn, job_id, now, limit, lane)))
+        else:  # octet_length reads a stored value's size, not the value
+            sized = _due(conn, job_id, now, limit, lane, func.octet_length(requests.c.payload))
+            ids = [rid for rid, _ in _fitting(conn, sized, max_bytes)]
+        which = among(conn, requests.c.id, ids)
     else:
-        which = requests.c.id.in_(due)
+        if max_bytes is not None:  # the write lock is held: the same rows come first again below
+            sized = _due(conn, job_id, now, limit, lane, func.length(requests.c.payload))
+            limit = len(_fitting(conn, sized, max_bytes))
+        which = requests.c.id.in_(_due(conn, job_id, now, limit, lane))
     moved = _move_into(conn, dispatch_id, which, route, now)
     conn.execute(update(dispatches).where(dispatches.c.id == dispatch_id).values(size=moved))
     return moved
 
 
-def _due(conn: Connection, job_id: int, now: float, limit: int, lane: str | None = None):
+def _fitting(conn: Connection, sized, max_bytes: int) -> list[Row]:
+    """The leading (id, size) rows of `sized` whose sizes add up to at most `max_bytes`, and
+    at least one. Stops reading at the first that does not fit, so a claim of big payloads
+    reads the sizes of only what it takes."""
+    out: list[Row] = []
+    total = 0
+    with conn.execute(sized) as rows:
+        for row in rows:
+            total += row[1] or 0
+            if out and total > max_bytes:
+                break
+            out.append(row)
+    return out
+
+
+def _due(conn: Connection, job_id: int, now: float, limit: int, lane: str | None = None, *also: ColumnElement):
     stmt = (
-        select(requests.c.id)
+        select(requests.c.id, *also)
         .where(
             requests.c.job_id == job_id,
             requests.c.state == PENDING,  # with a lane: off the partial index of pending requests by lane
