@@ -4,12 +4,14 @@
     .venv/bin/python bench/simulate.py --steps 40 --seeds 5 --store postgres --route openai-batch
     .venv/bin/python bench/simulate.py --route gemini-batch --store sqlite --seed 3 --seeds 1 --examples 4 --steps 25
     .venv/bin/python bench/simulate.py --route mistral-batch --store sqlite --seeds 3 --examples 8 --steps 40
+    .venv/bin/python bench/simulate.py --route bedrock-batch --store sqlite --seeds 3 --examples 4 --steps 30
 
 Each seed runs `--examples` drawn sequences of up to `--steps` steps (load, append, tick,
 kill, cancel, retry, spec change, budget, deadline, clock steps, provider faults) on each
-route and store asked for (`--route`, or all eight: openai-batch, anthropic-batch,
+route and store asked for (`--route`, or all ten: openai-batch, anthropic-batch,
 gemini-batch, echo-batch, openai-compatible-batch, azure-batch, mistral-batch,
-openrouter-batch), checking the invariants after every step and draining at the end
+openrouter-batch, vertex-batch, bedrock-batch; the last two with a GCS emulator and moto's
+S3 started in this process), checking the invariants after every step and draining at the end
 (docs/simulation.md). Prints one line per seed and route, then the steps run, the seeds
 and the violations, each with the shrunk sequence and the command that replays it. Exits 1
 if any seed found a violation.

@@ -9,7 +9,9 @@ is not a provider, nothing is charged).
 
 serve keeps each API's batches in one table: a Mistral job is one of its OpenAI batches (its
 metadata holds the job's own, `lowtide_key` included: mistral_api.py), Azure's and an
-OpenAI-compatible server's are OpenAI's, OpenRouter's are `api = "openrouter"`.
+OpenAI-compatible server's are OpenAI's, OpenRouter's are `api = "openrouter"`, a Vertex job
+is one of its Gemini batches (displayName: the dispatch key), a Bedrock job is `api = "bedrock"`
+(its clientRequestToken: the dispatch key).
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ from lowtide.core import fastjson
 from lowtide.core.spec import JobSpec
 from lowtide.core.states import JobState, RequestState
 from lowtide.core.types import Request
+from lowtide.routes.vertex import lines as vertex_lines
 from lowtide.server import billing
+from lowtide.server.bedrock_api import MARK as BEDROCK_MARK
 from lowtide.store.queries import LIVE_DISPATCH_STATES
 from lowtide.store.schema import (
     attempts,
@@ -94,8 +98,10 @@ def _key_of(batch) -> str | None:
     meta = json.loads(batch.metadata) if batch.metadata else {}
     if batch.api == "openai":
         return (meta or {}).get("lowtide_key")
-    if batch.api == "gemini":
+    if batch.api == "gemini":  # gemini-batch's and vertex-batch's
         return (meta or {}).get("displayName")
+    if batch.api == "bedrock":  # the clientRequestToken (server/bedrock_api.py keeps it)
+        return json.loads(meta[BEDROCK_MARK]).get("clientRequestToken") if BEDROCK_MARK in (meta or {}) else None
     return None  # anthropic, openrouter: no handle (exempt, see the module doc)
 
 
@@ -120,12 +126,25 @@ def _client_bill(world) -> dict[tuple[str, str], list[tuple[int, int]]]:
         ).all()  # fmt: skip
     booked: dict[tuple[str, str], list[tuple[int, int]]] = defaultdict(list)
     for provider_id, cid, tin, tout in rows:
-        booked[(str(provider_id).removeprefix("batches/"), cid)].append((tin, tout))
+        # serve's own id: Gemini's batches/ID, Vertex's projects/…/batchPredictionJobs/ID, Bedrock's ARN …/ID
+        booked[(str(provider_id).rsplit("/", 1)[-1], cid)].append((tin, tout))
     return booked
 
 
+def _serve_custom_id(said: str) -> str:
+    """The custom_id a bill line is for. serve keeps a Vertex line as `[index, labels]` (its
+    request has no custom_id of its own: vertex_api.py), the route's id riding in the labels."""
+    if said.startswith("["):
+        try:
+            index, labels = json.loads(said)
+        except ValueError:
+            return said
+        return vertex_lines.custom_id_of(labels) or said
+    return said
+
+
 def _provider_bill(world) -> dict[tuple[str, str], billing.Line]:
-    return {(line.batch_id, line.custom_id): line for p in world.providers.values() for line in billing.lines(p.store)}
+    return {(line.batch_id, _serve_custom_id(line.custom_id)): line for p in world.providers.values() for line in billing.lines(p.store)}
 
 
 def bill_matches(world, drained: bool = False, held: frozenset[str] = frozenset()) -> list[str]:
@@ -180,7 +199,7 @@ def _deadlines(world) -> tuple[dict[str, float], dict[str, float]]:
         if deadline is not None:
             by_key[key] = deadline.timestamp()
             if provider_id:
-                by_id[str(provider_id).removeprefix("batches/")] = deadline.timestamp()
+                by_id[str(provider_id).rsplit("/", 1)[-1]] = deadline.timestamp()
     return by_key, by_id
 
 

@@ -60,7 +60,9 @@ DRAIN_ROUNDS = 40
 STUCK = 8  # drain rounds in a row that changed nothing: what is left will stay so
 # Each API's calls, for HTTP faults: create, poll; as serve's fault plan sees the path, after
 # its middlewares moved Azure's /openai/v1/… to /v1/… (azure_paths.py) and Mistral's
-# /mistral/v1/batch/jobs to /v1/mistral/batch/jobs (mistral_api.py).
+# /mistral/v1/batch/jobs to /v1/mistral/batch/jobs (mistral_api.py), Vertex's /v1/… to /v1beta/…
+# (vertex_api.py). Bedrock's poll has two segments: botocore encodes the job ARN's slash, uvicorn
+# decodes it.
 CALLS = {
     "openai-batch": ("POST /v1/batches", "GET /v1/batches/*"),
     "anthropic-batch": ("POST /v1/messages/batches", "GET /v1/messages/batches/*"),
@@ -69,6 +71,9 @@ CALLS = {
     "azure-batch": ("POST /v1/batches", "GET /v1/batches/*"),
     "mistral-batch": ("POST /v1/mistral/batch/jobs", "GET /v1/mistral/batch/jobs/*"),
     "openrouter-batch": ("POST /api/v1/batches", "GET /api/v1/batches/*"),
+    "vertex-batch": ("POST /v1beta/projects/*/locations/*/batchPredictionJobs",
+                     "GET /v1beta/projects/*/locations/*/batchPredictionJobs/*"),
+    "bedrock-batch": ("POST /model-invocation-job", "GET /model-invocation-job/*/*"),
 }
 FAULTS = ("none", "queue_full", "queue_tight", "queue_room", "fail_validation", "expire", "drop_lines",
           "duplicate_lines", "corrupt_lines", "create_429", "poll_500", "lost_create")  # fmt: skip
@@ -84,7 +89,17 @@ NOT_ON = {
     # nothing fail_validation could fail). corrupt_lines stays: a cut result is a JSON string
     # inside GET /batches/{id}'s answer (openrouter_api.py), which the route cannot read.
     "openrouter-batch": (*QUEUE, "fail_validation"),
+    # Vertex and Bedrock: no queue limit either (serve checks one on OpenAI batches only; a
+    # Vertex job is one of serve's Gemini batches, a Bedrock job one of its Anthropic ones,
+    # whose batch faults they meet as those routes do).
+    "vertex-batch": QUEUE,
+    "bedrock-batch": QUEUE,
 }
+# Bedrock runs a job of 100 records at least (the card's limits.min_requests; a smaller chunk is
+# refused before anything is sent, and those requests fail naming the minimum): its examples'
+# chunks are 100 to 200 requests and its rows ten times as many, so most chunks are sent and a
+# tail under the minimum is refused, as a user's would be.
+SCALE = {"bedrock-batch": 10}
 
 
 def faults_on(route: str) -> tuple[str, ...]:
@@ -142,8 +157,9 @@ class SimMachine(RuleBasedStateMachine):
             url = self._exit.enter_context(fresh_pg_schema("lowtide_sim"))
         else:
             url = str(self.root / "client.db")
-        self.world = World(self.root, url)
+        self.world = World(self.root, url, self.route)
         self._exit.callback(self.world.close)
+        self.scale = SCALE.get(self.route, 1)
         self.chunk = 4
         self.standing: dict[str, int] = {}  # the main provider's enqueued-token limit
         self.jobs: dict[str, dict[str, Any]] = {}  # what the operator last loaded, per job
@@ -195,7 +211,7 @@ class SimMachine(RuleBasedStateMachine):
     @initialize(target=loaded, chunk=st.integers(2, 6), rows=st.integers(3, 20))
     def setup(self, chunk: int, rows: int):
         """Every example starts with job `a` loaded: its steps then have something to move."""
-        self.chunk = chunk
+        self.chunk = chunk if self.scale == 1 else 100 + 25 * (chunk - 2)
         return self.load("a", rows)
 
     @rule(target=loaded, name=st.sampled_from(JOBS), more=st.integers(1, 12))
@@ -203,9 +219,10 @@ class SimMachine(RuleBasedStateMachine):
         """Load a job, or load it again with more rows."""
         job = self._job(name)
         self.night += 1
-        for i in range(job["rows"], min(MAX_ROWS, job["rows"] + more)):
+        top, more = MAX_ROWS * self.scale, more * self.scale
+        for i in range(job["rows"], min(top, job["rows"] + more)):
             job["stamps"][i] = self.night
-        job["rows"] = min(MAX_ROWS, job["rows"] + more)
+        job["rows"] = min(top, job["rows"] + more)
         return name if self._load(name, job) else multiple()
 
     @rule(name=loaded, count=st.integers(1, 3), requeue=st.booleans())

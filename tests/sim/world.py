@@ -31,6 +31,7 @@ from lowtide.server.app import create_app
 from lowtide.server.context import ServeConfig
 from lowtide.server.faults import FaultPlan
 from lowtide.store.db import Store
+from tests import objectstores
 from tests.server.conftest import on_loopback
 
 KEY_ENV = "LOWTIDE_SIM_KEY"  # the key every provider takes
@@ -41,11 +42,17 @@ START = 1_800_000_000.0
 ROUTE_MODELS = {"openai-batch": "gpt-4o-mini", "anthropic-batch": "claude-3-5-haiku-latest",
                 "gemini-batch": "gemini-2.5-flash", "echo-batch": "test-model",
                 "openai-compatible-batch": "gpt-4o-mini", "azure-batch": "gpt-4o-mini",  # azure: the deployment's name
-                "mistral-batch": "mistral-small-latest", "openrouter-batch": "openai/gpt-4o-mini"}  # fmt: skip
+                "mistral-batch": "mistral-small-latest", "openrouter-batch": "openai/gpt-4o-mini",
+                "vertex-batch": "gemini-2.5-flash", "bedrock-batch": "us.anthropic.claude-3-5-haiku-20241022-v1:0"}  # fmt: skip
 # Through lowtide serve: each speaks its API there (azure under /openai, mistral under /mistral,
-# openrouter at /api/v1: server/azure_paths.py, mistral_api.py, openrouter_api.py).
+# openrouter at /api/v1, vertex under /v1/projects, bedrock at /model-invocation-job: server/azure_paths.py,
+# mistral_api.py, openrouter_api.py, vertex_api.py, bedrock_api.py).
 SERVED = ("openai-batch", "anthropic-batch", "gemini-batch", "openai-compatible-batch", "azure-batch", "mistral-batch",
-          "openrouter-batch")  # fmt: skip
+          "openrouter-batch", "vertex-batch", "bedrock-batch")  # fmt: skip
+# The routes whose inputs and outputs live in an object store, and the one each needs: both
+# sides (serve and the route) reach it by the SDKs' own environment, as the route tests do.
+OBJECT_STORE = {"vertex-batch": "gcs", "bedrock-batch": "s3"}
+ROLE_ARN = "arn:aws:iam::123456789012:role/BedrockBatch"  # serve checks its shape only
 PASSES = 30  # serve worker passes per step, at most (a pass that moves nothing ends the step)
 
 
@@ -178,10 +185,78 @@ class Receiver:
         self.server.server_close()
 
 
+class ObjectStores:
+    """The GCS emulator and moto's S3 server (tests/objectstores.py), each started once per
+    process on first use (a server per example would cost more than the example), and the
+    environment that points Google's and AWS's SDKs (and gcsfs, s3fs) at them, set while a
+    world lives and put back after it."""
+
+    _servers: dict[str, Any] = {}
+    _made = 0  # buckets made in this process: each world its own, so no key meets another's files
+
+    @classmethod
+    def _server(cls, kind: str):
+        if kind not in cls._servers:
+            import atexit
+
+            port = objectstores._free_port()
+            if kind == "gcs":
+                from gcp_storage_emulator.server import create_server
+
+                server = create_server("127.0.0.1", port, in_memory=True)
+                server._api.daemon = True  # its stop() only joins the serving thread: the process would never exit
+                cls._servers[kind] = objectstores.GcsServer(f"http://127.0.0.1:{port}")
+            else:
+                from moto.server import ThreadedMotoServer
+
+                server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+                cls._servers[kind] = objectstores.S3Server(f"http://127.0.0.1:{port}")
+            server.start()
+            atexit.register(server.stop)
+        return cls._servers[kind]
+
+    def __init__(self, kind: str):
+        server = self._server(kind)
+        if kind == "gcs":  # as tests/routes/test_vertex_batch.py's fixtures set it
+            env = {"STORAGE_EMULATOR_HOST": server.endpoint, "NO_GCE_CHECK": "True", "FSSPEC_GCS_TOKEN": "anon",
+                   "FSSPEC_GCS_PROJECT": "test"}  # fmt: skip
+        else:  # as tests/routes/test_bedrock_batch.py's: the environment's chain only, S3 at moto
+            env = {"AWS_ENDPOINT_URL": server.endpoint, "AWS_EC2_METADATA_DISABLED": "true", **objectstores.S3Server.env}
+        self._before = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        self._conf = None
+        if kind == "gcs":
+            import fsspec.config
+
+            self._conf = fsspec.config.conf.get("gcs")
+            fsspec.config.conf["gcs"] = {"token": "anon", "project": "test"}
+        objectstores._fresh_fsspec()
+        ObjectStores._made += 1
+        self.kind = kind
+        self.url = server.bucket(f"lowtide-sim-{os.getpid()}-{ObjectStores._made}")
+
+    def close(self) -> None:
+        objectstores._fresh_fsspec()
+        for k, v in self._before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        if self.kind == "gcs":
+            import fsspec.config
+
+            if self._conf is None:
+                fsspec.config.conf.pop("gcs", None)
+            else:
+                fsspec.config.conf["gcs"] = self._conf
+
+
 class World:
     """Client store + engine, two providers, one clock and one event loop."""
 
-    def __init__(self, root: Path, store_url: str):
+    def __init__(self, root: Path, store_url: str, route: str | None = None):
+        # Before serve or a route is made: gcsfs and s3fs read their settings from it.
+        self.objects = ObjectStores(OBJECT_STORE[route]) if route in OBJECT_STORE else None
         os.environ[KEY_ENV] = KEY
         os.environ[WRONG_KEY_ENV] = "not-the-key"
         os.environ[NOTIFY_ENV] = "sim-notify-secret"
@@ -233,6 +308,14 @@ class World:
         polls = [60.0, 600.0]
         if route == "echo-batch":
             return {"dir": str(self.root / "echo-batch"), "max_requests": chunk, "polls_to_complete": 2}
+        if route == "vertex-batch":  # the key is an access token (serve takes the world's key as one)
+            assert self.objects is not None
+            return {"base_url": url, "project": "proj", "location": "us-central1", "staging": f"{self.objects.url}/lowtide",
+                    "access_token_env": key_env, "poll_interval": polls, "max_requests": chunk}  # fmt: skip
+        if route == "bedrock-batch":  # no key: AWS's chain signs, and serve takes any signature
+            assert self.objects is not None
+            return {"endpoint_url": url, "role_arn": ROLE_ARN, "staging": f"{self.objects.url}/lowtide", "region": "us-east-1",
+                    "poll_interval": polls, "max_requests": chunk}  # fmt: skip
         where = {"openai-batch": ("base_url", f"{url}/v1"), "openai-compatible-batch": ("base_url", f"{url}/v1"),
                  "azure-batch": ("endpoint", url), "mistral-batch": ("base_url", f"{url}/mistral"),
                  "openrouter-batch": ("base_url", f"{url}/api/v1")}.get(route, ("base_url", url))  # fmt: skip
@@ -249,3 +332,5 @@ class World:
             self.receiver.stop()
             self.store.close()
             self.loop.close()
+            if self.objects is not None:
+                self.objects.close()
