@@ -213,6 +213,12 @@ class ObjectStores:
                 cls._servers[kind] = objectstores.S3Server(f"http://127.0.0.1:{port}")
             server.start()
             atexit.register(server.stop)
+            if kind == "gcs":  # a client gone before the answer was written (gcsfs closing early) is no error here
+                server._api._httpd.handle_error = lambda request, address: None
+            else:  # moto's server logs every request through werkzeug: thousands of lines a run
+                import logging
+
+                logging.getLogger("werkzeug").setLevel(logging.WARNING)
         return cls._servers[kind]
 
     def __init__(self, kind: str):
