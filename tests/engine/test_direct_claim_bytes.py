@@ -69,3 +69,17 @@ def test_a_request_bigger_than_the_bound_is_claimed_alone_and_the_count_still_bo
     assert moved == len(held) == 1
     claimed = [r.custom_id for r in held]
     assert claimed == ["T1005"]  # oldest first, as before
+
+
+def test_small_payloads_are_summed_at_once_and_a_big_one_past_the_first_few_still_ends_the_claim(store, clock, tmp_path):
+    rows = ticket_rows(40)
+    rows[36]["body"] = rows[36]["body"].ljust(20_000, "x")  # the 17th of the second claim
+    load_job(store, make_spec(write_csv(tmp_path / "mixed.csv", rows)), clock)
+
+    claims = [[r.custom_id for r in _claim(store, clock, 20, 20_000)[1]] for _ in range(4)]
+    assert claims == [
+        [f"T{1000 + i}" for i in range(20)],  # small ones: the count ends the claim
+        [f"T{1000 + i}" for i in range(20, 36)],  # the big one does not fit beside them
+        ["T1036"],  # over the bound alone: claimed alone
+        ["T1037", "T1038", "T1039"],
+    ]

@@ -46,8 +46,7 @@ def claim_due(
         which = among(conn, requests.c.id, ids)
     else:
         if max_bytes is not None:  # the write lock is held: the same rows come first again below
-            sized = _due(conn, job_id, now, limit, lane, func.length(requests.c.payload))
-            limit = len(_fitting(conn, sized, max_bytes))
+            limit = _fitting_count(conn, job_id, now, limit, lane, max_bytes)
         which = requests.c.id.in_(_due(conn, job_id, now, limit, lane))
     moved = _move_into(conn, dispatch_id, which, route, now)
     conn.execute(update(dispatches).where(dispatches.c.id == dispatch_id).values(size=moved))
@@ -67,6 +66,36 @@ def _fitting(conn: Connection, sized, max_bytes: int) -> list[Row]:
                 break
             out.append(row)
     return out
+
+
+PROBE = 16  # rows whose sizes are read first, to tell small payloads from big ones
+
+
+def _fitting_count(conn: Connection, job_id: int, now: float, limit: int, lane: str | None, max_bytes: int) -> int:
+    """How many of the first `limit` due requests fit in `max_bytes` of payload (at least
+    one; on SQLite, where `length` reads each value). Small payloads, the usual case, are
+    summed by one SQL aggregate, with no Python per row; where the first few say that the
+    claim may not fit, the sizes are read one by one up to the first that does not, so big
+    payloads are read no further than the claim goes."""
+    sized = _due(conn, job_id, now, limit, lane, func.length(requests.c.payload))
+    head = [size or 0 for _, size in conn.execute(sized.limit(min(limit, PROBE)))]
+    fit = _prefix(head, max_bytes)
+    if fit < len(head) or len(head) < PROBE or len(head) == limit:
+        return fit  # the claim ends among the first few, or they are all there is
+    small = sum(head) * limit * 2 <= max_bytes * len(head)  # all `limit` like them: half the bound
+    if small and (conn.scalar(select(func.sum(sized.subquery().c[1]))) or 0) <= max_bytes:
+        return limit
+    return len(_fitting(conn, sized, max_bytes))
+
+
+def _prefix(sizes: list[int], max_bytes: int) -> int:
+    """How many of the leading sizes add up to at most `max_bytes` (at least one)."""
+    total = 0
+    for taken, size in enumerate(sizes):
+        total += size
+        if taken and total > max_bytes:
+            return taken
+    return len(sizes)
 
 
 def _due(conn: Connection, job_id: int, now: float, limit: int, lane: str | None = None, *also: ColumnElement):
