@@ -118,8 +118,9 @@ def test_a_job_runs_through_vertex_and_a_refused_row_fails_alone(serve, gcs, tmp
     assert lines.custom_id_of(first["request"]["labels"]).startswith("T10")
     stranger = genai.Client(vertexai=True, project="proj", location="us-central1", credentials=Credentials(token="wrong"),
                             http_options=types.HttpOptions(base_url=url, api_version="v1"))  # fmt: skip
-    with pytest.raises(genai.errors.ClientError, match="API key not valid"):  # the token is serve's key
+    with pytest.raises(genai.errors.ClientError, match="invalid authentication credentials") as refused:  # as Vertex does
         stranger.batches.list()
+    assert refused.value.code == 401 and refused.value.status == "UNAUTHENTICATED"  # a refused key: the engine holds, not retries
 
 
 def test_a_job_expired_part_way_keeps_its_answers_and_the_rest_falls_back(serve, gcs, tmp_path, monkeypatch):

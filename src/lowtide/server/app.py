@@ -28,6 +28,7 @@ from lowtide.server import (
     bedrock_api,
     dashboard,
     dashboard_evals,
+    digitalocean_api,
     errors,
     faults,
     files,
@@ -108,6 +109,7 @@ def create_app(config: ServeConfig) -> FastAPI:
     app.include_router(mistral_api.files_router)  # before OpenAI's /v1/files/{id}/…
     app.include_router(mistral_api.jobs_router)
     app.include_router(openrouter_api.router)  # OpenRouter's /api/v1/batches
+    app.include_router(digitalocean_api.router)  # DigitalOcean's /digitalocean/v1/batches and its presigned URLs
     app.include_router(bedrock_api.router)  # Bedrock's /model-invocation-job(s) (its input and output in S3)
     app.include_router(vertex_api.router)  # Vertex AI's batchPredictionJobs (its /v1 moved to /v1beta, gemini_versions.py)
     for module in (files, openai_api, anthropic_api, gemini_files, gemini_api, models_api, stored_api, realtime_api, dashboard, dashboard_evals, metrics):
@@ -160,6 +162,9 @@ def _install_auth(app: FastAPI, keys: tuple[str, ...]) -> None:
         if known(given):
             return await call_next(request)
         api = api_of(request.url.path)
+        if api == "gemini" and "/projects/" in request.url.path:  # Vertex AI: an OAuth token, refused as Vertex does
+            return ApiError(401, "Request had invalid authentication credentials. Expected OAuth 2 access token, login "
+                            "cookie or other valid authentication credential.").response(api)  # fmt: skip
         if api == "gemini":
             return ApiError(401 if given is None else 400, "API key not valid. Please pass a valid API key.").response(api)
         if api == "openrouter":
