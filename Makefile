@@ -62,7 +62,7 @@ install: $(LLAMA_STAMP)
 	$(BIN)/pip install --quiet -e ".[local,embed,pandas,postgres]"
 
 install-test: $(LLAMA_STAMP)
-	$(BIN)/pip install --quiet -e ".[local,embed,test,airflow,dagster,otel,s3,gcs,openrouter,mistral,bedrock,vertex]"
+	$(BIN)/pip install --quiet -e ".[local,embed,test,airflow,dagster,otel,s3,gcs,openrouter,mistral,digitalocean,bedrock,vertex]"
 
 clean:
 	rm -rf $(VENV) lowtide.db lowtide.db-wal lowtide.db-shm examples/results

@@ -36,7 +36,7 @@ def key(monkeypatch):
 
 
 def _options(name: str, tmp_path, **more) -> dict:
-    if name in PROVIDER_BATCH or name in ("openai", "anthropic", "gemini", "mistral-batch", "openrouter-batch"):
+    if name in PROVIDER_BATCH or name in ("openai", "anthropic", "gemini", "mistral-batch", "openrouter-batch", "digitalocean-batch"):
         return {"api_key_env": KEY_ENV, **more}
     if name in ("openai-compatible", "openai-compatible-batch"):
         return {"base_url": "http://127.0.0.1:9/v1", "api_key_env": KEY_ENV, **more} if name.endswith("batch") else {"base_url": "http://127.0.0.1:9/v1", **more}

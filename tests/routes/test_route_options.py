@@ -22,6 +22,7 @@ BASE = {
     "azure-batch": {"endpoint": "http://127.0.0.1:9"},
     "vertex-batch": {"staging": "gs://b/lowtide", "project": "p", "anonymous": True, "base_url": "http://127.0.0.1:9"},
     "bedrock-batch": {"role_arn": "arn:aws:iam::123456789012:role/B", "staging": "s3://bkt/lowtide", "region": "us-east-1"},
+    "digitalocean-batch": {"api_key_env": "OPENAI_API_KEY"},  # a key the test sets (MODEL_ACCESS_KEY is not among them)
 }
 
 

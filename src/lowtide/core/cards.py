@@ -340,11 +340,39 @@ CARDS: dict[str, Card] = {
         sources=("github.com/doublewordai/batch-skill (Doubleword's batch guide: OpenAI's Batch API at api.doubleword.ai/v1, "
                  "purpose batch, custom_id ≤ 64, files ≤ 200 MB, completion_window 24h or 1h)", "docs.doubleword.ai/inference-api"),
     ),
-    # Not profiles, on purpose (docs/batch-routes.md): DigitalOcean's batch inference uploads
-    # through a presigned URL (POST /v1/batches/files, then PUT), creates with `file_id`,
-    # `provider` and a required `request_id`, answers `batch_id` and hands results out as
-    # download links; Fireworks' is its own dataset + batchInferenceJobs API. The openai SDK
-    # speaks neither, so neither is faked here.
+    # Not a profile, on purpose (docs/batch-routes.md): Fireworks' batch is its own dataset +
+    # batchInferenceJobs API, which the openai SDK does not speak, so it is not faked here.
+    # `digitalocean-batch`: DigitalOcean's batch inference (routes/digitalocean/batch.py, the pydo
+    # SDK): uploads through a presigned URL (POST /v1/batches/files, then PUT), creates with
+    # `file_id`, `provider` and a required `request_id`, answers `batch_id`, hands results out
+    # as download links. Not a profile either: the openai SDK speaks none of that.
+    "digitalocean-batch": Card(
+        name="digitalocean-batch", kind="batch", provider="DigitalOcean (Gradient AI serverless batch inference)",
+        protocol="openai", billing=None, tier="batch", endpoints=(CHAT, RESPONSES),
+        limits=Limits(max_requests=50_000, max_bytes=200 * MB, min_requests=1, one_model_per_batch=True, one_endpoint_per_batch=True,
+                      metadata="none sent: the dispatch's key travels as the create's request_id"),
+        lines=Lines(input='{"custom_id", "method": "POST", "url", "body"} per JSONL line (provider openai; the url is the '
+                          "batch's endpoint)", result_key="custom_id"),
+        recovery=Recovery(how="idempotency_key", field="request_id",
+                          note="the dispatch's key is the create's request_id (a create repeating it answers the batch "
+                               "it made); find lists batches newest first (route_options.find_hours, 48) and adopts the one "
+                               "with it"),
+        retention=Retention(window_s=24 * HOUR, results_s=30 * DAY,
+                            note="completion_window 24h; result files are kept up to 30 days after the job completes, "
+                                 "their download links are short-lived and fetched just before reading"),
+        ends=Ends(expired=None, cancelled=None),
+        status=_OPENAI_BATCH_STATUS,
+        discount=Discount(factor=None, stacks_with_cache=None,
+                          source="DigitalOcean bills batch per model; genai-prices has no DigitalOcean price list, so "
+                                 "lowtide estimates no cost (billing None)"),
+        turnaround=Prior(p50=4 * HOUR, p95=24 * HOUR, per_request=False,
+                         source="DigitalOcean: typically within 24 hours, no typical time published"),
+        unconfirmed=("limits.custom_id_max", "limits.one_model_per_batch", "retention.inputs_s", "ends.expired", "ends.cancelled",
+                     "discount.factor", "discount.stacks_with_cache", "privacy.residency", "privacy.zero_retention", "turnaround"),
+        sources=("docs.digitalocean.com/products/inference/how-to/use-batch-inference (≤ 200 MB, ≤ 50,000 lines, OpenAI and "
+                 "Anthropic text models only)", "docs.digitalocean.com/reference/api/reference/batch-inference",
+                 "pydo 0.44 operations (create_batch_file, create_batch, get_batch, list_batches, get_batch_results, cancel_batch)"),
+    ),
     # `azure-batch`: the same API at an Azure OpenAI resource (routes/azure/batch.py): the
     # resource's own base URL, the key in an `api-key` header, `model` the deployment's name.
     "azure-batch": Card(

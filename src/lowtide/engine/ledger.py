@@ -123,7 +123,8 @@ class Ledger:
             known = hosted.gpu_hourly_usd == 0 or hosted.seconds(Usage()) is not None
             note = "" if known else f"self_hosted.{name} has no throughput; add input_ and output_tokens_per_second"
             return Rate(billing.tier, hosted=hosted, note=note)
-        assert billing.provider is not None
+        if billing.provider is None:  # a provider with no price list anywhere (its card says why): booked unpriced
+            return Rate(billing.tier, note=f'route "{route}" has no price list (`lowtide routes {route}`); its cost is not estimated')
         found_model = self.catalog.lookup(billing.provider, model, day)
         if found_model is None:
             note = f'{billing.provider} model "{model}" is not in the price catalog; add it to a price file (docs/costs.md)'

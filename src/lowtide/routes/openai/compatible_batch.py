@@ -17,7 +17,7 @@ answers `{"job": {…}}`, its batch has an upper-case `status`, a `progress` per
 `error` text in place of `request_counts` and `errors`, ISO times, and its list is a bare
 array (together-python types/batch.py, resources/batch.py). One reader takes both shapes.
 No profile documents an idempotency key for create (DigitalOcean's `request_id` is the only
-one seen, and DigitalOcean is not a profile: docs/batch-routes.md), so a batch is found after
+one seen, and DigitalOcean has its own route, digitalocean-batch), so a batch is found after
 a crash by its metadata, where the provider keeps it.
 
 Without a profile it is any server speaking OpenAI's Batch API at `route_options.base_url`.
