@@ -113,6 +113,8 @@ def route_options(route: str, url: str) -> dict[str, Any]:
                 "region": "us-east-1"}  # fmt: skip
     if route == "mistral-batch":
         return {"base_url": f"{url}/mistral", "api_key_env": KEY_ENV, "poll_interval": [0.05, 0.2]}
+    if route == "digitalocean-batch":
+        return {"base_url": f"{url}/digitalocean", "api_key_env": KEY_ENV, "poll_interval": [0.05, 0.2]}
     if route == "azure-batch":
         return {"endpoint": url, "api_key_env": KEY_ENV, "poll_interval": [0.05, 0.2]}
     if route in ("openai", "openai-batch"):
@@ -139,7 +141,7 @@ def split(spec, path: Path) -> tuple[dict[str, str], list[int]]:
 
 
 ROUTES = ("openai", "openai-compatible", "anthropic", "gemini", "openai-batch", "azure-batch", "mistral-batch", "anthropic-batch", "echo", "local",
-          "vertex-batch", "bedrock-batch")  # fmt: skip
+          "vertex-batch", "bedrock-batch", "digitalocean-batch")  # fmt: skip
 # Routes checked for the refusal half only (the loader's row check names field and route), and
 # why their accepted half is not run through serve here: serve's backends in front of the
 # capture upstream speak OpenAI's chat or Anthropic's messages, so a Gemini body (vertex-batch,

@@ -38,6 +38,7 @@ from lowtide.core.errors import BatchGone, BatchRejected, NotSent, RouteError
 from lowtide.core.types import Outcome, Refusal, Request
 from lowtide.routes.base import BatchStatus
 from lowtide.routes.openai.batch import jsonl_file, parse_result_line, request_line
+from lowtide.routes.openai.wire import openai_refusal
 from lowtide.routes.options import number_option, secret_of, text_option
 from lowtide.routes.provider import api_key, batch_limits, check_options, never_sent, poll_interval
 
@@ -88,7 +89,7 @@ class DigitalOceanBatchRoute:
         if request.endpoint not in CARD.endpoints:
             return Refusal("endpoint", f"DigitalOcean's batch takes {', '.join(CARD.endpoints)} here ({self.name}), "
                                        f"not {request.endpoint}; use another route for this endpoint")  # fmt: skip
-        return None
+        return openai_refusal(request, self.name)  # a stream, as every OpenAI-shaped batch route refuses it
 
     async def submit(self, key: str, requests: Iterable[Request]) -> str:
         with jsonl_file(self.name, requests, request_line, "batch") as (f, _model, endpoint):
