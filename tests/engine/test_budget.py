@@ -13,6 +13,7 @@ import asyncio
 import math
 from decimal import Decimal
 
+import pytest
 import sqlalchemy as sa
 
 from lowtide.core.clock import SystemClock
@@ -199,3 +200,25 @@ def test_a_direct_claim_takes_at_most_the_routes_dispatch_size(store, tmp_path):
         d = new_dispatch(conn, job.id, "openai", "direct", DispatchState.RUNNING, NOW)
         assert claim_due(conn, d, job.id, NOW, 2, "openai") == 2
         assert conn.execute(sa.select(sa.func.count()).where(requests.c.dispatch_id == d)).scalar_one() == 2
+
+
+def test_a_budget_on_a_route_with_no_price_list_is_refused_at_load_naming_why(store, tmp_path, monkeypatch):
+    """digitalocean-batch has no price list anywhere (its card's billing is None): a budgeted
+    job there is refused before anything is stored, as any unpriceable job is, never an
+    AssertionError (the simulation's `budget` rule found it)."""
+    from lowtide.core.errors import SpecError
+    from lowtide.core.pricing import attempt_cost
+    from lowtide.core.types import Usage
+
+    cost = attempt_cost(Usage(input_tokens=1, output_tokens=1), "openai-gpt-4o-mini", "digitalocean-batch")
+    assert cost.usd is None and "digitalocean-batch has no price list" in cost.note
+    monkeypatch.setenv("MODEL_ACCESS_KEY", "k")
+    write_csv(tmp_path / "t.csv", [{"ticket_id": "1", "body": "x"}])
+    spec = make_spec(tmp_path / "t.csv", route="digitalocean-batch", model="openai-gpt-4o-mini", budget_usd="5",
+                     route_options={"base_url": "http://127.0.0.1:9"})  # fmt: skip
+    with pytest.raises(SpecError) as refused:
+        load_job(store, spec, clock=SystemClock())
+    assert "has no price (digitalocean-batch has no price list" in str(refused.value)
+    assert str(refused.value).endswith("Remove budget_usd, or send through a priced route")
+    with store.read() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(jobs)).scalar() == 0

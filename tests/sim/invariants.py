@@ -11,7 +11,8 @@ serve keeps each API's batches in one table: a Mistral job is one of its OpenAI 
 metadata holds the job's own, `lowtide_key` included: mistral_api.py), Azure's and an
 OpenAI-compatible server's are OpenAI's, OpenRouter's are `api = "openrouter"`, a Vertex job
 is one of its Gemini batches (displayName: the dispatch key), a Bedrock job is `api = "bedrock"`
-(its clientRequestToken: the dispatch key).
+(its clientRequestToken: the dispatch key), a DigitalOcean batch one of its OpenAI batches (its
+request_id, the dispatch key, under digitalocean_api.MARK in the metadata).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from lowtide.core.types import Request
 from lowtide.routes.vertex import lines as vertex_lines
 from lowtide.server import billing
 from lowtide.server.bedrock_api import MARK as BEDROCK_MARK
+from lowtide.server.digitalocean_api import MARK as DIGITALOCEAN_MARK
 from lowtide.store.queries import LIVE_DISPATCH_STATES
 from lowtide.store.schema import (
     attempts,
@@ -96,6 +98,8 @@ def _key_of(batch) -> str | None:
     """The lowtide dispatch key a provider batch carries: OpenAI's metadata (Azure's, an
     OpenAI-compatible server's and a Mistral job's too), Gemini's displayName."""
     meta = json.loads(batch.metadata) if batch.metadata else {}
+    if batch.api == "openai" and DIGITALOCEAN_MARK in (meta or {}):  # DigitalOcean's request_id (digitalocean_api.py)
+        return json.loads(meta[DIGITALOCEAN_MARK]).get("request_id")
     if batch.api == "openai":
         return (meta or {}).get("lowtide_key")
     if batch.api == "gemini":  # gemini-batch's and vertex-batch's

@@ -74,6 +74,7 @@ CALLS = {
     "vertex-batch": ("POST /v1beta/projects/*/locations/*/batchPredictionJobs",
                      "GET /v1beta/projects/*/locations/*/batchPredictionJobs/*"),
     "bedrock-batch": ("POST /model-invocation-job", "GET /model-invocation-job/*/*"),
+    "digitalocean-batch": ("POST /digitalocean/v1/batches", "GET /digitalocean/v1/batches/*"),
 }
 FAULTS = ("none", "queue_full", "queue_tight", "queue_room", "fail_validation", "expire", "drop_lines",
           "duplicate_lines", "corrupt_lines", "create_429", "poll_500", "lost_create")  # fmt: skip
@@ -94,6 +95,9 @@ NOT_ON = {
     # whose batch faults they meet as those routes do).
     "vertex-batch": QUEUE,
     "bedrock-batch": QUEUE,
+    # DigitalOcean publishes no enqueued-token limit (its batch is one of serve's OpenAI batches,
+    # whose batch faults it meets as openai-batch does).
+    "digitalocean-batch": QUEUE,
 }
 # Bedrock runs a job of 100 records at least (the card's limits.min_requests; a smaller chunk is
 # refused before anything is sent, and those requests fail naming the minimum): its examples'

@@ -30,7 +30,8 @@ def test_simulation(store_kind, route, request):
 # The batch routes added since, each on its own API at serve (tests/sim/world.py): SQLite only
 # and a smaller budget; bench/simulate.py runs them longer and on PostgreSQL.
 # vertex-batch and bedrock-batch bring their object store (GCS emulator, moto's S3: world.ObjectStores).
-LATER_ROUTES = ["openai-compatible-batch", "azure-batch", "mistral-batch", "openrouter-batch", "vertex-batch", "bedrock-batch"]
+LATER_ROUTES = ["openai-compatible-batch", "azure-batch", "mistral-batch", "openrouter-batch", "vertex-batch", "bedrock-batch",
+                "digitalocean-batch"]
 LATER_EXAMPLES = 4
 LATER_STEPS = 30
 

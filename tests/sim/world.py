@@ -43,12 +43,14 @@ ROUTE_MODELS = {"openai-batch": "gpt-4o-mini", "anthropic-batch": "claude-3-5-ha
                 "gemini-batch": "gemini-2.5-flash", "echo-batch": "test-model",
                 "openai-compatible-batch": "gpt-4o-mini", "azure-batch": "gpt-4o-mini",  # azure: the deployment's name
                 "mistral-batch": "mistral-small-latest", "openrouter-batch": "openai/gpt-4o-mini",
-                "vertex-batch": "gemini-2.5-flash", "bedrock-batch": "us.anthropic.claude-3-5-haiku-20241022-v1:0"}  # fmt: skip
+                "vertex-batch": "gemini-2.5-flash", "bedrock-batch": "us.anthropic.claude-3-5-haiku-20241022-v1:0",
+                "digitalocean-batch": "openai-gpt-4o-mini"}  # fmt: skip
 # Through lowtide serve: each speaks its API there (azure under /openai, mistral under /mistral,
-# openrouter at /api/v1, vertex under /v1/projects, bedrock at /model-invocation-job: server/azure_paths.py,
-# mistral_api.py, openrouter_api.py, vertex_api.py, bedrock_api.py).
+# openrouter at /api/v1, vertex under /v1/projects, bedrock at /model-invocation-job, digitalocean under
+# /digitalocean: server/azure_paths.py, mistral_api.py, openrouter_api.py, vertex_api.py, bedrock_api.py,
+# digitalocean_api.py).
 SERVED = ("openai-batch", "anthropic-batch", "gemini-batch", "openai-compatible-batch", "azure-batch", "mistral-batch",
-          "openrouter-batch", "vertex-batch", "bedrock-batch")  # fmt: skip
+          "openrouter-batch", "vertex-batch", "bedrock-batch", "digitalocean-batch")  # fmt: skip
 # The routes whose inputs and outputs live in an object store, and the one each needs: both
 # sides (serve and the route) reach it by the SDKs' own environment, as the route tests do.
 OBJECT_STORE = {"vertex-batch": "gcs", "bedrock-batch": "s3"}
@@ -324,7 +326,8 @@ class World:
                     "poll_interval": polls, "max_requests": chunk}  # fmt: skip
         where = {"openai-batch": ("base_url", f"{url}/v1"), "openai-compatible-batch": ("base_url", f"{url}/v1"),
                  "azure-batch": ("endpoint", url), "mistral-batch": ("base_url", f"{url}/mistral"),
-                 "openrouter-batch": ("base_url", f"{url}/api/v1")}.get(route, ("base_url", url))  # fmt: skip
+                 "openrouter-batch": ("base_url", f"{url}/api/v1"),
+                 "digitalocean-batch": ("base_url", f"{url}/digitalocean")}.get(route, ("base_url", url))  # fmt: skip
         return {where[0]: where[1], "api_key_env": key_env, "poll_interval": polls, "max_requests": chunk}
 
     def close(self) -> None:

@@ -16,7 +16,7 @@ from lowtide.core.endpoints import EMBEDDINGS
 from lowtide.core.errors import InputError, LowtideError, SpecError
 from lowtide.core.locations import Location, location, scheme_of, store_problem
 from lowtide.core.output_target import OutputTarget
-from lowtide.core.pricing import Catalog, attempt_cost, billing_of, load_catalog
+from lowtide.core.pricing import Catalog, Tier, attempt_cost, billing_of, load_catalog
 from lowtide.core.spec import JobSpec, format_of
 from lowtide.core.types import Usage
 
@@ -198,10 +198,13 @@ def check_prices(spec: JobSpec, where: str) -> None:
         model = lane_model or spec.model
         cost = attempt_cost(Usage(input_tokens=1, output_tokens=1), model, route, options, catalog=catalog)
         if cost.usd is None:
+            billing = billing_of(route, options)
+            unpriceable = billing is not None and billing.provider is None and billing.tier is not Tier.SELF_HOSTED
+            fix = "Remove budget_usd, or send through a priced route" if unpriceable else "Add the price, or remove budget_usd"
             raise SpecError(
                 f'{where}: budget_usd is set, but model "{model}" on route'
                 f" {route} has no price ({cost.note}); "
-                "no request could be checked against the budget. Add the price, or remove budget_usd"
+                f"no request could be checked against the budget. {fix}"
             )
 
 
