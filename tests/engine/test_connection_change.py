@@ -159,7 +159,9 @@ def test_a_change_line_never_shows_a_pasted_key_or_a_urls_password(tmp_path):
 
 def test_every_batch_routes_option_is_sorted_into_connection_or_not():
     # A new batch route option that says where batches live must join CONNECTION_OPTIONS;
-    # this fails until someone decides which it is.
+    # this fails until someone decides which it is. (It missed vertex-batch's access_token_env,
+    # project and location, and bedrock-batch's region and endpoint_url, until the simulation
+    # changed vertex-batch's key with a batch in flight.)
     from lowtide.core.spec_changes import CONNECTION_OPTIONS
     from lowtide.routes.anthropic import batch as anthropic_batch
     from lowtide.routes.azure import batch as azure_batch
@@ -167,8 +169,11 @@ def test_every_batch_routes_option_is_sorted_into_connection_or_not():
     from lowtide.routes.mistral import batch as mistral_batch
     from lowtide.routes.openai import batch as openai_batch
     from lowtide.routes.openai import compatible_batch as openai_compatible_batch
+    from lowtide.routes.bedrock import batch as bedrock_batch
+    from lowtide.routes.digitalocean import batch as digitalocean_batch
     from lowtide.routes.openrouter import batch as openrouter_batch
     from lowtide.routes.own import echo_batch
+    from lowtide.routes.vertex import batch as vertex_batch
 
     not_connection = {
         "max_requests", "max_bytes", "inline_bytes", "poll_interval", "find_window", "find_hours", "find_pages", "timeout",
@@ -177,9 +182,12 @@ def test_every_batch_routes_option_is_sorted_into_connection_or_not():
         "api_version",  # azure-batch: v1 or preview reach the same resource's batches
         "timeout_hours",  # mistral-batch: how long a new job may run
         "provider_only", "allow_fallbacks",  # openrouter-batch: where new batches run
+        "staging", "bucket",  # vertex- and bedrock-batch: where new jobs write; results are read where the job says
+        "role_arn",  # bedrock-batch: the role new jobs run as
     }  # fmt: skip
     options = (openai_batch.OPTIONS | anthropic_batch.OPTIONS | gemini_batch.OPTIONS | echo_batch.KNOWN_OPTIONS | azure_batch.OPTIONS
-               | mistral_batch.OPTIONS | openrouter_batch.OPTIONS | openai_compatible_batch.OPTIONS)  # fmt: skip
+               | mistral_batch.OPTIONS | openrouter_batch.OPTIONS | openai_compatible_batch.OPTIONS | vertex_batch.OPTIONS
+               | bedrock_batch.OPTIONS | digitalocean_batch.OPTIONS)  # fmt: skip
     assert options - not_connection == set(CONNECTION_OPTIONS)
 
 

@@ -167,8 +167,9 @@ def bill_matches(world, drained: bool = False, held: frozenset[str] = frozenset(
         elif got[0] != (line.input_tokens, line.output_tokens):
             out.append(f"{key}: booked {got[0]} tokens, billed {(line.input_tokens, line.output_tokens)}")
     if drained:
-        out += [f"{key}: billed by the provider, never booked" for key, line in billed.items()
-                if line.whole and key not in booked and key[0] not in waiting]  # fmt: skip
+        keys = {b.id: _key_of(b) for _, b in _serve_batches(world)}  # the dispatch each batch was made for
+        out += [f"{key}: billed by the provider in the batch of dispatch key {keys.get(key[0])}, never booked"
+                for key, line in billed.items() if line.whole and key not in booked and key[0] not in waiting]  # fmt: skip
     return out
 
 
@@ -250,13 +251,14 @@ def check_step(world) -> list[str]:
 
 def held_dispatches(world) -> dict[int, tuple[int, str]]:
     """Dispatches held and said so (engine/held.py: the provider refused the key
-    while lowtide looked for a batch it may have created): `submitting`, their error
-    beginning "held: ", and a `held` event in their job. A hold is a state the operator is
-    told of, so the drain accepts it; a silent one would still be a violation. id -> (job, key)."""
+    while lowtide looked for a batch it may have created, `submitting`, or polled one it
+    sent, `submitted`): their error beginning "held: ", and a `held` event in their job. A
+    hold is a state the operator is told of, so the drain accepts it; a silent one would
+    still be a violation. id -> (job, key)."""
     with world.store.read() as conn:
         rows = conn.execute(
             sa.select(dispatches.c.id, dispatches.c.job_id, dispatches.c.key).where(
-                dispatches.c.state == "submitting", dispatches.c.error.like("held: %")
+                dispatches.c.state.in_(["submitting", "submitted"]), dispatches.c.error.like("held: %")
             )
         ).all()
         told = set(conn.scalars(sa.select(events.c.job_id).where(events.c.kind == "held")))
@@ -266,7 +268,8 @@ def held_dispatches(world) -> dict[int, tuple[int, str]]:
 def check_drained(world) -> list[str]:
     """After the drain: every request terminal, every job finished or cancelled, no live
     dispatch, and every whole billed line booked; but for what a reported hold keeps
-    (`held_dispatches`): its dispatch, its requests, its job and its batch's bill."""
+    (`held_dispatches`): its dispatch, its requests, its job and its batch's bill, and the
+    bill of a batch a hold gave up, said (`given_up`)."""
     out = []
     held = held_dispatches(world)
     held_ids, held_jobs = list(held), {job for job, _ in held.values()}
@@ -289,8 +292,18 @@ def check_drained(world) -> list[str]:
     out += [f"drain: {n} request(s) {state} in job {name} ({job_state})" for name, job_state, state, n in open_requests]
     out += [f"drain: job {name} still {state}" for name, state in open_jobs]
     out += [f"drain: dispatch {d} still {s} (provider batch {p}; last error: {(e or '')[:200]})" for d, s, p, e in live]
-    out += [f"drain: {v}" for v in bill_matches(world, drained=True, held=frozenset(key for _, key in held.values()))]
+    out += [f"drain: {v}" for v in bill_matches(world, drained=True, held=frozenset(key for _, key in held.values()) | given_up(world))]
     return out
+
+
+def given_up(world) -> frozenset[str]:
+    """The keys of dispatches a hold gave up (the job cancelled, a deadline, the results window
+    passed while the key was refused): their batches may be billed and never booked, and the
+    dispatch's error and event say so (engine/held.py)."""
+    with world.store.read() as conn:
+        return frozenset(conn.scalars(
+            sa.select(dispatches.c.key).where(dispatches.c.state == "failed", dispatches.c.error.like("%refused the key%"))
+        ))  # fmt: skip
 
 
 def check_increment(world, name: str, job: dict[str, Any]) -> list[str]:

@@ -30,7 +30,10 @@ PAYLOAD_OPTIONS = ("service_tier", "cache_prefix")
 # resource, endpoint; openai-compatible-batch's provider, profile, which gives both URL and
 # key), the account (the key's variable), echo-batch's folder (dir). A route option of that
 # kind joins here (tests/engine/test_connection_change.py checks every batch route's options are sorted).
-CONNECTION_OPTIONS = ("base_url", "api_key_env", "dir", "endpoint", "profile")
+# vertex-batch's key is an access token's variable (or anonymous) and its batches live in a project
+# and location; bedrock-batch's in a region, at an endpoint, under a profile's account.
+CONNECTION_OPTIONS = ("base_url", "api_key_env", "dir", "endpoint", "profile", "access_token_env", "anonymous", "project",
+                      "location", "region", "endpoint_url")  # fmt: skip
 _VARIABLE = re.compile(r"[A-Z_][A-Z0-9_]{0,127}")  # as routes/_provider.not_a_variable
 
 

@@ -1,6 +1,6 @@
 """What in a job waits on the operator, as sentences `lowtide status` prints (and `--json`
 carries as `attention`): a batch held because the provider refused the key while lowtide
-looked for it (engine/held.py), and batches whose results risk expiring at the
+looked for it or polled it (engine/held.py), and batches whose results risk expiring at the
 provider before they are read (engine/results_window.py `at_risk`)."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def attention(store: Store, name: str, clock: Clock) -> list[str]:
         held = conn.scalars(
             select(dispatches.c.error).where(
                 dispatches.c.job_id == job.id,
-                dispatches.c.state == DispatchState.SUBMITTING.value,
+                dispatches.c.state.in_([DispatchState.SUBMITTING.value, DispatchState.SUBMITTED.value]),
                 dispatches.c.error.like(f"{HELD}%"),
             )
         ).all()

@@ -31,7 +31,7 @@ from lowtide.core.types import Outcome, Request
 from lowtide.engine import budget, fate, queue_limit
 from lowtide.engine.context import JobContext
 from lowtide.engine.dispatch import assign, iter_dispatched, left_in_dispatch, new_dispatch
-from lowtide.engine.held import hold, key_refused
+from lowtide.engine.held import hold, hold_poll, key_refused
 from lowtide.engine.ingest import IngestCounts, apply_outcomes
 from lowtide.engine.packs import Packer, pack_size, packing, unpack_stored, vector_check
 from lowtide.engine.results_window import (
@@ -441,6 +441,9 @@ async def poll(
                     status = await route.poll(provider_id)
         except Exception as err:
             said = scrub(route, str(err))
+            if key_refused(err):  # held, said once: the batch runs whatever our key (engine/held.py `hold_poll`)
+                _hold_poll(store, job, route, dispatch_id, provider_id, polls, submitted_at, said, interval, clock, rng)
+                continue
             with store.begin() as conn:
                 conn.execute(
                     update(dispatches).where(dispatches.c.id == dispatch_id).values(
@@ -480,6 +483,24 @@ async def poll(
                     conn.execute(update(dispatches).where(dispatches.c.id == dispatch_id).values(lease_until=0.0))
                     add_event(conn, job.id, "ingest_error", scrub(route, f"{route.name} batch {provider_id}: {err}"), clock.now())
     return counts
+
+
+def _hold_poll(store: Store, job: JobContext, route: BatchRoute, dispatch_id: int, provider_id: str, polls: int,
+               submitted_at: float | None, said: str, interval: tuple[float, float], clock: Clock, rng: random.Random) -> None:  # fmt: skip
+    """A poll refused the key: polled again as usual, never counted toward giving the batch up
+    as lost; given up only when its job is cancelled or its results window has passed."""
+    now = clock.now()
+    given_up = hold_poll(store, job, route.name, dispatch_id, provider_id, said, now, past_retention(route, submitted_at, now))
+    if given_up is not None:
+        code, reason = given_up
+        _reject(store, job, route, dispatch_id, DispatchState.SUBMITTED, reason, clock, rng, code=code, retryable=True)
+        return
+    with store.begin() as conn:
+        conn.execute(
+            update(dispatches).where(dispatches.c.id == dispatch_id).values(
+                polls=polls + 1, next_poll_at=now + next_poll_delay(route, interval, polls, rng), lease_until=0.0, lost_since=None,
+            )
+        )  # fmt: skip
 
 
 LOST_GRACE = 3600.0  # seconds a provider may answer "no such batch" before the batch is given up

@@ -14,6 +14,15 @@ sending the requests again could run them twice. The dispatch stays `submitting`
                  as lost (`batch_lost`, retryable: engine/fate.py decides: cancelled in a
                  cancelled job, the fallback route where there is one, else another batch
                  while attempts remain, then `deadline_passed`)
+
+A batch already sent whose poll is refused the key (simulation finding 5: the key changed
+while a batch ran) is held the same way (`hold_poll`): the batch runs and is paid for at the
+provider whatever lowtide's key, so counting the refusals toward giving it up as lost (a day
+of errors) would end its requests and send them again, paid twice, answers never read. It is
+polled as before and read by the first poll the key lets through; a cancelled job gives it
+up (its requests cancelled); so does the card's results window passing (nothing left to read:
+`results_expired`, engine/results_window.py). A deadline does not: a batch past it is still
+read, as any late batch is.
 """
 
 from __future__ import annotations
@@ -62,16 +71,55 @@ def hold(store: Store, job: JobContext, route: str, dispatch_id: int, key: str, 
             f"batch was created; given up as {why}: if it was, it runs and is paid for at the provider, its results not "
             "brought in"
         )
-    env = spec.route_options.get("api_key_env") if route == spec.route else None
-    variable = f" ({env})" if isinstance(env, str) else ""
     held = (
         f"{HELD}the provider refused the key while looking for batch {key}; fix the key in the variable "
-        f"route_options.api_key_env names{variable} where the worker runs, and the next tick adopts the batch (or sends "
+        f"{_variable(job, route)} where the worker runs, and the next tick adopts the batch (or sends "
         f"it, if it was never created); or `lowtide cancel {job.name}` ends its requests cancelled ({said})"
     )[:2000]
+    _say(store, job, route, dispatch_id, error, held, now)
+    return None
+
+
+def hold_poll(store: Store, job: JobContext, route: str, dispatch_id: int, provider_id: str, said: str, now: float,
+              kept: float | None) -> tuple[str, str] | None:  # fmt: skip
+    """Hold a sent batch whose poll was refused the key (saying so once), or, if its job is
+    cancelled or the card's results window (`kept`: seconds since it was sent, past it; None
+    inside it) has passed, the failure code and reason its requests are given up with."""
+    with store.begin() as conn:
+        state = lock_job(conn, job.id)
+        error, cancel_requested = conn.execute(
+            select(dispatches.c.error, dispatches.c.cancel_requested).where(dispatches.c.id == dispatch_id)
+        ).one()
+    if state == JobState.CANCELLED.value or cancel_requested:
+        return "batch_lost", (
+            f"{route} refused the key on every poll of batch {provider_id} ({said}); given up as the job was cancelled: "
+            "it runs and is paid for at the provider, its results not brought in"
+        )
+    if kept is not None:
+        return "results_expired", (
+            f"{route} refused the key on every poll of batch {provider_id} ({said}) until its card's results window "
+            f"({kept:.0f} s after it was sent) passed: its results cannot be read any more"
+        )
+    held = (
+        f"{HELD}the provider refused the key while polling batch {provider_id}, which runs and is paid for there; fix "
+        f"the key in the variable {_variable(job, route)} where the worker runs, and the next poll reads it; or "
+        f"`lowtide cancel {job.name}` gives it up, its requests cancelled ({said})"
+    )[:2000]
+    _say(store, job, route, dispatch_id, error, held, now)
+    return None
+
+
+def _variable(job: JobContext, route: str) -> str:
+    """Which option names the key's variable (vertex-batch's is an access token's), and its value."""
+    options = job.spec.route_options if route == job.spec.route else {}
+    option = next((o for o in ("api_key_env", "access_token_env") if isinstance(options.get(o), str)), "api_key_env")
+    return f"route_options.{option} names" + (f" ({options[option]})" if option in options else "")
+
+
+def _say(store: Store, job: JobContext, route: str, dispatch_id: int, error: str | None, held: str, now: float) -> None:
+    """Write the hold on its dispatch; the event and the warning once per hold, not once a tick."""
     with store.begin() as conn:
         conn.execute(update(dispatches).where(dispatches.c.id == dispatch_id).values(error=held, lease_until=0.0))
         if not (error or "").startswith(HELD):  # once per hold, not once per tick
             add_event(conn, job.id, "held", f"{route}: {held}", now)
             log.warning("lowtide: job %s: %s: %s", job.name, route, held)
-    return None
