@@ -165,12 +165,12 @@ def test_every_batch_routes_option_is_sorted_into_connection_or_not():
     from lowtide.core.spec_changes import CONNECTION_OPTIONS
     from lowtide.routes.anthropic import batch as anthropic_batch
     from lowtide.routes.azure import batch as azure_batch
+    from lowtide.routes.bedrock import batch as bedrock_batch
+    from lowtide.routes.digitalocean import batch as digitalocean_batch
     from lowtide.routes.gemini import batch as gemini_batch
     from lowtide.routes.mistral import batch as mistral_batch
     from lowtide.routes.openai import batch as openai_batch
     from lowtide.routes.openai import compatible_batch as openai_compatible_batch
-    from lowtide.routes.bedrock import batch as bedrock_batch
-    from lowtide.routes.digitalocean import batch as digitalocean_batch
     from lowtide.routes.openrouter import batch as openrouter_batch
     from lowtide.routes.own import echo_batch
     from lowtide.routes.vertex import batch as vertex_batch

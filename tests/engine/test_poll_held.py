@@ -9,7 +9,15 @@ and store against `lowtide serve`, on one ManualClock."""
 from __future__ import annotations
 
 from lowtide.engine.control import cancel_job
-from tests.engine.sim_world import dispatch_rows, event_rows, job_state, load, request_rows, rounds, world
+from tests.engine.sim_world import (
+    dispatch_rows,
+    event_rows,
+    job_state,
+    load,
+    request_rows,
+    rounds,
+    world,
+)
 from tests.sim import invariants
 from tests.sim.world import KEY, WRONG_KEY_ENV
 
@@ -17,7 +25,8 @@ HOURS = 3600.0
 
 
 def attention(store, name, clock) -> list[str]:
-    from lowtide.engine.attention import attention  # here: the defect test runs on the commit before too
+    # Imported here: the defect test runs on the commit before too.
+    from lowtide.engine.attention import attention
 
     return attention(store, name, clock)
 

@@ -116,4 +116,8 @@ def test_a_held_dispatch_is_given_up_when_the_deadline_comes(tmp_path, monkeypat
         assert sorted((r.state, r.error_code) for r in request_rows(w)) == [
             ("failed", "batch_rejected"), ("failed", "batch_rejected"), ("failed", "deadline_passed"), ("failed", "deadline_passed")
         ]  # fmt: skip
+        # They were sent (in the held batch), so not "before this request was sent": the last attempt is named.
+        late = [r.error_message for r in request_rows(w) if r.error_code == "deadline_passed"]
+        assert all("before this request could be sent again" in m and "its last attempt: batch_lost: " in m for m in late), late
+        assert all("refused the key while lowtide looked for batch" in m for m in late), late
         assert job_state(w) == "finished" and invariants.batches_created(w) == 0

@@ -41,7 +41,7 @@ from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, and_, literal, select
+from sqlalchemy import ColumnElement, Connection, and_, func, literal, select
 from sqlalchemy.dialects import postgresql, sqlite
 
 from lowtide.core.outputs import (
@@ -171,6 +171,18 @@ def deadline_values(spec: JobSpec, now: float) -> dict[str, Any]:
     }
 
 
+def deadline_after_values(spec: JobSpec, now: float) -> dict[str, Any]:
+    """What a request carries that was sent, failed retryably and waited to go again."""
+    last = func.coalesce(requests.c.error_code, "unknown") + ": " + func.coalesce(requests.c.error_message, "")
+    said = (f"{_deadline_words(spec)} before this request could be sent again (raise `deadline` and run "
+            "`lowtide retry JOB --failed`); its last attempt: ")
+    return {
+        "error_code": "deadline_passed",
+        "error_message": func.substr(literal(said) + last, 1, 2000),
+        "updated_at": now,
+    }
+
+
 def cancelled_values(now: float) -> dict[str, Any]:
     """What a request cancelled by the user carries."""
     return {"error_code": "cancelled", "error_message": "cancelled by the user", "updated_at": now}
@@ -226,10 +238,11 @@ def past_deadline(conn: Connection, job: JobContext, now: float) -> int:
     if not deadline_passed(job.spec, now):
         return 0
     lock_job(conn, job.id)
-    n = move_requests(
-        conn, RequestState.FAILED, and_(requests.c.job_id == job.id, requests.c.state == PENDING),
-        values=deadline_values(job.spec, now),
-    )  # fmt: skip
+    waiting = and_(requests.c.job_id == job.id, requests.c.state == PENDING)
+    n = move_requests(conn, RequestState.FAILED, and_(waiting, requests.c.attempts == 0), values=deadline_values(job.spec, now))
+    # One that was sent and waits to go again (a lost batch, a retryable failure) says so, and
+    # keeps its last attempt's words: "before it was sent" would be untrue of it.
+    n += move_requests(conn, RequestState.FAILED, and_(waiting, requests.c.attempts > 0), values=deadline_after_values(job.spec, now))
     planned = conn.scalars(
         select(dispatches.c.id).where(dispatches.c.job_id == job.id, dispatches.c.state == DispatchState.PLANNED.value)
     ).all()
