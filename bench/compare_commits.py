@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,8 +40,23 @@ def checkout(rev: str, into: Path) -> Path:
 
 def env_for(tree: Path) -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(tree / "src"), *filter(None, [env.get("PYTHONPATH")])])
+    env["PYTHONPATH"] = os.pathsep.join([str(tree / "src"), str(entry_points_of(tree)), *filter(None, [env.get("PYTHONPATH")])])
     return env
+
+
+def entry_points_of(tree: Path) -> Path:
+    """A folder holding a `lowtide` dist-info with `tree`'s own entry points (its
+    pyproject.toml's): routes are found by entry point, and the venv's name this checkout's
+    modules (routes/ moved to one folder per provider), which an older tree does not have.
+    Ahead of site-packages on the path, its distribution is the one importlib.metadata reads."""
+    folder = tree / ".compare-entry-points"
+    info = folder / "lowtide-0.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    groups = tomllib.loads((tree / "pyproject.toml").read_text())["project"].get("entry-points", {})
+    text = "".join(f"[{group}]\n" + "".join(f"{k} = {v}\n" for k, v in points.items()) + "\n" for group, points in groups.items())
+    (info / "entry_points.txt").write_text(text)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: lowtide\nVersion: 0\n")
+    return folder
 
 
 def imported_from(tree: Path) -> Path:

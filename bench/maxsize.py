@@ -223,9 +223,7 @@ def spec_of(case: Case, rows: int, serve: Serve) -> dict:
         "name": "maxsize", "source": {"path": "rows.jsonl", "id_column": "id"},
         "template": {"user": "{{ body }}"}, "model": case.model, "route": case.route, "params": case.params,
         "chunk_size": rows, "packing": False,
-        "route_options": {"base_url": base, "api_key_env": KEY_ENV, "poll_interval": [0.2, 1.0], "max_requests": rows,
-                          # serve takes a Gemini file in during the create call: 2 GB outlasts the default 120 s
-                          "timeout": 1800},
+        "route_options": {"base_url": base, "api_key_env": KEY_ENV, "poll_interval": [0.2, 1.0], "max_requests": rows},
     }  # fmt: skip
     if case.endpoint:
         spec["endpoint"] = case.endpoint

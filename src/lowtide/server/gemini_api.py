@@ -7,9 +7,12 @@
     POST   /v1beta/models/{model}:generateContent        (real time, on a direct backend)
 
 A batch is an operation named `batches/<id>` whose `metadata` is the batch (state
-`BATCH_STATE_*`, which the SDK reports as `JOB_STATE_*`). Its requests are taken in at
-create, from the inline list or the uploaded JSONL file (`{"key", "request"}` lines), into
-the batch's folder as lowtide source rows (intake.py), and run as lowtide jobs on the
+`BATCH_STATE_*`, which the SDK reports as `JOB_STATE_*`). An inline list (under 20 MB) is
+taken in at create; an uploaded JSONL file (`{"key", "request"}` lines, up to 2 GB) by the
+worker after the create has answered (`BATCH_STATE_PENDING` meanwhile; a bad line fails the
+batch, `BATCH_STATE_FAILED` with its words), as Gemini answers a create at once: taking 2 GB
+in first outlasted a client's read timeout. Either way into the batch's folder as lowtide
+source rows (gemini_intake.py, intake.py), and run as lowtide jobs on the
 backend like the other APIs' batches (lifecycle.py), with the same clock and fault plan.
 A request the backend refuses fails alone, as that key's `error`. Results are matched by
 key: an inline batch's `metadata.key`, a file line's `key` (gemini_outputs.py).
@@ -31,13 +34,14 @@ from lowtide.core import fastjson
 from lowtide.core.endpoints import GEMINI
 from lowtide.core.types import Request as LowtideRequest
 from lowtide.routes.replies import Ids, in_shape, text_body
-from lowtide.server import records, safejson
+from lowtide.server import records
 from lowtide.server.bodies import parse_object, read_body
 from lowtide.server.context import Server
 from lowtide.server.errors import ApiError
 from lowtide.server.finalize import Summary, batch_folder, live_summary
 from lowtide.server.gemini_fields import Mask, apply, mask_of, selects
 from lowtide.server.gemini_files import get_file, rfc3339
+from lowtide.server.gemini_intake import take
 from lowtide.server.gemini_outputs import INLINE, meta_of
 from lowtide.server.intake import Intake
 from lowtide.server.realtime_api import _backend, _finish, _run
@@ -130,66 +134,27 @@ async def create(model: str, request: Request) -> Response:
     if inline and len(raw) > INLINE_MAX_BYTES:
         raise ApiError(400, f"Inline requests are {len(raw):,} bytes; a batch takes at most {INLINE_MAX_BYTES:,} inline. Upload a JSONL file and give its fileName.")
     batch_id = "lt" + secrets.token_hex(12)
-    intake = await run_in_threadpool(_take, server, batch_id, model, source)
-    meta = {"displayName": batch.get("displayName"), "inline": inline}
+    meta: dict[str, Any] = {"displayName": batch.get("displayName"), "inline": inline}
+    if inline:  # under 20 MB: taken in now, a bad request refused with this call's 400
+        intake: Intake | None = await run_in_threadpool(take, server, batch_id, model, source)
+    else:  # up to 2 GB: answered at once, the file taken in by the worker (validating, as Gemini's PENDING)
+        name = source.get("fileName")
+        if not isinstance(name, str):
+            raise ApiError(400, "batch.inputConfig: give fileName (an uploaded JSONL file) or requests.")
+        get_file(server, name)  # no such file: this call's 404
+        intake, meta["fileName"] = None, name
     row = await run_in_threadpool(_store, server, batch_id, model, meta, intake)
     server.notify()
     return _json(batch_object(server, row))
 
 
-def _items(server: Server, source: dict[str, Any]):
-    """(key, request) of each request, in order, or the 400 for the first that is no request."""
-    if "requests" in source:
-        given = (source.get("requests") or {}).get("requests") if isinstance(source.get("requests"), dict) else None
-        if not isinstance(given, list):
-            raise ApiError(400, "batch.inputConfig.requests.requests: expected a list of requests.")
-        for i, item in enumerate(given):
-            meta = item.get("metadata") if isinstance(item, dict) else None
-            key = meta.get("key") if isinstance(meta, dict) and isinstance(meta.get("key"), str) else str(i)
-            yield f"requests[{i}]", key, item.get("request") if isinstance(item, dict) else None
-        return
-    name = source.get("fileName")
-    if not isinstance(name, str):
-        raise ApiError(400, "batch.inputConfig: give fileName (an uploaded JSONL file) or requests.")
-    file = get_file(server, name)
-    with server.path(file.path).open("rb") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                data = safejson.loads(line, server.config.max_json_depth)
-            except ValueError as err:
-                raise ApiError(400, f"{name} line {n}: not valid JSON ({err}).") from None
-            if not isinstance(data, dict) or not isinstance(data.get("key"), str):
-                raise ApiError(400, f'{name} line {n}: expected {{"key": "...", "request": {{...}}}}.')
-            yield f"{name} line {n}", data["key"], data.get("request")
-
-
-def _take(server: Server, batch_id: str, model: str, source: dict[str, Any]) -> Intake:
-    seen: set[str] = set()
-    with Intake(batch_folder(server, batch_id), batch_id) as intake:
-        try:
-            for where, key, asked in _items(server, source):
-                if key in seen:
-                    raise ApiError(400, f"{where}: key '{key}' is used more than once; each request needs its own.")
-                seen.add(key)
-                if not isinstance(asked, dict):
-                    raise ApiError(400, f"{where}: request: expected a GenerateContentRequest object.")
-                refused = rejection(server.route, GEMINI, asked | {"model": model}, server.config.model, "gemini")
-                intake.add(key, model, refused or {"body": asked})
-        except BaseException:
-            intake.discard()
-            raise
-    return intake
-
-
-def _store(server: Server, batch_id: str, model: str, meta: dict[str, Any], intake: Intake) -> Row:
+def _store(server: Server, batch_id: str, model: str, meta: dict[str, Any], intake: Intake | None) -> Row:
     now = server.clock.now()
-    jobs = [{"name": j["name"], "model": j["model"]} for j in intake.jobs.values()]
+    jobs = [{"name": j["name"], "model": j["model"]} for j in intake.jobs.values()] if intake is not None else []
     with server.store.begin() as conn:
         records.insert_batch(
             conn, id=batch_id, api="gemini", endpoint=GEMINI, model=model, metadata=meta, jobs=jobs,
-            faults=server.faults.for_batch("gemini"), total=intake.total, rejected=intake.rejected, created_at=now,
+            faults=server.faults.for_batch("gemini"), total=intake.total if intake else 0, rejected=intake.rejected if intake else 0, created_at=now,
             expires_at=now + 2 * server.config.completion_window,  # Gemini: a batch expires after 48 h
         )  # fmt: skip
         return records.get_batch(conn, batch_id)

@@ -38,8 +38,10 @@ from lowtide.engine.tick import Engine
 from lowtide.routes import create_route
 from lowtide.server import billing, queue, records
 from lowtide.server.context import Server
+from lowtide.server.errors import ApiError
 from lowtide.server.finalize import batch_folder, build_anthropic, build_openai
-from lowtide.server.gemini_outputs import build_gemini
+from lowtide.server.gemini_intake import take
+from lowtide.server.gemini_outputs import build_gemini, meta_of
 from lowtide.server.intake import Intake, check_size, take_openai_file
 from lowtide.server.openrouter_api import build_openrouter
 from lowtide.server.records import BatchStatus as S
@@ -203,9 +205,9 @@ class Worker:
         server = self.server
         faults = records.faults_of(row)
         now = server.clock.now()
-        if row.api in ("openai", "gemini"):  # a Gemini batch was taken in at create: only a fault fails it
+        if row.api in ("openai", "gemini"):  # an inline Gemini batch was taken in at create: only a fault fails it
             fault = faults.get("fail_validation")
-            errors = [dict(fault, param=None, line=None)] if fault else self._take_openai(row) if row.api == "openai" else []
+            errors = [dict(fault, param=None, line=None)] if fault else self._take_openai(row) if row.api == "openai" else self._take_gemini(row)
             if not errors and row.api == "openai" and server.faults.plan.enqueued_tokens:
                 errors = queue.over_limit(server, row.id)  # the simulated batch queue limit
             if errors:
@@ -238,6 +240,22 @@ class Worker:
         jobs = [{"name": j["name"], "model": j["model"]} for j in intake.jobs.values()]
         with server.store.begin() as conn:
             records.set_batch(conn, row.id, model=model, jobs=json.dumps(jobs), total=intake.total, rejected=intake.rejected)
+        return []
+
+    def _take_gemini(self, row: Row) -> list[dict[str, Any]]:
+        """A Gemini file batch's lines, taken in after its create answered (gemini_api.py); the
+        errors, if a line is no request or the file is gone. An inline one was taken in at create."""
+        name = meta_of(row).get("fileName")
+        if name is None or records.jobs_of(row):  # inline, or taken in before a crash
+            return []
+        server = self.server
+        try:
+            intake = take(server, row.id, row.model, {"fileName": name})
+        except ApiError as err:
+            return [{"code": "invalid_argument", "message": err.message, "param": "inputConfig.fileName", "line": None}]
+        jobs = [{"name": j["name"], "model": j["model"]} for j in intake.jobs.values()]
+        with server.store.begin() as conn:
+            records.set_batch(conn, row.id, jobs=json.dumps(jobs), total=intake.total, rejected=intake.rejected)
         return []
 
     def _load(self, row: Row, faults: dict[str, Any]) -> None:
