@@ -35,8 +35,9 @@ class _OverBudget(Exception):
 
 # What one claim may hold, in stored payload (characters on SQLite, bytes on PostgreSQL), as
 # well as the route's dispatch_size: the claimed requests are held parsed while they run, and
-# 5,000 Gemini prompts of 40 kB took serve to 625 MB (issue 32). At least one is claimed.
-CLAIM_BYTES = 32 * 2**20
+# 5,000 Gemini prompts of 40 kB took serve to 625 MB (issue 32); 32 MB claims, to 304 MB at the
+# 2 GB maximum, 16 MB to 289 (bench/maxsize.py --case gemini-input). At least one is claimed.
+CLAIM_BYTES = 16 * 2**20
 FLUSH_EVERY = 5000  # outcomes
 FLUSH_SECONDS = 1.0  # wall time between commits while a slow route runs
 HEARTBEAT_LOOK = 0.2  # real seconds between looks at the engine clock for a lease renewal
