@@ -19,8 +19,10 @@ URL); a worker that exits is started again, and its claims are taken over after 
 Prints, per store: wall and requests/s per phase and end to end; chunks claimed and requests
 claimed per second of the workers' phase; CPU per request of the submitting process, the
 workers together and serve; each worker's peak RSS; the store's bytes per request, before and
-after `lowtide prune` of the finished job; and duplicates, which must be 0: requests applied
-twice (the store's attempts), dispatch keys that reached serve twice (serve's batches). A
+after `lowtide prune` of the finished job; requests retried after a failed attempt, by the
+failure (an expired batch: serve's fast clock gives a batch 24 s of real time); and
+duplicates, which must be 0: one dispatch's answer applied twice to a request, or two
+succeeded answers (the store's attempts), dispatch keys that reached serve twice (serve's batches). A
 PostgreSQL store is a fresh schema, dropped at the end; everything else lives in a temporary
 folder, removed at the end.
 """
@@ -99,6 +101,8 @@ class Result:
     bytes_before: int = 0
     bytes_after: int = 0
     applied_twice: int = 0
+    retried: int = 0  # requests with more than one applied attempt (a failure, then another try)
+    failed_attempts: dict = field(default_factory=dict)  # error code -> applied failed attempts
     sent_twice: int = 0
     kills: int = 0
     restarts: int = 0
@@ -213,9 +217,18 @@ def one_store(kind: str, args: argparse.Namespace, root: Path) -> Result:
         engine = store.engine()
         with engine.connect() as conn:
             result.chunks = conn.execute(sa.text("SELECT COUNT(*) FROM dispatches WHERE kind = 'batch'")).scalar_one()
+            # A duplicate: one dispatch's answer applied twice to a request, or two answers that
+            # succeeded. A request retried after a failed attempt (an expired batch) is no duplicate.
             result.applied_twice = conn.execute(sa.text(
+                "SELECT COUNT(*) FROM (SELECT request_id FROM attempts WHERE applied GROUP BY request_id, dispatch_id HAVING COUNT(*) > 1"
+                " UNION SELECT request_id FROM attempts WHERE applied AND ok GROUP BY request_id HAVING COUNT(*) > 1) t"
+            )).scalar_one()
+            result.retried = conn.execute(sa.text(
                 "SELECT COUNT(*) FROM (SELECT request_id FROM attempts WHERE applied GROUP BY request_id HAVING COUNT(*) > 1) t"
-            )).scalar_one()  # fmt: skip
+            )).scalar_one()
+            result.failed_attempts = dict(conn.execute(sa.text(
+                "SELECT error_code, COUNT(*) FROM attempts WHERE applied AND NOT ok GROUP BY error_code ORDER BY 2 DESC"
+            )).all())  # fmt: skip
         engine.dispose()
         result.sent_twice = sum(c - 1 for c in server.batches_by_key().values() if c > 1)
         result.bytes_before = store_bytes(store)
@@ -240,6 +253,8 @@ def show(r: Result, n: int) -> None:
     print(f"  peak RSS: submit {r.submit.rss_mb:.0f} MB, workers {', '.join(f'{p.rss_mb:.0f}' for p in r.worker_runs)} MB, serve {r.serve_rss_mb:.0f} MB")
     reuse = " (PostgreSQL's VACUUM keeps the files' size: the space freed is reused by later rows)" if r.store == "postgres" else ""
     print(f"  store: {r.bytes_before / n:,.0f} bytes per request, {r.bytes_after / n:,.0f} after `lowtide prune --keep-results --vacuum`{reuse}")
+    failures = ", ".join(f"{code} {n:,}" for code, n in r.failed_attempts.items()) or "none"
+    print(f"  retried: {r.retried:,} requests sent again after a failed attempt (failed attempts: {failures})")
     print(f"  duplicates: {r.applied_twice} requests applied twice, {r.sent_twice} chunks sent to serve twice")
 
 

@@ -143,8 +143,10 @@ class Engine:
             if job.state is JobState.ACTIVE and takes_work:
                 report.planned += batches.plan(self.store, job, route, self.clock, lane.name)
             worker = batches.Worker(self.owner, self._owner_alive)
-            report.submitted += await batches.submit(self.store, job, route, self.clock, self.rng, worker, lane.model)
+            # Polled first: a batch that ended is read before this tick's uploads (each up to
+            # the provider's 200 MB or 2 GB), not after them, its results window running.
             report.ingested.add(await batches.poll(self.store, job, route, self.clock, self.rng, worker))
+            report.submitted += await batches.submit(self.store, job, route, self.clock, self.rng, worker, lane.model)
         elif job.state is JobState.ACTIVE and takes_work:
             if lane.name not in (None, "main") and job.spec.deadline is not None:  # a fallback lane, a tier up
                 self._ask_for_speed(job, route, lane.name)
