@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from lowtide.engine.control import cancel_job
 from tests.engine.sim_world import (
+    attention,
     dispatch_rows,
     event_rows,
     job_state,
@@ -22,13 +23,6 @@ from tests.sim import invariants
 from tests.sim.world import KEY, WRONG_KEY_ENV
 
 HOURS = 3600.0
-
-
-def attention(store, name, clock) -> list[str]:
-    # Imported here: the defect test runs on the commit before too.
-    from lowtide.engine.attention import attention
-
-    return attention(store, name, clock)
 
 
 def _sent_then_key_refused(w, monkeypatch):

@@ -17,6 +17,7 @@ from lowtide.engine.batches import SUBMIT_LEASE
 from lowtide.engine.control import cancel_job
 from lowtide.server.faults import FaultPlan
 from tests.engine.sim_world import (
+    attention,
     dispatch_rows,
     event_rows,
     job_state,
@@ -44,13 +45,6 @@ def test_requests_a_queue_cannot_hold_fail_at_once_not_one_batch_each(tmp_path):
         assert len(unsent) >= 12, sizes
         assert all("input tokens, over the at most" in m and "refused alone" in m and "shorten the request" in m for m in unsent)
         assert invariants.request_states(w) + invariants.created_once(w) + invariants.bill_matches(w, drained=True) == []
-
-
-def attention(store, name, clock) -> list[str]:
-    # Imported here: the defect tests run on the commit before engine/attention.py too.
-    from lowtide.engine.attention import attention
-
-    return attention(store, name, clock)
 
 
 def _held_world(w, monkeypatch, deadline: float | None = None):

@@ -85,6 +85,25 @@ def serve(tmp_path) -> Callable[..., Any]:
     return lambda **config: running(tmp_path, **config)
 
 
+def stepped(serve, **more: Any):
+    """A serve with no worker thread on a ManualClock: nothing moves but by `run_passes`."""
+    from lowtide.core.clock import ManualClock
+
+    return serve(clock=ManualClock(1_900_000_000.0), run_worker=False, **more)
+
+
+def run_passes(s: Running, n: int = 20) -> None:
+    """Run a stepped serve's worker passes until one moves nothing (at most `n`)."""
+
+    async def go():
+        for _ in range(n):
+            if not await s.app.state.worker.run_once():
+                break
+        await s.app.state.worker.aclose()
+
+    asyncio.run(go())
+
+
 @pytest.fixture
 def server(serve) -> Iterator[Running]:
     with serve() as s:

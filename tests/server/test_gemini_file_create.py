@@ -7,7 +7,6 @@ thread), so what happens before the worker's pass is seen."""
 
 from __future__ import annotations
 
-import asyncio
 import io
 import json
 
@@ -16,24 +15,10 @@ import pytest
 from google import genai
 from google.genai import errors, types
 
-from lowtide.core.clock import ManualClock
 from lowtide.server.finalize import batch_folder
+from tests.server.conftest import run_passes, stepped
 
 MODEL = "gemini-2.5-flash"
-
-
-def _stepped(serve):
-    return serve(clock=ManualClock(1_900_000_000.0), run_worker=False)
-
-
-def _passes(s, n: int = 20) -> None:
-    async def go():
-        for _ in range(n):
-            if not await s.app.state.worker.run_once():
-                break
-        await s.app.state.worker.aclose()
-
-    asyncio.run(go())
 
 
 def _client(s) -> genai.Client:
@@ -50,14 +35,14 @@ def _ask(text: str) -> dict:
 
 
 def test_a_file_batch_is_answered_before_its_file_is_taken_in(serve):
-    with _stepped(serve) as s:
+    with stepped(serve) as s:
         c = _client(s)
         name = _upload(c, [{"key": f"k{i}", "request": _ask(f"hello {i}")} for i in range(3)])
         made = c.batches.create(model=MODEL, src=name)
         assert made.state.value == "JOB_STATE_PENDING"
         folder = batch_folder(s.server, made.name.removeprefix("batches/"))
         assert not folder.exists() or not any(folder.iterdir())  # nothing taken in yet
-        _passes(s)
+        run_passes(s)
         done = c.batches.get(name=made.name)
         assert done.state.value == "JOB_STATE_SUCCEEDED"
         got = [json.loads(x) for x in c.files.download(file=done.dest.file_name).decode().splitlines()]
@@ -73,17 +58,17 @@ def test_a_file_batch_is_answered_before_its_file_is_taken_in(serve):
     ],
 )
 def test_a_bad_line_fails_the_file_batch_with_its_words(serve, lines, said):
-    with _stepped(serve) as s:
+    with stepped(serve) as s:
         c = _client(s)
         made = c.batches.create(model=MODEL, src=_upload(c, lines))  # answered: the file is read after
-        _passes(s)
+        run_passes(s)
         assert c.batches.get(name=made.name).state.value == "JOB_STATE_FAILED"
         error = httpx.get(f"{s.url}/v1beta/{made.name}", headers={"x-goog-api-key": "k"}).json()["error"]  # the SDK keeps no error
         assert said in error["message"] and error["code"] == 400 and error["status"] == "INVALID_ARGUMENT"
 
 
 def test_a_missing_file_and_a_bad_inline_request_are_still_refused_by_the_create(serve):
-    with _stepped(serve) as s:
+    with stepped(serve) as s:
         c = _client(s)
         with pytest.raises(errors.ClientError) as missing:
             c.batches.create(model=MODEL, src="files/nosuchfile")

@@ -4,30 +4,18 @@ lost (`after: true`), and the billing ledger (server/billing.py)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import openai
 import pytest
 
-from lowtide.core.clock import ManualClock
 from lowtide.server import billing
 from lowtide.server.faults import FaultPlan
-from tests.server.conftest import chat_line, create_batch, file_lines, upload
-
-
-def _run_passes(s, n: int = 20) -> None:
-    async def go():
-        for _ in range(n):
-            if not await s.app.state.worker.run_once():
-                break
-        await s.app.state.worker.aclose()
-
-    asyncio.run(go())
+from tests.server.conftest import chat_line, create_batch, file_lines, run_passes, stepped, upload
 
 
 def _stepped(serve, **more):
-    return serve(clock=ManualClock(1_900_000_000.0), run_worker=False, swappable_faults=True, **more)
+    return stepped(serve, swappable_faults=True, **more)
 
 
 def test_a_stepped_server_moves_only_when_stepped_and_on_its_clock(serve):
@@ -37,7 +25,7 @@ def test_a_stepped_server_moves_only_when_stepped_and_on_its_clock(serve):
         assert batch.created_at == 1_900_000_000  # the injected clock's time
         assert client.batches.retrieve(batch.id).status == "validating"  # no worker thread moved it
         s.server.clock.clock.advance(60)
-        _run_passes(s)
+        run_passes(s)
         done = client.batches.retrieve(batch.id)
         assert done.status == "completed" and done.completed_at == 1_900_000_060
         lines = file_lines(client, done.output_file_id)
@@ -53,7 +41,7 @@ def test_the_bill_books_a_line_written_twice_once_and_marks_a_cut_line(serve):
         s.server.faults.swap(FaultPlan.model_validate({"batches": [{"first": 1, "drop_lines": 1, "duplicate_lines": 1, "corrupt_lines": 1}]}))
         client = s.openai()
         batch = create_batch(client, [chat_line(f"r{i}", f"hello {i}") for i in range(4)])
-        _run_passes(s)
+        run_passes(s)
         assert client.batches.retrieve(batch.id).status == "completed"
     bill = {b.custom_id: b.whole for b in billing.lines(s.server.store, batch.id)}
     assert bill == {"r1": True, "r2": False, "r3": True}  # r0 dropped: not written, not billed

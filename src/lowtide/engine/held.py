@@ -57,15 +57,11 @@ def hold(store: Store, job: JobContext, route: str, dispatch_id: int, key: str, 
     come, the reason its requests are given up with (the caller ends the dispatch with it).
     `said`: the provider's refusal, with any key scrubbed."""
     spec = job.spec
-    with store.begin() as conn:
-        state = lock_job(conn, job.id)
-        error, cancel_requested = conn.execute(
-            select(dispatches.c.error, dispatches.c.cancel_requested).where(dispatches.c.id == dispatch_id)
-        ).one()
+    cancelled, error = _cancelled(store, job, dispatch_id)
     margin = spec.fallback.safety_margin if spec.fallback is not None else 0.0
     late = spec.deadline is not None and now >= spec.deadline.timestamp() - margin
-    if state == JobState.CANCELLED.value or cancel_requested or late:
-        why = "the job's deadline came" if late and not (state == JobState.CANCELLED.value or cancel_requested) else "the job was cancelled"
+    if cancelled or late:
+        why = "the job was cancelled" if cancelled else "the job's deadline came"
         return (
             f"{route} refused the key while lowtide looked for batch {key} ({said}), so it cannot tell whether that "
             f"batch was created; given up as {why}: if it was, it runs and is paid for at the provider, its results not "
@@ -85,12 +81,8 @@ def hold_poll(store: Store, job: JobContext, route: str, dispatch_id: int, provi
     """Hold a sent batch whose poll was refused the key (saying so once), or, if its job is
     cancelled or the card's results window (`kept`: seconds since it was sent, past it; None
     inside it) has passed, the failure code and reason its requests are given up with."""
-    with store.begin() as conn:
-        state = lock_job(conn, job.id)
-        error, cancel_requested = conn.execute(
-            select(dispatches.c.error, dispatches.c.cancel_requested).where(dispatches.c.id == dispatch_id)
-        ).one()
-    if state == JobState.CANCELLED.value or cancel_requested:
+    cancelled, error = _cancelled(store, job, dispatch_id)
+    if cancelled:
         return "batch_lost", (
             f"{route} refused the key on every poll of batch {provider_id} ({said}); given up as the job was cancelled: "
             "it runs and is paid for at the provider, its results not brought in"
@@ -107,6 +99,17 @@ def hold_poll(store: Store, job: JobContext, route: str, dispatch_id: int, provi
     )[:2000]
     _say(store, job, route, dispatch_id, error, held, now)
     return None
+
+
+def _cancelled(store: Store, job: JobContext, dispatch_id: int) -> tuple[bool, str | None]:
+    """Whether the job (or this dispatch) is cancelled, read with the job's row locked as a
+    cancel takes it; and the dispatch's error (a hold already said)."""
+    with store.begin() as conn:
+        state = lock_job(conn, job.id)
+        error, cancel_requested = conn.execute(
+            select(dispatches.c.error, dispatches.c.cancel_requested).where(dispatches.c.id == dispatch_id)
+        ).one()
+    return state == JobState.CANCELLED.value or bool(cancel_requested), error
 
 
 def _variable(job: JobContext, route: str) -> str:
