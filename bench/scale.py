@@ -5,6 +5,7 @@ against one worker on SQLite.
     .venv/bin/python bench/scale.py --n 100000 --workers 3
     .venv/bin/python bench/scale.py --n 100000 --workers 3 --kill-every 5 --stores postgres
     .venv/bin/python bench/scale.py --n 10000000 --stores postgres
+    .venv/bin/python bench/scale.py --n 1000000 --stores postgres --time-scale 60   # no batch expires queued
 
 For each store: `lowtide submit` renders and stores the job (a CSV of N tickets, the
 pipeline bench's), then K `lowtide worker --until-idle` processes (one on SQLite) claim its
@@ -177,7 +178,7 @@ def one_store(kind: str, args: argparse.Namespace, root: Path) -> Result:
     result = Result(kind, args.workers if kind == "postgres" else 1)
     source = folder / "tickets.csv"
     make_source(source, args.n)
-    server = Server(folder)
+    server = Server(folder, ("--time-scale", str(args.time_scale)))  # the last --time-scale given wins
     store = ClientStore(folder, PG_BASE if kind == "postgres" else None)
     url = store.url if kind == "sqlite" else f"{store.url}&application_name={APP_NAME}-{store.schema}"
     env = dict(os.environ) | {KEY_ENV: "sk-scale"}
@@ -265,6 +266,9 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, default=50_000, help="requests per provider batch (OpenAI's limit)")
     parser.add_argument("--stores", choices=["both", "postgres", "sqlite"], default="both")
     parser.add_argument("--kill-every", type=float, default=0.0, help="cut a worker's PostgreSQL connection every S seconds")
+    parser.add_argument("--time-scale", type=float, default=3600.0,
+                        help="serve's clock speed (3600: a batch's 24 h are 24 s; past ~300,000 requests later chunks "
+                             "expire queued and are sent again: 60 keeps them)")  # fmt: skip
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="lowtide-scale-"))
