@@ -175,3 +175,26 @@ def test_results_right_after_a_claim_find_their_requests_by_primary_key(store):
     with store.read() as conn:
         states = dict(conn.execute(sa.select(requests.c.state, sa.func.count()).group_by(requests.c.state)).all())
     assert states == {"succeeded": 2000, "pending": 28000}
+
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("store", ["postgres"], indirect=True)
+def test_a_connection_cut_in_a_transaction_raises_the_drivers_error_not_a_pending_rollback(store):
+    # Once a COPY has hooked the engine, a transaction whose connection the server ends must
+    # roll back to the driver's own error (which the CLI tells as a lost database): the
+    # rollback hook reached the invalidated connection and raised PendingRollbackError over
+    # it, and a worker said "unexpected error" (tests/reliability/test_lost_store.py, 2 runs in 4).
+    from tests.conftest import PG_ADMIN_URL
+
+    _fresh(store, 100)  # by COPY: the engine is hooked
+    admin = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    try:
+        with pytest.raises(sa.exc.DBAPIError) as cut, store.begin() as conn:
+            pid = conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one()
+            with admin.connect() as other:
+                other.execute(sa.text("SELECT pg_terminate_backend(:p)"), {"p": pid})
+            conn.execute(sa.text("SELECT 1"))
+    finally:
+        admin.dispose()
+    assert cut.value.connection_invalidated

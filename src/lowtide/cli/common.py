@@ -67,12 +67,7 @@ def known_failure(err: BaseException) -> str | None:
     if isinstance(err, sa.exc.OperationalError) and "disk is full" in reason:  # SQLite
         return (f"the store's disk is full ({reason}); what was under way is rolled back: every change is one "
                 "transaction. Free space, or `lowtide prune` finished jobs, and run the command again")  # fmt: skip
-    lost = isinstance(err, sa.exc.DBAPIError) and err.connection_invalidated
-    if isinstance(err, sa.exc.PendingRollbackError) and "invalid transaction" in str(err):
-        # The connection was lost inside a transaction and its next use met the invalidated
-        # transaction before the driver's own error: the same loss, told the same way.
-        lost, reason = True, "the connection was invalidated inside a transaction"
-    if lost:
+    if isinstance(err, sa.exc.DBAPIError) and err.connection_invalidated:
         return (f"lost the store's database connection ({reason}); what was under way is rolled back: every change "
                 "is one transaction. Run the command again once the database answers; a batch this process had "
                 "claimed is taken over when its lease ends (a worker's: at most 15 minutes)")  # fmt: skip

@@ -166,10 +166,19 @@ def _hook(engine: Engine) -> None:
     engine.__dict__[_HOOKED] = True
     event.listen(engine, "before_cursor_execute", lambda conn, *_: finish(conn.connection.info))
     event.listen(engine, "commit", lambda conn: finish(conn.connection.info))
-    event.listen(engine, "rollback", lambda conn: finish(conn.connection.info, quiet=True))
+    event.listen(engine, "rollback", _on_rollback)
     event.listen(engine.pool, "reset", _on_reset)
     event.listen(engine.pool, "checkin", _on_checkin)
     event.listen(engine.pool, "invalidate", _on_invalidate)
+
+
+def _on_rollback(conn) -> None:
+    """A rollback waits for the COPY; but a connection the server cut is invalidated, and
+    reaching its DBAPI connection would raise PendingRollbackError over the driver's own
+    error (a worker then said "unexpected error", not that it lost the database). Its COPY
+    was finished when the pool invalidated it (`_on_invalidate`)."""
+    if not conn.invalidated:
+        finish(conn.connection.info, quiet=True)
 
 
 def _on_reset(dbapi_connection, connection_record, reset_state) -> None:
