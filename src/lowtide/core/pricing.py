@@ -468,7 +468,7 @@ def attempt_cost(
         note = hosted.note or ("" if usd is not None else f"self_hosted.{name} has no throughput; add input_ and output_tokens_per_second")
         return Cost(usd, usd, Tier.SELF_HOSTED, entry=name, note=note)
     if billing.provider is None:  # DigitalOcean's: no price list anywhere, and a price file cannot name one
-        return Cost(None, None, billing.tier, note=f"{route} has no price list: no source lowtide reads prices its models")
+        return Cost(None, None, billing.tier, note=f"{route} has no price list (no price source lowtide reads lists its models)")
     if billing.provider not in PRICE_LISTS:  # Azure's, OpenRouter's, …: no price list here, never a guess
         return Cost(
             None, None, billing.tier,
