@@ -90,6 +90,19 @@ def test_port_0_listens_on_a_free_port_and_prints_the_one_it_got(tmp_path):
         proc.communicate(timeout=30)
 
 
+def test_the_socket_listens_before_the_banner_so_an_early_client_waits_instead_of_being_refused():
+    """The banner is printed before uvicorn starts (its app's startup may take a while under
+    load); a client that connects in between must be queued, not refused (a CI flake above)."""
+    from lowtide.cli.serve import bind
+
+    sock = bind("127.0.0.1", 0)
+    try:
+        with socket.create_connection(sock.getsockname(), timeout=5):
+            pass  # refused (ECONNREFUSED) by a socket bound but not listening
+    finally:
+        sock.close()
+
+
 def test_a_port_in_use_is_refused_by_name_before_serving(tmp_path):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

@@ -206,6 +206,9 @@ def _listen(host: str, port: int) -> socket.socket:
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restart need not wait out TIME_WAIT
         sock.bind((host, port))
+        # Listening now, not when uvicorn starts: a client that read the banner may connect
+        # while the app still starts up, and waits in the backlog instead of being refused.
+        sock.listen(2048)  # uvicorn's default backlog
     except OSError:
         sock.close()
         raise
