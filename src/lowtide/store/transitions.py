@@ -102,11 +102,15 @@ def move_dispatch(
 def lock_job(conn: Connection, job_id: int) -> str:
     """The job's state, its row held until the caller's transaction ends: whoever changes a
     job's requests or state takes it first, so that "no live request, so finished" and "new
-    requests, so active" never interleave. PostgreSQL: `SELECT … FOR UPDATE`; SQLite: every
-    writing transaction already holds the whole store (BEGIN IMMEDIATE, store/db.py)."""
+    requests, so active" never interleave. PostgreSQL: `SELECT … FOR NO KEY UPDATE`, which
+    two takers (and any UPDATE of the row) wait on each other for, but a row that only
+    names the job does not: inserting a dispatch, an attempt or an event takes the job's
+    key share, which FOR UPDATE would make wait until the holder commits (one worker's
+    claim behind another's whole write of answers). SQLite: every writing transaction
+    already holds the whole store (BEGIN IMMEDIATE, store/db.py)."""
     stmt = select(jobs.c.state).where(jobs.c.id == job_id)
     if conn.dialect.name == "postgresql":
-        stmt = stmt.with_for_update()
+        stmt = stmt.with_for_update(key_share=True)
     return conn.execute(stmt).scalar_one()
 
 
