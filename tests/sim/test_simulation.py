@@ -1,5 +1,5 @@
-"""The simulation in CI form: a fixed seed budget on the first four batch routes and both
-stores (the routes added later: test_simulation_later.py, a file of its own so that CI's
+"""The simulation in CI form: a fixed seed budget on the first four batch routes, the echo
+direct route, and both stores (the routes added later: test_simulation_later.py, a file of its own so that CI's
 `--dist loadfile` runs the two on two workers).
 
 Each case runs the examples drawn from its seed against the real engine and store, with
@@ -14,7 +14,7 @@ import pytest
 
 from tests.sim.machine import run
 
-ROUTES = ["openai-batch", "anthropic-batch", "gemini-batch", "echo-batch"]
+ROUTES = ["openai-batch", "anthropic-batch", "gemini-batch", "echo-batch", "echo"]  # echo: a direct route
 SEED = 27
 EXAMPLES = 8
 STEPS = 40

@@ -7,9 +7,9 @@ real loopback port (uvicorn in a thread, so the official SDKs talk HTTP unchange
 no worker thread: `step()` runs its worker's passes here, between the client's ticks, so
 nothing races the test. Faults are swapped on the running servers (`set_faults`).
 
-A kill is a real task cancellation at a drawn await point: the engine's batch routes are
-wrapped so that the n-th route call of a tick cancels the tick, before the call or after
-it returned (the provider did it; the client never hears). The next tick runs on a new
+A kill is a real task cancellation at a drawn await point: the engine's routes are wrapped
+so that the n-th route call of a tick cancels the tick, before the call or after it
+returned (the provider did it; the client never hears). The next tick runs on a new
 Engine over the same store, as after a crash.
 """
 
@@ -44,7 +44,7 @@ ROUTE_MODELS = {"openai-batch": "gpt-4o-mini", "anthropic-batch": "claude-3-5-ha
                 "openai-compatible-batch": "gpt-4o-mini", "azure-batch": "gpt-4o-mini",  # azure: the deployment's name
                 "mistral-batch": "mistral-small-latest", "openrouter-batch": "openai/gpt-4o-mini",
                 "vertex-batch": "gemini-2.5-flash", "bedrock-batch": "us.anthropic.claude-3-5-haiku-20241022-v1:0",
-                "digitalocean-batch": "openai-gpt-4o-mini"}  # fmt: skip
+                "digitalocean-batch": "openai-gpt-4o-mini", "echo": "test-model"}  # fmt: skip
 # Through lowtide serve: each speaks its API there (azure under /openai, mistral under /mistral,
 # openrouter at /api/v1, vertex under /v1/projects, bedrock at /model-invocation-job, digitalocean under
 # /digitalocean: server/azure_paths.py, mistral_api.py, openrouter_api.py, vertex_api.py, bedrock_api.py,
@@ -103,12 +103,14 @@ class Killed(Exception):
 
 @dataclass
 class KillPoint:
-    call: int  # the n-th batch-route call of the tick (from 1)
+    call: int  # the n-th route call of the tick (from 1)
     after: bool  # cancel once it returned (it happened), else before it is made
 
 
 class _Fused:
-    """A batch route whose `call`-th call cancels the running task (a crash there)."""
+    """A route whose `call`-th call cancels the running task (a crash there): a batch
+    route's create, find, poll, cancel or read of results; a direct route's run of a
+    dispatch (`execute`: before it answers, or once it answered all, its writes on their way)."""
 
     def __init__(self, inner: Any, engine: SimEngine):
         self._inner, self._engine = inner, engine
@@ -149,16 +151,23 @@ class _Fused:
             yield outcome
         await self._guard(after=True)
 
+    async def execute(self, *args, **kwargs) -> AsyncIterator[Any]:
+        self._engine.calls += 1
+        await self._guard(after=False)
+        async for outcome in self._inner.execute(*args, **kwargs):
+            yield outcome
+        await self._guard(after=True)
+
 
 class SimEngine(Engine):
-    """The real Engine; only its batch routes are wrapped in `_Fused` (the kill points)."""
+    """The real Engine; its routes are wrapped in `_Fused` (the kill points)."""
 
     kill: KillPoint | None = None
     calls = 0
 
     def route_for(self, lane):
         route = super().route_for(lane)
-        return _Fused(route, self) if route.kind == "batch" else route
+        return _Fused(route, self)
 
     def kill_due(self, after: bool) -> bool:
         return self.kill is not None and self.calls == self.kill.call and self.kill.after == after
@@ -314,6 +323,8 @@ class World:
     def route_options(self, route: str, chunk: int, provider: str = "main", key_env: str = KEY_ENV) -> dict[str, Any]:
         url = self.providers[provider].url
         polls = [60.0, 600.0]
+        if route == "echo":  # direct: answered in the worker, no provider (its PostgreSQL writes run beside the next claim)
+            return {"dispatch_size": chunk}
         if route == "echo-batch":
             return {"dir": str(self.root / "echo-batch"), "max_requests": chunk, "polls_to_complete": 2}
         if route == "vertex-batch":  # the key is an access token (serve takes the world's key as one)
