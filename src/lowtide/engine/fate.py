@@ -39,6 +39,7 @@ import math
 import random
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
+from functools import lru_cache
 from typing import Any
 
 from sqlalchemy import ColumnElement, Connection, and_, func, literal, select
@@ -113,7 +114,7 @@ def after_outcome(
             )  # fmt: skip
             return RequestState.FAILED
         if parsed is not None:
-            row["parsed"] = json.dumps(parsed, ensure_ascii=False)
+            row["parsed"] = _choice_json(parsed) if parsed.__class__ is str else json.dumps(parsed, ensure_ascii=False)
         return RequestState.SUCCEEDED
     _not_succeeded(row, req, outcome)
     if state is JobState.CANCELLED:
@@ -133,6 +134,11 @@ def after_outcome(
     if outcome.retryable:
         row["error_message"] = f"{outcome.error_message} (gave up after {req.attempts} attempts)"
     return RequestState.FAILED
+
+
+@lru_cache(maxsize=256)  # a job's parsed answers that are text are its few choices
+def _choice_json(choice: str) -> str:
+    return json.dumps(choice, ensure_ascii=False)
 
 
 def _not_succeeded(row: dict, req, outcome: Outcome) -> None:

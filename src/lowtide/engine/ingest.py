@@ -100,6 +100,7 @@ def apply_outcomes(
     options, lane_model = job.sent_as(route, lane)
     rates: dict[tuple[str, str | None], Rate] = {}  # (model, reported tier) -> rate, looked up once
     unknown_costs: dict[str, str] = {}  # model -> why its cost is unknown
+    dispatched = RequestState.DISPATCHED  # (an enum member's lookup costs, once per outcome)
     for outcome in outcomes:
         req = current.get(outcome.custom_id)
         if req is None:
@@ -108,7 +109,7 @@ def apply_outcomes(
         if req.id in seen:  # the same line twice, or the same file ingested again
             continue
         seen.add(req.id)
-        live = req.state == RequestState.DISPATCHED and req.dispatch_id == dispatch_id
+        live = req.state == dispatched and req.dispatch_id == dispatch_id
         u = outcome.usage
         # Priced as what was sent: the request's own model (a fallback lane's where it ran
         # there), at the tier the provider reports, else the route's. Every stored request has
