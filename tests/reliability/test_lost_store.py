@@ -25,21 +25,25 @@ def own_schema(pg_schema_url):
 
 
 @pytest.mark.postgres
-def test_a_worker_whose_connection_is_cut_exits_with_lowtides_message(own_schema, tmp_path):
+@pytest.mark.parametrize("route", ["openai-batch", "echo"])  # echo: a direct route, its answers written by a thread
+def test_a_worker_whose_connection_is_cut_exits_with_lowtides_message(own_schema, tmp_path, route):
     pg_schema_url = own_schema
     killtest = _harness()
     server = killtest.Server(tmp_path)
     app = f"lowtide-cut-{os.getpid()}-{tmp_path.name[-12:]}"
     url = f"{pg_schema_url}&application_name={app}"
     source = tmp_path / "tickets.csv"
-    killtest.write_source(source, 300, trial=0)
+    rows = 300 if route == "openai-batch" else 3000  # echo answers at once: enough dispatches to be cut among
+    killtest.write_source(source, rows, trial=0)
+    options = server.options(100) if route == "openai-batch" else {"dispatch_size": 50}
     spec = {"name": "cut", "source": {"path": str(source), "id_column": "ticket_id"}, "template": {"user": "{{ body }}"},
-            "model": "gpt-4o-mini", "route": "openai-batch", "route_options": server.options(100)}  # fmt: skip
+            "model": "gpt-4o-mini", "route": route, "route_options": options}  # fmt: skip
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(spec))
     env = dict(os.environ) | {killtest.KEY_ENV: "sk-cut"}
     admin = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
     worker = None
     store = sa.create_engine(pg_schema_url)
+    locker = sa.create_engine(pg_schema_url)
     try:
         assert subprocess.run([killtest.LOWTIDE, "--db", url, "submit", "job.yaml"], cwd=tmp_path, env=env).returncode == 0
         worker = subprocess.Popen([killtest.LOWTIDE, "--db", url, "worker"], cwd=tmp_path, env=env,
@@ -49,13 +53,24 @@ def test_a_worker_whose_connection_is_cut_exits_with_lowtides_message(own_schema
             with store.connect() as conn:
                 if conn.execute(sa.text("SELECT COUNT(*) FROM dispatches")).scalar_one():
                     break
-        deadline = time.monotonic() + 120
-        while worker.poll() is None and time.monotonic() < deadline:
-            with admin.connect() as conn:  # end each of its connections; a pooled idle one is replaced, one in use fails
+        # Cut while a statement runs, not between them (an idle pooled connection is replaced
+        # unseen: pre-ping): the table every tick reads is held, so the worker's next statement
+        # waits inside its transaction; then its connections are ended.
+        with locker.connect() as held:
+            held.execute(sa.text("LOCK TABLE dispatches IN ACCESS EXCLUSIVE MODE"))
+            deadline = time.monotonic() + 120
+            waiting = 0
+            while not waiting and worker.poll() is None and time.monotonic() < deadline:
+                with admin.connect() as conn:
+                    waiting = conn.execute(sa.text("SELECT COUNT(*) FROM pg_stat_activity WHERE application_name = :a "
+                                                   "AND wait_event_type = 'Lock'"), {"a": app}).scalar_one()  # fmt: skip
+            assert waiting, "the worker never waited on the held table"
+            with admin.connect() as conn:
                 conn.execute(sa.text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = :a"), {"a": app})
             with contextlib.suppress(subprocess.TimeoutExpired):
-                worker.wait(0.2)
-        assert worker.poll() is not None, "the worker kept running with its connections cut for 120 s"
+                worker.wait(60)
+            held.rollback()
+        assert worker.poll() is not None, "the worker kept running with its connections cut"
         err = worker.stderr.read()
         assert worker.returncode == 3, err
         # The reason is the driver's: the termination notice, or the closed socket when the notice is not read first.
@@ -65,12 +80,13 @@ def test_a_worker_whose_connection_is_cut_exits_with_lowtides_message(own_schema
             twice = conn.execute(sa.text("SELECT COUNT(*) FROM (SELECT request_id FROM attempts WHERE applied "
                                          "GROUP BY request_id HAVING COUNT(*) > 1) t")).scalar_one()  # fmt: skip
             assert twice == 0
-            assert conn.execute(sa.text("SELECT COUNT(*) FROM requests")).scalar_one() == 300  # nothing stored was lost
+            assert conn.execute(sa.text("SELECT COUNT(*) FROM requests")).scalar_one() == rows  # nothing stored was lost
     finally:
         if worker is not None and worker.poll() is None:
             worker.kill()
             worker.wait()
         admin.dispose()
         store.dispose()
+        locker.dispose()
         server.stop()
 
