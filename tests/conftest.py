@@ -93,6 +93,18 @@ def store(request, tmp_path) -> Iterator[Store]:
 
 
 @pytest.fixture
+def pg_store(pg_schema_url) -> Iterator[Store]:
+    """A fresh, empty PostgreSQL store (for a test that is about PostgreSQL alone)."""
+    s = Store(pg_schema_url)
+    with s.begin() as conn:
+        metadata.drop_all(conn)
+    s.close()
+    s = Store(pg_schema_url)
+    yield s
+    s.close()
+
+
+@pytest.fixture
 def sqlite_store(tmp_path) -> Iterator[Store]:
     s = Store(str(tmp_path / "lowtide.db"))
     yield s

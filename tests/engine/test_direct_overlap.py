@@ -11,7 +11,6 @@ raised. And lookups by custom_id seek the index even where the table's statistic
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 
 import psycopg
 import pytest
@@ -25,20 +24,9 @@ from lowtide.engine.loader import load_job
 from lowtide.engine.tick import Engine
 from lowtide.store.bulk import among
 from lowtide.store.db import Store
-from lowtide.store.schema import dispatches, jobs, metadata, requests
+from lowtide.store.schema import dispatches, jobs, requests
 from lowtide.store.transitions import lock_job
 from tests.conftest import make_spec, ticket_rows, write_csv
-
-
-@pytest.fixture
-def pg_store(pg_schema_url) -> Iterator[Store]:
-    s = Store(pg_schema_url)
-    with s.begin() as conn:
-        metadata.drop_all(conn)
-    s.close()
-    s = Store(pg_schema_url)
-    yield s
-    s.close()
 
 
 def _job_id(store: Store) -> int:

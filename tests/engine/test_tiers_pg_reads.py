@@ -18,21 +18,9 @@ import sqlalchemy as sa
 from lowtide.core.clock import ManualClock
 from lowtide.engine import tiers
 from lowtide.store.db import Store
-from lowtide.store.schema import metadata
 from tests.engine.test_tiers_waiting import KINDS, NOW, _job
 
 pytestmark = pytest.mark.postgres
-
-
-@pytest.fixture
-def pg_store(pg_schema_url) -> Iterator[Store]:
-    s = Store(pg_schema_url)
-    with s.begin() as conn:
-        metadata.drop_all(conn)
-    s.close()
-    s = Store(pg_schema_url)
-    yield s
-    s.close()
 
 
 @contextmanager
