@@ -71,30 +71,16 @@ def plan(store: Store, job: JobContext, route: BatchRoute, clock: Clock, lane: s
     # A packed embedding job's rows share provider requests: its chunk is ten full packs.
     default = PACKED_CHUNK if packing(job.spec) else DEFAULT_CHUNK
     limit = min(route.limits.max_requests, job.spec.chunk_size or default)
-    # Sorting by payload puts requests with the same model, parameters and leading messages
-    # (the system prompt) side by side, so each chunk shares a prefix the provider can cache.
-    # (Not for embeddings: no prompt cache to hit, and rows in id order pack into id ranges.)
-    grouped = getattr(route, "group_by_prefix", False) and not packing(job.spec)
-    order = (requests.c.payload,) if grouped else (requests.c.not_before, requests.c.id)
-    if route.limits.one_model_per_batch:  # each model's requests side by side: one chunk per model
-        order = (requests.c.model, *order)
+    limit_of = getattr(route, "token_limit", None)  # a provider's per-model enqueued-token limit
     now = clock.now()
     planned = 0
-    due = select(requests.c.id, func.length(requests.c.payload) + LINE_OVERHEAD, requests.c.model).where(
-        requests.c.job_id == job.id,
-        requests.c.state == PENDING,  # with a lane: off the partial index of pending requests by lane
-        requests.c.not_before <= now,
-    )
-    if lane is not None:
-        due = due.where(requests.c.lane == lane)
-    limit_of = getattr(route, "token_limit", None)  # a provider's per-model enqueued-token limit
     with store.begin() as conn:
-        # Read whole before the updates below touch the same rows.
         # A packed job's chunks are twice the usual: fewer of them per tick keep the read the same size.
         chunks = PACKED_CHUNKS_PER_TICK if packing(job.spec) else CHUNKS_PER_TICK
         if _first_on(conn, job.id, route.name):  # only what this tick sends: the provider starts at once
             chunks = min(chunks, SUBMITS_PER_TICK)
-        rows = conn.execute(due.order_by(*order).limit(limit * chunks)).all()
+        # Read whole before the updates below touch the same rows.
+        rows = conn.execute(_due_window(conn, job, route, now, lane, limit * chunks)).all()
         chunks_made: list[_Chunk] = []
         chunk = _Chunk()
         one_model = route.limits.one_model_per_batch
@@ -120,6 +106,42 @@ def plan(store: Store, job: JobContext, route: BatchRoute, clock: Clock, lane: s
         for made in _at_least(chunks_made, route.limits.min_requests, limit, route.limits.max_bytes):
             planned += _plan_one(conn, job, route, made.ids, now, made.models, sum(made.tokens))
     return planned
+
+
+def _due_window(conn, job: JobContext, route: BatchRoute, now: float, lane: str | None, size: int):
+    """The next `size` due pending requests (of `lane`) as (id, bytes in a line, model), in
+    the order chunks are cut from them. They are the earliest due, read off the index
+    (ix_requests_job_state, or the lane's) without a pass over the job's other pending
+    requests: sorting all of them took a minute a tick at 10,000,000 pending (issue 32), and
+    put a request whose text sorts last behind every later one. Among these only:
+    requests with the same model, parameters and leading messages (the system prompt) side
+    by side, so each chunk shares a prefix the provider can cache (not for embeddings: no
+    prompt cache to hit, and rows in id order pack into id ranges); and, for a provider that
+    takes one model per batch, each model's requests together. On PostgreSQL the window's
+    rows are held until the plan commits and those another worker's plan holds are skipped:
+    two workers plan the next two windows, not the same one twice."""
+    grouped = getattr(route, "group_by_prefix", False) and not packing(job.spec)
+    sort_by = (requests.c.payload,) if grouped else (requests.c.not_before, requests.c.id)
+    window = (
+        select(requests.c.id, (func.length(requests.c.payload) + LINE_OVERHEAD).label("nbytes"), requests.c.model, *sort_by)
+        .where(
+            requests.c.job_id == job.id,
+            requests.c.state == PENDING,  # with a lane: off the partial index of pending requests by lane
+            requests.c.not_before <= now,
+        )
+        .order_by(requests.c.not_before, requests.c.id)
+        .limit(size)
+    )
+    if lane is not None:
+        window = window.where(requests.c.lane == lane)
+    if conn.dialect.name == "postgresql":
+        # NO KEY: an attempt row naming one of these (a late result) is not held up by the plan.
+        window = window.with_for_update(skip_locked=True, key_share=True)
+    w = window.subquery()
+    order = [w.c[c.name] for c in sort_by]
+    if route.limits.one_model_per_batch:
+        order.insert(0, w.c.model)
+    return select(w.c.id, w.c.nbytes, w.c.model).order_by(*order)
 
 
 @dataclass
