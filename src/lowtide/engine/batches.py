@@ -79,6 +79,12 @@ def plan(store: Store, job: JobContext, route: BatchRoute, clock: Clock, lane: s
         chunks = PACKED_CHUNKS_PER_TICK if packing(job.spec) else CHUNKS_PER_TICK
         if _first_on(conn, job.id, route.name):  # only what this tick sends: the provider starts at once
             chunks = min(chunks, SUBMITS_PER_TICK)
+        # Planned ahead at most that many chunks: a tick sends two, so planning ten each tick
+        # would plan the whole job long before it is sent (a 10,000,000-request job: 470
+        # chunks planned within minutes), and a cancel or a deadline would undo them all.
+        chunks -= _waiting(conn, job.id, route.name)
+        if chunks <= 0:
+            return 0
         # Read whole before the updates below touch the same rows.
         rows = conn.execute(_due_window(conn, job, route, now, lane, limit * chunks)).all()
         chunks_made: list[_Chunk] = []
@@ -201,6 +207,14 @@ def _first_on(conn, job_id: int, route: str) -> bool:
         dispatches.c.job_id == job_id, dispatches.c.route == route, dispatches.c.kind == "batch"
     )
     return conn.execute(some.limit(1)).first() is None
+
+
+def _waiting(conn, job_id: int, route: str) -> int:
+    """The job's chunks on this route that are planned and not yet being sent."""
+    planned = select(func.count()).where(
+        dispatches.c.job_id == job_id, dispatches.c.route == route, dispatches.c.state == DispatchState.PLANNED.value
+    )
+    return conn.execute(planned).scalar_one()
 
 
 def _together(route: BatchRoute) -> float:

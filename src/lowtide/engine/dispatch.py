@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 
-from sqlalchemy import ColumnElement, Connection, Row, func, insert, select, update
+from sqlalchemy import ColumnElement, Connection, Row, Select, func, insert, select, update
 
 from lowtide.core import fastjson
 from lowtide.core.states import DispatchState, RequestState
@@ -142,6 +142,19 @@ def _move_into(conn: Connection, dispatch_id: int, which: ColumnElement[bool], r
 
 def dispatched_requests(conn: Connection, dispatch_id: int, after: int = 0, limit: int | None = None) -> list[Request]:
     """The requests still in a dispatch (with ids above `after`), as the route should see them."""
+    out = []
+    for rid, cid, payload, repair, attempt in conn.execute(dispatched_page(dispatch_id, after, limit)).all():
+        request = Request.from_payload(cid, fastjson.loads(payload), attempt)
+        if repair:
+            request.add_turns(fastjson.loads(repair))
+        request.row_id = rid
+        out.append(request)
+    return out
+
+
+def dispatched_page(dispatch_id: int, after: int = 0, limit: int | None = None) -> Select:
+    """The stored rows of `dispatched_requests`: one range of ix_requests_dispatch (dispatch,
+    id), in id order."""
     stmt = (
         select(requests.c.id, requests.c.custom_id, requests.c.payload, requests.c.repair, requests.c.attempts)
         .where(requests.c.dispatch_id == dispatch_id, requests.c.state == RequestState.DISPATCHED.value)
@@ -150,14 +163,7 @@ def dispatched_requests(conn: Connection, dispatch_id: int, after: int = 0, limi
     )
     if after:  # only when paging: a bare `id > 0` lets SQLite walk the whole table by id
         stmt = stmt.where(requests.c.id > after)
-    out = []
-    for rid, cid, payload, repair, attempt in conn.execute(stmt).all():
-        request = Request.from_payload(cid, fastjson.loads(payload), attempt)
-        if repair:
-            request.add_turns(fastjson.loads(repair))
-        request.row_id = rid
-        out.append(request)
-    return out
+    return stmt
 
 
 def iter_dispatched(store, dispatch_id: int, page: int = 1000) -> Iterator[Request]:

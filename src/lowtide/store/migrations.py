@@ -242,3 +242,12 @@ def m021_notifications(conn: Connection) -> None:
 def m022_watermarks(conn: Connection) -> None:
     """Nightly increments' watermarks (schema.py `watermarks`, `source.since`)."""
     schema.metadata.create_all(conn, tables=[schema.watermarks])
+
+
+@migration
+def m023_requests_dispatch_id_index(conn: Connection) -> None:
+    """Requests are indexed by dispatch and id (schema.py `ix_requests_dispatch`): a page of a
+    batch being written out is one range of the index, not a pass over the table's ids."""
+    index = next(i for i in schema.requests.indexes if i.name == "ix_requests_dispatch")
+    index.drop(conn, checkfirst=True)
+    index.create(conn)
