@@ -176,6 +176,28 @@ def test_prune_keep_results_keeps_the_answers(store, tmp_path, clock):
     assert all(payload == PRUNED and response is None for payload, response, _, _ in bodies)
 
 
+def test_prune_rewrites_each_request_row_once(store, tmp_path, clock):
+    """PostgreSQL keeps the old version of each row an UPDATE rewrites until VACUUM: a prune
+    that rewrote the job's rows twice (bodies, then payloads) needed room for two more copies
+    of them, and at 10,000,000 requests filled the disk (issue 32)."""
+    drive_to_end(store, _spec(tmp_path, "old"), clock)
+    clock.advance(2 * DAY)
+    rewritten = []
+
+    def on_update(conn, cursor, statement, parameters, context, executemany):
+        if statement.lstrip().upper().startswith("UPDATE REQUESTS "):
+            rewritten.append(cursor.rowcount)
+
+    sa.event.listen(store.engine, "after_cursor_execute", on_update)
+    try:
+        done = prune(store, clock, DAY)
+    finally:
+        sa.event.remove(store.engine, "after_cursor_execute", on_update)
+    assert done.requests == 5
+    assert rewritten == [5]  # before: [5, 5], every row rewritten a second time for its payload
+    assert all(row == (PRUNED, None, None, None) for row in _bodies(store, "old"))
+
+
 def test_prune_waits_for_live_batches_and_keeps_what_retry_would_send(store, tmp_path, clock):
     spec = _in_flight_job(store, tmp_path, clock)
     cancel_job(store, "flying", clock)  # cancelled, but its batch is still out

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import orjson
-from sqlalchemy import Connection, delete, func, or_, select, update
+from sqlalchemy import Connection, case, delete, func, select, update
 
 from lowtide.core.clock import Clock
 from lowtide.core.errors import InputError, LowtideError
@@ -359,14 +359,18 @@ def _size(conn: Connection, cut: Cut) -> int:
 def _drop(conn: Connection, cut: Cut, result: Pruned) -> None:
     r = requests.c
     bodies = request_bodies(cut.keep_results)
-    has_body = or_(*(c.is_not(None) for c in bodies))
     result.jobs.append(cut.name)
     result.bytes += cut.size
     if cut.keep_results:
         result.kept_results.append(cut.name)
-    result.requests += conn.execute(select(func.count()).where(dropped_requests(cut.job_id, cut.keep_results, PRUNED))).scalar_one()
-    conn.execute(update(requests).where(r.job_id == cut.job_id, has_body).values(**{c.name: None for c in bodies}))
-    conn.execute(update(requests).where(r.job_id == cut.job_id, payload_dropped(PRUNED)).values(payload=PRUNED))
+    # One UPDATE, each row rewritten once: PostgreSQL keeps the old version of every row it
+    # updates until VACUUM, so a second pass over the job (bodies, then payloads) needed room
+    # for two more copies of the job's rows (at 10,000,000 the disk filled).
+    result.requests += conn.execute(
+        update(requests)
+        .where(dropped_requests(cut.job_id, cut.keep_results, PRUNED))
+        .values(**{c.name: None for c in bodies}, payload=case((payload_dropped(PRUNED), PRUNED), else_=r.payload))
+    ).rowcount
     result.versions += conn.execute(
         update(request_versions)
         .where(dropped_versions(cut.job_id, cut.keep_results, PRUNED))
