@@ -167,6 +167,21 @@ def test_a_store_from_before_an_index_migration_gets_the_index_when_it_opens(sto
         assert found(reopened) == [columns]
 
 
+def test_m023_rebuilds_the_dispatch_index_of_an_older_store_with_the_id(store):
+    """A store from before m023 has ix_requests_dispatch on dispatch_id alone, which left
+    PostgreSQL reading the table's ids for each page of a batch; opened, it has (dispatch_id, id)."""
+
+    def found(s):
+        with s.begin() as conn:
+            return [i["column_names"] for i in sa.inspect(conn).get_indexes("requests") if i["name"] == "ix_requests_dispatch"]
+
+    with store.begin() as conn:
+        conn.exec_driver_sql("DROP INDEX ix_requests_dispatch")
+    old = "CREATE INDEX ix_requests_dispatch ON requests (dispatch_id)"
+    with opened_before(store, "m023_requests_dispatch_id_index", old) as reopened:
+        assert found(reopened) == [["dispatch_id", "id"]]
+
+
 def test_m017_gives_the_requests_of_an_older_store_a_plain_answer(store, tmp_path):
     """A store from before m017 gets the column when it opens; its requests keep NULL there,
     so the export reads their answer columns from the responses, as before."""
