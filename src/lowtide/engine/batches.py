@@ -80,7 +80,7 @@ def plan(store: Store, job: JobContext, route: BatchRoute, clock: Clock, lane: s
         if _first_on(conn, job.id, route.name):  # only what this tick sends: the provider starts at once
             chunks = min(chunks, SUBMITS_PER_TICK)
         # Planned ahead at most that many chunks: a tick sends two, so planning ten each tick
-        # would plan the whole job long before it is sent (a 10,000,000-request job: 470
+        # would plan the whole job long before it is sent (a 10,000,000-request job: 520
         # chunks planned within minutes), and a cancel or a deadline would undo them all.
         chunks -= _waiting(conn, job.id, route.name)
         if chunks <= 0:
