@@ -101,6 +101,7 @@ class Result:
     chunks: int = 0
     bytes_before: int = 0
     bytes_after: int = 0
+    pruned: int = 0  # `lowtide prune`'s exit code
     applied_twice: int = 0
     retried: int = 0  # requests with more than one applied attempt (a failure, then another try)
     failed_attempts: dict = field(default_factory=dict)  # error code -> applied failed attempts
@@ -211,6 +212,8 @@ def one_store(kind: str, args: argparse.Namespace, root: Path) -> Result:
             raise SystemExit(f"{kind}: the workers stopped with requests not ended; see {log}")
 
         exported = run([*base, "results", "scale", "--out", str(folder / "results.csv")], folder, env, log)
+        if exported.code:
+            raise SystemExit(f"{kind}: `lowtide results` exited {exported.code}; see {log}")
         result.phases["export (CSV)"] = exported.wall
         result.phases["end to end"] = time.perf_counter() - t0
         result.serve_cpu, result.serve_rss_mb = proc_cpu(server.proc.pid), proc_peak_mb(server.proc.pid)
@@ -233,7 +236,7 @@ def one_store(kind: str, args: argparse.Namespace, root: Path) -> Result:
         engine.dispose()
         result.sent_twice = sum(c - 1 for c in server.batches_by_key().values() if c > 1)
         result.bytes_before = store_bytes(store)
-        run([*base, "prune", "--older-than", "1s", "--keep-results", "--vacuum", "--yes"], folder, env, log)
+        result.pruned = run([*base, "prune", "--older-than", "1s", "--keep-results", "--vacuum", "--yes"], folder, env, log).code
         result.bytes_after = store_bytes(store)
         return result
     finally:
@@ -253,7 +256,8 @@ def show(r: Result, n: int) -> None:
           f"({', '.join(f'{p.cpu:.1f}s' for p in r.worker_runs)}), serve {r.serve_cpu / n * 1e6:.0f} µs")  # fmt: skip
     print(f"  peak RSS: submit {r.submit.rss_mb:.0f} MB, workers {', '.join(f'{p.rss_mb:.0f}' for p in r.worker_runs)} MB, serve {r.serve_rss_mb:.0f} MB")
     reuse = " (PostgreSQL's VACUUM keeps the files' size: the space freed is reused by later rows)" if r.store == "postgres" else ""
-    print(f"  store: {r.bytes_before / n:,.0f} bytes per request, {r.bytes_after / n:,.0f} after `lowtide prune --keep-results --vacuum`{reuse}")
+    after = f"{r.bytes_after / n:,.0f} after" if not r.pruned else f"`lowtide prune` FAILED (exit {r.pruned}: see its log), so no figure"
+    print(f"  store: {r.bytes_before / n:,.0f} bytes per request, {after} `lowtide prune --keep-results --vacuum`{reuse}")
     failures = ", ".join(f"{code} {n:,}" for code, n in r.failed_attempts.items()) or "none"
     print(f"  retried: {r.retried:,} requests sent again after a failed attempt (failed attempts: {failures})")
     print(f"  duplicates: {r.applied_twice} requests applied twice, {r.sent_twice} chunks sent to serve twice")
@@ -287,6 +291,9 @@ def main() -> None:
     bad = [r.store for r in results if r.applied_twice or r.sent_twice]
     if bad:
         raise SystemExit(f"duplicates on {', '.join(bad)}")
+    unpruned = [r.store for r in results if r.pruned]
+    if unpruned:
+        raise SystemExit(f"`lowtide prune` failed on {', '.join(unpruned)}")
 
 
 if __name__ == "__main__":
