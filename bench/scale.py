@@ -256,8 +256,9 @@ def show(r: Result, n: int) -> None:
           f"({', '.join(f'{p.cpu:.1f}s' for p in r.worker_runs)}), serve {r.serve_cpu / n * 1e6:.0f} µs")  # fmt: skip
     print(f"  peak RSS: submit {r.submit.rss_mb:.0f} MB, workers {', '.join(f'{p.rss_mb:.0f}' for p in r.worker_runs)} MB, serve {r.serve_rss_mb:.0f} MB")
     reuse = " (PostgreSQL's VACUUM keeps the files' size: the space freed is reused by later rows)" if r.store == "postgres" else ""
-    after = f"{r.bytes_after / n:,.0f} after" if not r.pruned else f"`lowtide prune` FAILED (exit {r.pruned}: see its log), so no figure"
-    print(f"  store: {r.bytes_before / n:,.0f} bytes per request, {after} `lowtide prune --keep-results --vacuum`{reuse}")
+    prune = "`lowtide prune --keep-results --vacuum`"
+    after = f"{r.bytes_after / n:,.0f} after {prune}{reuse}" if not r.pruned else f"no figure after {prune}: it FAILED (exit {r.pruned}; see its log)"
+    print(f"  store: {r.bytes_before / n:,.0f} bytes per request, {after}")
     failures = ", ".join(f"{code} {n:,}" for code, n in r.failed_attempts.items()) or "none"
     print(f"  retried: {r.retried:,} requests sent again after a failed attempt (failed attempts: {failures})")
     print(f"  duplicates: {r.applied_twice} requests applied twice, {r.sent_twice} chunks sent to serve twice")
