@@ -284,6 +284,25 @@ def test_a_hanging_receiver_delays_neither_the_tick_nor_another_receiver(store, 
     assert (row.state, row.attempts, row.last_error) == ("pending", 1, f"no answer within {timeout:g} s")
 
 
+def test_an_attempt_that_recorded_its_outcome_is_no_longer_in_flight(store, clock, tmp_path, receiver):
+    # The store's word and in_flight agree at every turn of the loop: the task's
+    # bookkeeping callback runs a turn later, and in_flight must not wait for it.
+    load_job(store, _spec(tmp_path, _notify(receiver.url("/fast"))), clock)
+
+    async def go():
+        async with Engine(store, clock, seed=1) as engine:
+            for _ in range(3):
+                await engine.tick("tickets")
+            seen = []
+            while _state(store, "/fast") != "delivered":
+                seen.append(engine.notifier.in_flight)
+                await asyncio.sleep(0)
+            return seen, engine.notifier.in_flight
+
+    seen, after = asyncio.run(go())
+    assert seen and set(seen) == {1} and after == 0
+
+
 def _state(store, path: str) -> str:
     return next(r.state for r in _outbox(store) if r.url.endswith(path))
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from lowtide.core.clock import ManualClock
 from lowtide.core.errors import UnknownRouteError
 from lowtide.engine.control import job_status
 from lowtide.server import ServeConfig, create_app
@@ -42,15 +43,20 @@ def test_complete_after_holds_a_finished_batch_in_progress(serve):
 
 
 def test_the_24h_window_expires_with_what_ran_in_the_output(serve, gate):
-    with serve(routes={"echo": gate}, time_scale=86_400) as s:  # 24 scaled hours in 1 s
+    # The worker thread runs; the clock moves only when the test moves it, so the window
+    # closes exactly while r0 is held at the gate, however slowly the machine starts.
+    with serve(routes={"echo": gate}, clock=ManualClock(1_900_000_000.0)) as s:
+        clock = s.server.clock.clock
+
+        def close_window(expires_at: float) -> None:
+            clock.advance(expires_at - clock.now() + 1)
+            s.server.wake()
+
         client = s.openai()
         batch = create_batch(client, [chat_line(f"r{i}") for i in range(4)])
-        # r0 is in flight (held at the gate) when the window closes: it still finishes, and
-        # is in the output. Waited for, not assumed: a slow start left nothing in flight.
         wait_until(lambda: gate.waiting == 1, what="r0 to reach the backend")
-        assert s.server.clock.now() < batch.expires_at
-        wait_until(lambda: s.server.clock.now() > batch.expires_at, what="the window to pass")
-        gate.release(1)
+        close_window(batch.expires_at)
+        gate.release(1)  # r0 was in flight when the window closed: it finishes, and is in the output
         done = wait_openai(client, batch.id)
         assert done.status == "expired" and done.expired_at >= done.expires_at
         assert [x["custom_id"] for x in file_lines(client, done.output_file_id)] == ["r0"]
@@ -60,8 +66,9 @@ def test_the_24h_window_expires_with_what_ran_in_the_output(serve, gate):
 
         messages = s.anthropic()
         mb = messages.messages.batches.create(requests=[message_request("m0"), message_request("m1")])
-        wait_until(lambda: s.server.clock.now() > messages.messages.batches.retrieve(mb.id).expires_at.timestamp())
-        gate.release(1)  # a request the backend is working on when the window closes still finishes
+        wait_until(lambda: gate.waiting == 1, what="m0 to reach the backend")
+        close_window(messages.messages.batches.retrieve(mb.id).expires_at.timestamp())
+        gate.release(1)
         done = wait_anthropic(messages, mb.id)
         assert done.request_counts.model_dump() == {"processing": 0, "succeeded": 1, "errored": 0, "canceled": 0, "expired": 1}
         results = {r.custom_id: r.result.type for r in messages.messages.batches.results(mb.id)}

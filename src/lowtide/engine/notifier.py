@@ -73,7 +73,9 @@ class Notifier:
 
     @property
     def in_flight(self) -> int:
-        return len(self._tasks)
+        # Not len(_tasks): a task leaves it by a done-callback one loop turn after it ended,
+        # and an attempt that has recorded its outcome is no longer in flight.
+        return sum(not task.done() for task in self._tasks.values())
 
     async def aclose(self) -> None:
         """Stop: attempts in flight may end within their deadline (a job's last notification
