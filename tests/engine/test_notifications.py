@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -256,30 +255,24 @@ def test_a_crash_between_sending_and_marking_sends_the_same_delivery_again(store
 
 
 def test_a_hanging_receiver_delays_neither_the_tick_nor_another_receiver(store, clock, tmp_path, receiver, hanging):
+    # Told by order, not by wall time: the ticks return while both attempts are in flight,
+    # and the fast one is delivered while the slow one still hangs; the slow one then ends
+    # at its deadline, and says so.
     timeout = 2.0
     spec = _spec(tmp_path, _notify(hanging.url("/slow"), receiver.url("/fast"), timeout_seconds=timeout))
     load_job(store, spec, clock)
 
     async def go():
         async with Engine(store, clock, seed=1) as engine:
-            started = time.monotonic()
             for _ in range(3):  # the job finishes; both attempts start
                 await engine.tick("tickets")
-            ticked = time.monotonic() - started
-            assert engine.notifier.in_flight == 2
-            began = time.monotonic()
+            assert engine.notifier.in_flight == 2  # the ticks did not wait for either
             while not receiver.hits or _state(store, "/fast") != "delivered":
                 await asyncio.sleep(0.01)  # lets the attempts run; the loop ends on the store's word
-                assert time.monotonic() - began < timeout, "the fast receiver waited for the slow one"
-            fast = time.monotonic() - began
             assert _state(store, "/slow") == "pending" and engine.notifier.in_flight == 1  # still hanging
             await engine.notifier.settle()  # ends at its deadline
-            slow = time.monotonic() - began
-            return ticked, fast, slow
 
-    ticked, fast, slow = asyncio.run(go())
-    assert ticked < timeout / 2 and fast < timeout / 2
-    assert timeout * 0.9 <= slow < timeout + 1.5
+    asyncio.run(go())
     row = next(r for r in _outbox(store) if r.url.endswith("/slow"))
     assert (row.state, row.attempts, row.last_error) == ("pending", 1, f"no answer within {timeout:g} s")
 
