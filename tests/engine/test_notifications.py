@@ -289,6 +289,7 @@ def test_an_attempt_that_recorded_its_outcome_is_no_longer_in_flight(store, cloc
             seen = []
             while _state(store, "/fast") != "delivered":
                 seen.append(engine.notifier.in_flight)
+                assert len(seen) < 100_000, "the attempt was never recorded"
                 await asyncio.sleep(0)
             return seen, engine.notifier.in_flight
 

@@ -224,15 +224,13 @@ class ObjectStores:
                 cls._servers[kind] = objectstores.S3Server(f"http://127.0.0.1:{port}")
             server.start()
             atexit.register(server.stop)
+            import logging
+
             if kind == "gcs":  # a client gone before the answer was written (gcsfs closing early) is no error here
                 server._api._httpd.handle_error = lambda request, address: None
-                import logging
-
                 # its stop() logs at exit, to a stream pytest has closed by then ("--- Logging error ---")
                 logging.getLogger("gcp_storage_emulator").setLevel(logging.WARNING)
             else:  # moto's server logs every request through werkzeug: thousands of lines a run
-                import logging
-
                 logging.getLogger("werkzeug").setLevel(logging.WARNING)
         return cls._servers[kind]
 
