@@ -31,9 +31,10 @@ def run(n: int, payload_bytes: int, apart: bool) -> tuple[float, int]:
     db = sqlite3.connect(path, isolation_level=None)
     for pragma in ("page_size=16384", "journal_mode=WAL", "synchronous=NORMAL"):  # as store/db.py
         db.execute(f"PRAGMA {pragma}")
-    payload_column = "payload_id INTEGER" if apart else "payload TEXT"
-    db.execute(f"CREATE TABLE r (id INTEGER PRIMARY KEY, job INT, cid TEXT, state TEXT, dispatch INT, {payload_column}, text TEXT, response TEXT)")
-    db.execute("CREATE TABLE p (id INTEGER PRIMARY KEY, payload TEXT)")
+    column = "payload_id" if apart else "payload"  # apart: the row holds the payload's id in table p
+    db.execute(f"CREATE TABLE r (id INTEGER PRIMARY KEY, job INT, cid TEXT, state TEXT, dispatch INT, {column}, text TEXT, response TEXT)")
+    if apart:
+        db.execute("CREATE TABLE p (id INTEGER PRIMARY KEY, payload TEXT)")
     db.execute("CREATE UNIQUE INDEX ix_job_cid ON r (job, cid)")
     db.execute("CREATE INDEX ix_job_state ON r (job, state)")
     payload = "x" * payload_bytes
@@ -43,7 +44,7 @@ def run(n: int, payload_bytes: int, apart: bool) -> tuple[float, int]:
         db.execute("BEGIN")
         if apart:
             db.executemany("INSERT INTO p (id, payload) VALUES (?, ?)", [(i, payload) for i in ids])
-        db.executemany(f"INSERT INTO r (id, job, cid, state, {payload_column.split()[0]}) VALUES (?, 1, ?, 'pending', ?)",
+        db.executemany(f"INSERT INTO r (id, job, cid, state, {column}) VALUES (?, 1, ?, 'pending', ?)",
                        [(i, f"t{i:07d}", i if apart else payload) for i in ids])  # fmt: skip
         db.execute("COMMIT")
     for start in range(0, n, CHUNK):
