@@ -36,7 +36,7 @@ from lowtide.engine.tick import Engine
 from lowtide.store.db import Store
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from killtest import ClientStore  # noqa: E402  (a fresh PostgreSQL schema per run, dropped after)
+from client_store import ClientStore  # noqa: E402  (a fresh PostgreSQL schema per run, dropped after)
 from lowtide.store.queries import get_job
 
 SCHEMA = {"type": "object", "properties": {"label": {"type": "string"}}, "required": ["label"]}

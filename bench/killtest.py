@@ -56,7 +56,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,6 +63,8 @@ from typing import Any
 import httpx
 import sqlalchemy as sa
 import yaml
+
+from client_store import ClientStore
 
 LOWTIDE = str(Path(sys.executable).with_name("lowtide"))
 JOB = "killtest"
@@ -163,60 +164,6 @@ def write_spec(folder: Path, route: str, options: dict[str, Any]) -> Path:
 
 
 # -- stores ---------------------------------------------------------------------------------
-
-
-class ClientStore:
-    """Where one trial's client store lives: a SQLite file, or a fresh PostgreSQL schema."""
-
-    def __init__(self, folder: Path, pg_base: str | None):
-        self.pg_base = pg_base
-        self.sqlite_path: Path | None = None
-        if pg_base:
-            self.schema = f"killtest_{uuid.uuid4().hex[:12]}"
-            admin = sa.create_engine(_pg_driver(pg_base), isolation_level="AUTOCOMMIT")
-            with admin.connect() as conn:
-                conn.execute(sa.text(f'CREATE SCHEMA "{self.schema}"'))
-            admin.dispose()
-            sep = "&" if "?" in pg_base else "?"
-            self.url = f"{pg_base}{sep}options=-csearch_path%3D{self.schema}"
-        else:
-            self.sqlite_path = folder / "lowtide.db"
-            self.url = str(self.sqlite_path)
-
-    def engine(self) -> sa.Engine:
-        if self.sqlite_path:
-            return sa.create_engine(f"sqlite:///{self.sqlite_path}")
-        return sa.create_engine(_pg_driver(self.url))
-
-    def opened_by(self, pid: int) -> bool:
-        """Whether process `pid` has the store open (SQLite); PostgreSQL: always."""
-        if self.sqlite_path is None:
-            return True
-        target = str(self.sqlite_path)
-        try:
-            for fd in os.listdir(f"/proc/{pid}/fd"):
-                try:
-                    if os.readlink(f"/proc/{pid}/fd/{fd}") == target:
-                        return True
-                except OSError:
-                    continue
-        except OSError:
-            return False
-        return False
-
-    def drop(self) -> None:
-        if self.pg_base:
-            admin = sa.create_engine(_pg_driver(self.pg_base), isolation_level="AUTOCOMMIT")
-            with admin.connect() as conn:
-                conn.execute(sa.text(f'DROP SCHEMA IF EXISTS "{self.schema}" CASCADE'))
-            admin.dispose()
-
-
-def _pg_driver(url: str) -> str:
-    for plain in ("postgresql://", "postgres://"):
-        if url.startswith(plain):
-            return "postgresql+psycopg://" + url[len(plain):]
-    return url
 
 
 def phase_of(store: ClientStore, rows: int, route: str) -> str:

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sqlalchemy.dialects import postgresql  # noqa: E402
 
 import lowtide.engine.loader as loader  # noqa: E402
-from killtest import ClientStore  # noqa: E402
+from client_store import ClientStore  # noqa: E402
 from lowtide.core.clock import SystemClock  # noqa: E402
 from lowtide.store import bulk  # noqa: E402
 from lowtide.store.db import Store  # noqa: E402

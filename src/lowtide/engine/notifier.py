@@ -36,8 +36,8 @@ import logging
 import os
 import random
 from collections import Counter
+from typing import TYPE_CHECKING
 
-import httpx
 from sqlalchemy import Connection, Row, func, or_, select, update
 
 from lowtide.core.callbacks import CallbackRefused, shown_url, sign
@@ -48,6 +48,9 @@ from lowtide.engine.webhook import post_once, webhook_client
 from lowtide.store.db import Store
 from lowtide.store.queries import add_event
 from lowtide.store.schema import jobs, notifications
+
+if TYPE_CHECKING:
+    import httpx
 
 log = logging.getLogger("lowtide.notify")
 

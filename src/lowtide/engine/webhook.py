@@ -12,16 +12,20 @@ delivery.
 from __future__ import annotations
 
 import asyncio
-
-import httpx
+from typing import TYPE_CHECKING
 
 from lowtide.core.callbacks import Callbacks, check_callback
+
+if TYPE_CHECKING:
+    import httpx
 
 ANSWER_BYTES = 4096  # of a receiver's answer body, read at most (only its status counts)
 
 
 def webhook_client(connections: int, timeout: float) -> httpx.AsyncClient:
     """A client for attempts: `connections` at once, no redirects followed."""
+    import httpx  # here, not above: every engine imports this module, few send a webhook (httpx brings its CLI's rich and click)
+
     return httpx.AsyncClient(timeout=timeout, follow_redirects=False,
                              limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections))  # fmt: skip
 
@@ -30,6 +34,8 @@ async def post_once(client: httpx.AsyncClient, url: str, body: bytes, headers: d
                     rules: Callbacks) -> str | None:  # fmt: skip
     """One attempt: None for a 2xx within `timeout`, else why not. Raises CallbackRefused
     for a URL that may not be used."""
+    import httpx
+
     deadline = asyncio.get_running_loop().time() + timeout
     request = client.build_request("POST", url, content=body, headers=headers)
     try:
