@@ -6,7 +6,6 @@ import json
 import os
 import pty
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -143,13 +142,22 @@ def test_delete_refuses_in_flight_batches_and_cancel_deletes_once_they_end(cli, 
     assert _rows(db, "flying") == dict.fromkeys(JOB_TABLES, 0)
 
 
+def _ended_an_hour_ago(db: Path) -> None:
+    """Every job of the store as if it had ended an hour ago: the CLI prunes by the real
+    clock, so the jobs age in the store, not by waiting."""
+    engine = sa.create_engine(f"sqlite:///{db}")
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE jobs SET finished_at = finished_at - 3600, updated_at = updated_at - 3600"))
+    engine.dispose()
+
+
 def test_prune_keeps_the_report_and_drops_the_bodies(cli, tmp_path):
     db = tmp_path / "lowtide.db"
     code, out = cli("run", str(_job(tmp_path, "old")))
     assert code == 0, out
     code, report = cli("report", "--json")
     assert code == 0, report
-    time.sleep(1.2)
+    _ended_an_hour_ago(db)
 
     code, out = cli("prune", "--older-than", "1s")
     assert code == 2 and "--yes" in out, out
@@ -185,7 +193,7 @@ def test_prune_archives_first_follows_the_specs_retention_and_vacuums(cli, tmp_p
         code, out = cli("run", str(_job(tmp_path, name, **extra)))
         assert code == 0, out
     code, report = cli("report", "--json")
-    time.sleep(1.2)
+    _ended_an_hour_ago(db)
     blocked = tmp_path / "blocked"
     blocked.write_text("not a directory")
 
