@@ -120,7 +120,7 @@ def test_a_field_the_backend_refuses_fails_that_key_alone(server):
 
 
 def test_batches_are_listed_newest_first_cancelled_and_deleted(serve):
-    with serve(complete_after=36000) as s:  # ten scaled hours: batches stay running a while
+    with serve(complete_after=10**9) as s:  # the batches run until cancelled, however slow the machine
         c = client(s)
         names = [c.batches.create(model=MODEL, src=[ask(f"x{i}")], config={"display_name": f"d{i}"}).name for i in range(3)]
         listed = [b.display_name for b in c.batches.list(config={"page_size": 2})]
