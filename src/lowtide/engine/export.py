@@ -21,13 +21,12 @@ for the row as it was, and is never passed off as an answer to the row as it is.
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Row, case, func, null, select
+from sqlalchemy import Row, Select, case, func, null, select
 
 from lowtide.core import fastjson
 from lowtide.core.errors import LowtideError
@@ -41,7 +40,7 @@ from lowtide.engine.answer_columns import ANSWER_COLUMNS, answer_values, plain_v
 from lowtide.engine.committed import committed
 from lowtide.engine.loader import RowRenderer
 from lowtide.engine.result_writers import WRITERS, tally
-from lowtide.store.bulk import among
+from lowtide.store.bulk import among, among_bound, listed
 from lowtide.store.db import Store
 from lowtide.store.queries import get_job
 from lowtide.store.schema import requests
@@ -120,6 +119,7 @@ class ResultRows(ResultColumns):
     def __init__(self, store: Store, job_name: str, full: bool = False):
         self.store = store
         self.answers_renamed = False  # does the source have a column named like an answer column?
+        self._wanted: Select | None = None  # the lookup statement (`_lookup_statement`)
         with store.begin() as conn:
             job = get_job(conn, job_name)
         self.job_id = job.id
@@ -139,10 +139,6 @@ class ResultRows(ResultColumns):
             keys = [str(r.values.get(id_col, "")).strip() for r in chunk]
             ids = [custom_id_for(key_of(k), self.spec.variant) for k in keys]
             found = self._lookup(ids, keys)
-            # Each lookup's statement is a web of SQLAlchemy objects in reference cycles that
-            # holds the chunk's ids; under lowtide's rare full collections (core/runtime.py)
-            # those that outlive a young pass stay for the run: 20 MB per million rows.
-            gc.collect(1)
             rows = [(row, cid, found.get(cid)) for row, cid in zip(chunk, ids, strict=True)]
             for page in _pages(rows):
                 answers = self._answers([res[12] for _, _, res in page if res is not None and (res[13] or 0) > INLINE_BYTES])
@@ -202,20 +198,13 @@ class ResultRows(ResultColumns):
         its legacy custom_ids too. Larger responses are read page by page (`_answers`). Where
         the plain answer is taken, and `full` wants no response, the response is not read: its
         length and text are NULL."""
-        cols = requests.c
-        # Only beside a response (a request started again has neither, whatever is left).
-        plain = null() if self.full else case((cols.response.is_not(None), cols.plain_answer), else_=None)
-        length = case((plain.is_(None), func.length(cols.response)), else_=None)
         with self.store.begin() as conn:
+            if self._wanted is None:
+                self._wanted = self._lookup_statement(conn)
 
             def fetch(wanted: list[str]) -> dict[str, Row]:
-                stmt = select(
-                    cols.custom_id, cols.state, cols.output, cols.parsed, cols.error_code, cols.error_message,
-                    cols.input_tokens, cols.output_tokens, cols.attempts, cols.route, cols.fingerprint,
-                    case((cols.fingerprint.is_(None), cols.payload), else_=None),  # stored before fingerprints
-                    cols.id, length, case((length <= INLINE_BYTES, cols.response), else_=None), plain,
-                ).where(cols.job_id == self.job_id, among(conn, cols.custom_id, wanted))  # fmt: skip
-                return {r[0]: r for r in conn.execute(stmt).fetchall()}  # whole: no fetch per row; Rows unpack as tuples do
+                rows = conn.execute(self._wanted, {"wanted": listed(conn, wanted)})
+                return {r[0]: r for r in rows.fetchall()}  # whole: no fetch per row; Rows unpack as tuples do
 
             found = fetch(ids)
             legacy = {old: cid for cid, key in zip(ids, keys, strict=True) if cid not in found for old in legacy_custom_ids(key)}
@@ -223,6 +212,21 @@ class ResultRows(ResultColumns):
                 for old, res in fetch(list(legacy)).items():
                     found.setdefault(legacy[old], res)
             return found
+
+    def _lookup_statement(self, conn) -> Select:
+        """`_lookup`'s statement, built once per export: its custom_ids are bound when it runs
+        (`among_bound`), so no chunk's ids stay held by a statement in reference cycles (one
+        built per chunk kept 20 MB per million rows until a collection)."""
+        cols = requests.c
+        # Only beside a response (a request started again has neither, whatever is left).
+        plain = null() if self.full else case((cols.response.is_not(None), cols.plain_answer), else_=None)
+        length = case((plain.is_(None), func.length(cols.response)), else_=None)
+        return select(
+            cols.custom_id, cols.state, cols.output, cols.parsed, cols.error_code, cols.error_message,
+            cols.input_tokens, cols.output_tokens, cols.attempts, cols.route, cols.fingerprint,
+            case((cols.fingerprint.is_(None), cols.payload), else_=None),  # stored before fingerprints
+            cols.id, length, case((length <= INLINE_BYTES, cols.response), else_=None), plain,
+        ).where(cols.job_id == self.job_id, among_bound(conn, cols.custom_id, "wanted"))  # fmt: skip
 
 
 def _unique(name: str, taken: set[str] | frozenset[str]) -> str:

@@ -172,10 +172,27 @@ def among(conn: Connection, column: ColumnElement[Any], values: Sequence[Any]) -
     rows: it then reads every row of the job and filters, 100,000 rows for each 5,000 looked
     up (an export of 100,000: 2.3 s of the database's time, O(n²)). The rows of `unnest`
     are estimated from the array alone, so each value is looked up by the index."""
+    return _among(conn, column, None, listed(conn, values))
+
+
+def among_bound(conn: Connection, column: ColumnElement[Any], key: str) -> ColumnElement[bool]:
+    """`among`, its values given when the statement runs (`{key: listed(conn, values)}`)
+    rather than held by it: for a statement built once and run for many sets of values. A
+    statement SQLAlchemy builds sits in reference cycles, so one built per call keeps its
+    values until the collector's next pass reaches it."""
+    return _among(conn, column, key)
+
+
+def listed(conn: Connection, values: Sequence[Any]) -> Any:
+    """`values` as `among` sends them: JSON text on SQLite, a list (an array) on PostgreSQL."""
+    return fastjson.dumps(list(values)) if conn.dialect.name == "sqlite" else list(values)
+
+
+def _among(conn: Connection, column: ColumnElement[Any], key: str | None, value: Any = None) -> ColumnElement[bool]:
     if conn.dialect.name == "sqlite":
-        listed = func.json_each(fastjson.dumps(list(values))).table_valued("value")
-        return column.in_(select(listed.c.value))
-    return column.in_(select(func.unnest(bindparam(None, list(values), type_=postgresql.ARRAY(column.type)))))
+        listed_values = func.json_each(bindparam(key, value, type_=Text)).table_valued("value")
+        return column.in_(select(listed_values.c.value))
+    return column.in_(select(func.unnest(bindparam(key, value, type_=postgresql.ARRAY(column.type)))))
 
 
 def guard(conn: Connection, column: ColumnElement[Any], value: Any) -> ColumnElement[bool]:
