@@ -115,3 +115,21 @@ def test_a_held_dispatch_is_given_up_when_the_deadline_comes(tmp_path, monkeypat
         assert all("before this request could be sent again" in m and "its last attempt: batch_lost: " in m for m in late), late
         assert all("refused the key while lowtide looked for batch" in m for m in late), late
         assert job_state(w) == "finished" and invariants.batches_created(w) == 0
+
+
+def test_a_cancel_leaves_no_request_held_by_a_dead_workers_direct_dispatch(tmp_path):
+    """The simulation's seed 5001 on echo (`bench/simulate.py --route echo --seed 5001`): a
+    worker dies holding a direct dispatch, and the job is cancelled before the dispatch's
+    lease runs out. Its requests are cancelled then; none may still name the dispatch,
+    which stays running (its worker may be alive elsewhere) until the lease ends it."""
+    with world(tmp_path) as w:
+        load(w, "echo", rows=3, chunk=2)
+        assert w.tick_killed(KillPoint(1, after=False))
+        [running] = [d for d in dispatch_rows(w) if d.state == "running"]
+        cancel_job(w.store, "a", w.clock)
+        assert invariants.request_states(w) == []
+        assert [d.state for d in dispatch_rows(w) if d.id == running.id] == ["running"]
+        rounds(w, 3)  # the lease runs out: the dispatch is given up, nothing in it
+        assert [d.state for d in dispatch_rows(w) if d.id == running.id] == ["abandoned"]
+        assert [r.state for r in request_rows(w)] == ["cancelled"] * 3
+        assert job_state(w) == "cancelled" and invariants.request_states(w) == []

@@ -302,8 +302,11 @@ def send(conn: Connection, dispatch_id: int, which: ColumnElement[bool], route: 
 
 def cancel(conn: Connection, job_id: int, which: ColumnElement[bool], now: float) -> int:
     """The user cancels: requests `which` selects that are pending, or in a dispatch that
-    never sent them, are cancelled now."""
-    return move_requests(conn, RequestState.CANCELLED, and_(requests.c.job_id == job_id, which), values=cancelled_values(now))
+    never sent them, are cancelled now. They leave that dispatch, as `take_back`'s do: a
+    direct dispatch stays running until its worker (or, for a dead worker, its lease) ends
+    it, and must not hold them meanwhile; an answer it still brings is stale."""
+    values = {**cancelled_values(now), "dispatch_id": None}
+    return move_requests(conn, RequestState.CANCELLED, and_(requests.c.job_id == job_id, which), values=values)
 
 
 def rerender(conn: Connection, ids: list[int], state: RequestState, values: dict[str, Any], succeeded_rows: Sequence[dict] = ()) -> None:
