@@ -32,7 +32,7 @@ condition as a `guard`, which PostgreSQL cannot use to find rows nor misjudge as
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from operator import itemgetter
 from typing import Any
 
@@ -172,7 +172,7 @@ def among(conn: Connection, column: ColumnElement[Any], values: Sequence[Any]) -
     rows: it then reads every row of the job and filters, 100,000 rows for each 5,000 looked
     up (an export of 100,000: 2.3 s of the database's time, O(n²)). The rows of `unnest`
     are estimated from the array alone, so each value is looked up by the index."""
-    return _among(conn, column, None, listed(conn, values))
+    return _among(conn, column, lambda kind: bindparam(None, listed(conn, values), type_=kind))
 
 
 def among_bound(conn: Connection, column: ColumnElement[Any], key: str) -> ColumnElement[bool]:
@@ -180,7 +180,7 @@ def among_bound(conn: Connection, column: ColumnElement[Any], key: str) -> Colum
     rather than held by it: for a statement built once and run for many sets of values. A
     statement SQLAlchemy builds sits in reference cycles, so one built per call keeps its
     values until the collector's next pass reaches it."""
-    return _among(conn, column, key)
+    return _among(conn, column, lambda kind: bindparam(key, type_=kind))  # required: a run without it fails
 
 
 def listed(conn: Connection, values: Sequence[Any]) -> Any:
@@ -188,11 +188,12 @@ def listed(conn: Connection, values: Sequence[Any]) -> Any:
     return fastjson.dumps(list(values)) if conn.dialect.name == "sqlite" else list(values)
 
 
-def _among(conn: Connection, column: ColumnElement[Any], key: str | None, value: Any = None) -> ColumnElement[bool]:
+def _among(conn: Connection, column: ColumnElement[Any], param: Callable[[TypeEngine], BindParameter]) -> ColumnElement[bool]:
+    """`column IN` the values `param` (given the parameter's type) binds."""
     if conn.dialect.name == "sqlite":
-        listed_values = func.json_each(bindparam(key, value, type_=Text)).table_valued("value")
-        return column.in_(select(listed_values.c.value))
-    return column.in_(select(func.unnest(bindparam(key, value, type_=postgresql.ARRAY(column.type)))))
+        each = func.json_each(param(Text())).table_valued("value")
+        return column.in_(select(each.c.value))
+    return column.in_(select(func.unnest(param(postgresql.ARRAY(column.type)))))
 
 
 def guard(conn: Connection, column: ColumnElement[Any], value: Any) -> ColumnElement[bool]:
