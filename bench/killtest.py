@@ -64,7 +64,8 @@ import httpx
 import sqlalchemy as sa
 import yaml
 
-from client_store import ClientStore
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # beside it, however killtest is loaded (tests load it by path)
+from client_store import ClientStore  # noqa: E402
 
 LOWTIDE = str(Path(sys.executable).with_name("lowtide"))
 JOB = "killtest"

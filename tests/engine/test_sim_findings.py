@@ -27,6 +27,7 @@ from tests.engine.sim_world import (
     world,
 )
 from tests.sim import invariants
+from tests.sim.machine import fault_plan
 from tests.sim.world import KEY, WRONG_KEY_ENV, KillPoint
 
 
@@ -133,3 +134,26 @@ def test_a_cancel_leaves_no_request_held_by_a_dead_workers_direct_dispatch(tmp_p
         assert [d.state for d in dispatch_rows(w) if d.id == running.id] == ["abandoned"]
         assert [r.state for r in request_rows(w)] == ["cancelled"] * 3
         assert job_state(w) == "cancelled" and invariants.request_states(w) == []
+
+
+def test_a_day_without_polls_is_not_a_day_of_failed_polls(tmp_path):
+    """The simulation's seed 7002 on vertex-batch and gemini-batch: a poll fails, the worker
+    is away for a day (the clock moves 25 h), and its next poll fails too. That is two failed
+    polls, not a day of them: the batch, which ran and was billed, must not be given up as
+    lost; polled on, its results are booked once the provider answers again."""
+    with world(tmp_path) as w:
+        load(w, "gemini-batch", rows=2, chunk=2)
+        w.tick()
+        [sent] = dispatch_rows(w)
+        assert sent.state == "submitted"
+        w.set_faults(fault_plan("poll_500", "gemini-batch", {}))  # its next three polls answer 500 (the SDK tries each once)
+        w.clock.advance(600)
+        w.tick()
+        w.clock.advance(25 * 3600)  # nobody polls for a day
+        w.tick()
+        assert len(event_rows(w, "poll_error")) == 2
+        assert [d.state for d in dispatch_rows(w)] == ["submitted"]
+        rounds(w, 6, seconds=600)
+        assert [d.state for d in dispatch_rows(w)] == ["ended"]
+        assert [r.state for r in request_rows(w)] == ["succeeded"] * 2
+        assert invariants.bill_matches(w, drained=True) == []

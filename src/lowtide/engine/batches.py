@@ -484,7 +484,7 @@ async def poll(
                 conn.execute(
                     update(dispatches).where(dispatches.c.id == dispatch_id).values(
                         polls=polls + 1, error=said[:2000], next_poll_at=clock.now() + next_poll_delay(route, interval, polls, rng),
-                        lease_until=0.0, lost_since=func.coalesce(dispatches.c.lost_since, clock.now()),
+                        lease_until=0.0, lost_since=_failing_since(clock.now()),
                     )
                 )
                 add_event(conn, job.id, "poll_error", f"{route.name} batch {provider_id}: {said}", clock.now())
@@ -541,6 +541,17 @@ def _hold_poll(store: Store, job: JobContext, route: BatchRoute, dispatch_id: in
 
 LOST_GRACE = 3600.0  # seconds a provider may answer "no such batch" before the batch is given up
 ERROR_GRACE = 86400.0  # ... or answer polls with nothing but errors (down, or answering nonsense)
+LATE_POLL = 3600.0  # a poll this much past its time: nobody was polling in between
+
+
+def _failing_since(now: float):
+    """`lost_since` after a failed poll: when the failures began, unless this poll comes more
+    than LATE_POLL after it was due. Then nobody polled in between (the workers were down, the
+    machine asleep), and the failures before say nothing of that time: they begin again now.
+    Else a worker away for a day would give up a batch, which ran and was billed, on its first
+    failed poll back (found by the simulation, docs/simulation.md finding 7)."""
+    late = dispatches.c.next_poll_at < now - LATE_POLL
+    return case((late, now), else_=func.coalesce(dispatches.c.lost_since, now))
 
 
 def _give_up_if_lost(store: Store, job: JobContext, route: BatchRoute, dispatch_id: int, provider_id: str, said: str,
