@@ -16,6 +16,7 @@ import sqlalchemy as sa
 from lowtide.engine.batches import SUBMIT_LEASE
 from lowtide.engine.control import cancel_job
 from lowtide.server.faults import FaultPlan
+from lowtide.store.schema import attempts
 from tests.engine.sim_world import (
     attention,
     dispatch_rows,
@@ -157,3 +158,30 @@ def test_a_day_without_polls_is_not_a_day_of_failed_polls(tmp_path):
         assert [d.state for d in dispatch_rows(w)] == ["ended"]
         assert [r.state for r in request_rows(w)] == ["succeeded"] * 2
         assert invariants.bill_matches(w, drained=True) == []
+
+
+def test_a_batch_given_up_as_lost_that_ran_after_all_is_booked(tmp_path):
+    """The provider answers 404 for a batch (it does not know it yet, or forgot it for a
+    while) for over an hour of polls: the batch is given up as lost and its requests sent
+    again. It ran all the same and was billed. Polled on (engine/batches.py `_watch`), it is
+    read once the provider knows it again: each of its billed lines booked once, nothing
+    applied (the requests' answers are the second batch's)."""
+    with world(tmp_path) as w:
+        load(w, "openai-batch", rows=2, chunk=2)
+        w.tick()
+        [first] = dispatch_rows(w)
+        w.set_faults(FaultPlan.model_validate({"http": [{"match": f"GET /v1/batches/{first.provider_id}", "status": 404}]}))
+        rounds(w, 12, seconds=600)  # two hours of "no such batch"
+        lost = dispatch_rows(w)[0]
+        assert lost.state == "failed" and "given up as lost" in lost.error
+        w.set_faults(FaultPlan())  # the provider knows it again
+        rounds(w, 12, seconds=600)
+        assert [r.state for r in request_rows(w)] == ["succeeded"] * 2
+        assert [d.state for d in dispatch_rows(w)] == ["failed", "ended"]
+        assert invariants.bill_matches(w, drained=True) == []
+        assert len(event_rows(w, "lost_batch_booked")) == 1
+        with w.store.read() as conn:
+            late = conn.execute(sa.select(attempts.c.applied, attempts.c.billed).where(attempts.c.dispatch_id == first.id)).all()
+        assert sorted(late) == [(True, True)] * 2  # the given-up attempts (which moved the requests on), now billed
+        rounds(w, 4, seconds=6 * 3600)  # read once: never booked again, nor polled on
+        assert invariants.bill_matches(w, drained=True) == [] and len(event_rows(w, "lost_batch_booked")) == 1

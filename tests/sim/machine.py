@@ -36,6 +36,7 @@ from hypothesis.stateful import (
 
 from lowtide.core.errors import LowtideError
 from lowtide.core.spec import build_spec
+from lowtide.engine.batches import watched
 from lowtide.engine.control import cancel_job, retry_job
 from lowtide.engine.loader import load_job
 from lowtide.server.faults import FaultPlan
@@ -77,7 +78,7 @@ CALLS = {
     "digitalocean-batch": ("POST /digitalocean/v1/batches", "GET /digitalocean/v1/batches/*"),
 }
 FAULTS = ("none", "queue_full", "queue_tight", "queue_room", "fail_validation", "expire", "drop_lines",
-          "duplicate_lines", "corrupt_lines", "create_429", "poll_500", "lost_create")  # fmt: skip
+          "duplicate_lines", "corrupt_lines", "create_429", "poll_500", "poll_404", "lost_create")  # fmt: skip
 QUEUE = ("queue_full", "queue_tight", "queue_room")
 # Faults a route's API cannot meet, left out of its draws, and why.
 NOT_ON = {
@@ -125,6 +126,8 @@ def fault_plan(kind: str, route: str, standing: dict[str, int]) -> FaultPlan:
         plan["http"] = [{"match": create, "first": 2, "status": 429, "retry_after": 0}]
     elif kind == "poll_500":
         plan["http"] = [{"match": poll, "first": 3, "status": 500, "retry_after": 0}]
+    elif kind == "poll_404":  # the provider does not know its batches for a while (an hour of polls: given up as lost)
+        plan["http"] = [{"match": poll, "first": 12, "status": 404}]
     elif kind == "lost_create":
         plan["http"] = [{"match": create, "first": 1, "status": 500, "after": True}]
     return FaultPlan.model_validate(plan)
@@ -334,7 +337,9 @@ class SimMachine(RuleBasedStateMachine):
 
     def _settled(self) -> bool:
         with self.world.store.read() as conn:
-            live = conn.execute(sa.select(dispatches.c.id).where(dispatches.c.state.in_(LIVE_DISPATCH_STATES)).limit(1)).first()
+            # A batch given up as lost is still polled for its bill: the drain waits for it too.
+            waited = sa.or_(dispatches.c.state.in_(LIVE_DISPATCH_STATES), watched(self.world.clock.now()))
+            live = conn.execute(sa.select(dispatches.c.id).where(waited).limit(1)).first()
             busy = conn.execute(sa.select(jobs.c.id).where(jobs.c.state.not_in(["finished", "cancelled"])).limit(1)).first()
         return live is None and busy is None and self._counts()[0] == 0
 

@@ -21,7 +21,7 @@ import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from sqlalchemy import case, func, select, update
+from sqlalchemy import case, func, or_, select, update
 
 from lowtide.core.clock import Clock
 from lowtide.core.embeddings import MAX_INPUTS
@@ -32,7 +32,7 @@ from lowtide.engine import budget, fate, queue_limit
 from lowtide.engine.context import JobContext
 from lowtide.engine.dispatch import assign, iter_dispatched, left_in_dispatch, new_dispatch
 from lowtide.engine.held import hold, hold_poll, key_refused
-from lowtide.engine.ingest import IngestCounts, apply_outcomes
+from lowtide.engine.ingest import IngestCounts, apply_outcomes, book_late
 from lowtide.engine.packs import Packer, pack_size, packing, unpack_stored, vector_check
 from lowtide.engine.results_window import (
     RESULTS_GONE,
@@ -428,16 +428,18 @@ def _known_batches(store: Store, route: str, since: float) -> set[str]:
 
 def _reject(
     store: Store, job: JobContext, route, dispatch_id: int, current: DispatchState, reason: str, clock: Clock, rng,
-    code: str = "batch_rejected", retryable: bool = False,
+    code: str = "batch_rejected", retryable: bool = False, watch: float | None = None,
 ) -> None:  # fmt: skip
     """The provider refused (or lost) the batch: each of its requests gets that failure, with
-    the provider's reason (engine/fate.py decides what it becomes)."""
+    the provider's reason (engine/fate.py decides what it becomes). `watch`: seconds the
+    batch is still polled for what it bills (`_watch`)."""
     now = clock.now()
     with store.begin() as conn:
         ids = left_in_dispatch(conn, dispatch_id)
         failures = [Outcome.failure(c, code, reason, retryable) for c in ids]
         apply_outcomes(conn, job, dispatch_id, route.name, failures, now, rng, together=_together(route))
-        move_dispatch(conn, dispatch_id, current, DispatchState.FAILED, error=reason[:2000], ended_at=now)
+        watch_until = None if watch is None else now + watch
+        move_dispatch(conn, dispatch_id, current, DispatchState.FAILED, error=reason[:2000], ended_at=now, watch_until=watch_until)
         add_event(conn, job.id, code, f"{route.name}: {reason}", now)
 
 
@@ -453,19 +455,22 @@ async def poll(
             conn.execute(
                 select(
                     dispatches.c.id, dispatches.c.provider_id, dispatches.c.polls, dispatches.c.cancel_requested,
-                    dispatches.c.owner, dispatches.c.lease_until, dispatches.c.submitted_at,
+                    dispatches.c.owner, dispatches.c.lease_until, dispatches.c.submitted_at, dispatches.c.state,
                 ).where(
                     dispatches.c.job_id == job.id,
                     dispatches.c.route == route.name,
-                    dispatches.c.state == DispatchState.SUBMITTED.value,
+                    or_(dispatches.c.state == DispatchState.SUBMITTED.value, watched(now)),
                     dispatches.c.next_poll_at <= now,
                 ).order_by(dispatches.c.next_poll_at)  # the longest waiting first: its results may be the oldest
             )
         )
     interval = getattr(route, "poll_interval", DEFAULT_POLL_INTERVAL)
-    for dispatch_id, provider_id, polls, cancel_requested, owner, lease_until, submitted_at in due:
+    for dispatch_id, provider_id, polls, cancel_requested, owner, lease_until, submitted_at, state in due:
         if not _claim(store, dispatch_id, owner, lease_until, worker, now, POLL_LEASE):
             continue  # another worker is polling or ingesting it
+        if state != DispatchState.SUBMITTED.value:
+            counts.add(await _watch(store, job, route, dispatch_id, provider_id, polls, interval, clock, rng))
+            continue
         asked = bool(cancel_requested)
         try:
             status = await route.poll(provider_id)
@@ -541,6 +546,9 @@ def _hold_poll(store: Store, job: JobContext, route: BatchRoute, dispatch_id: in
 
 LOST_GRACE = 3600.0  # seconds a provider may answer "no such batch" before the batch is given up
 ERROR_GRACE = 86400.0  # ... or answer polls with nothing but errors (down, or answering nonsense)
+# ... and then still polled, for what it bills if it ran after all: a provider's day of
+# errors may end, and a batch it did not know may turn up, each within a completion window.
+WATCH = 2 * 86400.0
 LATE_POLL = 3600.0  # a poll this much past its time: nobody was polling in between
 
 
@@ -568,7 +576,41 @@ def _give_up_if_lost(store: Store, job: JobContext, route: BatchRoute, dispatch_
         return
     known = "has not known" if gone else "has answered every poll of"
     reason = f"the provider {known} batch {provider_id} for {now - since:.0f} s (last: {said}); given up as lost"
-    _reject(store, job, route, dispatch_id, DispatchState.SUBMITTED, reason, clock, rng, code="batch_lost", retryable=True)
+    _reject(store, job, route, dispatch_id, DispatchState.SUBMITTED, reason, clock, rng, code="batch_lost", retryable=True,
+            watch=WATCH)  # fmt: skip
+
+
+def watched(now: float):
+    """A batch given up as lost and still polled for its bill (`_watch`)."""
+    return (dispatches.c.state == DispatchState.FAILED.value) & (dispatches.c.watch_until > now)
+
+
+async def _watch(store: Store, job: JobContext, route: BatchRoute, dispatch_id: int, provider_id: str, polls: int,
+                 interval: tuple[float, float], clock: Clock, rng: random.Random) -> IngestCounts:  # fmt: skip
+    """Poll a batch given up as lost, whose requests went on without it: if the provider
+    answers that it ended after all, what it bills is booked (`ingest.book_late`), nothing
+    applied, and the watch ends; a batch the provider failed whole bills nothing, and ends
+    it too. Any other answer, or none, and it is polled again, until `watch_until`."""
+    try:
+        status = await route.poll(provider_id)
+    except Exception:  # as before it was given up: said then (`batch_lost`), not again each poll
+        status = None
+    if status is not None and status.ended:
+        if status.errors:
+            with store.begin() as conn:
+                conn.execute(update(dispatches).where(dispatches.c.id == dispatch_id).values(watch_until=None, lease_until=0.0))
+                add_event(conn, job.id, "lost_batch_ended", scrub(route, f"{route.name} batch {provider_id}, given up as lost, "
+                          f"ended failed at the provider: nothing billed ({'; '.join(status.errors)})"), clock.now())  # fmt: skip
+            return IngestCounts()
+        return await _ingest(store, job, route, dispatch_id, provider_id, clock, rng, late=True)
+    with store.begin() as conn:
+        conn.execute(
+            update(dispatches).where(dispatches.c.id == dispatch_id).values(
+                polls=polls + 1, lease_until=0.0, next_poll_at=clock.now() + next_poll_delay(route, interval, polls, rng),
+                **({"phase": status.phase} if status is not None else {}),
+            )
+        )  # fmt: skip
+    return IngestCounts()
 
 
 def _gone_past_retention(store: Store, job: JobContext, route: BatchRoute, dispatch_id: int, provider_id: str,
@@ -596,9 +638,19 @@ async def _cancel(store: Store, job: JobContext, route: BatchRoute, provider_id:
 
 
 async def _ingest(store, job: JobContext, route: BatchRoute, dispatch_id: int, provider_id: str, clock, rng,
-                  submitted_at: float | None = None) -> IngestCounts:  # fmt: skip
-    """Stream an ended batch's results into the store, chunk by chunk; then close it."""
+                  submitted_at: float | None = None, late: bool = False) -> IngestCounts:  # fmt: skip
+    """Stream an ended batch's results into the store, chunk by chunk; then close it.
+    `late`: a batch given up as lost (`_watch`): its lines are only booked."""
     counts = IngestCounts()
+
+    def take(conn, chunk: list[Outcome], now: float) -> None:
+        if vectors is not None:
+            chunk = unpack_stored(conn, job.id, dispatch_id, chunk, vectors.expected)
+        if late:
+            counts.stale += book_late(conn, job, dispatch_id, route.name, chunk, now)
+        else:
+            counts.add(apply_outcomes(conn, job, dispatch_id, route.name, chunk, now, rng, together=_together(route)))
+
     chunk: list[Outcome] = []
     vectors = vector_check(job.spec)  # an embedding job's: packs unpacked, vectors checked
     rows = 0  # the rows the chunk's outcomes are for: a pack's answer is for up to 2,048
@@ -611,15 +663,16 @@ async def _ingest(store, job: JobContext, route: BatchRoute, dispatch_id: int, p
         if rows >= INGEST_CHUNK:
             rows = 0
             with store.begin() as conn:
-                if vectors is not None:
-                    chunk = unpack_stored(conn, job.id, dispatch_id, chunk, vectors.expected)
-                counts.add(apply_outcomes(conn, job, dispatch_id, route.name, chunk, clock.now(), rng, together=_together(route)))
+                take(conn, chunk, clock.now())
             chunk = []
     now = clock.now()
     with store.begin() as conn:
-        if vectors is not None:
-            chunk = unpack_stored(conn, job.id, dispatch_id, chunk, vectors.expected)
-        counts.add(apply_outcomes(conn, job, dispatch_id, route.name, chunk, now, rng, together=_together(route)))
+        take(conn, chunk, now)
+        if late:
+            conn.execute(update(dispatches).where(dispatches.c.id == dispatch_id).values(watch_until=None, lease_until=0.0))
+            add_event(conn, job.id, "lost_batch_booked", f"{route.name} batch {provider_id}, given up as lost, answered after "
+                      f"all: {counts.stale} billed line(s) booked, not applied (their requests had gone on without it)", now)  # fmt: skip
+            return counts
         missing = left_in_dispatch(conn, dispatch_id)
         why = "no result for this request in the batch output; treated as expired"
         kept = past_retention(route, submitted_at, now)

@@ -173,6 +173,49 @@ def apply_outcomes(
     return counts
 
 
+# What a late line writes on an attempt its request already has in that batch (the one
+# recorded when the batch was given up): its bill, nothing of its fate.
+BILL_COLUMNS = (*TOKENS, "billed", "cost_picousd", "realtime_picousd", "model", "tier")
+
+
+def book_late(conn: Connection, job: JobContext, dispatch_id: int, route: str, outcomes: Sequence[Outcome], now: float) -> int:
+    """Book what a batch given up as lost (`batch_lost`) bills after all; apply nothing: its
+    requests went on without it. A line's usage and cost go on its request's attempt in
+    that batch (recorded, unbilled, when the batch was given up) or, for a request that
+    had left it before, on a new attempt, not applied. A line booked already is not booked
+    again (the same results read twice). Returns the lines booked."""
+    current, _ = _lookup(conn, job.id, dispatch_id, outcomes, whole_dispatch=False)
+    ledger = current_ledger()
+    options, lane_model = job.sent_as(route, None)
+    rows, seen = [], set()
+    for outcome in outcomes:
+        req = current.get(outcome.custom_id)
+        if req is None or req.id in seen:  # not ours; a line given twice (billed once)
+            continue
+        seen.add(req.id)
+        model = lane_model or req.model
+        rate = ledger.rate(route, options, model, outcome.tier, now)
+        billed, cost, realtime = ledger.columns(outcome, rate)
+        if billed:
+            u = outcome.usage
+            rows.append({
+                "request_id": req.id, "ok": outcome.ok, "applied": False, "error_code": outcome.error_code,
+                "error_message": outcome.error_message, **{t: getattr(u, t) for t in TOKENS},
+                "billed": True, "cost_picousd": cost, "realtime_picousd": realtime,
+                "model": model, "tier": rate.tier.value if rate.tier else None,
+            })  # fmt: skip
+    if rows:
+        insert = (postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert)(attempts)
+        insert = insert.values(job_id=job.id, dispatch_id=dispatch_id, route=route, at=now, **{c: bindparam(c) for c in ATTEMPT_COLUMNS})
+        upsert = insert.on_conflict_do_update(
+            index_elements=["request_id", "dispatch_id"],
+            set_={c: insert.excluded[c] for c in BILL_COLUMNS},
+            where=attempts.c.billed.is_not(True),
+        )
+        executemany(conn, upsert, rows)
+    return len(rows)
+
+
 _COLS = (
     requests.c.id, requests.c.custom_id, requests.c.state, requests.c.dispatch_id,
     requests.c.attempts, requests.c.repair, requests.c.lane, requests.c.lane_reason,

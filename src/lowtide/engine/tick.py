@@ -176,10 +176,13 @@ class Engine:
         """Active jobs, budget_exhausted ones (they finish when what was in flight is back),
         and others whose provider batches still have results to bring in or a create still
         to resolve (a cancelled job's, or a batch left behind at a deadline cut-over: they
-        are paid for)."""
+        are paid for; or one given up as lost, still polled for what it bills)."""
         live_batches = select(dispatches.c.id).where(
             dispatches.c.job_id == jobs.c.id,
-            dispatches.c.state.in_([DispatchState.SUBMITTED.value, DispatchState.SUBMITTING.value]),
+            or_(
+                dispatches.c.state.in_([DispatchState.SUBMITTED.value, DispatchState.SUBMITTING.value]),
+                batches.watched(self.clock.now()),  # given up as lost, polled for its bill
+            ),
         )
         ticked = [JobState.ACTIVE.value, JobState.BUDGET_EXHAUSTED.value]
         stmt = select(jobs).where(or_(jobs.c.state.in_(ticked), live_batches.exists()))
@@ -258,6 +261,8 @@ class Engine:
     def next_due(self, job_name: str | None = None) -> float | None:
         """The earliest time something becomes due (a poll, a retry), if anything waits."""
         with self.store.begin() as conn:
+            # Not a batch given up as lost, polled for its bill alone (batches.WATCH, days): a
+            # worker's loop ticks every IDLE_WAIT_MAX whatever, and `--until-idle` ends without it.
             q_poll = select(func.min(dispatches.c.next_poll_at)).where(
                 dispatches.c.state == DispatchState.SUBMITTED.value
             )

@@ -251,3 +251,9 @@ def m023_requests_dispatch_id_index(conn: Connection) -> None:
     index = next(i for i in schema.requests.indexes if i.name == "ix_requests_dispatch")
     index.drop(conn, checkfirst=True)
     index.create(conn)
+
+
+@migration
+def m024_lost_batch_watch(conn: Connection) -> None:
+    """Dispatches given up as lost remember until when they are still polled for a bill."""
+    add_columns(conn, schema.dispatches, ["watch_until"])

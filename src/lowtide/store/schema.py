@@ -189,6 +189,10 @@ dispatches = Table(
     # poll); cleared by the next poll it answers. Past a grace the batch is given up as lost
     # (engine/fate.py): polled for ever it would hold its requests for ever.
     Column("lost_since", Float),
+    # A batch given up as lost (failed, `batch_lost`: its requests went on without it) is
+    # still polled until then: what the provider bills for it if it answers after all is
+    # booked (engine/batches.py `_watch`). NULL: not watched (never lost, or read since).
+    Column("watch_until", Float),
     Index("ix_dispatches_job_state", "job_id", "state"),
     # A route's recent turnarounds (engine/turnaround.py, each tick of a `route: auto` chain):
     # the newest ended dispatches of one route, model, kind and tier, without reading the
