@@ -185,3 +185,36 @@ def test_a_batch_given_up_as_lost_that_ran_after_all_is_booked(tmp_path):
         assert sorted(late) == [(True, True)] * 2  # the given-up attempts (which moved the requests on), now billed
         rounds(w, 4, seconds=6 * 3600)  # read once: never booked again, nor polled on
         assert invariants.bill_matches(w, drained=True) == [] and len(event_rows(w, "lost_batch_booked")) == 1
+
+
+def test_a_lost_batch_never_answered_is_watched_for_two_days_then_said_unread(tmp_path):
+    """The watch is bounded: a batch the provider never knows again is polled for WATCH, then
+    the watch ends, said once (what the provider may have billed is not booked)."""
+    with world(tmp_path) as w:
+        load(w, "openai-batch", rows=2, chunk=2)
+        w.tick()
+        [first] = dispatch_rows(w)
+        w.set_faults(FaultPlan.model_validate({"http": [{"match": f"GET /v1/batches/{first.provider_id}", "status": 404}]}))
+        rounds(w, 12, seconds=600)
+        assert dispatch_rows(w)[0].watch_until is not None and job_state(w) == "finished"
+        rounds(w, 12, seconds=6 * 3600)  # three days
+        assert dispatch_rows(w)[0].watch_until is None
+        assert len(event_rows(w, "lost_batch_unread")) == 1 and event_rows(w, "lost_batch_booked") == []
+
+
+def test_moving_the_route_ends_the_watch_of_a_lost_batch(tmp_path):
+    """The simulation's seed 27 on openai-compatible-batch: a batch given up as lost lives
+    where it was sent. A load that moves the route elsewhere (allowed: nothing is in flight)
+    ends its watch, said once, rather than polling the new place, which never knows it."""
+    with world(tmp_path) as w:
+        load(w, "openai-batch", rows=2, chunk=2)
+        w.tick()
+        [first] = dispatch_rows(w)
+        w.set_faults(FaultPlan.model_validate({"http": [{"match": f"GET /v1/batches/{first.provider_id}", "status": 404}]}))
+        rounds(w, 12, seconds=600)
+        assert dispatch_rows(w)[0].watch_until is not None
+        elsewhere = w.route_options("openai-batch", 2, "other")
+        load(w, "openai-batch", rows=2, chunk=2, base_url=elsewhere["base_url"])
+        assert dispatch_rows(w)[0].watch_until is None
+        [said] = event_rows(w, "lost_batch_unread")
+        assert first.provider_id in said and "moved its route" in said

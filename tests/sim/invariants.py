@@ -154,10 +154,11 @@ def _provider_bill(world) -> dict[tuple[str, str], billing.Line]:
 def bill_matches(world, drained: bool = False, held: frozenset[str] = frozenset()) -> list[str]:
     """Every billed line booked once, with the provider's token counts; drained: every line
     the provider billed whole is booked by then, but for a batch whose dispatch (by key, in
-    `held`) is held and said so (`held_dispatches`): it is adopted once the key works."""
+    `held`, or by its own id) is held and said so (`held_dispatches`): it is adopted once the
+    key works; or was given up and said so (`given_up`)."""
     out = []
     booked, billed = _client_bill(world), _provider_bill(world)
-    waiting = {b.id for _, b in _serve_batches(world) if _key_of(b) in held}
+    waiting = {b.id for _, b in _serve_batches(world) if _key_of(b) in held or b.id in held}
     for key, got in booked.items():
         line = billed.get(key)
         if len(got) > 1:
@@ -298,12 +299,19 @@ def check_drained(world) -> list[str]:
 
 def given_up(world) -> frozenset[str]:
     """The keys of dispatches a hold gave up (the job cancelled, a deadline, the results window
-    passed while the key was refused): their batches may be billed and never booked, and the
-    dispatch's error and event say so (engine/held.py)."""
+    passed while the key was refused), and of batches given up as lost whose watch ran out
+    unread (engine/batches.py `_watch`): their batches may be billed and never booked, and
+    an error and an event say so (engine/held.py; a `lost_batch_unread` event naming the batch)."""
     with world.store.read() as conn:
-        return frozenset(conn.scalars(
+        held = set(conn.scalars(
             sa.select(dispatches.c.key).where(dispatches.c.state == "failed", dispatches.c.error.like("%refused the key%"))
         ))  # fmt: skip
+        unread = " ".join(conn.scalars(sa.select(events.c.message).where(events.c.kind == "lost_batch_unread")))
+        lost = conn.execute(
+            sa.select(dispatches.c.key, dispatches.c.provider_id).where(dispatches.c.state == "failed", dispatches.c.error.like("%given up as lost%"))
+        ).all()  # fmt: skip
+    # A batch's own id as well as its dispatch's key: serve's Anthropic batches carry no key.
+    return frozenset(held | {str(p).rsplit("/", 1)[-1] for _, p in lost if f" {p}, " in unread} | {k for k, p in lost if f" {p}, " in unread})
 
 
 def check_increment(world, name: str, job: dict[str, Any]) -> list[str]:

@@ -57,7 +57,7 @@ from tests.sim.world import (
 JOBS = ("a", "b")
 SINCE_JOBS = ("b",)  # loaded with `source.since` (docs/data.md): each load reads past a watermark
 MAX_ROWS = 30
-DRAIN_ROUNDS = 40
+DRAIN_ROUNDS = 40  # and two per open request: a standing queue limit a request wide sends one at a time
 STUCK = 8  # drain rounds in a row that changed nothing: what is left will stay so
 # Each API's calls, for HTTP faults: create, poll; as serve's fault plan sees the path, after
 # its middlewares moved Azure's /openai/v1/… to /v1/… (azure_paths.py) and Mistral's
@@ -78,7 +78,7 @@ CALLS = {
     "digitalocean-batch": ("POST /digitalocean/v1/batches", "GET /digitalocean/v1/batches/*"),
 }
 FAULTS = ("none", "queue_full", "queue_tight", "queue_room", "fail_validation", "expire", "drop_lines",
-          "duplicate_lines", "corrupt_lines", "create_429", "poll_500", "poll_404", "lost_create")  # fmt: skip
+          "duplicate_lines", "corrupt_lines", "create_429", "poll_500", "lost_create")  # fmt: skip
 QUEUE = ("queue_full", "queue_tight", "queue_room")
 # Faults a route's API cannot meet, left out of its draws, and why.
 NOT_ON = {
@@ -126,8 +126,8 @@ def fault_plan(kind: str, route: str, standing: dict[str, int]) -> FaultPlan:
         plan["http"] = [{"match": create, "first": 2, "status": 429, "retry_after": 0}]
     elif kind == "poll_500":
         plan["http"] = [{"match": poll, "first": 3, "status": 500, "retry_after": 0}]
-    elif kind == "poll_404":  # the provider does not know its batches for a while (an hour of polls: given up as lost)
-        plan["http"] = [{"match": poll, "first": 12, "status": 404}]
+    elif kind == "poll_404":  # every poll: the provider does not know its batches (`forgets_batches`)
+        plan["http"] = [{"match": poll, "status": 404}]
     elif kind == "lost_create":
         plan["http"] = [{"match": create, "first": 1, "status": 500, "after": True}]
     return FaultPlan.model_validate(plan)
@@ -287,6 +287,17 @@ class SimMachine(RuleBasedStateMachine):
             self.world.serve_step()
             self.world.clock.advance(seconds)
 
+    @precondition(lambda self: self.route in SERVED)
+    @rule()
+    def forgets_batches(self) -> None:
+        """For two hours of a worker running, the provider answers every poll that it does
+        not know the batch: each batch in flight is given up as lost and its requests sent
+        again; then it knows them again (a batch it ran meanwhile is billed). Half-hour
+        rounds: three polls an hour apart give a batch up, and each round costs a tick."""
+        self.world.set_faults(fault_plan("poll_404", self.route, self.standing))
+        self.run_a_while(rounds=4, seconds=1800)
+        self.world.set_faults(fault_plan("none", self.route, self.standing))
+
     @rule()
     def serve_step(self) -> None:
         self.world.serve_step()
@@ -338,7 +349,7 @@ class SimMachine(RuleBasedStateMachine):
     def _settled(self) -> bool:
         with self.world.store.read() as conn:
             # A batch given up as lost is still polled for its bill: the drain waits for it too.
-            waited = sa.or_(dispatches.c.state.in_(LIVE_DISPATCH_STATES), watched(self.world.clock.now()))
+            waited = sa.or_(dispatches.c.state.in_(LIVE_DISPATCH_STATES), watched())
             live = conn.execute(sa.select(dispatches.c.id).where(waited).limit(1)).first()
             busy = conn.execute(sa.select(jobs.c.id).where(jobs.c.state.not_in(["finished", "cancelled"])).limit(1)).first()
         return live is None and busy is None and self._counts()[0] == 0
@@ -353,7 +364,7 @@ class SimMachine(RuleBasedStateMachine):
     def drain(self) -> list[str]:
         """Clear the passing faults (an account's queue limit stays), raise any budget (the
         operator's answer to budget_exhausted), then tick, step the providers and move the
-        clock on for a bounded number of rounds; stop early once settled, or once nothing
+        clock on for a bounded number of rounds (more where more is open); stop early once settled, or once nothing
         has changed for STUCK rounds (the last ones hours apart), or once more batches were made than
         the bound allows (a loop)."""
         if self.route in SERVED:
@@ -366,7 +377,7 @@ class SimMachine(RuleBasedStateMachine):
         bound = 2 * open_at_start + 8  # each open request's chunk sent again a time or two; more is a loop
         found: list[str] = []
         same, last = 0, None
-        for round_ in range(DRAIN_ROUNDS):
+        for round_ in range(DRAIN_ROUNDS + 2 * open_at_start):
             self.world.tick()
             self.world.serve_step()
             if self._settled():

@@ -455,21 +455,21 @@ async def poll(
             conn.execute(
                 select(
                     dispatches.c.id, dispatches.c.provider_id, dispatches.c.polls, dispatches.c.cancel_requested,
-                    dispatches.c.owner, dispatches.c.lease_until, dispatches.c.submitted_at, dispatches.c.state,
+                    dispatches.c.owner, dispatches.c.lease_until, dispatches.c.submitted_at, dispatches.c.watch_until,
                 ).where(
                     dispatches.c.job_id == job.id,
                     dispatches.c.route == route.name,
-                    or_(dispatches.c.state == DispatchState.SUBMITTED.value, watched(now)),
+                    or_(dispatches.c.state == DispatchState.SUBMITTED.value, watched()),
                     dispatches.c.next_poll_at <= now,
                 ).order_by(dispatches.c.next_poll_at)  # the longest waiting first: its results may be the oldest
             )
         )
     interval = getattr(route, "poll_interval", DEFAULT_POLL_INTERVAL)
-    for dispatch_id, provider_id, polls, cancel_requested, owner, lease_until, submitted_at, state in due:
+    for dispatch_id, provider_id, polls, cancel_requested, owner, lease_until, submitted_at, watch_until in due:
         if not _claim(store, dispatch_id, owner, lease_until, worker, now, POLL_LEASE):
             continue  # another worker is polling or ingesting it
-        if state != DispatchState.SUBMITTED.value:
-            counts.add(await _watch(store, job, route, dispatch_id, provider_id, polls, interval, clock, rng))
+        if watch_until is not None:  # given up as lost: polled for its bill alone
+            counts.add(await _watch(store, job, route, dispatch_id, provider_id, polls, watch_until, interval, clock, rng))
             continue
         asked = bool(cancel_requested)
         try:
@@ -580,17 +580,45 @@ def _give_up_if_lost(store: Store, job: JobContext, route: BatchRoute, dispatch_
             watch=WATCH)  # fmt: skip
 
 
-def watched(now: float):
-    """A batch given up as lost and still polled for its bill (`_watch`)."""
-    return (dispatches.c.state == DispatchState.FAILED.value) & (dispatches.c.watch_until > now)
+def watched():
+    """A batch given up as lost whose watch is open (`_watch`): polled for its bill."""
+    return (dispatches.c.state == DispatchState.FAILED.value) & dispatches.c.watch_until.is_not(None)
+
+
+def _end_watch(conn, job: JobContext, dispatch_id: int, kind: str, said: str, now: float) -> None:
+    conn.execute(update(dispatches).where(dispatches.c.id == dispatch_id).values(watch_until=None, lease_until=0.0))
+    add_event(conn, job.id, kind, said, now)
+
+
+def end_watches(conn, job_id: int, on_routes, why: str, now: float) -> int:
+    """End the open watches of the job's batches whose route meets `on_routes` (a condition
+    on `dispatches.c.route`): a load moved that route's connection (the new place does not
+    know them) or took the job off it (nothing polls it). Each is said once, as unread."""
+    watching = conn.execute(
+        select(dispatches.c.id, dispatches.c.route, dispatches.c.provider_id).where(
+            dispatches.c.job_id == job_id, on_routes, watched()
+        )
+    ).all()
+    for dispatch_id, route, provider_id in watching:
+        conn.execute(update(dispatches).where(dispatches.c.id == dispatch_id).values(watch_until=None))
+        add_event(conn, job_id, "lost_batch_unread", f"{route} batch {provider_id}, given up as lost, is no longer polled: "
+                  f"{why}; if the provider ran it, it is billed and not booked", now)  # fmt: skip
+    return len(watching)
 
 
 async def _watch(store: Store, job: JobContext, route: BatchRoute, dispatch_id: int, provider_id: str, polls: int,
-                 interval: tuple[float, float], clock: Clock, rng: random.Random) -> IngestCounts:  # fmt: skip
+                 watch_until: float, interval: tuple[float, float], clock: Clock, rng: random.Random) -> IngestCounts:  # fmt: skip
     """Poll a batch given up as lost, whose requests went on without it: if the provider
     answers that it ended after all, what it bills is booked (`ingest.book_late`), nothing
     applied, and the watch ends; a batch the provider failed whole bills nothing, and ends
-    it too. Any other answer, or none, and it is polled again, until `watch_until`."""
+    it too. Any other answer, or none, and it is polled again, until `watch_until`: then
+    the watch ends unread, said once (what the provider may bill for it is not booked)."""
+    if clock.now() >= watch_until:
+        with store.begin() as conn:
+            _end_watch(conn, job, dispatch_id, "lost_batch_unread", f"{route.name} batch {provider_id}, given up as lost, was "
+                       f"polled for {WATCH / 3600:.0f} h more and never answered: if the provider ran it, it is billed and not booked",
+                       clock.now())  # fmt: skip
+        return IngestCounts()
     try:
         status = await route.poll(provider_id)
     except Exception:  # as before it was given up: said then (`batch_lost`), not again each poll
@@ -598,9 +626,8 @@ async def _watch(store: Store, job: JobContext, route: BatchRoute, dispatch_id: 
     if status is not None and status.ended:
         if status.errors:
             with store.begin() as conn:
-                conn.execute(update(dispatches).where(dispatches.c.id == dispatch_id).values(watch_until=None, lease_until=0.0))
-                add_event(conn, job.id, "lost_batch_ended", scrub(route, f"{route.name} batch {provider_id}, given up as lost, "
-                          f"ended failed at the provider: nothing billed ({'; '.join(status.errors)})"), clock.now())  # fmt: skip
+                _end_watch(conn, job, dispatch_id, "lost_batch_ended", scrub(route, f"{route.name} batch {provider_id}, given up as "
+                           f"lost, ended failed at the provider: nothing billed ({'; '.join(status.errors)})"), clock.now())  # fmt: skip
             return IngestCounts()
         return await _ingest(store, job, route, dispatch_id, provider_id, clock, rng, late=True)
     with store.begin() as conn:
@@ -669,9 +696,8 @@ async def _ingest(store, job: JobContext, route: BatchRoute, dispatch_id: int, p
     with store.begin() as conn:
         take(conn, chunk, now)
         if late:
-            conn.execute(update(dispatches).where(dispatches.c.id == dispatch_id).values(watch_until=None, lease_until=0.0))
-            add_event(conn, job.id, "lost_batch_booked", f"{route.name} batch {provider_id}, given up as lost, answered after "
-                      f"all: {counts.stale} billed line(s) booked, not applied (their requests had gone on without it)", now)  # fmt: skip
+            _end_watch(conn, job, dispatch_id, "lost_batch_booked", f"{route.name} batch {provider_id}, given up as lost, answered "
+                       f"after all: {counts.stale} billed line(s) booked, not applied (their requests had gone on without it)", now)  # fmt: skip
             return counts
         missing = left_in_dispatch(conn, dispatch_id)
         why = "no result for this request in the batch output; treated as expired"

@@ -31,6 +31,7 @@ from lowtide.core.ids import legacy_custom_ids
 from lowtide.core.spec_changes import Move
 from lowtide.core.states import DispatchState, RequestState
 from lowtide.engine import fate
+from lowtide.engine.batches import end_watches
 from lowtide.engine.context import JobContext
 from lowtide.store.bulk import among, executemany
 from lowtide.store.schema import dispatches, jobs, request_versions, requests
@@ -174,7 +175,7 @@ def move_connections(conn: Connection, job: str, moves: list[Move], now: float, 
     """Refuse moving a route's connection while batches of the job were sent over it: they
     would be polled at the new place, which does not know them (nor could `find` adopt one
     whose create was on its way). Planned batches have sent nothing: taken apart here, they
-    go to the new place."""
+    go to the new place. A batch given up as lost is not waited for: its watch ends, said."""
     d = dispatches.c
     job_id = conn.execute(select(jobs.c.id).where(jobs.c.name == job)).scalar_one()
     sent = conn.execute(
@@ -187,6 +188,8 @@ def move_connections(conn: Connection, job: str, moves: list[Move], now: float, 
         ids.setdefault(route, []).append(provider_id or "(being created)")
     if not ids:
         unplan_batches(conn, job_id, {m.route for m in moves}, now, where)
+        for m in moves:  # a batch given up as lost lives at the old place too
+            end_watches(conn, job_id, dispatches.c.route == m.route, f"the load moved its route ({m.line})", now)
         return
     said = []
     for route, these in ids.items():

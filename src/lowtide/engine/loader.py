@@ -54,8 +54,10 @@ from lowtide.core.states import JobState, RequestState
 from lowtide.core.templates import MessageTemplate
 from lowtide.core.types import Request
 from lowtide.engine import budget
+from lowtide.engine.batches import end_watches
 from lowtide.engine.carried import CarriedKeys
 from lowtide.engine.changes import Changes, move_connections, note_changed, requeue, split_known
+from lowtide.engine.context import JobContext
 from lowtide.engine.embedding_rows import EmbeddingInput, ModerationInput
 from lowtide.engine.notify import check_notify
 from lowtide.engine.preflight import check_model, check_prices
@@ -469,6 +471,9 @@ def load_job(
         if changes.altering:
             _check_spec_change(conn, spec, changes, where, requeue_changed)
         job_id, created = save_job(conn, spec.name, spec.model_dump_json(), spec.route, now)
+        if changes.sending:  # a batch given up as lost on a route the job left: nothing polls it now
+            kept = {lane.route for lane in JobContext(job_id, spec.name, JobState.ACTIVE, spec).lanes}
+            end_watches(conn, job_id, dispatches.c.route.not_in(kept), "the load took the job off its route", now)
         if choice is not None:
             add_event(conn, job_id, "route_choice", choice.reason, now)
         budget.resume(conn, job_id, spec.budget_usd, now)  # a budget_exhausted job, submitted again

@@ -181,7 +181,7 @@ class Engine:
             dispatches.c.job_id == jobs.c.id,
             or_(
                 dispatches.c.state.in_([DispatchState.SUBMITTED.value, DispatchState.SUBMITTING.value]),
-                batches.watched(self.clock.now()),  # given up as lost, polled for its bill
+                batches.watched(),  # given up as lost, polled for its bill
             ),
         )
         ticked = [JobState.ACTIVE.value, JobState.BUDGET_EXHAUSTED.value]
