@@ -585,9 +585,9 @@ def watched():
     return (dispatches.c.state == DispatchState.FAILED.value) & dispatches.c.watch_until.is_not(None)
 
 
-def _end_watch(conn, job: JobContext, dispatch_id: int, kind: str, said: str, now: float) -> None:
+def _end_watch(conn, job_id: int, dispatch_id: int, kind: str, said: str, now: float) -> None:
     conn.execute(update(dispatches).where(dispatches.c.id == dispatch_id).values(watch_until=None, lease_until=0.0))
-    add_event(conn, job.id, kind, said, now)
+    add_event(conn, job_id, kind, said, now)
 
 
 def end_watches(conn, job_id: int, on_routes, why: str, now: float) -> int:
@@ -600,9 +600,8 @@ def end_watches(conn, job_id: int, on_routes, why: str, now: float) -> int:
         )
     ).all()
     for dispatch_id, route, provider_id in watching:
-        conn.execute(update(dispatches).where(dispatches.c.id == dispatch_id).values(watch_until=None))
-        add_event(conn, job_id, "lost_batch_unread", f"{route} batch {provider_id}, given up as lost, is no longer polled: "
-                  f"{why}; if the provider ran it, it is billed and not booked", now)  # fmt: skip
+        _end_watch(conn, job_id, dispatch_id, "lost_batch_unread", f"{route} batch {provider_id}, given up as lost, is no longer "
+                   f"polled: {why}; if the provider ran it, it is billed and not booked", now)  # fmt: skip
     return len(watching)
 
 
@@ -615,7 +614,7 @@ async def _watch(store: Store, job: JobContext, route: BatchRoute, dispatch_id: 
     the watch ends unread, said once (what the provider may bill for it is not booked)."""
     if clock.now() >= watch_until:
         with store.begin() as conn:
-            _end_watch(conn, job, dispatch_id, "lost_batch_unread", f"{route.name} batch {provider_id}, given up as lost, was "
+            _end_watch(conn, job.id, dispatch_id, "lost_batch_unread", f"{route.name} batch {provider_id}, given up as lost, was "
                        f"polled for {WATCH / 3600:.0f} h more and never answered: if the provider ran it, it is billed and not booked",
                        clock.now())  # fmt: skip
         return IngestCounts()
@@ -626,7 +625,7 @@ async def _watch(store: Store, job: JobContext, route: BatchRoute, dispatch_id: 
     if status is not None and status.ended:
         if status.errors:
             with store.begin() as conn:
-                _end_watch(conn, job, dispatch_id, "lost_batch_ended", scrub(route, f"{route.name} batch {provider_id}, given up as "
+                _end_watch(conn, job.id, dispatch_id, "lost_batch_ended", scrub(route, f"{route.name} batch {provider_id}, given up as "
                            f"lost, ended failed at the provider: nothing billed ({'; '.join(status.errors)})"), clock.now())  # fmt: skip
             return IngestCounts()
         return await _ingest(store, job, route, dispatch_id, provider_id, clock, rng, late=True)
@@ -696,7 +695,7 @@ async def _ingest(store, job: JobContext, route: BatchRoute, dispatch_id: int, p
     with store.begin() as conn:
         take(conn, chunk, now)
         if late:
-            _end_watch(conn, job, dispatch_id, "lost_batch_booked", f"{route.name} batch {provider_id}, given up as lost, answered "
+            _end_watch(conn, job.id, dispatch_id, "lost_batch_booked", f"{route.name} batch {provider_id}, given up as lost, answered "
                        f"after all: {counts.stale} billed line(s) booked, not applied (their requests had gone on without it)", now)  # fmt: skip
             return counts
         missing = left_in_dispatch(conn, dispatch_id)
