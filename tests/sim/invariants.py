@@ -299,9 +299,11 @@ def check_drained(world) -> list[str]:
 
 def given_up(world) -> frozenset[str]:
     """The keys of dispatches a hold gave up (the job cancelled, a deadline, the results window
-    passed while the key was refused), and of batches given up as lost whose watch ran out
-    unread (engine/batches.py `_watch`): their batches may be billed and never booked, and
-    an error and an event say so (engine/held.py; a `lost_batch_unread` event naming the batch)."""
+    passed while the key was refused), of batches given up as lost whose watch ran out unread
+    (engine/batches.py `_watch`), and of batches whose results the provider deleted before
+    they were read (`results_expired`, a window docs/guarantees.md names): their batches may
+    be billed and never booked, and an error and an event say so (engine/held.py;
+    `lost_batch_unread`; `results_expired`)."""
     with world.store.read() as conn:
         held = set(conn.scalars(
             sa.select(dispatches.c.key).where(dispatches.c.state == "failed", dispatches.c.error.like("%refused the key%"))
@@ -310,8 +312,14 @@ def given_up(world) -> frozenset[str]:
         lost = conn.execute(
             sa.select(dispatches.c.key, dispatches.c.provider_id).where(dispatches.c.state == "failed", dispatches.c.error.like("%given up as lost%"))
         ).all()  # fmt: skip
+        # Results the provider deleted before a worker came to read them (docs/guarantees.md):
+        # the requests fail `results_expired` and run again; the event names the batch.
+        expired = conn.execute(
+            sa.select(dispatches.c.key, dispatches.c.provider_id).where(dispatches.c.state == "failed", dispatches.c.error.like("%not read in time%"))
+        ).all()  # fmt: skip
+    said = [(k, p) for k, p in lost if f" {p}, " in unread] + list(expired)
     # A batch's own id as well as its dispatch's key: serve's Anthropic batches carry no key.
-    return frozenset(held | {str(p).rsplit("/", 1)[-1] for _, p in lost if f" {p}, " in unread} | {k for k, p in lost if f" {p}, " in unread})
+    return frozenset(held | {str(p).rsplit("/", 1)[-1] for _, p in said} | {k for k, _ in said})
 
 
 def check_increment(world, name: str, job: dict[str, Any]) -> list[str]:
