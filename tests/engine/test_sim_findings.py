@@ -160,6 +160,19 @@ def test_a_day_without_polls_is_not_a_day_of_failed_polls(tmp_path):
         assert invariants.bill_matches(w, drained=True) == []
 
 
+def _given_up_as_lost(w):
+    """Job a's first batch on openai-batch, for which the provider answers 404 during two
+    hours of polls: given up as lost, its requests sent again in another batch."""
+    load(w, "openai-batch", rows=2, chunk=2)
+    w.tick()
+    [first] = dispatch_rows(w)
+    w.set_faults(FaultPlan.model_validate({"http": [{"match": f"GET /v1/batches/{first.provider_id}", "status": 404}]}))
+    rounds(w, 12, seconds=600)
+    lost = dispatch_rows(w)[0]
+    assert lost.state == "failed" and "given up as lost" in lost.error
+    return first
+
+
 def test_a_batch_given_up_as_lost_that_ran_after_all_is_booked(tmp_path):
     """The provider answers 404 for a batch (it does not know it yet, or forgot it for a
     while) for over an hour of polls: the batch is given up as lost and its requests sent
@@ -167,13 +180,7 @@ def test_a_batch_given_up_as_lost_that_ran_after_all_is_booked(tmp_path):
     read once the provider knows it again: each of its billed lines booked once, nothing
     applied (the requests' answers are the second batch's)."""
     with world(tmp_path) as w:
-        load(w, "openai-batch", rows=2, chunk=2)
-        w.tick()
-        [first] = dispatch_rows(w)
-        w.set_faults(FaultPlan.model_validate({"http": [{"match": f"GET /v1/batches/{first.provider_id}", "status": 404}]}))
-        rounds(w, 12, seconds=600)  # two hours of "no such batch"
-        lost = dispatch_rows(w)[0]
-        assert lost.state == "failed" and "given up as lost" in lost.error
+        first = _given_up_as_lost(w)
         w.set_faults(FaultPlan())  # the provider knows it again
         rounds(w, 12, seconds=600)
         assert [r.state for r in request_rows(w)] == ["succeeded"] * 2
@@ -191,11 +198,7 @@ def test_a_lost_batch_never_answered_is_watched_for_two_days_then_said_unread(tm
     """The watch is bounded: a batch the provider never knows again is polled for WATCH, then
     the watch ends, said once (what the provider may have billed is not booked)."""
     with world(tmp_path) as w:
-        load(w, "openai-batch", rows=2, chunk=2)
-        w.tick()
-        [first] = dispatch_rows(w)
-        w.set_faults(FaultPlan.model_validate({"http": [{"match": f"GET /v1/batches/{first.provider_id}", "status": 404}]}))
-        rounds(w, 12, seconds=600)
+        _given_up_as_lost(w)
         assert dispatch_rows(w)[0].watch_until is not None and job_state(w) == "finished"
         rounds(w, 12, seconds=6 * 3600)  # three days
         assert dispatch_rows(w)[0].watch_until is None
@@ -207,11 +210,7 @@ def test_moving_the_route_ends_the_watch_of_a_lost_batch(tmp_path):
     where it was sent. A load that moves the route elsewhere (allowed: nothing is in flight)
     ends its watch, said once, rather than polling the new place, which never knows it."""
     with world(tmp_path) as w:
-        load(w, "openai-batch", rows=2, chunk=2)
-        w.tick()
-        [first] = dispatch_rows(w)
-        w.set_faults(FaultPlan.model_validate({"http": [{"match": f"GET /v1/batches/{first.provider_id}", "status": 404}]}))
-        rounds(w, 12, seconds=600)
+        first = _given_up_as_lost(w)
         assert dispatch_rows(w)[0].watch_until is not None
         elsewhere = w.route_options("openai-batch", 2, "other")
         load(w, "openai-batch", rows=2, chunk=2, base_url=elsewhere["base_url"])
