@@ -15,6 +15,7 @@ import sqlalchemy as sa
 
 from lowtide.engine.batches import SUBMIT_LEASE
 from lowtide.engine.control import cancel_job
+from lowtide.engine.retention import prune
 from lowtide.server.faults import FaultPlan
 from lowtide.store.schema import attempts
 from tests.engine.sim_world import (
@@ -198,11 +199,27 @@ def test_a_lost_batch_never_answered_is_watched_for_two_days_then_said_unread(tm
     """The watch is bounded: a batch the provider never knows again is polled for WATCH, then
     the watch ends, said once (what the provider may have billed is not booked)."""
     with world(tmp_path) as w:
-        _given_up_as_lost(w)
+        first = _given_up_as_lost(w)
         assert dispatch_rows(w)[0].watch_until is not None and job_state(w) == "finished"
+        [said] = attention(w.store, "a", w.clock)  # `lowtide status`: the job is finished, its lost batch still watched
+        assert first.provider_id in said and "still polled for what the provider bills" in said and "keep a worker" in said
         rounds(w, 12, seconds=6 * 3600)  # three days
-        assert dispatch_rows(w)[0].watch_until is None
+        assert dispatch_rows(w)[0].watch_until is None and attention(w.store, "a", w.clock) == []
         assert len(event_rows(w, "lost_batch_unread")) == 1 and event_rows(w, "lost_batch_booked") == []
+
+
+def test_pruning_the_job_of_a_watched_batch_still_books_its_bill(tmp_path):
+    """`lowtide prune` drops a finished job's bodies, not its ledger: a batch given up as lost
+    and watched is still booked after its job was pruned (the booking reads requests by
+    custom_id and writes attempts, neither of which prune drops)."""
+    with world(tmp_path) as w:
+        _given_up_as_lost(w)
+        assert job_state(w) == "finished"
+        assert prune(w.store, w.clock, older_than_s=0).jobs == ["a"]
+        w.set_faults(FaultPlan())  # the provider knows the batch again
+        rounds(w, 4, seconds=600)
+        assert len(event_rows(w, "lost_batch_booked")) == 1
+        assert invariants.bill_matches(w, drained=True) == []
 
 
 def test_moving_the_route_ends_the_watch_of_a_lost_batch(tmp_path):

@@ -1,12 +1,15 @@
 """What in a job waits on the operator, as sentences `lowtide status` prints (and `--json`
 carries as `attention`): a batch held because the provider refused the key while lowtide
-looked for it or polled it (engine/held.py), and batches whose results risk expiring at the
-provider before they are read (engine/results_window.py `at_risk`)."""
+looked for it or polled it (engine/held.py), batches whose results risk expiring at the
+provider before they are read (engine/results_window.py `at_risk`), and batches given up as
+lost that are still polled for what they bill (engine/batches.py `_watch`): a worker must keep
+running for their bill to be booked, and moving the route or deleting the job ends that."""
 
 from __future__ import annotations
 
 from sqlalchemy import select
 
+from lowtide.core.auto_spec import duration_text
 from lowtide.core.clock import Clock
 from lowtide.core.spec import JobSpec
 from lowtide.core.states import DispatchState
@@ -28,4 +31,22 @@ def attention(store: Store, name: str, clock: Clock) -> list[str]:
                 dispatches.c.error.like(f"{HELD}%"),
             )
         ).all()
-        return list(held) + at_risk(conn, job.id, spec.route_options, spec.route, clock.now())
+        now = clock.now()
+        return list(held) + at_risk(conn, job.id, spec.route_options, spec.route, now) + _watched(conn, job.id, now)
+
+
+def _watched(conn, job_id: int, now: float) -> list[str]:
+    """A sentence per batch given up as lost whose watch is open (engine/batches.py `watched`,
+    not imported: status stays off the route code)."""
+    d = dispatches.c
+    rows = conn.execute(
+        select(d.route, d.provider_id, d.watch_until)
+        .where(d.job_id == job_id, d.state == DispatchState.FAILED.value, d.watch_until.is_not(None))
+        .order_by(d.id)
+    ).all()  # fmt: skip
+    return [
+        f"batch {provider_id} on {route} was given up as lost and its requests sent again; it is still polled for what "
+        f"the provider bills for it, for {duration_text(max(until - now, 0.0))} more: keep a worker running to book that; "
+        "moving the route or deleting the job ends the watch unbooked (docs/guarantees.md)"
+        for route, provider_id, until in rows
+    ]
