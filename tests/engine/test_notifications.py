@@ -41,12 +41,14 @@ class Hit:
 
 class Receiver:
     """A real HTTP server on loopback: records each POST; answers the next of `answers`
-    (then 200); with `hang`, answers nothing until the test ends."""
+    (then 200); with `hang`, answers nothing until the test ends; with `hold`, answers once
+    `release` is set."""
 
-    def __init__(self, hang: bool = False):
+    def __init__(self, hang: bool = False, hold: bool = False):
         self.hits: list[Hit] = []
         self.answers: list[int] = []
         self.hang = hang
+        self.hold = hold
         self.release = threading.Event()
         receiver = self
 
@@ -54,8 +56,9 @@ class Receiver:
             def do_POST(self):
                 body = self.rfile.read(int(self.headers.get("content-length", 0)))
                 receiver.hits.append(Hit(self.path, {k.lower(): v for k, v in self.headers.items()}, body))
-                if receiver.hang:
+                if receiver.hang or receiver.hold:
                     receiver.release.wait(30)
+                if receiver.hang:
                     return
                 status = receiver.answers.pop(0) if receiver.answers else 200
                 self.send_response(status)
@@ -90,6 +93,13 @@ def receiver():
 @pytest.fixture
 def hanging():
     r = Receiver(hang=True)
+    yield r
+    r.close()
+
+
+@pytest.fixture
+def holding():
+    r = Receiver(hold=True)
     yield r
     r.close()
 
@@ -295,6 +305,62 @@ def test_an_attempt_that_recorded_its_outcome_is_no_longer_in_flight(store, cloc
 
     seen, after = asyncio.run(go())
     assert set(seen) <= {1} and after == 0  # (the ticks may have let it finish already: seen empty)
+
+
+async def _until_sent(engine: Engine, receiver: Receiver, hits: int) -> None:
+    """Tick until the receiver holds `hits` attempts (told by the receiver, not by time)."""
+    for _ in range(100_000):
+        if len(receiver.hits) >= hits:
+            return
+        await engine.tick("tickets")
+        await asyncio.sleep(0.001)  # the attempt's task runs; the receiver's thread records it
+    raise AssertionError(f"the receiver never got attempt {hits}")
+
+
+def test_a_2xx_that_comes_after_a_stall_past_the_claim_is_delivered_not_sent_again(store, clock, tmp_path, holding):
+    """The worker stalls past its attempt's claim (a long ingest on its event loop; here the
+    clock jumps) and nobody took the delivery over: the receiver's 2xx is the delivery. It
+    was counted a failed attempt and sent again, and after max_attempts such stalls given up
+    while the receiver had every one."""
+    timeout = 5.0
+    load_job(store, _spec(tmp_path, _notify(holding.url(), timeout_seconds=timeout)), clock)
+
+    async def go():
+        async with Engine(store, clock, seed=1) as engine:
+            await _until_sent(engine, holding, 1)
+            clock.advance(timeout + CLAIM_SLACK + 600)  # past the claim, and past any backoff
+            holding.release.set()
+            await engine.notifier.settle()
+            await _ticks(engine, clock, 3, step=HOUR)
+
+    asyncio.run(go())
+    [row] = _outbox(store)
+    assert (row.state, row.attempts, row.last_error) == ("delivered", 1, None)
+    assert len(holding.hits) == 1 and _events(store, "notify_retry") == []
+
+
+def test_a_late_2xx_after_another_worker_took_the_delivery_over_is_not_recorded(store, clock, tmp_path, holding):
+    """Once the claim lapsed and another worker claimed and sent the delivery, the first
+    attempt's late answer records nothing: the outcome is the second attempt's (the receiver
+    gets the same delivery id twice, as at least once allows)."""
+    timeout = 5.0
+    load_job(store, _spec(tmp_path, _notify(holding.url(), timeout_seconds=timeout)), clock)
+
+    async def go():
+        async with Engine(store, clock, seed=1) as first, Engine(store, clock, seed=2) as second:
+            await _until_sent(first, holding, 1)
+            clock.advance(timeout + CLAIM_SLACK + 1)
+            await _until_sent(second, holding, 2)  # the lapsed claim, taken over
+            holding.release.set()
+            await first.notifier.settle()
+            await second.notifier.settle()
+
+    asyncio.run(go())
+    [row] = _outbox(store)
+    assert (row.state, row.attempts) == ("delivered", 1)  # the second's attempt; the first's was not counted
+    one, two = holding.hits
+    assert one.headers["x-lowtide-delivery"] == two.headers["x-lowtide-delivery"] == row.id
+    assert len(_events(store, "notified")) == 1
 
 
 def _state(store, path: str) -> str:

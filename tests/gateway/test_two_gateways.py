@@ -9,12 +9,14 @@ import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import sqlalchemy as sa
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from lowtide.server.gateway import build_gateway_config
 from lowtide.server.gateway.webhooks import Deliverer
 from lowtide.store.db import Store
+from lowtide.store.gateway_schema import gateway_requests
 
 from .conftest import SECRET, base_config, running_gateway, serving, wait_until
 
@@ -104,3 +106,26 @@ def test_a_gateway_stopping_mid_delivery_hands_it_back_at_once(tmp_path, upstrea
     attempted, deliveries = two_gateways(tmp_path, upstream, clock, stop_then_take_over)
     assert attempted == 1
     assert deliveries == ["1", "2", "2"]  # the unanswered attempt is sent again by the new one
+
+
+def test_a_late_2xx_on_a_stalled_gateway_records_nothing_once_another_took_the_delivery_over(tmp_path, upstream, clock):
+    """The old gateway stalls past its attempt's claim; the new one takes the delivery over and
+    delivers it. The old attempt's 2xx, coming after, is not recorded: the outcome is the new
+    attempt's (the receiver has the retry twice, as at least once allows)."""
+
+    async def stall_then_take_over(first: asyncio.Task, new: Deliverer, release: threading.Event) -> int:
+        clock.advance(3600)  # far past the old attempt's claim (timeout + 60 s)
+        attempted = await new.run_due()  # answered at once: delivered
+        release.set()
+        await first  # the old attempt's 2xx comes now
+        return attempted
+
+    attempted, deliveries = two_gateways(tmp_path, upstream, clock, stall_then_take_over)
+    assert attempted == 1 and deliveries == ["1", "2", "2"]
+    store = Store(str(tmp_path / "lowtide.db"))
+    try:
+        with store.read() as conn:
+            [row] = conn.execute(sa.select(gateway_requests.c.delivery, gateway_requests.c.delivery_attempts)).all()
+    finally:
+        store.close()
+    assert tuple(row) == ("delivered", 2)  # the new gateway's attempt; the old one's is not counted
