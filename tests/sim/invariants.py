@@ -273,7 +273,8 @@ def held_dispatches(world) -> dict[int, tuple[int, str]]:
 
 def check_drained(world) -> list[str]:
     """After the drain: every request terminal, every job finished or cancelled, no live
-    dispatch, and every whole billed line booked; but for what a reported hold keeps
+    dispatch, every notification delivered (the world's receiver takes each), and every
+    whole billed line booked; but for what a reported hold keeps
     (`held_dispatches`): its dispatch, its requests, its job and its batch's bill, and the
     bill of a batch a hold gave up, said (`given_up`)."""
     out = []
@@ -299,6 +300,12 @@ def check_drained(world) -> list[str]:
     out += [f"drain: job {name} still {state}" for name, state in open_jobs]
     out += [f"drain: dispatch {d} still {s} (provider batch {p}; last error: {(e or '')[:200]})" for d, s, p, e in live]
     out += [f"drain: {v}" for v in bill_matches(world, drained=True, held=frozenset(key for _, key in held.values()) | given_up(world))]
+    with world.store.read() as conn:
+        unsent = conn.execute(
+            sa.select(notifications.c.id, notifications.c.event, notifications.c.attempts, notifications.c.last_error)
+            .where(notifications.c.state == "pending")
+        ).all()  # fmt: skip
+    out += [f"drain: notification {d} ({event}) still pending after {n} attempt(s) (last error: {e})" for d, event, n, e in unsent]
     return out
 
 
@@ -359,7 +366,8 @@ class Violation(AssertionError):
 _KINDS: dict[str, type[Violation]] = {}
 # The kind a list of violations is reported as: the first of these found in it.
 _DRAIN_KINDS = (("a loop", "drain_loop"), ("pending in job", "drain_pending"), ("dispatched in job", "drain_dispatched"),
-                ("still submitt", "drain_dispatch_live"), ("still planned", "drain_dispatch_live"), ("never booked", "drain_unbooked"))  # fmt: skip
+                ("still submitt", "drain_dispatch_live"), ("still planned", "drain_dispatch_live"), ("never booked", "drain_unbooked"),
+                ("drain: notification", "drain_notification"))  # fmt: skip
 
 
 def violation(found: list[str], what: str) -> Violation:

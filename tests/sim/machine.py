@@ -41,7 +41,7 @@ from lowtide.engine.control import cancel_job, retry_job
 from lowtide.engine.loader import load_job
 from lowtide.server.faults import FaultPlan
 from lowtide.store.queries import LIVE_DISPATCH_STATES
-from lowtide.store.schema import dispatches, jobs, requests
+from lowtide.store.schema import dispatches, jobs, notifications, requests
 from tests.conftest import write_csv
 from tests.sim import invariants
 from tests.sim.world import (
@@ -352,7 +352,8 @@ class SimMachine(RuleBasedStateMachine):
             waited = sa.or_(dispatches.c.state.in_(LIVE_DISPATCH_STATES), watched())
             live = conn.execute(sa.select(dispatches.c.id).where(waited).limit(1)).first()
             busy = conn.execute(sa.select(jobs.c.id).where(jobs.c.state.not_in(["finished", "cancelled"])).limit(1)).first()
-        return live is None and busy is None and self._counts()[0] == 0
+            unsent = conn.execute(sa.select(notifications.c.id).where(notifications.c.state == "pending").limit(1)).first()
+        return live is None and busy is None and unsent is None and self._counts()[0] == 0
 
     def _shape(self) -> tuple:
         """What a drain round could change: states, dispatches, attempts, provider batches."""
@@ -363,7 +364,8 @@ class SimMachine(RuleBasedStateMachine):
 
     def drain(self) -> list[str]:
         """Clear the passing faults (an account's queue limit stays), raise any budget (the
-        operator's answer to budget_exhausted), then tick, step the providers and move the
+        operator's answer to budget_exhausted), then tick (and let its notification attempts
+        end), step the providers and move the
         clock on for a bounded number of rounds (more where more is open); stop early once settled, or once nothing
         has changed for STUCK rounds (the last ones hours apart), or once more batches were made than
         the bound allows (a loop)."""
@@ -379,6 +381,7 @@ class SimMachine(RuleBasedStateMachine):
         same, last = 0, None
         for round_ in range(DRAIN_ROUNDS + 2 * open_at_start):
             self.world.tick()
+            self.world.run(self.world.engine.notifier.settle())  # the tick's notification attempts end this round
             self.world.serve_step()
             if self._settled():
                 break
