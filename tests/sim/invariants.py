@@ -38,11 +38,12 @@ from lowtide.store.schema import (
     dispatches,
     events,
     jobs,
+    metadata,
     notifications,
     requests,
     serve_batches,
 )
-from tests.sim.world import SERVED
+from tests.sim.world import SECRETS, SERVED
 
 TERMINAL = {RequestState.SUCCEEDED.value, RequestState.FAILED.value, RequestState.CANCELLED.value}
 LIVE_SERVE = ("validating", "in_progress", "finalizing", "cancelling")
@@ -306,6 +307,7 @@ def check_drained(world) -> list[str]:
             .where(notifications.c.state == "pending")
         ).all()  # fmt: skip
     out += [f"drain: notification {d} ({event}) still pending after {n} attempt(s) (last error: {e})" for d, event, n, e in unsent]
+    out += [f"drain: {v}" for v in no_secrets(world)]
     return out
 
 
@@ -354,6 +356,31 @@ def check_increment(world, name: str, job: dict[str, Any]) -> list[str]:
     return out
 
 
+def no_secrets(world) -> list[str]:
+    """No key or signing secret the world gave in the environment is written anywhere: not in
+    a file under the world's folder (the client's SQLite store and its WAL, serve's stores and
+    batch files), not in a PostgreSQL store's rows, not in a log line. A provider's key is
+    sent in a header and nowhere else; the notify secret only signs."""
+    out = []
+    wanted = [s.encode() for s in SECRETS]
+    for path in sorted(p for p in world.root.rglob("*") if p.is_file()):
+        data = path.read_bytes()
+        out += [f"{path.relative_to(world.root)} holds the secret {s[:6].decode()}…" for s in wanted if s in data]
+    if not world.store.is_sqlite:
+        with world.store.read() as conn:
+            for table in metadata.sorted_tables:
+                text = [c for c in table.c if isinstance(c.type, sa.String)]
+                for row in conn.execute(sa.select(*text)) if text else ():
+                    for column, value in zip(text, row, strict=True):
+                        if value is not None and any(s in value for s in SECRETS):
+                            out.append(f"{table.name}.{column.name} holds a secret")
+    for line in (line for line in world.logs.lines if any(s in line for s in SECRETS)):
+        for s in SECRETS:
+            line = line.replace(s, "<secret>")
+        out.append(f"a log line holds a secret: {line[:300]}")
+    return out
+
+
 def batches_created(world) -> int:
     return len(_serve_batches(world))
 
@@ -367,7 +394,7 @@ _KINDS: dict[str, type[Violation]] = {}
 # The kind a list of violations is reported as: the first of these found in it.
 _DRAIN_KINDS = (("a loop", "drain_loop"), ("pending in job", "drain_pending"), ("dispatched in job", "drain_dispatched"),
                 ("still submitt", "drain_dispatch_live"), ("still planned", "drain_dispatch_live"), ("never booked", "drain_unbooked"),
-                ("drain: notification", "drain_notification"))  # fmt: skip
+                ("drain: notification", "drain_notification"), ("secret", "drain_secret"))  # fmt: skip
 
 
 def violation(found: list[str], what: str) -> Violation:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import threading
 from collections.abc import AsyncIterator
@@ -36,8 +37,11 @@ from tests.server.conftest import on_loopback
 
 KEY_ENV = "LOWTIDE_SIM_KEY"  # the key every provider takes
 WRONG_KEY_ENV = "LOWTIDE_SIM_WRONG_KEY"  # a key no provider takes (a spec change to api_key_env)
-KEY = "sim-key"
+KEY = "sk-sim-7f3a9c1e5b20"
+WRONG_KEY = "sk-wrong-2d8e4b6a91"
 NOTIFY_ENV = "LOWTIDE_SIM_NOTIFY_SECRET"  # every job notifies the world's receiver (invariants.notified_once)
+NOTIFY_SECRET = "whsec-sim-91c4e7a2d3"
+SECRETS = (KEY, WRONG_KEY, NOTIFY_SECRET)  # never in a store, a file or a log line (invariants.no_secrets)
 START = 1_800_000_000.0
 ROUTE_MODELS = {"openai-batch": "gpt-4o-mini", "anthropic-batch": "claude-3-5-haiku-latest",
                 "gemini-batch": "gemini-2.5-flash", "echo-batch": "test-model",
@@ -196,6 +200,31 @@ class Receiver:
         self.server.server_close()
 
 
+class LogTap(logging.Handler):
+    """Every log record while it is attached (from making to `detach`), as the lines a log
+    file would hold (message and traceback): lowtide's at every level, other loggers' at
+    their own."""
+
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+        self.setFormatter(logging.Formatter("%(name)s %(levelname)s %(message)s"))
+        self._ours = logging.getLogger("lowtide")
+        self._level = self._ours.level
+        self._ours.setLevel(logging.DEBUG)
+        logging.getLogger().addHandler(self)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(self.format(record))
+
+    def detach(self) -> None:
+        # Not `close`: logging's own configuration (uvicorn's, as serve starts) closes every
+        # handler it finds, which must not take this one off.
+        logging.getLogger().removeHandler(self)
+        self._ours.setLevel(self._level)
+        self.close()
+
+
 class ObjectStores:
     """The GCS emulator and moto's S3 server (tests/objectstores.py), each started once per
     process on first use (a server per example would cost more than the example), and the
@@ -277,8 +306,9 @@ class World:
         # Before serve or a route is made: gcsfs and s3fs read their settings from it.
         self.objects = ObjectStores(OBJECT_STORE[route]) if route in OBJECT_STORE else None
         os.environ[KEY_ENV] = KEY
-        os.environ[WRONG_KEY_ENV] = "not-the-key"
-        os.environ[NOTIFY_ENV] = "sim-notify-secret"
+        os.environ[WRONG_KEY_ENV] = WRONG_KEY
+        os.environ[NOTIFY_ENV] = NOTIFY_SECRET
+        self.logs = LogTap()  # every log record while the world lives, any logger
         self.receiver = Receiver()
         self.root = root
         self.clock = ManualClock(START)
@@ -352,6 +382,7 @@ class World:
             for p in self.providers.values():
                 p.stop()
             self.receiver.stop()
+            self.logs.detach()
             self.store.close()
             self.loop.close()
             if self.objects is not None:
