@@ -109,13 +109,31 @@ def test_when_one_jobs_archive_fails_no_job_is_pruned_and_no_file_is_left(store,
     clock.advance(40 * DAY)
     first, second = _bodies(store, "first"), _bodies(store, "second")
     folder = tmp_path / "archive"
-    (folder / archive_name("second", clock.now())).mkdir(parents=True)  # in the way of the second file
+    in_the_way = folder / f".{archive_name('second', clock.now())}.part"
+    in_the_way.mkdir(parents=True)  # where the second file is written first
 
     with pytest.raises(InputError):
         prune(store, clock, 30 * DAY, archive=folder)
 
     assert _bodies(store, "first") == first and _bodies(store, "second") == second
-    assert [p.name for p in folder.iterdir()] == [archive_name("second", clock.now())]  # first's file removed
+    assert [p.name for p in folder.iterdir()] == [in_the_way.name]  # first's file removed
+
+
+def test_a_second_archive_of_a_job_in_the_same_second_is_written_beside_the_first(store, tmp_path, clock):
+    """Found by the simulation (docs/simulation.md finding 10): `prune --keep-results --archive
+    DIR`, then `prune --archive DIR` in the same second (a script running both), was refused
+    ("exists already"), telling the operator to give a directory they can write to."""
+    drive_to_end(store, _spec(tmp_path, "old"), clock)
+    clock.advance(40 * DAY)
+    folder = tmp_path / "archive"
+    first = prune(store, clock, 30 * DAY, keep_results=True, archive=folder).archives["old"]
+    answers = [row for row in _stored(store, "old") if row["output"]]
+
+    second = prune(store, clock, 30 * DAY, archive=folder).archives["old"]
+
+    assert (first.name, second.name) == (archive_name("old", clock.now()), archive_name("old", clock.now(), 2))
+    assert [row["output"] for row in pq.read_table(second).to_pylist()] == [row["output"] for row in answers]
+    assert pq.read_table(first).num_rows and all(row[2] is None for row in _bodies(store, "old"))
 
 
 def test_prune_without_older_than_follows_each_jobs_own_retention(store, tmp_path, clock):

@@ -28,6 +28,7 @@ from lowtide.core import fastjson
 from lowtide.core.spec import JobSpec
 from lowtide.core.states import JobState, RequestState
 from lowtide.core.types import Request
+from lowtide.engine.retention import PRUNED
 from lowtide.routes.vertex import lines as vertex_lines
 from lowtide.server import billing
 from lowtide.server.bedrock_api import MARK as BEDROCK_MARK
@@ -188,11 +189,13 @@ def _asked(payload: str) -> str:
 
 
 def answers_match(world) -> list[str]:
-    """No input paired with another input's answer: echo's answer is its own request's text."""
+    """No input paired with another input's answer: echo's answer is its own request's text
+    (but for a request whose payload `lowtide prune` dropped: nothing is left to compare)."""
     with world.store.read() as conn:
         rows = conn.execute(
-            sa.select(requests.c.custom_id, requests.c.payload, requests.c.output).where(requests.c.state == RequestState.SUCCEEDED.value)
-        ).all()
+            sa.select(requests.c.custom_id, requests.c.payload, requests.c.output)
+            .where(requests.c.state == RequestState.SUCCEEDED.value, requests.c.payload != PRUNED)
+        ).all()  # fmt: skip
     return [f"request {cid}: answered {out!r}, asked {_asked(p)!r}" for cid, p, out in rows if out != _asked(p)]
 
 

@@ -39,6 +39,7 @@ from lowtide.core.spec import build_spec
 from lowtide.engine.batches import watched
 from lowtide.engine.control import cancel_job, retry_job
 from lowtide.engine.loader import load_job
+from lowtide.engine.retention import prune
 from lowtide.server.faults import FaultPlan
 from lowtide.store.queries import LIVE_DISPATCH_STATES
 from lowtide.store.schema import dispatches, jobs, notifications, requests
@@ -313,6 +314,22 @@ class SimMachine(RuleBasedStateMachine):
     @rule(name=loaded, failed=st.booleans(), cancelled=st.booleans())
     def retry(self, name: str, failed: bool, cancelled: bool) -> None:
         retry_job(self.world.store, name, self.world.clock, failed=failed, cancelled=cancelled)
+
+    @rule(older_than=st.sampled_from([0, 3600, 86400]), keep_results=st.booleans(), archive=st.booleans(),
+          after_the_night=st.booleans())  # fmt: skip
+    def prune(self, older_than: int, keep_results: bool, archive: bool, after_the_night: bool) -> None:
+        """`lowtide prune --older-than`: drop the bodies of jobs ended that long ago (each may
+        be loaded again, retried, or still watch a lost batch for its bill). `after_the_night`:
+        as from cron once the night's work is done: a worker runs until no job is active
+        (a few hours at most), then the prune."""
+        for _ in range(12 if after_the_night else 0):
+            with self.world.store.read() as conn:
+                if conn.execute(sa.select(jobs.c.id).where(jobs.c.state == "active").limit(1)).first() is None:
+                    break
+            self.run_a_while(rounds=1, seconds=900)
+        folder = self.root / "archive" if archive else None
+        pruned = prune(self.world.store, self.world.clock, older_than, keep_results=keep_results, archive=folder)
+        hypothesis.note(f"pruned {pruned.jobs} (skipped {pruned.skipped})")
 
     def set_faults(self, kind: str) -> None:
         """The main provider's fault plan changes (queue_*: its enqueued-token limit)."""

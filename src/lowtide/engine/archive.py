@@ -12,6 +12,7 @@ removed and nothing is dropped (engine/retention.py `prune`).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import time
 from pathlib import Path
@@ -108,8 +109,16 @@ def _rows(job_id: int, keep_results: bool, pruned: str) -> list[Select]:
     return [of_requests, of_versions]
 
 
-def archive_name(job: str, now: float) -> str:
-    return f"{job}.{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime(now))}.parquet"
+def archive_name(job: str, now: float, n: int = 1) -> str:
+    """JOB.YYYYMMDDTHHMMSSZ.parquet; the n-th archive of the job in that second: .N before .parquet."""
+    return f"{job}.{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime(now))}{'' if n == 1 else f'.{n}'}.parquet"
+
+
+def _new_path(folder: Path, job: str, now: float) -> Path:
+    """The first archive name of the job at `now` not taken in `folder`: a second prune in the
+    same second (a `--keep-results` one, then one that drops the answers too) writes beside
+    the first, never over it nor refusing for it."""
+    return next(path for n in itertools.count(1) if not (path := folder / archive_name(job, now, n)).exists())
 
 
 def write_archives(conn: Connection, folder: Path, cuts: list, now: float, pruned: str) -> dict[str, Path]:
@@ -121,9 +130,7 @@ def write_archives(conn: Connection, folder: Path, cuts: list, now: float, prune
     try:
         folder.mkdir(parents=True, exist_ok=True)
         for cut in cuts:
-            path = folder / archive_name(cut.name, now)
-            if path.exists():
-                raise FileExistsError(f"{path} exists already")
+            path = _new_path(folder, cut.name, now)
             _write(conn, path, _rows(cut.job_id, cut.keep_results, pruned))
             written[cut.name] = path
         _fsync_dir(folder)
