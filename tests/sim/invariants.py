@@ -359,6 +359,36 @@ def check_increment(world, name: str, job: dict[str, Any]) -> list[str]:
     return out
 
 
+def export_truthful(world, name: str, path) -> list[str]:
+    """What `lowtide export` wrote for job `name` (JSONL at `path`) agrees with the store:
+    each source row at most once; each row's state and answer its request's; and a row said
+    unchanged (`source_changed` false) was asked from the row's text as it is now, so the
+    answer beside it is that text's (echo answers a request's own last user message)."""
+    with world.store.read() as conn:
+        job_id = conn.execute(sa.select(jobs.c.id).where(jobs.c.name == name)).scalar_one()
+        stored = {r.custom_id: r for r in conn.execute(
+            sa.select(requests.c.custom_id, requests.c.state, requests.c.output, requests.c.payload).where(requests.c.job_id == job_id)
+        )}  # fmt: skip
+    out, seen = [], set()
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        row = json.loads(line)
+        where = f"export of {name}, line {number} ({row.get('ticket_id')})"
+        if row["ticket_id"] in seen:
+            out.append(f"{where}: the source row twice")
+        seen.add(row["ticket_id"])
+        req = stored.get(row.get("custom_id"))
+        if req is None:
+            if row.get("state") is not None:
+                out.append(f"{where}: state {row['state']} for no request of the job")
+            continue
+        if (row["state"], row["output"]) != (req.state, req.output):
+            out.append(f"{where}: exported {(row['state'], row['output'])!r}, stored {(req.state, req.output)!r}")
+        elif (req.state == RequestState.SUCCEEDED.value and not row["source_changed"] and req.payload != PRUNED
+              and _asked(req.payload) != f"Ticket: {row['body']}"):  # fmt: skip
+            out.append(f"{where}: said unchanged, but asked {_asked(req.payload)!r} of the row's text {row['body']!r}")
+    return out
+
+
 def no_secrets(world) -> list[str]:
     """No key or signing secret the world gave in the environment is written anywhere: not in
     a file under the world's folder (the client's SQLite store and its WAL, serve's stores and

@@ -38,6 +38,7 @@ from lowtide.core.errors import LowtideError
 from lowtide.core.spec import build_spec
 from lowtide.engine.batches import watched
 from lowtide.engine.control import cancel_job, retry_job
+from lowtide.engine.export import export_results
 from lowtide.engine.loader import load_job
 from lowtide.engine.retention import prune
 from lowtide.server.faults import FaultPlan
@@ -330,6 +331,15 @@ class SimMachine(RuleBasedStateMachine):
         folder = self.root / "archive" if archive else None
         pruned = prune(self.world.store, self.world.clock, older_than, keep_results=keep_results, archive=folder)
         hypothesis.note(f"pruned {pruned.jobs} (skipped {pruned.skipped})")
+
+    @rule(name=loaded)
+    def export(self, name: str) -> None:
+        """`lowtide export`, mid-night or after: the file must agree with the store."""
+        path = self.root / f"export-{name}.jsonl"
+        export_results(self.world.store, name, path)
+        found = invariants.export_truthful(self.world, name, path)
+        if found:
+            raise invariants.violation([f"export_truthful: {v}" for v in found], f"exporting {name}")
 
     def set_faults(self, kind: str) -> None:
         """The main provider's fault plan changes (queue_*: its enqueued-token limit)."""
