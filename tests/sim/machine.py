@@ -332,6 +332,35 @@ class SimMachine(RuleBasedStateMachine):
         pruned = prune(self.world.store, self.world.clock, older_than, keep_results=keep_results, archive=folder)
         hypothesis.note(f"pruned {pruned.jobs} (skipped {pruned.skipped})")
 
+    @rule(name=loaded, bad=st.sampled_from(["empty_cell", "duplicate_id", "empty_id"]))
+    def bad_load(self, name: str, bad: str) -> None:
+        """Load the job again from a source with one bad row in it: refused whole, naming the
+        file, the row and the fix, and nothing stored changes (docs/guarantees.md, 7)."""
+        job = self._job(name)
+        # A `since` job reads the rows past its watermark: a row again with a newer `updated` is
+        # that row edited (an append-only source), not a duplicate.
+        if not job["rows"] or (bad == "duplicate_id" and name in SINCE_JOBS):
+            return
+        spec = self._spec(name, job)  # writes the good source
+        path = self.root / f"{name}.csv"
+        row = {"empty_cell": f"{name}-{job['rows']},,{self.night + 1}", "duplicate_id": f"{name}-0,again,{self.night + 1}",
+               "empty_id": f",no id,{self.night + 1}"}[bad]  # fmt: skip
+        with path.open("a") as f:
+            f.write(row + "\r\n")  # as csv.DictWriter ends its rows
+        before = invariants.stored(self.world)
+        try:
+            load_job(self.world.store, spec, self.world.clock)
+        except LowtideError as err:
+            said = str(err)
+        else:
+            raise invariants.violation([f"bad_input: a source with a bad row ({bad}) was loaded"], f"loading {name}")
+        found = [] if "nothing was stored" in said and f"{name}.csv row" in said else [f"bad_input: the refusal does not name the file and row, or what was kept: {said[:300]}"]
+        if invariants.stored(self.world) != before:
+            found.append(f"bad_input: a refused load ({bad}) changed what was stored")
+        self._spec(name, job)  # the operator fixes the source
+        if found:
+            raise invariants.violation(found, f"loading {name} with a bad row")
+
     @rule(name=loaded)
     def export(self, name: str) -> None:
         """`lowtide export`, mid-night or after: the file must agree with the store."""
