@@ -320,7 +320,8 @@ def given_up(world) -> frozenset[str]:
     (engine/batches.py `_watch`), and of batches whose results the provider deleted before
     they were read (`results_expired`, a window docs/guarantees.md names): their batches may
     be billed and never booked, and an error and an event say so (engine/held.py;
-    `lost_batch_unread`; `results_expired`)."""
+    `lost_batch_unread`; `results_expired`). And of creates `lowtide cancel --force`
+    abandoned (`cancel_forced`)."""
     with world.store.read() as conn:
         held = set(conn.scalars(
             sa.select(dispatches.c.key).where(dispatches.c.state == "failed", dispatches.c.error.like("%refused the key%"))
@@ -334,9 +335,14 @@ def given_up(world) -> frozenset[str]:
         expired = conn.execute(
             sa.select(dispatches.c.key, dispatches.c.provider_id).where(dispatches.c.state == "failed", dispatches.c.error.like("%not read in time%"))
         ).all()  # fmt: skip
+        # Creates `lowtide cancel --force` abandoned (the `cancel_forced` event says a batch
+        # that did reach the provider runs, is paid for, and is not brought in).
+        abandoned = set(conn.scalars(
+            sa.select(dispatches.c.key).where(dispatches.c.state == "cancelled", dispatches.c.error.like("abandoned by `lowtide cancel --force`%"))
+        ))  # fmt: skip
     said = [(k, p) for k, p in lost if f" {p}, " in unread] + list(expired)
     # A batch's own id as well as its dispatch's key: serve's Anthropic batches carry no key.
-    return frozenset(held | {str(p).rsplit("/", 1)[-1] for _, p in said} | {k for k, _ in said})
+    return frozenset(held | abandoned | {str(p).rsplit("/", 1)[-1] for _, p in said} | {k for k, _ in said})
 
 
 def check_increment(world, name: str, job: dict[str, Any]) -> list[str]:

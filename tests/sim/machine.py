@@ -308,9 +308,11 @@ class SimMachine(RuleBasedStateMachine):
     def advance(self, seconds: int) -> None:
         self.world.clock.advance(seconds)
 
-    @rule(name=loaded)
-    def cancel(self, name: str) -> None:
-        cancel_job(self.world.store, name, self.world.clock)
+    @rule(name=loaded, force=st.booleans())
+    def cancel(self, name: str, force: bool) -> None:
+        """`lowtide cancel` (`--force`: a batch whose create may have reached the provider is
+        abandoned rather than looked for; its bill, if it was created, goes unbooked, said)."""
+        cancel_job(self.world.store, name, self.world.clock, force=force)
 
     @rule(name=loaded, failed=st.booleans(), cancelled=st.booleans())
     def retry(self, name: str, failed: bool, cancelled: bool) -> None:
