@@ -14,6 +14,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 
 from lowtide.engine.batches import SUBMIT_LEASE
+from lowtide.engine import overview
 from lowtide.engine.control import cancel_job
 from lowtide.engine.retention import prune
 from lowtide.server.faults import FaultPlan
@@ -203,6 +204,9 @@ def test_a_lost_batch_never_answered_is_watched_for_two_days_then_said_unread(tm
         assert dispatch_rows(w)[0].watch_until is not None and job_state(w) == "finished"
         [said] = attention(w.store, "a", w.clock)  # `lowtide status`: the job is finished, its lost batch still watched
         assert first.provider_id in said and "still polled for what the provider bills" in said and "keep a worker" in said
+        with w.store.read() as conn:  # the dashboard's batch timeline
+            shown = {b["provider_id"]: b["watch_until"] for b in overview.batch_timeline(conn, first.job_id)[1]}
+        assert shown[first.provider_id] == dispatch_rows(w)[0].watch_until and list(shown.values()).count(None) == 1
         rounds(w, 12, seconds=6 * 3600)  # three days
         assert dispatch_rows(w)[0].watch_until is None and attention(w.store, "a", w.clock) == []
         assert len(event_rows(w, "lost_batch_unread")) == 1 and event_rows(w, "lost_batch_booked") == []

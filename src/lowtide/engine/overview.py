@@ -215,12 +215,13 @@ def batch_timeline(conn: Connection, job_id: int, limit: int = MAX_BATCHES) -> t
     """The job's provider batches (newest first, `limit` of them) and how many it has: each
     with when it was created, sent and ended, the provider phases it was seen in (with the
     time first seen), and its requests: succeeded, failed (attempts from this batch) and
-    still in it."""
+    still in it; and, for a batch given up as lost, until when it is still polled for its
+    bill (`watch_until`, engine/batches.py `_watch`; None otherwise)."""
     d = dispatches.c
     is_batch = and_(d.job_id == job_id, d.kind == "batch")
     count = conn.execute(select(func.count()).select_from(dispatches).where(is_batch)).scalar_one()
     rows = conn.execute(
-        select(d.id, d.route, d.provider_id, d.state, d.phase, d.size, d.created_at, d.submitted_at, d.ended_at, d.error)
+        select(d.id, d.route, d.provider_id, d.state, d.phase, d.size, d.created_at, d.submitted_at, d.ended_at, d.error, d.watch_until)
         .where(is_batch).order_by(d.id.desc()).limit(limit)
     ).all()  # fmt: skip
     ids = [row.id for row in rows]
@@ -249,7 +250,7 @@ def batch_timeline(conn: Connection, job_id: int, limit: int = MAX_BATCHES) -> t
         {
             "id": row.id, "route": row.route, "provider_id": row.provider_id, "state": row.state, "phase": row.phase,
             "size": row.size, "created_at": row.created_at, "submitted_at": row.submitted_at, "ended_at": row.ended_at,
-            "error": row.error, "phases": phases.get(row.id, []),
+            "error": row.error, "watch_until": row.watch_until, "phases": phases.get(row.id, []),
             "counts": {"succeeded": outcomes.get(row.id, {}).get("succeeded", 0),
                        "failed": outcomes.get(row.id, {}).get("failed", 0), "in_batch": waiting.get(row.id, 0)},
         }  # fmt: skip

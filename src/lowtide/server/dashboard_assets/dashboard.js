@@ -334,7 +334,8 @@ function renderTimeline(job) {
     const k = b.counts;
     return el("tr", { "data-batch": b.provider_id || String(b.id) },
       cell(el("span", {}, el("code", {}, b.provider_id || `#${b.id}`), el("span", { class: "muted" }, ` ${b.route}`)), "wide", "batch"),
-      cell(el("span", { "data-col": "state" }, b.state + (b.error ? `: ${b.error}` : "")), "wrap", "state"),
+      cell(el("span", { "data-col": "state" }, b.state + (b.error ? `: ${b.error}` : "")
+        + (b.watch_until ? ` (still polled for what it bills until ${when(b.watch_until)})` : "")), "wrap", "state"),
       cell(el("span", { "data-col": "created" }, when(b.created_at)), "", "created"),
       cell(el("span", { "data-col": "phases" }, phases), "wrap", "phases"),
       cell(el("span", { "data-col": "ended" }, b.ended_at ? when(b.ended_at) : "-"), "", "ended"),
