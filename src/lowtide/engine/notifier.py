@@ -25,7 +25,8 @@ the delivery is given up (event `notify_failed`, naming why).
 Guarantee: **at least once**. An attempt is claimed in the store before it is sent, and its
 outcome committed after; a worker that dies between the receiver's 2xx and that commit
 leaves the claim to lapse, and the next tick after it sends the same body again with the
-same delivery id. An outcome that comes after its claim lapsed is never counted delivered.
+same delivery id. An outcome that comes after its claim lapsed is recorded only if no other
+worker took the delivery over meanwhile (a takeover writes its own claim first).
 """
 
 from __future__ import annotations

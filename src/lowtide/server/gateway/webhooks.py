@@ -26,8 +26,9 @@ Guarantee: **at least once**. The outcome of each attempt is committed right aft
 gateway that dies between the receiver's 2xx and that commit (a few milliseconds) delivers
 that result again after a restart, with the same `X-Lowtide-Delivery` — receivers dedupe
 on it. An attempt is claimed in the store before it is sent; one whose claim lapsed before
-its outcome was committed (another gateway may be sending it again) is never counted
-delivered. Nothing is lost across restarts: what is pending is in the store.
+its outcome was committed is recorded only if no other gateway took the delivery over
+meanwhile (a takeover writes its own claim first). Nothing is lost across restarts: what is
+pending is in the store.
 """
 
 from __future__ import annotations
