@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-from lowtide.engine.batches import SUBMIT_LEASE
 from lowtide.engine import overview
+from lowtide.engine.batches import SUBMIT_LEASE
 from lowtide.engine.control import cancel_job
 from lowtide.engine.retention import prune
 from lowtide.server.faults import FaultPlan

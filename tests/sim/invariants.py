@@ -341,6 +341,13 @@ def given_up(world) -> frozenset[str]:
             sa.select(dispatches.c.key).where(dispatches.c.state == "cancelled", dispatches.c.error.like("abandoned by `lowtide cancel --force`%"))
         ))  # fmt: skip
     said = [(k, p) for k, p in lost if f" {p}, " in unread] + list(expired)
+    # An abandoned create's batch without a key (Anthropic's, OpenRouter's): made between the
+    # dispatch's creation and the cancel, holding only the custom_ids the dispatch sent.
+    lines: dict[str, set[str]] = defaultdict(set)
+    for line in (line for p in world.providers.values() for line in billing.lines(p.store)):
+        lines[line.batch_id].add(_serve_custom_id(line.custom_id))
+    abandoned |= {b.id for _, b in _serve_batches(world) if _key_of(b) is None and lines.get(b.id) and any(
+        made <= b.created_at <= cancelled and lines[b.id] <= ids for made, cancelled, ids in world.abandoned)}  # fmt: skip
     # A batch's own id as well as its dispatch's key: serve's Anthropic batches carry no key.
     return frozenset(held | abandoned | {str(p).rsplit("/", 1)[-1] for _, p in said} | {k for k, _ in said})
 

@@ -312,6 +312,15 @@ class SimMachine(RuleBasedStateMachine):
     def cancel(self, name: str, force: bool) -> None:
         """`lowtide cancel` (`--force`: a batch whose create may have reached the provider is
         abandoned rather than looked for; its bill, if it was created, goes unbooked, said)."""
+        if force:  # what it may abandon, for a batch that carries no key (invariants.given_up)
+            with self.world.store.read() as conn:
+                creating = conn.execute(
+                    sa.select(dispatches.c.id, dispatches.c.created_at)
+                    .join(jobs, jobs.c.id == dispatches.c.job_id).where(jobs.c.name == name, dispatches.c.state == "submitting")
+                ).all()  # fmt: skip
+                for dispatch_id, created_at in creating:
+                    ids = conn.scalars(sa.select(requests.c.custom_id).where(requests.c.dispatch_id == dispatch_id)).all()
+                    self.world.abandoned.append((created_at, self.world.clock.now(), frozenset(ids)))
         cancel_job(self.world.store, name, self.world.clock, force=force)
 
     @rule(name=loaded, failed=st.booleans(), cancelled=st.booleans())

@@ -316,6 +316,9 @@ class World:
         self.providers = {n: Provider(n, root / f"serve-{n}", self.clock) for n in ("main", "other")}
         self.store = Store(store_url)
         self.generation = 0
+        # Creates `lowtide cancel --force` abandoned: (the dispatch's creation, the cancel, its
+        # custom_ids). A provider batch without a key is told theirs by these (invariants.given_up).
+        self.abandoned: list[tuple[float, float, frozenset[str]]] = []
         self.engine = self._new_engine()
 
     def _new_engine(self) -> SimEngine:
