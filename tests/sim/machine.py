@@ -36,13 +36,12 @@ from hypothesis.stateful import (
 
 from lowtide.core.errors import LowtideError
 from lowtide.core.spec import build_spec
-from lowtide.engine.batches import watched
 from lowtide.engine.control import cancel_job, retry_job
 from lowtide.engine.export import export_results
 from lowtide.engine.loader import load_job
 from lowtide.engine.retention import prune
 from lowtide.server.faults import FaultPlan
-from lowtide.store.queries import LIVE_DISPATCH_STATES
+from lowtide.store.queries import LIVE_DISPATCH_STATES, watched
 from lowtide.store.schema import dispatches, jobs, notifications, requests
 from tests.conftest import write_csv
 from tests.sim import invariants

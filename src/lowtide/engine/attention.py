@@ -16,7 +16,7 @@ from lowtide.core.states import DispatchState
 from lowtide.engine.held import HELD
 from lowtide.engine.results_window import at_risk
 from lowtide.store.db import Store
-from lowtide.store.queries import get_job
+from lowtide.store.queries import get_job, watched
 from lowtide.store.schema import dispatches
 
 
@@ -36,14 +36,9 @@ def attention(store: Store, name: str, clock: Clock) -> list[str]:
 
 
 def _watched(conn, job_id: int, now: float) -> list[str]:
-    """A sentence per batch given up as lost whose watch is open (engine/batches.py `watched`,
-    not imported: status stays off the route code)."""
+    """A sentence per batch given up as lost whose watch is open."""
     d = dispatches.c
-    rows = conn.execute(
-        select(d.route, d.provider_id, d.watch_until)
-        .where(d.job_id == job_id, d.state == DispatchState.FAILED.value, d.watch_until.is_not(None))
-        .order_by(d.id)
-    ).all()  # fmt: skip
+    rows = conn.execute(select(d.route, d.provider_id, d.watch_until).where(d.job_id == job_id, watched()).order_by(d.id)).all()
     return [
         f"batch {provider_id} on {route} was given up as lost and its requests sent again; it is still polled for what "
         f"the provider bills for it, for {duration_text(max(until - now, 0.0))} more: keep a worker running to book that; "

@@ -45,7 +45,7 @@ from lowtide.engine.results_window import (
 from lowtide.routes.base import BatchRoute
 from lowtide.routes.options import scrub
 from lowtide.store.db import Store
-from lowtide.store.queries import add_event, note_phase
+from lowtide.store.queries import add_event, note_phase, watched
 from lowtide.store.schema import PENDING, dispatches, requests
 from lowtide.store.transitions import lock_job, move_dispatch
 
@@ -578,11 +578,6 @@ def _give_up_if_lost(store: Store, job: JobContext, route: BatchRoute, dispatch_
     reason = f"the provider {known} batch {provider_id} for {now - since:.0f} s (last: {said}); given up as lost"
     _reject(store, job, route, dispatch_id, DispatchState.SUBMITTED, reason, clock, rng, code="batch_lost", retryable=True,
             watch=WATCH)  # fmt: skip
-
-
-def watched():
-    """A batch given up as lost whose watch is open (`_watch`): polled for its bill."""
-    return (dispatches.c.state == DispatchState.FAILED.value) & dispatches.c.watch_until.is_not(None)
 
 
 def _end_watch(conn, job_id: int, dispatch_id: int, kind: str, said: str, now: float) -> None:

@@ -37,7 +37,7 @@ from lowtide.engine.ingest import IngestCounts
 from lowtide.engine.notifier import Notifier
 from lowtide.routes import Route, create_route
 from lowtide.store.db import Store
-from lowtide.store.queries import add_event
+from lowtide.store.queries import add_event, watched
 from lowtide.store.schema import PENDING, dispatches, jobs, requests
 from lowtide.store.transitions import lock_job, move_dispatch, move_job
 
@@ -183,9 +183,9 @@ class Engine:
         )
         # Given up as lost, polled for its bill. A query of its own: each finds its rows by
         # the (job, state) index, where one OR of both would read every dispatch of every job.
-        watched = select(dispatches.c.id).where(dispatches.c.job_id == jobs.c.id, batches.watched())
+        lost_watched = select(dispatches.c.id).where(dispatches.c.job_id == jobs.c.id, watched())
         ticked = [JobState.ACTIVE.value, JobState.BUDGET_EXHAUSTED.value]
-        stmt = select(jobs).where(or_(jobs.c.state.in_(ticked), live_batches.exists(), watched.exists()))
+        stmt = select(jobs).where(or_(jobs.c.state.in_(ticked), live_batches.exists(), lost_watched.exists()))
         if job_name is not None:
             stmt = stmt.where(jobs.c.name == job_name)
         with self.store.begin() as conn:

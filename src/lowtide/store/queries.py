@@ -78,6 +78,12 @@ def request_counts(conn: Connection, job_id: int) -> dict[str, int]:
 LIVE_DISPATCH_STATES = ("planned", "submitting", "submitted", "running")
 
 
+def watched() -> ColumnElement[bool]:
+    """A batch given up as lost whose watch is open (engine/batches.py `_watch`): failed, and
+    still polled for what the provider bills for it until `watch_until`."""
+    return (dispatches.c.state == "failed") & dispatches.c.watch_until.is_not(None)
+
+
 def dispatch_phases(conn: Connection, job_id: int) -> dict[str, int]:
     """Live dispatches by phase (the provider's word), for progress displays."""
     rows = conn.execute(
