@@ -303,7 +303,8 @@ def check_drained(world) -> list[str]:
     out += [f"drain: {n} request(s) {state} in job {name} ({job_state})" for name, job_state, state, n in open_requests]
     out += [f"drain: job {name} still {state}" for name, state in open_jobs]
     out += [f"drain: dispatch {d} still {s} (provider batch {p}; last error: {(e or '')[:200]})" for d, s, p, e in live]
-    out += [f"drain: {v}" for v in bill_matches(world, drained=True, held=frozenset(key for _, key in held.values()) | given_up(world))]
+    kept = frozenset(key for _, key in held.values()) | given_up(world) | world.deleted
+    out += [f"drain: {v}" for v in bill_matches(world, drained=True, held=kept)]
     with world.store.read() as conn:
         unsent = conn.execute(
             sa.select(notifications.c.id, notifications.c.event, notifications.c.attempts, notifications.c.last_error)

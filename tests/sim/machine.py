@@ -39,15 +39,17 @@ from lowtide.core.spec import build_spec
 from lowtide.engine.control import cancel_job, retry_job
 from lowtide.engine.export import export_results
 from lowtide.engine.loader import load_job
-from lowtide.engine.retention import prune
+from lowtide.engine.retention import InFlightError, delete_job, prune
 from lowtide.server.faults import FaultPlan
 from lowtide.store.queries import LIVE_DISPATCH_STATES, watched
 from lowtide.store.schema import dispatches, jobs, notifications, requests
 from tests.conftest import write_csv
 from tests.sim import invariants
 from tests.sim.world import (
+    AUTO_WITH,
     KEY_ENV,
     NOTIFY_ENV,
+    REALTIME_CALLS,
     ROUTE_MODELS,
     SERVED,
     WRONG_KEY_ENV,
@@ -55,7 +57,8 @@ from tests.sim.world import (
     World,
 )
 
-JOBS = ("a", "b")
+JOBS = ("a", "b", "c")
+AUTO_JOBS = ("c",)  # `route: auto` where the route has a real-time candidate at serve (world.AUTO_WITH), else as `a`
 SINCE_JOBS = ("b",)  # loaded with `source.since` (docs/data.md): each load reads past a watermark
 MAX_ROWS = 30
 DRAIN_ROUNDS = 40  # and two per open request: a standing queue limit a request wide sends one at a time
@@ -79,7 +82,7 @@ CALLS = {
     "digitalocean-batch": ("POST /digitalocean/v1/batches", "GET /digitalocean/v1/batches/*"),
 }
 FAULTS = ("none", "queue_full", "queue_tight", "queue_room", "fail_validation", "expire", "drop_lines",
-          "duplicate_lines", "corrupt_lines", "create_429", "poll_500", "lost_create")  # fmt: skip
+          "duplicate_lines", "corrupt_lines", "create_429", "poll_500", "lost_create", "realtime_500")  # fmt: skip
 QUEUE = ("queue_full", "queue_tight", "queue_room")
 # Faults a route's API cannot meet, left out of its draws, and why.
 NOT_ON = {
@@ -129,6 +132,8 @@ def fault_plan(kind: str, route: str, standing: dict[str, int]) -> FaultPlan:
         plan["http"] = [{"match": poll, "first": 3, "status": 500, "retry_after": 0}]
     elif kind == "poll_404":  # every poll: the provider does not know its batches (`forgets_batches`)
         plan["http"] = [{"match": poll, "status": 404}]
+    elif kind == "realtime_500":  # a real-time fallback's calls: four in a row, more than a request's retries
+        plan["http"] = [{"match": call, "first": 4, "status": 500, "retry_after": 0} for call in REALTIME_CALLS]
     elif kind == "lost_create":
         plan["http"] = [{"match": create, "first": 1, "status": 500, "after": True}]
     return FaultPlan.model_validate(plan)
@@ -194,6 +199,13 @@ class SimMachine(RuleBasedStateMachine):
             data["deadline"] = datetime.fromtimestamp(job["deadline"], UTC).isoformat()
         if job["budget"] is not None:
             data["budget_usd"] = str(job["budget"])
+        if job["fallback"] is not None:
+            data["fallback"] = self.world.fallback(*job["fallback"], self.route)
+        if name in AUTO_JOBS and self.route in AUTO_WITH:
+            # The cheapest candidate whose p95 fits max_wait is taken; the batch route then hands
+            # its work up to real time as the end of max_wait nears (docs/routing.md).
+            batch = {"route": self.route, "route_options": data.pop("route_options")}
+            data |= {"route": "auto", "auto": {"max_wait": "2d", "candidates": [batch, self.world.realtime(self.route)]}}
         return build_spec(data)
 
     def _load(self, name: str, job: dict[str, Any], requeue: bool = False) -> bool:
@@ -213,7 +225,8 @@ class SimMachine(RuleBasedStateMachine):
     def _job(self, name: str) -> dict[str, Any]:
         known = self.jobs.get(name)
         return dict(known, revs=dict(known["revs"]), stamps=dict(known["stamps"]), options=dict(known["options"])) if known else {
-            "rows": 0, "revs": {}, "stamps": {}, "provider": "main", "key_env": KEY_ENV, "deadline": None, "budget": None, "options": {}}  # fmt: skip
+            "rows": 0, "revs": {}, "stamps": {}, "provider": "main", "key_env": KEY_ENV, "deadline": None, "budget": None, "options": {},
+            "fallback": None}  # fmt: skip
 
     # Rules ----------------------------------------------------------------------------------
     @initialize(target=loaded, chunk=st.integers(2, 6), rows=st.integers(3, 20))
@@ -269,6 +282,15 @@ class SimMachine(RuleBasedStateMachine):
         job = self._job(name)
         job["deadline"] = self.world.clock.now() + seconds
         self._load(name, job)
+
+    @rule(name=loaded, to=st.sampled_from(["none", "echo", "realtime"]), margin=st.sampled_from([60, 900, 3600]),
+          requeue=st.booleans())  # fmt: skip
+    def change_fallback(self, name: str, to: str, margin: int, requeue: bool) -> None:
+        """Give the job a fallback route (echo, or the provider's real time) with a safety
+        margin before its deadline, or take it away (docs/fallback.md)."""
+        job = self._job(name)
+        job["fallback"] = None if to == "none" else (to, margin)
+        self._load(name, job, requeue)
 
     @rule()
     def tick(self) -> None:
@@ -341,6 +363,36 @@ class SimMachine(RuleBasedStateMachine):
         folder = self.root / "archive" if archive else None
         pruned = prune(self.world.store, self.world.clock, older_than, keep_results=keep_results, archive=folder)
         hypothesis.note(f"pruned {pruned.jobs} (skipped {pruned.skipped})")
+
+    @rule(name=loaded, cancel=st.booleans(), again=st.booleans())
+    def delete(self, name: str, cancel: bool, again: bool) -> None:
+        """`lowtide delete JOB --yes [--cancel]`: refused while a batch of the job is in flight
+        (naming each), else every row of the job goes in one transaction; then the job is
+        loaded again from its source, as new (its rows as they are now, or one row more).
+        Its batches' bills leave the ledger with it (docs/cli.md), so the drain does not look
+        for them (`world.deleted`)."""
+        if cancel:
+            cancel_job(self.world.store, name, self.world.clock)
+        with self.world.store.read() as conn:
+            made = conn.execute(
+                sa.select(dispatches.c.key, dispatches.c.provider_id).join(jobs, jobs.c.id == dispatches.c.job_id).where(jobs.c.name == name)
+            ).all()  # fmt: skip
+        try:
+            delete_job(self.world.store, name, self.world.clock)
+        except InFlightError as err:
+            hypothesis.note(f"delete {name} refused: {str(err)[:300]}")
+            if not err.batches or "nothing deleted" not in str(err):
+                raise invariants.violation([f"delete_refusal: it names no batch, or not what was kept: {err}"], f"deleting {name}") from None
+            return
+        self.world.deleted |= {k for k, _ in made} | {str(p).rsplit("/", 1)[-1] for _, p in made if p}
+        job = self._job(name)
+        self.jobs.pop(name)
+        fresh = self._job(name)
+        fresh["rows"] = min(MAX_ROWS * self.scale, job["rows"] + (1 if again else 0))
+        fresh["stamps"] = {i: job["stamps"].get(i, self.night) for i in range(fresh["rows"])}
+        fresh["revs"] = job["revs"]
+        if not self._load(name, fresh):  # the source as it is: loadable, as it was before
+            raise invariants.violation([f"reload: job {name} deleted, then its source was refused"], f"loading {name} again")
 
     @rule(name=loaded, bad=st.sampled_from(["empty_cell", "duplicate_id", "empty_id"]))
     def bad_load(self, name: str, bad: str) -> None:

@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from lowtide.core.clock import ManualClock
+from lowtide.core.endpoints import MESSAGES
+from lowtide.core.spec import default_endpoint
 from lowtide.engine.tick import Engine
 from lowtide.server.app import create_app
 from lowtide.server.context import ServeConfig
@@ -49,6 +51,13 @@ ROUTE_MODELS = {"openai-batch": "gpt-4o-mini", "anthropic-batch": "claude-3-5-ha
                 "mistral-batch": "mistral-small-latest", "openrouter-batch": "openai/gpt-4o-mini",
                 "vertex-batch": "gemini-2.5-flash", "bedrock-batch": "us.anthropic.claude-3-5-haiku-20241022-v1:0",
                 "digitalocean-batch": "openai-gpt-4o-mini", "echo": "test-model"}  # fmt: skip
+# A job's real-time fallback (World.fallback), at the main provider: the route and its model,
+# and the call a fault plan matches.
+REALTIME_MODELS = {"openai": "gpt-4o-mini", "anthropic": "claude-3-5-haiku-latest"}
+REALTIME_CALLS = ("POST /v1/chat/completions", "POST /v1/messages")
+# Routes whose job `c` is `route: auto` (machine.AUTO_JOBS): the route, or real time at the same
+# provider for the same model (both priced in the catalog).
+AUTO_WITH = ("openai-batch", "anthropic-batch")
 # Through lowtide serve: each speaks its API there (azure under /openai, mistral under /mistral,
 # openrouter at /api/v1, vertex under /v1/projects, bedrock at /model-invocation-job, digitalocean under
 # /digitalocean: server/azure_paths.py, mistral_api.py, openrouter_api.py, vertex_api.py, bedrock_api.py,
@@ -319,6 +328,8 @@ class World:
         # Creates `lowtide cancel --force` abandoned: (the dispatch's creation, the cancel, its
         # custom_ids). A provider batch without a key is told theirs by these (invariants.given_up).
         self.abandoned: list[tuple[float, float, frozenset[str]]] = []
+        # Dispatch keys and provider batch ids of jobs `lowtide delete` took away, bills and all.
+        self.deleted: set[str] = set()
         self.engine = self._new_engine()
 
     def _new_engine(self) -> SimEngine:
@@ -375,6 +386,24 @@ class World:
                  "openrouter-batch": ("base_url", f"{url}/api/v1"),
                  "digitalocean-batch": ("base_url", f"{url}/digitalocean")}.get(route, ("base_url", url))  # fmt: skip
         return {where[0]: where[1], "api_key_env": key_env, "poll_interval": polls, "max_requests": chunk}
+
+    def fallback(self, kind: str, margin: float, route: str) -> dict[str, Any]:
+        """A job's `fallback:` (docs/fallback.md): `echo`, answered in the worker, or the main
+        provider's real time through the official SDK of the job's endpoint (Anthropic's for
+        a Messages job, else OpenAI's), its retries a millisecond apart (no wall-clock waits)."""
+        common = {"safety_margin": margin, "expected_turnaround": 3600}
+        if kind == "echo":
+            return {"route": "echo", "model": ROUTE_MODELS["echo"], **common}
+        lane = self.realtime(route)
+        return {**lane, "model": REALTIME_MODELS[lane["route"]], **common}
+
+    def realtime(self, route: str) -> dict[str, Any]:
+        """The main provider's real time for a job on `route`, in the API of its endpoint
+        (Anthropic's for a Messages job, else OpenAI's), its retries a millisecond apart."""
+        url, pause = self.providers["main"].url, [0.001, 0.002]
+        if default_endpoint(route) == MESSAGES:
+            return {"route": "anthropic", "route_options": {"base_url": url, "api_key_env": KEY_ENV, "retry_backoff": pause}}
+        return {"route": "openai", "route_options": {"base_url": f"{url}/v1", "api_key_env": KEY_ENV, "retry_backoff": pause}}
 
     def close(self) -> None:
         try:
