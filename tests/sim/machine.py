@@ -205,7 +205,7 @@ class SimMachine(RuleBasedStateMachine):
             # The cheapest candidate whose p95 fits max_wait is taken; the batch route then hands
             # its work up to real time as the end of max_wait nears (docs/routing.md).
             batch = {"route": self.route, "route_options": data.pop("route_options")}
-            data |= {"route": "auto", "auto": {"max_wait": "2d", "candidates": [batch, self.world.realtime(self.route)]}}
+            data |= {"route": "auto", "auto": {"max_wait": job["max_wait"], "candidates": [batch, self.world.realtime(self.route)]}}
         return build_spec(data)
 
     def _load(self, name: str, job: dict[str, Any], requeue: bool = False) -> bool:
@@ -226,7 +226,7 @@ class SimMachine(RuleBasedStateMachine):
         known = self.jobs.get(name)
         return dict(known, revs=dict(known["revs"]), stamps=dict(known["stamps"]), options=dict(known["options"])) if known else {
             "rows": 0, "revs": {}, "stamps": {}, "provider": "main", "key_env": KEY_ENV, "deadline": None, "budget": None, "options": {},
-            "fallback": None}  # fmt: skip
+            "fallback": None, "max_wait": "2d"}  # fmt: skip
 
     # Rules ----------------------------------------------------------------------------------
     @initialize(target=loaded, chunk=st.integers(2, 6), rows=st.integers(3, 20))
@@ -291,6 +291,16 @@ class SimMachine(RuleBasedStateMachine):
         job = self._job(name)
         job["fallback"] = None if to == "none" else (to, margin)
         self._load(name, job, requeue)
+
+    @precondition(lambda self: self.route in AUTO_WITH and "c" in self.jobs)
+    @rule(wait=st.sampled_from(["30m", "2h", "2d"]), requeue=st.booleans())
+    def change_wait(self, wait: str, requeue: bool) -> None:
+        """The auto job's `max_wait` changes: lowtide decides again (refused with work in
+        flight, unless --requeue-changed). Short waits take the batch route only once this
+        store has measured its batches that fast; its chain then hands over within hours."""
+        job = self._job("c")
+        job["max_wait"] = wait
+        self._load("c", job, requeue)
 
     @rule()
     def tick(self) -> None:
