@@ -143,3 +143,16 @@ def test_auto_needs_its_section_and_the_section_needs_auto(tmp_path):
 @pytest.mark.parametrize(("text", "seconds"), [("90s", 90), ("45m", 2700), ("2h", 7200), ("1.5 h", 5400), ("1d", 86400), (600, 600)])
 def test_durations(text, seconds):
     assert parse_duration(text) == seconds
+
+
+def test_a_choice_that_is_the_specs_own_fallback_route_is_refused_naming_both(store, clock, tmp_path):
+    # Found by the simulation (seed 32003): a short max_wait takes real time, the route the
+    # spec's own fallback names. That was a pydantic traceback out of load_job; nothing is stored.
+    fallback = {"route": "openai", "model": "gpt-4o-mini"}
+    with pytest.raises(SpecError) as err:
+        load_job(store, _spec(tmp_path, "30m", candidates=[CANDIDATES[0], CANDIDATES[2]], fallback=fallback), clock)
+    said = str(err.value)
+    assert "auto chose openai" in said and "`fallback.route` is openai too" in said
+    assert "drop the fallback (a chain of candidates moves work up by itself), or name another route there" in said
+    with store.begin() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(jobs)).scalar_one() == 0

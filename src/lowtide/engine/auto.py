@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
 
+from pydantic import ValidationError
 from sqlalchemy import Connection, select
 
 from lowtide.core.auto_spec import AUTO, CandidateSpec, TierSpec, duration_text, route_label
@@ -236,7 +237,24 @@ def resolve(store: Store, spec: JobSpec, clock: Clock, where: str = "job spec") 
     with store.begin() as conn:
         options = evaluate(conn, spec, count.usage, count.rows, catalog)
     choice = choose(options, wait, where)
-    return effective(spec, choice, now), choice
+    chosen = choice.option.candidate.route
+    if spec.fallback is not None and spec.fallback.route == chosen:
+        # The run would be on the fallback's own route: a spec lowtide could not read back.
+        raise SpecError(
+            f"{where}: auto chose {label_of(choice.option.candidate)} ({choice.reason}); `fallback.route` is {chosen} too, "
+            "and a fallback must differ from the route: drop the fallback (a chain of candidates moves work up by itself), "
+            "or name another route there"
+        )
+    return _readable(effective(spec, choice, now), where), choice
+
+
+def _readable(spec: JobSpec, where: str) -> JobSpec:
+    """The decided spec as the store will read it back (a copy with the choice is not
+    validated): a spec every later command could not read is refused before it is stored."""
+    try:
+        return JobSpec.model_validate_json(spec.model_dump_json())
+    except ValidationError as err:
+        raise SpecError(f"{where}: as decided ({spec.route}): {err.errors()[0]['msg']}") from None
 
 
 def check_candidates(spec: JobSpec, where: str) -> None:
