@@ -156,3 +156,38 @@ def test_a_choice_that_is_the_specs_own_fallback_route_is_refused_naming_both(st
     assert "drop the fallback (a chain of candidates moves work up by itself), or name another route there" in said
     with store.begin() as conn:
         assert conn.execute(sa.select(sa.func.count()).select_from(jobs)).scalar_one() == 0
+
+
+def _at(clock, seconds):
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(clock.now() + seconds, UTC)
+
+
+def test_a_new_deadline_of_a_decided_job_is_applied_no_later_than_the_end_of_max_wait(store, clock, tmp_path):
+    # Found by the simulation: a job decided on a chain kept the deadline of its first
+    # submission, and the operator's new one was dropped without a word (`applied` empty).
+    two = [CANDIDATES[0], CANDIDATES[2]]
+    load_job(store, _spec(tmp_path, "1d", candidates=two), clock)
+    end = _at(clock, 86400)
+    report = load_job(store, _spec(tmp_path, "1d", candidates=two, deadline=_at(clock, 3600).isoformat()), clock)
+    spec, notes = _stored(store)
+    assert spec.deadline == _at(clock, 3600) and spec.auto.chain is not None and len(notes) == 1  # the choice is kept
+    assert report.applied == [f"deadline {end.isoformat().replace('+00:00', 'Z')} → {_at(clock, 3600).isoformat().replace('+00:00', 'Z')}"]
+    load_job(store, _spec(tmp_path, "1d", candidates=two, deadline=_at(clock, 3 * 86400).isoformat()), clock)
+    assert _stored(store)[0].deadline == end  # later than max_wait: the chain still works to its end
+    load_job(store, _spec(tmp_path, "1d", candidates=two), clock)
+    assert _stored(store)[0].deadline == end
+
+
+def test_a_fallback_given_to_a_job_decided_on_a_chain_decides_again(store, clock, tmp_path):
+    # A chain is made only without a fallback of the spec's own: the new fallback was dropped
+    # without a word. Now the choice is made again, a change of lanes like any other.
+    two = [CANDIDATES[0], CANDIDATES[2]]
+    load_job(store, _spec(tmp_path, "1d", candidates=two), clock)
+    with_fallback = _spec(tmp_path, "1d", candidates=two, fallback={"route": "echo"})
+    with pytest.raises(SpecError, match=r"fallback \(none\) → set.*--requeue-changed"):
+        load_job(store, with_fallback, clock)
+    load_job(store, with_fallback, clock, requeue_changed=True)
+    spec, notes = _stored(store)
+    assert spec.route == "openai-batch" and spec.fallback.route == "echo" and spec.auto.chain is None and len(notes) == 2

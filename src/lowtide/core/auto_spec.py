@@ -97,6 +97,10 @@ class AutoSpec(_Strict):
     # Set by lowtide with `chosen` when the choice is a batch route with faster candidates:
     # the chosen tier first, then each faster one it hands over to (docs/routing.md).
     chain: list[TierSpec] | None = None
+    # Set by lowtide with `chain`: when max_wait ends (epoch seconds). The chain works to it,
+    # or to the job's own deadline where that is sooner: a later submission's deadline is
+    # held against it (engine/auto.py `resolve`).
+    ends_at: float | None = None
 
     @field_validator("max_wait")
     @classmethod
@@ -113,7 +117,7 @@ class AutoSpec(_Strict):
         return self
 
     def undecided(self) -> AutoSpec:
-        return self.model_copy(update={"chosen": None, "chain": None})
+        return self.model_copy(update={"chosen": None, "chain": None, "ends_at": None})
 
     def wait_seconds(self) -> float | None:
         """`max_wait` in seconds; None when it is the job's deadline."""

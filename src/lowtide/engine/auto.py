@@ -217,9 +217,13 @@ def resolve(store: Store, spec: JobSpec, clock: Clock, where: str = "job spec") 
         stored = conn.execute(select(jobs.c.spec).where(jobs.c.name == spec.name)).scalar_one_or_none()
         if stored is not None:
             before = JobSpec.model_validate_json(stored)
-            if before.auto is not None and before.auto.undecided() == spec.auto and before.route != AUTO:  # decided: kept
-                keep = ("route", "route_options", "fallback", "deadline", "auto")
-                return spec.model_copy(update={k: getattr(before, k) for k in keep}), None
+            # Decided with the same auto section and fallback: the choice is kept. The spec's
+            # deadline is its own now (a chain's, held against the end of max_wait); a new
+            # fallback decides again (a chain is only made without one).
+            decided = before.auto is not None and before.auto.undecided() == spec.auto and before.route != AUTO
+            if decided and before.fallback == spec.fallback:
+                kept = {k: getattr(before, k) for k in ("route", "route_options", "auto")}
+                return _readable(spec.model_copy(update=kept | {"deadline": _deadline(before, spec)}), where), None
     check_candidates(spec, where)
     now = clock.now()
     wait = wait_of(spec, now)
@@ -255,6 +259,19 @@ def _readable(spec: JobSpec, where: str) -> JobSpec:
         return JobSpec.model_validate_json(spec.model_dump_json())
     except ValidationError as err:
         raise SpecError(f"{where}: as decided ({spec.route}): {err.errors()[0]['msg']}") from None
+
+
+def _deadline(before: JobSpec, spec: JobSpec) -> datetime | None:
+    """The deadline of a kept choice: the spec's own; for a chain, no later than the end of
+    max_wait it was decided with (a store from before `ends_at` kept the deadline it decided)."""
+    assert before.auto is not None
+    if not before.chain or before.auto.max_wait == "deadline":
+        return spec.deadline
+    end = before.auto.ends_at
+    if end is None:
+        return before.deadline if spec.deadline is None or before.deadline is None else min(before.deadline, spec.deadline)
+    end_at = datetime.fromtimestamp(end, tz=UTC)
+    return end_at if spec.deadline is None or end_at < spec.deadline else spec.deadline
 
 
 def check_candidates(spec: JobSpec, where: str) -> None:
@@ -293,5 +310,6 @@ def effective(spec: JobSpec, choice: Choice, now: float) -> JobSpec:
             TierSpec(route=o.candidate.route, route_options=o.candidate.route_options, margin=margin)
             for o, margin in zip(choice.chain, choice.margins(), strict=True)
         ]
-        update["auto"] = auto.model_copy(update={"chain": chain})
+        seconds = spec.auto.wait_seconds()  # None: max_wait is the job's deadline, which is then the end
+        update["auto"] = auto.model_copy(update={"chain": chain, "ends_at": None if seconds is None else now + seconds})
     return spec.model_copy(update=update)
