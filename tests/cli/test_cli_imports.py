@@ -54,6 +54,31 @@ def test_compare_of_a_stored_eval_imports_no_provider_sdk(tmp_path, monkeypatch)
     assert loaded.isdisjoint({"lowtide.engine.tick", "lowtide.engine.runner"}), sorted(loaded & {"lowtide.engine.tick", "lowtide.engine.runner"})
 
 
+@pytest.mark.parametrize("argv", [["status", "tickets"], ["results", "tickets", "--out", "r.csv"], ["worker", "--until-idle"]])
+def test_commands_that_read_a_stored_job_import_no_provider_sdk(argv, tmp_path, monkeypatch, clock):
+    # A job with params (max_tokens), as nearly all have: reading its spec back from the store
+    # checked them against the openai SDK's types again, importing the whole package (0.7 s of
+    # CPU a command). A job on echo sends nothing that needs an SDK either.
+    from lowtide.engine.loader import load_job
+    from lowtide.store.db import Store
+    from tests.conftest import drive_to_end, make_spec, ticket_rows, write_csv
+
+    spec = make_spec(write_csv(tmp_path / "tickets.csv", ticket_rows(4)))
+    with Store(str(tmp_path / "lowtide.db")) as store:
+        if argv[0] == "worker":
+            load_job(store, spec, clock)
+        else:
+            drive_to_end(store, spec, clock)
+    monkeypatch.setenv("LOWTIDE_DB", str(tmp_path / "lowtide.db"))
+    monkeypatch.chdir(tmp_path)
+    code = (f"from lowtide.cli import main\ntry:\n    main({argv!r})\n"
+            "except SystemExit as done:\n    assert not done.code, done.code")  # fmt: skip
+    loaded = imported_after(code)
+    assert "lowtide.core.spec" in loaded  # the stored spec was read
+    sdks = {m for m in loaded if m.split(".")[0] in ("openai", "anthropic", "google")}
+    assert not sdks, sorted(sdks)[:10]
+
+
 @pytest.mark.parametrize("command", ["run", "status", "results"])
 def test_job_commands_import_no_scoring_or_server(command):
     loaded = imported_after(f"from lowtide.cli.commands import load_command\nload_command({command!r})")

@@ -11,7 +11,7 @@ import typer
 from lowtide.cli.common import EXIT_INTERRUPTED, console, fail, open_store
 from lowtide.cli.traces import TraceTo, check_trace_to, export_ended
 from lowtide.core.errors import LowtideError
-from lowtide.core.spec import JobSpec
+from lowtide.core.spec import stored_spec
 from lowtide.core.states import JobState
 from lowtide.engine.runner import work
 from lowtide.engine.tick import Engine, TickReport
@@ -109,7 +109,7 @@ def _ray_pools(store, address: str, routes: list[str], actors: int, cpus: float,
     from lowtide.routes.pool.ray import RayPool
 
     with store.begin() as conn:
-        specs = [JobSpec.model_validate_json(r.spec) for r in list_jobs(conn, [JobState.ACTIVE])]
+        specs = [stored_spec(r.spec) for r in list_jobs(conn, [JobState.ACTIVE])]
     options: dict[str, dict] = {}
     for spec in specs:
         for route, route_options, _ in spec.sending_routes:  # the route; its fallback, or its chain's tiers

@@ -742,5 +742,14 @@ def build_spec(data: dict[str, Any], where: str = "job spec", lines: dict | None
     return validate(JobSpec, data, where, "job spec", lines)
 
 
+def stored_spec(spec_json: str | bytes) -> JobSpec:
+    """A job's spec as the store keeps it (`jobs.spec`). It passed every check when it was
+    stored; the ones that read the SDK's types are not run again (`rebuilt_from_store`),
+    so a command that reads a job, such as `lowtide status`, does not import the openai
+    package (0.7 s of CPU) for it."""
+    with rebuilt_from_store():
+        return JobSpec.model_validate_json(spec_json)
+
+
 # The change classification lives in its own module; imported here for its older callers.
 from lowtide.core.spec_changes import SpecChanges, spec_changes  # noqa: E402, F401

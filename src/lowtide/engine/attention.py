@@ -11,7 +11,7 @@ from sqlalchemy import select
 
 from lowtide.core.auto_spec import duration_text
 from lowtide.core.clock import Clock
-from lowtide.core.spec import JobSpec
+from lowtide.core.spec import stored_spec
 from lowtide.core.states import DispatchState
 from lowtide.engine.held import HELD
 from lowtide.engine.results_window import at_risk
@@ -23,7 +23,7 @@ from lowtide.store.schema import dispatches
 def attention(store: Store, name: str, clock: Clock) -> list[str]:
     with store.begin() as conn:
         job = get_job(conn, name)
-        spec = JobSpec.model_validate_json(job.spec)
+        spec = stored_spec(job.spec)
         held = conn.scalars(
             select(dispatches.c.error).where(
                 dispatches.c.job_id == job.id,

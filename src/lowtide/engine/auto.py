@@ -36,7 +36,7 @@ from lowtide.core.cards import CARDS, card_name, check_limit, profiles_of
 from lowtide.core.clock import Clock
 from lowtide.core.errors import RouteError, SpecError
 from lowtide.core.pricing import Catalog, Cost, Tier, attempt_cost, billing_of, load_catalog
-from lowtide.core.spec import JobSpec
+from lowtide.core.spec import JobSpec, stored_spec
 from lowtide.core.tokens import counter_for
 from lowtide.core.types import Usage
 from lowtide.engine import turnaround
@@ -216,7 +216,7 @@ def resolve(store: Store, spec: JobSpec, clock: Clock, where: str = "job spec") 
     with store.begin() as conn:
         stored = conn.execute(select(jobs.c.spec).where(jobs.c.name == spec.name)).scalar_one_or_none()
         if stored is not None:
-            before = JobSpec.model_validate_json(stored)
+            before = stored_spec(stored)
             # Decided with the same auto section and fallback: the choice is kept. The spec's
             # deadline is its own now (a chain's, held against the end of max_wait); a new
             # fallback decides again (a chain is only made without one).

@@ -37,7 +37,7 @@ from lowtide.core.errors import SourceError
 from lowtide.core.evals import EvalSpec, Member
 from lowtide.core.ids import key_of
 from lowtide.core.scoring import check_expected, field_equal, is_missing, normalise, scorer
-from lowtide.core.spec import JobSpec
+from lowtide.core.spec import stored_spec
 from lowtide.core.states import RequestState
 from lowtide.core.stats import accuracy_ci, mcnemar_p, paired_difference_ci, quantiles
 from lowtide.engine.stages import source_values, stage_fingerprints
@@ -337,7 +337,7 @@ def _verdicts(store: Store, ev: EvalSpec, values: dict[str, dict]) -> _Verdicts:
             select(requests.c.source_key, requests.c.parsed, requests.c.fingerprint)
             .where(requests.c.job_id == job.id, requests.c.state == RequestState.SUCCEEDED.value)
         ).all()  # fmt: skip
-    now = stage_fingerprints(JobSpec.model_validate_json(job.spec), judge_rows(store, ev, values)[0])
+    now = stage_fingerprints(stored_spec(job.spec), judge_rows(store, ev, values)[0])
     out = _Verdicts({}, set(), STALE if now is not None else NO_STAGE_FILE)
     for row_id, parsed, fingerprint in rows:
         if fingerprint is not None and (now is None or now.get(row_id) != fingerprint):  # none: stored before m008

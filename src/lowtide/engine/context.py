@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from sqlalchemy import Connection, Row, select
 
 from lowtide.core.auto_spec import route_label
-from lowtide.core.spec import JobSpec
+from lowtide.core.spec import JobSpec, stored_spec
 from lowtide.core.states import JobState
 from lowtide.store.schema import jobs
 
@@ -21,7 +21,7 @@ class JobContext:
 
     @classmethod
     def from_row(cls, row: Row) -> JobContext:
-        return cls(row.id, row.name, JobState(row.state), JobSpec.model_validate_json(row.spec))
+        return cls(row.id, row.name, JobState(row.state), stored_spec(row.spec))
 
     @classmethod
     def load(cls, conn: Connection, job_id: int) -> JobContext:

@@ -8,7 +8,7 @@ from decimal import Decimal
 from sqlalchemy import and_, func, or_, select, update
 
 from lowtide.core.clock import Clock
-from lowtide.core.spec import JobSpec
+from lowtide.core.spec import JobSpec, stored_spec
 from lowtide.core.states import DispatchState, JobState, RequestState
 from lowtide.engine import fate
 from lowtide.engine.budget import position
@@ -92,7 +92,7 @@ def job_status(store: Store, name: str, events: int = 5) -> JobStatus:
             ).all()
         )
         tokens = token_totals(conn, job.id)
-        spec = JobSpec.model_validate_json(job.spec)
+        spec = stored_spec(job.spec)
         budget = spec.budget_usd
         return JobStatus(
             name=job.name,
@@ -185,7 +185,7 @@ def job_done(store: Store, name: str) -> bool:
 
 def job_spec(store: Store, name: str) -> JobSpec:
     with store.begin() as conn:
-        return JobSpec.model_validate_json(get_job(conn, name).spec)
+        return stored_spec(get_job(conn, name).spec)
 
 
 def cancel_job(store: Store, name: str, clock: Clock, *, force: bool = False) -> int:

@@ -34,7 +34,7 @@ from lowtide.core.ids import custom_id_for, key_of, legacy_custom_ids
 from lowtide.core.locations import location
 from lowtide.core.output_target import OutputTarget
 from lowtide.core.sources import source_of
-from lowtide.core.spec import JobSpec, format_of
+from lowtide.core.spec import JobSpec, format_of, stored_spec
 from lowtide.core.templates import MessageTemplate
 from lowtide.engine.answer_columns import ANSWER_COLUMNS, answer_values, plain_values
 from lowtide.engine.committed import committed
@@ -123,7 +123,7 @@ class ResultRows(ResultColumns):
         with store.begin() as conn:
             job = get_job(conn, job_name)
         self.job_id = job.id
-        super().__init__(JobSpec.model_validate_json(job.spec), full)
+        super().__init__(stored_spec(job.spec), full)
         try:  # the loader's own rendering, for the fingerprints
             self.render: RowRenderer | None = RowRenderer(self.spec, MessageTemplate.from_spec(self.spec), self.source)
         except LowtideError:  # a template file gone since: changes cannot be told (source_changed empty)
@@ -321,4 +321,4 @@ def _is_embedding_job(store: Store, job_name: str) -> bool:
 
     with store.begin() as conn:
         job = get_job(conn, job_name)
-    return JobSpec.model_validate_json(job.spec).request_endpoint == EMBEDDINGS
+    return stored_spec(job.spec).request_endpoint == EMBEDDINGS

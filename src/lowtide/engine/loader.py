@@ -48,7 +48,7 @@ from lowtide.core.ids import custom_id_for, key_of
 from lowtide.core.native_schema import anthropic_structured, ask_of, choice_tokens, with_ask
 from lowtide.core.params import cast, check_row
 from lowtide.core.sources import Source, SourceRow, Watermark, source_of
-from lowtide.core.spec import JobSpec
+from lowtide.core.spec import JobSpec, stored_spec
 from lowtide.core.spec_changes import SpecChanges, spec_changes
 from lowtide.core.states import JobState, RequestState
 from lowtide.core.templates import MessageTemplate
@@ -556,7 +556,7 @@ def _row_name(source: Source) -> Callable[[int], str]:
 
 def _stored_spec(conn: Connection, name: str) -> JobSpec | None:
     spec_json = conn.execute(select(jobs.c.spec).where(jobs.c.name == name)).scalar()
-    return None if spec_json is None else JobSpec.model_validate_json(spec_json)
+    return None if spec_json is None else stored_spec(spec_json)
 
 
 def _check_spec_change(conn: Connection, spec: JobSpec, changes: SpecChanges, where: str, requeue_changed: bool) -> None:

@@ -43,7 +43,7 @@ from sqlalchemy import Connection, Row, func, or_, select, update
 
 from lowtide.core.callbacks import CallbackRefused, shown_url, sign
 from lowtide.core.clock import Clock
-from lowtide.core.spec import JobSpec
+from lowtide.core.spec import JobSpec, stored_spec
 from lowtide.engine.notify import DEAD, DELIVERED, PENDING
 from lowtide.engine.webhook import post_once, webhook_client
 from lowtide.store.db import Store
@@ -117,7 +117,7 @@ class Notifier:
                     break
                 if busy[row.receiver] >= self.per_receiver:
                     continue
-                spec = JobSpec.model_validate_json(row.spec)
+                spec = stored_spec(row.spec)
                 until = now + (spec.notify.timeout_seconds if spec.notify else 0.0) + CLAIM_SLACK
                 if _claim(conn, row.id, now, until):
                     busy[row.receiver] += 1

@@ -29,7 +29,7 @@ from typing import Any
 from sqlalchemy import and_, func, select
 
 from lowtide.core.pricing import billing_of
-from lowtide.core.spec import JobSpec
+from lowtide.core.spec import stored_spec
 from lowtide.store.db import Store
 from lowtide.store.money import from_pico
 from lowtide.store.queries import get_job
@@ -206,7 +206,7 @@ def cost_report(store: Store, *, job: str | None = None, since: float | None = N
         rows = conn.execute(stmt).all()
         specs = {r.id: (r.name, r.spec) for r in conn.execute(select(jobs.c.id, jobs.c.name, jobs.c.spec))}
     names = {jid: name for jid, (name, _) in specs.items()}
-    tags = {jid: JobSpec.model_validate_json(spec).tags for jid, (_, spec) in specs.items()} if by == "tag" else {}
+    tags = {jid: stored_spec(spec).tags for jid, (_, spec) in specs.items()} if by == "tag" else {}
     total = Figures("total")
     groups: dict[str, Figures] = {}
     for row in rows:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import func, or_, select
 
 from lowtide.core.clock import Clock, SystemClock
-from lowtide.core.spec import JobSpec
+from lowtide.core.spec import stored_spec
 from lowtide.core.states import DispatchState, JobState, RequestState
 from lowtide.engine import batches, fate, notify, tiers
 from lowtide.engine.context import JobContext, Lane
@@ -293,7 +293,7 @@ class Engine:
 def _cut_over_time(spec_json: str, now: float) -> float | None:
     """When a job's deadline cut-over (or the next hand-over of its chain) is still ahead,
     its time: a worker must wake for it."""
-    spec = JobSpec.model_validate_json(spec_json)
+    spec = stored_spec(spec_json)
     if spec.chain:
         return min(tiers.cut_times(spec, now), default=None)
     if spec.fallback is None or spec.deadline is None:

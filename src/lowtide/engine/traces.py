@@ -38,7 +38,7 @@ from lowtide.core.endpoints import (
     RESPONSES,
 )
 from lowtide.core.pricing import billing_of
-from lowtide.core.spec import JobSpec
+from lowtide.core.spec import stored_spec
 from lowtide.core.states import DispatchState, RequestState
 from lowtide.engine.report import cost_report
 from lowtide.store.db import Store
@@ -121,7 +121,7 @@ def job_trace(store: Store, job_name: str, *, now: float, page: int = PAGE) -> J
                 select(requests.c.state, func.count()).where(requests.c.job_id == job.id).group_by(requests.c.state)
             ).all()
         )
-    spec = JobSpec.model_validate_json(job.spec)
+    spec = stored_spec(job.spec)
     total = cost_report(store, job=job_name).total
     trace_id = _id(128, "job", job.id, job.name, repr(job.created_at))
     attrs: Attributes = {

@@ -27,7 +27,7 @@ from lowtide.core import fastjson
 from lowtide.core.embeddings import vector_of
 from lowtide.core.errors import InputError, LowtideError
 from lowtide.core.locations import Location, location
-from lowtide.core.spec import JobSpec
+from lowtide.core.spec import stored_spec
 from lowtide.engine.committed import committed
 from lowtide.store.db import Store
 from lowtide.store.queries import get_job
@@ -91,7 +91,7 @@ def export_vectors(store: Store, job_name: str, out: str | Path) -> VectorReport
         raise InputError(f"{out}: an embedding job's results are written as {', '.join(FORMATS)}; pick one of those extensions")
     with store.begin() as conn:
         job = get_job(conn, job_name)
-    spec = JobSpec.model_validate_json(job.spec)
+    spec = stored_spec(job.spec)
     n = _dimensions(store, job.id)
     states: dict[str, int] = {}
     count = 0
@@ -224,7 +224,7 @@ def upsert_vectors(store: Store, job_name: str, url: str, table: str) -> dict[st
         raise InputError(f"--pg-table {table!r}: use a plain table name (letters, digits, _), optionally schema.table")
     with store.begin() as conn:
         job = get_job(conn, job_name)
-    spec = JobSpec.model_validate_json(job.spec)
+    spec = stored_spec(job.spec)
     n = _dimensions(store, job.id)
     quoted = ".".join(f'"{part}"' for part in table.split("."))
     engine = sa.create_engine(url if "+" in url.split("://", 1)[0] else url.replace("postgresql://", "postgresql+psycopg://", 1))
