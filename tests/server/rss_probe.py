@@ -1,6 +1,7 @@
 """How much memory `lowtide serve` takes while a big message batch streams in: starts the
-real command, sends one chunked `POST /v1/messages/batches` of SIZE, and reports the
-server's resident memory before and at its peak (VmRSS, VmHWM from /proc).
+real command, sends one small message batch (what is read once per process is read then),
+then one chunked `POST /v1/messages/batches` of SIZE, and reports the server's resident
+memory before the big one and at its peak (VmRSS, VmHWM from /proc).
 
     python -m tests.server.rss_probe --size 400MB --prompt-kb 8   # over the 256 MB limit: 413
     python -m tests.server.rss_probe --size 200MB       # a valid batch of ~95,000 requests
@@ -65,6 +66,9 @@ def measure(size: int, *args: str, prompt_kb: float = 2.2) -> dict[str, int | st
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             _wait_up(port, proc)
+            # One small batch first: serve reads the Messages request types (importing the
+            # anthropic package, ~55 MB) at the first message batch it takes, once per process.
+            _send(port, body(1, prompt_kb))
             before = _kib(proc.pid, "VmRSS")
             status = _send(port, body(size, prompt_kb))
             return {"status": status, "rss_before_kib": before, "rss_peak_kib": _kib(proc.pid, "VmHWM"),

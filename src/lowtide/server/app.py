@@ -44,7 +44,6 @@ from lowtide.server import (
     realtime_api,
     safejson,
     stored_api,
-    translate,
     vertex_api,
 )
 from lowtide.server.backend import Backend
@@ -69,7 +68,6 @@ def create_app(config: ServeConfig) -> FastAPI:
     backend = Backend(route, owned=config.backend not in config.routes) if route.kind == "direct" else None
     if backend is not None:
         config = replace(config, routes={**config.routes, config.backend: backend.route})
-    translate.prepare()
     plan = FaultPlan.load(config.faults) if config.faults else FaultPlan()
     data_dir = config.data_dir.expanduser().resolve()
     data_dir.mkdir(parents=True, exist_ok=True)

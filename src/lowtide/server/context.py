@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lowtide.server.translate import Rejection, rejection
+from lowtide.server.translate import Rejection, prepare, rejection
 from lowtide.store.db import Store
 
 if TYPE_CHECKING:
@@ -88,6 +88,7 @@ class Server:
 
     def refuse(self, endpoint: str, api: str = "openai") -> Callable[[dict[str, Any]], Rejection | None]:
         """What a body for `endpoint` fails with on the backend, or None (it may run)."""
+        prepare(endpoint)
         return lambda body: rejection(self.route, endpoint, body, self.config.model, api)
 
     def notify(self) -> None:
