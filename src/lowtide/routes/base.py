@@ -9,11 +9,30 @@ return. Routes translate SDK objects and errors into `Outcome`s at the edge.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Collection, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from lowtide.core.types import Outcome, Refusal, Request
+
+
+class LazyClient:
+    """A route's SDK client (`self.client`), made by `self.make_client()` on its first use,
+    not when the route is. A route made only to check a job (each load makes one per lane)
+    then builds none: an SDK client's HTTP client loads the CA bundle, 30 ms for openai's or
+    anthropic's and 90 ms for google-genai's. The options are still read and refused when the
+    route is made; only the client waits."""
+
+    make_client: Callable[[], Any]
+
+    @cached_property
+    def client(self) -> Any:
+        return self.make_client()
+
+    def made_client(self) -> Any | None:
+        """The client if it was made (what `aclose` closes), else None."""
+        return self.__dict__.get("client")
 
 
 @runtime_checkable

@@ -21,6 +21,7 @@ batches), `timeout`.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import AsyncIterator, Collection, Iterable
@@ -33,7 +34,7 @@ from lowtide.core.cards import CARDS
 from lowtide.core.errors import BatchGone, BatchRejected, NotSent, RouteError
 from lowtide.core.types import Outcome, Refusal, Request
 from lowtide.routes.anthropic.wire import anthropic_outcome, anthropic_params, anthropic_refusal
-from lowtide.routes.base import BatchStatus
+from lowtide.routes.base import BatchStatus, LazyClient
 from lowtide.routes.options import flag_option, number_option, secret_of, text_option
 from lowtide.routes.provider import (
     RETRYABLE_CODES,
@@ -73,7 +74,7 @@ def parse_result(custom_id: str, result: Any) -> Outcome:
     return Outcome.failure(custom_id, "unknown_result", f"unknown result type {kind!r}", True)
 
 
-class AnthropicBatchRoute:
+class AnthropicBatchRoute(LazyClient):
     kind: Literal["batch"] = "batch"
     name = "anthropic-batch"
     group_by_prefix = True
@@ -86,7 +87,8 @@ class AnthropicBatchRoute:
         self.cache_prefix = flag_option(self.name, options, "cache_prefix", False)
         key = api_key(self.name, options, "ANTHROPIC_API_KEY")
         self.secret = secret_of(key)  # scrubbed from the errors the engine keeps (routes/base.py)
-        self.client = anthropic.AsyncAnthropic(
+        self.make_client = functools.partial(
+            anthropic.AsyncAnthropic,
             api_key=key,
             base_url=text_option(self.name, options, "base_url"),
             # Per read or write, not per call: a stalled download gives up and the next poll resumes.
@@ -195,7 +197,8 @@ class AnthropicBatchRoute:
         await self.client.messages.batches.cancel(batch_id)
 
     async def aclose(self) -> None:
-        await self.client.close()
+        if (client := self.made_client()) is not None:
+            await client.close()
 
 
 def create(options: dict[str, Any]) -> AnthropicBatchRoute:

@@ -29,6 +29,7 @@ Options: `base_url`, `api_key_env` (default GEMINI_API_KEY, then GOOGLE_API_KEY)
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -45,7 +46,7 @@ from lowtide.core import fastjson
 from lowtide.core.cards import CARDS, check_limit
 from lowtide.core.errors import BatchGone, BatchRejected, NotSent, RouteError
 from lowtide.core.types import Outcome, Refusal, Request
-from lowtide.routes.base import BatchStatus
+from lowtide.routes.base import BatchStatus, LazyClient
 from lowtide.routes.gemini import operation as op
 from lowtide.routes.gemini.models import check_gemini_model
 from lowtide.routes.gemini.names import named_body
@@ -79,8 +80,13 @@ def gemini_key(options: dict[str, Any], route: str) -> str:
 
 
 def gemini_client(options: dict[str, Any], route: str) -> genai.Client:
+    return gemini_client_maker(options, route)()
+
+
+def gemini_client_maker(options: dict[str, Any], route: str) -> Callable[[], genai.Client]:
+    """What makes the client: the options are read (and refused) now, the client made later."""
     http = types.HttpOptions(base_url=text_option("gemini-batch", options, "base_url"), api_version="v1beta", timeout=int(number_option("gemini-batch", options, "timeout", 120, float, 1e-3) * 1000))
-    return genai.Client(api_key=gemini_key(options, route), http_options=http)
+    return functools.partial(genai.Client, api_key=gemini_key(options, route), http_options=http)
 
 
 def request_line(request: Request, body: dict[str, Any]) -> dict[str, Any]:
@@ -106,7 +112,7 @@ def translate_error(route: str, err: genai_errors.APIError) -> RouteError:
     return BatchRejected(message) if err.code in (400, 401, 403, 404, 413) else RouteError(message)
 
 
-class GeminiBatchRoute:
+class GeminiBatchRoute(LazyClient):
     kind: Literal["batch"] = "batch"
     name = "gemini-batch"
     group_by_prefix = True
@@ -120,7 +126,7 @@ class GeminiBatchRoute:
         self.find_pages = number_option(self.name, options, "find_pages", 10, int, 1)
         self.models = frozenset(texts_option(self.name, options, "models"))
         self.secret = secret_of(gemini_key(options, self.name))  # scrubbed from the errors the engine keeps (routes/base.py)
-        self.client = gemini_client(options, self.name)
+        self.make_client = gemini_client_maker(options, self.name)
         self.field_masks = True  # until the server refuses one
 
     def check_model(self, model: str) -> None:
@@ -255,7 +261,8 @@ class GeminiBatchRoute:
         await self.client.aio.batches.cancel(name=batch_id)
 
     async def aclose(self) -> None:
-        await self.client.aio.aclose()
+        if (client := self.made_client()) is not None:
+            await client.aio.aclose()
 
 
 def _inline(item: Any) -> Outcome | None:

@@ -18,6 +18,7 @@ with `token_limit_exceeded` is sent again once in-flight batches ended (`queue_f
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import tempfile
@@ -32,7 +33,7 @@ from lowtide.core.batch_limits import TIERS, enqueued_token_limit
 from lowtide.core.cards import CARDS, Card
 from lowtide.core.errors import BatchGone, BatchRejected, NotSent, RouteError
 from lowtide.core.types import Outcome, Refusal, Request
-from lowtide.routes.base import BatchStatus
+from lowtide.routes.base import BatchStatus, LazyClient
 from lowtide.routes.openai.wire import openai_outcome, openai_refusal
 from lowtide.routes.options import number_option, secret_of, text_option
 from lowtide.routes.provider import (
@@ -101,7 +102,7 @@ def parse_result_line(line: dict[str, Any], endpoint: str = ENDPOINT) -> Outcome
     return Outcome.failure(cid, code, text_or_none(error.get("message")) or code, code in RETRYABLE_CODES)
 
 
-class OpenAIBatchRoute:
+class OpenAIBatchRoute(LazyClient):
     kind: Literal["batch"] = "batch"
     name = "openai-batch"
     group_by_prefix = True  # requests sharing a prompt prefix go together: cache hits
@@ -126,7 +127,8 @@ class OpenAIBatchRoute:
         self.find_seconds = number_option(self.name, options, "find_hours", 48, float) * 3600
         key = api_key(self.name, options, key_env)
         self.secret = secret_of(key)  # scrubbed from the errors the engine keeps (routes/base.py)
-        self.client = client_class(
+        self.make_client = functools.partial(
+            client_class,
             api_key=key,
             base_url=base_url,
             # Per read or write, not per call: a stalled download gives up and the next poll resumes.
@@ -204,7 +206,8 @@ class OpenAIBatchRoute:
         await self.client.batches.cancel(batch_id)
 
     async def aclose(self) -> None:
-        await self.client.close()
+        if (client := self.made_client()) is not None:
+            await client.close()
 
 
 def _parse(text: str, endpoint: str = ENDPOINT) -> Outcome | None:
