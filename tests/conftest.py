@@ -89,8 +89,10 @@ def store(request, tmp_path) -> Iterator[Store]:
 
 @pytest.fixture
 def pg_store(pg_schema_url) -> Iterator[Store]:
-    """A fresh, empty PostgreSQL store (for a test that is about PostgreSQL alone)."""
-    s = emptied_pg_store(pg_schema_url)
+    """A PostgreSQL store whose tables are new (for a test that is about PostgreSQL alone,
+    as those that read query plans and buffer counts are): no planner statistics or dead
+    rows left by the tests before it, as `store`'s emptied tables keep."""
+    s = fresh_pg_store(pg_schema_url)
     yield s
     s.close()
 
@@ -102,8 +104,9 @@ def emptied_pg_store(url: str) -> Store:
     """A store on this run's schema holding no rows, as a new one would, sequences restarted.
 
     Deleting the rows takes ~0.1 s; dropping every table and migrating afresh took ~0.8 s
-    a test. A schema a test changed (a column dropped, a migration taken back or one from
-    a newer release recorded) is dropped and made again instead."""
+    a test. The tables keep the planner statistics and dead rows of the tests before (a test
+    that reads query plans takes `pg_store`). A schema a test changed (a column dropped, a
+    migration taken back or one from a newer release recorded) is made afresh instead."""
     try:
         s = Store(url)
     except StoreError:  # a newer release's migration recorded: start over
@@ -118,6 +121,11 @@ def emptied_pg_store(url: str) -> Store:
                 )
                 return s
         s.close()
+    return fresh_pg_store(url)
+
+
+def fresh_pg_store(url: str) -> Store:
+    """A store on this run's schema with every lowtide table dropped and made again."""
     engine = sa.create_engine(url)
     with engine.begin() as conn:
         metadata.drop_all(conn)  # every table lowtide makes, the serve and gateway ones too
