@@ -67,7 +67,7 @@ def measure(size: int, *args: str, prompt_kb: float = 2.2) -> dict[str, int | st
         try:
             _wait_up(port, proc)
             # One small batch first: serve reads the Messages request types (importing the
-            # anthropic package, ~55 MB) at the first message batch it takes, once per process.
+            # anthropic package, 55-60 MB) at the first message batch it takes, once per process.
             _send(port, body(1, prompt_kb))
             before = _kib(proc.pid, "VmRSS")
             status = _send(port, body(size, prompt_kb))
