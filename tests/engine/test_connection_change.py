@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+import openai
 import pytest
 import sqlalchemy as sa
 
@@ -20,7 +21,7 @@ from lowtide.engine.loader import load_job
 from lowtide.engine.tick import Engine
 from lowtide.store.db import Store
 from lowtide.store.schema import dispatches, jobs, requests
-from tests.conftest import make_spec, ticket_rows, write_csv
+from tests.conftest import make_spec, ticket_rows, wait_until, write_csv
 from tests.routes.conftest import _options, serve  # noqa: F401  (serve: the fixture)
 
 OTHER_KEY_ENV = "LOWTIDE_TEST_OTHER_KEY"
@@ -91,6 +92,10 @@ def test_moving_a_route_with_a_batch_in_flight_is_refused_then_applied_once_it_i
         assert _stored(sqlite) == before  # nothing stored, nothing re-queued
 
     # Collected where it was sent: now the move strands nothing, and is applied as before.
+    # The server runs the batch in real time, so it is awaited there first (a loaded machine's
+    # server may take longer than any number of quick ticks).
+    sdk = openai.OpenAI(base_url=f"{here}/v1", api_key="k")
+    wait_until(lambda: sdk.batches.retrieve(batch_id).status == "completed", 60, "the batch completed at the server")
     _tick(sqlite, clock, lambda: job_status(sqlite, "tickets").done, "job done")
     assert job_status(sqlite, "tickets").counts == {"succeeded": 3}
     report = load_job(sqlite, moved, clock)

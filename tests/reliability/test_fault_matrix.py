@@ -117,7 +117,22 @@ def assert_each_chunk_once_and_each_result_once(store: Store, route: str, url: s
 def start(serve, tmp_path, match: str, *extra: str, first_call: int = 1) -> str:
     plan = tmp_path / "faults.yaml"
     plan.write_text(yaml.safe_dump(fault_plan(match, first_call)))
-    return serve("--faults", str(plan), *extra)
+    url = serve("--faults", str(plan), *extra)
+    warm(url)
+    return url
+
+
+def warm(url: str) -> None:
+    """One real-time call in each protocol, which no plan here matches: serve reads a
+    protocol's SDK types at its first body (importing anthropic alone takes over a second of
+    CPU), and a batch create that paid for that under a loaded machine's 5 s timeout would
+    be a fault this matrix did not plan."""
+    import anthropic
+    import openai
+
+    said = [{"role": "user", "content": "warm"}]
+    openai.OpenAI(base_url=f"{url}/v1", api_key="k").chat.completions.create(model="m", messages=said)
+    anthropic.Anthropic(base_url=url, api_key="k").messages.create(model="m", max_tokens=5, messages=said)
 
 
 def load(tmp_path, route: str, url: str) -> tuple[Store, str]:
