@@ -23,6 +23,7 @@ LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON
 LLAMA_KEY := $(shell printf '%s %s' '$(LLAMA_VERSION)' '$(LLAMA_CMAKE_ARGS)' | sha1sum | cut -c1-12)
 WHEELS := $(HOME)/.cache/lowtide/wheels/llama-cpp-python-$(LLAMA_KEY)
 LLAMA_STAMP := $(VENV)/.llama-$(LLAMA_KEY)
+TEST_STAMP := $(VENV)/.test-extras
 
 .PHONY: demo test install install-test bench lint clean
 
@@ -73,9 +74,13 @@ install: $(LLAMA_STAMP)
 # hundreds of `lowtide` processes). compileall on every core takes ~27 s for the packages and
 # lowtide's own source, where pip's own compile goes one module after another (~70 s).
 # A module that does not compile (a package's test data) is left to be compiled where imported.
-install-test: $(LLAMA_STAMP)
+# Done again when pyproject.toml changes (checking 28,000 compiled modules costs ~10 s of CPU).
+install-test: $(TEST_STAMP)
+
+$(TEST_STAMP): pyproject.toml $(LLAMA_STAMP)
 	$(BIN)/pip install --quiet --no-compile -e ".[local,embed,test,airflow,dagster,otel,s3,gcs,openrouter,mistral,digitalocean,bedrock,vertex]"
 	$(BIN)/python -m compileall -qq -j 0 $(VENV)/lib src tests || true
+	touch $@
 
 clean:
 	rm -rf $(VENV) lowtide.db lowtide.db-wal lowtide.db-shm examples/results
