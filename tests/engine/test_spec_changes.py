@@ -6,6 +6,7 @@ source without rows is refused. On both stores, through the engine's own loader 
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pyarrow.parquet as pq
@@ -16,7 +17,8 @@ from lowtide.core.errors import SourceError, SpecError
 from lowtide.core.ids import custom_id_for
 from lowtide.engine.export import export_results
 from lowtide.engine.loader import load_job
-from lowtide.store.schema import attempts, jobs, requests
+from lowtide.engine.tick import Engine
+from lowtide.store.schema import attempts, dispatches, jobs, requests
 from tests.conftest import drive_to_end, make_spec, ticket_rows, write_csv
 
 
@@ -58,12 +60,48 @@ def test_a_spec_with_another_model_is_refused_naming_the_fix(store, clock, tmp_p
     "change",
     [
         {"params": {"max_tokens": 99}}, {"template": {"user": "Say: {{ body }}"}}, {"choices": ["a", "b"]},
-        {"route": "echo-batch"}, {"fallback": {"route": "echo-batch"}},
+        {"route": "echo-batch"},
     ],
 )
 def test_every_change_that_alters_requests_is_refused(store, clock, tmp_path, done, change):
     with pytest.raises(SpecError, match="was stored with"):
         load_job(store, make_spec(done, **change), clock)
+
+
+def test_a_fallback_given_where_there_was_none_is_applied_even_with_a_batch_in_flight(store, clock, tmp_path):
+    # Nothing is on the new lane, so nothing moves: no flag, and no wait for the main
+    # route's batch (which kept polling, then ended, under the new spec).
+    source = write_csv(tmp_path / "t.csv", ticket_rows(4))
+    options = {"dir": str(tmp_path / "batches"), "polls_to_complete": 3}
+    load_job(store, make_spec(source, route="echo-batch", route_options=options), clock)
+    asyncio.run(_tick_once(store, clock))
+    assert _dispatch_states(store) == ["submitted"]
+    fallback = {"route": "echo", "safety_margin": 60}
+    report = load_job(store, make_spec(source, route="echo-batch", route_options=options, fallback=fallback), clock)
+    assert "fallback (none) → set" in report.applied and "fallback.route (none) → echo" in report.applied
+    assert report.requeued == 0 and _stored_spec(store)["fallback"]["route"] == "echo"
+    status = drive_to_end(store, make_spec(source, route="echo-batch", route_options=options, fallback=fallback), clock)
+    assert status.counts == {"succeeded": 4} and _dispatch_states(store) == ["ended"]
+
+
+def test_a_fallback_taken_away_or_moved_is_still_refused_without_the_flag(store, clock, tmp_path):
+    source = write_csv(tmp_path / "t.csv", ticket_rows(3))
+    drive_to_end(store, make_spec(source, fallback={"route": "echo-batch"}), clock)
+    with pytest.raises(SpecError, match="was stored with a fallback; this spec has none"):
+        load_job(store, make_spec(source), clock)
+    with pytest.raises(SpecError, match=r"was stored with fallback.model \(none\); this spec says other"):
+        load_job(store, make_spec(source, fallback={"route": "echo-batch", "model": "other"}), clock)
+    assert _stored_spec(store)["fallback"]["route"] == "echo-batch"
+
+
+async def _tick_once(store, clock) -> None:
+    async with Engine(store, clock) as engine:
+        await engine.tick("tickets")
+
+
+def _dispatch_states(store) -> list[str]:
+    with store.begin() as conn:
+        return list(conn.execute(sa.select(dispatches.c.state).order_by(dispatches.c.id)).scalars())
 
 
 def test_a_change_that_alters_no_request_is_applied_and_reported(store, clock, tmp_path, done):

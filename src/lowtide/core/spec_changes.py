@@ -68,6 +68,10 @@ class SpecChanges:
 def spec_changes(old: JobSpec, new: JobSpec) -> SpecChanges:
     changes = SpecChanges(moves=connection_moves(old, new))
     before, after = _flat(old), _flat(new)
+    # A fallback given where there was none moves no request: none is on its lane yet, no
+    # batch is sent there, and the load puts every row to its route as it renders them. Taking
+    # one away, or changing its route or model, moves the requests on that lane.
+    fallback_added = old.fallback is None and new.fallback is not None
     for key in sorted(before.keys() | after.keys()):
         a, b = before.get(key), after.get(key)
         if a == b:
@@ -75,6 +79,8 @@ def spec_changes(old: JobSpec, new: JobSpec) -> SpecChanges:
         line = f"{key} {_show(a, key)} → {_show(b, key)}"
         if any(key == k or key.startswith(k + ".") for k in RENDERING_KEYS):
             changes.rendering.append(line)
+        elif fallback_added and key.partition(".")[0] == "fallback":
+            changes.applied.append(line)
         elif key in SENDING_KEYS or key.rsplit(".", 1)[-1] in PAYLOAD_OPTIONS:
             changes.sending.append(line)
         else:
