@@ -273,4 +273,5 @@ def retry_job(store: Store, name: str, clock: Clock, *, failed: bool = True, can
         if n:
             move_job(conn, job.id, JobState.ACTIVE, finished_at=None, updated_at=now)
             add_event(conn, job.id, "retry", f"{n} request(s) queued again", now)
+    store.added_pending(n)
     return n

@@ -535,6 +535,7 @@ def load_job(
             what = f"re-queued {requeued}" if requeued else "kept"
             examples = ", ".join(changed.examples)
             add_event(conn, job_id, "rows_changed", f"{changed.count} row(s) changed since stored ({examples}): {what}", now)
+    store.added_pending(new + requeued)  # the planner must know they are there (Store.refresh_statistics)
     return LoadReport(
         job_id=job_id, created=created, rows=total, new=new, changed=changed.count, requeued=requeued,
         applied=changes.applied + (changes.altering if requeue_changed else []), watermark=mark.shown() if mark else None,

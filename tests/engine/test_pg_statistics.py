@@ -1,0 +1,42 @@
+"""On PostgreSQL, a load of many requests leaves the planner knowing they are pending.
+
+Autovacuum refreshes a table's statistics only once a tenth of it has changed, so after a
+load they still describe the store as it was: all finished, or five rows. The statement that
+puts the next 10,000 pending requests into a batch was then planned as walking the new job's
+rows for each id in the batch: two ticks of a 45,000-request job took 89 s instead of 3 s
+(`tests/engine/test_pipeline.py`'s 45,000-request test, after an ANALYZE of a 5-row store).
+The planner's own estimate is what is checked here: deterministic, no clock.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from lowtide.core.clock import ManualClock
+from lowtide.engine.loader import load_job
+from lowtide.store.db import Store
+from tests.conftest import drive_to_end, make_spec, ticket_rows, write_csv
+
+pytestmark = pytest.mark.postgres
+
+
+def _estimated_pending(store: Store) -> int:
+    with store.engine.connect() as conn:
+        plan = conn.exec_driver_sql("EXPLAIN (FORMAT JSON) SELECT id FROM requests WHERE state = 'pending'").scalar()
+    return plan[0]["Plan"]["Plan Rows"]
+
+
+def _analyze_as_autovacuum_would(store: Store) -> None:
+    with store.engine.connect() as conn:
+        conn.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql("ANALYZE requests")
+
+
+def test_a_big_load_into_a_store_of_finished_requests_is_planned_as_pending(pg_store, tmp_path):
+    clock = ManualClock()
+    drive_to_end(pg_store, make_spec(write_csv(tmp_path / "old.csv", ticket_rows(5)), name="earlier"), clock)
+    _analyze_as_autovacuum_would(pg_store)
+    assert _estimated_pending(pg_store) < 10  # the statistics say: nothing pending
+
+    load_job(pg_store, make_spec(write_csv(tmp_path / "new.csv", ticket_rows(5000, start=10_000))), clock)
+    assert _estimated_pending(pg_store) >= 2500
+
