@@ -70,8 +70,10 @@ def spec_changes(old: JobSpec, new: JobSpec) -> SpecChanges:
     before, after = _flat(old), _flat(new)
     # A fallback given where there was none moves no request: none is on its lane yet, no
     # batch is sent there, and the load puts every row to its route as it renders them. Taking
-    # one away, or changing its route or model, moves the requests on that lane.
+    # one away, or changing its route or model, moves the requests on that lane; so does one
+    # given beside another change of lanes (a decided auto job's chain, which a fallback ends).
     fallback_added = old.fallback is None and new.fallback is not None
+    added: list[str] = []
     for key in sorted(before.keys() | after.keys()):
         a, b = before.get(key), after.get(key)
         if a == b:
@@ -80,11 +82,15 @@ def spec_changes(old: JobSpec, new: JobSpec) -> SpecChanges:
         if any(key == k or key.startswith(k + ".") for k in RENDERING_KEYS):
             changes.rendering.append(line)
         elif fallback_added and key.partition(".")[0] == "fallback":
-            changes.applied.append(line)
+            added.append(line)
         elif key in SENDING_KEYS or key.rsplit(".", 1)[-1] in PAYLOAD_OPTIONS:
             changes.sending.append(line)
         else:
             changes.applied.append(line)
+    if changes.sending:
+        changes.sending.extend(added)
+    else:
+        changes.applied = sorted(changes.applied + added)
     return changes
 
 
