@@ -504,7 +504,10 @@ class SimMachine(RuleBasedStateMachine):
             if job["budget"] is not None:
                 self._load(name, dict(job, budget=None))
         open_at_start, made_at_start = self._counts()
-        bound = 2 * open_at_start + 8  # each open request's chunk sent again a time or two; more is a loop
+        # Each open request sent twice at most, each sending counted twice (the dispatch and the
+        # provider's batch): a queue limit that takes one request a batch (queue_tight) sends
+        # every request alone, after the chunks it refused. More is a loop.
+        bound = 4 * open_at_start + 8
         found: list[str] = []
         same, last = 0, None
         for round_ in range(DRAIN_ROUNDS + 2 * open_at_start):
