@@ -10,6 +10,8 @@ The planner's own estimate is what is checked here: deterministic, no clock.
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from lowtide.core.clock import ManualClock
@@ -40,3 +42,17 @@ def test_a_big_load_into_a_store_of_finished_requests_is_planned_as_pending(pg_s
     load_job(pg_store, make_spec(write_csv(tmp_path / "new.csv", ticket_rows(5000, start=10_000))), clock)
     assert _estimated_pending(pg_store) >= 2500
 
+
+
+def test_a_load_does_not_wait_for_a_vacuum_holding_the_table(pg_store, tmp_path):
+    # A VACUUM (`lowtide prune`) holds SHARE UPDATE EXCLUSIVE, which ANALYZE needs too: the
+    # refresh is skipped, and the load, committed already, returns.
+    source = write_csv(tmp_path / "new.csv", ticket_rows(1500))
+    with pg_store.engine.connect() as other, other.begin():
+        other.exec_driver_sql("LOCK TABLE requests IN SHARE UPDATE EXCLUSIVE MODE")
+        loading = threading.Thread(target=load_job, args=(pg_store, make_spec(source), ManualClock()), daemon=True)
+        loading.start()
+        loading.join(timeout=60)  # a safety net: it returns at once, or waits for ever
+        assert not loading.is_alive(), "the load waits for the lock"
+    with pg_store.engine.connect() as conn:
+        assert conn.exec_driver_sql("SELECT count(*) FROM requests").scalar() == 1500
