@@ -275,11 +275,19 @@ class Engine:
             q_retry = select(func.min(requests.c.not_before)).where(
                 requests.c.job_id.in_(active), requests.c.state == RequestState.PENDING.value, requests.c.not_before > now
             )
+            # A create another process holds (its lease running): resolved by whoever ticks once
+            # the lease runs out or its owner is seen dead. Left out, `--until-idle` ended with
+            # its requests dispatched for ever (a worker SIGKILLed mid-create whose process the
+            # parent had not yet reaped still looks alive: tests/reliability/test_kill.py).
+            q_lease = select(func.min(dispatches.c.lease_until)).where(
+                dispatches.c.state == DispatchState.SUBMITTING.value, dispatches.c.lease_until > now
+            )
             if job_name is not None:
                 job_id = select(jobs.c.id).where(jobs.c.name == job_name).scalar_subquery()
                 q_poll = q_poll.where(dispatches.c.job_id == job_id)
                 q_retry = q_retry.where(requests.c.job_id == job_id)
-            times = [conn.execute(q_poll).scalar(), conn.execute(q_retry).scalar()]
+                q_lease = q_lease.where(dispatches.c.job_id == job_id)
+            times = [conn.execute(q_poll).scalar(), conn.execute(q_retry).scalar(), conn.execute(q_lease).scalar()]
             watched = select(jobs.c.spec).where(jobs.c.state == JobState.ACTIVE.value)
             if job_name is not None:
                 watched = watched.where(jobs.c.name == job_name)
