@@ -3,9 +3,10 @@ process's create still holds a batch (`Engine.next_due`).
 
 A worker SIGKILLed mid-create leaves its dispatch `submitting` under a lease; until the lease
 runs out, or its process is seen dead (a killed child its parent has not reaped yet still
-answers `kill(pid, 0)`), nobody may take it over. The final `--until-idle` workers of the
-three-worker kill test (tests/reliability/test_kill.py) once ended there, the job unfinished
-and 160 requests dispatched for ever.
+answers `kill(pid, 0)`), nobody may take it over. An `--until-idle` worker that found
+nothing else due stopped there, its requests dispatched. (Found reading the code after the
+three-worker kill test in tests/reliability/test_kill.py failed that way; that failure came
+again with this fixed, so its cause is another.)
 """
 
 from __future__ import annotations

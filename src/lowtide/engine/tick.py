@@ -276,9 +276,9 @@ class Engine:
                 requests.c.job_id.in_(active), requests.c.state == RequestState.PENDING.value, requests.c.not_before > now
             )
             # A create another process holds (its lease running): resolved by whoever ticks once
-            # the lease runs out or its owner is seen dead. Left out, `--until-idle` ended with
-            # its requests dispatched for ever (a worker SIGKILLed mid-create whose process the
-            # parent had not yet reaped still looks alive: tests/reliability/test_kill.py).
+            # the lease runs out or its owner is seen dead. Left out, `--until-idle` could stop
+            # with its requests dispatched (a worker SIGKILLed mid-create whose process its
+            # parent has not reaped yet still looks alive).
             q_lease = select(func.min(dispatches.c.lease_until)).where(
                 dispatches.c.state == DispatchState.SUBMITTING.value, dispatches.c.lease_until > now
             )
