@@ -309,6 +309,8 @@ def one_trial(n: int, args: argparse.Namespace, span: float | None, root: Path, 
         trial.problems.append(f"harness: {type(err).__name__}: {err}")
         trial.not_converged = 1
     finally:
+        if span is not None and not trial.ok:
+            diagnose(trial, store, folder, server)
         server.stop()
         store.drop()
     trial.wall = time.monotonic() - t0
@@ -455,6 +457,47 @@ def check(trial: Trial, store: ClientStore, folder: Path, expected: dict[str, st
                     (other_model, f"attempt(s) booked at a model other than {MODEL}")):  # fmt: skip
         if n:
             trial.problems.append(f"{n} {what}")
+
+
+def diagnose(trial: Trial, store: ClientStore, folder: Path, server: Server) -> None:
+    """A failed trial's store dies with its schema: write what the unfinished requests' dispatches,
+    the job and its last events said (and the provider's view of those batches) to diagnosis.txt,
+    and the dispatches' states into the trial's problems, so a CI log says where requests stuck."""
+    lines: list[str] = []
+    try:
+        engine = store.engine()
+        try:
+            with engine.connect() as conn:
+                job = conn.execute(sa.text("SELECT id, state, spec FROM jobs WHERE name = :n"), {"n": JOB}).one()
+                lines.append(f"job {job.id} state {job.state} spec {job.spec}")
+                stuck = conn.execute(sa.text(
+                    "SELECT d.id, d.state, d.route, d.owner, d.lease_until, d.cancel_requested, d.provider_id, d.error, "
+                    "d.next_poll_at, d.created_at, COUNT(r.id) AS n, MIN(r.state) AS rstate FROM requests r "
+                    "LEFT JOIN dispatches d ON d.id = r.dispatch_id WHERE r.job_id = :j AND r.state <> 'succeeded' "
+                    "GROUP BY d.id ORDER BY d.id"
+                ), {"j": job.id}).all()  # fmt: skip
+                for row in stuck:
+                    lines.append("stuck: " + ", ".join(f"{k}={v}" for k, v in row._mapping.items()))
+                trial.problems.append("unfinished requests by dispatch: " + "; ".join(
+                    f"{r.n} {r.rstate} in dispatch {r.id} ({r.state}, owner {r.owner}, lease {r.lease_until}, "
+                    f"cancel {r.cancel_requested}, provider {r.provider_id})" for r in stuck
+                ))  # fmt: skip
+                lines += [f"dispatch: {dict(r._mapping)}" for r in conn.execute(sa.text("SELECT * FROM dispatches ORDER BY id"))]
+                events = conn.execute(sa.text("SELECT at, kind, message FROM events ORDER BY id DESC LIMIT 80")).all()
+                lines += [f"event {e.at:.3f} {e.kind}: {e.message}" for e in reversed(events)]
+        finally:
+            engine.dispose()
+        provider = sa.create_engine(f"sqlite:///{server.db}")
+        try:
+            with provider.connect() as conn:
+                lines += [f"serve batch: {dict(r._mapping)}" for r in conn.execute(sa.text(
+                    "SELECT id, status, metadata, created_at FROM serve_batches WHERE api = 'openai'"
+                ))]  # fmt: skip
+        finally:
+            provider.dispose()
+    except Exception as err:  # the diagnosis must not hide the failure it describes
+        lines.append(f"diagnosis failed: {type(err).__name__}: {err}")
+    (folder / "diagnosis.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
 def server_successes(server: Server) -> set[tuple[str, str]]:

@@ -210,20 +210,19 @@ def cancel_job(store: Store, name: str, clock: Clock, *, force: bool = False) ->
             return 0
         move_job(conn, job.id, JobState.CANCELLED, updated_at=now)
         # Pending requests, and those of direct dispatches and unsent batches: nothing will be paid for after this.
-        unsent = select(dispatches.c.id).where(
-            dispatches.c.job_id == job.id,
-            dispatches.c.state.in_([DispatchState.RUNNING.value, DispatchState.PLANNED.value]),
-        )
+        running = select(dispatches.c.id).where(dispatches.c.job_id == job.id, dispatches.c.state == DispatchState.RUNNING.value)
         n = fate.cancel(
             conn, job.id,
             or_(requests.c.state == RequestState.PENDING.value,
-                and_(requests.c.state == RequestState.DISPATCHED.value, requests.c.dispatch_id.in_(unsent))),
+                and_(requests.c.state == RequestState.DISPATCHED.value, requests.c.dispatch_id.in_(running))),
             now,
         )  # fmt: skip
-        for (dispatch_id,) in conn.execute(
+        # Read after the statement above: it waited for the rows a worker's plan held, and that
+        # plan's batch is visible only now (engine/fate.py `cancel_planned`).
+        for dispatch_id in conn.scalars(
             select(dispatches.c.id).where(dispatches.c.job_id == job.id, dispatches.c.state == DispatchState.PLANNED.value)
         ).all():
-            move_dispatch(conn, dispatch_id, DispatchState.PLANNED, DispatchState.CANCELLED, ended_at=now)
+            n += fate.cancel_planned(conn, job.id, dispatch_id, now)
         # One statement for both: a create that records `submitted` meanwhile keeps the flag.
         conn.execute(
             update(dispatches)

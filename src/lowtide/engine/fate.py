@@ -23,7 +23,8 @@ moves). Every exit is in this table, and each function below is one row of it:
     it can never be sent            refuse         failed, naming why and the fix
     sent                            send           dispatched (an attempt; one that carries
                                                    repair turns is kept in repair_sends)
-    the user cancels                cancel         cancelled (what was sent: when it comes back)
+    the user cancels                cancel,        cancelled (what was sent: when it comes back;
+                                    cancel_planned a batch planned but not sent: with it)
     the user retries                retry          pending, with a fresh attempt budget
     its source or spec changed      rerender       pending again (a succeeded one as its next
       (--requeue-changed)                          version, the old answer kept)
@@ -307,6 +308,17 @@ def cancel(conn: Connection, job_id: int, which: ColumnElement[bool], now: float
     it, and must not hold them meanwhile; an answer it still brings is stale."""
     values = {**cancelled_values(now), "dispatch_id": None}
     return move_requests(conn, RequestState.CANCELLED, and_(requests.c.job_id == job_id, which), values=values)
+
+
+def cancel_planned(conn: Connection, job_id: int, dispatch_id: int, now: float) -> int:
+    """The user cancels a batch planned but not sent: it ends cancelled with the requests it
+    holds, read once the dispatch is taken (a compare-and-set; 0 if another worker has just
+    begun to send it). Read by the batch, not by a statement over the job: a batch another
+    worker planned while the cancel waited for its rows is not yet visible to that statement
+    (PostgreSQL), and its requests stayed `dispatched` in a cancelled batch for ever."""
+    if not move_dispatch(conn, dispatch_id, DispatchState.PLANNED, DispatchState.CANCELLED, ended_at=now):
+        return 0
+    return cancel(conn, job_id, and_(requests.c.dispatch_id == dispatch_id, requests.c.state == DISPATCHED), now)
 
 
 def rerender(conn: Connection, ids: list[int], state: RequestState, values: dict[str, Any], succeeded_rows: Sequence[dict] = ()) -> None:
