@@ -84,6 +84,18 @@ def watched() -> ColumnElement[bool]:
     return (dispatches.c.state == "failed") & dispatches.c.watch_until.is_not(None)
 
 
+def batches_out(conn: Connection, job_id: int) -> bool:
+    """Has the job a batch still to bring in by ticking it: being sent, sent, or given up as
+    lost and watched for its bill? A finished or cancelled job can: a batch cut over at its
+    deadline or asked to cancel is polled to its end (what it ran is paid for). Two reads,
+    each on the (job, state) index, as engine/tick.py `_jobs` makes them."""
+    sent = dispatches.c.state.in_(["submitting", "submitted"])
+    for where in (sent, watched()):
+        if conn.execute(select(dispatches.c.id).where(dispatches.c.job_id == job_id, where).limit(1)).first() is not None:
+            return True
+    return False
+
+
 def dispatch_phases(conn: Connection, job_id: int) -> dict[str, int]:
     """Live dispatches by phase (the provider's word), for progress displays."""
     rows = conn.execute(

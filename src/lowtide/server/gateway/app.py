@@ -56,10 +56,14 @@ def create_gateway_app(
     clock: Clock | None = None,
     routes: dict[str, Any] | None = None,
     classifier: Callable[[RequestInfo], Any] | None = None,
+    run_collector: bool = True,
 ) -> GatewayApp:
     """Build the gateway; the store opens now, the writer and collector start with the
     app's lifespan. `db` overrides `config.db`; `clock`, `routes` (ready-made route
-    instances for the engine, by name) and `classifier` are for embedding and tests."""
+    instances for the engine, by name) and `classifier` are for embedding and tests.
+    `run_collector` False: the collector is made but its thread is not started; whoever
+    embeds the gateway runs its passes (`collector.step`, `collector.deliverer.run_due`),
+    as the simulation does (tests/sim/gateway.py), so nothing races it."""
     clock = clock or SystemClock()
     try:
         policy = Policy(config, classifier)
@@ -109,12 +113,16 @@ def create_gateway_app(
         collector = gateway.collector = Collector(gateway)
         writer = gateway.writer = GroupWriter(store, on_commit=handlers.committed(gateway))
         writer.start()
-        collector.start()
+        if run_collector:
+            collector.start()
         try:
             yield
         finally:
             await writer.stop()
-            await asyncio.to_thread(collector.stop)
+            if run_collector:
+                await asyncio.to_thread(collector.stop)
+            else:  # its deliveries' client, which the stopping thread would close
+                await collector.deliverer.aclose()
             for client in clients:
                 await client.aclose()
             store.close()

@@ -17,7 +17,8 @@ One pass:
     collect   requests of a job that reached a terminal state are recorded on their
               deferred rows — the provider's whole response body where the route kept
               one, else one in the API's shape — with the money saved; a flush
-              whose requests are all recorded is done
+              whose requests are all recorded, and whose job has no batch out (one cut
+              over at a deadline or cancelled is polled to its end), is done
 
 Deliveries (webhooks.py) run beside the passes in the same loop, each attempt a task of its own.
 Only one collector may run per store.
@@ -49,6 +50,7 @@ from lowtide.server.gateway.shape import ENDPOINT, dumps, flush_line, result_of
 from lowtide.server.gateway.webhooks import Deliverer
 from lowtide.store.gateway_schema import gateway_requests
 from lowtide.store.money import to_pico
+from lowtide.store.queries import batches_out
 from lowtide.store.schema import jobs, requests
 
 if TYPE_CHECKING:
@@ -310,7 +312,10 @@ class Collector:
             )
             results = [self._result(flush, row, now) for row in landed]
             records.finish(conn, results)
-            done = not records.queued_left(conn, flush.id)
+            # Not done while its job has a batch out (cut over at a deadline, or cancelled by
+            # the operator): only a running flush's job is ticked, and that batch is polled
+            # to its end, its partial results and bill brought in.
+            done = not records.queued_left(conn, flush.id) and not batches_out(conn, job_id)
             if done:
                 records.move_flush(conn, flush.id, FlushState.RUNNING, FlushState.DONE, done_at=now)
         for tenant, n in Counter(row.tenant for row in landed).items():
