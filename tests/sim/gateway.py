@@ -30,6 +30,10 @@ The gateway's invariants (each a sentence per violation):
 - delivered:  the receiver took (2xx) at most one POST per row, only of a finished row, with
               that row's status; a row is `delivered` exactly when the receiver took it;
               `dead` only after max_attempts failed attempts
+
+and, at the step that meets them: a call that may wait is answered 202, or 429 only when its
+tenant's quota is full (`defer`); a status read shows the owner the row as stored and the
+other tenant a 404 (`status`).
 """
 
 from __future__ import annotations
@@ -53,23 +57,43 @@ import sqlalchemy as sa
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from lowtide.engine.control import cancel_job
+from lowtide.server.faults import FaultPlan
 from lowtide.server.gateway import build_gateway_config, create_gateway_app, records
 from lowtide.server.gateway.tenants import sha256_hex
 from lowtide.store.gateway_schema import gateway_flushes, gateway_requests
 from lowtide.store.schema import jobs, requests
 from tests.sim import invariants
 from tests.sim.machine import fault_plan, sim_settings
-from tests.sim.world import KEY_ENV, NOTIFY_ENV, REALTIME_MODELS, ROUTE_MODELS, KillPoint, World
+from tests.sim.world import (
+    KEY_ENV,
+    NOTIFY_ENV,
+    REALTIME_CALLS,
+    REALTIME_MODELS,
+    ROUTE_MODELS,
+    KillPoint,
+    World,
+)
 
 TENANTS = {"acme": "sk-gw-acme-5c1d7e2f", "globex": "sk-gw-globex-8a3b4c9d"}
 ROUTES = {"openai": "openai-batch", "anthropic": "anthropic-batch"}
 MODELS = {"openai": ROUTE_MODELS["openai-batch"], "anthropic": ROUTE_MODELS["anthropic-batch"]}
 PATHS = {"openai": "/v1/chat/completions", "anthropic": "/v1/messages"}
 MAX_ATTEMPTS = 3  # webhooks.max_attempts
+MAX_PENDING = 12  # acme's quota of unfinished deferred requests
 # Faults at the provider the gateway's batches and fallback meet (machine.FAULTS, less the
 # account's queue limit, which the gateway does not configure).
 FAULTS = ("none", "fail_validation", "expire", "drop_lines", "duplicate_lines", "corrupt_lines", "create_429", "poll_500",
-          "lost_create", "realtime_500")  # fmt: skip
+          "lost_create", "realtime_500", "realtime_429")  # fmt: skip
+
+
+def gateway_fault_plan(kind: str, route: str) -> FaultPlan:
+    """machine.fault_plan's, and `realtime_429`: the upstream's real time answers 429 twice
+    (a call that prefers real time is then shaved into a batch; a fallback retries)."""
+    if kind == "realtime_429":
+        return FaultPlan.model_validate({"http": [{"match": call, "first": 2, "status": 429, "retry_after": 0} for call in REALTIME_CALLS]})
+    return fault_plan(kind, route, {})
+
+
 DRAIN_ROUNDS = 60
 STUCK = 8
 
@@ -155,7 +179,11 @@ class GatewayWorld:
                           "anthropic": {"base_url": main, "api_key_env": KEY_ENV}},  # fmt: skip
             "batch": batch,
             "collector": {"flush_size": 5, "flush_age": "10m", "max_job_requests": 6},
-            "tenants": [{"name": name, "key_sha256": sha256_hex(key)} for name, key in TENANTS.items()],
+            # acme's unfinished requests are bounded (a 429 beyond); globex's calls without a
+            # defer header prefer real time, and are deferred (shaved) when the upstream answers 429.
+            "tenants": [{"name": name, "key_sha256": sha256_hex(key)} | ({"quotas": {"max_pending": MAX_PENDING}} if name == "acme" else {})
+                        for name, key in TENANTS.items()],
+            "rules": [{"match": {"tenant": "globex"}, "action": "prefer_realtime", "max_wait": "2h"}],
             "callbacks": {"allow_loopback": True},
             "webhooks": {"secret_env": NOTIFY_ENV, "backoff": 30.0, "max_backoff": 600.0, "max_attempts": MAX_ATTEMPTS},
         }
@@ -358,6 +386,7 @@ def check_drained(gworld: GatewayWorld) -> list[str]:
         said = answer["choices"][0]["message"]["content"] if r.api == "openai" else answer["content"][0]["text"]
         if said != gworld.sent[r.id].text:
             out.append(f"drain: {r.id} answered {said!r} to {gworld.sent[r.id].text!r}")
+    out += [f"drain: {v} (a tenant's key)" for v in invariants.no_secrets(gworld.world, tuple(TENANTS.values()))]
     return out + invariants.check_drained(gworld.world) + check_step(gworld)
 
 
@@ -384,16 +413,28 @@ class GatewayMachine(RuleBasedStateMachine):
         self.g = GatewayWorld(self.root, url)
         self._exit.callback(self.g.close)
         self.n = 0
+        self.fault = ("none", ROUTES["openai"])  # the provider's fault plan now: kind, route
 
     def _send(self, api: str, tenant: str, defer: str | None, callback: bool) -> None:
         self.n += 1
         text = f"request {self.n} of {tenant}"
         answer = self.g.call(api, tenant, text, defer, callback)
+        hypothesis.note(f"{api} {tenant} defer={defer}: {answer.status_code}")
         if answer.status_code == 202:
             self.g.sent[answer.json()["id"]] = Sent(tenant, api, text, callback)
-        elif defer is not None:  # a request that must wait is stored or refused, never run now
-            raise invariants.violation([f"defer: a deferrable request was answered {answer.status_code}: {answer.text[:300]}"], "sending")
-        hypothesis.note(f"{api} {tenant} defer={defer}: {answer.status_code}")
+            return
+        if defer is None:  # run now: the upstream's answer, whatever it is
+            return
+        # A call that must wait is stored, or refused by its tenant's quota alone, never run now.
+        live = sum(1 for gid, s in self.g.sent.items() if s.tenant == tenant and self._unfinished(gid))
+        if answer.status_code != 429 or tenant != "acme" or live < MAX_PENDING:
+            found = f"gateway_defer: a deferrable call of {tenant} ({live} unfinished) was answered {answer.status_code}: {answer.text[:300]}"
+            raise invariants.violation([found], "sending")
+
+    def _unfinished(self, gid: str) -> bool:
+        with self.g.world.store.read() as conn:
+            state = conn.scalar(sa.select(gateway_requests.c.state).where(gateway_requests.c.id == gid))
+        return state in records.LIVE_STATES
 
     @initialize(api=st.sampled_from(list(ROUTES)), count=st.integers(1, 6))
     def setup(self, api: str, count: int) -> None:
@@ -407,10 +448,37 @@ class GatewayMachine(RuleBasedStateMachine):
         for _ in range(count):
             self._send(api, tenant, wait, callback)
 
-    @rule(api=st.sampled_from(list(ROUTES)))
-    def realtime(self, api: str) -> None:
-        """A call that must be answered now: forwarded to the upstream, nothing stored."""
+    @rule(api=st.sampled_from(list(ROUTES)), busy=st.booleans())
+    def realtime(self, api: str, busy: bool) -> None:
+        """A call without a defer header (globex's prefer real time): forwarded to the
+        upstream; `busy`, the upstream answers it 429, and the gateway shaves it into a batch
+        (202, decision `shaved`)."""
+        if busy:
+            self.g.world.set_faults(gateway_fault_plan("realtime_429", ROUTES[api]))
         self._send(api, "globex", None, False)
+        if busy:
+            self.g.world.set_faults(gateway_fault_plan(*self.fault))
+
+    @rule(which=st.integers(0, 10**6))
+    def status(self, which: int) -> None:
+        """`GET /v1/deferred/{id}`: its owner reads the row as stored; the other tenant is told
+        no such request (another tenant's id is as unknown as a wrong one)."""
+        if not self.g.sent:
+            return
+        gid = sorted(self.g.sent)[which % len(self.g.sent)]
+        owner = self.g.sent[gid].tenant
+        other = next(t for t in TENANTS if t != owner)
+        mine, theirs = (self.g.world.run(self.g.http.get(f"/v1/deferred/{gid}", headers={"authorization": f"Bearer {TENANTS[t]}"}))
+                        for t in (owner, other))  # fmt: skip
+        with self.g.world.store.read() as conn:
+            state = conn.scalar(sa.select(gateway_requests.c.state).where(gateway_requests.c.id == gid))
+        found = []
+        if mine.status_code != 200 or mine.json()["status"] != state:
+            found.append(f"gateway_status: {owner} reads {gid} as {mine.status_code} {mine.text[:200]}; stored {state}")
+        if theirs.status_code != 404:
+            found.append(f"gateway_status: {other} reads {owner}'s {gid}: {theirs.status_code}")
+        if found:
+            raise invariants.violation(found, "reading a deferred request's status")
 
     @rule()
     def collect(self) -> None:
@@ -450,7 +518,8 @@ class GatewayMachine(RuleBasedStateMachine):
 
     @rule(kind=st.sampled_from(FAULTS), api=st.sampled_from(list(ROUTES)))
     def faults(self, kind: str, api: str) -> None:
-        self.g.world.set_faults(fault_plan(kind, ROUTES[api], {}))
+        self.fault = (kind, ROUTES[api])
+        self.g.world.set_faults(gateway_fault_plan(*self.fault))
 
     @rule(which=st.integers(0, 3))
     def cancel_flush(self, which: int) -> None:

@@ -416,13 +416,14 @@ def stored(world) -> list[tuple]:
                 for row in conn.execute(sa.select(table).order_by(*table.primary_key.columns))]  # fmt: skip
 
 
-def no_secrets(world) -> list[str]:
-    """No key or signing secret the world gave in the environment is written anywhere: not in
-    a file under the world's folder (the client's SQLite store and its WAL, serve's stores and
-    batch files), not in a PostgreSQL store's rows, not in a log line. A provider's key is
-    sent in a header and nowhere else; the notify secret only signs."""
+def no_secrets(world, secrets: tuple[str, ...] = SECRETS) -> list[str]:
+    """No key or signing secret the world gave in the environment (or `secrets`: the
+    gateway's tenants' keys) is written anywhere: not in a file under the world's folder (the
+    client's SQLite store and its WAL, serve's stores and batch files), not in a PostgreSQL
+    store's rows, not in a log line. A provider's key is sent in a header and nowhere else;
+    the notify secret only signs."""
     out = []
-    wanted = [s.encode() for s in SECRETS]
+    wanted = [s.encode() for s in secrets]
     for path in sorted(p for p in world.root.rglob("*") if p.is_file()):
         data = path.read_bytes()
         out += [f"{path.relative_to(world.root)} holds the secret {s[:6].decode()}…" for s in wanted if s in data]
@@ -432,10 +433,10 @@ def no_secrets(world) -> list[str]:
                 text = [c for c in table.c if isinstance(c.type, sa.String)]
                 for row in conn.execute(sa.select(*text)) if text else ():
                     for column, value in zip(text, row, strict=True):
-                        if value is not None and any(s in value for s in SECRETS):
+                        if value is not None and any(s in value for s in secrets):
                             out.append(f"{table.name}.{column.name} holds a secret")
-    for line in (line for line in world.logs.lines if any(s in line for s in SECRETS)):
-        for s in SECRETS:
+    for line in (line for line in world.logs.lines if any(s in line for s in secrets)):
+        for s in secrets:
             line = line.replace(s, "<secret>")
         out.append(f"a log line holds a secret: {line[:300]}")
     return out
