@@ -46,7 +46,7 @@ from lowtide.routes.base import BatchRoute
 from lowtide.routes.options import scrub
 from lowtide.store.db import Store
 from lowtide.store.queries import add_event, note_phase, watched
-from lowtide.store.schema import PENDING, dispatches, requests
+from lowtide.store.schema import PENDING, dispatches, jobs, requests
 from lowtide.store.transitions import lock_job, move_dispatch
 
 INGEST_CHUNK = 2000
@@ -355,13 +355,18 @@ class _Refused(Exception):
 def _begin_submit(store: Store, job: JobContext, route: BatchRoute, dispatch_id: int, worker: Worker, clock: Clock) -> bool:
     """Take a planned dispatch (planned → submitting, a compare-and-set: one worker wins) and
     reserve its budget, in one transaction, before any network call. A worker that read the
-    dispatch before another took it loses the compare-and-set and reserves nothing. False if
-    it must not be sent by this worker now."""
+    dispatch before another took it loses the compare-and-set and reserves nothing; one that
+    read the job's spec before a load changed it sends nothing (the job's row held: a load
+    that moves a connection holds it too, engine/changes.py `move_connections`). False if it
+    must not be sent by this worker now."""
     now = clock.now()
     try:
         with store.begin() as conn:
-            if job.spec.budget_usd is not None:
-                lock_job(conn, job.id)  # the job before the dispatch, in the order cancel takes them
+            lock_job(conn, job.id)  # the job before the dispatch, in the order cancel and a load take them
+            if job.spec_text is not None and conn.execute(select(jobs.c.spec).where(jobs.c.id == job.id)).scalar_one() != job.spec_text:
+                # Loaded again since this tick read it (its connection may have moved): sent
+                # by the next tick, as the spec says now, never to where it pointed before.
+                return False
             if not move_dispatch(
                 conn, dispatch_id, DispatchState.PLANNED, DispatchState.SUBMITTING,
                 owner=worker.owner, lease_until=now + SUBMIT_LEASE, submit_started_at=now,

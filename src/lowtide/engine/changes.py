@@ -35,6 +35,7 @@ from lowtide.engine.batches import end_watches
 from lowtide.engine.context import JobContext
 from lowtide.store.bulk import among, executemany
 from lowtide.store.schema import dispatches, jobs, request_versions, requests
+from lowtide.store.transitions import lock_job
 
 SENT = (DispatchState.SUBMITTING.value, DispatchState.SUBMITTED.value, DispatchState.RUNNING.value)
 SENT_BATCH_STATES = (DispatchState.SUBMITTING.value, DispatchState.SUBMITTED.value)  # a create on its way, or made
@@ -178,6 +179,10 @@ def move_connections(conn: Connection, job: str, moves: list[Move], now: float, 
     go to the new place. A batch given up as lost is not waited for: its watch ends, said."""
     d = dispatches.c
     job_id = conn.execute(select(jobs.c.id).where(jobs.c.name == job)).scalar_one()
+    # Held to the load's commit: a worker about to send a planned batch holds it too, and
+    # either sends before (this load then sees the batch sent and refuses) or reads the new
+    # spec after (and sends nothing to the old place: engine/batches.py `_begin_submit`).
+    lock_job(conn, job_id)
     sent = conn.execute(
         select(d.route, d.provider_id).where(
             d.job_id == job_id, d.kind == "batch", d.route.in_({m.route for m in moves}), d.state.in_(SENT_BATCH_STATES)

@@ -18,10 +18,11 @@ class JobContext:
     name: str
     state: JobState
     spec: JobSpec
+    spec_text: str | None = None  # the stored spec as read (engine/batches.py `_begin_submit` compares it)
 
     @classmethod
     def from_row(cls, row: Row) -> JobContext:
-        return cls(row.id, row.name, JobState(row.state), stored_spec(row.spec))
+        return cls(row.id, row.name, JobState(row.state), stored_spec(row.spec), row.spec)
 
     @classmethod
     def load(cls, conn: Connection, job_id: int) -> JobContext:
