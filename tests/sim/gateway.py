@@ -41,12 +41,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import shutil
-import tempfile
-import threading
 from collections import Counter
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +50,7 @@ import httpx
 import hypothesis
 import hypothesis.strategies as st
 import sqlalchemy as sa
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from hypothesis.stateful import initialize, invariant, rule
 
 from lowtide.engine.control import cancel_job
 from lowtide.server.faults import FaultPlan
@@ -63,7 +59,7 @@ from lowtide.server.gateway.tenants import sha256_hex
 from lowtide.store.gateway_schema import gateway_flushes, gateway_requests
 from lowtide.store.schema import jobs, requests
 from tests.sim import invariants
-from tests.sim.machine import fault_plan, sim_settings
+from tests.sim.machine import Example, fault_plan, run_machine
 from tests.sim.world import (
     KEY_ENV,
     NOTIFY_ENV,
@@ -71,6 +67,7 @@ from tests.sim.world import (
     REALTIME_MODELS,
     ROUTE_MODELS,
     KillPoint,
+    Receiver,
     World,
 )
 
@@ -98,39 +95,24 @@ DRAIN_ROUNDS = 60
 STUCK = 8
 
 
-class CallbackReceiver:
-    """Where deferred results are delivered: a real HTTP server on loopback that records each
-    POST and answers 200, or 500 while it is failing."""
+class CallbackReceiver(Receiver):
+    """Where deferred results are delivered: answers 200, or 500 while it is failing."""
 
     def __init__(self):
         self.failing = False
-        self.posts: list[dict[str, Any]] = []  # {"id", "status", "answered"}
-        receiver = self
+        super().__init__("/hook", lambda: 500 if self.failing else 200)
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))))
-                answered = 500 if receiver.failing else 200
-                receiver.posts.append({"id": self.headers.get("x-lowtide-delivery"), "body_id": body.get("id"),
-                                       "status": body.get("status"), "answered": answered})  # fmt: skip
-                self.send_response(answered)
-                self.send_header("content-length", "0")
-                self.end_headers()
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+    def deliveries(self) -> list[dict[str, Any]]:
+        """Each POST: the delivery id it named, the id and status its body carried, the answer."""
+        out = []
+        for headers, raw, answered in self.posts:
+            body = json.loads(raw)
+            out.append({"id": headers.get("x-lowtide-delivery"), "body_id": body.get("id"), "status": body.get("status"),
+                        "answered": answered})  # fmt: skip
+        return out
 
     def taken(self) -> Counter[str]:
-        return Counter(p["id"] for p in self.posts if p["answered"] < 300)
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        return Counter(d["id"] for d in self.deliveries() if d["answered"] < 300)
 
 
 @dataclass
@@ -354,7 +336,7 @@ def gateway_checks(gworld: GatewayWorld) -> list[str]:
         r = by_id.get(gid)
         if r is None or r.delivery != "delivered":
             out.append(f"delivered: the receiver took {gid}, whose delivery is {None if r is None else r.delivery}")
-    for p in gworld.receiver.posts:
+    for p in gworld.receiver.deliveries():
         r = by_id.get(p["id"])
         if p["body_id"] != p["id"] or r is None or p["status"] not in ("succeeded", "failed") or p["status"] != r.state:
             out.append(f"delivered: a POST for {p['id']} carried {p['body_id']} in status {p['status']} (row: {None if r is None else r.state})")
@@ -393,24 +375,15 @@ def check_drained(gworld: GatewayWorld) -> list[str]:
 # The machine --------------------------------------------------------------------------------
 
 
-class GatewayMachine(RuleBasedStateMachine):
+class GatewayMachine(Example):
     """One example: a fresh world and gateway, then drawn steps."""
 
-    store_kind = "sqlite"
+    name = "gwsim"
     steps_run = 0
 
     def __init__(self):
         super().__init__()
-        self._exit = contextlib.ExitStack()
-        self.root = Path(tempfile.mkdtemp(prefix="lowtide-gwsim-"))
-        self._exit.callback(shutil.rmtree, self.root, True)
-        if self.store_kind == "postgres":
-            from tests.conftest import fresh_pg_schema
-
-            url = self._exit.enter_context(fresh_pg_schema("lowtide_gwsim"))
-        else:
-            url = str(self.root / "client.db")
-        self.g = GatewayWorld(self.root, url)
+        self.g = GatewayWorld(self.root, self.store_url)
         self._exit.callback(self.g.close)
         self.n = 0
         self.fault = ("none", ROUTES["openai"])  # the provider's fault plan now: kind, route
@@ -546,14 +519,6 @@ class GatewayMachine(RuleBasedStateMachine):
         if found:
             raise invariants.violation(found, "invariants broken")
 
-    def teardown(self) -> None:
-        try:
-            found = self.drain()
-            if found:
-                raise invariants.violation(found, "after the drain")
-        finally:
-            self._exit.close()
-
     def _shape(self) -> tuple:
         with self.g.world.store.read() as conn:
             g = gateway_requests.c
@@ -598,13 +563,5 @@ def replay_command(store_kind: str, seed: int, examples: int, steps: int) -> str
 def run(store_kind: str, *, seed: int, examples: int, steps: int, shrink: bool = True) -> None:
     """Run the gateway simulation's examples drawn from `seed`; a failure raises with the
     shrunk sequence of steps and the command that replays it."""
-    from hypothesis.stateful import get_state_machine_test
-
-    machine = machine_for(store_kind)
-    test = hypothesis.seed(seed)(get_state_machine_test(machine, settings=sim_settings(examples, steps, shrink)))
-    try:
-        test()
-    except BaseException as err:
-        if isinstance(err, Exception):
-            err.add_note(f"replay: {replay_command(store_kind, seed, examples, steps)}")
-        raise
+    run_machine(machine_for(store_kind), seed=seed, examples=examples, steps=steps, shrink=shrink,
+                replay=replay_command(store_kind, seed, examples, steps))  # fmt: skip

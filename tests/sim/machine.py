@@ -150,27 +150,49 @@ def _faults_rule(kinds: tuple[str, ...]):
     return faults
 
 
-class SimMachine(RuleBasedStateMachine):
+class Example(RuleBasedStateMachine):
+    """What each example of a simulation machine starts from: a folder of its own and a
+    client store (a SQLite file in it, or a fresh PostgreSQL schema), both gone after the
+    example; at its end the machine's `drain`, whose findings fail it."""
+
+    store_kind = "sqlite"
+    name = "sim"  # the folder's prefix and the schema's
+
+    def __init__(self):
+        super().__init__()
+        self._exit = contextlib.ExitStack()
+        self.root = Path(tempfile.mkdtemp(prefix=f"lowtide-{self.name}-"))
+        self._exit.callback(shutil.rmtree, self.root, True)
+        if self.store_kind == "postgres":
+            from tests.conftest import fresh_pg_schema
+
+            self.store_url = self._exit.enter_context(fresh_pg_schema(f"lowtide_{self.name}"))
+        else:
+            self.store_url = str(self.root / "client.db")
+
+    def drain(self) -> list[str]:
+        raise NotImplementedError
+
+    def teardown(self) -> None:
+        try:
+            found = self.drain()
+            if found:
+                raise invariants.violation(found, "after the drain")
+        finally:
+            self._exit.close()
+
+
+class SimMachine(Example):
     """One example: a fresh world (client store, two providers), then drawn steps."""
 
     loaded = Bundle("loaded")  # names of jobs the store has: the operator's actions act on these
 
     route = "openai-batch"
-    store_kind = "sqlite"
     steps_run = 0  # over every example of this process (bench/simulate.py prints it)
 
     def __init__(self):
         super().__init__()
-        self._exit = contextlib.ExitStack()
-        self.root = Path(tempfile.mkdtemp(prefix="lowtide-sim-"))
-        self._exit.callback(shutil.rmtree, self.root, True)
-        if self.store_kind == "postgres":
-            from tests.conftest import fresh_pg_schema
-
-            url = self._exit.enter_context(fresh_pg_schema("lowtide_sim"))
-        else:
-            url = str(self.root / "client.db")
-        self.world = World(self.root, url, self.route)
+        self.world = World(self.root, self.store_url, self.route)
         self._exit.callback(self.world.close)
         self.scale = SCALE.get(self.route, 1)
         self.chunk = 4
@@ -458,14 +480,6 @@ class SimMachine(RuleBasedStateMachine):
         if found:
             raise invariants.violation(found, "invariants broken")
 
-    def teardown(self) -> None:
-        try:
-            found = self.drain()
-            if found:
-                raise invariants.violation(found, "after the drain")
-        finally:
-            self._exit.close()
-
     def _counts(self) -> tuple[int, int]:
         with self.world.store.read() as conn:
             open_requests = conn.execute(
@@ -552,13 +566,18 @@ def replay_command(route: str, store_kind: str, seed: int, examples: int, steps:
 def run(route: str, store_kind: str, *, seed: int, examples: int, steps: int, shrink: bool = True) -> None:
     """Run the simulation's examples drawn from `seed` (the same examples every run). A
     failure raises with the shrunk sequence of steps and the command that replays it."""
+    run_machine(machine_for(route, store_kind), seed=seed, examples=examples, steps=steps, shrink=shrink,
+                replay=replay_command(route, store_kind, seed, examples, steps))  # fmt: skip
+
+
+def run_machine(machine: type[RuleBasedStateMachine], *, seed: int, examples: int, steps: int, shrink: bool, replay: str) -> None:
+    """Run `machine`'s examples drawn from `seed`; a failure raises with `replay` noted."""
     from hypothesis.stateful import get_state_machine_test
 
-    machine = machine_for(route, store_kind)
     test = hypothesis.seed(seed)(get_state_machine_test(machine, settings=sim_settings(examples, steps, shrink)))
     try:
         test()
     except BaseException as err:
         if isinstance(err, Exception):
-            err.add_note(f"replay: {replay_command(route, store_kind, seed, examples, steps)}")
+            err.add_note(f"replay: {replay}")
         raise

@@ -20,7 +20,7 @@ import contextlib
 import logging
 import os
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -187,13 +187,21 @@ class SimEngine(Engine):
 
 
 class Receiver:
-    """Where the jobs' notifications go: a real HTTP server on loopback that answers 204."""
+    """A real HTTP server on loopback that records each POST (its headers, body and the status
+    it answered) and answers `status()`: 204 where the jobs' notifications go; the gateway's
+    webhook receiver answers 200, or 500 while failing (tests/sim/gateway.py)."""
 
-    def __init__(self):
+    def __init__(self, path: str = "/lowtide", status: Callable[[], int] = lambda: 204):
+        self.posts: list[tuple[dict[str, str], bytes, int]] = []
+        receiver = self
+
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self):
-                self.rfile.read(int(self.headers.get("content-length", 0)))
-                self.send_response(204)
+                body = self.rfile.read(int(self.headers.get("content-length", 0)))
+                answered = status()
+                receiver.posts.append(({k.lower(): v for k, v in self.headers.items()}, body, answered))
+                self.send_response(answered)
+                self.send_header("content-length", "0")
                 self.end_headers()
 
             def log_message(self, *args):
@@ -202,7 +210,7 @@ class Receiver:
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/lowtide"
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}{path}"
 
     def stop(self) -> None:
         self.server.shutdown()
