@@ -146,7 +146,9 @@ class GatewayWorld:
     # The gateway -----------------------------------------------------------------------
     def config(self) -> dict[str, Any]:
         main = self.world.providers["main"].url
-        pause = [0.001, 0.002]  # the fallback's retries: no wall-clock waits
+        # The fallback named as the gateway would derive it from `upstreams` (the upstream's real
+        # time through lowtide's route), but for its retries' pause: no wall-clock waits.
+        pause = [0.001, 0.002]
         batch = {}
         for api, route in ROUTES.items():
             options = self.world.route_options(route, 4)
@@ -172,7 +174,7 @@ class GatewayWorld:
 
     def start(self) -> None:
         """A gateway process on the store: its lifespan (writer, upstream clients, pending
-        counts read from the store) entered on the world's loop; a fresh engine for its collector."""
+        counts read from the store) entered on the world's loop."""
         self.generation += 1
         self.app = create_gateway_app(build_gateway_config(self.config()), db=self.store_url, clock=self.world.clock,
                                       run_collector=False)  # fmt: skip
@@ -193,6 +195,7 @@ class GatewayWorld:
             self._lifespan = None
 
     def restart(self) -> None:
+        """Another gateway process on the same store, its collector on a fresh engine."""
         self.stop()
         old, self.world.engine = self.world.engine, self.world._new_engine()
         self.world.run(old.aclose())
