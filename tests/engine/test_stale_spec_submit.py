@@ -11,10 +11,12 @@ import random
 
 import sqlalchemy as sa
 
+from lowtide.core.states import JobState
 from lowtide.engine import batches
 from lowtide.engine.loader import load_job
 from lowtide.engine.tick import Engine
 from lowtide.store.schema import dispatches, requests
+from lowtide.store.transitions import move_job
 from tests.conftest import drive_to_end, make_spec, ticket_rows, write_csv
 
 
@@ -43,3 +45,32 @@ def test_a_worker_that_read_the_spec_before_the_connection_moved_sends_nothing_t
     with store.begin() as conn:
         assert conn.scalars(sa.select(requests.c.state)).all() == ["succeeded"] * 4
     assert len(list(new.iterdir())) == 1  # one batch, at the new place
+
+
+def test_a_batch_planned_by_a_worker_that_read_the_job_active_is_not_sent_once_it_stopped(store, clock, tmp_path):
+    # A plan that committed after another worker's budget stop had taken the planned batches
+    # apart (budget.exhaust reads the committed ones) leaves one planned in a job that sends
+    # nothing more. The stop is set here as that worker's refused reserve leaves it.
+    source = write_csv(tmp_path / "t.csv", ticket_rows(4))
+    spec = make_spec(source, route="echo-batch", route_options={"dir": str(tmp_path / "provider")})
+    load_job(store, spec, clock)
+
+    async def a_tick_that_read_the_job_active() -> int:
+        async with Engine(store, clock) as engine:
+            [job] = engine._jobs("tickets")
+            lane = job.lanes[0]
+            route = engine.route_for(lane)
+            assert batches.plan(store, job, route, clock, lane.name) == 4
+            with store.begin() as conn:
+                assert move_job(conn, job.id, JobState.BUDGET_EXHAUSTED, updated_at=clock.now())
+            worker = batches.Worker(engine.owner, engine._owner_alive)
+            return await batches.submit(store, job, route, clock, random.Random(1), worker)
+
+    assert asyncio.run(a_tick_that_read_the_job_active()) == 0
+    with store.begin() as conn:
+        assert conn.scalars(sa.select(dispatches.c.state)).all() == ["cancelled"]  # taken apart, as the stop does
+        assert conn.execute(sa.select(requests.c.state, requests.c.attempts)).all() == [("pending", 0)] * 4
+
+    drive_to_end(store, spec, clock)  # submitted again: the job resumes (docs/costs.md)
+    with store.begin() as conn:
+        assert conn.scalars(sa.select(requests.c.state)).all() == ["succeeded"] * 4

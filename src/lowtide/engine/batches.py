@@ -26,7 +26,7 @@ from sqlalchemy import case, func, or_, select, update
 from lowtide.core.clock import Clock
 from lowtide.core.embeddings import MAX_INPUTS
 from lowtide.core.errors import BatchGone, BatchRejected, NotSent
-from lowtide.core.states import DispatchState
+from lowtide.core.states import DispatchState, JobState
 from lowtide.core.types import Outcome, Request
 from lowtide.engine import budget, fate, queue_limit
 from lowtide.engine.context import JobContext
@@ -357,12 +357,18 @@ def _begin_submit(store: Store, job: JobContext, route: BatchRoute, dispatch_id:
     reserve its budget, in one transaction, before any network call. A worker that read the
     dispatch before another took it loses the compare-and-set and reserves nothing; one that
     read the job's spec before a load changed it sends nothing (the job's row held: a load
-    that moves a connection holds it too, engine/changes.py `move_connections`). False if it
-    must not be sent by this worker now."""
+    that moves a connection holds it too, engine/changes.py `move_connections`); a job no
+    longer active sends nothing, and the batch is taken apart. False if it must not be sent
+    by this worker now."""
     now = clock.now()
     try:
         with store.begin() as conn:
-            lock_job(conn, job.id)  # the job before the dispatch, in the order cancel and a load take them
+            state = lock_job(conn, job.id)  # the job before the dispatch, in the order cancel and a load take them
+            if state != JobState.ACTIVE.value:
+                # Stopped since this tick read it (a budget stop, a cancel) by a worker that could
+                # not see this batch yet: taken apart as that stop takes the others.
+                fate.undo_planned(conn, job, dispatch_id, now)
+                return False
             if job.spec_text is not None and conn.execute(select(jobs.c.spec).where(jobs.c.id == job.id)).scalar_one() != job.spec_text:
                 # Loaded again since this tick read it (its connection may have moved): sent
                 # by the next tick, as the spec says now, never to where it pointed before.
