@@ -83,10 +83,11 @@ def _serve_status(url: str, provider_id: str) -> str:
     return client.batches.retrieve(provider_id).status
 
 
-def _first_tick_meets_a_full_queue(serve, tmp_path, clock) -> tuple[str, Store]:
+def _first_tick_meets_a_full_queue(serve, tmp_path, clock, complete_after: str = "7200") -> tuple[str, Store]:
     """Two batches of four go out on the first tick; the provider's queue holds one and a
-    half: the second is refused. Returns once the provider has refused it."""
-    url = _start(serve, tmp_path, CHUNK * ONE_ROW * 3 // 2, "--complete-after", "7200")  # batches stay 2 s in progress
+    half: the second is refused. Returns once the provider has refused it. The first stays
+    in progress `complete_after` scaled seconds (7200: 2 s)."""
+    url = _start(serve, tmp_path, CHUNK * ONE_ROW * 3 // 2, "--complete-after", complete_after)
     store = _load(tmp_path, url, clock, max_requests=CHUNK)
 
     async def tick():
@@ -110,7 +111,9 @@ def test_a_cancel_that_meets_a_full_queue_cancels_the_requests_it_gave_back(serv
 
 def test_a_model_held_by_a_full_queue_does_not_spin_the_loop(serve, tmp_path):
     clock = ManualClock(SystemClock().now())
-    url, store = _first_tick_meets_a_full_queue(serve, tmp_path, clock)
+    # The first batch in progress for 20 s: the ticks below must not meet it ended (under a
+    # full test run, 2 s had passed by the second tick once, and it ingested 4 answers).
+    url, store = _first_tick_meets_a_full_queue(serve, tmp_path, clock, complete_after="72000")
 
     async def go():
         async with Engine(store, clock) as engine:
