@@ -41,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import random
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -181,6 +182,10 @@ class GatewayWorld:
         fastapi_app = self.app.app
         self._lifespan = contextlib.AsyncExitStack()
         self.world.run(self._lifespan.enter_async_context(fastapi_app.router.lifespan_context(fastapi_app)))
+        # The deliveries' backoff jitter drawn from a seeded generator: a replayed example
+        # retries at the same times (the gateway's own is unseeded, as a process's should be).
+        assert self.gw.collector is not None
+        self.gw.collector.deliverer.rng = random.Random(self.generation)
         self.http = httpx.AsyncClient(transport=httpx.ASGITransport(app=self.app), base_url="http://gateway.test", timeout=30)
 
     @property
