@@ -301,12 +301,15 @@ def send(conn: Connection, dispatch_id: int, which: ColumnElement[bool], route: 
 # --- what the user does ----------------------------------------------------------------------
 
 
-def cancel(conn: Connection, job_id: int, which: ColumnElement[bool], now: float) -> int:
+def cancel(conn: Connection, job_id: int, which: ColumnElement[bool], now: float, *, sent: bool = True) -> int:
     """The user cancels: requests `which` selects that are pending, or in a dispatch that
     never sent them, are cancelled now. They leave that dispatch, as `take_back`'s do: a
     direct dispatch stays running until its worker (or, for a dead worker, its lease) ends
-    it, and must not hold them meanwhile; an answer it still brings is stale."""
+    it, and must not hold them meanwhile; an answer it still brings is stale. `sent` False:
+    `which` selects requests claimed by a plan that never left, whose attempt is given back."""
     values = {**cancelled_values(now), "dispatch_id": None}
+    if not sent:
+        values["attempts"] = requests.c.attempts - 1
     return move_requests(conn, RequestState.CANCELLED, and_(requests.c.job_id == job_id, which), values=values)
 
 
@@ -315,10 +318,11 @@ def cancel_planned(conn: Connection, job_id: int, dispatch_id: int, now: float) 
     holds, read once the dispatch is taken (a compare-and-set; 0 if another worker has just
     begun to send it). Read by the batch, not by a statement over the job: a batch another
     worker planned while the cancel waited for its rows is not yet visible to that statement
-    (PostgreSQL), and its requests stayed `dispatched` in a cancelled batch for ever."""
+    (PostgreSQL), and its requests stayed `dispatched` in a cancelled batch for ever. Nothing
+    was sent, so the plan's attempt is given back, as `undo_planned` gives it."""
     if not move_dispatch(conn, dispatch_id, DispatchState.PLANNED, DispatchState.CANCELLED, ended_at=now):
         return 0
-    return cancel(conn, job_id, and_(requests.c.dispatch_id == dispatch_id, requests.c.state == DISPATCHED), now)
+    return cancel(conn, job_id, and_(requests.c.dispatch_id == dispatch_id, requests.c.state == DISPATCHED), now, sent=False)
 
 
 def rerender(conn: Connection, ids: list[int], state: RequestState, values: dict[str, Any], succeeded_rows: Sequence[dict] = ()) -> None:
