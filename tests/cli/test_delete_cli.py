@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pty
+import socket
 import subprocess
 from pathlib import Path
 
@@ -217,3 +218,27 @@ def test_prune_archives_first_follows_the_specs_retention_and_vacuums(cli, tmp_p
     with engine.connect() as conn:
         assert conn.execute(sa.text("SELECT count(*) FROM jobs WHERE name = 'bad'")).scalar_one() == 0
     engine.dispose()
+
+
+def test_delete_says_how_many_notifications_it_drops_unsent(cli, tmp_path):
+    # Nothing listens on the receiver's port: `run` tries the job's notification once and
+    # leaves it for a retry, which the delete takes away.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}/hook"
+    notify = {"urls": [url], "secret_env": "NOTIFY_SECRET", "allow_loopback": True, "backoff_seconds": 3600}
+    cli.env["NOTIFY_SECRET"] = "s3cret-for-the-test"
+    code, out = cli("run", str(_job(tmp_path, "noisy", notify=notify)))
+    assert code == 0, out
+    assert _rows(tmp_path / "lowtide.db", "noisy")["notifications"] == 1
+
+    code, out = cli.answering("n", "delete", "noisy")
+    assert code == 2 and "its 1 notification(s) not yet delivered will never be sent?" in out, out
+    code, out = cli("delete", "noisy", "--yes")
+    assert code == 0 and "noisy: 1 notification(s) not yet delivered were deleted with it and will never be sent" in out, out
+    assert "s3cret" not in out
+
+    code, out = cli("run", str(_job(tmp_path, "quiet")))  # without notify: nothing said
+    assert code == 0, out
+    code, out = cli("delete", "quiet", "--yes")
+    assert code == 0 and "notification" not in out, out

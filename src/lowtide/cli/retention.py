@@ -50,7 +50,8 @@ def delete(
     an eval's record goes with the last of its jobs.
 
     Refused while any of its batches is in flight (sent and not back): their results would
-    come back to nothing. `--cancel` cancels the job first; batches a provider is still
+    come back to nothing. Its notifications not yet delivered are deleted too (never sent):
+    the question and the output say how many. `--cancel` cancels the job first; batches a provider is still
     stopping keep the job until `lowtide tick` or a worker has collected them, then run
     delete again.
 
@@ -67,7 +68,10 @@ def delete(
                     f"deleted; pass --cancel to cancel it first (`lowtide delete {job} --cancel`), or wait until they end",
                     [str(f) for f in flying],
                 )
-            _confirm(f"delete job {job} ({status.state}, {status.total:,} request(s)) and everything stored for it?", yes)
+            # A notification not yet delivered goes with the job: its receiver never hears of it.
+            undelivered = status.notifications.get("pending", 0)
+            unsent = f"; its {undelivered:,} notification(s) not yet delivered will never be sent" if undelivered else ""
+            _confirm(f"delete job {job} ({status.state}, {status.total:,} request(s)) and everything stored for it{unsent}?", yes)
             if cancel:
                 n = cancel_job(store, job, clock)
                 if n:
@@ -87,6 +91,8 @@ def delete(
     rows = ", ".join(f"{counts[table]:,} {table}" for table in order if counts[table])
     detached = ", ".join(f"{counts[table]:,} {table}" for table in DETACHED_TABLES if counts.get(table))
     out.print(f"deleted {job}" + (f": {rows}" if rows else "") + (f"; detached from {detached}" if detached else ""), markup=False)
+    if undelivered:
+        console.print(f"{job}: {undelivered:,} notification(s) not yet delivered were deleted with it and will never be sent", markup=False)
 
 
 def prune_command(
