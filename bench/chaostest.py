@@ -522,6 +522,7 @@ def server_successes(server: Server) -> set[tuple[str, str]]:
 
 
 def run_trials(args: argparse.Namespace, echo=print) -> Summary:
+    _sigint_for_workers()
     summary = Summary({k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()})
     t0 = time.monotonic()
     root = Path(tempfile.mkdtemp(prefix="lowtide-chaostest-"))
@@ -590,6 +591,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--json", type=Path, help="also write the figures here as JSON")
     p.add_argument("--keep", action="store_true", help="keep every trial's folder")
     return p
+
+
+def _sigint_for_workers() -> None:
+    """A harness started in the background of a script (`python bench/chaostest.py &`) ignores
+    SIGINT, and its workers inherit that: `Crew.stop`'s Ctrl-C would never land, and every
+    trial would fail "did not stop within 60 s of SIGINT". A handled signal is the default
+    again in a child, so handling it here gives the workers theirs."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def main(argv: list[str] | None = None) -> int:
