@@ -185,15 +185,24 @@ class Crew:
     def __init__(self, store: ClientStore, folder: Path, env: dict[str, str], trial: Trial):
         self.store, self.folder, self.env, self.trial = store, folder, env, trial
         self.procs: list[subprocess.Popen | None] = [None] * WORKERS
-        self.log = folder / "workers.log"
+        self.logs: list[Path | None] = [None] * WORKERS  # each launch's stderr, in a file of its own
+        (folder / "workers").mkdir(exist_ok=True)
 
     def start(self, i: int, *extra: str) -> subprocess.Popen:
-        with self.log.open("ab") as log:
+        self.logs[i] = self.folder / "workers" / f"{self.trial.launches:03d}-worker-{i}.log"
+        with self.logs[i].open("wb") as log:
             proc = subprocess.Popen([LOWTIDE, "--db", self.store.url, "worker", *extra], cwd=self.folder, env=self.env,
                                     stdout=subprocess.DEVNULL, stderr=log)  # fmt: skip
         self.trial.launches += 1
         self.procs[i] = proc
         return proc
+
+    def interrupted_at_start(self, i: int) -> bool:
+        """Did worker `i`'s SIGINT land in the interpreter's own start (its `site` import)?
+        Python ends that with a fatal error and exit 1, before any of lowtide runs: a worker
+        restarted just before the stop, not a worker that failed to stop."""
+        log = self.logs[i]
+        return log is not None and b"init_import_site" in log.read_bytes()
 
     def start_all(self) -> None:
         for i in range(WORKERS):
@@ -218,7 +227,8 @@ class Crew:
 
     def stop(self) -> None:
         """SIGINT (Ctrl-C): a worker stops and exits 130 (interrupted, resumable); -SIGINT when
-        it lands before the CLI is up (Python re-raises an uncaught KeyboardInterrupt as the signal)."""
+        it lands before the CLI is up (Python re-raises an uncaught KeyboardInterrupt as the signal);
+        1 when it lands in the interpreter's own start (`interrupted_at_start`)."""
         for proc in self.procs:
             if proc is not None and proc.poll() is None:
                 proc.send_signal(signal.SIGINT)
@@ -232,7 +242,7 @@ class Crew:
                 proc.wait()
                 self.trial.problems.append(f"worker {i} did not stop within 60 s of SIGINT")
             else:
-                if proc.returncode not in (0, 130, -signal.SIGINT):
+                if proc.returncode not in (0, 130, -signal.SIGINT) and not (proc.returncode == 1 and self.interrupted_at_start(i)):
                     self.trial.crashes += 1
                     self.trial.problems.append(f"worker {i} exited {proc.returncode} on SIGINT")
         self.procs = [None] * WORKERS
