@@ -18,11 +18,8 @@ before a move is redone after a crash, and is idempotent.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import logging
-import threading
 import time
 from typing import Any
 
@@ -43,6 +40,7 @@ from lowtide.server.finalize import batch_folder, build_anthropic, build_openai
 from lowtide.server.gemini_intake import take
 from lowtide.server.gemini_outputs import build_gemini, meta_of
 from lowtide.server.intake import Intake, check_size, take_openai_file
+from lowtide.server.loop_thread import LoopThread
 from lowtide.server.openrouter_api import build_openrouter
 from lowtide.server.records import BatchStatus as S
 from lowtide.server.translate import Rejection, decode_key
@@ -55,37 +53,19 @@ QUIET_MAX = 2.0  # ... and while none is
 TROUBLE_WAIT = 5.0  # real seconds before a batch whose step failed is tried again
 
 
-class Worker:
+class Worker(LoopThread):
+    thread_name = "lowtide-serve-worker"
+
     def __init__(self, server: Server):
+        super().__init__()
         self.server = server
-        self._thread: threading.Thread | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._wake: asyncio.Event | None = None
-        self._task: asyncio.Task | None = None
-        self._stopping = False
         self._trouble: dict[str, float] = {}  # batch id -> when to try it again (monotonic)
         self._stepped: Engine | None = None  # run_once's engine (no worker thread)
 
     # Running ---------------------------------------------------------------------------
     def start(self) -> None:
-        ready = threading.Event()
-        self._thread = threading.Thread(target=self._main, args=(ready,), name="lowtide-serve-worker", daemon=True)
-        self._thread.start()
-        ready.wait()
+        super().start()
         self.server.wake = self.wake
-
-    def stop(self, grace: float = 5.0) -> None:
-        """Stop after the current pass; a pass still busy after `grace` seconds (a slow
-        route) is cancelled: what it had not recorded is redone by the next server."""
-        self._stopping = True
-        self.wake()
-        if self._thread is None:
-            return
-        self._thread.join(grace)
-        if self._thread.is_alive() and self._loop is not None and self._task is not None:
-            with contextlib.suppress(RuntimeError):
-                self._loop.call_soon_threadsafe(self._task.cancel)
-            self._thread.join()
 
     async def run_once(self) -> bool:
         """One pass on the caller's event loop, for a server made with run_worker=False
@@ -104,21 +84,7 @@ class Worker:
         clock = self.server.clock
         return Engine(self.server.store, clock, lease=120.0 * clock.scale, routes=self.server.config.routes)
 
-    def wake(self) -> None:
-        loop, event = self._loop, self._wake
-        if loop is not None and event is not None and not loop.is_closed():
-            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-                loop.call_soon_threadsafe(event.set)
-
-    def _main(self, ready: threading.Event) -> None:
-        with contextlib.suppress(asyncio.CancelledError):
-            asyncio.run(self._run(ready))
-
-    async def _run(self, ready: threading.Event) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._task = asyncio.current_task()
-        self._wake = asyncio.Event()
-        ready.set()
+    async def _serve(self) -> None:
         async with self._engine() as engine:
             while not self._stopping:
                 try:
@@ -126,11 +92,8 @@ class Worker:
                 except Exception:  # keep serving; the next pass retries from the store
                     log.exception("lowtide serve: the worker's pass failed; retrying")
                     busy, wait = False, 1.0
-                if busy or self._stopping:
-                    continue
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), timeout=wait)
-                self._wake.clear()
+                if not (busy or self._stopping):
+                    await self._idle(wait)
 
     async def step(self, engine: Engine) -> tuple[bool, float]:
         """One pass; returns (whether anything moved, how long to wait if not).

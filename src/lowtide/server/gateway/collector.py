@@ -30,7 +30,6 @@ import asyncio
 import contextlib
 import logging
 import math
-import threading
 from collections import Counter
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -48,6 +47,7 @@ from lowtide.server.gateway import records
 from lowtide.server.gateway.records import DeferredState, FlushState
 from lowtide.server.gateway.shape import ENDPOINT, dumps, flush_line, result_of
 from lowtide.server.gateway.webhooks import Deliverer
+from lowtide.server.loop_thread import LoopThread
 from lowtide.store.gateway_schema import gateway_requests
 from lowtide.store.money import to_pico
 from lowtide.store.queries import batches_out
@@ -67,18 +67,17 @@ def _warm_up() -> None:
     import pyarrow.compute  # noqa: F401
 
 
-class Collector:
+class Collector(LoopThread):
+    thread_name = "lowtide-gateway-collector"
+    stop_grace = 10.0
+
     def __init__(self, gateway: Gateway):
+        super().__init__()
         self.gw = gateway
         self.deliverer = Deliverer(gateway.store, gateway.config, gateway.clock, gateway.secret, count=gateway.metrics.webhook,
                                    public_url=gateway.public_url, finished=self.wake_deliveries)  # fmt: skip
         self.turnaround: dict[str, float] = {}
-        self._thread: threading.Thread | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._wake: asyncio.Event | None = None
         self._deliver_wake: asyncio.Event | None = None
-        self._task: asyncio.Task | None = None
-        self._stopping = False
         self.passes = 0
         for api, target in (("openai", gateway.config.batch.openai), ("anthropic", gateway.config.batch.anthropic)):
             if target is not None:
@@ -86,43 +85,15 @@ class Collector:
         self._refresh_turnaround()
 
     # Running -------------------------------------------------------------------------
-    def start(self) -> None:
-        ready = threading.Event()
-        self._thread = threading.Thread(target=self._main, args=(ready,), name="lowtide-gateway-collector", daemon=True)
-        self._thread.start()
-        ready.wait()
-
-    def stop(self, grace: float = 10.0) -> None:
-        """Stop after the current pass; one still busy after `grace` seconds is cancelled
-        (what it had not committed is redone by the next gateway)."""
-        self._stopping = True
-        self.wake()
-        if self._thread is None:
-            return
-        self._thread.join(grace)
-        if self._thread.is_alive() and self._loop is not None and self._task is not None:
-            with contextlib.suppress(RuntimeError):
-                self._loop.call_soon_threadsafe(self._task.cancel)
-            self._thread.join()
-
     def wake(self) -> None:
-        loop = self._loop
-        if loop is None or loop.is_closed():
-            return
-        for event in (self._wake, self._deliver_wake):
-            if event is not None:
-                with contextlib.suppress(RuntimeError):
-                    loop.call_soon_threadsafe(event.set)
+        super().wake()
+        self.wake_deliveries()
 
-    def _main(self, ready: threading.Event) -> None:
-        with contextlib.suppress(asyncio.CancelledError):
-            asyncio.run(self._run(ready))
+    def wake_deliveries(self) -> None:
+        self._set(self._deliver_wake)
 
-    async def _run(self, ready: threading.Event) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._task = asyncio.current_task()
-        self._wake, self._deliver_wake = asyncio.Event(), asyncio.Event()
-        ready.set()
+    async def _serve(self) -> None:
+        self._deliver_wake = asyncio.Event()
         _warm_up()
         deliveries = asyncio.create_task(self._deliver_loop())
         try:
@@ -134,18 +105,15 @@ class Collector:
                         log.exception("gateway: the collector's pass failed; retrying")
                         busy = False
                     self.passes += 1
-                    if busy or self._stopping:
-                        continue
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._wake.wait(), timeout=self._idle(engine))
-                    self._wake.clear()
+                    if not (busy or self._stopping):
+                        await self._idle(self._idle_seconds(engine))
         finally:
             deliveries.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await deliveries
             await self.deliverer.aclose()
 
-    def _idle(self, engine: Engine) -> float:
+    def _idle_seconds(self, engine: Engine) -> float:
         due = engine.next_due()
         if due is None:
             return IDLE_MAX
@@ -351,12 +319,6 @@ class Collector:
         if realtime is None or ran is None:
             return None
         return to_pico(realtime - ran)
-
-    def wake_deliveries(self) -> None:
-        loop, event = self._loop, self._deliver_wake
-        if loop is not None and event is not None and not loop.is_closed():
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(event.set)
 
     def _refresh_turnaround(self) -> None:
         for api in list(self.turnaround):
