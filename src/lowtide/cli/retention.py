@@ -50,10 +50,10 @@ def delete(
     an eval's record goes with the last of its jobs.
 
     Refused while any of its batches is in flight (sent and not back): their results would
-    come back to nothing. Its notifications not yet delivered are deleted too (never sent):
-    the question and the output say how many. `--cancel` cancels the job first; batches a provider is still
+    come back to nothing. `--cancel` cancels the job first; batches a provider is still
     stopping keep the job until `lowtide tick` or a worker has collected them, then run
-    delete again.
+    delete again. Its notifications not yet delivered go too, never sent: the question and
+    the output say how many.
 
     Example: lowtide delete test-tickets --yes
     """
