@@ -142,7 +142,10 @@ def _check_create_refusals(url: str) -> None:
 
 
 def test_a_cancelled_batch_returns_its_requests_as_cancelled_errors(serve, tmp_path, monkeypatch):
-    url = serve("--complete-after", "86000")  # nothing completes before the cancel
+    # Nothing is answered before the cancel: serve runs the lines on an echo-batch backend
+    # whose batch takes 100,000 polls (on plain echo they may be answered before the cancel
+    # call lands, and a cancelled batch returns what it had done).
+    url = serve("--backend", "echo-batch", "-o", f"dir={tmp_path / 'backend'}", "-o", "polls_to_complete=100000")
     route = create(_options(url))
     from lowtide.core.types import Request
 
