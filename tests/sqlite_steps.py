@@ -15,9 +15,10 @@ from lowtide.store.db import Store
 def sqlite_steps(store: Store) -> Iterator[list[int]]:
     """SQLite virtual-machine steps (in tens) run by the store's statements meanwhile."""
     steps = [0]
+    counting = [True]  # a pooled connection keeps its handler after this: it counts no more
 
     def count() -> int:
-        steps[0] += 1
+        steps[0] += counting[0]
         return 0  # go on
 
     def watch(conn, *_):
@@ -27,4 +28,5 @@ def sqlite_steps(store: Store) -> Iterator[list[int]]:
     try:
         yield steps
     finally:
+        counting[0] = False
         sa.event.remove(store.engine, "before_cursor_execute", watch)

@@ -18,6 +18,7 @@ request_id, the dispatch key, under digitalocean_api.MARK in the metadata).
 from __future__ import annotations
 
 import json
+import random
 from collections import Counter, defaultdict
 from datetime import datetime
 from typing import Any
@@ -28,6 +29,7 @@ from lowtide.core import fastjson
 from lowtide.core.spec import JobSpec
 from lowtide.core.states import JobState, RequestState
 from lowtide.core.types import Request
+from lowtide.engine.job_figures import JobFigures, read_figures
 from lowtide.engine.retention import PRUNED
 from lowtide.routes.vertex import lines as vertex_lines
 from lowtide.server import billing
@@ -255,7 +257,33 @@ def notified_once(world) -> list[str]:
     return out
 
 
-STEP_CHECKS = (request_states, applied_once, created_once, bill_matches, answers_match, nothing_after_deadline, notified_once)
+def figures_current(world) -> list[str]:
+    """What the dashboard keeps of the jobs it lists (engine/job_figures.py: a settled job's
+    figures, read once) equals what a fresh read of the store says: a retry, new rows, a
+    cancel, a late bill or a delete since is seen. Read after some steps only, as a page
+    refreshes now and then: a job may finish, be retried and finish again in between."""
+    world.figure_steps += 1
+    if random.Random(world.figure_steps).random() >= 0.3:
+        return []
+    kept = world.figures.read(world.store)
+    with world.store.read() as conn:
+        fresh = read_figures(conn, None)
+        names = dict(conn.execute(sa.select(jobs.c.id, jobs.c.name)).all())
+
+    def told(f: JobFigures | None) -> tuple:
+        return (f.counts, sorted(map(tuple, f.ledger), key=repr), f.reasons) if f is not None else ({}, [], {})
+
+    return [
+        f"job {names.get(j, j)}: the dashboard keeps {told(kept.get(j))}, the store says {told(fresh.get(j))}"
+        for j in kept.keys() | fresh.keys()
+        if told(kept.get(j)) != told(fresh.get(j))
+    ]
+
+
+STEP_CHECKS = (
+    request_states, applied_once, created_once, bill_matches, answers_match, nothing_after_deadline, notified_once,
+    figures_current,
+)  # fmt: skip
 
 
 def check_step(world) -> list[str]:

@@ -29,6 +29,7 @@ from typing import Any
 from lowtide.core.clock import ManualClock
 from lowtide.core.endpoints import MESSAGES
 from lowtide.core.spec import default_endpoint
+from lowtide.engine.job_figures import FiguresCache
 from lowtide.engine.tick import Engine
 from lowtide.server.app import create_app
 from lowtide.server.context import ServeConfig
@@ -338,6 +339,10 @@ class World:
         self.abandoned: list[tuple[float, float, frozenset[str]]] = []
         # Dispatch keys and provider batch ids of jobs `lowtide delete` took away, bills and all.
         self.deleted: set[str] = set()
+        # The dashboard's kept figures, kept across the steps as a long-lived page keeps them
+        # (invariants.figures_current).
+        self.figures = FiguresCache()
+        self.figure_steps = 0
         self.engine = self._new_engine()
 
     def _new_engine(self) -> SimEngine:

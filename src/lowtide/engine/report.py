@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import and_, func, select
+from sqlalchemy import Connection, and_, func, select
 
 from lowtide.core.pricing import billing_of
 from lowtide.core.spec import stored_spec
@@ -180,6 +180,22 @@ def cost_report(store: Store, *, job: str | None = None, since: float | None = N
     a query of job ids, selects) by `by` (see GROUPINGS)."""
     if by is not None and by not in GROUPINGS:
         raise ValueError(f"--by {by}: use one of {', '.join(GROUPINGS)}")
+    with store.begin() as conn:
+        where = []
+        if job is not None:
+            where.append(attempts.c.job_id == get_job(conn, job).id)
+        if since is not None:
+            where.append(attempts.c.at >= since)
+        if among is not None:
+            where.append(attempts.c.job_id.in_(among))
+        rows = ledger_rows(conn, *where)
+        specs = {r.id: (r.name, r.spec) for r in conn.execute(select(jobs.c.id, jobs.c.name, jobs.c.spec))}
+    return summed(rows, by, specs, job, since)
+
+
+def ledger_rows(conn: Connection, *where: Any) -> list[Any]:
+    """The attempts that `where` selects, summed per job and per what tells their figures
+    apart (route, model, tier, outcome, billing, repair, a known cost): what `summed` adds up."""
     a = attempts.c
     repair = repair_sends.c.request_id.is_not(None).label("repair")
     keys = (a.job_id, a.route, a.model, a.tier, a.ok, a.applied, a.billed, repair, a.cost_picousd.is_(None))
@@ -195,16 +211,13 @@ def cost_report(store: Store, *, job: str | None = None, since: float | None = N
         func.sum(a.realtime_picousd).label("realtime"),
     ).select_from(
         attempts.outerjoin(repair_sends, and_(repair_sends.c.request_id == a.request_id, repair_sends.c.dispatch_id == a.dispatch_id))
-    ).group_by(*keys)
-    with store.begin() as conn:
-        if job is not None:
-            stmt = stmt.where(a.job_id == get_job(conn, job).id)
-        if since is not None:
-            stmt = stmt.where(a.at >= since)
-        if among is not None:
-            stmt = stmt.where(a.job_id.in_(among))
-        rows = conn.execute(stmt).all()
-        specs = {r.id: (r.name, r.spec) for r in conn.execute(select(jobs.c.id, jobs.c.name, jobs.c.spec))}
+    ).where(*where).group_by(*keys)
+    return conn.execute(stmt).all()
+
+
+def summed(rows: Iterable[Any], by: str | None, specs: dict[int, tuple[str, Any]], job: str | None = None,
+           since: float | None = None) -> CostReport:  # fmt: skip
+    """A report of `ledger_rows` grouped `by`; `specs`: job id -> (name, stored spec)."""
     names = {jid: name for jid, (name, _) in specs.items()}
     tags = {jid: stored_spec(spec).tags for jid, (_, spec) in specs.items()} if by == "tag" else {}
     total = Figures("total")

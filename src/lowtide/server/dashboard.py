@@ -51,7 +51,8 @@ from sqlalchemy import Integer, Select, and_, case, cast, exists, func, or_, sel
 from lowtide.core.errors import JobNotFoundError
 from lowtide.engine import overview
 from lowtide.engine.control import job_status
-from lowtide.engine.report import Figures, cost_report
+from lowtide.engine.job_figures import FiguresCache, added_reasons
+from lowtide.engine.report import Figures, cost_report, summed
 from lowtide.store.db import Store
 from lowtide.store.money import from_pico
 from lowtide.store.queries import get_job
@@ -149,8 +150,8 @@ def list_jobs(request: Request, api_jobs: ApiJobs = None) -> Response:
         return refused(request)
     store: Store = request.app.state.server.store
     shown = hiding(request, api_jobs)
-    report = cost_report(store, by="job", among=shown)
-    costs = {g.group: g for g in report.groups}
+    # A finished job's figures are read once, not on every refresh (engine/job_figures.py).
+    figures = _figures_cache(request).read(store, shown)
     where = [] if shown is None else [jobs.c.id.in_(shown)]
     with store.read() as conn:
         rows = conn.execute(
@@ -159,14 +160,17 @@ def list_jobs(request: Request, api_jobs: ApiJobs = None) -> Response:
             .order_by(jobs.c.id.desc())
             .limit(MAX_JOBS)
         ).all()
-        progress = overview.progress_by_job(conn)
-        failures = overview.failures(conn, among=shown)
+        names = dict(conn.execute(select(jobs.c.id, jobs.c.name)).all())
         batches = dict(conn.execute(select(serve_batches.c.status, func.count()).group_by(serve_batches.c.status)).all())
         every = conn.execute(select(func.count()).select_from(jobs)).scalar_one()
         job_count = every if shown is None else conn.execute(select(func.count()).select_from(jobs).where(*where)).scalar_one()
+    report = summed((row for f in figures.values() for row in f.ledger), "job", {j: (n, None) for j, n in names.items()})
+    costs = {g.group: g for g in report.groups}
+    reasons = added_reasons(figures.values())
+    failures = overview.Failures(sum(reasons.values()), reasons, report.total.failures, report.total.billed_failures)
     listed = []
     for row in rows:
-        p = progress.get(row.id) or overview.Progress()
+        p = overview.Progress.of(figures[row.id].counts) if row.id in figures else overview.Progress()
         listed.append({
             "name": row.name, "state": row.state, "route": row.route,
             "created_at": row.created_at, "updated_at": row.updated_at, "finished_at": row.finished_at,
@@ -178,6 +182,14 @@ def list_jobs(request: Request, api_jobs: ApiJobs = None) -> Response:
         "total": report.total.as_dict(), "failures": failures.by_reason, "failure_figures": failures.as_dict(),
         "api_batches": batches, "api_jobs": shown is None, "api_jobs_hidden": every - job_count,
     })  # fmt: skip
+
+
+def _figures_cache(request: Request) -> FiguresCache:
+    """The app's own: one per dashboard or serve process."""
+    cache = getattr(request.app.state, "job_figures", None)
+    if cache is None:
+        cache = request.app.state.job_figures = FiguresCache()
+    return cache
 
 
 @router.get("/dashboard/api/jobs/{name:path}")

@@ -257,3 +257,9 @@ def m023_requests_dispatch_id_index(conn: Connection) -> None:
 def m024_lost_batch_watch(conn: Connection) -> None:
     """Dispatches given up as lost remember until when they are still polled for a bill."""
     add_columns(conn, schema.dispatches, ["watch_until"])
+
+
+@migration
+def m025_job_moves(conn: Connection) -> None:
+    """Jobs count their state moves (store/transitions.py `move_job`)."""
+    add_columns(conn, schema.jobs, ["moves"])

@@ -52,6 +52,9 @@ jobs = Table(
     Column("updated_at", Float, nullable=False),
     Column("finished_at", Float),
     Column("error", Text),
+    # How many times the job changed state (store/transitions.py `move_job`): a page that
+    # keeps a finished job's figures knows by it that nothing moved since (engine/job_figures.py).
+    Column("moves", Integer, nullable=False, server_default="0"),
 )
 
 # One row per (job, custom_id). `dispatch_id` is the dispatch the request is in now: a

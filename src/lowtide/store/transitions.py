@@ -121,7 +121,7 @@ def move_job(conn: Connection, job_id: int, target: JobState, **values: Any) -> 
     if current == target.value:
         return False
     check_transition(JOB_TRANSITIONS, JobState(current), target)
-    conn.execute(update(jobs).where(jobs.c.id == job_id).values(state=target.value, **values))
+    conn.execute(update(jobs).where(jobs.c.id == job_id).values(state=target.value, moves=jobs.c.moves + 1, **values))
     return True
 
 
