@@ -32,7 +32,7 @@ from lowtide.core.types import Request
 from lowtide.engine.job_figures import JobFigures, read_figures
 from lowtide.engine.retention import PRUNED
 from lowtide.routes.vertex import lines as vertex_lines
-from lowtide.server import billing
+from lowtide.server import billing, dashboard
 from lowtide.server.bedrock_api import MARK as BEDROCK_MARK
 from lowtide.server.digitalocean_api import MARK as DIGITALOCEAN_MARK
 from lowtide.store.queries import LIVE_DISPATCH_STATES
@@ -259,24 +259,32 @@ def notified_once(world) -> list[str]:
 
 def figures_current(world) -> list[str]:
     """What the dashboard keeps of the jobs it lists (engine/job_figures.py: a settled job's
-    figures, read once) equals what a fresh read of the store says: a retry, new rows, a
-    cancel, a late bill or a delete since is seen. Read after some steps only, as a page
-    refreshes now and then: a job may finish, be retried and finish again in between."""
+    figures and attempts over time, read once) equals what a fresh read of the store says: a
+    retry, new rows, a cancel, a late bill or a delete since is seen. Read after some steps
+    only, as a page refreshes now and then: a job may finish, be retried and finish again in
+    between."""
     world.figure_steps += 1
     if random.Random(world.figure_steps).random() >= 0.3:
         return []
-    kept = world.figures.read(world.store)
+    kept = world.kept
+    seen = {"figures": kept.figures.read(world.store), "spans": kept.spans.read(world.store),
+            "hours": kept.series(3600).read(world.store)}  # fmt: skip
     with world.store.read() as conn:
-        fresh = read_figures(conn, None)
+        fresh = {"figures": read_figures(conn, None), "spans": dashboard._spans(conn, None),
+                 "hours": dashboard._slots(conn, 3600, None)}  # fmt: skip
         names = dict(conn.execute(sa.select(jobs.c.id, jobs.c.name)).all())
 
-    def told(f: JobFigures | None) -> tuple:
-        return (f.counts, sorted(map(tuple, f.ledger), key=repr), f.reasons) if f is not None else ({}, [], {})
+    def told(what: str, value: Any) -> Any:
+        if what != "figures":
+            return value if value not in (None, [], (None, None)) else None
+        f = value or JobFigures({}, (), {})
+        return f.counts, sorted(map(tuple, f.ledger), key=repr), f.reasons
 
     return [
-        f"job {names.get(j, j)}: the dashboard keeps {told(kept.get(j))}, the store says {told(fresh.get(j))}"
-        for j in kept.keys() | fresh.keys()
-        if told(kept.get(j)) != told(fresh.get(j))
+        f"job {names.get(j, j)}: the dashboard keeps {what} {told(what, seen[what].get(j))}, the store says {told(what, fresh[what].get(j))}"
+        for what in seen
+        for j in seen[what].keys() | fresh[what].keys()
+        if told(what, seen[what].get(j)) != told(what, fresh[what].get(j))
     ]
 
 

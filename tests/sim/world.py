@@ -29,10 +29,10 @@ from typing import Any
 from lowtide.core.clock import ManualClock
 from lowtide.core.endpoints import MESSAGES
 from lowtide.core.spec import default_endpoint
-from lowtide.engine.job_figures import FiguresCache
 from lowtide.engine.tick import Engine
 from lowtide.server.app import create_app
 from lowtide.server.context import ServeConfig
+from lowtide.server.dashboard import Kept
 from lowtide.server.faults import FaultPlan
 from lowtide.store.db import Store
 from tests import objectstores
@@ -341,7 +341,7 @@ class World:
         self.deleted: set[str] = set()
         # The dashboard's kept figures, kept across the steps as a long-lived page keeps them
         # (invariants.figures_current).
-        self.figures = FiguresCache()
+        self.kept = Kept()
         self.figure_steps = 0
         self.engine = self._new_engine()
 

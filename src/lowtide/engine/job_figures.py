@@ -17,9 +17,9 @@ tests/sim checks after every step of the simulation that what is kept equals a f
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from sqlalchemy import Connection, Select, exists, func, or_, select
 
@@ -30,6 +30,7 @@ from lowtide.store.db import Store
 from lowtide.store.schema import attempts, dispatches, jobs, requests
 
 SETTLED = (JobState.FINISHED.value, JobState.CANCELLED.value)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,34 +69,45 @@ def read_figures(conn: Connection, ids: list[int] | None) -> dict[int, JobFigure
     return {j: JobFigures(counts.get(j, {}), tuple(ledger.get(j, ())), reasons.get(j, {})) for j in wanted}
 
 
-class FiguresCache:
-    """Settled jobs' figures, kept across reads (one per long-lived process: the dashboard)."""
+class KeptPerJob(Generic[T]):
+    """What `reader` (conn, job ids or None for every job -> job id -> value) reads of each
+    job, kept for settled jobs across reads: one per long-lived process (the dashboard)."""
 
-    def __init__(self) -> None:
-        self.kept: dict[int, tuple[tuple, JobFigures]] = {}
+    def __init__(self, reader: Callable[[Connection, list[int] | None], dict[int, T]], empty: T) -> None:
+        self.reader, self.empty = reader, empty
+        self.kept: dict[int, tuple[tuple, T]] = {}
         self.lock = threading.Lock()  # the server's threads read at once
 
-    def read(self, store: Store, shown: Select | None = None) -> dict[int, JobFigures]:
-        """job id -> figures, of the jobs whose ids `shown` selects (None: every job)."""
+    def read(self, store: Store, shown: Select | None = None) -> dict[int, T]:
+        """job id -> value, of the jobs whose ids `shown` selects (None: every job); a job
+        the reader found nothing of is left out."""
         with store.read() as conn:
             keys = job_keys(conn)
             wanted = keys if shown is None else {j: keys[j] for j in conn.scalars(shown) if j in keys}
             stale = [j for j, key in wanted.items() if self.kept.get(j, (None,))[0] != key]
-            fresh, again = {}, keys
+            fresh: dict[int, T] = {}
+            again = keys
             if stale:
-                fresh = read_figures(conn, None if len(stale) == len(keys) else stale)
+                fresh = self.reader(conn, None if len(stale) == len(keys) else stale)
                 again = job_keys(conn)
         with self.lock:
             for job_id in stale:
                 key = keys[job_id]
                 if key[-1] and again.get(job_id) == key:  # settled, and nothing moved while it was read
-                    self.kept[job_id] = (key, fresh.get(job_id) or JobFigures({}, (), {}))
+                    self.kept[job_id] = (key, fresh.get(job_id, self.empty))
                 else:
                     self.kept.pop(job_id, None)
             for gone in self.kept.keys() - keys.keys():  # deleted
                 del self.kept[gone]
             kept = {j: self.kept[j][1] for j in wanted if j in self.kept and self.kept[j][0] == wanted[j]}
         return {j: fresh[j] if j in fresh else kept[j] for j in wanted if j in fresh or j in kept}
+
+
+class FiguresCache(KeptPerJob[JobFigures]):
+    """Settled jobs' `read_figures`, kept across reads."""
+
+    def __init__(self) -> None:
+        super().__init__(read_figures, JobFigures({}, (), {}))
 
 
 def added_reasons(figures: Iterable[JobFigures]) -> dict[str, int]:

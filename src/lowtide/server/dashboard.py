@@ -40,6 +40,7 @@ import hashlib
 import hmac
 import time
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -51,8 +52,9 @@ from sqlalchemy import Integer, Select, and_, case, cast, exists, func, or_, sel
 from lowtide.core.errors import JobNotFoundError
 from lowtide.engine import overview
 from lowtide.engine.control import job_status
-from lowtide.engine.job_figures import FiguresCache, added_reasons
+from lowtide.engine.job_figures import FiguresCache, KeptPerJob, added_reasons
 from lowtide.engine.report import Figures, cost_report, summed
+from lowtide.store.bulk import among
 from lowtide.store.db import Store
 from lowtide.store.money import from_pico
 from lowtide.store.queries import get_job
@@ -151,7 +153,7 @@ def list_jobs(request: Request, api_jobs: ApiJobs = None) -> Response:
     store: Store = request.app.state.server.store
     shown = hiding(request, api_jobs)
     # A finished job's figures are read once, not on every refresh (engine/job_figures.py).
-    figures = _figures_cache(request).read(store, shown)
+    figures = _kept(request).figures.read(store, shown)
     where = [] if shown is None else [jobs.c.id.in_(shown)]
     with store.read() as conn:
         rows = conn.execute(
@@ -182,14 +184,6 @@ def list_jobs(request: Request, api_jobs: ApiJobs = None) -> Response:
         "total": report.total.as_dict(), "failures": failures.by_reason, "failure_figures": failures.as_dict(),
         "api_batches": batches, "api_jobs": shown is None, "api_jobs_hidden": every - job_count,
     })  # fmt: skip
-
-
-def _figures_cache(request: Request) -> FiguresCache:
-    """The app's own: one per dashboard or serve process."""
-    cache = getattr(request.app.state, "job_figures", None)
-    if cache is None:
-        cache = request.app.state.job_figures = FiguresCache()
-    return cache
 
 
 @router.get("/dashboard/api/jobs/{name:path}")
@@ -268,52 +262,113 @@ def answers(request: Request, job: str, q: str | None = None, offset: Annotated[
 def series(request: Request, job: str | None = None, bucket: str = "auto", api_jobs: ApiJobs = None) -> Response:
     """Per time bucket: attempts, failures, known cost and its real-time equivalent (as
     `cost_report` counts them), the saving of the succeeded attempts (as the page's saving),
-    and attempts of unknown cost."""
+    and attempts of unknown cost. Of every job: summed from each job's own, a settled job's
+    read once (engine/job_figures.py)."""
     if not viewer_allowed(request):
         return refused(request)
     if bucket != "auto" and bucket not in BUCKETS:
         return JSONResponse({"error": f"bucket {bucket!r}: use auto, {', '.join(BUCKETS)}"}, status_code=400)
     store: Store = request.app.state.server.store
     shown = hiding(request, api_jobs)
-    a = attempts.c
-    with store.read() as conn:
-        where = [] if shown is None else [a.job_id.in_(shown)]
-        if job is not None:
+    kept = _kept(request)
+    if job is None:
+        if bucket == "auto":
+            spans = [span for span in kept.spans.read(store, shown).values() if span[0] is not None]
+            bucket = _bucket(min((s[0] for s in spans), default=None), max((s[1] for s in spans), default=None))
+        seconds = BUCKETS[bucket]
+        summed_slots: dict[int, list[int]] = {}
+        for rows in kept.series(seconds).read(store, shown).values():
+            for slot, *figures in rows:
+                into = summed_slots.setdefault(slot, [0] * len(figures))
+                for i, n in enumerate(figures):
+                    into[i] += n
+        rows = [(slot, *summed_slots[slot]) for slot in sorted(summed_slots)]
+    else:
+        with store.read() as conn:
             if (gone := hidden(conn, shown, job)) is not None:
                 return gone
             job_id = conn.execute(select(jobs.c.id).where(jobs.c.name == job)).scalar()
             if job_id is None:
                 return JSONResponse({"error": f'no job named "{job}"'}, status_code=404)
-            where.append(a.job_id == job_id)
-        if bucket == "auto":
-            first, last = conn.execute(select(func.min(a.at), func.max(a.at)).where(*where)).one()
-            span = (last - first) if first is not None else 0.0
-            bucket = "minute" if span <= 3 * 3600 else "hour" if span <= 7 * 86400 else "day"
-        seconds = BUCKETS[bucket]
-        # `at` is positive: SQLite's CAST truncates, which is floor; PostgreSQL's rounds.
-        slot = cast(a.at / seconds, Integer) if conn.dialect.name == "sqlite" else func.floor(a.at / seconds)
-        known = a.cost_picousd.is_not(None)
-        saved = and_(known, a.ok.is_(True))
-        unknown = and_(a.cost_picousd.is_(None), or_(a.billed.is_(None), a.billed.is_(True)))
-        rows = conn.execute(
-            select(
-                slot.label("slot"), func.count().label("n"),
-                func.sum(case((a.ok.is_(False), 1), else_=0)).label("failures"),
-                func.coalesce(func.sum(a.cost_picousd), 0).label("cost"),
-                func.coalesce(func.sum(case((known, a.realtime_picousd), else_=None)), 0).label("realtime"),
-                func.coalesce(func.sum(case((saved, func.coalesce(a.realtime_picousd, 0) - a.cost_picousd), else_=None)), 0).label("saving"),
-                func.sum(case((unknown, 1), else_=0)).label("unknown"),
-            ).where(*where).group_by(slot).order_by(slot)
-        ).all()  # fmt: skip
+            if bucket == "auto":
+                bucket = _bucket(*_spans(conn, [job_id]).get(job_id, (None, None)))
+            seconds = BUCKETS[bucket]
+            rows = _slots(conn, seconds, [job_id]).get(job_id, [])
     points = [
         {
-            "t": int(r.slot) * seconds, "attempts": r.n, "failures": int(r.failures),
-            "cost_usd": _money(from_pico(r.cost)), "realtime_usd": _money(from_pico(r.realtime)),
-            "saving_usd": _money(from_pico(int(r.saving))), "unknown_cost_attempts": int(r.unknown),
+            "t": int(slot) * seconds, "attempts": n, "failures": failures,
+            "cost_usd": _money(from_pico(cost)), "realtime_usd": _money(from_pico(realtime)),
+            "saving_usd": _money(from_pico(saving)), "unknown_cost_attempts": unknown,
         }  # fmt: skip
-        for r in rows
+        for slot, n, failures, cost, realtime, saving, unknown in rows
     ]
     return _json({"job": job, "bucket": bucket, "seconds": seconds, "points": points})
+
+
+def _bucket(first: float | None, last: float | None) -> str:
+    """The bucket whose points fit the span of the attempts."""
+    span = (last - first) if first is not None and last is not None else 0.0
+    return "minute" if span <= 3 * 3600 else "hour" if span <= 7 * 86400 else "day"
+
+
+def _spans(conn: Any, ids: list[int] | None) -> dict[int, tuple[float, float]]:
+    """job id -> the times of its first and last attempt (jobs `ids`; None: every job)."""
+    a = attempts.c
+    where = [] if ids is None else [among(conn, a.job_id, ids)]
+    return {j: (first, last) for j, first, last in conn.execute(
+        select(a.job_id, func.min(a.at), func.max(a.at)).where(*where).group_by(a.job_id))}  # fmt: skip
+
+
+def _slots(conn: Any, seconds: int, ids: list[int] | None) -> dict[int, list[tuple[int, ...]]]:
+    """job id -> its attempts per time slot of `seconds`: (slot, attempts, failures, cost,
+    real-time equivalent, the succeeded attempts' saving, attempts of unknown cost), in
+    picodollars, the slots in order (jobs `ids`; None: every job)."""
+    a = attempts.c
+    # `at` is positive: SQLite's CAST truncates, which is floor; PostgreSQL's rounds.
+    slot = cast(a.at / seconds, Integer) if conn.dialect.name == "sqlite" else func.floor(a.at / seconds)
+    known = a.cost_picousd.is_not(None)
+    saved = and_(known, a.ok.is_(True))
+    unknown = and_(a.cost_picousd.is_(None), or_(a.billed.is_(None), a.billed.is_(True)))
+    where = [] if ids is None else [among(conn, a.job_id, ids)]
+    out: dict[int, list[tuple[int, ...]]] = {}
+    for r in conn.execute(
+        select(
+            a.job_id, slot.label("slot"), func.count().label("n"),
+            func.sum(case((a.ok.is_(False), 1), else_=0)).label("failures"),
+            func.coalesce(func.sum(a.cost_picousd), 0).label("cost"),
+            func.coalesce(func.sum(case((known, a.realtime_picousd), else_=None)), 0).label("realtime"),
+            func.coalesce(func.sum(case((saved, func.coalesce(a.realtime_picousd, 0) - a.cost_picousd), else_=None)), 0).label("saving"),
+            func.sum(case((unknown, 1), else_=0)).label("unknown"),
+        ).where(*where).group_by(a.job_id, slot).order_by(a.job_id, slot)
+    ):  # fmt: skip
+        out.setdefault(r.job_id, []).append(
+            (int(r.slot), r.n, int(r.failures), int(r.cost), int(r.realtime), int(r.saving), int(r.unknown))
+        )
+    return out
+
+
+class Kept:
+    """What the dashboard keeps of settled jobs between refreshes (engine/job_figures.py)."""
+
+    def __init__(self) -> None:
+        self.figures = FiguresCache()
+        self.spans = KeptPerJob(_spans, (None, None))
+        self._series = {seconds: KeptPerJob(partial(_slots_of, seconds), []) for seconds in BUCKETS.values()}
+
+    def series(self, seconds: int) -> KeptPerJob:
+        return self._series[seconds]
+
+
+def _slots_of(seconds: int, conn: Any, ids: list[int] | None) -> dict[int, list[tuple[int, ...]]]:
+    return _slots(conn, seconds, ids)
+
+
+def _kept(request: Request) -> Kept:
+    """The app's own: one per dashboard or serve process."""
+    kept = getattr(request.app.state, "dashboard_kept", None)
+    if kept is None:
+        kept = request.app.state.dashboard_kept = Kept()
+    return kept
 
 
 # Helpers -------------------------------------------------------------------------------
