@@ -258,8 +258,8 @@ def notified_once(world) -> list[str]:
 
 
 def figures_current(world) -> list[str]:
-    """What the dashboard keeps of the jobs it lists (engine/job_figures.py: a settled job's
-    figures and attempts over time, read once) equals what a fresh read of the store says: a
+    """What the dashboard and /metrics keep of the jobs (engine/job_figures.py: a settled
+    job's figures, attempts over time, requests by route and state, failed polls, read once) equals what a fresh read of the store says: a
     retry, new rows, a cancel, a late bill or a delete since is seen. Read after some steps
     only, as a page refreshes now and then: a job may finish, be retried and finish again in
     between."""
@@ -268,15 +268,17 @@ def figures_current(world) -> list[str]:
         return []
     kept = world.kept
     seen = {"figures": kept.figures.read(world.store), "spans": kept.spans.read(world.store),
-            "hours": kept.series(3600).read(world.store)}  # fmt: skip
+            "hours": kept.series(3600).read(world.store), "routes": kept.routes_states.read(world.store),
+            "poll errors": kept.poll_errors.read(world.store)}  # fmt: skip
     with world.store.read() as conn:
         fresh = {"figures": read_figures(conn, None), "spans": dashboard._spans(conn, None),
-                 "hours": dashboard._slots(conn, 3600, None)}  # fmt: skip
+                 "hours": dashboard._slots(conn, 3600, None), "routes": dashboard._routes_states(conn, None),
+                 "poll errors": dashboard._poll_errors(conn, None)}  # fmt: skip
         names = dict(conn.execute(sa.select(jobs.c.id, jobs.c.name)).all())
 
     def told(what: str, value: Any) -> Any:
         if what != "figures":
-            return value if value not in (None, [], (None, None)) else None
+            return sorted(value) if isinstance(value, list) and value else value if value not in (None, [], (None, None), 0) else None
         f = value or JobFigures({}, (), {})
         return f.counts, sorted(map(tuple, f.ledger), key=repr), f.reasons
 

@@ -46,7 +46,7 @@ def job_keys(conn: Connection) -> dict[int, tuple]:
     d = dispatches.c
     busy = exists().where(d.job_id == jobs.c.id, or_(d.state.not_in([s.value for s in TERMINAL_DISPATCH_STATES]),
                                                      d.watch_until.is_not(None)))  # fmt: skip
-    stmt = select(jobs.c.id, jobs.c.name, jobs.c.created_at, jobs.c.moves, jobs.c.state, busy)
+    stmt = select(jobs.c.id, jobs.c.name, jobs.c.created_at, jobs.c.moves, jobs.c.route, jobs.c.state, busy)
     return {row[0]: (*row[1:-1], row.state in SETTLED and not row[-1]) for row in conn.execute(stmt)}
 
 

@@ -58,7 +58,7 @@ from lowtide.store.bulk import among
 from lowtide.store.db import Store
 from lowtide.store.money import from_pico
 from lowtide.store.queries import get_job
-from lowtide.store.schema import attempts, jobs, serve_batches
+from lowtide.store.schema import attempts, events, jobs, requests, serve_batches
 
 router = APIRouter(include_in_schema=False)
 ASSETS = Path(__file__).with_name("dashboard_assets")
@@ -153,7 +153,7 @@ def list_jobs(request: Request, api_jobs: ApiJobs = None) -> Response:
     store: Store = request.app.state.server.store
     shown = hiding(request, api_jobs)
     # A finished job's figures are read once, not on every refresh (engine/job_figures.py).
-    figures = _kept(request).figures.read(store, shown)
+    figures = kept_of(request).figures.read(store, shown)
     where = [] if shown is None else [jobs.c.id.in_(shown)]
     with store.read() as conn:
         rows = conn.execute(
@@ -270,7 +270,7 @@ def series(request: Request, job: str | None = None, bucket: str = "auto", api_j
         return JSONResponse({"error": f"bucket {bucket!r}: use auto, {', '.join(BUCKETS)}"}, status_code=400)
     store: Store = request.app.state.server.store
     shown = hiding(request, api_jobs)
-    kept = _kept(request)
+    kept = kept_of(request)
     if job is None:
         if bucket == "auto":
             spans = [span for span in kept.spans.read(store, shown).values() if span[0] is not None]
@@ -347,12 +347,34 @@ def _slots(conn: Any, seconds: int, ids: list[int] | None) -> dict[int, list[tup
     return out
 
 
+def _routes_states(conn: Any, ids: list[int] | None) -> dict[int, list[tuple[str, str, int]]]:
+    """job id -> (the route its requests last ran on, else the job's; state; requests)."""
+    r = requests.c
+    route = func.coalesce(r.route, jobs.c.route)
+    where = [] if ids is None else [among(conn, r.job_id, ids)]
+    out: dict[int, list[tuple[str, str, int]]] = {}
+    for job_id, on, state, n in conn.execute(
+        select(r.job_id, route, r.state, func.count()).select_from(requests.join(jobs, jobs.c.id == r.job_id))
+        .where(*where).group_by(r.job_id, route, r.state)
+    ):  # fmt: skip
+        out.setdefault(job_id, []).append((on, state, n))
+    return out
+
+
+def _poll_errors(conn: Any, ids: list[int] | None) -> dict[int, int]:
+    """job id -> polls of its provider batches that failed."""
+    where = [] if ids is None else [among(conn, events.c.job_id, ids)]
+    return dict(conn.execute(select(events.c.job_id, func.count()).where(events.c.kind == "poll_error", *where).group_by(events.c.job_id)).all())
+
+
 class Kept:
-    """What the dashboard keeps of settled jobs between refreshes (engine/job_figures.py)."""
+    """What the dashboard and /metrics keep of settled jobs between reads (engine/job_figures.py)."""
 
     def __init__(self) -> None:
         self.figures = FiguresCache()
         self.spans = KeptPerJob(_spans, (None, None))
+        self.routes_states = KeptPerJob(_routes_states, [])
+        self.poll_errors = KeptPerJob(_poll_errors, 0)
         self._series = {seconds: KeptPerJob(partial(_slots_of, seconds), []) for seconds in BUCKETS.values()}
 
     def series(self, seconds: int) -> KeptPerJob:
@@ -363,7 +385,7 @@ def _slots_of(seconds: int, conn: Any, ids: list[int] | None) -> dict[int, list[
     return _slots(conn, seconds, ids)
 
 
-def _kept(request: Request) -> Kept:
+def kept_of(request: Request) -> Kept:
     """The app's own: one per dashboard or serve process."""
     kept = getattr(request.app.state, "dashboard_kept", None)
     if kept is None:
