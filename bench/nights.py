@@ -20,9 +20,11 @@ import asyncio
 import resource
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 from fastapi.testclient import TestClient
@@ -99,6 +101,10 @@ def main() -> None:
             print(f"  {what:28} {cold:8.3f}s {warm:8.3f}s {cold / warm:9.0f}×")
         print("  (cold: a server just started, which reads every row, as each refresh and scrape did before;")
         print("   warm: the median of --repeat, a finished job's figures kept: engine/job_figures.py)")
+        for flags in ([], ["--json"]):  # a command reads every job each time; the table leaves out placement
+            command = [str(Path(sys.executable).with_name("lowtide")), "--db", place.url, "status", *flags]
+            took = statistics.median(timed(partial(subprocess.run, command, check=True, capture_output=True)) for _ in range(3))
+            print(f"  lowtide status {' '.join(flags) or '(table)':14} {took:6.2f}s, the command whole (median of 3)")
         print(f"  peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
         store.close()
     finally:

@@ -180,7 +180,7 @@ def status(
             if job is None:
                 with store.begin() as conn:
                     names = [r.name for r in list_jobs(conn)]
-                statuses = [job_status(store, n) for n in names]
+                statuses = [job_status(store, n, placement=as_json) for n in names]  # the table shows none
                 heeds = {n: attention(store, n, SystemClock()) for n in names}
                 if as_json:
                     print(json.dumps({"jobs": [_with_attention(status_json(s), heeds[s.name]) for s in statuses]}, indent=2))

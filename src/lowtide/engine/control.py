@@ -81,7 +81,9 @@ class JobStatus:
         return self.count(RequestState.SUCCEEDED) == self.total
 
 
-def job_status(store: Store, name: str, events: int = 5) -> JobStatus:
+def job_status(store: Store, name: str, events: int = 5, placement: bool = True) -> JobStatus:
+    """`placement` False: left empty (a pass over every row of the job, which a table of
+    all jobs does not show)."""
     with store.begin() as conn:
         job = get_job(conn, name)
         failures = dict(
@@ -103,7 +105,7 @@ def job_status(store: Store, name: str, events: int = 5) -> JobStatus:
             tokens=tokens,
             events=[f"{e.kind}: {e.message}" for e in recent_events(conn, job.id, events)],
             failures={k or "unknown": v for k, v in failures.items()},
-            placement=_placement(conn, job.id),
+            placement=_placement(conn, job.id) if placement else [],
             tiers=_tiers(conn, job.id, spec),
             spent_usd=from_pico(tokens["cost_picousd"]),
             unknown_costs=tokens["unknown_cost"],
