@@ -36,8 +36,8 @@ from lowtide.engine.runner import drive
 from lowtide.engine.tick import Engine
 from lowtide.server import metrics
 from lowtide.server.context import ServeConfig
-from lowtide.server.dashboard import Kept
 from lowtide.server.dashboard_app import create_dashboard_app
+from lowtide.server.kept import Kept
 from lowtide.store.db import Store
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

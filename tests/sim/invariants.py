@@ -32,7 +32,8 @@ from lowtide.core.types import Request
 from lowtide.engine.job_figures import JobFigures, read_figures
 from lowtide.engine.retention import PRUNED
 from lowtide.routes.vertex import lines as vertex_lines
-from lowtide.server import billing, dashboard
+from lowtide.server import billing
+from lowtide.server import kept as keeping
 from lowtide.server.bedrock_api import MARK as BEDROCK_MARK
 from lowtide.server.digitalocean_api import MARK as DIGITALOCEAN_MARK
 from lowtide.store.queries import LIVE_DISPATCH_STATES
@@ -271,9 +272,9 @@ def figures_current(world) -> list[str]:
             "hours": kept.series(3600).read(world.store), "routes": kept.routes_states.read(world.store),
             "poll errors": kept.poll_errors.read(world.store)}  # fmt: skip
     with world.store.read() as conn:
-        fresh = {"figures": read_figures(conn, None), "spans": dashboard._spans(conn, None),
-                 "hours": dashboard._slots(conn, 3600, None), "routes": dashboard._routes_states(conn, None),
-                 "poll errors": dashboard._poll_errors(conn, None)}  # fmt: skip
+        fresh = {"figures": read_figures(conn, None), "spans": keeping.spans(conn, None),
+                 "hours": keeping.slots(conn, 3600, None), "routes": keeping.routes_states(conn, None),
+                 "poll errors": keeping.poll_errors(conn, None)}  # fmt: skip
         names = dict(conn.execute(sa.select(jobs.c.id, jobs.c.name)).all())
 
     def told(what: str, value: Any) -> Any:

@@ -32,8 +32,8 @@ from lowtide.core.spec import default_endpoint
 from lowtide.engine.tick import Engine
 from lowtide.server.app import create_app
 from lowtide.server.context import ServeConfig
-from lowtide.server.dashboard import Kept
 from lowtide.server.faults import FaultPlan
+from lowtide.server.kept import Kept
 from lowtide.store.db import Store
 from tests import objectstores
 from tests.server.conftest import on_loopback

@@ -1,17 +1,18 @@
-"""Every job's figures for a page that lists them all (the dashboard's jobs list): requests by
-state, the ledger's sums and failed requests by reason, kept between refreshes for the jobs
-that can no longer change.
+"""What a page or a scrape that covers every job reads of each (the dashboard's jobs list and
+series, `/metrics`), kept between reads for the jobs that can no longer change.
 
-Read whole, a refresh read every request and attempt of the store: 2.4 s at a hundred
+Read whole, each refresh read every request and attempt of the store: 2.4 s at a hundred
 finished jobs of 10,000 requests (SQLite), ten times that after a hundred nights of 100,000,
-every 2 s while a page is open. A *settled* job (finished or cancelled, none of its
-dispatches live or watched for a late bill) changes only after it moves to `active` (a
-retry, new rows, a resubmission), and every move of a job counts in its row (`jobs.moves`,
-store/transitions.py `move_job`). Its figures are kept under that count, read before and
-after the figures (two reads that agree: nothing moved in between), and read again once it
-differs. A deleted job is forgotten; a job whose id came back (SQLite reuses the highest)
-differs by name or `created_at`. Any other job is read on each refresh, by its id alone.
-tests/sim checks after every step of the simulation that what is kept equals a fresh read.
+every 2 s while a page is open (bench/nights.py). A *settled* job (finished or cancelled,
+none of its dispatches live or watched for a late bill) changes only after it moves to
+`active` (a retry, new rows, a resubmission), and every move of a job counts in its row
+(`jobs.moves`, store/transitions.py `move_job`). What is read of it is kept under that count
+(and its route, which a resubmission may change with nothing to move), read before and after
+(two reads that agree: nothing moved in between), and read again once they differ. A deleted
+job is forgotten; a job whose id came back (SQLite reuses the highest) differs by name or
+`created_at`. Any other job is read on each refresh, by its id alone. The simulation checks,
+after steps taken as a page refreshes, that what is kept equals a fresh read
+(tests/sim/invariants.py `figures_current`).
 """
 
 from __future__ import annotations

@@ -40,30 +40,28 @@ import hashlib
 import hmac
 import time
 from dataclasses import asdict
-from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
 
 import jinja2
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
-from sqlalchemy import Integer, Select, and_, case, cast, exists, func, or_, select
+from sqlalchemy import Select, case, exists, func, select
 
 from lowtide.core.errors import JobNotFoundError
 from lowtide.engine import overview
 from lowtide.engine.control import job_status
-from lowtide.engine.job_figures import FiguresCache, KeptPerJob, added_reasons
+from lowtide.engine.job_figures import added_reasons
 from lowtide.engine.report import Figures, cost_report, summed
-from lowtide.store.bulk import among
+from lowtide.server.kept import BUCKETS, kept_of, slots, spans
 from lowtide.store.db import Store
 from lowtide.store.money import from_pico
 from lowtide.store.queries import get_job
-from lowtide.store.schema import attempts, events, jobs, requests, serve_batches
+from lowtide.store.schema import jobs, serve_batches
 
 router = APIRouter(include_in_schema=False)
 ASSETS = Path(__file__).with_name("dashboard_assets")
 COOKIE = "lowtide_dashboard"
-BUCKETS = {"minute": 60, "hour": 3600, "day": 86400}
 MAX_JOBS = 500  # the newest jobs listed; the totals cover every job
 _templates = jinja2.Environment(loader=jinja2.FileSystemLoader(ASSETS), autoescape=True)
 
@@ -273,8 +271,8 @@ def series(request: Request, job: str | None = None, bucket: str = "auto", api_j
     kept = kept_of(request)
     if job is None:
         if bucket == "auto":
-            spans = [span for span in kept.spans.read(store, shown).values() if span[0] is not None]
-            bucket = _bucket(min((s[0] for s in spans), default=None), max((s[1] for s in spans), default=None))
+            seen = [span for span in kept.spans.read(store, shown).values() if span[0] is not None]
+            bucket = _bucket(min((s[0] for s in seen), default=None), max((s[1] for s in seen), default=None))
         seconds = BUCKETS[bucket]
         summed_slots: dict[int, list[int]] = {}
         for rows in kept.series(seconds).read(store, shown).values():
@@ -291,9 +289,9 @@ def series(request: Request, job: str | None = None, bucket: str = "auto", api_j
             if job_id is None:
                 return JSONResponse({"error": f'no job named "{job}"'}, status_code=404)
             if bucket == "auto":
-                bucket = _bucket(*_spans(conn, [job_id]).get(job_id, (None, None)))
+                bucket = _bucket(*spans(conn, [job_id]).get(job_id, (None, None)))
             seconds = BUCKETS[bucket]
-            rows = _slots(conn, seconds, [job_id]).get(job_id, [])
+            rows = slots(conn, seconds, [job_id]).get(job_id, [])
     points = [
         {
             "t": int(slot) * seconds, "attempts": n, "failures": failures,
@@ -309,88 +307,6 @@ def _bucket(first: float | None, last: float | None) -> str:
     """The bucket whose points fit the span of the attempts."""
     span = (last - first) if first is not None and last is not None else 0.0
     return "minute" if span <= 3 * 3600 else "hour" if span <= 7 * 86400 else "day"
-
-
-def _spans(conn: Any, ids: list[int] | None) -> dict[int, tuple[float, float]]:
-    """job id -> the times of its first and last attempt (jobs `ids`; None: every job)."""
-    a = attempts.c
-    where = [] if ids is None else [among(conn, a.job_id, ids)]
-    return {j: (first, last) for j, first, last in conn.execute(
-        select(a.job_id, func.min(a.at), func.max(a.at)).where(*where).group_by(a.job_id))}  # fmt: skip
-
-
-def _slots(conn: Any, seconds: int, ids: list[int] | None) -> dict[int, list[tuple[int, ...]]]:
-    """job id -> its attempts per time slot of `seconds`: (slot, attempts, failures, cost,
-    real-time equivalent, the succeeded attempts' saving, attempts of unknown cost), in
-    picodollars, the slots in order (jobs `ids`; None: every job)."""
-    a = attempts.c
-    # `at` is positive: SQLite's CAST truncates, which is floor; PostgreSQL's rounds.
-    slot = cast(a.at / seconds, Integer) if conn.dialect.name == "sqlite" else func.floor(a.at / seconds)
-    known = a.cost_picousd.is_not(None)
-    saved = and_(known, a.ok.is_(True))
-    unknown = and_(a.cost_picousd.is_(None), or_(a.billed.is_(None), a.billed.is_(True)))
-    where = [] if ids is None else [among(conn, a.job_id, ids)]
-    out: dict[int, list[tuple[int, ...]]] = {}
-    for r in conn.execute(
-        select(
-            a.job_id, slot.label("slot"), func.count().label("n"),
-            func.sum(case((a.ok.is_(False), 1), else_=0)).label("failures"),
-            func.coalesce(func.sum(a.cost_picousd), 0).label("cost"),
-            func.coalesce(func.sum(case((known, a.realtime_picousd), else_=None)), 0).label("realtime"),
-            func.coalesce(func.sum(case((saved, func.coalesce(a.realtime_picousd, 0) - a.cost_picousd), else_=None)), 0).label("saving"),
-            func.sum(case((unknown, 1), else_=0)).label("unknown"),
-        ).where(*where).group_by(a.job_id, slot).order_by(a.job_id, slot)
-    ):  # fmt: skip
-        out.setdefault(r.job_id, []).append(
-            (int(r.slot), r.n, int(r.failures), int(r.cost), int(r.realtime), int(r.saving), int(r.unknown))
-        )
-    return out
-
-
-def _routes_states(conn: Any, ids: list[int] | None) -> dict[int, list[tuple[str, str, int]]]:
-    """job id -> (the route its requests last ran on, else the job's; state; requests)."""
-    r = requests.c
-    route = func.coalesce(r.route, jobs.c.route)
-    where = [] if ids is None else [among(conn, r.job_id, ids)]
-    out: dict[int, list[tuple[str, str, int]]] = {}
-    for job_id, on, state, n in conn.execute(
-        select(r.job_id, route, r.state, func.count()).select_from(requests.join(jobs, jobs.c.id == r.job_id))
-        .where(*where).group_by(r.job_id, route, r.state)
-    ):  # fmt: skip
-        out.setdefault(job_id, []).append((on, state, n))
-    return out
-
-
-def _poll_errors(conn: Any, ids: list[int] | None) -> dict[int, int]:
-    """job id -> polls of its provider batches that failed."""
-    where = [] if ids is None else [among(conn, events.c.job_id, ids)]
-    return dict(conn.execute(select(events.c.job_id, func.count()).where(events.c.kind == "poll_error", *where).group_by(events.c.job_id)).all())
-
-
-class Kept:
-    """What the dashboard and /metrics keep of settled jobs between reads (engine/job_figures.py)."""
-
-    def __init__(self) -> None:
-        self.figures = FiguresCache()
-        self.spans = KeptPerJob(_spans, (None, None))
-        self.routes_states = KeptPerJob(_routes_states, [])
-        self.poll_errors = KeptPerJob(_poll_errors, 0)
-        self._series = {seconds: KeptPerJob(partial(_slots_of, seconds), []) for seconds in BUCKETS.values()}
-
-    def series(self, seconds: int) -> KeptPerJob:
-        return self._series[seconds]
-
-
-def _slots_of(seconds: int, conn: Any, ids: list[int] | None) -> dict[int, list[tuple[int, ...]]]:
-    return _slots(conn, seconds, ids)
-
-
-def kept_of(request: Request) -> Kept:
-    """The app's own: one per dashboard or serve process."""
-    kept = getattr(request.app.state, "dashboard_kept", None)
-    if kept is None:
-        kept = request.app.state.dashboard_kept = Kept()
-    return kept
 
 
 # Helpers -------------------------------------------------------------------------------

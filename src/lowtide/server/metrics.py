@@ -30,7 +30,8 @@ from fastapi.responses import PlainTextResponse, Response
 from sqlalchemy import func, select
 
 from lowtide.engine.report import summed
-from lowtide.server.dashboard import Kept, kept_of, refused, viewer_allowed
+from lowtide.server.dashboard import refused, viewer_allowed
+from lowtide.server.kept import Kept, kept_of
 from lowtide.store.db import Store
 from lowtide.store.money import from_pico
 from lowtide.store.queries import LIVE_DISPATCH_STATES
