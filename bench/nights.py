@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import resource
 import shutil
 import statistics
 import subprocess
@@ -42,7 +41,7 @@ from lowtide.store.db import Store
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from client_store import ClientStore  # noqa: E402  (a fresh PostgreSQL schema per run, dropped after)
-from pipeline import bench_spec, make_source  # noqa: E402
+from pipeline import bench_spec, make_source, peak_rss_mb  # noqa: E402
 
 
 def run_nights(store: Store, source: Path, jobs: int) -> None:
@@ -105,7 +104,7 @@ def main() -> None:
             command = [str(Path(sys.executable).with_name("lowtide")), "--db", place.url, "status", *flags]
             took = statistics.median(timed(partial(subprocess.run, command, check=True, capture_output=True)) for _ in range(3))
             print(f"  lowtide status {' '.join(flags) or '(table)':14} {took:6.2f}s, the command whole (median of 3)")
-        print(f"  peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
+        print(f"  peak RSS {peak_rss_mb():.0f} MB")
         store.close()
     finally:
         if "place" in locals():
