@@ -1,7 +1,7 @@
 """What a page or a scrape that covers every job reads of each (the dashboard's jobs list and
 series, `/metrics`), kept between reads for the jobs that can no longer change.
 
-Read whole, each refresh read every request and attempt of the store: 2.4 s at a hundred
+Read whole, each refresh read every request and attempt of the store: 1.4-2.4 s at a hundred
 finished jobs of 10,000 requests (SQLite), ten times that after a hundred nights of 100,000,
 every 2 s while a page is open (bench/nights.py). A *settled* job (finished or cancelled,
 none of its dispatches live or watched for a late bill) changes only after it moves to

@@ -82,7 +82,8 @@ def metrics(request: Request) -> Response:
 
 def render(store: Store, kept: Kept | None = None) -> str:
     """The exposition; `kept`: a long-lived server's, whose settled jobs are read once
-    (engine/job_figures.py), not on every scrape (3.3 s at a hundred jobs of 10,000 requests)."""
+    (engine/job_figures.py), not on every scrape (2.2-2.4 s at a hundred jobs of 10,000
+    requests, bench/nights.py)."""
     kept = kept or Kept()
     figures = kept.figures.read(store)
     by_route_state = kept.routes_states.read(store)
