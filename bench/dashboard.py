@@ -29,6 +29,7 @@ from lowtide.core.clock import SystemClock
 from lowtide.core.spec import build_spec
 from lowtide.engine import overview
 from lowtide.engine.control import job_status
+from lowtide.engine.job_figures import FiguresCache
 from lowtide.engine.loader import load_job
 from lowtide.engine.report import cost_report
 from lowtide.engine.runner import drive
@@ -94,9 +95,8 @@ def main() -> None:
                     return fn(conn)
             return run
 
-        def list_jobs():
-            cost_report(store, by="job")
-            read(lambda c: (overview.progress_by_job(c), overview.failures(c)))()
+        def list_jobs():  # as a server just started reads every job (a finished one is kept after: bench/nights.py)
+            FiguresCache().read(store)
 
         def detail():
             job_status(store, "allbad", events=20)

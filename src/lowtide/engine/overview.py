@@ -81,24 +81,12 @@ class Failures:
         return asdict(self)
 
 
-def progress_by_job(conn: Connection) -> dict[int, Progress]:
-    out: dict[int, dict[str, int]] = {}
-    for job_id, state, n in conn.execute(
-        select(requests.c.job_id, requests.c.state, func.count()).group_by(requests.c.job_id, requests.c.state)
-    ):
-        out.setdefault(job_id, {})[state] = n
-    return {job_id: Progress.of(counts) for job_id, counts in out.items()}
-
-
-def failures(conn: Connection, job_id: int | None = None, *, among: Any = None) -> Failures:
-    """Failed requests by reason, and failed attempts, of one job or of every job (of the
-    jobs whose ids `among`, a query of job ids, selects)."""
+def failures(conn: Connection, job_id: int) -> Failures:
+    """A job's failed requests by reason, and its failed attempts (the jobs list sums each
+    job's: engine/job_figures.py)."""
     r, a = requests.c, attempts.c
-    where_r = [r.state == RequestState.FAILED.value] + ([r.job_id == job_id] if job_id is not None else [])
-    where_a = [a.job_id == job_id] if job_id is not None else []
-    if among is not None:
-        where_r.append(r.job_id.in_(among))
-        where_a.append(a.job_id.in_(among))
+    where_r = [r.state == RequestState.FAILED.value, r.job_id == job_id]
+    where_a = [a.job_id == job_id]
     reasons: dict[str, int] = {}
     for code, n in conn.execute(select(r.error_code, func.count()).where(*where_r).group_by(r.error_code)):
         reasons[code or "unknown"] = reasons.get(code or "unknown", 0) + n

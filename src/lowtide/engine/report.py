@@ -175,9 +175,8 @@ class CostReport:
         }  # fmt: skip
 
 
-def cost_report(store: Store, *, job: str | None = None, since: float | None = None, by: str | None = None, among: Any = None) -> CostReport:
-    """Sum the ledger's attempts (of one job, from a time on; of the jobs whose ids `among`,
-    a query of job ids, selects) by `by` (see GROUPINGS)."""
+def cost_report(store: Store, *, job: str | None = None, since: float | None = None, by: str | None = None) -> CostReport:
+    """Sum the ledger's attempts (of one job, from a time on) by `by` (see GROUPINGS)."""
     if by is not None and by not in GROUPINGS:
         raise ValueError(f"--by {by}: use one of {', '.join(GROUPINGS)}")
     with store.begin() as conn:
@@ -186,8 +185,6 @@ def cost_report(store: Store, *, job: str | None = None, since: float | None = N
             where.append(attempts.c.job_id == get_job(conn, job).id)
         if since is not None:
             where.append(attempts.c.at >= since)
-        if among is not None:
-            where.append(attempts.c.job_id.in_(among))
         rows = ledger_rows(conn, *where)
         specs = {r.id: (r.name, r.spec) for r in conn.execute(select(jobs.c.id, jobs.c.name, jobs.c.spec))}
     return summed(rows, by, specs, job, since)
