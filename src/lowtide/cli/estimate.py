@@ -144,7 +144,7 @@ def _measurements() -> Iterator[Any]:
         yield None
         return
     try:
-        with store.begin() as conn:
+        with store.read() as conn:
             yield conn
     finally:
         store.close()

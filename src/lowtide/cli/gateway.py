@@ -90,7 +90,8 @@ def gateway_status(
     except LowtideError as err:
         raise fail(err) from None
     try:
-        with store.begin() as conn:
+        # A look only reads (it never queues behind a writer); --redeliver writes.
+        with store.begin() if redeliver else store.read() as conn:
             redelivered = None
             if redeliver:
                 redelivered = records.redeliver_dead(conn, time.time())

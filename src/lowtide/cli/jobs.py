@@ -178,7 +178,7 @@ def status(
     try:
         with open_store(create=False) as store:
             if job is None:
-                with store.begin() as conn:
+                with store.read() as conn:
                     names = [r.name for r in list_jobs(conn)]
                 statuses = [job_status(store, n, placement=as_json) for n in names]  # the table shows none
                 heeds = {n: attention(store, n, SystemClock()) for n in names}

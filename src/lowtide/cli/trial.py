@@ -251,7 +251,7 @@ def _drive(store: Store, name: str) -> JobStatus:
 
 def _answer(store: Store, name: str) -> dict[str, Any]:
     """The stored outcome of the try's one request."""
-    with store.begin() as conn:
+    with store.read() as conn:
         job = get_job(conn, name)
         r = conn.execute(
             select(

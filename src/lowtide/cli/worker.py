@@ -108,7 +108,7 @@ def _ray_pools(store, address: str, routes: list[str], actors: int, cpus: float,
     """One RayPool per named route, with the route options of the first active job using it."""
     from lowtide.routes.pool.ray import RayPool
 
-    with store.begin() as conn:
+    with store.read() as conn:
         specs = [stored_spec(r.spec) for r in list_jobs(conn, [JobState.ACTIVE])]
     options: dict[str, dict] = {}
     for spec in specs:

@@ -21,7 +21,7 @@ from lowtide.store.schema import dispatches
 
 
 def attention(store: Store, name: str, clock: Clock) -> list[str]:
-    with store.begin() as conn:
+    with store.read() as conn:
         job = get_job(conn, name)
         spec = stored_spec(job.spec)
         held = conn.scalars(

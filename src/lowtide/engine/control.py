@@ -84,7 +84,7 @@ class JobStatus:
 def job_status(store: Store, name: str, events: int = 5, placement: bool = True) -> JobStatus:
     """`placement` False: left empty (a pass over every row of the job, which a table of
     all jobs does not show)."""
-    with store.begin() as conn:
+    with store.read() as conn:
         job = get_job(conn, name)
         failures = dict(
             conn.execute(
@@ -169,7 +169,7 @@ def _tiers(conn, job_id: int, spec: JobSpec) -> list[tuple[str, str, int]]:
 
 def job_done(store: Store, name: str) -> bool:
     """Cheaply: is the job no longer active, with no provider batch still to collect?"""
-    with store.begin() as conn:
+    with store.read() as conn:
         job = get_job(conn, name)
         if job.state == JobState.ACTIVE.value:
             return False
@@ -186,7 +186,7 @@ def job_done(store: Store, name: str) -> bool:
 
 
 def job_spec(store: Store, name: str) -> JobSpec:
-    with store.begin() as conn:
+    with store.read() as conn:
         return stored_spec(get_job(conn, name).spec)
 
 

@@ -120,7 +120,7 @@ class ResultRows(ResultColumns):
         self.store = store
         self.answers_renamed = False  # does the source have a column named like an answer column?
         self._wanted: Select | None = None  # the lookup statement (`_lookup_statement`)
-        with store.begin() as conn:
+        with store.read() as conn:
             job = get_job(conn, job_name)
         self.job_id = job.id
         super().__init__(stored_spec(job.spec), full)
@@ -186,7 +186,7 @@ class ResultRows(ResultColumns):
         """request id -> its stored response (JSON text)."""
         if not row_ids:
             return {}
-        with self.store.begin() as conn:
+        with self.store.read() as conn:
             stmt = select(requests.c.id, requests.c.response).where(among(conn, requests.c.id, row_ids))
             return dict(conn.execute(stmt).all())
 
@@ -198,7 +198,7 @@ class ResultRows(ResultColumns):
         its legacy custom_ids too. Larger responses are read page by page (`_answers`). Where
         the plain answer is taken, and `full` wants no response, the response is not read: its
         length and text are NULL."""
-        with self.store.begin() as conn:
+        with self.store.read() as conn:
             if self._wanted is None:
                 self._wanted = self._lookup_statement(conn)
 
@@ -319,6 +319,6 @@ def _shown_path(loc, out: str | Path) -> Path | str:
 def _is_embedding_job(store: Store, job_name: str) -> bool:
     from lowtide.core.endpoints import EMBEDDINGS
 
-    with store.begin() as conn:
+    with store.read() as conn:
         job = get_job(conn, job_name)
     return stored_spec(job.spec).request_endpoint == EMBEDDINGS

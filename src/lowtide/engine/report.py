@@ -179,7 +179,7 @@ def cost_report(store: Store, *, job: str | None = None, since: float | None = N
     """Sum the ledger's attempts (of one job, from a time on) by `by` (see GROUPINGS)."""
     if by is not None and by not in GROUPINGS:
         raise ValueError(f"--by {by}: use one of {', '.join(GROUPINGS)}")
-    with store.begin() as conn:
+    with store.read() as conn:
         where = []
         if job is not None:
             where.append(attempts.c.job_id == get_job(conn, job).id)

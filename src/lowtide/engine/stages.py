@@ -67,7 +67,7 @@ def stage_rows(
 ) -> list[dict]:
     out = []
     for up in upstream:
-        with store.begin() as conn:
+        with store.read() as conn:
             job_id = get_job(conn, up.job).id
             found = conn.execute(
                 select(requests.c.custom_id, requests.c.source_key, requests.c.output, requests.c.parsed)

@@ -114,7 +114,7 @@ def job_trace(store: Store, job_name: str, *, now: float, page: int = PAGE) -> J
     """The trace of one job: its span (with the job's totals, as `lowtide report` counts
     them), and its batches and attempts to read page by page. `now` ends the spans of a job
     or batch that has not ended yet."""
-    with store.begin() as conn:
+    with store.read() as conn:
         job = get_job(conn, job_name)
         counts = dict(
             conn.execute(
@@ -184,7 +184,7 @@ def _dispatch_pages(trace: JobTrace) -> Iterator[list[SpanRecord]]:
     d, a = dispatches.c, attempts.c
     after = 0
     while True:
-        with trace.store.begin() as conn:
+        with trace.store.read() as conn:
             rows = conn.execute(
                 select(dispatches).where(d.job_id == trace.job_id, d.id > after).order_by(d.id).limit(trace.page)
             ).all()
@@ -288,7 +288,7 @@ def _attempt_pages(trace: JobTrace) -> Iterator[list[SpanRecord]]:
     parents: dict[int, int] = {}  # dispatch id → its span's id
     after = 0
     while True:
-        with trace.store.begin() as conn:
+        with trace.store.read() as conn:
             rows = conn.execute(stmt.where(a.id > after)).all()
         if not rows:
             return

@@ -51,7 +51,7 @@ def vector_rows(store: Store, job_id: int) -> Iterator[VectorRow]:
     after = 0
     c = requests.c
     while True:
-        with store.begin() as conn:
+        with store.read() as conn:
             page = conn.execute(
                 select(c.id, c.source_key, c.custom_id, c.state, c.response, c.error_code, c.error_message, c.input_tokens)
                 # `job_id + 0`: read along the primary key from `after`, never through the
@@ -89,7 +89,7 @@ def export_vectors(store: Store, job_name: str, out: str | Path) -> VectorReport
     suffix = Path(loc.path.rsplit("/", 1)[-1]).suffix.lower()
     if suffix not in FORMATS:
         raise InputError(f"{out}: an embedding job's results are written as {', '.join(FORMATS)}; pick one of those extensions")
-    with store.begin() as conn:
+    with store.read() as conn:
         job = get_job(conn, job_name)
     spec = stored_spec(job.spec)
     n = _dimensions(store, job.id)
@@ -183,7 +183,7 @@ def _write_npy(store: Store, job_id: int, out: Location, n: int, states: dict[st
     import numpy as np
     from numpy.lib import format as npformat
 
-    with store.begin() as conn:
+    with store.read() as conn:
         total = conn.execute(
             select(func.count()).select_from(requests).where(requests.c.job_id == job_id, requests.c.state == "succeeded")
         ).scalar_one()
@@ -222,7 +222,7 @@ def upsert_vectors(store: Store, job_name: str, url: str, table: str) -> dict[st
 
     if not TABLE_NAME.match(table):
         raise InputError(f"--pg-table {table!r}: use a plain table name (letters, digits, _), optionally schema.table")
-    with store.begin() as conn:
+    with store.read() as conn:
         job = get_job(conn, job_name)
     spec = stored_spec(job.spec)
     n = _dimensions(store, job.id)

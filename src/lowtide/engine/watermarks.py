@@ -18,7 +18,7 @@ def stored_watermark(store: Store, spec: JobSpec) -> Watermark | None:
     One kept for another column is not used: the spec's column changed, all rows are read."""
     if spec.source.since is None:
         return None
-    with store.begin() as conn:
+    with store.read() as conn:
         row = conn.execute(
             select(watermarks.c.column, watermarks.c.value).join(jobs, jobs.c.id == watermarks.c.job_id).where(jobs.c.name == spec.name)
         ).first()

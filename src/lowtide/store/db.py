@@ -13,7 +13,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 
 from lowtide.core.errors import MissingStoreError, StoreError
-from lowtide.store.migrations import apply_migrations
+from lowtide.store.migrations import apply_migrations, up_to_date
 
 DEFAULT_DB = "lowtide.db"
 # A new SQLite store's page size. A job's transactions write thousands of rows of about a
@@ -59,10 +59,18 @@ class Store:
             _check_sqlite_file(path, create)
         self.engine: Engine = self._create_engine(url)
         try:
-            with self.begin() as conn:
+            # Read first: a store whose migrations are all applied (every open but the first
+            # after an upgrade) is opened without taking SQLite's write lock, so a command that
+            # only reads never waits for a writer (a load is one transaction of minutes).
+            with self.read() as conn:
                 if self.is_sqlite:  # a PostgreSQL database may well hold other applications' tables
                     _check_lowtide_store(conn, self.describe())
-                apply_migrations(conn)
+                current = up_to_date(conn)
+            if not current:
+                with self.begin() as conn:
+                    if self.is_sqlite:
+                        _check_lowtide_store(conn, self.describe())
+                    apply_migrations(conn)
         except DBAPIError as err:  # not a database, unreachable, refused
             self.engine.dispose()
             raise StoreError(f"cannot open the store at {self.describe()}: {_first_line(err.orig)}; check --db or LOWTIDE_DB") from None

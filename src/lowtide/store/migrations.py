@@ -29,6 +29,26 @@ def m001_initial(conn: Connection) -> None:
     schema.metadata.create_all(conn, tables=tables)
 
 
+def up_to_date(conn: Connection) -> bool:
+    """Whether every migration this release knows is applied, read without writing (a store
+    opened for a look must not queue for SQLite's write lock). A store written by a newer
+    lowtide is refused here too."""
+    if not inspect(conn).has_table(schema.migrations.name) or not inspect(conn).has_table(schema.meta.name):
+        return False
+    done = set(conn.scalars(select(schema.migrations.c.name)))
+    _refuse_newer(done)
+    return {name for name, _ in MIGRATIONS} <= done
+
+
+def _refuse_newer(done: set[str]) -> None:
+    unknown = done - {name for name, _ in MIGRATIONS}
+    if unknown:
+        raise StoreError(
+            f"this store was written by a newer lowtide (migrations {', '.join(sorted(unknown))}); "
+            "upgrade lowtide, or point LOWTIDE_DB at another store"
+        )
+
+
 def apply_migrations(conn: Connection) -> list[str]:
     """Apply what is missing, in order; return the names applied now."""
     if conn.dialect.name == "postgresql":
@@ -38,13 +58,7 @@ def apply_migrations(conn: Connection) -> list[str]:
         conn.execute(text("SELECT pg_advisory_xact_lock(hashtext('lowtide migrations ' || current_schema()))"))
     schema.metadata.create_all(conn, tables=[schema.meta, schema.migrations])
     done = set(conn.scalars(select(schema.migrations.c.name)))
-    known = {name for name, _ in MIGRATIONS}
-    unknown = done - known
-    if unknown:
-        raise StoreError(
-            f"this store was written by a newer lowtide (migrations {', '.join(sorted(unknown))}); "
-            "upgrade lowtide, or point LOWTIDE_DB at another store"
-        )
+    _refuse_newer(done)
     applied = []
     for name, fn in MIGRATIONS:
         if name not in done:
