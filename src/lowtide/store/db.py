@@ -21,6 +21,8 @@ DEFAULT_DB = "lowtide.db"
 # of SQLite's 4 KiB default (bench/pipeline.py: 1.8 -> 1.0 s of system CPU per 100,000
 # requests). It takes effect when the file is created; an existing store keeps its own.
 PAGE_SIZE = 16384
+# How long a SQLite writer waits for another's write lock before failing "database is locked".
+BUSY_TIMEOUT_S = 60.0
 
 
 def default_location() -> str:
@@ -49,10 +51,11 @@ PLANNED_BY = ("job_id", "state", "lane", "not_before", "dispatch_id", "custom_id
 class Store:
     """The durable state of every job. Cheap to open; call `close()` when done."""
 
-    def __init__(self, location: str | None = None, create: bool = True):
+    def __init__(self, location: str | None = None, create: bool = True, busy_timeout: float = BUSY_TIMEOUT_S):
         """`create=False` (read-only commands): a SQLite file that does not exist is an
-        error, not a new, empty store."""
+        error, not a new, empty store. `busy_timeout`: SQLite's wait for the write lock, in seconds."""
         self.location = location or default_location()
+        self.busy_timeout = busy_timeout
         url = to_url(self.location)
         self.is_sqlite = url.startswith("sqlite")
         if self.is_sqlite and (path := _sqlite_path(self.location, url)) is not None:
@@ -87,7 +90,7 @@ class Store:
                     f"cannot open the store at {self.describe()}: its driver ({err.name}) is not installed; "
                     "install it with `pip install 'lowtide[postgres]'` (`make install` includes it)"
                 ) from None
-        engine = create_engine(url, connect_args={"timeout": 60})
+        engine = create_engine(url, connect_args={"timeout": self.busy_timeout})
 
         @event.listens_for(engine, "connect")
         def _on_connect(dbapi_conn, _record):
@@ -97,7 +100,7 @@ class Store:
             cur.execute(f"PRAGMA page_size={PAGE_SIZE}")  # before WAL: a no-op unless the file is new
             cur.execute("PRAGMA journal_mode=WAL")
             cur.execute("PRAGMA synchronous=NORMAL")
-            cur.execute("PRAGMA busy_timeout=60000")
+            cur.execute(f"PRAGMA busy_timeout={int(self.busy_timeout * 1000)}")
             cur.close()
 
         @event.listens_for(engine, "begin")
