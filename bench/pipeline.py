@@ -53,10 +53,10 @@ def make_source(path: Path, n: int) -> None:
             w.writerow([f"t{i:07d}", ("email", "chat", "web")[i % 3], f"Customer {i} writes: {body}."])
 
 
-def bench_spec(source: Path, **more) -> JobSpec:
+def bench_spec(path: Path, /, **more) -> JobSpec:
     """The benches' job: classify each ticket of `make_source` on echo (`more` replaces keys)."""
     return build_spec({
-        "name": "bench", "source": {"path": str(source), "id_column": "ticket_id"},
+        "name": "bench", "source": {"path": str(path), "id_column": "ticket_id"},
         "template": {"system": "Classify the ticket.", "user": "Channel: {{ channel }}\n{{ body }}"},
         "model": "echo", "route": "echo", "choices": ["billing", "technical", "account", "shipping", "feedback"],
     } | more)  # fmt: skip
