@@ -120,7 +120,7 @@ def run(
             check_target(spec, target)
         with open_store() as store:
             spec = _load(store, spec_path, requeue_changed)
-            status = _drive(store, spec.name)
+            status = _drive(store, spec.name, placement=as_json)  # the table shows none
             if target is not None:
                 written = write_target(store, spec.name, target)
                 console.print(f"results: {written.path} ({written.rows} rows)", markup=False)
@@ -141,12 +141,12 @@ def run(
     raise typer.Exit(EXIT_OK if status.all_succeeded else EXIT_FAILURES)
 
 
-def _drive(store: Store, name: str) -> JobStatus:
+def _drive(store: Store, name: str, placement: bool) -> JobStatus:
     async def go() -> JobStatus:
         with JobProgress(console, f"run {name}") as progress:
             async with Engine(store) as engine:
                 # Counts read cheaply once a second (engine/progress.py), not the whole status per tick.
-                return await progress.watch(drive(engine, name), store, name)
+                return await progress.watch(drive(engine, name, placement=placement), store, name)
 
     return asyncio.run(go())
 

@@ -240,6 +240,8 @@ def compare_values(a: Any, b: Any) -> int:
 
 def _number(text: str) -> int | float | None:
     text = text.strip()
+    if text[:1].isalpha():  # a word ("t0001", an ISO date is not): float() takes only inf and nan, refused below
+        return None
     if source_types.INT_TEXT.match(text):
         return int(text)
     try:
@@ -298,6 +300,11 @@ class FileSource(Source):
         self.partitions = {f: partitions_of(loc, f) for f in files}
         self.partition_columns = list(dict.fromkeys(k for parts in self.partitions.values() for k in parts))
         self.columns: list[str] | None = None  # a CSV's: read once the filter and watermark are known (_check_known)
+        # (watermark, the highest `since` value of the rows the filter keeps, past the
+        # watermark or not), noted by a pass under a watermark that read every file: a file
+        # has no index, so those rows are read anyway, and a night with nothing new needs no
+        # second pass to tell that the column did not go backwards (`highest_of`).
+        self.highest_read: tuple[Watermark, Any] | None = None
 
     # kept for callers that still read one local file by its path
     @property
@@ -348,14 +355,26 @@ class FileSource(Source):
         line, col = _first_bad_utf8(self.loc, f)
         return SourceError(f"{self.loc.name_of(f)} line {line}, column {col}: not UTF-8 text; save the file as UTF-8")
 
+    def highest_of(self, column: str) -> Any:
+        read = self.highest_read
+        if read is not None and read[0].column == column:
+            return read[1]
+        return super().highest_of(column)
+
     def _rows(self, size: int) -> Iterator[SourceRow]:
         number = 0
         many = len(self.files) > 1
+        after = self.after
+        self.highest_read = None
+        seen: list[Any] | None = [None] if after is not None else None  # the highest past the filters (a box)
         for f in self.files:
             reader = self._csv if self.format == "csv" else self._jsonl
             extra = self.partitions[f]
-            if extra and (self.filters or self.after is not None) and not self._kept(extra):
-                continue  # a partition the filter or the watermark leaves out: its file is never opened
+            if extra and (self.filters or after is not None) and not self._kept(extra):
+                if not self._kept(extra, watermark=False):
+                    continue  # a partition the filter leaves out: none of its rows is kept
+                seen = None  # one the watermark leaves out is never opened: its rows are not seen
+                continue
             name = self.loc.name_of(f)
             try:
                 for line, values in reader(f, name):
@@ -363,9 +382,11 @@ class FileSource(Source):
                         values = {**values, **{k: v for k, v in extra.items() if k not in values}}
                     if self.filters and not all(holds(values.get(c), op, typed_like(w, values.get(c))) for c, op, w in self.filters):
                         continue
-                    if self.after is not None:
-                        v = values.get(self.after.column)
-                        if v is None or compare_values(v, typed_like(self.after.value, v)) <= 0:
+                    if after is not None:
+                        v = values.get(after.column)
+                        if seen is not None and v is not None and (seen[0] is None or compare_values(v, seen[0]) > 0):
+                            seen[0] = v
+                        if v is None or compare_values(v, typed_like(after.value, v)) <= 0:
                             continue
                     number += 1
                     yield SourceRow(number, line, values, name if many else None)
@@ -373,12 +394,14 @@ class FileSource(Source):
                 raise self._not_utf8(f) from None
             except OSError as err:
                 raise SourceError(f"{self.loc.text if not many else name}: cannot read ({_reason(err)})") from None
+        if after is not None and seen is not None:
+            self.highest_read = (after, seen[0])
 
-    def _kept(self, partition: dict[str, str]) -> bool:
+    def _kept(self, partition: dict[str, str], watermark: bool = True) -> bool:
         """Whether a file's `key=value` folders pass the filters and the watermark that name
         them (a CSV column of the same name is the row's own value: those are left to the rows)."""
         own = set(getattr(self, "header", ()))
-        items = list(self.filters) + ([(self.after.column, ">", self.after.value)] if self.after is not None else [])
+        items = list(self.filters) + ([(self.after.column, ">", self.after.value)] if watermark and self.after is not None else [])
         return all(holds(partition[c], op, typed_like(w, partition[c])) for c, op, w in items if c in partition and c not in own)
 
     def _csv(self, f: str, name: str) -> Iterator[tuple[int, dict[str, Any]]]:

@@ -17,8 +17,11 @@ async def drive(
     engine: Engine,
     job_name: str,
     on_tick: Callable[[JobStatus, TickReport], None] | None = None,
+    *,
+    placement: bool = True,
 ) -> JobStatus:
-    """Tick one job until every request is terminal; return its final status."""
+    """Tick one job until every request is terminal; return its final status (`placement`
+    False: without it, a pass over every row of the job that a table does not show)."""
     last_report = 0.0
     while True:
         report = await engine.tick(job_name)
@@ -27,7 +30,7 @@ async def drive(
             on_tick(job_status(engine.store, job_name), report)
             last_report = time.monotonic()
         if done:
-            return job_status(engine.store, job_name)
+            return job_status(engine.store, job_name, placement=placement)
         if not report.busy:
             await asyncio.sleep(_idle_wait(engine, job_name))
 
