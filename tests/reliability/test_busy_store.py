@@ -15,7 +15,7 @@ from lowtide.engine.loader import load_job
 from lowtide.engine.tick import Engine
 from lowtide.store.db import Store
 from lowtide.store.queries import request_counts
-from tests.conftest import make_spec, ticket_rows, write_csv
+from tests.conftest import drive_to_end, make_spec, ticket_rows, write_csv
 
 
 def test_a_tick_that_waits_past_the_busy_timeout_is_told_in_lowtides_words(tmp_path, clock):
@@ -41,6 +41,31 @@ def test_a_tick_that_waits_past_the_busy_timeout_is_told_in_lowtides_words(tmp_p
         other.execute("ROLLBACK")
         with store.read() as conn:
             assert request_counts(conn, job_id) == {"pending": 5}  # nothing of the tick applied
+    finally:
+        other.close()
+        store.close()
+
+
+def test_an_idle_worker_ticks_on_while_another_process_holds_the_write_lock(tmp_path, clock):
+    # A worker with nothing to do reads only: its ticks neither wait for a long writer (the
+    # next night's load, a delete) nor fail when it holds the lock past the busy timeout.
+    spec = make_spec(write_csv(tmp_path / "tickets.csv", ticket_rows(3)))
+    path = tmp_path / "lowtide.db"
+    done = Store(str(path))
+    drive_to_end(done, spec, clock)
+    done.close()
+    store = Store(str(path), busy_timeout=0.2)
+    other = sqlite3.connect(path, isolation_level=None)
+    try:
+        other.execute("BEGIN IMMEDIATE")
+
+        async def idle() -> tuple[bool, float | None]:
+            async with Engine(store, clock) as engine:
+                ticks = [await engine.tick() for _ in range(3)]
+                return any(t.busy for t in ticks), engine.next_due()
+
+        assert asyncio.run(idle()) == (False, None)
+        other.execute("COMMIT")  # and the writer was never held up by it
     finally:
         other.close()
         store.close()

@@ -148,7 +148,7 @@ class Notifier:
         every slot taken)."""
         if len(self._tasks) >= self.concurrency:
             return None
-        with self.store.begin() as conn:
+        with self.store.read() as conn:
             return conn.execute(self._due(select(func.min(func.coalesce(N.claimed_until, N.next_at))), None, job_name)).scalar()
 
     def _due(self, stmt, now: float | None, job_name: str | None):

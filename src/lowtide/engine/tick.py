@@ -161,7 +161,7 @@ class Engine:
         if plan_for is None:
             return
         left = job.spec.deadline.timestamp() - self.clock.now()
-        with self.store.begin() as conn:
+        with self.store.read() as conn:
             waiting = conn.execute(
                 select(func.count()).where(
                     requests.c.job_id == job.id,
@@ -188,22 +188,24 @@ class Engine:
         stmt = select(jobs).where(or_(jobs.c.state.in_(ticked), live_batches.exists(), lost_watched.exists()))
         if job_name is not None:
             stmt = stmt.where(jobs.c.name == job_name)
-        with self.store.begin() as conn:
+        with self.store.read() as conn:
             return [JobContext.from_row(r) for r in conn.execute(stmt.order_by(jobs.c.id))]
 
     def reclaim(self) -> int:
         """Return to pending the requests of direct dispatches whose worker is gone."""
         now = self.clock.now()
+        running = select(dispatches.c.id, dispatches.c.job_id, dispatches.c.owner, dispatches.c.lease_until).where(
+            dispatches.c.state == DispatchState.RUNNING.value
+        )
+        # Most ticks find none to take back: asked in a read transaction first, so that an idle
+        # worker's tick does not take SQLite's write lock (nor wait for it) only to find that.
+        with self.store.read() as conn:
+            if not any(self._reclaimable(owner, lease_until, now) for _, _, owner, lease_until in conn.execute(running)):
+                return 0
         with self.store.begin() as conn:
-            running = conn.execute(
-                select(dispatches.c.id, dispatches.c.job_id, dispatches.c.owner, dispatches.c.lease_until).where(
-                    dispatches.c.state == DispatchState.RUNNING.value
-                )
-            ).all()
             reclaimed = 0
-            for dispatch_id, job_id, owner, lease_until in running:
-                held = lease_until is not None and lease_until > now  # no lease: nobody holds it
-                if owner == self.owner or (held and self._owner_alive(owner)):
+            for dispatch_id, job_id, owner, lease_until in conn.execute(running).all():
+                if not self._reclaimable(owner, lease_until, now):
                     continue
                 # Given back unsent: a dead worker's answers never reached the store.
                 n = sum(fate.take_back(conn, JobContext.load(conn, job_id), dispatch_id, now, sent=False).values())
@@ -211,6 +213,12 @@ class Engine:
                 add_event(conn, job_id, "reclaimed", f"{n} request(s) from worker {owner} that stopped", now)
                 reclaimed += n
         return reclaimed
+
+    def _reclaimable(self, owner: str | None, lease_until: float | None, now: float) -> bool:
+        """Whether a running direct dispatch's worker is gone: not this one, and its lease
+        run out (or never taken) or its process seen dead on this machine."""
+        held = lease_until is not None and lease_until > now  # no lease: nobody holds it
+        return owner != self.owner and not (held and self._owner_alive(owner))
 
     def _owner_alive(self, owner: str | None) -> bool:
         host, _, rest = (owner or "").partition(":")
@@ -260,7 +268,7 @@ class Engine:
 
     def next_due(self, job_name: str | None = None) -> float | None:
         """The earliest time something becomes due (a poll, a retry), if anything waits."""
-        with self.store.begin() as conn:
+        with self.store.read() as conn:
             # Not a batch given up as lost, polled for its bill alone (batches.WATCH, days): a
             # worker's loop ticks every IDLE_WAIT_MAX whatever, and `--until-idle` ends without it.
             q_poll = select(func.min(dispatches.c.next_poll_at)).where(
