@@ -33,7 +33,8 @@ def up_to_date(conn: Connection) -> bool:
     """Whether every migration this release knows is applied, read without writing (a store
     opened for a look must not queue for SQLite's write lock). A store written by a newer
     lowtide is refused here too."""
-    if not inspect(conn).has_table(schema.migrations.name) or not inspect(conn).has_table(schema.meta.name):
+    tables = inspect(conn)
+    if not (tables.has_table(schema.migrations.name) and tables.has_table(schema.meta.name)):
         return False
     done = set(conn.scalars(select(schema.migrations.c.name)))
     _refuse_newer(done)
