@@ -1,6 +1,8 @@
 """A writer that waits past SQLite's busy timeout for another process's write lock (a load of
 a large source is one transaction of minutes): the command says what happened and what to do,
-in lowtide's words, not "unexpected error: OperationalError", and nothing of it is applied."""
+in lowtide's words, not "unexpected error: OperationalError", and nothing of it is applied. A
+worker waits it out instead: answers in hand are written once the lock is free (they are paid
+for), and a tick the store was too busy for goes again."""
 
 from __future__ import annotations
 
@@ -12,9 +14,12 @@ import sqlalchemy as sa
 
 from lowtide.cli.common import known_failure
 from lowtide.engine.loader import load_job
+from lowtide.engine.runner import work
 from lowtide.engine.tick import Engine
+from lowtide.routes.own.echo import EchoRoute
 from lowtide.store.db import Store
 from lowtide.store.queries import request_counts
+from lowtide.store.schema import attempts
 from tests.conftest import drive_to_end, make_spec, ticket_rows, write_csv
 
 
@@ -66,6 +71,88 @@ def test_an_idle_worker_ticks_on_while_another_process_holds_the_write_lock(tmp_
 
         assert asyncio.run(idle()) == (False, None)
         other.execute("COMMIT")  # and the writer was never held up by it
+    finally:
+        other.close()
+        store.close()
+
+
+def _released_when_refused(store: Store, other: sqlite3.Connection) -> list[str]:
+    """The other process's transaction ends the moment one of `store`'s writes has waited
+    its busy timeout for it and failed (so each test knows the failure happened, with no
+    timing): the returned list gets one entry per release."""
+    released: list[str] = []
+
+    @sa.event.listens_for(store.engine, "handle_error")
+    def _release(context) -> None:
+        if "database is locked" in str(context.original_exception) and other.in_transaction:
+            other.execute("COMMIT")
+            released.append(str(context.original_exception))
+
+    return released
+
+
+class AnswersThenALoadBegins(EchoRoute):
+    """echo, and as its last answer comes back another process begins a long write (the next
+    night's load), before the worker has written any of them."""
+
+    def __init__(self, other: sqlite3.Connection):
+        super().__init__({})
+        self.other = other
+
+    async def execute(self, requests):
+        async for outcome in super().execute(requests):
+            yield outcome
+        self.other.execute("BEGIN IMMEDIATE")
+
+
+def test_answers_in_hand_wait_for_a_busy_store_and_are_written_once(tmp_path, clock, caplog):
+    spec = make_spec(write_csv(tmp_path / "tickets.csv", ticket_rows(5)))
+    path = tmp_path / "lowtide.db"
+    loaded = Store(str(path))
+    job_id = load_job(loaded, spec, clock).job_id
+    loaded.close()
+    store = Store(str(path), busy_timeout=0.2)
+    other = sqlite3.connect(path, isolation_level=None)
+    released = _released_when_refused(store, other)
+    try:
+
+        async def tick() -> None:
+            async with Engine(store, clock, routes={"echo": AnswersThenALoadBegins(other)}) as engine:
+                await engine.tick(spec.name)
+
+        asyncio.run(tick())  # before: the write failed, the answers were dropped and the tick raised
+        assert len(released) == 1  # the write of the answers did wait past the timeout once
+        assert "5 answers wait to be written" in caplog.text
+        with store.read() as conn:
+            assert request_counts(conn, job_id) == {"succeeded": 5}
+            tried = conn.execute(sa.select(attempts.c.request_id, attempts.c.applied)).all()
+        assert len(tried) == 5 and {r.request_id for r in tried} == set(range(1, 6)) and all(r.applied for r in tried)
+    finally:
+        other.close()
+        store.close()
+
+
+def test_a_worker_goes_on_after_a_tick_the_store_was_too_busy_for(tmp_path, clock, caplog):
+    spec = make_spec(write_csv(tmp_path / "tickets.csv", ticket_rows(4)))
+    path = tmp_path / "lowtide.db"
+    loaded = Store(str(path))
+    job_id = load_job(loaded, spec, clock).job_id
+    loaded.close()
+    store = Store(str(path), busy_timeout=0.2)
+    other = sqlite3.connect(path, isolation_level=None)
+    released = _released_when_refused(store, other)
+    try:
+        other.execute("BEGIN IMMEDIATE")  # a load of millions of rows, begun before the worker's claim
+
+        async def worker() -> None:
+            async with Engine(store, clock) as engine:
+                await work(engine, stop_when_idle=True)
+
+        asyncio.run(worker())  # before: the loop ended with "database is locked"
+        assert len(released) == 1
+        assert "the tick was rolled back, trying again" in caplog.text
+        with store.read() as conn:
+            assert request_counts(conn, job_id) == {"succeeded": 4}
     finally:
         other.close()
         store.close()

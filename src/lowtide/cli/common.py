@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 
 from lowtide.core.errors import InputError, JobNotFoundError, LowtideError
-from lowtide.store.db import BUSY_TIMEOUT_S, Store
+from lowtide.store.db import BUSY_TIMEOUT_S, Store, is_busy
 
 console = Console(stderr=True, highlight=False)
 out = Console(highlight=False)
@@ -67,12 +67,11 @@ def known_failure(err: BaseException) -> str | None:
     if isinstance(err, sa.exc.OperationalError) and "disk is full" in reason:  # SQLite
         return (f"the store's disk is full ({reason}); what was under way is rolled back: every change is one "
                 "transaction. Free space, or `lowtide prune` finished jobs, and run the command again")  # fmt: skip
-    if isinstance(err, sa.exc.OperationalError) and reason.startswith("database is locked"):  # SQLite, past its busy timeout
+    if is_busy(err):  # SQLite, past its busy timeout
         return ("the store is busy: another process held its write lock longer than this one waits for it "
                 f"({BUSY_TIMEOUT_S:.0f} s): a load of a large source, a `lowtide delete`, a `prune --vacuum`. What was under "
                 "way is rolled back: every change is one transaction. Run the command again once that is done (a worker "
-                "under a supervisor starts again by itself); for loads of minutes beside a worker, store on PostgreSQL "
-                "(docs/scale.md)")  # fmt: skip
+                "waits it out by itself); for loads of minutes beside a worker, store on PostgreSQL (docs/scale.md)")  # fmt: skip
     if isinstance(err, sa.exc.DBAPIError) and err.connection_invalidated:
         return (f"lost the store's database connection ({reason}); what was under way is rolled back: every change "
                 "is one transaction. Run the command again once the database answers; a batch this process had "

@@ -10,6 +10,8 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
+from sqlalchemy.exc import DBAPIError
+
 from lowtide.core.clock import Clock
 from lowtide.core.states import DispatchState
 from lowtide.core.types import Outcome
@@ -26,7 +28,7 @@ from lowtide.engine.ingest import IngestCounts, apply_outcomes
 from lowtide.engine.packs import execute_packed, packing
 from lowtide.routes.base import DirectRoute
 from lowtide.routes.options import scrub
-from lowtide.store.db import Store
+from lowtide.store.db import Store, is_busy
 from lowtide.store.queries import add_event
 from lowtide.store.schema import dispatches
 from lowtide.store.transitions import lock_job, move_dispatch
@@ -125,16 +127,18 @@ async def _run_one(
 
     def flush(outcomes: list[Outcome], final: bool) -> None:
         now = clock.now()
+        applied = IngestCounts()  # added to `counts` once committed: a write the store was too busy for is tried again
         with store.begin() as conn:
-            counts.add(apply_outcomes(conn, job, dispatch_id, route.name, outcomes, now, rng, whole_dispatch=True, lane=lane_name))
+            applied.add(apply_outcomes(conn, job, dispatch_id, route.name, outcomes, now, rng, whole_dispatch=True, lane=lane_name))
             if final:
                 # A route that returned nothing for a request: treat it as a retryable loss.
                 missing = left_in_dispatch(conn, dispatch_id)
                 lost = [Outcome.failure(c, "no_result", f"route {route.name} returned no result", True) for c in missing]
-                counts.add(apply_outcomes(conn, job, dispatch_id, route.name, lost, now, rng, lane=lane_name))
+                applied.add(apply_outcomes(conn, job, dispatch_id, route.name, lost, now, rng, lane=lane_name))
                 move_dispatch(conn, dispatch_id, DispatchState.RUNNING, DispatchState.ENDED, ended_at=now)
             else:
                 conn.execute(dispatches.update().where(dispatches.c.id == dispatch_id).values(lease_until=now + lease))
+        counts.add(applied)
 
     buffer: list[Outcome] = []
     last_flush = time.monotonic()
@@ -192,7 +196,7 @@ class Writer:
         if self.error is not None:
             raise self.error
         try:
-            flush(outcomes, final)
+            _written(flush, outcomes, final)
         except BaseException as err:
             self.error = err
             raise
@@ -208,6 +212,26 @@ class Writer:
                 self.pool.shutdown(wait=True)
         if self.error is not None:
             raise self.error
+
+
+def _written(flush: Callable[[list[Outcome], bool], None], outcomes: list[Outcome], final: bool) -> None:
+    """`flush(outcomes, final)`, tried again for as long as the store is too busy to take it
+    (SQLite: another process held the write lock past the busy timeout, as a load of
+    millions of rows does). The answers in hand are paid for: dropping them would have the
+    requests sent, and billed, again once their lease ran out. Each try is one transaction,
+    rolled back whole when it fails, so trying again applies nothing twice; a request taken
+    back meanwhile (its lease ran out) is a stale answer, billed and not applied."""
+    tries = 0
+    while True:
+        try:
+            flush(outcomes, final)
+            return
+        except DBAPIError as err:
+            if not is_busy(err):
+                raise
+            tries += 1
+            log.warning("the store is busy (another process holds its write lock): %d answers wait to be written; "
+                        "trying again (%d so far)", len(outcomes), tries)  # fmt: skip
 
 
 async def _heartbeat(store: Store, dispatch_id: int, owner: str, clock: Clock, lease: float) -> None:

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 
+from sqlalchemy.exc import DBAPIError
+
 from lowtide.engine.control import JobStatus, job_done, job_status
 from lowtide.engine.tick import Engine, TickReport
+from lowtide.store.db import is_busy
 
 IDLE_WAIT_MAX = 2.0  # seconds a loop sleeps at most when nothing was due
 STATUS_EVERY = 0.5  # seconds between progress reports: counting a million rows is not free
+log = logging.getLogger(__name__)
 
 
 async def drive(
@@ -42,9 +47,19 @@ async def work(
     once: bool = False,
     stop_when_idle: bool = False,
 ) -> None:
-    """Tick every job, forever (or once, or until nothing is left to do)."""
+    """Tick every job, forever (or once, or until nothing is left to do). A tick the store
+    was too busy for (SQLite: another process held the write lock past the busy timeout: a
+    load of millions of rows, a delete) is rolled back whole and tried again, not the end of
+    the loop: a worker outlasts the next night's load beside it, as it would be restarted
+    after it. `once` (a cron tick) raises it: the next run tries again."""
     while True:
-        report = await engine.tick()
+        try:
+            report = await engine.tick()
+        except DBAPIError as err:
+            if once or not is_busy(err):
+                raise
+            log.warning("the store is busy (another process holds its write lock); the tick was rolled back, trying again")
+            continue
         if on_tick:
             on_tick(report)
         if once:

@@ -25,6 +25,14 @@ PAGE_SIZE = 16384
 BUSY_TIMEOUT_S = 60.0
 
 
+def is_busy(err: BaseException) -> bool:
+    """Whether `err` is SQLite's "database is locked": a write that waited its busy timeout
+    for another process's write lock (a long load, a delete, a vacuum). Its transaction is
+    rolled back whole, so the same work may simply be tried again."""
+    orig = getattr(err, "orig", None) or err
+    return isinstance(err, DBAPIError) and str(orig).startswith("database is locked")
+
+
 def default_location() -> str:
     return os.environ.get("LOWTIDE_DB") or DEFAULT_DB
 
