@@ -13,7 +13,9 @@ batches that were in flight when it failed has ended, and at least the route's f
 interval has passed.
 
 A batch refused with nothing of its model in flight would be refused again for ever (no
-limit set, a tier-1 organization, chunks of 10,000): the refusal teaches a limit instead,
+limit set, a tier-1 organization, chunks of 10,000). In flight means in the queue when the
+refused batch was sent: still in flight, or ended since (one polled and ingested just before
+the refusal is read counts). Such a refusal teaches a limit instead,
 half that batch's tokens, kept for a day, so the next chunk is half the size. A batch of one
 request refused alone can never be queued: that request fails with the provider's words, and
 the refusal *proves* the limit is under its size (kept for a day too). Every request of the
@@ -29,7 +31,7 @@ import json
 import math
 from dataclasses import dataclass
 
-from sqlalchemy import Connection, func, select
+from sqlalchemy import Connection, and_, func, or_, select
 
 from lowtide.core.states import DispatchState, RequestState
 from lowtide.engine import fate
@@ -40,6 +42,9 @@ from lowtide.store.transitions import move_dispatch
 
 QUEUE_FULL = "token_limit_exceeded"
 LIVE = (DispatchState.PLANNED.value, DispatchState.SUBMITTING.value, DispatchState.SUBMITTED.value)
+# A sent batch in these states was in the provider's queue until it ended (one that failed
+# was refused, and never queued).
+ENDED_AFTER_QUEUEING = (DispatchState.ENDED.value, DispatchState.CANCELLED.value)
 CHARS_PER_TOKEN = 4  # the approximation of lowtide.core.tokens (as budgets use): an over-count
 LEARNED_FOR = 86400.0  # seconds a limit learned from a refusal stands (an organization's tier may rise)
 
@@ -223,13 +228,22 @@ def requeue(conn: Connection, job: JobContext, route: str, dispatch_id: int, cur
     """The provider's queue was full: the dispatch ends failed (holding the model while
     batches it waits for are in flight, see `held`; teaching a smaller limit when none
     is), its requests leave it unsent (`fate.take_back`). Returns how many wait again."""
-    model, size, tokens = conn.execute(
-        select(dispatches.c.model, dispatches.c.size, dispatches.c.input_tokens_est).where(dispatches.c.id == dispatch_id)
+    model, size, tokens, sent_at = conn.execute(
+        select(dispatches.c.model, dispatches.c.size, dispatches.c.input_tokens_est, dispatches.c.submitted_at)
+        .where(dispatches.c.id == dispatch_id)
     ).one()  # fmt: skip
+    # What was in the queue when the provider refused it: what is still in flight, and what
+    # ended after it was sent (polled first in this tick, say: it filled the queue all the
+    # same). Judged by what is left now, a lone batch of one would fail its request for good.
+    sent_at = now if sent_at is None else sent_at  # refused at create: now
     in_flight = conn.execute(
         select(func.count(), func.coalesce(func.sum(dispatches.c.input_tokens_est), 0)).where(
             dispatches.c.route == route, dispatches.c.model == model, dispatches.c.id != dispatch_id,
-            dispatches.c.state == DispatchState.SUBMITTED.value,
+            or_(
+                dispatches.c.state == DispatchState.SUBMITTED.value,
+                and_(dispatches.c.state.in_(ENDED_AFTER_QUEUEING), dispatches.c.submitted_at.is_not(None),
+                     dispatches.c.ended_at > sent_at),
+            ),
         )
     ).one()  # fmt: skip
     error = reason if reason.startswith(QUEUE_FULL) else f"{QUEUE_FULL}: {reason}"
