@@ -45,7 +45,7 @@ from lowtide.engine.results_window import (
 from lowtide.routes.base import BatchRoute
 from lowtide.routes.options import scrub
 from lowtide.store.db import Store
-from lowtide.store.queries import add_event, note_phase, watched
+from lowtide.store.queries import add_event, note_phase, stored_bytes, watched
 from lowtide.store.schema import PENDING, dispatches, jobs, requests
 from lowtide.store.transitions import lock_job, move_dispatch
 
@@ -91,13 +91,13 @@ def plan(store: Store, job: JobContext, route: BatchRoute, clock: Clock, lane: s
         chunk = _Chunk()
         one_model = route.limits.one_model_per_batch
         rooms: dict[str, queue_limit.Room] = {}  # model -> what of its provider queue is left
-        for rid, nbytes, model in rows:
+        for rid, nbytes, chars, model in rows:
             if chunk.ids and (
                 len(chunk.ids) >= limit or chunk.size + nbytes > route.limits.max_bytes or (one_model and model != chunk.model)
             ):  # a provider that takes one model per batch never gets two in a chunk
                 chunks_made.append(chunk)
                 chunk = _Chunk()
-            need = queue_limit.tokens_of(nbytes - LINE_OVERHEAD)
+            need = queue_limit.tokens_of(chars)  # the characters / 4 estimate (queue_limit.py)
             if model not in rooms:
                 rooms[model] = queue_limit.room(conn, route.name, model, limit_of(model) if limit_of else None, now)
             taken = rooms[model].take(need)
@@ -115,7 +115,8 @@ def plan(store: Store, job: JobContext, route: BatchRoute, clock: Clock, lane: s
 
 
 def _due_window(conn, job: JobContext, route: BatchRoute, now: float, lane: str | None, size: int):
-    """The next `size` due pending requests (of `lane`) as (id, bytes in a line, model), in
+    """The next `size` due pending requests (of `lane`) as (id, bytes in a line, characters
+    of the payload, model), in
     the order chunks are cut from them. They are the earliest due, read off the index
     (ix_requests_job_state, or the lane's) without a pass over the job's other pending
     requests: sorting all of them took a minute a tick at 10,000,000 pending (issue 32), and
@@ -129,7 +130,8 @@ def _due_window(conn, job: JobContext, route: BatchRoute, now: float, lane: str 
     grouped = getattr(route, "group_by_prefix", False) and not packing(job.spec)
     sort_by = (requests.c.payload,) if grouped else (requests.c.not_before, requests.c.id)
     window = (
-        select(requests.c.id, (func.length(requests.c.payload) + LINE_OVERHEAD).label("nbytes"), requests.c.model, *sort_by)
+        select(requests.c.id, (stored_bytes(requests.c.payload) + LINE_OVERHEAD).label("nbytes"),
+               func.length(requests.c.payload).label("chars"), requests.c.model, *sort_by)
         .where(
             requests.c.job_id == job.id,
             requests.c.state == PENDING,  # with a lane: off the partial index of pending requests by lane
@@ -147,7 +149,7 @@ def _due_window(conn, job: JobContext, route: BatchRoute, now: float, lane: str 
     order = [w.c[c.name] for c in sort_by]
     if route.limits.one_model_per_batch:
         order.insert(0, w.c.model)
-    return select(w.c.id, w.c.nbytes, w.c.model).order_by(*order)
+    return select(w.c.id, w.c.nbytes, w.c.chars, w.c.model).order_by(*order)
 
 
 @dataclass

@@ -38,7 +38,7 @@ class _OverBudget(Exception):
     pass
 
 
-# What one claim may hold, in stored payload (characters on SQLite, bytes on PostgreSQL), as
+# What one claim may hold, in bytes of stored payload (UTF-8, store/queries.stored_bytes), as
 # well as the route's dispatch_size: the claimed requests are held parsed while they run, and
 # 5,000 Gemini prompts of 40 kB took serve to 625 MB (issue 32); 32 MB claims, to 304 MB at the
 # 2 GB maximum, 16 MB to 289 (bench/maxsize.py --case gemini-input). At least one is claimed.

@@ -12,6 +12,7 @@ from lowtide.core.states import DispatchState, RequestState
 from lowtide.core.types import Request
 from lowtide.engine import fate
 from lowtide.store.bulk import among
+from lowtide.store.queries import stored_bytes
 from lowtide.store.schema import PENDING, dispatches, requests
 
 
@@ -40,8 +41,8 @@ def claim_due(
     if conn.dialect.name == "postgresql":  # the ids as one array parameter, not one each
         if max_bytes is None:
             ids = list(conn.scalars(_due(conn, job_id, now, limit, lane)))
-        else:  # octet_length reads a stored value's size, not the value
-            sized = _due(conn, job_id, now, limit, lane, func.octet_length(requests.c.payload))
+        else:
+            sized = _due(conn, job_id, now, limit, lane, stored_bytes(requests.c.payload))
             ids = [rid for rid, _ in _fitting(conn, sized, max_bytes)]
         which = among(conn, requests.c.id, ids)
     else:
@@ -73,11 +74,11 @@ PROBE = 16  # rows whose sizes are read first, to tell small payloads from big o
 
 def _fitting_count(conn: Connection, job_id: int, now: float, limit: int, lane: str | None, max_bytes: int) -> int:
     """How many of the first `limit` due requests fit in `max_bytes` of payload (at least
-    one; on SQLite, where `length` reads each value). Small payloads, the usual case, are
+    one; on SQLite, where the sizes are read row by row). Small payloads, the usual case, are
     summed by one SQL aggregate, with no Python per row; where the first few say that the
     claim may not fit, the sizes are read one by one up to the first that does not, so big
     payloads are read no further than the claim goes."""
-    sized = _due(conn, job_id, now, limit, lane, func.length(requests.c.payload))
+    sized = _due(conn, job_id, now, limit, lane, stored_bytes(requests.c.payload))
     head = [size or 0 for _, size in conn.execute(sized.limit(min(limit, PROBE)))]
     fit = _prefix(head, max_bytes)
     if fit < len(head) or len(head) < PROBE or len(head) == limit:

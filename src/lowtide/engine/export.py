@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Row, Select, case, func, null, select
+from sqlalchemy import Row, Select, case, null, select
 
 from lowtide.core import fastjson
 from lowtide.core.errors import LowtideError
@@ -42,7 +42,7 @@ from lowtide.engine.loader import RowRenderer
 from lowtide.engine.result_writers import WRITERS, tally
 from lowtide.store.bulk import among, among_bound, listed
 from lowtide.store.db import Store
-from lowtide.store.queries import get_job
+from lowtide.store.queries import get_job, stored_bytes
 from lowtide.store.schema import requests
 
 _RESULT_COLUMNS = (
@@ -220,7 +220,7 @@ class ResultRows(ResultColumns):
         cols = requests.c
         # Only beside a response (a request started again has neither, whatever is left).
         plain = null() if self.full else case((cols.response.is_not(None), cols.plain_answer), else_=None)
-        length = case((plain.is_(None), func.length(cols.response)), else_=None)
+        length = case((plain.is_(None), stored_bytes(cols.response)), else_=None)
         return select(
             cols.custom_id, cols.state, cols.output, cols.parsed, cols.error_code, cols.error_message,
             cols.input_tokens, cols.output_tokens, cols.attempts, cols.route, cols.fingerprint,

@@ -37,7 +37,7 @@ from lowtide.engine.archive import (
 )
 from lowtide.store.db import Store
 from lowtide.store.gateway_schema import gateway_flushes
-from lowtide.store.queries import LIVE_DISPATCH_STATES, add_event, get_job
+from lowtide.store.queries import LIVE_DISPATCH_STATES, add_event, get_job, stored_bytes
 from lowtide.store.schema import (
     attempts,
     dispatch_phases,
@@ -232,7 +232,7 @@ class Pruned:
     jobs: list[str] = field(default_factory=list)
     requests: int = 0  # request rows whose bodies were dropped
     versions: int = 0  # earlier versions (request_versions rows) likewise
-    bytes: int = 0  # characters of the bodies dropped
+    bytes: int = 0  # bytes (UTF-8) of the bodies dropped
     archives: dict[str, Path] = field(default_factory=dict)  # job → the Parquet file of what it dropped
     kept_results: list[str] = field(default_factory=list)  # jobs whose answers were kept (--keep-results, or `payloads:` due)
     skipped: list[str] = field(default_factory=list)  # jobs that changed (a retry) between planning and dropping
@@ -381,5 +381,5 @@ def _drop(conn: Connection, cut: Cut, result: Pruned) -> None:
 def _length_sum(conn: Connection, table, columns, where) -> int:
     if not columns:
         return 0
-    total = sum((func.coalesce(func.length(c), 0) for c in columns[1:]), func.coalesce(func.length(columns[0]), 0))
+    total = sum((func.coalesce(stored_bytes(c), 0) for c in columns[1:]), func.coalesce(stored_bytes(columns[0]), 0))
     return int(conn.execute(select(func.coalesce(func.sum(total), 0)).select_from(table).where(where)).scalar_one())
