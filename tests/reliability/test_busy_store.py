@@ -150,7 +150,7 @@ def test_a_worker_goes_on_after_a_tick_the_store_was_too_busy_for(tmp_path, cloc
 
         asyncio.run(worker())  # before: the loop ended with "database is locked"
         assert len(released) == 1
-        assert "the tick was rolled back, trying again" in caplog.text
+        assert "the tick's write was rolled back, ticking again" in caplog.text
         with store.read() as conn:
             assert request_counts(conn, job_id) == {"succeeded": 4}
     finally:

@@ -49,16 +49,17 @@ async def work(
 ) -> None:
     """Tick every job, forever (or once, or until nothing is left to do). A tick the store
     was too busy for (SQLite: another process held the write lock past the busy timeout: a
-    load of millions of rows, a delete) is rolled back whole and tried again, not the end of
-    the loop: a worker outlasts the next night's load beside it, as it would be restarted
-    after it. `once` (a cron tick) raises it: the next run tries again."""
+    load of millions of rows, a delete) stops where that write failed, rolled back, and the
+    loop ticks again, not ends: what the tick committed before stays, as when a worker starts
+    again, and a worker outlasts the next night's load beside it. `once` (a cron tick)
+    raises it: the next run tries again."""
     while True:
         try:
             report = await engine.tick()
         except DBAPIError as err:
             if once or not is_busy(err):
                 raise
-            log.warning("the store is busy (another process holds its write lock); the tick was rolled back, trying again")
+            log.warning("the store is busy (another process holds its write lock); the tick's write was rolled back, ticking again")
             continue
         if on_tick:
             on_tick(report)
