@@ -12,8 +12,10 @@ from lowtide.core import tokens
 from lowtide.core.tokens import APPROXIMATION, approx_tokens, counter_for, encoding_for
 
 
-@pytest.mark.parametrize(("text", "n"), [("", 0), ("abc", 1), ("abcd", 1), ("abcde", 2), ("é" * 8, 2)])
-def test_the_approximation_is_characters_over_four_rounded_up(text, n):
+# ASCII: characters / 4, rounded up; each UTF-8 byte past a character's first adds half a
+# token ("é" takes two bytes, "注" three): tests/core/test_token_approximation.py says why.
+@pytest.mark.parametrize(("text", "n"), [("", 0), ("abc", 1), ("abcd", 1), ("abcde", 2), ("é" * 8, 6), ("注" * 4, 5)])
+def test_the_approximation_is_characters_over_four_rounded_up_and_more_outside_ascii(text, n):
     assert approx_tokens(text) == n
 
 

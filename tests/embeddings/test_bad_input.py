@@ -54,13 +54,30 @@ def test_an_input_over_the_token_limit_is_refused_with_its_count_or_cut_when_ask
     with pytest.raises(InputError) as err:
         load_job(sqlite_store, build_spec(embed_spec(source)), clock)
     said = str(err.value)
-    assert "docs.csv row 1" in said and "10000 tokens (approximated: characters / 4)" in said and "at most 8192" in said and "truncate: true" in said
+    assert "docs.csv row 1" in said and "10000 tokens (approximated: characters / 4, more outside ASCII)" in said and "at most 8192" in said and "truncate: true" in said
     assert count(sqlite_store) == 0
     status = drive_to_end(sqlite_store, build_spec(embed_spec(source, truncate=True)), clock)
     assert status.counts == {"succeeded": 2}
     with sqlite_store.begin() as conn:
         payload = json.loads(conn.execute(select(requests.c.payload).where(requests.c.source_key == "doc-1")).scalar_one())
     assert len(payload["body"]["input"]) == 8192 * 4 and rows[0]["text"].startswith(payload["body"]["input"])
+
+
+def test_a_japanese_input_under_the_limit_in_characters_over_4_but_over_it_in_tokens_is_refused(sqlite_store, clock, tmp_path):
+    # 9,000 characters: 2,250 "tokens" as characters / 4, which passed; about 9,000 to 10,800
+    # real ones (cl100k_base, Claude's), which the provider refuses. Now counted 11,250.
+    rows = docs(2)
+    rows[0]["text"] = ("注文した商品が二日遅れて届き、箱が破損していました。" * 400)[:9000]
+    source = write_csv(tmp_path / "docs.csv", rows)
+    with pytest.raises(InputError) as err:
+        load_job(sqlite_store, build_spec(embed_spec(source)), clock)
+    assert "docs.csv row 1" in str(err.value) and "11250 tokens" in str(err.value) and "at most 8192" in str(err.value)
+    assert count(sqlite_store) == 0
+    drive_to_end(sqlite_store, build_spec(embed_spec(source, truncate=True)), clock)
+    with sqlite_store.begin() as conn:
+        payload = json.loads(conn.execute(select(requests.c.payload).where(requests.c.source_key == "doc-1")).scalar_one())
+    cut = payload["body"]["input"]
+    assert len(cut) == 8192 * 4 // 5 and rows[0]["text"].startswith(cut)  # 1.25 a character: 6,553 of them
 
 
 @pytest.mark.parametrize(("model", "dims", "said"), [

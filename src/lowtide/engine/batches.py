@@ -97,7 +97,7 @@ def plan(store: Store, job: JobContext, route: BatchRoute, clock: Clock, lane: s
             ):  # a provider that takes one model per batch never gets two in a chunk
                 chunks_made.append(chunk)
                 chunk = _Chunk()
-            need = queue_limit.tokens_of(chars)  # the characters / 4 estimate (queue_limit.py)
+            need = queue_limit.tokens_of(chars, nbytes - LINE_OVERHEAD)  # as budgets estimate it
             if model not in rooms:
                 rooms[model] = queue_limit.room(conn, route.name, model, limit_of(model) if limit_of else None, now)
             taken = rooms[model].take(need)

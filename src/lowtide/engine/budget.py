@@ -3,7 +3,8 @@ over.
 
     before a batch is submitted or a direct dispatch runs:
         estimate = the dispatch's requests priced at the route's tier
-                   (input ≈ characters of the stored request / 4, output = max_tokens)
+                   (input ≈ the stored request's characters / 4, and half a token for each
+                   UTF-8 byte past a character's first: core/tokens.py; output = max_tokens)
         spent + reserved + estimate > budget ─► do not send; job → budget_exhausted
         else reserve the estimate on the dispatch
     as results come in: the dispatch's reservation shrinks by what its attempts cost, and
@@ -18,7 +19,6 @@ the job is budget_exhausted; `lowtide submit` of the spec (with a bigger budget)
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from decimal import Decimal
 
@@ -27,11 +27,12 @@ from sqlalchemy import ColumnElement, Connection, and_, case, func, select, upda
 from lowtide.core.errors import InputError
 from lowtide.core.pricing import attempt_cost, load_catalog
 from lowtide.core.states import DispatchState, JobState, RequestState
+from lowtide.core.tokens import approx_from
 from lowtide.core.types import Request, Usage
 from lowtide.engine import fate, notify
 from lowtide.engine.context import JobContext
 from lowtide.store.money import from_pico, to_pico
-from lowtide.store.queries import add_event
+from lowtide.store.queries import add_event, stored_bytes
 from lowtide.store.schema import attempts, dispatches, jobs, requests
 from lowtide.store.transitions import lock_job, move_job
 
@@ -63,19 +64,20 @@ def usd(amount: Decimal) -> str:
 
 
 def estimate(conn: Connection, job: JobContext, dispatch_id: int, route: str) -> Estimate:
-    """What the requests waiting in a dispatch may cost on `route`: the stored request's
-    characters / 4 (the approximation of `lowtide.core.tokens`, on the whole JSON: an
-    over-count) of input, and max_tokens of output, each."""
+    """What the requests waiting in a dispatch may cost on `route`: the approximation of
+    `lowtide.core.tokens` over the stored request's whole JSON (its keys and syntax make it
+    an over-count) of input, and max_tokens of output, each."""
     waiting = and_(requests.c.dispatch_id == dispatch_id, requests.c.state == RequestState.DISPATCHED.value)
     return estimate_requests(conn, job, waiting, route)
 
 
 def estimate_requests(conn: Connection, job: JobContext, waiting: ColumnElement[bool], route: str) -> Estimate:
     """`estimate` of the job's requests that `waiting` selects (the dashboard: all of them)."""
-    n, chars = conn.execute(
+    n, chars, nbytes = conn.execute(
         select(
             func.count(),
             func.coalesce(func.sum(func.length(requests.c.payload) + func.coalesce(func.length(requests.c.repair), 0)), 0),
+            func.coalesce(func.sum(stored_bytes(requests.c.payload) + func.coalesce(stored_bytes(requests.c.repair), 0)), 0),
         ).where(waiting)
     ).one()
     spec = job.spec
@@ -86,7 +88,7 @@ def estimate_requests(conn: Connection, job: JobContext, waiting: ColumnElement[
         if None in limits:
             return Estimate(n, 0, 0, None, "a request sets no output limit, so its cost has no bound; give every row max_tokens")
         output = sum(limits)
-    input_tokens = math.ceil(int(chars) / 4)
+    input_tokens = approx_from(int(chars), int(nbytes))
     model, options = job.priced_as(route)
     try:
         catalog = load_catalog()

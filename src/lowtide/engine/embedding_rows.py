@@ -39,7 +39,7 @@ class EmbeddingInput:
             return text, None
         if self.truncate:
             return self.cut(text), None
-        how = "" if self.counter.exact else " (approximated: characters / 4)"
+        how = "" if self.counter.exact else " (approximated: characters / 4, more outside ASCII)"
         return text, (
             f'{where()}: field "input" is {tokens} tokens{how}; {self.model} takes at most {self.limit} per input. '
             f"Shorten the text, or set `truncate: true` in the spec to cut it to {self.limit} tokens"

@@ -28,15 +28,15 @@ empty queue is otherwise let through, whatever was guessed: the provider tells.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 
-from sqlalchemy import Connection, and_, func, or_, select
+from sqlalchemy import ColumnElement, Connection, and_, func, or_, select
 
 from lowtide.core.states import DispatchState, RequestState
+from lowtide.core.tokens import approx_from
 from lowtide.engine import fate
 from lowtide.engine.context import JobContext
-from lowtide.store.queries import add_event
+from lowtide.store.queries import add_event, stored_bytes
 from lowtide.store.schema import PENDING, dispatches, meta, requests
 from lowtide.store.transitions import move_dispatch
 
@@ -45,12 +45,18 @@ LIVE = (DispatchState.PLANNED.value, DispatchState.SUBMITTING.value, DispatchSta
 # A sent batch in these states was in the provider's queue until it ended (one that failed
 # was refused, and never queued).
 ENDED_AFTER_QUEUEING = (DispatchState.ENDED.value, DispatchState.CANCELLED.value)
-CHARS_PER_TOKEN = 4  # the approximation of lowtide.core.tokens (as budgets use): an over-count
 LEARNED_FOR = 86400.0  # seconds a limit learned from a refusal stands (an organization's tier may rise)
 
 
-def tokens_of(chars: int) -> int:
-    return math.ceil(chars / CHARS_PER_TOKEN)
+def tokens_of(chars: int, nbytes: int) -> int:
+    """A stored request's input tokens, as budgets estimate them: the approximation of
+    lowtide.core.tokens over its JSON (`length` and `stored_bytes` of the payload)."""
+    return approx_from(chars, nbytes)
+
+
+def approx_sql(column: ColumnElement) -> ColumnElement:
+    """`tokens_of` in SQL, but for the ceiling: 4 × tokens = characters + 2 × (bytes − characters)."""
+    return (stored_bytes(column) * 2 - func.length(column)) / 4.0
 
 
 def enqueued(conn: Connection, route: str, model: str) -> int:
@@ -206,15 +212,15 @@ def refuse_all_oversized(conn: Connection, job: JobContext, route: str, model: s
     room = Room(None, None, False, proven(conn, route, model, now))
     if room.proven is None:
         return 0
-    over = select(requests.c.id, func.length(requests.c.payload)).where(
+    over = select(requests.c.id, func.length(requests.c.payload), stored_bytes(requests.c.payload)).where(
         requests.c.job_id == job.id, requests.c.state == PENDING, requests.c.model == model,
-        func.length(requests.c.payload) > room.proven.tokens * CHARS_PER_TOKEN,
+        approx_sql(requests.c.payload) > room.proven.tokens,
     )  # fmt: skip
     if lane is not None:
         over = over.where(requests.c.lane == lane)
     by_size: dict[int, list[int]] = {}
-    for rid, chars in conn.execute(over).all():
-        by_size.setdefault(tokens_of(chars), []).append(rid)
+    for rid, chars, nbytes in conn.execute(over).all():
+        by_size.setdefault(tokens_of(chars, nbytes), []).append(rid)
     n = 0
     for tokens, ids in sorted(by_size.items()):
         n += fate.refuse(conn, job.id, ids, "over_token_limit", _oversized_reason(route, model, tokens, room), now)
