@@ -10,6 +10,7 @@ real-time OpenAI route to run offline), priced as OpenAI real time.
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 from decimal import Decimal
 
@@ -18,6 +19,8 @@ import sqlalchemy as sa
 
 from lowtide.core.clock import SystemClock
 from lowtide.core.states import DispatchState, JobState
+from lowtide.core.tokens import approx_from
+from lowtide.core.types import Request
 from lowtide.engine import budget
 from lowtide.engine.control import cancel_job, job_status
 from lowtide.engine.loader import load_job
@@ -222,3 +225,19 @@ def test_a_budget_on_a_route_with_no_price_list_is_refused_at_load_naming_why(st
     assert str(refused.value).endswith("Remove budget_usd, or send through a priced route")
     with store.read() as conn:
         assert conn.execute(sa.select(sa.func.count()).select_from(jobs)).scalar() == 0
+
+
+
+def test_a_dispatch_of_japanese_text_is_estimated_at_more_than_a_token_a_character(store, tmp_path):
+    # Characters / 4 estimated 520 Japanese characters at 130 tokens; cl100k_base and Claude's
+    # tokenizers count about 520 (tests/core/test_token_approximation.py), so a budget held
+    # against the estimate let a job of such text spend about four times what it reserved.
+    job = stored_job(store, tmp_path, n=2, model="gpt-4o-mini", route="openai", params={"max_tokens": 16}, budget_usd="1")
+    text = "注文した商品が二日遅れて届き、箱が破損していました。" * 20  # 520 characters
+    body = Request.chat("r", "gpt-4o-mini", [{"role": "user", "content": text}], max_tokens=16).to_payload()
+    with store.begin() as conn:
+        conn.execute(sa.update(requests).values(payload=json.dumps(body, ensure_ascii=False)))  # as the loader stores it: UTF-8
+        stored = list(conn.scalars(sa.select(requests.c.payload)))
+        est = budget.estimate_requests(conn, job, requests.c.job_id == job.id, "openai")
+    assert est.input_tokens >= 2 * len(text) * 1.25  # before: a quarter of that
+    assert est.input_tokens == approx_from(sum(map(len, stored)), sum(len(p.encode()) for p in stored))
