@@ -84,7 +84,7 @@ def estimate(
     """Estimate a job's tokens, cost and wait on each tier and route, before submitting it.
 
     Counts the input tokens of every rendered request (tiktoken for OpenAI models where its
-    files are cached, else characters / 4; the output says which) and assumes max_tokens of
+    files are cached, else characters / 4, more outside ASCII; the output says which) and assumes max_tokens of
     output per request, an upper bound. Prints the cost curve (real time, real time with a
     prompt cache, flex, batch, batch with a prompt cache, self-hosted) with each tier's
     expected wait, and with --max-wait (or a `route: auto` spec) the tier auto would take.

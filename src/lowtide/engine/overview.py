@@ -284,7 +284,7 @@ _estimates: dict[tuple, Estimate] = {}  # the whole job's estimate changes only 
 
 def job_estimate(conn: Connection, job_id: int) -> Estimate:
     """What every request of the job may cost on its route, as a budget estimates a batch
-    (`budget.estimate_requests`: input ≈ characters / 4, output = each request's limit): an
+    (`budget.estimate_requests`: input approximated as core/tokens.py does, output = each request's limit): an
     upper bound, to set the cost so far against."""
     job_row = conn.execute(select(jobs).where(jobs.c.id == job_id)).one()
     n, last_id, versions = conn.execute(

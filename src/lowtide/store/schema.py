@@ -181,7 +181,7 @@ dispatches = Table(
     # may wait many ticks, or many transient errors, between being planned and being sent).
     Column("submit_started_at", Float),
     # The model of its requests (a batch route that takes one model per batch), and their
-    # input tokens as estimated when it was planned (characters / 4): what it holds of the
+    # input tokens as estimated when it was planned (core/tokens.py's approximation): what it holds of the
     # provider's per-model enqueued-token limit, and what turnarounds are kept by.
     Column("model", String(256)),
     Column("input_tokens_est", BigInteger),
