@@ -91,6 +91,19 @@ def _released_when_refused(store: Store, other: sqlite3.Connection) -> list[str]
     return released
 
 
+def _loaded_beside_another_process(tmp_path, clock, rows: int):
+    """A job of `rows` pending requests in a store opened with a 0.2 s busy timeout, another
+    process's connection to the same file (not in a transaction yet), and `released`."""
+    spec = make_spec(write_csv(tmp_path / "tickets.csv", ticket_rows(rows)))
+    path = tmp_path / "lowtide.db"
+    loaded = Store(str(path))
+    job_id = load_job(loaded, spec, clock).job_id
+    loaded.close()
+    store = Store(str(path), busy_timeout=0.2)
+    other = sqlite3.connect(path, isolation_level=None)
+    return spec, job_id, store, other, _released_when_refused(store, other)
+
+
 class AnswersThenALoadBegins(EchoRoute):
     """echo, and as its last answer comes back another process begins a long write (the next
     night's load), before the worker has written any of them."""
@@ -106,14 +119,7 @@ class AnswersThenALoadBegins(EchoRoute):
 
 
 def test_answers_in_hand_wait_for_a_busy_store_and_are_written_once(tmp_path, clock, caplog):
-    spec = make_spec(write_csv(tmp_path / "tickets.csv", ticket_rows(5)))
-    path = tmp_path / "lowtide.db"
-    loaded = Store(str(path))
-    job_id = load_job(loaded, spec, clock).job_id
-    loaded.close()
-    store = Store(str(path), busy_timeout=0.2)
-    other = sqlite3.connect(path, isolation_level=None)
-    released = _released_when_refused(store, other)
+    spec, job_id, store, other, released = _loaded_beside_another_process(tmp_path, clock, 5)
     try:
 
         async def tick() -> None:
@@ -133,14 +139,7 @@ def test_answers_in_hand_wait_for_a_busy_store_and_are_written_once(tmp_path, cl
 
 
 def test_a_worker_goes_on_after_a_tick_the_store_was_too_busy_for(tmp_path, clock, caplog):
-    spec = make_spec(write_csv(tmp_path / "tickets.csv", ticket_rows(4)))
-    path = tmp_path / "lowtide.db"
-    loaded = Store(str(path))
-    job_id = load_job(loaded, spec, clock).job_id
-    loaded.close()
-    store = Store(str(path), busy_timeout=0.2)
-    other = sqlite3.connect(path, isolation_level=None)
-    released = _released_when_refused(store, other)
+    spec, job_id, store, other, released = _loaded_beside_another_process(tmp_path, clock, 4)
     try:
         other.execute("BEGIN IMMEDIATE")  # a load of millions of rows, begun before the worker's claim
 
