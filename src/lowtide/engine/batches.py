@@ -27,6 +27,7 @@ from lowtide.core.clock import Clock
 from lowtide.core.embeddings import MAX_INPUTS
 from lowtide.core.errors import BatchGone, BatchRejected, NotSent
 from lowtide.core.states import DispatchState, JobState
+from lowtide.core.tokens import approx_from
 from lowtide.core.types import Outcome, Request
 from lowtide.engine import budget, fate, queue_limit
 from lowtide.engine.context import JobContext
@@ -97,7 +98,7 @@ def plan(store: Store, job: JobContext, route: BatchRoute, clock: Clock, lane: s
             ):  # a provider that takes one model per batch never gets two in a chunk
                 chunks_made.append(chunk)
                 chunk = _Chunk()
-            need = queue_limit.tokens_of(chars, nbytes - LINE_OVERHEAD)  # as budgets estimate it
+            need = approx_from(chars, nbytes - LINE_OVERHEAD)  # the input tokens, as budgets estimate them
             if model not in rooms:
                 rooms[model] = queue_limit.room(conn, route.name, model, limit_of(model) if limit_of else None, now)
             taken = rooms[model].take(need)

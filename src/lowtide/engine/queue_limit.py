@@ -48,14 +48,9 @@ ENDED_AFTER_QUEUEING = (DispatchState.ENDED.value, DispatchState.CANCELLED.value
 LEARNED_FOR = 86400.0  # seconds a limit learned from a refusal stands (an organization's tier may rise)
 
 
-def tokens_of(chars: int, nbytes: int) -> int:
-    """A stored request's input tokens, as budgets estimate them: the approximation of
-    lowtide.core.tokens over its JSON (`length` and `stored_bytes` of the payload)."""
-    return approx_from(chars, nbytes)
-
-
 def approx_sql(column: ColumnElement) -> ColumnElement:
-    """`tokens_of` in SQL, but for the ceiling: 4 × tokens = characters + 2 × (bytes − characters)."""
+    """A stored request's input tokens as budgets estimate them (core/tokens.approx_from over
+    its JSON), in SQL but for the ceiling: 4 × tokens = characters + 2 × (bytes − characters)."""
     return (stored_bytes(column) * 2 - func.length(column)) / 4.0
 
 
@@ -220,7 +215,7 @@ def refuse_all_oversized(conn: Connection, job: JobContext, route: str, model: s
         over = over.where(requests.c.lane == lane)
     by_size: dict[int, list[int]] = {}
     for rid, chars, nbytes in conn.execute(over).all():
-        by_size.setdefault(tokens_of(chars, nbytes), []).append(rid)
+        by_size.setdefault(approx_from(chars, nbytes), []).append(rid)
     n = 0
     for tokens, ids in sorted(by_size.items()):
         n += fate.refuse(conn, job.id, ids, "over_token_limit", _oversized_reason(route, model, tokens, room), now)
