@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 from lowtide.core.errors import SourceError
-from lowtide.core.source_types import Inference
+from lowtide.core.source_types import Inference, convert, problem
 from lowtide.core.sources import INFER_ROWS, open_file
 
 
@@ -43,6 +43,13 @@ def test_each_kind_is_the_whole_pass_s_where_a_late_cell_changes_it(tmp_path):
         (["01234", "5"], "string"),  # a leading zero is text
         (["", " "], None),  # no value: left to the default (text)
         (["TRUE", "false"], "bool"),
+        (["1e5", ".5", "-3."], "float"),
+        # What Python's int() and float() take, and a CSV cell does not write as a number:
+        # text, not a number a typed result would rewrite (123, 1000.0, inf).
+        (["١٢٣", "45"], "string"),  # Arabic-Indic digits
+        (["１２", "3"], "string"),  # full-width digits
+        (["1_000", "2"], "string"),
+        (["1e400", "2.5"], "string"),  # past a float: inf
     ],
 )
 def test_kinds_of_csv_cells(cells, kind):
@@ -51,6 +58,23 @@ def test_kinds_of_csv_cells(cells, kind):
         inference.add({"c": cell})
     assert inference.kinds().get("c") == kind
     assert inference.settled == (kind == "string")
+
+
+@pytest.mark.parametrize(
+    ("cell", "kind", "why"),
+    [("١٢٣", "int", "not an integer"), ("1_000", "int", "not an integer"), ("１２", "float", "not a number"),
+     ("1_000.5", "float", "not a number"), ("1e400", "float", "past a 64-bit float"), ("1e400", "int", "past a 64-bit float")],
+)  # fmt: skip
+def test_a_declared_number_is_written_in_ascii_digits(cell, kind, why):
+    """`source.types` checks each value of a declared column as its kind: the same spellings
+    are refused, by name, rather than stored as another number."""
+    assert problem(cell, kind) == why
+
+
+@pytest.mark.parametrize(("cell", "kind", "value"), [(" 12 ", "int", 12), ("3.0", "int", 3), ("-1.5e3", "float", -1500.0), ("NaN", "float", None)])
+def test_declared_numbers_as_written(cell, kind, value):
+    got = convert(cell, kind)
+    assert got == value or (value is None and got != got)  # NaN, as a declared float column may hold
 
 
 def test_the_pass_leaves_a_pass_in_progress_as_it_was(tmp_path):

@@ -22,12 +22,18 @@ file, never a request.
 
 from __future__ import annotations
 
+import math
 import re
 from datetime import UTC, date, datetime
 from typing import Any
 
 KINDS = ("string", "int", "float", "bool", "date", "timestamp")
-INT_TEXT = re.compile(r"^[+-]?\d+$")
+# Numbers as CSV cells write them, in ASCII digits. Python's int() and float() take more
+# (Arabic-Indic and full-width digits, `1_000`) and float() overflows `1e400` to inf: text
+# that a typed result would have rewritten as another value.
+INT_TEXT = re.compile(r"^[+-]?[0-9]+$")
+NUMBER_TEXT = re.compile(r"^[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?$")
+_NOT_FINITE = ("nan", "inf", "-inf", "+inf", "infinity", "-infinity", "+infinity")
 _BOOL = {"true": True, "false": False}
 INT64 = (-(2**63), 2**63)
 
@@ -67,7 +73,7 @@ def convert(value: Any, kind: str) -> Any:
     if kind == "float":
         if value.__class__ is bool:
             raise ValueError("not a number")
-        return float(value)
+        return _number(value)
     if kind == "bool":
         if value.__class__ is bool:
             return value
@@ -91,8 +97,25 @@ def convert(value: Any, kind: str) -> Any:
     raise ValueError(f"unknown kind {kind!r}")
 
 
+def _number(value: Any, not_one: str = "not a number") -> float:
+    """`value` as a float: text only as a number written in ASCII (`NUMBER_TEXT`, finite), or
+    a word for a value no digits write (`nan`, `inf`: a declared column may hold them).
+    `not_one`: what the ValueError says of text that is no number."""
+    if value.__class__ is not str:
+        return float(value)
+    text = value.strip()
+    if text.lower() in _NOT_FINITE:
+        return float(text)
+    if not NUMBER_TEXT.match(text):
+        raise ValueError(not_one)
+    number = float(text)
+    if math.isinf(number):
+        raise ValueError("past a 64-bit float")
+    return number
+
+
 def _whole(value: Any) -> int:
-    number = float(value)
+    number = _number(value, "not an integer")
     if not number.is_integer():
         raise ValueError("not a whole number")
     return int(number)
@@ -100,7 +123,7 @@ def _whole(value: Any) -> int:
 
 _NOT = {"int": "not an integer", "float": "not a number", "bool": "not true or false", "date": "not a date (YYYY-MM-DD)",
         "timestamp": "not an ISO 8601 time (2026-12-03T09:00:00Z)"}  # fmt: skip
-_OWN = ("past a 64-bit integer", "not a whole number", "not an integer", "not a number", "not true or false")
+_OWN = ("past a 64-bit integer", "past a 64-bit float", "not a whole number", "not an integer", "not a number", "not true or false")
 
 
 def problem(value: Any, kind: str) -> str | None:
@@ -160,11 +183,7 @@ class Inference:
             return "int" if INT64[0] <= int(v) < INT64[1] else "string"
         if v.lower() in _BOOL:
             return "bool"
-        try:
-            float(v)
-        except ValueError:
-            return "string"
-        return "float" if v.lower() not in ("nan", "inf", "-inf", "+inf", "infinity", "-infinity") else "string"
+        return "float" if NUMBER_TEXT.match(v) and not math.isinf(float(v)) else "string"
 
     @staticmethod
     def _value_kind(value: Any) -> str:
