@@ -149,6 +149,19 @@ def test_duplicate_ids_report_every_row_that_shares_one(store, clock, tmp_path, 
     assert snapshot(store) == finished
 
 
+def test_duplicates_in_a_folder_name_each_file_and_line(sqlite_store, clock, tmp_path):
+    """In a source of many files a repeat is found by its file and line: the message named
+    only the folder and row numbers counted over every file read."""
+    rows = ticket_rows(4)
+    (tmp_path / "t" / "dt=2026-12-02").mkdir(parents=True)
+    (tmp_path / "t" / "dt=2026-12-03").mkdir()
+    write_csv(tmp_path / "t" / "dt=2026-12-02" / "part.csv", rows[:3])
+    write_csv(tmp_path / "t" / "dt=2026-12-03" / "part.csv", [rows[3] | {"ticket_id": rows[1]["ticket_id"]}])
+    msg = str(refused(sqlite_store, spec_for(tmp_path / "t"), clock, SourceError))
+    assert (f'dt=2026-12-02/part.csv line 3, dt=2026-12-03/part.csv line 2: duplicate id "{rows[1]["ticket_id"]}"'
+            ' in column "ticket_id"') in msg  # fmt: skip
+
+
 def test_duplicates_after_trimming_are_duplicates(sqlite_store, clock, tmp_path):
     rows = ticket_rows(3)
     rows[2]["ticket_id"] = f" {rows[0]['ticket_id']} "

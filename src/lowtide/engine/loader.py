@@ -627,7 +627,7 @@ class _IdWatch:
 
 def _duplicates(source: Source, id_column: str, ids: _IdWatch, variant: str | None = None) -> list[str]:
     """Every row of every repeated id: a second pass over the source, only when needed."""
-    groups: dict[str, list[int]] = {}
+    groups: dict[str, list[SourceRow]] = {}
     for chunk in source.chunks(strict=False):  # its structural problems are reported already
         for row in chunk:
             key = row.values.get(id_column)
@@ -635,10 +635,19 @@ def _duplicates(source: Source, id_column: str, ids: _IdWatch, variant: str | No
                 continue
             cid = custom_id_for(key_of(key), variant) if key.isascii() or is_utf8(key) else None
             if cid is not None and hash(cid) in ids.repeated:
-                groups.setdefault(cid, []).append(row.number)
+                groups.setdefault(cid, []).append(row)
     return [
-        f'{source.name} rows {", ".join(map(str, rows))}: duplicate id "{cid}" in column "{id_column}"; '
+        f'{_places(source, rows)}: duplicate id "{cid}" in column "{id_column}"; '
         "ids must be unique (remove or renumber the repeats)"
         for cid, rows in sorted(groups.items())
         if len(rows) > 1
     ]
+
+
+def _places(source: Source, rows: list[SourceRow]) -> str:
+    """Where the rows are: `t.csv rows 1, 4` in one file; in a source of many files each
+    row's file and line (`dt=2026-12-02/part.csv line 3, …`: a row's number counts the
+    rows of every file read)."""
+    if all(row.file is None for row in rows):
+        return f'{source.name} rows {", ".join(str(row.number) for row in rows)}'
+    return ", ".join(f"{row.file} line {row.line}" if row.file and row.line else row.where(source.name) for row in rows)
