@@ -40,3 +40,32 @@ def test_jsonl_source_columns_keep_their_json_types_in_parquet(tmp_path):
     rows = {r["ticket_id"]: r for r in table.to_pylist()}
     assert (rows["T1"]["urgent"], rows["T1"]["seats"], rows["T2"]["score"]) == (True, 3, 2.0)
     assert (rows["T1"]["tags"], rows["T2"]["mixed"], rows["T2"]["huge"], rows["T1"]["note"]) == ('["a"]', "x", str(2**70), None)
+
+
+def test_jsonl_results_of_a_parquet_source_are_json_whatever_its_types(tmp_path):
+    """Every line of JSONL results is a JSON document: a Parquet NaN was written as the bare
+    token `NaN` (no JSON reader takes it) and bytes as Python's `b'\\x00\\xff'`."""
+    from datetime import UTC, date, datetime
+    from decimal import Decimal
+
+    source = tmp_path / "tickets.parquet"
+    pq.write_table(pa.table({
+        "ticket_id": ["T1", "T2"], "body": ["billing question", "shipping question"],
+        "score": [float("nan"), 1.5], "blob": [b"\x00\xff", None],
+        "at": [datetime(2026, 12, 3, 9, 0, tzinfo=UTC), None], "day": [date(2026, 12, 3), None],
+        "amount": pa.array([Decimal("12345678901234567890.12"), None], pa.decimal128(22, 2)),
+    }), source)  # fmt: skip
+    store = Store(str(tmp_path / "lowtide.db"))
+    load_job(store, make_spec(source), SystemClock())
+    _run(store, "tickets")
+    export_results(store, "tickets", tmp_path / "out.jsonl")
+    lines = (tmp_path / "out.jsonl").read_text().splitlines()
+    rows = {r["ticket_id"]: r for r in map(lambda line: json.loads(line, parse_constant=_not_json), lines)}
+    assert {k: rows["T1"][k] for k in ("score", "blob", "at", "day", "amount")} == {
+        "score": None, "blob": "AP8=", "at": "2026-12-03T09:00:00+00:00", "day": "2026-12-03", "amount": "12345678901234567890.12",
+    }  # fmt: skip
+    assert rows["T2"]["score"] == 1.5 and rows["T2"]["blob"] is None
+
+
+def _not_json(token: str):
+    raise AssertionError(f"{token} is not JSON")

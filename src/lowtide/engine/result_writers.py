@@ -10,12 +10,17 @@ names (partitions.py).
 
 from __future__ import annotations
 
+import base64
 import csv
 import io
 import json
+import math
 from collections.abc import Collection, Iterator
+from datetime import date, time
 from itertools import repeat
 from typing import IO, Any
+
+import orjson
 
 from lowtide.core import source_types
 from lowtide.engine.answer_columns import answer_types, fit, schema_type
@@ -130,10 +135,38 @@ class JsonlWriter:
     def write(self, chunk: list[dict[str, Any]]) -> None:
         drop = self.drop
         lines = (r if not drop else {k: v for k, v in r.items() if k not in drop} for r in chunk)
-        self.f.write("".join(json.dumps(r, ensure_ascii=False, default=str) + "\n" for r in lines).encode())
+        self.f.write(b"".join(map(jsonl_line, lines)))
 
     def close(self) -> None:
         self.f.flush()
+
+
+def jsonl_line(record: dict[str, Any]) -> bytes:
+    """One record as a line of JSON: every line a JSON document, whatever a Parquet or SQL
+    source holds. A float that is not a number (NaN, ±inf) is null, as JSON has none; times
+    and dates are ISO 8601; bytes base64; a decimal its exact digits, as text."""
+    try:
+        return orjson.dumps(record, default=_json_value, option=orjson.OPT_APPEND_NEWLINE | orjson.OPT_NON_STR_KEYS)
+    except TypeError:  # what orjson refuses: an integer past 64 bits (a JSONL source's), a lone surrogate
+        return (json.dumps(_finite(record), ensure_ascii=False, default=_json_value, separators=(",", ":")) + "\n").encode("utf-8", "surrogatepass")
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, bytes | bytearray | memoryview):
+        return base64.b64encode(value).decode()
+    if isinstance(value, date | time):  # (orjson writes these itself; the json fallback does not)
+        return value.isoformat()
+    return str(value)  # Decimal: its digits, exactly
+
+
+def _finite(value: Any) -> Any:
+    if value.__class__ is float:
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
 
 
 class ParquetWriter:
