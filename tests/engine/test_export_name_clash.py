@@ -105,3 +105,30 @@ def test_a_source_column_named_like_the_renamed_field_is_renamed_in_turn(tmp_pat
         export_results(store, "tickets", tmp_path / "out.jsonl")
     first = json.loads((tmp_path / "out.jsonl").read_text().splitlines()[0])
     assert (first["answer_state"], first["lowtide_answer_state"], first["state"]) == ("calm", "angry", "succeeded")
+
+
+@pytest.mark.parametrize("fmt", ["csv", "jsonl", "parquet"])
+def test_a_jsonl_key_that_first_appears_late_is_a_column(tmp_path, clock, monkeypatch, fmt):
+    """A JSONL source's columns are every key of its rows: they were its first chunk's keys
+    alone, so a key first met in a later row (a `priority` a feed adds one day) was dropped
+    from CSV and Parquet results, and a late `state` was overwritten by lowtide's own."""
+    import lowtide.core.sources as sources
+
+    monkeypatch.setattr(sources, "CHUNK_CHARS", 100)  # a chunk of a few rows: the late keys are past the first
+    rows = [{"ticket_id": f"T{i}", "body": f"ticket {i}"} for i in range(20)]
+    rows[15] |= {"priority": "high", "state": "CA"}
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    store = Store(str(tmp_path / "lowtide.db"))
+    drive_to_end(store, make_spec(tmp_path / "t.jsonl"), clock)
+    export_results(store, "tickets", tmp_path / f"out.{fmt}")
+    if fmt == "csv":
+        with (tmp_path / "out.csv").open(newline="") as f:
+            got = list(csv.DictReader(f))
+    elif fmt == "jsonl":
+        got = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    else:
+        got = pq.read_table(tmp_path / "out.parquet").to_pylist()
+    late = got[15]
+    assert (late["priority"], late["state"], late["lowtide_state"]) == ("high", "CA", "succeeded")
+    assert got[0]["lowtide_state"] == "succeeded" and got[0].get("priority") in (None, "")
+    store.close()

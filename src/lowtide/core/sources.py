@@ -165,6 +165,22 @@ class Source:
         kinds = {**inference.kinds(), **self.types}
         return {c: source_types.arrow_type(k) for c, k in kinds.items()}
 
+    def keys(self) -> list[str]:
+        """The columns, or where they are not known up front (JSONL) every key of any row,
+        in the order they first appear (a pass of its own, as `arrow_types`)."""
+        if self.columns is not None:
+            return list(self.columns)
+        seen: dict[str, None] = {}
+        noted = self.problems, self.highest
+        try:
+            for chunk in self.chunks(strict=False):
+                for row in chunk:
+                    if not seen.keys() >= row.values.keys():
+                        seen.update(dict.fromkeys(row.values))
+        finally:
+            self.problems, self.highest = noted
+        return list(seen)
+
     def highest_of(self, column: str) -> Any:
         """The highest value of `column` among the rows the filter keeps, past no watermark."""
         after, self.after = self.after, None

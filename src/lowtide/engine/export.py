@@ -103,14 +103,16 @@ class ResultColumns:
         return names
 
     def columns(self) -> list[str]:
-        """Every column of the results: the source's (a JSONL source's first chunk's keys, as
-        the export takes them), then lowtide's."""
+        """Every column of the results: the source's, then lowtide's."""
+        return [*self.known_source_columns(), *self.result_columns(self.known_source_columns()).values()]
+
+    def known_source_columns(self) -> list[str]:
+        """The source's columns. A JSONL source's are every key of any of its rows, in the
+        order they first appear: a pass over the source of its own (a key that first
+        appears late, a `priority` added to a feed one day, is a column like the others)."""
         if self.source_columns is None:
-            chunks = self.source.chunks(strict=False)
-            first = next(chunks, [])
-            chunks.close()
-            self.source_columns = list(dict.fromkeys(k for r in first for k in r.values))
-        return [*self.source_columns, *self.result_columns(self.source_columns).values()]
+            self.source_columns = self.source.keys()
+        return self.source_columns
 
 
 class ResultRows(ResultColumns):
@@ -131,11 +133,9 @@ class ResultRows(ResultColumns):
 
     def chunks(self) -> Iterator[list[dict[str, Any]]]:
         id_col = self.spec.source.id_column
+        names = self.result_columns(self.known_source_columns())
+        self.answers_renamed = any(names[n] != n for n in ANSWER_COLUMNS)
         for chunk in self.source.chunks():
-            if self.source_columns is None:  # JSONL: the first chunk's keys
-                self.source_columns = list(dict.fromkeys(k for r in chunk for k in r.values))
-            names = self.result_columns(self.source_columns)
-            self.answers_renamed = any(names[n] != n for n in ANSWER_COLUMNS)
             keys = [str(r.values.get(id_col, "")).strip() for r in chunk]
             ids = [custom_id_for(key_of(k), self.spec.variant) for k in keys]
             found = self._lookup(ids, keys)

@@ -193,7 +193,7 @@ def upsert_results(rows: Any, url: str, table: str) -> tuple[int, dict[str, int]
     count = 0
     try:
         with engine.begin() as conn:
-            rows.columns()  # a JSONL source's columns are its first chunk's keys: known before the table is made
+            rows.columns()  # a JSONL source's columns are every key of its rows: known before the table is made
             problem = _table_problem(conn, rows, table, engine.dialect)
             if problem:
                 raise LowtideError(f"output.table {table}: {problem}")
