@@ -57,6 +57,22 @@ def test_a_partition_of_another_type_is_refused_by_name_unless_filtered_out(sqli
     assert [r.values["ticket_id"] for c in kept.chunks() for r in c] == ["T3", "T4", "T5"]
 
 
+def test_a_column_an_older_partition_has_is_a_column_of_every_row(sqlite_store, clock, tmp_path):
+    """The dataset's columns were the newest file's alone: a column an older partition had
+    and the newest dropped vanished from the rows, and so from templates and results."""
+    root = tmp_path / "tickets"
+    write_day(root, "2026-12-01", range(0, 2))
+    (root / "dt=2026-12-02").mkdir()
+    pq.write_table(pa.table({"ticket_id": ["T2"], "body": ["ticket 2"]}), root / "dt=2026-12-02" / "part-0.parquet")
+    rows = [r.values for c in source_of(spec_for(root)).chunks() for r in c]
+    assert [(r["ticket_id"], r["priority"], r["dt"]) for r in rows] == [("T0", 0, "2026-12-01"), ("T1", 1, "2026-12-01"), ("T2", None, "2026-12-02")]
+    # ... and of one type in every file that has it
+    write_day(root, "2026-11-30", range(3, 4), text_priority=True)
+    with pytest.raises(SourceError, match=r'partition dt=2026-12-01/part-0.parquet: column "priority" is int64 there, string in '
+                                          r"dt=2026-11-30/part-0.parquet; write every partition with the same types"):
+        load_job(sqlite_store, spec_for(root), clock)
+
+
 def test_csv_files_of_one_source_must_share_the_header(sqlite_store, clock, tmp_path):
     """Only the first file's header is read up front; a later file that disagrees refuses the
     load when it is reached, and the load's transaction keeps nothing of the files before it."""

@@ -38,9 +38,8 @@ class ParquetSource(Source):
         """The dataset, with the schema of the LAST file the filter and watermark keep (in
         name order: the newest partition of a dated dataset, the one a nightly load reads),
         given to pyarrow rather than inferred from the first file: only that one footer is
-        read up front, so partitions left out are never opened."""
-        import pyarrow as pa
-        import pyarrow.dataset as ds
+        read up front, so partitions left out are never opened (the columns of the other
+        kept files are added once their footers are read: `_check_schemas`)."""
         import pyarrow.parquet as pq
 
         loc, files = self.loc, self.files
@@ -57,16 +56,24 @@ class ParquetSource(Source):
                 raise SourceError(f"{loc.name_of(self.reference)}: cannot read as parquet ({_arrow_reason(err)})") from None
             raise SourceError(f"{loc.text}: partition {loc.name_of(self.reference)}: cannot read as parquet ({_arrow_reason(err)}); "
                               "replace the file, or leave it out (source.filter, source.path)") from None  # fmt: skip
-        base = loc.base.rstrip("/") if len(files) > 1 or not loc.one_file else None
-        keys = _partition_schema(loc, files) if base else None
+        self._base = loc.base.rstrip("/") if len(files) > 1 or not loc.one_file else None
+        self._keys = _partition_schema(loc, files) if self._base else None
+        self._make_dataset(physical)
+
+    def _make_dataset(self, physical) -> None:
+        """The dataset of `physical`'s columns (a file's), and the partition columns."""
+        import pyarrow as pa
+        import pyarrow.dataset as ds
+
+        keys = self._keys
         if keys is not None:
             physical = pa.schema([f for f in physical if f.name not in keys.names] + list(keys))
         try:
-            self.dataset = ds.dataset(files, filesystem=fs, format="parquet", schema=physical,
+            self.dataset = ds.dataset(self.files, filesystem=self.loc.arrow_filesystem(), format="parquet", schema=physical,
                                       partitioning=ds.partitioning(keys, flavor="hive") if keys is not None else None,
-                                      partition_base_dir=base)  # fmt: skip
+                                      partition_base_dir=self._base)  # fmt: skip
         except Exception as err:
-            raise SourceError(f"{loc.text}: cannot read as parquet ({_arrow_reason(err)})") from None
+            raise SourceError(f"{self.loc.text}: cannot read as parquet ({_arrow_reason(err)})") from None
         self.columns = self._check_columns(list(self.dataset.schema.names), "schema")
 
     def _keeps(self, f: str) -> bool:
@@ -83,10 +90,16 @@ class ParquetSource(Source):
         self._check_schemas()  # once the filter is known: the partitions it leaves out stay unopened
 
     def _check_schemas(self) -> None:
-        """Every file's columns must have the types the dataset has (the first file's):
-        a partition written with another type is refused before any row is read. Only the
-        files the filter's partition columns keep are opened."""
+        """Every file's columns must have the types the dataset has (the reference file's,
+        or for a column it lacks the first file's that has it): a partition written with
+        another type is refused before any row is read. A column some files lack is a
+        column of every row, null where its file has none: one an older partition has and
+        the newest dropped is kept too. Only the files the filter's partition columns keep
+        are opened."""
+        import pyarrow as pa
+
         schema = self.dataset.schema
+        added: list[tuple[Any, str]] = []  # (field, the file it was first met in): columns the reference lacks
         for fragment in self.dataset.get_fragments(filter=self.expression()):
             try:
                 own = fragment.physical_schema
@@ -95,14 +108,24 @@ class ParquetSource(Source):
                                   f"({_arrow_reason(err)}); replace the file, or leave it out (source.filter, source.path)") from None  # fmt: skip
             for field in own:
                 i = schema.get_field_index(field.name)
-                if i < 0:
-                    continue  # a column the first file has not: read as missing there, null
-                if not _same_type(schema.field(i).type, field.type):
+                if i >= 0:
+                    known, where = schema.field(i), self.reference
+                else:
+                    met = next((a for a in added if a[0].name == field.name), None)
+                    if met is None:
+                        added.append((field, fragment.path))
+                        continue
+                    known, where = met
+                if not _same_type(known.type, field.type):
                     raise SourceError(
                         f'{self.label}: partition {self.loc.name_of(fragment.path)}: column "{field.name}" is {field.type} there, '
-                        f"{schema.field(i).type} in {self.loc.name_of(self.reference)}; write every "
+                        f"{known.type} in {self.loc.name_of(where)}; write every "
                         "partition with the same types, or leave the odd one out (a source.filter on its partition column, or source.path)"
                     )
+        if added:
+            keys = self._keys.names if self._keys is not None else []
+            data = [f for f in schema if f.name not in keys]
+            self._make_dataset(pa.schema(data + [f for f, _ in added]))
 
     def expression(self):
         """The filter and watermark as one pyarrow expression (None for all rows)."""
