@@ -69,6 +69,42 @@ def test_a_host_name_is_checked_by_every_address_it_resolves_to(monkeypatch, add
         asyncio.run(check)
 
 
+def test_a_host_outside_ascii_is_refused_for_the_two_names_it_has(monkeypatch):
+    """`faß.evil.test` is `fass.evil.test` to the resolver the check asked (IDNA 2003) and
+    `xn--fa-hia.evil.test` to httpx, which connects (IDNA 2008): a zone answering a public
+    address for one and loopback for the other passed the check, and the POST landed on
+    loopback. A name outside ASCII is refused; its xn-- form is judged as any name."""
+    zone = {"fass.evil.test": "93.184.216.34", "xn--fa-hia.evil.test": "127.0.0.1"}
+
+    def resolve(host, port, *args, **kwargs):  # the attacker's zone (no network in tests)
+        name = host if host.isascii() else host.encode("idna").decode()
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (zone[name], port))]
+
+    monkeypatch.setattr(socket, "getaddrinfo", resolve)
+    with pytest.raises(CallbackRefused, match=r"host faß.evil.test is not ASCII; write an internationalized name in its ASCII form"):
+        asyncio.run(check_callback("https://faß.evil.test/cb", Callbacks()))
+    with pytest.raises(CallbackRefused, match="resolves to a loopback address"):
+        asyncio.run(check_callback("https://xn--fa-hia.evil.test/cb", Callbacks()))
+
+
+def test_a_url_no_attempt_can_send_to_is_a_final_refusal():
+    """A callback URL httpx cannot build a request for (one stored before hosts outside
+    ASCII were refused) is refused for good: the attempt raised httpx.InvalidURL, which
+    the delivery loops took for a store error, so the delivery stayed pending for ever,
+    its attempts uncounted."""
+    from lowtide.engine.webhook import post_once, webhook_client
+
+    async def attempt():
+        client = webhook_client(1, 5.0)
+        try:
+            return await post_once(client, "http://locªlhost:9/hook", b"{}", {}, 5.0, Callbacks(allow_loopback=True))
+        finally:
+            await client.aclose()
+
+    with pytest.raises(CallbackRefused, match="callback URL: Invalid IDNA hostname"):
+        asyncio.run(attempt())
+
+
 def test_a_body_over_the_size_limit_is_refused_in_each_apis_shape(gateway, upstream):
     big = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "x" * 5000}]}
     with gateway(max_body_bytes=4096) as g, g.client() as c:

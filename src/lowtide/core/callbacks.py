@@ -6,6 +6,8 @@ by both.
 A callback URL must
 
 - use an allowed scheme (`http`, `https` by default) and carry no user:password;
+- name its host in ASCII (an internationalized name in its xn-- form): a name outside ASCII
+  has two ASCII forms (IDNA 2003 and 2008), and the one judged must be the one connected to;
 - name a host matching `Callbacks.allowlist` (globs such as `*.acme.com`; empty: any host);
 - resolve only to public addresses: loopback (127/8, ::1), link-local (169.254/16 — the
   cloud metadata service — fe80::/10), private (10/8, 172.16/12, 192.168/16, fc00::/7, the
@@ -154,6 +156,12 @@ def check_url_form(url: str, rules: Callbacks) -> tuple[str, int]:
     host = (parts.hostname or "").lower()
     if not host:
         raise CallbackRefused("callback URL: no host")
+    if not host.isascii():
+        # A name outside ASCII has two ASCII forms (IDNA 2003 here, IDNA 2008 in httpx:
+        # faß.example is fass.example to one, xn--fa-hia.example to the other): the name
+        # judged must be the one connected to.
+        raise CallbackRefused(f"callback URL: host {host} is not ASCII; write an internationalized name in its "
+                              "ASCII form (xn--…), the one its DNS records are under")  # fmt: skip
     if rules.allowlist and not any(fnmatch.fnmatchcase(host, pattern.lower()) for pattern in rules.allowlist):
         raise CallbackRefused(f"callback URL: host {host} is not in the gateway's callback allowlist")
     return host, port or (443 if parts.scheme == "https" else 80)

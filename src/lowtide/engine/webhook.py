@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
-from lowtide.core.callbacks import Callbacks, check_callback
+from lowtide.core.callbacks import CallbackRefused, Callbacks, check_callback
 
 if TYPE_CHECKING:
     import httpx
@@ -37,7 +37,10 @@ async def post_once(client: httpx.AsyncClient, url: str, body: bytes, headers: d
     import httpx
 
     deadline = asyncio.get_running_loop().time() + timeout
-    request = client.build_request("POST", url, content=body, headers=headers)
+    try:
+        request = client.build_request("POST", url, content=body, headers=headers)
+    except httpx.InvalidURL as err:  # (not an HTTPError): a URL no attempt can reach, now or later
+        raise CallbackRefused(f"callback URL: {err}") from None
     try:
         async with asyncio.timeout_at(deadline):
             await check_callback(url, rules)
