@@ -92,3 +92,22 @@ def test_a_stored_infinite_deadline_still_runs_and_does_not_stall_the_collector(
         assert g.wait_done(gid)["status"] == "succeeded"  # alone in its flush: the deadline is infinite
         later = c.post("/v1/chat/completions", json=CHAT, headers={"X-Lowtide-Defer": "1h"}).json()["id"]
         assert g.wait_done(later)["status"] == "succeeded"
+
+
+@pytest.mark.parametrize("api, body, field", [
+    ("/v1/chat/completions", CHAT | {"max_tokens": "50"}, "max_tokens"),
+    ("/v1/chat/completions", CHAT | {"max_completion_tokens": 1.5}, "max_completion_tokens"),
+    ("/v1/chat/completions", CHAT | {"temperature": "hot"}, "temperature"),
+    ("/v1/messages", MESSAGE | {"max_tokens": []}, "max_tokens"),
+    ("/v1/messages", MESSAGE | {"max_tokens": 0}, "max_tokens"),
+])  # fmt: skip
+def test_a_deferred_body_its_batch_route_cannot_run_is_a_400(gateway, upstream, api, body, field):
+    """A limit or temperature of the wrong type was taken (202) and failed only when its
+    batch ran: on echo-batch the whole batch's ingest, every poll, so every request of its
+    flush (any tenant's) stayed queued for ever. Refused at the door, naming the field."""
+    with gateway(batch={"openai": {"route": "echo-batch"}, "anthropic": {"route": "echo-batch"}}) as g, g.client() as c:
+        answer = c.post(api, json=body, headers={"X-Lowtide-Defer": "1h"})
+        listed = c.get("/v1/deferred")
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"]["message"].startswith(f"{field}: must be ")
+    assert listed.json()["data"] == []  # nothing was stored

@@ -104,7 +104,7 @@ TEXT_CHAT_KEYS = frozenset({"model", "messages", "max_tokens", "max_completion_t
 
 def text_chat(request: Request) -> tuple[str, int, int | None] | None:
     """For a chat request that echo answers with the text echo and that nothing in it can
-    refuse (text turns, a whole-number limit, text stops; no structure asked, no choices,
+    refuse (text turns, a limit of at least 1, a temperature from 0 to 2, text stops; no structure asked, no choices,
     one choice), told in a few lookups: its last user turn, its input tokens and its output
     limit. None for any other request, which is planned the general way. The answer is the
     general way's, byte for byte (tests/routes/test_echo_short_ways.py)."""
@@ -118,7 +118,10 @@ def text_chat(request: Request) -> tuple[str, int, int | None] | None:
     if stop is not None and stop.__class__ is not str and not (stop.__class__ is list and all(s.__class__ is str for s in stop)):
         return None
     limit = body.get("max_completion_tokens", body.get("max_tokens"))
-    if limit is not None and limit.__class__ is not int:
+    if limit is not None and (limit.__class__ is not int or limit < 1):
+        return None
+    temperature = body.get("temperature")
+    if temperature is not None and (temperature.__class__ not in (int, float) or not 0 <= temperature <= 2):
         return None
     return *told, limit
 

@@ -120,7 +120,11 @@ class EchoBatchRoute:
                 yield Outcome.failure(item["custom_id"], "batch_cancelled", "echo-batch: batch was cancelled", True)
                 continue
             request = Request.from_payload(item["custom_id"], item["body"], item["attempt"])
-            yield self.echo.outcome(request)
+            try:
+                outcome = self.echo.outcome(request)
+            except Exception as err:  # a line echo cannot answer fails alone, as a provider's bad line does, not its batch
+                outcome = Outcome.failure(item["custom_id"], "invalid_request", f"echo-batch: {type(err).__name__}: {err}", False)
+            yield outcome
 
     async def cancel(self, batch_id: str) -> None:
         meta = self._read(batch_id)

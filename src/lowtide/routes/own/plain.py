@@ -140,10 +140,31 @@ def _stops(value: Any, name: str) -> list[str]:
     raise _Refused(name, "must be a string or a list of strings")
 
 
+def _limit(body: dict[str, Any], *names: str) -> int | None:
+    """The output limit under the first of `names` the body has (null: none): a whole
+    number of tokens, at least 1. Anything else is refused by name here, at the door: an
+    engine that ran it would fail (a limit of "50" cuts no text), and with it, in a batch,
+    every line beside it."""
+    for name in names:
+        if name in body:
+            value = body[name]
+            if value is not None and (value.__class__ is not int or value < 1):
+                raise _Refused(name, f"must be a whole number of tokens, at least 1; got {value!r}")
+            return value
+    return None
+
+
+def _temperature(body: dict[str, Any], name: str = "temperature") -> float | None:
+    value = body.get(name)
+    if value is not None and (value.__class__ not in (int, float) or not 0 <= value <= 2):
+        raise _Refused(name, f"must be a number from 0 to 2; got {value!r}")
+    return value
+
+
 def _chat(body: dict[str, Any]) -> Plain:
     messages = _turns(body.get("messages"), CHAT_ROLES, TEXT_PARTS[CHAT], _ROLE_CONTENT)
-    limit = body.get("max_completion_tokens", body.get("max_tokens"))
-    return Plain(messages, limit, body.get("temperature"), _stops(body.get("stop"), "stop"))
+    limit = _limit(body, "max_completion_tokens", "max_tokens")
+    return Plain(messages, limit, _temperature(body), _stops(body.get("stop"), "stop"))
 
 
 def _messages(body: dict[str, Any]) -> Plain:
@@ -151,7 +172,7 @@ def _messages(body: dict[str, Any]) -> Plain:
     if body.get("system") is not None:
         turns.append({"role": "system", "content": _text(body["system"], "system", TEXT_PARTS[MESSAGES])})
     turns += _turns(body.get("messages"), _MESSAGES_ROLES, TEXT_PARTS[MESSAGES], _ROLE_CONTENT)
-    return Plain(turns, body.get("max_tokens"), body.get("temperature"), _stops(body.get("stop_sequences"), "stop_sequences"))
+    return Plain(turns, _limit(body, "max_tokens"), _temperature(body), _stops(body.get("stop_sequences"), "stop_sequences"))
 
 
 def _responses(body: dict[str, Any]) -> Plain:
@@ -167,14 +188,14 @@ def _responses(body: dict[str, Any]) -> Plain:
                 if isinstance(item, dict) and item.get("type", "message") != "message":
                     raise _Refused(f"input[{i}].type", f"input item {item['type']!r} is not taken by this route (messages only)")
         turns += _turns(given, CHAT_ROLES, TEXT_PARTS[RESPONSES], _ROLE_CONTENT_TYPE)
-    return Plain(turns, body.get("max_output_tokens"), body.get("temperature"))
+    return Plain(turns, _limit(body, "max_output_tokens"), _temperature(body))
 
 
 def _completions(body: dict[str, Any]) -> Plain:
     prompt = body.get("prompt")
     if not isinstance(prompt, str):
         raise _Refused("prompt", "this route takes one prompt as text (not a list of prompts or token ids)")
-    return Plain([{"role": "user", "content": prompt}], body.get("max_tokens"), body.get("temperature"),
+    return Plain([{"role": "user", "content": prompt}], _limit(body, "max_tokens"), _temperature(body),
                  _stops(body.get("stop"), "stop"), raw_prompt=prompt)  # fmt: skip
 
 
@@ -215,8 +236,11 @@ def _gemini(body: dict[str, Any]) -> Plain:
             raise _Refused(f"generationConfig.{key}", "not honoured by this route; remove it or use a provider route that takes it")
     if config.get("candidateCount", 1) != 1:
         raise _Refused("generationConfig.candidateCount", f"this route returns one candidate per request; got {config['candidateCount']!r}")
-    limit = config.get("maxOutputTokens")
-    return Plain(turns, limit if type(limit) is int else None, config.get("temperature"),
+    try:
+        limit, temperature = _limit(config, "maxOutputTokens"), _temperature(config)
+    except _Refused as refused:  # named where it is: in generationConfig
+        raise _Refused(f"generationConfig.{refused.refusal.field}", refused.refusal.reason) from None
+    return Plain(turns, limit, temperature,
                  _stops(config.get("stopSequences"), "generationConfig.stopSequences"))  # fmt: skip
 
 
