@@ -74,3 +74,36 @@ def test_a_deadline_the_batch_route_cannot_meet_is_served_in_real_time(tmp_path,
     assert done["response"]["choices"][0]["message"]["content"] == "upstream: n"
     assert upstream.calls[-1]["headers"]["authorization"] == f"Bearer {UPSTREAM_KEY}"
     assert not list((tmp_path / "provider").glob("*/meta.json"))  # no batch was ever sent
+
+
+def test_one_request_that_cannot_wait_does_not_cut_short_another_tenants(tmp_path, upstream, gateway):
+    """`X-Lowtide-Defer: 0` from one tenant made its flush's deadline "now" for every request
+    of that model waiting beside it: another tenant's requests that could wait an hour were
+    failed 504 (the job's deadline had passed before they were sent), the short one too. It
+    now goes alone, and is served in real time; the others wait for their batch."""
+    batch = {"openai": {"route": "echo-batch", "route_options": {"dir": str(tmp_path / "provider")},
+                        "expected_turnaround": "1m", "safety_margin": "1m"}}  # fmt: skip
+    with gateway(batch=batch, collector={"flush_age": "30m", "flush_size": 1000}) as g, g.client("globex") as globex, g.client() as acme:
+        waiting = [globex.post("/v1/chat/completions", json=CHAT, headers={"X-Lowtide-Defer": "1h"}).json()["id"] for _ in range(3)]
+        now = acme.post("/v1/chat/completions", json=CHAT, headers={"X-Lowtide-Defer": "0"})
+        assert now.status_code == 202
+        done = g.wait_done(now.json()["id"])
+        others = [globex.get(f"/v1/deferred/{gid}").json()["status"] for gid in waiting]
+    assert done["status"] == "succeeded" and done["route"] == "openai"  # the fallback, in real time
+    assert others == ["accepted"] * 3  # still waiting for a batch, their hour untouched
+
+
+def test_a_deadline_failure_tells_the_caller_in_its_own_terms():
+    """The engine's words for a request whose job deadline passed name the job's `deadline`
+    and `lowtide retry JOB --failed`: an operator's fix, which reached the gateway's caller."""
+    from types import SimpleNamespace
+
+    from lowtide.server.gateway.shape import result_of
+
+    row = SimpleNamespace(state="failed", error_code="deadline_passed", error_message=(
+        "the job's deadline (2026-12-07T05:26:38+00:00) passed before this request was sent; raise `deadline` and run "
+        "`lowtide retry JOB --failed`"))  # fmt: skip
+    for api in ("openai", "anthropic"):
+        body, status = result_of(api, "gw-1", "m", row, 0)
+        said = body["error"]["message"]
+        assert status == 504 and "deadline passed" in said and "lowtide" not in said and "JOB" not in said

@@ -153,7 +153,11 @@ class Collector(LoopThread):
         return busy
 
     def flush(self) -> bool:
-        """Create the flushes that are due (see the module doc)."""
+        """Create the flushes that are due (see the module doc). Requests that can wait no
+        longer (a batch sent now could not end before their deadline − safety_margin) go
+        first, in flushes of their own: a flush's job has its earliest deadline, so one
+        short wait (`X-Lowtide-Defer: 0`) among requests that can wait hours would cut
+        every one of them over to real time, or fail them all had it passed already."""
         cfg = self.gw.config.collector
         now = self.gw.clock.now()
         made = False
@@ -161,20 +165,33 @@ class Collector(LoopThread):
             groups = records.waiting_groups(conn)
         for g in groups:
             target = self.gw.target(g.api)
+            if target is not None and g.deadline <= self._last_send_by(g.api, target, now):
+                made |= self._flush_group(g.api, g.model, now, due_by=self._last_send_by(g.api, target, now))
+        if made:
+            with self.gw.store.begin() as conn:
+                groups = records.waiting_groups(conn)
+        for g in groups:
+            target = self.gw.target(g.api)
             if target is None:
                 continue
-            last_send = g.deadline - target.safety_margin - self.turnaround.get(g.api, target.expected_turnaround)
-            if g.n >= cfg.flush_size or g.oldest + cfg.flush_age <= now or last_send <= now:
-                left = g.n
-                while left > 0:
-                    with self.gw.store.begin() as conn:
-                        flush = records.create_flush(conn, g.api, g.model, cfg.max_job_requests, now)
-                    if flush is None:
-                        break
-                    made = True
-                    left -= flush.size
-                    log.info("gateway: flush %s: %d deferred request(s) of %s %s", flush.job_name, flush.size, g.api, g.model)
+            if g.n >= cfg.flush_size or g.oldest + cfg.flush_age <= now or g.deadline <= self._last_send_by(g.api, target, now):
+                made |= self._flush_group(g.api, g.model, now)
         return made
+
+    def _last_send_by(self, api: str, target: Any, now: float) -> float:
+        """The latest deadline a batch sent now cannot meet: now + turnaround + margin."""
+        return now + self.turnaround.get(api, target.expected_turnaround) + target.safety_margin
+
+    def _flush_group(self, api: str, model: str, now: float, due_by: float | None = None) -> bool:
+        """Flush the accepted requests of (api, model) (with `due_by`, those due by then)."""
+        made = False
+        while True:
+            with self.gw.store.begin() as conn:
+                flush = records.create_flush(conn, api, model, self.gw.config.collector.max_job_requests, now, due_by)
+            if flush is None:
+                return made
+            made = True
+            log.info("gateway: flush %s: %d deferred request(s) of %s %s", flush.job_name, flush.size, api, model)
 
     def load(self) -> bool:
         with self.gw.store.begin() as conn:
@@ -232,10 +249,14 @@ class Collector(LoopThread):
 
     def _deadline(self, flush: Any) -> float:
         """The flush's deadline; one stored infinite (by a gateway before defer durations were
-        bounded) is read as the longest wait allowed now, so it cannot stall every flush."""
-        if math.isfinite(flush.deadline_at):
-            return flush.deadline_at
-        return flush.created_at + self.gw.config.max_defer
+        bounded) is read as the longest wait allowed now, so it cannot stall every flush.
+        Never less than a safety margin from now: a deadline that passed while the flush
+        waited (`X-Lowtide-Defer: 0`, a busy collector) cuts its requests over to the
+        fallback at once, where a passed one would fail them unsent."""
+        deadline = flush.deadline_at if math.isfinite(flush.deadline_at) else flush.created_at + self.gw.config.max_defer
+        target = self.gw.target(flush.api)
+        margin = max(target.safety_margin, 0.001) if target is not None else 0.0
+        return max(deadline, self.gw.clock.now() + margin)
 
     def _fail_flush(self, flush: Any, message: str) -> None:
         from lowtide.server.errors import ApiError

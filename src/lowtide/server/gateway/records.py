@@ -153,16 +153,13 @@ def waiting_groups(conn: Connection) -> list[Row]:
     )
 
 
-def create_flush(conn: Connection, api: str, model: str, limit: int, now: float) -> Row | None:
-    """Take up to `limit` accepted requests of (api, model), oldest first, into a new flush."""
-    ids = list(
-        conn.scalars(
-            select(G.id)
-            .where(G.state == D.ACCEPTED.value, G.api == api, G.model == model)
-            .order_by(G.accepted_at, G.id)
-            .limit(limit)
-        )
-    )
+def create_flush(conn: Connection, api: str, model: str, limit: int, now: float, due_by: float | None = None) -> Row | None:
+    """Take up to `limit` accepted requests of (api, model), oldest first, into a new flush;
+    with `due_by`, only those whose deadline is at or before it."""
+    stmt = select(G.id).where(G.state == D.ACCEPTED.value, G.api == api, G.model == model)
+    if due_by is not None:
+        stmt = stmt.where(G.deadline_at <= due_by)
+    ids = list(conn.scalars(stmt.order_by(G.accepted_at, G.id).limit(limit)))
     if not ids:
         return None
     deadline = conn.execute(select(func.min(G.deadline_at)).where(G.id.in_(ids))).scalar_one()

@@ -92,6 +92,8 @@ def result_of(api: str, gid: str, model: str, r: Row, created: int) -> tuple[dic
         asked.model = model
         return _ran_as_batch(api, text_body(asked, r.output or "", finish, usage, ids=Ids(gid), created=created)), 200
     message = r.error_message or "the request failed"
+    if r.error_code == "deadline_passed":  # the engine's words name a job and an operator's command, not the caller's
+        message = "the request's deadline passed before it could be answered (neither its batch nor real time was in time)"
     if r.state == "cancelled":
         status, kind, code = 500, "server_error", "cancelled"
     elif r.error_code in EXPIRED_CODES:
