@@ -133,6 +133,17 @@ def test_file_templates_resolve_against_base_dir(tmp_path):
     assert str(info.value).startswith(f"r: {user_path} line 3: 'body' is undefined")
 
 
+def test_a_template_file_saved_with_a_byte_order_mark_renders_without_it(tmp_path):
+    """Windows editors start a UTF-8 file with a byte-order mark: it reached the model as the
+    first character of every prompt (U+FEFF)."""
+    (tmp_path / "user.j2").write_bytes("\ufeffTicket: {{ body }}".encode())
+    (tmp_path / "latin.j2").write_bytes("Caf\xe9 {{ body }}".encode("latin-1"))
+    t = MessageTemplate.from_spec(spec({"user_file": "user.j2"}, base_dir=str(tmp_path)))
+    assert t.render({"body": "hello"}, "r") == [{"role": "user", "content": "Ticket: hello"}]
+    with pytest.raises(TemplateError, match=r"latin.j2: byte 3 is not UTF-8; save the template as UTF-8 \(`template.user_file`\)"):
+        MessageTemplate.from_spec(spec({"user_file": "latin.j2"}, base_dir=str(tmp_path)))
+
+
 def test_missing_template_file_names_the_path_and_key(tmp_path):
     s = spec({"user_file": "nope.j2"}, base_dir=str(tmp_path))
     with pytest.raises(TemplateError) as info:

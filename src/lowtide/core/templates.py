@@ -73,10 +73,12 @@ class MessageTemplate:
         for role, inline, file in (("system", t.system, t.system_file), ("user", t.user, t.user_file)):
             if file is not None:
                 path = spec.resolve(file)
-                try:
-                    source = path.read_text(encoding="utf-8")
+                try:  # -sig: a byte-order mark (Windows editors write one) is not a character of the prompt
+                    source = path.read_text(encoding="utf-8-sig")
                 except OSError as err:
                     raise TemplateError(f"{path}: cannot read template ({err.strerror or err}); check `template.{role}_file`") from None
+                except UnicodeDecodeError as err:
+                    raise TemplateError(f"{path}: byte {err.start} is not UTF-8; save the template as UTF-8 (`template.{role}_file`)") from None
                 parts.append(_compile(role, str(path), source))
             elif inline is not None:
                 parts.append(_compile(role, f"{where} template.{role}", inline))
