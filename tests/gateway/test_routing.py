@@ -132,6 +132,20 @@ def test_a_body_the_batch_route_refuses_is_a_400_if_it_must_wait_and_real_time_i
     assert [call["body"]["logprobs"] for call in upstream.calls] == [True]  # only the one that may go real time went
 
 
+def test_a_refused_deferred_call_is_told_its_fix_in_its_own_terms(gateway):
+    """The 400 said "remove it to defer this call" whatever the refusal: of an Anthropic call
+    without max_tokens (which the batch route requires) too, the one key it must add."""
+    batch = {"anthropic": {"route": "anthropic-batch", "fallback": "none", "route_options": {"api_key_env": "GW_TEST_UPSTREAM_KEY"}}}
+    message = {"model": "claude-haiku-4-5", "messages": [{"role": "user", "content": "later"}]}
+    with gateway(batch=batch) as g, g.client() as c:
+        missing = c.post("/v1/messages", json=message, headers={"X-Lowtide-Defer": "1h"})
+        extra = c.post("/v1/chat/completions", json={**CHAT, "logprobs": True}, headers={"X-Lowtide-Defer": "1h"})
+    said = missing.json()["error"]["message"]
+    assert missing.status_code == 400 and said.startswith("max_tokens: ")
+    assert said.endswith("; add max_tokens to the body to defer this call, or send it with X-Lowtide-Priority: realtime to run it now")
+    assert extra.json()["error"]["message"].endswith("; change or remove logprobs to defer this call, or send it with X-Lowtide-Priority: realtime to run it now")
+
+
 def test_a_model_outside_the_batch_mapping_is_not_deferred(gateway):
     batch = {"openai": {"route": "echo", "models": {"gpt-4o": "gpt-4o"}}}
     with gateway(batch=batch) as g, g.client() as c:

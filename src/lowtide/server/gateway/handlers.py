@@ -149,7 +149,7 @@ async def handle(gw: Gateway, request: Request, api: str) -> Response:
         if isinstance(row, Refused):
             if verdict.mode == "defer":  # it must wait, and cannot wait as it is: said, not run otherwise
                 gw.metrics.refuse(api, "unbatchable")
-                raise ApiError(400, row.message + UNBATCHABLE_FIX, param=row.field)
+                raise ApiError(400, row.message + unbatchable_fix(row.field, body), param=row.field)
             row = row.message
         if isinstance(row, dict):
             load = gw.loads.get(api)
@@ -164,7 +164,17 @@ def _visible(headers: Any) -> dict[str, str]:
     return {k: v for k, v in headers.items() if k not in CLIENT_HEADERS}
 
 
-UNBATCHABLE_FIX = "; remove it to defer this call, or send it with X-Lowtide-Priority: realtime to run it now"
+RUN_NOW = "send it with X-Lowtide-Priority: realtime to run it now"
+
+
+def unbatchable_fix(field: str, body: dict[str, Any]) -> str:
+    """The caller's fix for a field the batch route refuses, in the caller's terms: a key
+    the body has is removed or changed, one it lacks is added (the route's own words may
+    speak of a job spec)."""
+    key = field.split(".")[0].split("[")[0]
+    if key not in body:
+        return f"; add {key} to the body to defer this call, or {RUN_NOW}"
+    return f"; change or remove {key} to defer this call, or {RUN_NOW}"
 
 
 def _batchable(gw: Gateway, api: str, model: str, body: dict[str, Any]) -> dict[str, Any] | Refused | str:
