@@ -161,6 +161,21 @@ def test_an_existing_table_without_a_key_on_custom_id_is_refused(tmp_path, db_ur
         check_target(spec, OutputTarget("output.url", url=db_url, table=table))
 
 
+@pytest.mark.postgres
+def test_a_column_name_postgresql_would_cut_is_refused_before_the_run(tmp_path, pg_schema_url):
+    """PostgreSQL keeps 63 bytes of a name. Two survey headers alike in their first 63 were
+    one column: the run was paid for, then the upsert failed ("specified more than once").
+    One long header made a table whose cut name never matched the results again, every
+    later run refused with an ALTER TABLE that could not work."""
+    ask = "How satisfied were you with the support you received from our team "
+    write_csv(tmp_path / "tickets.csv", [{"ticket_id": "T1", "body": "hi", ask + "today?": "5", ask + "yesterday?": "3"}])
+    spec = make_spec(tmp_path / "tickets.csv")
+    with pytest.raises(SpecError, match=rf'output.table results: column "{ask}today\?" \(73 bytes\), "{ask}yesterday\?" \(77 bytes\): '
+                                        "PostgreSQL keeps names of at most 63 bytes; rename them in the source"):  # fmt: skip
+        check_target(spec, OutputTarget("output.url", url=pg_schema_url, table="results"))
+    check_target(spec, OutputTarget("output.url", url=f"sqlite:///{tmp_path / 'r.db'}", table="results"))  # SQLite keeps them
+
+
 def test_an_unreachable_database_is_refused_before_the_run(tmp_path):
     write_csv(tmp_path / "tickets.csv", _rows())
     spec = make_spec(tmp_path / "tickets.csv")

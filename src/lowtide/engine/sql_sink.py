@@ -26,6 +26,7 @@ from lowtide.core.errors import LowtideError, SpecError
 from lowtide.engine.result_writers import ArrowLayout, output_columns
 
 DIALECTS = ("postgresql", "sqlite")
+DATABASES = {"postgresql": "PostgreSQL", "sqlite": "SQLite"}  # as messages name them
 
 
 def sql_type(kind: Any, dialect: str) -> sa.types.TypeEngine:
@@ -117,6 +118,9 @@ def check_table(rows: Any, url: str, table: str) -> None:
 
 
 def _table_problem(conn: sa.Connection, rows: Any, table: str, dialect: Any) -> str | None:
+    too_long = _name_problem(rows, dialect)
+    if too_long:
+        return too_long
     schema, name = _split(table)
     inspector = sa.inspect(conn)
     if not inspector.has_table(name, schema=schema):
@@ -143,6 +147,19 @@ def _table_problem(conn: sa.Connection, rows: Any, table: str, dialect: Any) -> 
     if dialect.name == "postgresql":  # SQLite's columns take any value
         return _type_problem(conn, inspector, rows, table, wanted, dialect)
     return None
+
+
+def _name_problem(rows: Any, dialect: Any) -> str | None:
+    """A results column whose name the database would cut (PostgreSQL keeps 63 bytes of a
+    name): two columns alike in their first 63 bytes would be one, and a table made with a
+    cut name never again has the column the results name."""
+    limit = dialect.max_identifier_length
+    long = [c for c in output_columns(rows) if len(c.encode()) > limit]
+    if not long:
+        return None
+    names = ", ".join(f'"{c}" ({len(c.encode())} bytes)' for c in long)
+    return (f"column {names}: {DATABASES.get(dialect.name, dialect.name)} keeps names of at most {limit} bytes; rename "
+            f"{'it' if len(long) == 1 else 'them'} in the source (its header, or an AS in source.query), or write a file (output.path)")
 
 
 def _family(kind: sa.types.TypeEngine) -> str | None:
