@@ -5,7 +5,11 @@ key the route attaches to the batch). A process that dies between the call and r
 provider's id leaves the dispatch in `submitting`; the next tick asks the route to `find` the
 batch by that key and adopts it instead of submitting again (DESIGN invariant 3). `find`
 looks around `submit_started_at`, the time recorded as the create began, not when the chunk
-was planned.
+was planned. The worker sending a chunk holds it under a lease (SUBMIT_LEASE), renewed while
+its `find`, upload and create run (engine/leases.py): another worker takes a `submitting`
+chunk over only from a worker gone or stalled past the lease. A worker whose create lands
+after such a takeover has made a second batch: it is recorded apart, cancelled at the
+provider and booked, never applied (`_sent_twice`), and not said to be `submitted`.
 
 A cancel reaches every state: a `submitting` dispatch it flagged is adopted and cancelled at
 the provider (its results still brought in; an Anthropic batch is adopted only once it has
@@ -34,6 +38,7 @@ from lowtide.engine.context import JobContext
 from lowtide.engine.dispatch import assign, iter_dispatched, left_in_dispatch, new_dispatch
 from lowtide.engine.held import hold, hold_poll, key_refused
 from lowtide.engine.ingest import IngestCounts, apply_outcomes, book_late
+from lowtide.engine.leases import kept
 from lowtide.engine.packs import Packer, pack_size, packing, unpack_stored, vector_check
 from lowtide.engine.results_window import (
     RESULTS_GONE,
@@ -280,9 +285,10 @@ async def submit(
             if not _claim(store, dispatch_id, owner, lease_until, worker, clock.now(), SUBMIT_LEASE):
                 continue  # another worker is sending it right now
             try:
-                provider_id = await route.find(
-                    key, size, started_at, _known_batches(store, route.name, started_at), sent=_carried(store, dispatch_id)
-                )
+                async with _holding(store, dispatch_id, worker, clock):  # Anthropic's reads candidates' results
+                    provider_id = await route.find(
+                        key, size, started_at, _known_batches(store, route.name, started_at), sent=_carried(store, dispatch_id)
+                    )
             except Exception as err:  # cannot tell whether it was sent: wait, never guess
                 said = scrub(route, str(err))
                 if key_refused(err):  # held, said once (engine/held.py), until the key works, a cancel or the deadline
@@ -307,11 +313,13 @@ async def submit(
             if provider_id is None and state == DispatchState.SUBMITTING:
                 # Found nothing from the last try: this create is the one `find` must match next.
                 conn.execute(update(dispatches).where(dispatches.c.id == dispatch_id).values(submit_started_at=clock.now()))
+        created = provider_id is None
         try:
-            if provider_id is None:
+            if created:
                 given = _with_model(iter_dispatched(store, dispatch_id), model)
                 # An embedding job's rows go packed (engine/packs.py): the store keeps them one per row.
-                provider_id = await route.submit(key, Packer()(given) if packing(job.spec) else given)
+                async with _holding(store, dispatch_id, worker, clock):  # a 2 GB upload outlasts SUBMIT_LEASE
+                    provider_id = await route.submit(key, Packer()(given) if packing(job.spec) else given)
         except BatchRejected as err:
             _reject(store, job, route, dispatch_id, DispatchState.SUBMITTING, scrub(route, str(err)), clock, rng)
             continue
@@ -332,15 +340,45 @@ async def submit(
         now = clock.now()
         interval = getattr(route, "poll_interval", DEFAULT_POLL_INTERVAL)
         with store.begin() as conn:
-            move_dispatch(
+            recorded = move_dispatch(
                 conn, dispatch_id, DispatchState.SUBMITTING, DispatchState.SUBMITTED,
                 provider_id=provider_id, submitted_at=now, error=None, lease_until=0.0,
                 # A cancel that came while the create was on its way: poll (and cancel) at once.
                 next_poll_at=case((dispatches.c.cancel_requested.is_(True), now), else_=now + next_poll_delay(route, interval, 0, rng)),
             )  # fmt: skip
+            if not recorded:  # another worker took the chunk over meanwhile (this one stalled past its lease)
+                _sent_twice(conn, job, route, dispatch_id, provider_id, created, now)
+                continue
             add_event(conn, job.id, "submitted", f"{route.name} batch {provider_id}: {waiting} request(s)", now)
         sent += 1
     return sent
+
+
+def _holding(store: Store, dispatch_id: int, worker: Worker, clock: Clock):
+    """The chunk's submit lease, kept while this worker finds or sends it (engine/leases.py):
+    run out, another worker would take the chunk over and send it a second time."""
+    return kept(store, dispatch_id, worker.owner, DispatchState.SUBMITTING, clock, SUBMIT_LEASE)
+
+
+def _sent_twice(conn, job: JobContext, route: BatchRoute, dispatch_id: int, provider_id: str, created: bool, now: float) -> None:
+    """A batch this worker created (or found) for a chunk another worker took over while it
+    did so: the chunk is that worker's now (sent by it, or ended unsent). Unless the store
+    holds this very batch already (both found the same one), it is a second batch of the
+    same requests that nothing would poll: recorded as a dispatch of its own, holding no
+    request, flagged to be cancelled at its first poll (due at once). What it ran is paid for:
+    its lines are booked as stale attempts, never applied (the requests keep the answers of
+    the chunk's own batch), and the dispatch ends when the batch does."""
+    held = select(dispatches.c.id).where(dispatches.c.route == route.name, dispatches.c.provider_id == provider_id)
+    if conn.execute(held.limit(1)).first() is not None:
+        return
+    state, theirs = conn.execute(select(dispatches.c.state, dispatches.c.provider_id).where(dispatches.c.id == dispatch_id)).one()
+    new_dispatch(conn, job.id, route.name, "batch", DispatchState.SUBMITTED, now, provider_id=provider_id, submitted_at=now,
+                 submit_started_at=now, next_poll_at=now, cancel_requested=True)  # fmt: skip
+    chunk = f"dispatch {dispatch_id} is {state}" + (f", as batch {theirs}" if theirs else "")
+    how = "created" if created else "found"
+    add_event(conn, job.id, "duplicate_batch", f"{route.name} batch {provider_id}, {how} after this worker's lease on its chunk ran "
+              f"out and another worker took the chunk over ({chunk}), is a second batch of the same requests: it is cancelled "
+              "at the provider at its first poll, and what it ran is booked, not applied", now)  # fmt: skip
 
 
 def _end_unsent(conn, job: JobContext, route: BatchRoute, dispatch_id: int, now: float) -> None:

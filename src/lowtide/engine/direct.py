@@ -25,6 +25,7 @@ from lowtide.engine.dispatch import (
     pending_ids,
 )
 from lowtide.engine.ingest import IngestCounts, apply_outcomes
+from lowtide.engine.leases import kept
 from lowtide.engine.packs import execute_packed, packing
 from lowtide.routes.base import DirectRoute
 from lowtide.routes.options import scrub
@@ -46,7 +47,6 @@ CLAIM_BYTES = 16 * 2**20
 FLUSH_EVERY = 5000  # outcomes
 FLUSH_SECONDS = 1.0  # wall time between commits while a slow route runs
 RUN_SECONDS = 1.0  # wall time one call goes on claiming dispatches that go by quickly (PostgreSQL)
-HEARTBEAT_LOOK = 0.2  # real seconds between looks at the engine clock for a lease renewal
 log = logging.getLogger(__name__)
 
 
@@ -143,15 +143,15 @@ async def _run_one(
     buffer: list[Outcome] = []
     last_flush = time.monotonic()
     broke = False
-    heartbeat = asyncio.create_task(_heartbeat(store, dispatch_id, owner, clock, lease))
     try:
-        # Embedding requests are packed on the way and unpacked per row (engine/packs.py).
-        async for outcome in execute_packed(route, batch, packing(job.spec)):
-            buffer.append(outcome)
-            if len(buffer) >= FLUSH_EVERY or time.monotonic() - last_flush >= FLUSH_SECONDS:
-                await writer.write(flush, buffer)
-                buffer = []
-                last_flush = time.monotonic()
+        async with kept(store, dispatch_id, owner, DispatchState.RUNNING, clock, lease):  # however long a call takes
+            # Embedding requests are packed on the way and unpacked per row (engine/packs.py).
+            async for outcome in execute_packed(route, batch, packing(job.spec)):
+                buffer.append(outcome)
+                if len(buffer) >= FLUSH_EVERY or time.monotonic() - last_flush >= FLUSH_SECONDS:
+                    await writer.write(flush, buffer)
+                    buffer = []
+                    last_flush = time.monotonic()
     except Exception as err:  # the route broke: every request it did not answer is retried
         if writer.error is not None:  # not the route: the store (the worker stops, its lease runs out)
             raise
@@ -161,9 +161,6 @@ async def _run_one(
         buffer.extend(Outcome.failure(r.custom_id, "route_error", said, True) for r in batch if r.custom_id not in answered)
         with store.begin() as conn:
             add_event(conn, job.id, "route_error", f"{route.name}: {said}", clock.now())
-    finally:
-        heartbeat.cancel()
-        await asyncio.gather(heartbeat, return_exceptions=True)
     await writer.write(flush, buffer, final=True)
     return not broke
 
@@ -232,34 +229,3 @@ def _written(flush: Callable[[list[Outcome], bool], None], outcomes: list[Outcom
             tries += 1
             log.warning("the store is busy (another process holds its write lock): %d answers wait to be written; "
                         "trying again (%d so far)", len(outcomes), tries)  # fmt: skip
-
-
-async def _heartbeat(store: Store, dispatch_id: int, owner: str, clock: Clock, lease: float) -> None:
-    """Renew the dispatch's lease every lease/3 of the engine clock while the route works,
-    whether or not answers arrive: one slow call (a 900 s timeout against a 120 s lease)
-    must not let another worker reclaim the requests and pay for them again. The clock is
-    read every HEARTBEAT_LOOK real seconds (a test's ManualClock moves when it is told)."""
-    every = lease / 3
-    renewed = clock.now()
-    while True:
-        await asyncio.sleep(min(HEARTBEAT_LOOK, every))
-        now = clock.now()
-        if now - renewed < every:
-            continue
-        try:
-            with store.begin() as conn:
-                held = conn.execute(
-                    dispatches.update()
-                    .where(
-                        dispatches.c.id == dispatch_id,
-                        dispatches.c.owner == owner,
-                        dispatches.c.state == DispatchState.RUNNING.value,
-                    )
-                    .values(lease_until=now + lease)
-                ).rowcount
-        except Exception as err:  # the store is busy or away: try again at the next look
-            log.warning("lease renewal of dispatch %s failed: %s", dispatch_id, err)
-            continue
-        if not held:  # reclaimed or ended: nothing left to hold
-            return
-        renewed = now
