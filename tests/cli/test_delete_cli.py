@@ -15,6 +15,7 @@ import yaml
 
 from lowtide.engine.retention import JOB_TABLES
 from tests.cli.test_cli import LOWTIDE, Cli, write_job
+from tests.conftest import ticket_rows, write_csv
 
 pytestmark = pytest.mark.skipif(not LOWTIDE.exists(), reason=f"no lowtide script at {LOWTIDE}")
 
@@ -242,3 +243,31 @@ def test_delete_says_how_many_notifications_it_drops_unsent(cli, tmp_path):
     assert code == 0, out
     code, out = cli("delete", "quiet", "--yes")
     assert code == 0 and "notification" not in out, out
+
+
+def test_a_run_after_a_prune_keeps_the_answers_its_sql_table_has_and_says_so(cli, tmp_path):
+    """The nightly run of a pruned job (a new row in its source) adds that row to its SQL
+    table and leaves the answers already there: the store no longer has them."""
+    url = f"sqlite:///{tmp_path / 'warehouse.db'}"
+    spec = _job(tmp_path, "nightly", output={"url": url, "table": "answers"})
+    code, out = cli("run", str(spec))
+    assert code == 0, out
+    engine = sa.create_engine(url)
+    query = sa.text("SELECT custom_id, state, output FROM answers ORDER BY custom_id")
+    with engine.connect() as conn:
+        before = conn.execute(query).all()
+    assert len(before) == 6 and all(state == "succeeded" and output for _, state, output in before)
+    _ended_an_hour_ago(tmp_path / "lowtide.db")
+    code, out = cli("prune", "--older-than", "1s", "--yes")
+    assert code == 0 and "pruned 1 job(s)" in out, out
+    write_csv(spec.parent / "tickets.csv", ticket_rows(7))  # tonight's new row
+
+    code, out = cli("run", str(spec))
+
+    assert code == 0, out
+    with engine.connect() as conn:
+        after = conn.execute(query).all()
+    engine.dispose()
+    assert after[:6] == before and after[6][0] == "T1006" and after[6][1] == "succeeded" and after[6][2]
+    said = " ".join(out.split())  # rich wraps a line longer than the terminal (a long tmp_path)
+    assert f"results: {url} table answers (7 rows; 6 answers pruned from the store: their rows in the table are kept as they were)" in said, out

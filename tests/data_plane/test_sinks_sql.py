@@ -242,3 +242,32 @@ def test_results_with_no_rows_still_make_their_table(tmp_path, db_url, clock):
     assert (report.rows, report.states) == (0, {})
     types, rows = _read(db_url, table)
     assert rows == [] and {"custom_id", "ticket_id", "body", "state", "output"} <= set(types)
+
+
+def test_an_answer_pruned_from_the_store_is_never_written_over_the_tables_copy(job, db_url, tmp_path, clock):
+    """A finished job is pruned (its answers dropped), then its spec is run again for a new
+    row: the table keeps the answers it has, the new row is added, and a table that never
+    had the pruned rows gets them with state `pruned` and no answer (not `succeeded` and NULL)."""
+    from lowtide.engine.retention import prune
+
+    store, spec = job
+    table = f"results_{uuid.uuid4().hex[:6]}"
+    target = OutputTarget("output.url", url=db_url, table=table)
+    write_target(store, "tickets", target)
+    _, exported = _read(db_url, table)
+    clock.advance(2 * 86400)
+    assert prune(store, clock, 86400).requests == 5  # the failed row keeps its payload (and has no answer)
+    write_csv(tmp_path / "tickets.csv", _rows(7))  # tonight's new row
+    drive_to_end(store, spec, clock)
+
+    report = write_target(store, "tickets", target)
+
+    _, rows = _read(db_url, table)
+    assert rows[:6] == exported  # answers, states and all, as the export before the prune wrote them
+    assert (report.rows, report.states) == (7, {"pruned": 5, "failed": 1, "succeeded": 1})
+    assert rows[6]["custom_id"] == "T1006" and rows[6]["state"] == "succeeded" and rows[6]["label"] in ("billing", "technical")
+    fresh = f"results_{uuid.uuid4().hex[:6]}"
+    write_target(store, "tickets", OutputTarget("output.url", url=db_url, table=fresh))
+    _, new_rows = _read(db_url, fresh)
+    assert [(r["state"], r["output"], r["label"]) for r in new_rows[:5]] == [("pruned", None, None)] * 5
+    assert new_rows[0]["input_tokens"] == exported[0]["input_tokens"]  # what the store keeps is written

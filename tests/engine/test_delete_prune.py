@@ -239,3 +239,26 @@ def test_delete_removes_the_repair_sends_of_the_job(store, tmp_path, clock, monk
     assert {t: deleted[t] for t in JOB_TABLES} == before
     assert _rows(store, "tickets") == dict.fromkeys(JOB_TABLES, 0)
     assert _rows(store, "keep") == keep
+
+
+def test_a_results_file_marks_the_rows_whose_answers_were_pruned(store, tmp_path, clock):
+    """After a prune a pruned row is exported with state `pruned` (its answer columns empty),
+    never as a `succeeded` row with a null answer; a row answered since is `succeeded`."""
+    import csv
+
+    from lowtide.engine.export import export_results
+
+    spec = _spec(tmp_path, "old")
+    drive_to_end(store, spec, clock)
+    clock.advance(2 * DAY)
+    prune(store, clock, DAY)
+    write_csv(tmp_path / "old.csv", ticket_rows(6))  # a new row, answered after the prune
+    drive_to_end(store, spec, clock)
+
+    report = export_results(store, "old", tmp_path / "results.csv")
+
+    assert report.states == {"pruned": 5, "succeeded": 1}
+    with (tmp_path / "results.csv").open(encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["state"], r["output"]) for r in rows[:5]] == [("pruned", "")] * 5
+    assert rows[5]["state"] == "succeeded" and rows[5]["output"]

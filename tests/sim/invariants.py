@@ -29,6 +29,7 @@ from lowtide.core import fastjson
 from lowtide.core.spec import JobSpec
 from lowtide.core.states import JobState, RequestState
 from lowtide.core.types import Request
+from lowtide.engine.export import PRUNED_STATE
 from lowtide.engine.job_figures import JobFigures, read_figures
 from lowtide.engine.retention import PRUNED
 from lowtide.routes.vertex import lines as vertex_lines
@@ -417,13 +418,17 @@ def check_increment(world, name: str, job: dict[str, Any]) -> list[str]:
 
 def export_truthful(world, name: str, path) -> list[str]:
     """What `lowtide export` wrote for job `name` (JSONL at `path`) agrees with the store:
-    each source row at most once; each row's state and answer its request's; and a row said
-    unchanged (`source_changed` false) was asked from the row's text as it is now, so the
-    answer beside it is that text's (echo answers a request's own last user message)."""
+    each source row at most once; each row's state and answer its request's (`pruned` and no
+    answer for a succeeded request whose answer a prune dropped: never `succeeded` without
+    one); and a row said unchanged (`source_changed` false) was asked from the row's text as
+    it is now, so the answer beside it is that text's (echo answers a request's own last user
+    message)."""
+    r = requests.c
     with world.store.read() as conn:
         job_id = conn.execute(sa.select(jobs.c.id).where(jobs.c.name == name)).scalar_one()
-        stored = {r.custom_id: r for r in conn.execute(
-            sa.select(requests.c.custom_id, requests.c.state, requests.c.output, requests.c.payload).where(requests.c.job_id == job_id)
+        stored = {row.custom_id: row for row in conn.execute(
+            sa.select(r.custom_id, r.state, r.output, r.payload, (r.response.is_(None) & r.parsed.is_(None)).label("no_body"))
+            .where(r.job_id == job_id)
         )}  # fmt: skip
     out, seen = [], set()
     for number, line in enumerate(path.read_text().splitlines(), 1):
@@ -437,7 +442,8 @@ def export_truthful(world, name: str, path) -> list[str]:
             if row.get("state") != "not_loaded":  # a source row the store has no request for
                 out.append(f"{where}: state {row['state']} for no request of the job")
             continue
-        if (row["state"], row["output"]) != (req.state, req.output):
+        dropped = req.state == RequestState.SUCCEEDED.value and req.output is None and req.no_body
+        if (row["state"], row["output"]) != ((PRUNED_STATE, None) if dropped else (req.state, req.output)):
             out.append(f"{where}: exported {(row['state'], row['output'])!r}, stored {(req.state, req.output)!r}")
         elif (req.state == RequestState.SUCCEEDED.value and not row["source_changed"] and req.payload != PRUNED
               and _asked(req.payload) != f"Ticket: {row['body']}"):  # fmt: skip

@@ -123,7 +123,8 @@ def run(
             status = _drive(store, spec.name, placement=as_json)  # the table shows none
             if target is not None:
                 written = write_target(store, spec.name, target)
-                console.print(f"results: {written.path} ({written.rows} rows)", markup=False)
+                note = written.pruned_note()
+                console.print(f"results: {written.path} ({written.rows} rows{f'; {note}' if note else ''})", markup=False)
             if trace_to is not None:
                 export_ended(store, [spec.name], trace_to)
     except KeyboardInterrupt:
@@ -132,7 +133,8 @@ def run(
     except LowtideError as err:
         raise fail(err) from None
     if as_json:
-        shape = status_json(status) | {"results": None if written is None else {"path": str(written.path), "rows": written.rows}}
+        results = None if written is None else {"path": str(written.path), "rows": written.rows, "states": dict(sorted(written.states.items()))}
+        shape = status_json(status) | {"results": results}
         print(json.dumps(shape, indent=2))
     else:
         out.print(status_table([status], out))
@@ -306,6 +308,9 @@ def results(
     except LowtideError as err:
         raise fail(err) from None
     console.print(f"wrote {report.rows:,} rows to {report.path} ({', '.join(f'{n:,} {s}' for s, n in sorted(report.states.items()))})")
+    note = report.pruned_note()
+    if note:
+        console.print(note, markup=False)
     accuracy = _accuracy(report.path, compare) if compare else None
     if as_json:
         shape = {"job": job, "path": str(report.path), "rows": report.rows, "states": dict(sorted(report.states.items()))}

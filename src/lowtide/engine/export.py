@@ -17,6 +17,11 @@ long outputs) is exported in bounded memory.
 `source_changed` is true where the row, rendered now, is not what the stored request was
 rendered from (its text, the template or the spec changed since): the answer beside it is
 for the row as it was, and is never passed off as an answer to the row as it is.
+
+A succeeded request whose answer `lowtide prune` dropped (its text, parsed answer and the
+provider's response all gone) has state `pruned` (PRUNED_STATE) and empty answer columns:
+never a `succeeded` row with a null answer, which a reader (or a SQL table's upsert) would
+take for the answer. A SQL table keeps its own copy of such a row (sql_sink.py).
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Row, Select, case, null, select
+from sqlalchemy import Row, Select, and_, case, null, select
 
 from lowtide.core import fastjson
 from lowtide.core.errors import LowtideError
@@ -35,6 +40,7 @@ from lowtide.core.locations import location
 from lowtide.core.output_target import OutputTarget
 from lowtide.core.sources import source_of
 from lowtide.core.spec import JobSpec, format_of, stored_spec
+from lowtide.core.states import RequestState
 from lowtide.core.templates import MessageTemplate
 from lowtide.engine.answer_columns import ANSWER_COLUMNS, answer_values, plain_values
 from lowtide.engine.committed import committed
@@ -50,6 +56,9 @@ _RESULT_COLUMNS = (
     *ANSWER_COLUMNS,
 )  # fmt: skip
 _OWN = frozenset(_RESULT_COLUMNS) | {"response"}  # a parsed field named so is `answer_<name>` (with or without `full`)
+# The state of a row whose answer a prune dropped from the store (an export-only state, as
+# `not_loaded` is: the request itself stays succeeded).
+PRUNED_STATE = "pruned"
 PAGE_BYTES = 8 << 20  # stored answers read at once, at most (one bigger answer is read alone)
 INLINE_BYTES = 4096  # answers this small come with the chunk's lookup (5,000 of them: 20 MB at most)
 
@@ -60,6 +69,15 @@ class ExportReport:
     rows: int
     states: dict[str, int]
     files: list[str] = field(default_factory=list)  # a partitioned dataset's, relative to `path`
+    table: bool = False  # upserted into a SQL table (which keeps its copy of a pruned answer)
+
+    def pruned_note(self) -> str | None:
+        """What the results say of answers a prune dropped from the store; None where none was."""
+        n = self.states.get(PRUNED_STATE, 0)
+        if not n:
+            return None
+        kept = "their rows in the table are kept as they were" if self.table else f"those rows have state {PRUNED_STATE} and no answer"
+        return f"{n:,} answers pruned from the store: {kept}"
 
 
 class ResultColumns:
@@ -150,12 +168,12 @@ class ResultRows(ResultColumns):
         if res is None:
             record[names["state"]] = "not_loaded"
             return record
-        cid, state, output, parsed, error_code, error_message, input_tokens, output_tokens, tries, route, fp, payload, rid, _, text, plain = res
+        cid, state, output, parsed, error_code, error_message, input_tokens, output_tokens, tries, route, fp, payload, rid, _, text, plain, dropped = res
         record[names["custom_id"]] = cid
         if self.render is not None:
             record[names["source_changed"]] = _changed(self.render, row, fp, payload)
         parsed = fastjson.loads(parsed) if parsed and self.parsed_schemas else None
-        record[names["state"]] = state
+        record[names["state"]] = PRUNED_STATE if dropped else state
         record[names["output"]] = output
         for f, key in self.parsed_keys.items():
             record[names[key]] = parsed.get(f) if isinstance(parsed, dict) else None
@@ -194,8 +212,8 @@ class ResultRows(ResultColumns):
         """custom_id -> (stored custom_id, state, output, parsed, error_code, error_message,
         input_tokens, output_tokens, attempts, route, fingerprint, payload if no fingerprint,
         row id, length of the stored response, the response if at most INLINE_BYTES, its
-        `plain_answer`) of the job's requests among `ids`; an id not found is looked for under
-        its legacy custom_ids too. Larger responses are read page by page (`_answers`). Where
+        `plain_answer`, whether a prune dropped its answer) of the job's requests among `ids`;
+        an id not found is looked for under its legacy custom_ids too. Larger responses are read page by page (`_answers`). Where
         the plain answer is taken, and `full` wants no response, the response is not read: its
         length and text are NULL."""
         with self.store.read() as conn:
@@ -221,11 +239,14 @@ class ResultRows(ResultColumns):
         # Only beside a response (a request started again has neither, whatever is left).
         plain = null() if self.full else case((cols.response.is_not(None), cols.plain_answer), else_=None)
         length = case((plain.is_(None), stored_bytes(cols.response)), else_=None)
+        # Every succeeded request was stored with a response: one left with no response, text
+        # or parsed answer lost them to a prune (--keep-results too, for an answer of tool calls alone).
+        dropped = and_(cols.state == RequestState.SUCCEEDED.value, cols.response.is_(None), cols.output.is_(None), cols.parsed.is_(None))
         return select(
             cols.custom_id, cols.state, cols.output, cols.parsed, cols.error_code, cols.error_message,
             cols.input_tokens, cols.output_tokens, cols.attempts, cols.route, cols.fingerprint,
             case((cols.fingerprint.is_(None), cols.payload), else_=None),  # stored before fingerprints
-            cols.id, length, case((length <= INLINE_BYTES, cols.response), else_=None), plain,
+            cols.id, length, case((length <= INLINE_BYTES, cols.response), else_=None), plain, dropped,
         ).where(cols.job_id == self.job_id, among_bound(conn, cols.custom_id, "wanted"))  # fmt: skip
 
 
@@ -281,7 +302,7 @@ def write_target(store: Store, job_name: str, target: OutputTarget, full: bool =
         from lowtide.engine.sql_sink import upsert_results
 
         count, states = upsert_results(ResultRows(store, job_name, full=full), target.url, target.table)
-        return ExportReport(target.shown, count, states)
+        return ExportReport(target.shown, count, states, table=True)
     if target.partition_by:
         from lowtide.engine.partitions import write_partitioned
 

@@ -6,7 +6,9 @@ precision), flags BOOLEAN, text TEXT, timestamps TIMESTAMP WITH TIME ZONE, dates
 nested values (structs, lists: parsed objects, tool calls, logprobs) JSONB on PostgreSQL,
 JSON elsewhere; `custom_id` is the primary key. Every row is written with INSERT ... ON
 CONFLICT (custom_id) DO UPDATE (PostgreSQL, SQLite), all in one transaction: a failure
-half-way leaves the table as it was, and running the export again changes nothing.
+half-way leaves the table as it was, and running the export again changes nothing. A row
+whose answer a prune dropped from the store (state `pruned`, export.py) is written with DO
+NOTHING instead: the table's copy, answer and all, is kept; a table without one gets the row.
 
 An existing table keeps its own column types. One missing a results column, one whose
 column cannot take the results' values (PostgreSQL: a TEXT column for token counts, an
@@ -23,6 +25,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from lowtide.core.errors import LowtideError, SpecError
+from lowtide.engine.export import PRUNED_STATE
 from lowtide.engine.result_writers import ArrowLayout, output_columns
 
 DIALECTS = ("postgresql", "sqlite")
@@ -219,10 +222,16 @@ def upsert_results(rows: Any, url: str, table: str) -> tuple[int, dict[str, int]
             sql_table = _table(table, layout, names["custom_id"], engine.dialect.name)
             sql_table.create(conn, checkfirst=True)  # a job with no rows still gets its table
             stmt = _upsert(sql_table, names["custom_id"], engine.dialect.name)
+            keep = _insert(sql_table, engine.dialect.name).on_conflict_do_nothing(index_elements=[sql_table.c[names["custom_id"]]])
             for chunk in rows.chunks():
                 for r in chunk:
                     states[r[names["state"]]] = states.get(r[names["state"]], 0) + 1
-                conn.execute(stmt, layout.table(chunk).to_pylist())
+                values = layout.table(chunk).to_pylist()
+                answered = [v for v in values if v[names["state"]] != PRUNED_STATE]
+                pruned = [v for v in values if v[names["state"]] == PRUNED_STATE]
+                for statement, batch in ((stmt, answered), (keep, pruned)):
+                    if batch:
+                        conn.execute(statement, batch)
                 count += len(chunk)
     except LowtideError:
         raise
@@ -233,12 +242,16 @@ def upsert_results(rows: Any, url: str, table: str) -> tuple[int, dict[str, int]
     return count, states
 
 
-def _upsert(table: sa.Table, id_column: str, dialect: str):
+def _insert(table: sa.Table, dialect: str):
     if dialect == "postgresql":
         from sqlalchemy.dialects.postgresql import insert
     else:
         from sqlalchemy.dialects.sqlite import insert
-    stmt = insert(table)
+    return insert(table)
+
+
+def _upsert(table: sa.Table, id_column: str, dialect: str):
+    stmt = _insert(table, dialect)
     return stmt.on_conflict_do_update(
         index_elements=[table.c[id_column]], set_={c.name: stmt.excluded[c.name] for c in table.columns if c.name != id_column}
     )
