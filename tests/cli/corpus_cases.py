@@ -68,6 +68,7 @@ CASES = [
     Case("db-someone-elses", ["submit", "job.yaml", "--db", "other.db"], 3,
          files=BASE, setup="foreign_db"),
     Case("db-postgres-unreachable", ["--db", "postgresql://nobody@127.0.0.1:9/none", "status"], 3),
+    Case("db-postgres-password-in-query", ["--db", "postgresql://nobody@127.0.0.1:9/none?password=S3CRETPW", "status"], 3),
     # The spec.
     Case("spec-missing", ["run", "nope.yaml"], 2),
     Case("spec-not-yaml", ["run", "job.yaml"], 2, files={"job.yaml": "name: [unclosed\n"}),
@@ -75,6 +76,8 @@ CASES = [
     Case("spec-no-name", ["run", "job.yaml"], 2, files={"t.csv": CSV, "job.yaml": job().replace("name: tickets\n", "")}),
     Case("spec-unknown-route", ["run", "job.yaml"], 2, files={"t.csv": CSV, "job.yaml": job().replace("route: echo", "route: carrier-pigeon")}),
     Case("spec-unknown-param", ["run", "job.yaml"], 2, files={"t.csv": CSV, "job.yaml": job().replace("max_tokens: 4", "max_tokens: 4, warp: 9")}),
+    Case("output-url-password-in-query", ["run", "job.yaml"], 2,
+         files={"t.csv": CSV, "job.yaml": job(extra='output: {url: "postgresql://etl@db.internal/w?password=S3CRETPW", table: results}\n')}),
     Case("output-unknown-extension", ["run", "job.yaml"], 2, files={"t.csv": CSV, "job.yaml": job(extra="output: {path: out.txt2}\n")}),
     Case("output-in-proc", ["run", "job.yaml", "--out", "/proc/x.csv"], 2, files={"t.csv": CSV, "job.yaml": job()}),
     Case("output-under-a-file", ["run", "job.yaml", "--out", "t.csv/r.csv"], 2, files=BASE),

@@ -227,6 +227,19 @@ def test_unknown_route_and_missing_spec_exit_2(cli, tmp_path):
 # submit, worker, tick, results ----------------------------------------------------------
 
 
+@pytest.mark.postgres
+def test_a_stores_password_given_as_a_query_parameter_is_never_printed(tmp_path, pg_schema_url):
+    """libpq (and psycopg) take `?password=` as well as `user:password@`: submit's line says
+    where the job is stored with it masked, as status does when the store cannot be opened."""
+    write_job(tmp_path, rows=2)
+    cli = Cli(tmp_path, f"{pg_schema_url}&password=S3CRETPW")  # trust auth: accepted and unused
+    code, out = cli("submit", "job.yaml")
+    assert code == 0 and f'job "tickets" stored in {pg_schema_url}&password=***' in out, out
+    code, out = cli("--db", "postgresql://app@127.0.0.1:1/test?password=S3CRETPW", "status")
+    assert code == 3 and "cannot open the store at postgresql+psycopg://app@127.0.0.1:1/test?password=***:" in out, out
+    assert "S3CRETPW" not in out
+
+
 def test_submit_then_worker_then_results_with_accuracy(cli, tmp_path):
     write_job(tmp_path, rows=10)
     code, out = cli("submit", "job.yaml")

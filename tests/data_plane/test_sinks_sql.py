@@ -14,6 +14,7 @@ from lowtide.core.errors import LowtideError, SpecError
 from lowtide.core.output_target import OutputTarget
 from lowtide.engine.export import write_target
 from lowtide.engine.preflight import check_target
+from lowtide.engine.sql_sink import engine_for
 from lowtide.store.db import Store
 from tests.conftest import drive_to_end, make_spec, write_csv
 
@@ -182,6 +183,24 @@ def test_an_unreachable_database_is_refused_before_the_run(tmp_path):
     target = OutputTarget("output.url", url="postgresql://nobody@127.0.0.1:1/none", table="results")
     with pytest.raises(SpecError, match=r"output.url postgresql://nobody@127.0.0.1:1/none: cannot connect .*PGPASSWORD"):
         check_target(spec, target)
+
+
+@pytest.mark.parametrize("query", ["password=hunter2", "sslmode=require&sslpassword=hunter2"])
+def test_an_output_url_with_a_password_as_a_query_parameter_is_refused_without_showing_it(tmp_path, query):
+    """As `user:password@` is (the password would be stored with the spec, in the jobs table)."""
+    write_csv(tmp_path / "tickets.csv", _rows())
+    with pytest.raises(SpecError) as info:
+        make_spec(tmp_path / "tickets.csv", output={"url": f"postgresql://etl@db.internal/warehouse?{query}", "table": "results"})
+    msg = str(info.value)
+    assert "holds a password; a spec never holds a key" in msg and "hunter2" not in msg
+
+
+def test_a_sql_target_is_shown_without_a_password_in_any_form():
+    target = OutputTarget("output.url", url="postgresql://etl@db.internal/warehouse?password=hunter2&sslmode=require", table="results")
+    assert target.shown == "postgresql://etl@db.internal/warehouse?password=***&sslmode=require table results"
+    with pytest.raises(SpecError) as info:  # the sink's own messages name the URL too
+        engine_for("nodialect://etl@h/db?password=hunter2")
+    assert "hunter2" not in str(info.value) and "nodialect://etl@h/db?password=***: cannot connect" in str(info.value)
 
 
 def test_lowtide_run_upserts_into_a_specs_sql_table(tmp_path):

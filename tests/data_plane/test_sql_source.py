@@ -169,9 +169,18 @@ def test_bad_sql_sources_are_refused_by_name(db_url, tmp_path):
     engine.dispose()
 
 
-def test_a_url_with_a_password_is_refused_without_showing_it(tmp_path):
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://etl:hunter2@db.internal/warehouse",
+        "postgresql://etl@db.internal/warehouse?password=hunter2",  # libpq takes it as a query key too
+        "postgresql+psycopg://etl@db.internal/warehouse?sslmode=verify-full&sslpassword=hunter2",
+        "postgresql://etl@db.internal/warehouse?Password=hunter2",
+    ],
+)
+def test_a_url_with_a_password_is_refused_without_showing_it(tmp_path, url):
     with pytest.raises(SpecError) as info:
-        spec_for("postgresql://etl:hunter2@db.internal/warehouse", tmp_path, table="tickets")
+        spec_for(url, tmp_path, table="tickets")
     msg = str(info.value)
     assert "holds a password; a spec never holds a key" in msg and "PGPASSWORD" in msg
     assert "hunter2" not in msg

@@ -55,14 +55,36 @@ def test_sqlite_store_uses_wal(sqlite_store):
 def test_urls_and_paths():
     assert to_url("postgresql://u@h/db") == "postgresql+psycopg://u@h/db"
     assert to_url("some/file.db").startswith("sqlite:////")
+
+
+@pytest.mark.parametrize(
+    "location",
+    [
+        "postgresql://u:secret@h/db",
+        "postgresql://u@h/db?password=secret",  # libpq's and psycopg's own key
+        "postgresql://u@h/db?sslmode=verify-full&sslpassword=secret",  # the client key's passphrase
+        "postgresql://u@h/db?PASSWORD=secret&application_name=etl",
+        "mysql+pymysql://u@h/db?passwd=secret",
+        "mssql+pyodbc://u@dsn?PWD=secret",
+    ],
+)
+def test_describe_shows_the_store_without_its_password_in_any_form(location):
+    """`describe` is what every message and start line (status's "cannot open the store at",
+    submit's "job stored in", dashboard, serve, gateway) shows of --db."""
     s = Store.__new__(Store)
-    s.location, s.is_sqlite = "postgresql://u:secret@h/db", False
-    assert "secret" not in s.describe()
+    s.location, s.is_sqlite = location, False
+    shown = s.describe()
+    assert "secret" not in shown and "***" in shown
+    assert "@h/db" in shown or "@dsn" in shown
+    assert ("sslmode=verify-full" in shown) == ("sslmode" in location)  # what is not a secret is shown as given
 
 
 def test_an_unreachable_database_is_a_clear_error():
     with pytest.raises(StoreError, match="cannot open the store"):
         Store("postgresql://nobody@127.0.0.1:1/none")
+    with pytest.raises(StoreError, match="cannot open the store") as caught:
+        Store("postgresql://nobody@127.0.0.1:1/none?password=S3CRETPW")
+    assert "S3CRETPW" not in str(caught.value) and "postgresql+psycopg://nobody@127.0.0.1:1/none?password=***" in str(caught.value)
 
 
 def test_transition_tables_are_closed_and_terminal_states_are_final():

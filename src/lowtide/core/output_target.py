@@ -38,9 +38,9 @@ class OutputTarget:
     def shown(self) -> str:
         """The target in words, for messages and reports."""
         if self.table is not None:
-            from sqlalchemy.engine import make_url
+            from lowtide.core.sql_urls import shown_url
 
-            return f"{make_url(self.url).render_as_string(hide_password=True)} table {self.table}"
+            return f"{shown_url(self.url)} table {self.table}"
         return str(self.path)
 
 

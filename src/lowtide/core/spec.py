@@ -72,15 +72,17 @@ SOURCE_KINDS = ("string", "int", "float", "bool", "date", "timestamp")
 
 
 def sql_url(v: str | None) -> str | None:
-    """An SQLAlchemy URL with no password in it (a spec never holds a key)."""
+    """An SQLAlchemy URL with no password in it, in either form (a spec never holds a key)."""
     if v is not None:
         from sqlalchemy.engine import make_url
+
+        from lowtide.core.sql_urls import holds_password
 
         try:
             url = make_url(v)
         except Exception as err:
             raise ValueError(f"not an SQLAlchemy URL ({err}); e.g. postgresql://user@host/db") from None
-        if url.password:
+        if holds_password(url):
             raise ValueError("holds a password; a spec never holds a key: remove it and give it the driver's own way "
                              "(PGPASSWORD or ~/.pgpass for PostgreSQL)")  # fmt: skip
     return v
@@ -151,9 +153,9 @@ class SourceSpec(_Strict):
     def where(self) -> str:
         """The source, named for messages."""
         if self.url is not None:
-            from sqlalchemy.engine import make_url
+            from lowtide.core.sql_urls import shown_url
 
-            shown = make_url(self.url).render_as_string(hide_password=True)
+            shown = shown_url(self.url)
             return f"{shown} table {self.table}" if self.table else f"{shown} query"
         return self.path or ""
 

@@ -20,6 +20,7 @@ from lowtide.core.sources import (  # sources.py imports this module only when a
     SourceRow,
 )
 from lowtide.core.spec import SourceSpec
+from lowtide.core.sql_urls import shown_url
 
 
 class SqlSource(Source):
@@ -29,7 +30,7 @@ class SqlSource(Source):
         super().__init__()
         self.spec = spec
         self.url = sa.engine.make_url(spec.url)
-        shown = self.url.render_as_string(hide_password=True)
+        shown = shown_url(self.url)
         self.name = spec.table or "query"
         self.label = f"{shown} table {spec.table}" if spec.table else f"{shown} query"
         try:

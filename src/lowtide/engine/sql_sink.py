@@ -25,6 +25,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from lowtide.core.errors import LowtideError, SpecError
+from lowtide.core.sql_urls import shown_url
 from lowtide.engine.export import PRUNED_STATE
 from lowtide.engine.result_writers import ArrowLayout, output_columns
 
@@ -73,12 +74,8 @@ def engine_for(url: str) -> sa.Engine:
     try:
         return sa.create_engine(u)
     except Exception as err:  # an unknown dialect or a driver not installed
-        raise SpecError(f"output.url {_shown(url)}: cannot connect ({_reason(err)}); install the database's driver "
+        raise SpecError(f"output.url {shown_url(url)}: cannot connect ({_reason(err)}); install the database's driver "
                         "(for PostgreSQL: pip install 'lowtide[postgres]')") from None  # fmt: skip
-
-
-def _shown(url: str) -> str:
-    return sa.engine.make_url(url).render_as_string(hide_password=True)
 
 
 def _reason(err: BaseException) -> str:
@@ -104,7 +101,7 @@ def check_table(rows: Any, url: str, table: str) -> None:
     engine = engine_for(url)
     try:
         if engine.dialect.name not in DIALECTS:
-            raise SpecError(f"output.url {_shown(url)}: results are upserted into PostgreSQL or SQLite tables, "
+            raise SpecError(f"output.url {shown_url(url)}: results are upserted into PostgreSQL or SQLite tables, "
                             f"not {engine.dialect.name}; write a file (output.path) and load it")  # fmt: skip
         try:
             with engine.connect() as conn:
@@ -112,7 +109,7 @@ def check_table(rows: Any, url: str, table: str) -> None:
         except SpecError:
             raise
         except Exception as err:
-            raise SpecError(f"output.url {_shown(url)}: cannot connect ({_reason(err)}); check the URL, and give a "
+            raise SpecError(f"output.url {shown_url(url)}: cannot connect ({_reason(err)}); check the URL, and give a "
                             "password the driver's own way (PGPASSWORD or ~/.pgpass), never in the spec") from None  # fmt: skip
         if problem:
             raise SpecError(f"output.table {table}: {problem}")
@@ -208,7 +205,7 @@ def upsert_results(rows: Any, url: str, table: str) -> tuple[int, dict[str, int]
     """Upsert `rows` into `table` (see the module): (rows written, rows per state)."""
     engine = engine_for(url)
     if engine.dialect.name not in DIALECTS:
-        raise LowtideError(f"output.url {_shown(url)}: results are upserted into PostgreSQL or SQLite tables, not {engine.dialect.name}")
+        raise LowtideError(f"output.url {shown_url(url)}: results are upserted into PostgreSQL or SQLite tables, not {engine.dialect.name}")
     states: dict[str, int] = {}
     count = 0
     try:
@@ -236,7 +233,7 @@ def upsert_results(rows: Any, url: str, table: str) -> tuple[int, dict[str, int]
     except LowtideError:
         raise
     except sa.exc.SQLAlchemyError as err:
-        raise LowtideError(f"output.url {_shown(url)} table {table}: the upsert failed, nothing was written ({_reason(err)})") from None
+        raise LowtideError(f"output.url {shown_url(url)} table {table}: the upsert failed, nothing was written ({_reason(err)})") from None
     finally:
         engine.dispose()
     return count, states

@@ -13,6 +13,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 
 from lowtide.core.errors import MissingStoreError, StoreError
+from lowtide.core.sql_urls import shown_url
 from lowtide.store.migrations import apply_migrations, up_to_date
 
 DEFAULT_DB = "lowtide.db"
@@ -125,7 +126,7 @@ class Store:
         if self.is_sqlite:
             path = _sqlite_path(self.location, to_url(self.location))
             return str(path) if path is not None else self.location
-        return make_url(to_url(self.location)).render_as_string(hide_password=True)
+        return shown_url(to_url(self.location))
 
     @contextmanager
     def begin(self) -> Iterator[Connection]:
