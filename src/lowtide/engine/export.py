@@ -16,7 +16,9 @@ long outputs) is exported in bounded memory.
 
 `source_changed` is true where the row, rendered now, is not what the stored request was
 rendered from (its text, the template or the spec changed since): the answer beside it is
-for the row as it was, and is never passed off as an answer to the row as it is.
+for the row as it was, and is never passed off as an answer to the row as it is. An increment
+source (`source.since`) that holds an id in several rows writes the request once, beside its
+newest row (versions.py).
 
 A succeeded request whose answer `lowtide prune` dropped (its text, parsed answer and the
 provider's response all gone) has state `pruned` (PRUNED_STATE) and empty answer columns:
@@ -46,6 +48,7 @@ from lowtide.engine.answer_columns import ANSWER_COLUMNS, answer_values, plain_v
 from lowtide.engine.committed import committed
 from lowtide.engine.loader import RowRenderer
 from lowtide.engine.result_writers import WRITERS, tally
+from lowtide.engine.versions import IdWatch, Newest, repeated_rows, row_id
 from lowtide.store.bulk import among, among_bound, listed
 from lowtide.store.db import Store
 from lowtide.store.queries import get_job, stored_bytes
@@ -153,7 +156,10 @@ class ResultRows(ResultColumns):
         id_col = self.spec.source.id_column
         names = self.result_columns(self.known_source_columns())
         self.answers_renamed = any(names[n] != n for n in ANSWER_COLUMNS)
+        newest = self._newest()
         for chunk in self.source.chunks():
+            if newest is not None:  # an older version of a row of an increment: its request is the newest's
+                chunk = [r for r in chunk if not newest.older(row_id(r.values, id_col, self.spec.variant), r.values)]
             keys = [str(r.values.get(id_col, "")).strip() for r in chunk]
             ids = [custom_id_for(key_of(k), self.spec.variant) for k in keys]
             found = self._lookup(ids, keys)
@@ -161,6 +167,21 @@ class ResultRows(ResultColumns):
             for page in _pages(rows):
                 answers = self._answers([res[12] for _, _, res in page if res is not None and (res[13] or 0) > INLINE_BYTES])
                 yield [self._record(row, cid, res, answers, names) for row, cid, res in page]
+
+    def _newest(self) -> Newest | None:
+        """Where an increment source holds an id in several rows, each id's newest (docs/data.md
+        "Nightly increments"): a pass over the ids, and one over the rows of repeated ids."""
+        since, id_col, variant = self.spec.source.since, self.spec.source.id_column, self.spec.variant
+        if since is None:
+            return None
+        ids = IdWatch()
+        for chunk in self.source.chunks(strict=False):  # its problems are raised by the pass that writes
+            for row in chunk:
+                if (cid := row_id(row.values, id_col, variant)) is not None:
+                    ids.add(cid)
+        if not ids.has_repeats():
+            return None
+        return Newest.of(repeated_rows(self.source, id_col, ids, variant), since.column)
 
     def _record(self, row, cid: str, res: Row | None, answers: dict[int, str], names: dict[str, str]) -> dict[str, Any]:
         record = dict(row.values)

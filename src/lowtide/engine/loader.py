@@ -11,15 +11,20 @@ of where a route's batches live (base_url, api_key_env: `spec_changes.CONNECTION
 refused, even with `requeue_changed`, while a batch of the job is sent there. A stored
 request whose row now renders differently (its fingerprint) is counted and kept, or, with
 `requeue_changed`, re-rendered and queued again (engine/changes.py).
+
+A nightly increment (`source.since`) reads the rows past its watermark, or, with
+`requeue_changed`, every row (a changed row is at or below it once stored). Ids it meets in
+several rows are versions of one request: the load is rolled back and done again with each
+id's newest row only (engine/versions.py).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import orjson
 from sqlalchemy import Connection, func, select
@@ -61,6 +66,7 @@ from lowtide.engine.context import JobContext
 from lowtide.engine.embedding_rows import EmbeddingInput, ModerationInput
 from lowtide.engine.notify import check_notify
 from lowtide.engine.preflight import check_model, check_prices
+from lowtide.engine.versions import IdWatch, Newest, repeated_rows, row_id
 from lowtide.engine.watermarks import check_forward, save_watermark, stored_watermark
 from lowtide.routes import create_route
 from lowtide.store.bulk import executemany
@@ -68,6 +74,9 @@ from lowtide.store.db import Store
 from lowtide.store.queries import LIVE_DISPATCH_STATES, add_event, save_job
 from lowtide.store.schema import dispatches, jobs, requests
 from lowtide.store.transitions import move_job
+
+if TYPE_CHECKING:
+    from lowtide.engine.auto import Choice  # auto imports the loader
 
 MAX_PROBLEMS = 1000
 _dumps = fastjson.dumps
@@ -457,8 +466,36 @@ def load_job(
         from lowtide.engine.auto import resolve
 
         spec, choice = resolve(store, spec, clock, where)
+    try:
+        return _load(store, spec, choice, clock, where, on_rows, requeue_changed, routes_checked)
+    except _Versions as versions:  # an increment holds ids in several rows: again, each id's newest row only
+        return _load(store, spec, choice, clock, where, on_rows, requeue_changed, routes_checked, versions.newest)
+
+
+class _Versions(Exception):
+    """Raised inside a load's transaction (so rolling it back) when an increment source holds
+    an id in several rows: those rows are versions, and only the newest is to be loaded."""
+
+    def __init__(self, newest: Newest):
+        self.newest = newest
+
+
+def _load(
+    store: Store,
+    spec: JobSpec,
+    choice: Choice | None,
+    clock: Clock,
+    where: str,
+    on_rows: Callable[[int], None] | None,
+    requeue_changed: bool,
+    routes_checked: bool,
+    newest: Newest | None = None,
+) -> LoadReport:
     after = stored_watermark(store, spec)
-    template, source = check_job(spec, where, after)
+    # A changed row to re-run may be at or below the watermark: asked to, a load reads the
+    # whole source (the watermark still never moves back).
+    read_after = None if requeue_changed else after
+    template, source = check_job(spec, where, read_after)
     render = RowRenderer(spec, template, source, routes_checked)
     insert_requests = (postgresql.insert if not store.is_sqlite else sqlite.insert)(requests)
     insert_requests = insert_requests.on_conflict_do_nothing(index_elements=["job_id", "custom_id"])
@@ -478,12 +515,14 @@ def load_job(
             add_event(conn, job_id, "route_choice", choice.reason, now)
         budget.resume(conn, job_id, spec.budget_usd, now)  # a budget_exhausted job, submitted again
         before = _count(conn, job_id)
-        ids = _IdWatch()
+        ids = IdWatch()
         problems: list[str] = []
         refused: dict[str, list[int]] = {}  # refusal -> the rows it refuses
         changed = Changes()
         total = 0
         for chunk in source.chunks(strict=False):  # structural problems join the others, below
+            if newest is not None:  # an older version of a row of an increment: the newest stands
+                chunk = [r for r in chunk if not newest.older(row_id(r.values, spec.source.id_column, spec.variant), r.values)]
             good = []
             for row in chunk:
                 item = render(row)
@@ -508,11 +547,17 @@ def load_job(
                 break
         problems[:0] = source.problems
         if ids.has_repeats():
-            problems.extend(_duplicates(source, spec.source.id_column, ids, spec.variant))
+            repeats = repeated_rows(source, spec.source.id_column, ids, spec.variant)
+            if spec.source.since is not None and newest is None:
+                versions = Newest.of(repeats, spec.source.since.column)
+                if not versions.ties:
+                    raise _Versions(versions)
+                repeats = versions.ties  # rows of one id and one `since` value: duplicates
+            problems.extend(_duplicates(source, spec.source.id_column, repeats))
         problems.extend(_refused(source, refused))
         if problems:
             raise SourceError.from_problems(f"{source.label}: refused, nothing was stored", problems)
-        increment = spec.source.since is not None and after is not None
+        increment = spec.source.since is not None and read_after is not None
         if total == 0 and increment:
             check_forward(source, after)
         elif total == 0:
@@ -598,49 +643,12 @@ def _count(conn: Connection, job_id: int) -> int:
     return conn.execute(select(func.count()).select_from(requests).where(requests.c.job_id == job_id)).scalar_one()
 
 
-class _IdWatch:
-    """Spots repeated custom_ids in a file of any size in 8 bytes a row: each id's hash goes
-    into a flat array; repeats of a hash are checked against the real ids afterwards."""
-
-    def __init__(self) -> None:
-        self.hashes = array("q")
-        self.repeated: set[int] = set()
-
-    def add(self, custom_id: str) -> None:
-        self.hashes.append(hash(custom_id))
-
-    def has_repeats(self) -> bool:
-        import numpy as np
-
-        # Sorted in place, in the array's own buffer: a repeat lands beside its twin, and the
-        # check costs a byte a row (a hash table of counts held ~64 MB per million rows).
-        hashes = np.frombuffer(self.hashes, dtype=np.int64)
-        if len(hashes) < 2:
-            return False
-        hashes.sort()
-        same = hashes[1:] == hashes[:-1]
-        if not same.any():
-            return False
-        self.repeated = set(hashes[1:][same].tolist())
-        return True
-
-
-def _duplicates(source: Source, id_column: str, ids: _IdWatch, variant: str | None = None) -> list[str]:
-    """Every row of every repeated id: a second pass over the source, only when needed."""
-    groups: dict[str, list[SourceRow]] = {}
-    for chunk in source.chunks(strict=False):  # its structural problems are reported already
-        for row in chunk:
-            key = row.values.get(id_column)
-            if key is None or not (key := str(key).strip()):
-                continue
-            cid = custom_id_for(key_of(key), variant) if key.isascii() or is_utf8(key) else None
-            if cid is not None and hash(cid) in ids.repeated:
-                groups.setdefault(cid, []).append(row)
+def _duplicates(source: Source, id_column: str, repeats: dict[str, list[SourceRow]]) -> list[str]:
+    """One problem per repeated id, naming its rows."""
     return [
         f'{_places(source, rows)}: duplicate id "{cid}" in column "{id_column}"; '
         "ids must be unique (remove or renumber the repeats)"
-        for cid, rows in sorted(groups.items())
-        if len(rows) > 1
+        for cid, rows in sorted(repeats.items())
     ]
 
 
