@@ -14,6 +14,7 @@ import pytest
 import sqlalchemy as sa
 
 from lowtide.core.errors import InputError
+from lowtide.engine.export import export_results
 from lowtide.engine.loader import load_job
 from lowtide.store.schema import requests
 from tests.conftest import make_spec, write_csv
@@ -98,6 +99,37 @@ def test_images_and_files_become_native_parts_on_each_endpoint(sqlite_store, clo
         {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": png}},
         {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": base64.b64encode(PDF).decode()}},
     ]
+
+
+def test_a_file_replaced_behind_a_cell_is_a_changed_row_in_the_load_and_the_results(store, clock, tmp_path):
+    """DESIGN invariant 9: the bytes a path cell inlines are what the row renders from. A photo
+    swapped under the same name was "already stored", and its old bytes kept and sent."""
+    (tmp_path / "a.png").write_bytes(PNG)
+    (tmp_path / "c.pdf").write_bytes(PDF)
+    rows = [{"ticket_id": "A", "body": "x", "photo": "a.png", "doc": "c.pdf"},
+            {"ticket_id": "B", "body": "y", "photo": "https://example.com/b.jpg", "doc": base64.b64encode(PDF).decode()}]  # fmt: skip
+    source = write_csv(tmp_path / "t.csv", rows)
+    template = {"images": [{"column": "photo"}], "files": [{"column": "doc"}]}
+    spec = make_spec(source, route="openai-batch", base_dir=str(tmp_path), template=template)
+
+    def changed_in_results() -> dict[str, bool]:
+        export_results(store, "tickets", tmp_path / "out.jsonl")
+        return {r["custom_id"]: r["source_changed"] for r in map(json.loads, (tmp_path / "out.jsonl").read_text().splitlines())}
+
+    assert load_job(store, spec, clock).new == 2
+    assert changed_in_results() == {"A": False, "B": False}
+    other = PNG + b"another photo"
+    (tmp_path / "a.png").write_bytes(other)  # the photo is replaced; the cell still says a.png
+    report = load_job(store, spec, clock)
+    assert (report.new, report.changed, report.requeued) == (0, 1, 0)
+    assert changed_in_results() == {"A": True, "B": False}
+
+    assert load_job(store, spec, clock, requeue_changed=True).requeued == 1
+    assert stored(store)["A"]["body"]["messages"][-1]["content"][1]["image_url"]["url"] == f"data:image/png;base64,{base64.b64encode(other).decode()}"
+    assert changed_in_results() == {"A": False, "B": False}
+    (tmp_path / "c.pdf").write_bytes(PDF + b"%% page 2")  # and the PDF
+    assert load_job(store, spec, clock).changed == 1
+    assert changed_in_results() == {"A": True, "B": False}
 
 
 def test_a_user_template_without_variables_still_gets_the_rows_parts(sqlite_store, clock, tmp_path):

@@ -6,12 +6,16 @@ from the bytes, inlined as base64), a `data:` URL, base64 text, or bytes (a Parq
 column). Inlined media is checked before anything is stored: a type the providers take,
 and a size within the provider's limit (`LIMITS`). The part is written in the endpoint's
 own shape (`PARTS`), so the body stays native (DESIGN "request").
+
+A file a path names can change under the same name: what a row renders from is its bytes, so
+each file read is hashed (`Media.digest`, `PartMaker.digest`) for the row's fingerprint.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,6 +63,7 @@ class Media:
     mime: str | None = None
     data: str | None = None  # base64
     filename: str | None = None
+    digest: str | None = None  # of the bytes, where they were read from a file (as `PartMaker.digest` gives it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,19 +93,43 @@ class PartMaker:
             return Media(url=text)
         if (m := _DATA_URL.match(text)) is not None:
             return self._inline(_b64(text[m.end() :], "the data: URL's base64"), None)
-        path = Path(text).expanduser()
-        path = path if path.is_absolute() else self.base_dir / path
-        if _may_be_path(text):
+        path = self._path(text)
+        if path is not None:
             try:
                 if path.is_file():
-                    return self._inline(path.read_bytes(), path.name)
+                    data = path.read_bytes()
+                    return self._inline(data, path.name, _digest(data))
             except OSError as err:
                 raise PartError(f"cannot read {path} ({err.strerror or err})") from None
-        if _may_be_path(text) and not _looks_b64(text):
+        if path is not None and not _looks_b64(text):
             raise PartError(f"no such file: {path} (paths are relative to the spec's folder), and not a URL or base64; fix the path or the cell")
         return self._inline(_b64(text, "the cell"), None)
 
-    def _inline(self, data: bytes, filename: str | None) -> Media:
+    def digest(self, value: Any) -> str | None:
+        """What `read` would give as the digest of the file a cell names, from the file alone
+        (streamed, not inlined); None for a cell that names no file."""
+        if not isinstance(value, str):
+            return None
+        text = value.strip()
+        if _URL.match(text) or _DATA_URL.match(text) or (path := self._path(text)) is None:
+            return None
+        try:
+            if not path.is_file():  # no such file: `read` refuses the row, or takes the cell for base64
+                return None
+            with path.open("rb") as f:
+                return hashlib.file_digest(f, _hash).hexdigest()
+        except OSError:  # `read` refuses the row
+            return None
+
+    def _path(self, text: str) -> Path | None:
+        """The file a cell's text would name, relative to the spec's folder; None for text that
+        cannot be a path."""
+        if not _may_be_path(text):
+            return None
+        path = Path(text).expanduser()
+        return path if path.is_absolute() else self.base_dir / path
+
+    def _inline(self, data: bytes, filename: str | None, digest: str | None = None) -> Media:
         allowed = IMAGE_TYPES if self.kind == "image" else FILE_TYPES
         mime = sniff(data)
         noun = "an image" if self.kind == "image" else "a PDF"
@@ -117,7 +146,7 @@ class PartMaker:
                 f"is {size / MB:.1f} MB ({measured}size), over {provider}'s limit of {limit // MB} MB per {self.kind}; "
                 "make it smaller, or pass a URL"
             )
-        return Media(mime=mime, data=encoded, filename=filename)
+        return Media(mime=mime, data=encoded, filename=filename, digest=digest)
 
     def part(self, media: Media) -> dict[str, Any]:
         """`media` as a content part of the endpoint (`PARTS`)."""
@@ -136,6 +165,14 @@ class PartMaker:
         if media.url:  # chat's `file` part holds data or an uploaded file's id, never a URL
             raise PartError(f"is a URL; {CHAT} file parts take the file itself: give a path, base64 text or bytes")
         return {"type": kind, "file": {"filename": name, "file_data": url}}
+
+
+def _hash():  # a file's digest: `PartMaker.digest` and `_digest` must agree
+    return hashlib.blake2b(digest_size=16)
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
 
 
 def sniff(data: bytes) -> str | None:

@@ -118,14 +118,15 @@ class MessageTemplate:
             ]
             raise TemplateError.from_problems("template", problems)
 
-    def render(self, values: dict[str, Any], row: Any = None, where: Any = None) -> list[dict[str, str]]:
+    def render(self, values: dict[str, Any], row: Any = None, where: Any = None, files: list[str] | None = None) -> list[dict[str, str]]:
         """Render the messages for one row. Errors name the row: `where(row)` if given,
-        else `row` itself ("tickets.csv row 7")."""
+        else `row` itself ("tickets.csv row 7"). `files` gets the digest of each file the
+        parts inline, in order (what `file_digests` gives without rendering)."""
         messages = []
         for part in self.parts:
             if part.constant is not None:  # no variables: rendered once, at compile time
                 if self.media and part.role == "user":  # the row's images and files still follow it
-                    messages.append({"role": "user", "content": self._with_parts(part.constant, values, row, where)})
+                    messages.append({"role": "user", "content": self._with_parts(part.constant, values, row, where, files)})
                 else:
                     messages.append({"role": part.role, "content": part.constant})
                 continue
@@ -149,7 +150,7 @@ class MessageTemplate:
                 # a filter or expression that fails on this row's value
                 raise TemplateError(f"{name}: {part.name} line {line}: {type(err).__name__}: {err}") from None
             if self.media and part.role == "user":
-                messages.append({"role": "user", "content": self._with_parts(text, values, row, where)})
+                messages.append({"role": "user", "content": self._with_parts(text, values, row, where, files)})
                 continue
             messages.append({"role": part.role, "content": text})
         if self.messages_column:
@@ -160,20 +161,29 @@ class MessageTemplate:
                 raise TemplateError(str(err)) from None
         return messages
 
-    def _with_parts(self, text: str, values: dict[str, Any], row: Any, where: Any) -> list[dict[str, Any]]:
+    def _with_parts(self, text: str, values: dict[str, Any], row: Any, where: Any, files: list[str] | None) -> list[dict[str, Any]]:
         """The user message's content: its text, then a part per image or file column. An
         empty cell of an optional column adds no part."""
         content: list[dict[str, Any]] = [{"type": self.text_part, "text": text}] if text else []
-        for maker in self.media:
-            value = values.get(maker.column)
-            if value is None or (isinstance(value, str) and not value.strip()):
-                continue
+        for maker in self._cells(values):
             try:
-                content.append(maker(value))
+                media = maker.read(values[maker.column])
+                content.append(maker.part(media))
             except PartError as err:
                 name = where(row) if where is not None else row
                 raise TemplateError(f"{name}: {maker.where} {err}") from None
+            if files is not None and media.digest is not None:
+                files.append(media.digest)
         return content
+
+    def file_digests(self, values: dict[str, Any]) -> list[str]:
+        """The digest of each file the row's parts inline, in order, read from the files alone
+        (the results check a row without rendering it)."""
+        return [d for maker in self._cells(values) if (d := maker.digest(values[maker.column])) is not None]
+
+    def _cells(self, values: dict[str, Any]) -> list[PartMaker]:
+        """The part makers whose cell in this row is not empty (an empty one adds no part)."""
+        return [m for m in self.media if (v := values.get(m.column)) is not None and not (isinstance(v, str) and not v.strip())]
 
 
 def _compile(role: str, name: str, source: str) -> _Part:

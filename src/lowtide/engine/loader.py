@@ -181,6 +181,7 @@ class RowRenderer:
                     f'{self.where(row)}: column "{var}" is empty; the template uses it ({used_at}). '
                     "Fill it in, or list it in source.optional_columns"
                 )
+        files: list[str] = []  # the digests of the files the row's parts inline
         if self.body_column is not None:
             body = self.given_body(values.get(self.body_column), row)
             if isinstance(body, str):
@@ -188,7 +189,7 @@ class RowRenderer:
             fixed = False
         else:
             try:
-                messages = self.template.render(values, row, self.where)
+                messages = self.template.render(values, row, self.where, files)
             except Exception as err:  # TemplateError already names row and line
                 return str(err)
             own = {k: values[k] for k in ROW_PARAMS if values.get(k) is not None} if self.row_params else None
@@ -217,7 +218,7 @@ class RowRenderer:
             return self.surrogate(values, row)
         return {
             "custom_id": custom_id_for(key_of(key), self.variant), "source_key": key, "source_row": row.number,
-            "payload": payload, "model": self.model, "fingerprint": self.fingerprint(values),
+            "payload": payload, "model": self.model, "fingerprint": self.fingerprint(values, files),
         }  # fmt: skip
 
     def surrogate(self, values: dict, row: SourceRow) -> str:
@@ -276,10 +277,17 @@ class RowRenderer:
         body[self.conversation] = messages
         return body, fixed
 
-    def fingerprint(self, values: dict) -> str:
+    def fingerprint(self, values: dict, files: list[str] | None = None) -> str:
         """32 hex digits for what a row with these values renders as (see __init__);
-        `values` with the optional columns filled in, as `__call__` has them."""
-        return hashlib.blake2b(_canonical([values.get(k) for k in self.used]), digest_size=16, key=self.fp_key).hexdigest()
+        `values` with the optional columns filled in, as `__call__` has them. A file a path
+        cell names is inlined: its bytes are part of what the row renders from, by `files`,
+        their digests as the render read them (each file read and hashed here if not given)."""
+        if files is None:
+            files = self.template.file_digests(values) if self.template.media else []
+        used = [values.get(k) for k in self.used]
+        if files:  # a row that inlines no file has the fingerprint it had before files were hashed
+            used.append(files)
+        return hashlib.blake2b(_canonical(used), digest_size=16, key=self.fp_key).hexdigest()
 
     def values_of(self, row: SourceRow) -> dict:
         return {**self.optional, **row.values} if self.optional else row.values
