@@ -40,6 +40,23 @@ def test_csv_row_after_a_multiline_value_with_wrong_width_names_its_line(tmp_pat
         rows_of(open_file(tmp_path / "t.csv"))
 
 
+def test_a_malformed_record_takes_its_row_number_in_a_source_of_many_files(tmp_path):
+    """Rows after a ragged CSV record (or a JSONL line that is no object) keep their numbers,
+    in the file and in the files after it: a problem named the row before the one meant."""
+    for folder, ext, first, second in (
+        ("c", "csv", "id,body\nA,a\nB,b,x\nC,c\n", "id,body\nD,d\nE,e,x\n"),
+        ("j", "jsonl", '{"id": "A"}\n[1]\n{"id": "C"}\n', '{"id": "D"}\n{"id": \n'),
+    ):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / f"1.{ext}").write_text(first, encoding="utf-8")
+        (tmp_path / folder / f"2.{ext}").write_text(second, encoding="utf-8")
+        source = open_file(tmp_path / folder)
+        rows = [r for chunk in source.chunks(strict=False) for r in chunk]
+        assert [(r.values["id"], r.number, r.line) for r in rows] == [("A", 1, 1 + (ext == "csv")), ("C", 3, 3 + (ext == "csv")), ("D", 4, 1 + (ext == "csv"))]
+        if ext == "csv":
+            assert source.problems[1].startswith("2.csv row 5 (line 3): has 3 fields")
+
+
 @pytest.mark.parametrize(
     ("text", "problem"),
     [

@@ -491,6 +491,23 @@ def test_duplicates_are_reported_alongside_other_problems(sqlite_store, clock, t
     assert 'rows 1, 4: duplicate id "T1000"' in str(err)
 
 
+@pytest.mark.parametrize("fmt", ["csv", "jsonl"])
+def test_rows_after_a_malformed_record_keep_their_numbers(sqlite_store, clock, tmp_path, fmt):
+    """A record that is no row (a ragged CSV record, a JSONL line that is not JSON) still takes
+    its row number: every later problem named the row before the one meant."""
+    if fmt == "csv":
+        (tmp_path / "t.csv").write_text("ticket_id,body\n1,a\n2,b,x\n3,\n4,d\n4,e\n", encoding="utf-8")
+    else:
+        lines = ['{"ticket_id": 1, "body": "a"}', '{"ticket_id": 2, "body": "b",}', '{"ticket_id": 3, "body": ""}',
+                 '{"ticket_id": 4, "body": "d"}', '{"ticket_id": 4, "body": "e"}']  # fmt: skip
+        (tmp_path / "t.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    err = refused(sqlite_store, spec_for(tmp_path / f"t.{fmt}"), clock, SourceError)
+    assert len(err.problems) == 3, err.problems
+    row = "t.csv row 3 (line 4)" if fmt == "csv" else "t.jsonl row 3"  # a JSONL line is its row
+    assert err.problems[1].startswith(f'{row}: column "body" is empty'), err.problems
+    assert err.problems[2].startswith(f't.{fmt} rows 4, 5: duplicate id "4"'), err.problems
+
+
 def test_a_bad_row_after_a_full_chunk_rolls_back_the_stored_chunk(store, clock, tmp_path, finished):
     from lowtide.core.sources import CHUNK_ROWS
 

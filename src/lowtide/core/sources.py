@@ -5,7 +5,9 @@
 
 Row numbers are 1-based data rows across the whole source (the CSV header is not a row); CSV
 and JSONL rows also carry the file line they start on, which is what an editor shows, and
-the file they come from where the source is many files.
+the file they come from where the source is many files. In CSV and JSONL every record of the
+files read takes a number, one that cannot be read as a row or that a filter or watermark
+leaves out too, so a row's number is its place in the files, whatever was skipped before it.
 
 A source of many files (a folder, a glob) reads them in name order; `key=value` folders
 (Hive partitions: `dt=2026-12-03/`) become columns, and `source.filter` and `since` leave the
@@ -378,7 +380,7 @@ class FileSource(Source):
         return super().highest_of(column)
 
     def _rows(self, size: int) -> Iterator[SourceRow]:
-        number = 0
+        number = 0  # the last row's number: a record that is no row still takes one (the reader counts it)
         many = len(self.files) > 1
         after = self.after
         self.highest_read = None
@@ -392,8 +394,11 @@ class FileSource(Source):
                 seen = None  # one the watermark leaves out is never opened: its rows are not seen
                 continue
             name = self.loc.name_of(f)
+            before = number  # the rows of the files read before this one
             try:
-                for line, values in reader(f, name):
+                for number, line, values in reader(f, name, before):  # `number`: the last row read, after the loop too
+                    if values is None:  # not a row: reported by the reader
+                        continue
                     if extra:
                         values = {**values, **{k: v for k, v in extra.items() if k not in values}}
                     if self.filters and not all(holds(values.get(c), op, typed_like(w, values.get(c))) for c, op, w in self.filters):
@@ -404,7 +409,6 @@ class FileSource(Source):
                             seen[0] = v
                         if v is None or compare_values(v, typed_like(after.value, v)) <= 0:
                             continue
-                    number += 1
                     yield SourceRow(number, line, values, name if many else None)
             except UnicodeDecodeError:
                 raise self._not_utf8(f) from None
@@ -420,7 +424,9 @@ class FileSource(Source):
         items = list(self.filters) + ([(self.after.column, ">", self.after.value)] if watermark and self.after is not None else [])
         return all(holds(partition[c], op, typed_like(w, partition[c])) for c, op, w in items if c in partition and c not in own)
 
-    def _csv(self, f: str, name: str) -> Iterator[tuple[int, dict[str, Any]]]:
+    def _csv(self, f: str, name: str, number: int) -> Iterator[tuple[int, int, dict[str, Any] | None]]:
+        """(row number, line, values) of each record, counting on from `number` (the rows of
+        the files before); a record that is no row is reported, and given None for values."""
         with self._open(f) as text:
             # strict: a quote opened and never closed is an error, not a value that swallows
             # every row after it (the lenient reader returns them as one cell, silently)
@@ -433,7 +439,6 @@ class FileSource(Source):
                 raise SourceError(f"{name}: its header ({', '.join(header)}) is not the first file's ({', '.join(self.header)}); "
                                   "give every file of a source the same columns")  # fmt: skip
             width = len(header)
-            number = 0
             line = reader.line_num + 1
             try:
                 for record in reader:
@@ -446,27 +451,32 @@ class FileSource(Source):
                             f"{name} row {number} (line {line}): has {len(record)} fields, "
                             f"the header has {width}; quote values that contain commas"
                         )
+                        yield number, line, None
                         line = reader.line_num + 1
                         continue
-                    yield line, dict(zip(header, record, strict=True))
+                    yield number, line, dict(zip(header, record, strict=True))
                     line = reader.line_num + 1
             except csv.Error as err:  # the rows after it cannot be told apart: reading stops here
                 self._problem(f"{name} row {number + 1} (line {line}): {_csv_reason(err, reader.line_num)}")
 
-    def _jsonl(self, f: str, name: str) -> Iterator[tuple[int, dict[str, Any]]]:
+    def _jsonl(self, f: str, name: str, number: int) -> Iterator[tuple[int, int, dict[str, Any] | None]]:
+        """As `_csv`: each line that is not blank is a row."""
         with self._open(f, newline=None) as text:
             for lineno, line in enumerate(text, start=1):
                 if not line.strip():
                     continue
+                number += 1
                 try:
                     values = fastjson.loads(line)
                 except json.JSONDecodeError as err:
                     self._problem(f"{name} line {lineno}: not valid JSON ({err.msg}, column {err.colno})")
+                    yield number, lineno, None
                     continue
                 if not isinstance(values, dict):
                     self._problem(f"{name} line {lineno}: each line must be a JSON object, got {type(values).__name__}")
+                    yield number, lineno, None
                     continue
-                yield lineno, values
+                yield number, lineno, values
 
 
 def partitions_of(loc: Location, f: str) -> dict[str, str]:
