@@ -27,16 +27,18 @@ def world(root: Path) -> Iterator[World]:
         w.close()
 
 
-def load(w: World, route: str, rows: int, chunk: int, key_env: str = KEY_ENV, deadline: float | None = None, **options: Any) -> None:
+def load(w: World, route: str, rows: int, chunk: int, key_env: str = KEY_ENV, deadline: float | None = None,
+         fallback: dict[str, Any] | None = None, **options: Any) -> None:  # fmt: skip
     """Job `a` of `rows` tickets on `route` at the main provider, `chunk` requests a batch;
-    `deadline` on the world's clock."""
+    `deadline` on the world's clock; `fallback` its `fallback:` (World.fallback)."""
     source = write_csv(w.root / "a.csv", [{"ticket_id": f"a-{i}", "body": f"ticket {i} of a"} for i in range(rows)])
     spec = build_spec({
         "name": "a", "source": {"path": str(source), "id_column": "ticket_id"}, "template": {"user": "Ticket: {{ body }}"},
         "model": ROUTE_MODELS[route], "route": route, "params": {"max_tokens": 64},
         "route_options": w.route_options(route, chunk, "main", key_env) | options,
         "retry": {"max_attempts": 3, "backoff_seconds": 30},
-    } | ({"deadline": datetime.fromtimestamp(deadline, UTC).isoformat()} if deadline is not None else {}))  # fmt: skip
+    } | ({"deadline": datetime.fromtimestamp(deadline, UTC).isoformat()} if deadline is not None else {})
+      | ({"fallback": fallback} if fallback is not None else {}))  # fmt: skip
     load_job(w.store, spec, w.clock)
 
 

@@ -22,7 +22,9 @@ of errors) would end its requests and send them again, paid twice, answers never
 polled as before and read by the first poll the key lets through; a cancelled job gives it
 up (its requests cancelled); so does the card's results window passing (nothing left to read:
 `results_expired`, engine/results_window.py). A deadline does not: a batch past it is still
-read, as any late batch is.
+read, as any late batch is. Nor does the cut-over's request to cancel it (a job with a
+fallback): its requests go to the fallback route once the cut-over's grace has passed
+(engine/fallback.py `release_stuck`), and what the batch bills is booked when it is read.
 """
 
 from __future__ import annotations
@@ -102,14 +104,14 @@ def hold_poll(store: Store, job: JobContext, route: str, dispatch_id: int, provi
 
 
 def _cancelled(store: Store, job: JobContext, dispatch_id: int) -> tuple[bool, str | None]:
-    """Whether the job (or this dispatch) is cancelled, read with the job's row locked as a
-    cancel takes it; and the dispatch's error (a hold already said)."""
+    """Whether the job is cancelled, read with the job's row locked as a cancel takes it; and
+    the dispatch's error (a hold already said). Not the dispatch's `cancel_requested`: the
+    deadline cut-over sets it too (engine/fallback.py `cancel_in_flight`), and a batch the
+    cut-over asked to cancel is still read when it ends, as any late batch is."""
     with store.begin() as conn:
         state = lock_job(conn, job.id)
-        error, cancel_requested = conn.execute(
-            select(dispatches.c.error, dispatches.c.cancel_requested).where(dispatches.c.id == dispatch_id)
-        ).one()
-    return state == JobState.CANCELLED.value or bool(cancel_requested), error
+        error = conn.execute(select(dispatches.c.error).where(dispatches.c.id == dispatch_id)).scalar_one()
+    return state == JobState.CANCELLED.value, error
 
 
 def _variable(job: JobContext, route: str) -> str:
