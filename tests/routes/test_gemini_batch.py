@@ -219,3 +219,47 @@ def test_inline_responses_reach_the_outcome_exactly_as_sent(gemini_api, masks):
     # asked again without one, and from then on (poll, poll, find, results).
     masked = ["fields=" in q for q in _Gemini.queries]
     assert masked == ([True, True, True, True] if masks == "ignored" else [True, False, False, False, False])
+
+
+# A batch that expired with requests not run: serve says so per request as a DEADLINE_EXCEEDED
+# line (server/gemini_outputs.py). Read as the error it is word for word (`deadline_exceeded`),
+# each went to another Gemini batch; out of time, it goes to the fallback at once, as an
+# OpenAI `batch_expired` line or a line missing from the output does (docs/fallback.md).
+@pytest.mark.parametrize("inline_bytes", [10 * 2**20, 0], ids=["inline", "file"])
+def test_requests_a_batch_expired_go_to_the_fallback_route_at_once(inline_bytes, serve, tmp_path):
+    plan = tmp_path / "faults.yaml"
+    plan.write_text(yaml.safe_dump({"batches": [{"first": 1, "expire_after": 3}]}))
+    url = serve("--faults", str(plan))
+    source = write_csv(tmp_path / "t.csv", ticket_rows(10))
+    spec = make_spec(source, model=MODEL, route="gemini-batch", route_options=_options(url, inline_bytes=inline_bytes),
+                     fallback={"route": "echo"}, retry={"max_attempts": 3, "backoff_seconds": 0})  # fmt: skip
+    store = Store(str(tmp_path / "client.db"))
+    load_job(store, spec, SystemClock())
+    status = _run(store, "tickets")
+    assert status.counts == {"succeeded": 10}
+    with store.begin() as conn:
+        where = dict(conn.execute(sa.select(requests.c.lane_reason, sa.func.count()).group_by(requests.c.lane_reason)).all())
+        sent = conn.execute(sa.select(sa.func.count()).select_from(attempts).where(attempts.c.route == "gemini-batch")).scalar_one()
+    assert where == {None: 3, "batch_expired on gemini-batch": 7}
+    assert sent == 10  # one batch: none of the seven was sent to Gemini again
+
+
+@pytest.mark.parametrize(("state", "code"), [("BATCH_STATE_EXPIRED", "batch_expired"), ("BATCH_STATE_SUCCEEDED", "deadline_exceeded")])
+def test_a_deadline_exceeded_line_is_out_of_time_only_in_a_batch_that_expired(gemini_api, state, code):
+    # In a batch that ran to its end, DEADLINE_EXCEEDED is that request's own timeout: retried
+    # as the retry policy says, not sent to the fallback for it.
+    late = {"error": {"code": 504, "message": "not run before the batch expired", "status": "DEADLINE_EXCEEDED"}, "metadata": {"key": "b"}}
+    _Gemini.batch = _ended([{"response": SENT, "metadata": {"key": "a"}}, late], state)
+    _Gemini.masks = "ignored"
+
+    async def go():
+        route = create_route("gemini-batch", _options(gemini_api))
+        try:
+            return {o.custom_id: o for o in [o async for o in route.results("batches/b1")]}
+        finally:
+            await route.aclose()
+
+    by_key = asyncio.run(go())
+    assert by_key["a"].ok
+    assert (by_key["b"].ok, by_key["b"].error_code, by_key["b"].retryable) == (False, code, True)
+    assert by_key["b"].error_message == "not run before the batch expired"  # the provider's words, kept

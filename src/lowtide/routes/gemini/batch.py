@@ -12,7 +12,8 @@ keys it does not know). The model stays out of the request lines: it is the batc
 Exactly-once: the batch's `displayName` is the dispatch's key, the create is made with the
 SDK's retries off, and after a crash `find` lists recent batches and adopts the one named
 so. Results are matched by `key` (file: its lines, streamed from a download to disk;
-inline: each response's `metadata.key`). States are the SDK's `JOB_STATE_*`.
+inline: each response's `metadata.key`). States are the SDK's `JOB_STATE_*`; a line of an
+expired batch that says DEADLINE_EXCEEDED is `batch_expired` (`out_of_time`).
 
 Reading a batch (poll, results, find) is a GET through the SDK's own HTTP client (its key,
 base URL, timeout and errors) whose JSON is read as sent (operation.py), not
@@ -210,13 +211,15 @@ class GeminiBatchRoute(LazyClient):
         return BatchStatus(phase=state, ended=state in TERMINAL, counts=op.counts_of(batch), errors=errors)
 
     async def results(self, batch_id: str) -> AsyncIterator[Outcome]:
-        output = op.output_of(await self._get(batch_name(batch_id), op.RESULTS_FIELDS, has=op.has_output))
+        batch = await self._get(batch_name(batch_id), op.RESULTS_FIELDS, has=op.has_results)
+        expired = op.state_of(batch) == "JOB_STATE_EXPIRED"
+        output = op.output_of(batch)
         items = op.inline_responses(output)
         for i, item in enumerate(items):
             items[i] = None  # each response is let go once read: the batch is not held twice
             outcome = _inline(item)
             if outcome is not None:
-                yield outcome
+                yield out_of_time(outcome) if expired else outcome
         name = op.responses_file(output)
         if name:
             # To disk, then line by line: a big responses file is never held in memory.
@@ -226,7 +229,7 @@ class GeminiBatchRoute(LazyClient):
                     for text in lines:
                         outcome = _parse(text) if text.strip() else None
                         if outcome is not None:
-                            yield outcome
+                            yield out_of_time(outcome) if expired else outcome
 
     async def _get(self, path: str, fields: str | None = None, has: Callable[[dict[str, Any]], bool] | None = None) -> dict[str, Any]:
         """GET `path` (under v1beta) through the SDK's own client (its key, base URL, timeout
@@ -274,6 +277,17 @@ def _inline(item: Any) -> Outcome | None:
     if isinstance(item.get("response"), dict):
         return gemini_outcome(key, item["response"], batch=True)
     return gemini_error(key, item.get("error"))
+
+
+def out_of_time(outcome: Outcome) -> Outcome:
+    """A line of a batch that ended expired: one that says DEADLINE_EXCEEDED was not run
+    before the batch ran out of time, `batch_expired` as OpenAI says it (the engine sends it
+    to a fallback route at once, engine/fate.py OUT_OF_TIME), its words kept. In a batch that
+    ran to its end the same status is the request's own timeout, and stays as it is."""
+    if outcome.ok or outcome.error_code != "deadline_exceeded":
+        return outcome
+    outcome.error_code = "batch_expired"
+    return outcome
 
 
 def batch_name(batch_id: str) -> str:

@@ -20,7 +20,9 @@ from __future__ import annotations
 from typing import Any
 
 POLL_FIELDS = "name,done,error,metadata(state,batchStats)"
-RESULTS_FIELDS = "metadata.output"  # the operation's `response` is the same output again
+# The output, and the state its lines are read by (an expired batch's); the operation's
+# `response` is the same output again.
+RESULTS_FIELDS = "metadata(state,output)"
 FIND_FIELDS = "operations(name,metadata(displayName)),nextPageToken"
 
 
@@ -35,6 +37,10 @@ def has_state(operation: dict[str, Any]) -> bool:
 
 def has_output(operation: dict[str, Any]) -> bool:
     return bool(output_of(operation))
+
+
+def has_results(operation: dict[str, Any]) -> bool:
+    return has_state(operation) and has_output(operation)
 
 
 def has_names(page: dict[str, Any]) -> bool:
