@@ -263,3 +263,36 @@ def test_a_deadline_exceeded_line_is_out_of_time_only_in_a_batch_that_expired(ge
     assert by_key["a"].ok
     assert (by_key["b"].ok, by_key["b"].error_code, by_key["b"].retryable) == (False, code, True)
     assert by_key["b"].error_message == "not run before the batch expired"  # the provider's words, kept
+
+
+def test_a_responses_file_deleted_at_the_provider_is_said_gone_by_name(serve, tmp_path, monkeypatch):
+    # A 404 on the download is the file gone there (the engine gives the batch up after a
+    # grace, engine/batches.py `_not_read`), not a download that broke off (read again).
+    from google import genai
+
+    from lowtide.engine.results_window import results_gone
+
+    url = serve()
+    monkeypatch.setenv(KEY_ENV, "test-key")
+
+    async def go():
+        route = create_route("gemini-batch", _options(url, inline_bytes=0))  # a file batch
+        try:
+            name = await route.submit("job-1.d1", [Request.chat(f"r{i}", MODEL, [{"role": "user", "content": "hi"}]) for i in range(2)])
+            for _ in range(200):  # the server's fast clock ends it within a few polls
+                if (await route.poll(name)).ended:
+                    break
+                await asyncio.sleep(0.02)
+            client = genai.Client(api_key="test-key", http_options={"base_url": url})
+            responses = client.batches.get(name=name).dest.file_name
+            client.files.delete(name=responses)
+            try:
+                read = [o async for o in route.results(name)]
+            except Exception as err:  # what the engine is told: judged below
+                return responses, err
+            raise AssertionError(f"read {read} from a deleted file")
+        finally:
+            await route.aclose()
+
+    responses, err = asyncio.run(go())
+    assert responses and f"not found) for file {responses}, the results of batch" in str(err) and results_gone(err)

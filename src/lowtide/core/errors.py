@@ -8,6 +8,7 @@
     ├── RouteError               a route failed or is misconfigured
     │   ├── BatchRejected        a provider refused a batch for good (validation, 4xx)
     │   ├── BatchGone            a provider does not know a batch it was polled for (404)
+    │   │   └── ResultsGone      ... or no longer has an ended batch's results file (404 on its download)
     │   ├── NotSent              a create provably never reached the provider (refused connection)
     │   └── UnknownRouteError    no route of that name is registered
     ├── StoreError               the store cannot be opened or is from a newer release
@@ -66,6 +67,11 @@ class BatchRejected(RouteError):
 class BatchGone(RouteError):
     """The provider answered that it does not know a batch (404 on a poll): it was lost
     there, or the route now points at another provider. Given up after a grace."""
+
+
+class ResultsGone(BatchGone):
+    """The provider answered that it no longer has an ended batch's results (404 on their
+    download: deleted there). Given up after the same grace; the message names the file."""
 
 
 class NotSent(RouteError):

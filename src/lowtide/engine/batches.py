@@ -25,7 +25,7 @@ import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from sqlalchemy import case, func, or_, select, update
+from sqlalchemy import and_, case, func, or_, select, update
 
 from lowtide.core.clock import Clock
 from lowtide.core.embeddings import MAX_INPUTS
@@ -554,7 +554,8 @@ async def poll(
             note_phase(conn, dispatch_id, status.phase, clock.now())  # the batch timeline
             conn.execute(
                 update(dispatches).where(dispatches.c.id == dispatch_id).values(
-                    polls=polls + 1, phase=status.phase, error=None, lost_since=None, **settled,
+                    polls=polls + 1, phase=status.phase, error=None, **settled,
+                    lost_since=_gone_since(clock.now()) if status.ended else None,  # `_not_read` judges an ended one
                     next_poll_at=clock.now() + next_poll_delay(route, interval, polls + 1, rng),
                     # Held while an ended batch is ingested; let go otherwise.
                     lease_until=clock.now() + POLL_LEASE if status.ended else 0.0,
@@ -569,13 +570,43 @@ async def poll(
         elif status.ended:
             try:
                 counts.add(await _ingest(store, job, route, dispatch_id, provider_id, clock, rng, submitted_at))
-            except Exception as err:  # a download broke off: what was applied stays, the rest comes next poll
-                if _gone_past_retention(store, job, route, dispatch_id, provider_id, submitted_at, err, scrub(route, str(err)), clock, rng):
-                    continue
-                with store.begin() as conn:
-                    conn.execute(update(dispatches).where(dispatches.c.id == dispatch_id).values(lease_until=0.0))
-                    add_event(conn, job.id, "ingest_error", scrub(route, f"{route.name} batch {provider_id}: {err}"), clock.now())
+            except Exception as err:  # what was applied stays, the rest comes next poll
+                said = scrub(route, str(err))
+                if not _gone_past_retention(store, job, route, dispatch_id, provider_id, submitted_at, err, said, clock, rng):
+                    _not_read(store, job, route, dispatch_id, provider_id, said, results_gone(err), clock, rng)
     return counts
+
+
+def _gone_since(now: float):
+    """`lost_since` after a poll that found the batch ended: when the provider first answered
+    that its results are not found (`_not_read`), kept while the polls between succeeded and
+    came on time; a failed poll before this one (its error still on the dispatch) or a late
+    one (nobody polled in between, `_failing_since`) says nothing of the results: cleared."""
+    kept = and_(dispatches.c.error.is_(None), dispatches.c.next_poll_at >= now - LATE_POLL)
+    return case((kept, dispatches.c.lost_since), else_=None)
+
+
+def _not_read(store: Store, job: JobContext, route: BatchRoute, dispatch_id: int, provider_id: str, said: str, gone: bool,
+              clock: Clock, rng: random.Random) -> None:  # fmt: skip
+    """An ended batch whose results could not be read. A download that broke off is read
+    again next poll, however long that takes; one the provider answers "not found" (`gone`:
+    its results file deleted there) counts from `lost_since` as a batch the provider does
+    not know does: after LOST_GRACE its requests leave it `batch_lost`, retryable, with the
+    route's words, which name the file (engine/fate.py decides: the fallback route, another
+    batch while attempts remain, failed). Not watched: what it ran cannot be read any more."""
+    now = clock.now()
+    with store.begin() as conn:
+        first_gone = func.coalesce(dispatches.c.lost_since, now) if gone else None
+        conn.execute(update(dispatches).where(dispatches.c.id == dispatch_id).values(lease_until=0.0, lost_since=first_gone))
+        add_event(conn, job.id, "ingest_error", f"{route.name} batch {provider_id}: {said}", now)
+        since = conn.execute(select(dispatches.c.lost_since).where(dispatches.c.id == dispatch_id)).scalar_one()
+    if since is None or now - since < LOST_GRACE:
+        return
+    reason = (
+        f"the provider has answered that the results of batch {provider_id} are not found for {now - since:.0f} s "
+        f"(last: {said}); given up: its requests go on without it, and what the batch ran is billed there and cannot be read"
+    )
+    _reject(store, job, route, dispatch_id, DispatchState.SUBMITTED, reason, clock, rng, code="batch_lost", retryable=True)
 
 
 def _hold_poll(store: Store, job: JobContext, route: BatchRoute, dispatch_id: int, provider_id: str, polls: int,

@@ -45,7 +45,7 @@ from google.genai import types
 
 from lowtide.core import fastjson
 from lowtide.core.cards import CARDS, check_limit
-from lowtide.core.errors import BatchGone, BatchRejected, NotSent, RouteError
+from lowtide.core.errors import BatchGone, BatchRejected, NotSent, ResultsGone, RouteError
 from lowtide.core.types import Outcome, Refusal, Request
 from lowtide.routes.base import BatchStatus, LazyClient
 from lowtide.routes.gemini import operation as op
@@ -224,7 +224,14 @@ class GeminiBatchRoute(LazyClient):
         if name:
             # To disk, then line by line: a big responses file is never held in memory.
             with tempfile.NamedTemporaryFile(suffix=".jsonl") as spool:
-                await self.client.aio.files.download(file=name, destination=spool.name)
+                try:
+                    await self.client.aio.files.download(file=name, destination=spool.name)
+                except genai_errors.ClientError as err:
+                    if err.code != 404:
+                        raise
+                    # The file was deleted there: not a download that broke off.
+                    raise ResultsGone(f"{self.name}: HTTP 404 (not found) for file {name}, the results of batch "
+                                      f"{batch_id}: {err.message}") from None  # fmt: skip
                 with open(spool.name, encoding="utf-8", errors="replace") as lines:
                     for text in lines:
                         outcome = _parse(text) if text.strip() else None

@@ -31,7 +31,7 @@ import openai
 from lowtide.core import fastjson
 from lowtide.core.batch_limits import TIERS, enqueued_token_limit
 from lowtide.core.cards import CARDS, Card
-from lowtide.core.errors import BatchGone, BatchRejected, NotSent, RouteError
+from lowtide.core.errors import BatchGone, BatchRejected, NotSent, ResultsGone, RouteError
 from lowtide.core.types import Outcome, Refusal, Request
 from lowtide.routes.base import BatchStatus, LazyClient
 from lowtide.routes.openai.wire import openai_outcome, openai_refusal
@@ -196,11 +196,15 @@ class OpenAIBatchRoute(LazyClient):
         for file_id in (batch.output_file_id, batch.error_file_id):
             if not file_id:
                 continue
-            async with self.client.files.with_streaming_response.content(file_id) as response:
-                async for text in response.iter_lines():
-                    outcome = _parse(text, endpoint) if text.strip() else None
-                    if outcome is not None:
-                        yield outcome
+            try:
+                async with self.client.files.with_streaming_response.content(file_id) as response:
+                    async for text in response.iter_lines():
+                        outcome = _parse(text, endpoint) if text.strip() else None
+                        if outcome is not None:
+                            yield outcome
+            except openai.NotFoundError as err:  # the file was deleted there: not a download that broke off
+                raise ResultsGone(f"{self.name}: HTTP 404 (not found) for file {file_id}, the results of batch {batch_id}: "
+                                  f"{err.message}") from None  # fmt: skip
 
     async def cancel(self, batch_id: str) -> None:
         await self.client.batches.cancel(batch_id)
