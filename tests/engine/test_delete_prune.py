@@ -6,6 +6,7 @@ its batches are in flight; prune drops bodies and keeps the ledger (`lowtide rep
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 import sqlalchemy as sa
@@ -174,6 +175,24 @@ def test_prune_keep_results_keeps_the_answers(store, tmp_path, clock):
     bodies = _bodies(store, "old")
     assert [row[2] for row in bodies] == answers
     assert all(payload == PRUNED and response is None for payload, response, _, _ in bodies)
+
+
+def test_results_after_a_keep_results_prune_keep_their_answer_columns(store, tmp_path, clock):
+    """`prune --keep-results` drops the raw responses and keeps the answers: a plain answer's
+    columns are read from what ingest kept beside the response, which the export read only
+    while the response was there, so `finish_reason` came out empty (and a SQL table's
+    copy of it was overwritten with NULL)."""
+    from lowtide.engine.export import export_results
+
+    drive_to_end(store, _spec(tmp_path, "old"), clock)
+    before = export_results(store, "old", tmp_path / "before.jsonl")
+    clock.advance(2 * DAY)
+    prune(store, clock, DAY, keep_results=True)
+    after = export_results(store, "old", tmp_path / "after.jsonl")
+    read = lambda p: [{k: r[k] for k in ("custom_id", "state", "output", "finish_reason")} for r in map(json.loads, p.read_text().splitlines())]  # noqa: E731
+    assert after.states == before.states == {"succeeded": 5}
+    assert read(tmp_path / "after.jsonl") == read(tmp_path / "before.jsonl")
+    assert {r["finish_reason"] for r in read(tmp_path / "after.jsonl")} == {"stop"}
 
 
 def test_prune_rewrites_each_request_row_once(store, tmp_path, clock):

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Row, Select, and_, case, null, select
+from sqlalchemy import Row, Select, and_, case, null, or_, select
 
 from lowtide.core import fastjson
 from lowtide.core.errors import LowtideError
@@ -48,6 +48,7 @@ from lowtide.engine.answer_columns import ANSWER_COLUMNS, answer_values, plain_v
 from lowtide.engine.committed import committed
 from lowtide.engine.loader import RowRenderer
 from lowtide.engine.result_writers import WRITERS, tally
+from lowtide.engine.retention import PRUNED
 from lowtide.engine.versions import IdWatch, Newest, repeated_rows, row_id
 from lowtide.store.bulk import among, among_bound, listed
 from lowtide.store.db import Store
@@ -257,8 +258,11 @@ class ResultRows(ResultColumns):
         (`among_bound`), so no chunk's ids stay held by a statement in reference cycles (one
         built per chunk kept 20 MB per million rows until a collection)."""
         cols = requests.c
-        # Only beside a response (a request started again has neither, whatever is left).
-        plain = null() if self.full else case((cols.response.is_not(None), cols.plain_answer), else_=None)
+        # Written and cleared with its response (a request started again has neither, whatever
+        # is left), but by `prune --keep-results`, which drops the response and the payload and
+        # keeps it: then it is all the answer columns have left.
+        kept = or_(cols.response.is_not(None), cols.payload == PRUNED)
+        plain = null() if self.full else case((kept, cols.plain_answer), else_=None)
         length = case((plain.is_(None), stored_bytes(cols.response)), else_=None)
         # Every succeeded request was stored with a response: one left with no response, text
         # or parsed answer lost them to a prune (--keep-results too, for an answer of tool calls alone).
