@@ -79,6 +79,14 @@ def test_describe_shows_the_store_without_its_password_in_any_form(location):
     assert ("sslmode=verify-full" in shown) == ("sslmode" in location)  # what is not a secret is shown as given
 
 
+@pytest.mark.parametrize("url, backend", [("mysql://app@db.internal/jobs", "mysql"), ("mssql+pyodbc://app@db/jobs", "mssql")])
+def test_a_database_a_store_cannot_be_is_named(url, backend):
+    """A MySQL URL was told to install lowtide[postgres] (its driver was missing); with the
+    driver there, a store no migration was written for would have been made."""
+    with pytest.raises(StoreError, match=rf"a store is a SQLite file \(a path\) or a PostgreSQL database \(postgresql://…\), not {backend}$"):
+        Store(url)
+
+
 def test_an_unreachable_database_is_a_clear_error():
     with pytest.raises(StoreError, match="cannot open the store"):
         Store("postgresql://nobody@127.0.0.1:1/none")

@@ -67,6 +67,9 @@ class Store:
         self.busy_timeout = busy_timeout
         url = to_url(self.location)
         self.is_sqlite = url.startswith("sqlite")
+        if not self.is_sqlite and not url.startswith("postgresql"):
+            raise StoreError(f"cannot open the store at {self.describe()}: a store is a SQLite file (a path) or a PostgreSQL "
+                             f"database (postgresql://…), not {make_url(url).get_backend_name()}")  # fmt: skip
         if self.is_sqlite and (path := _sqlite_path(self.location, url)) is not None:
             _check_sqlite_file(path, create)
         self.engine: Engine = self._create_engine(url)
