@@ -290,3 +290,24 @@ def test_an_answer_pruned_from_the_store_is_never_written_over_the_tables_copy(j
     _, new_rows = _read(db_url, fresh)
     assert [(r["state"], r["output"], r["label"]) for r in new_rows[:5]] == [("pruned", None, None)] * 5
     assert new_rows[0]["input_tokens"] == exported[0]["input_tokens"]  # what the store keeps is written
+
+
+def test_a_decimal_keeps_its_digits_in_either_database(tmp_path, db_url, clock):
+    """A Parquet decimal went into SQLite's NUMERIC as a float: 12345678901234567890.12 was
+    stored as 1.2345678901234567e+19. SQLite keeps its digits as text; PostgreSQL a NUMERIC."""
+    from decimal import Decimal
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    amounts = [Decimal("12345678901234567890.12"), Decimal("-0.01"), None]
+    pq.write_table(pa.table({"ticket_id": ["T1", "T2", "T3"], "body": ["a", "b", "c"], "amount": pa.array(amounts, pa.decimal128(22, 2))}),
+                   tmp_path / "t.parquet")  # fmt: skip
+    spec = make_spec(tmp_path / "t.parquet")
+    store = Store(str(tmp_path / "lowtide.db"))
+    drive_to_end(store, spec, clock)
+    table = f"results_{uuid.uuid4().hex[:6]}"
+    write_target(store, spec.name, OutputTarget("output.url", url=db_url, table=table))
+    _, rows = _read(db_url, table)
+    assert [None if r["amount"] is None else Decimal(r["amount"]) for r in rows] == amounts
+    store.close()

@@ -33,6 +33,17 @@ DIALECTS = ("postgresql", "sqlite")
 DATABASES = {"postgresql": "PostgreSQL", "sqlite": "SQLite"}  # as messages name them
 
 
+class DecimalText(sa.types.TypeDecorator):
+    """A decimal in SQLite, which has none: its exact digits as text (a NUMERIC column would
+    keep a float's 15 or so: 12345678901234567890.12 became 1.2345678901234567e+19)."""
+
+    impl = sa.Text
+    cache_ok = True
+
+    def process_bind_param(self, value: Any, dialect: Any) -> str | None:
+        return None if value is None else str(value)
+
+
 def sql_type(kind: Any, dialect: str) -> sa.types.TypeEngine:
     """The column type for values of Arrow type `kind`."""
     import pyarrow as pa
@@ -47,7 +58,7 @@ def sql_type(kind: Any, dialect: str) -> sa.types.TypeEngine:
     if t.is_floating(kind):
         return sa.Float()
     if t.is_decimal(kind):
-        return sa.Numeric(kind.precision, kind.scale)
+        return sa.Numeric(kind.precision, kind.scale) if dialect == "postgresql" else DecimalText()
     if t.is_timestamp(kind):
         return sa.DateTime(timezone=True)
     if t.is_date(kind):
