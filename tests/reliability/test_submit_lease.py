@@ -165,3 +165,36 @@ def test_a_create_that_lands_after_a_takeover_is_cancelled_and_booked_not_submit
     assert batches[ours] == "cancelled" and batches[theirs] == "completed"
     assert held == {theirs: DispatchState.ENDED, ours: DispatchState.ENDED}
     assert len(applied) == 4 and {(s, p) for s, _, p in applied} == {(RequestState.SUCCEEDED, theirs)}
+
+
+def test_a_create_refused_after_a_takeover_fails_nothing_the_other_worker_sent(serve, store, tmp_path):
+    """Worker A stalls past its lease while its create is on its way; worker B takes the chunk
+    over and sends it. The provider then refuses A's create: A failed the chunk's requests
+    (batch_rejected, for good) though they were in B's batch, which then ran for nothing.
+    Now the refusal is A's alone: the chunk is B's, its requests answered by B's batch."""
+    plan = tmp_path / "faults.yaml"
+    plan.write_text(f'http:\n  - match: "POST /v1/batches"\n    calls: [1]\n    delay: {HELD}\n    status: 400\n')
+    url = serve("--faults", str(plan))
+    clock_a = ManualClock(time.time())
+    clock_b = ManualClock(clock_a.now() + SUBMIT_LEASE + 60)
+    _job(store, tmp_path, url, clock_a)
+    other = Store(store.location)
+
+    async def go():
+        async with Engine(store, clock_a) as a, Engine(other, clock_b) as b:
+            sending = asyncio.create_task(a.tick("tickets"))
+            await _until(lambda: _dispatch(store)[1] == DispatchState.SUBMITTING, "worker A to begin sending")
+            b_sent = (await b.tick("tickets")).submitted  # A's lease has run out by B's clock
+            a_sent = (await sending).submitted  # ... and A's create is refused
+            await _to_the_end(b, clock_b)
+            return a_sent, b_sent
+
+    try:
+        a_sent, b_sent = asyncio.run(go())
+    finally:
+        other.close()
+    with store.begin() as conn:
+        states = conn.execute(sa.select(requests.c.state, requests.c.error_code)).all()
+    assert (a_sent, b_sent) == (0, 1)
+    assert states == [(RequestState.SUCCEEDED, None)] * 4
+    assert _events(store, "batch_rejected") == []

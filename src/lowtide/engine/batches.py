@@ -484,14 +484,17 @@ def _reject(
 ) -> None:  # fmt: skip
     """The provider refused (or lost) the batch: each of its requests gets that failure, with
     the provider's reason (engine/fate.py decides what it becomes). `watch`: seconds the
-    batch is still polled for what it bills (`_watch`)."""
+    batch is still polled for what it bills (`_watch`). Only while the dispatch is still in
+    `current`: one another worker has moved on meanwhile (it took a stalled worker's chunk
+    over and sent it) is that worker's, and its requests wait on its batch."""
     now = clock.now()
     with store.begin() as conn:
+        watch_until = None if watch is None else now + watch
+        if not move_dispatch(conn, dispatch_id, current, DispatchState.FAILED, error=reason[:2000], ended_at=now, watch_until=watch_until):
+            return
         ids = left_in_dispatch(conn, dispatch_id)
         failures = [Outcome.failure(c, code, reason, retryable) for c in ids]
         apply_outcomes(conn, job, dispatch_id, route.name, failures, now, rng, together=_together(route))
-        watch_until = None if watch is None else now + watch
-        move_dispatch(conn, dispatch_id, current, DispatchState.FAILED, error=reason[:2000], ended_at=now, watch_until=watch_until)
         add_event(conn, job.id, code, f"{route.name}: {reason}", now)
 
 
