@@ -198,3 +198,33 @@ def test_a_create_refused_after_a_takeover_fails_nothing_the_other_worker_sent(s
     assert (a_sent, b_sent) == (0, 1)
     assert states == [(RequestState.SUCCEEDED, None)] * 4
     assert _events(store, "batch_rejected") == []
+
+
+def test_a_create_that_fails_after_a_takeover_leaves_the_other_workers_chunk_alone(serve, store, tmp_path):
+    """Worker A stalls past its lease while its create is on its way; worker B takes the chunk
+    over and sends it. A's create then fails (a 500): A cleared the chunk's lease and wrote its
+    error on it, though the chunk was B's (a third worker could have taken over B's create)."""
+    plan = tmp_path / "faults.yaml"
+    plan.write_text(f'http:\n  - match: "POST /v1/batches"\n    calls: [1]\n    delay: {HELD}\n    status: 500\n')
+    url = serve("--faults", str(plan))
+    clock_a = ManualClock(time.time())
+    clock_b = ManualClock(clock_a.now() + SUBMIT_LEASE + 60)
+    _job(store, tmp_path, url, clock_a)
+    other = Store(store.location)
+
+    async def go():
+        async with Engine(store, clock_a) as a, Engine(other, clock_b) as b:
+            sending = asyncio.create_task(a.tick("tickets"))
+            await _until(lambda: _dispatch(store)[1] == DispatchState.SUBMITTING, "worker A to begin sending")
+            b_sent = (await b.tick("tickets")).submitted
+            a_sent = (await sending).submitted
+            return a_sent, b_sent
+
+    try:
+        a_sent, b_sent = asyncio.run(go())
+    finally:
+        other.close()
+    with store.begin() as conn:
+        error = conn.execute(sa.select(dispatches.c.error)).scalar_one()
+    assert (a_sent, b_sent) == (0, 1)
+    assert error is None and _events(store, "submit_error") == []

@@ -332,10 +332,14 @@ async def submit(
         except Exception as err:  # transient: the next tick (this worker's or another's) finds-or-submits again
             said = scrub(route, str(err))
             with store.begin() as conn:
-                conn.execute(
-                    update(dispatches).where(dispatches.c.id == dispatch_id).values(error=said[:2000], lease_until=0.0)
-                )  # nobody is inside the create now
-                add_event(conn, job.id, "submit_error", f"{route.name}: {said}", clock.now())
+                mine = conn.execute(  # nobody is inside the create now, unless another worker took the chunk over meanwhile
+                    update(dispatches)
+                    .where(dispatches.c.id == dispatch_id, dispatches.c.owner == worker.owner,
+                           dispatches.c.state == DispatchState.SUBMITTING.value)  # fmt: skip
+                    .values(error=said[:2000], lease_until=0.0)
+                ).rowcount
+                if mine:
+                    add_event(conn, job.id, "submit_error", f"{route.name}: {said}", clock.now())
             continue
         now = clock.now()
         interval = getattr(route, "poll_interval", DEFAULT_POLL_INTERVAL)
