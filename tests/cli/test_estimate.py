@@ -278,3 +278,17 @@ def test_a_db_that_names_no_store_is_not_made_one(tmp_path, monkeypatch):
     batch = next(t for t in json.loads(result.stdout)["tiers"] if t["tier"] == "batch")
     assert batch["wait_basis"].startswith("prior: OpenAI")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["job.yaml", "tickets.csv"]
+
+
+def test_a_request_asking_n_answers_is_assumed_at_n_times_the_limit_and_says_so(tmp_path):
+    result = estimate(write_job(tmp_path, FOUR, params={"max_tokens": 100, "n": 8}))
+    assert result.exit_code == 0, result.output
+    assert "output: 3,200 tokens assumed (the output limit (100) × 8 answers (n) per request: an upper bound" in result.stdout
+
+
+def test_rows_with_their_own_output_limit_are_assumed_at_it_and_say_so(tmp_path):
+    # The label named the spec's params.max_tokens (5), though each row's own was counted.
+    rows = [row | {"mt": 50} for row in FOUR]
+    result = estimate(write_job(tmp_path, rows, params={"max_tokens": 5}, param_columns={"max_tokens": "mt"}))
+    assert result.exit_code == 0, result.output
+    assert "output: 200 tokens assumed (each request's own output limit × the answers it asks for (n): an upper bound" in result.stdout

@@ -22,6 +22,7 @@ from lowtide.core.states import DispatchState, JobState
 from lowtide.core.tokens import approx_from
 from lowtide.core.types import Request
 from lowtide.engine import budget
+from lowtide.engine.context import JobContext
 from lowtide.engine.control import cancel_job, job_status
 from lowtide.engine.loader import load_job
 from lowtide.engine.tick import Engine
@@ -31,7 +32,7 @@ from lowtide.store.queries import save_job
 from lowtide.store.schema import attempts, dispatches, events, jobs, requests
 from tests.conftest import make_spec, write_csv
 from tests.engine.ledger_helpers import NOW, stored_job
-from tests.routes.conftest import _options, _run, serve  # noqa: F401  (the `serve` fixture)
+from tests.routes.conftest import KEY_ENV, _options, _run, serve  # noqa: F401  (the `serve` fixture)
 
 D = Decimal
 MILLION = 1_000_000
@@ -241,3 +242,59 @@ def test_a_dispatch_of_japanese_text_is_estimated_at_more_than_a_token_a_charact
         est = budget.estimate_requests(conn, job, requests.c.job_id == job.id, "openai")
     assert est.input_tokens >= 2 * len(text) * 1.25  # before: a quarter of that
     assert est.input_tokens == approx_from(sum(map(len, stored)), sum(len(p.encode()) for p in stored))
+
+
+@pytest.fixture
+def provider_key(monkeypatch):
+    monkeypatch.setenv(KEY_ENV, "test-key")
+
+
+BATCH = {"route": "openai-batch", "route_options": _options("openai-batch", "http://127.0.0.1:9")}  # never contacted
+
+
+def _loaded_estimate(store, tmp_path, rows: list[dict], **spec) -> budget.Estimate:
+    """The estimate of a job loaded from `rows` (the loader's own stored bodies), all its
+    requests, on openai-batch."""
+    return _estimate_of(store, make_spec(write_csv(tmp_path / "t.csv", rows), model="gpt-4o-mini", **BATCH, **spec))
+
+
+def _estimate_of(store, spec) -> budget.Estimate:
+    load_job(store, spec, SystemClock())
+    with store.begin() as conn:
+        job = JobContext.from_row(conn.execute(sa.select(jobs)).one())
+        return budget.estimate_requests(conn, job, requests.c.job_id == job.id, "openai-batch")
+
+
+@pytest.mark.usefixtures("provider_key")
+def test_a_request_asking_n_answers_is_estimated_at_n_times_its_output_limit(store, tmp_path):
+    # The provider bills every answer n asks for: estimated at one answer each, a budgeted
+    # job with n: 8 spent 1.5 times its budget.
+    rows = [{"ticket_id": f"T{i}", "body": "x" * 40} for i in range(3)]
+    est = _loaded_estimate(store, tmp_path, rows, params={"max_tokens": 100, "n": 8}, budget_usd="5")
+    assert est.output_tokens == 3 * 8 * 100
+
+
+@pytest.mark.usefixtures("provider_key")
+def test_a_rows_own_output_limit_from_param_columns_is_what_its_request_is_estimated_at(store, tmp_path):
+    # params.max_tokens (5) is what a row without a cell gets; the rows' cells are what is
+    # sent: estimated at the spec's 5, a budgeted job spent 3 times its budget.
+    rows = [{"ticket_id": f"T{i}", "body": "x" * 40, "mt": mt} for i, mt in enumerate((500, 50, 7))]
+    est = _loaded_estimate(store, tmp_path, rows, params={"max_tokens": 5}, param_columns={"max_tokens": "mt"}, budget_usd="5")
+    assert est.output_tokens == 500 + 50 + 7
+
+
+@pytest.mark.usefixtures("provider_key")
+def test_a_rows_own_n_from_param_columns_multiplies_its_output_limit(store, tmp_path):
+    rows = [{"ticket_id": f"T{i}", "body": "x" * 40, "n": n} for i, n in enumerate((1, 4))]
+    est = _loaded_estimate(store, tmp_path, rows, params={"max_tokens": 10}, param_columns={"n": "n"}, budget_usd="5")
+    assert est.output_tokens == 10 + 4 * 10
+
+
+def test_the_answers_a_body_asks_for_are_n_or_geminis_candidate_count():
+    def bound(body: dict) -> int | None:
+        return Request("r", "/v1/chat/completions", body).output_bound
+
+    assert bound({"max_tokens": 100}) == 100
+    assert bound({"max_tokens": 100, "n": 3}) == 300
+    assert bound({"generationConfig": {"maxOutputTokens": 50, "candidateCount": 4}}) == 200
+    assert bound({"n": 3}) is None  # no limit: no bound

@@ -335,7 +335,12 @@ def packing_line(spec: JobSpec, count: Count) -> str:
 def _output_basis(spec: JobSpec, output_tokens: int | None) -> str:
     if output_tokens is not None:
         return f"{output_tokens} per request (--output-tokens)"
-    return f"the output limit ({spec.output_limit or 'per row'}) per request: an upper bound; --output-tokens N to assume fewer"
+    if spec.output_bound is None:  # the rows' own limits (or n)
+        each = "each request's own output limit × the answers it asks for (n)"
+    else:
+        answers = spec.output_bound // (spec.output_limit or 1)
+        each = f"the output limit ({spec.output_limit})" + (f" × {answers} answers (n)" if answers > 1 else "") + " per request"
+    return f"{each}: an upper bound; --output-tokens N to assume fewer"
 
 
 def _print(spec: JobSpec, count: Count, counter: TokenCounter, usage: Usage, lines: list[Line], catalog: Catalog, output_tokens: int | None) -> None:

@@ -698,6 +698,18 @@ class JobSpec(_Strict):
         return None
 
     @property
+    def output_bound(self) -> int | None:
+        """The most output tokens each request may be billed where `params` alone decide
+        it: the output limit times the answers `n` asks for. None where the rows decide it
+        (a messages or body column, param_columns giving a limit or n) or params set no limit."""
+        rows_decide = (self.template.messages_column is not None or self.template.body_column is not None
+                       or not self.param_columns.keys().isdisjoint((*OUTPUT_LIMITS, "n")))  # fmt: skip
+        if rows_decide or self.output_limit is None:
+            return None
+        n = self.params.get("n")
+        return self.output_limit * (n if type(n) is int and n > 1 else 1)
+
+    @property
     def chain(self) -> list[TierSpec] | None:
         """The tiers of a decided `route: auto` job (engine/tiers.py), when it has more than one."""
         chain = self.auto.chain if self.auto is not None else None

@@ -54,6 +54,23 @@ class Request:
         value = config.get("maxOutputTokens") if isinstance(config, dict) else None
         return value if type(value) is int else None
 
+    @property
+    def answers_asked(self) -> int:
+        """How many answers the body asks for, each billed up to the output limit: `n`
+        (Gemini's generationConfig.candidateCount); 1 where it sets none."""
+        value = self.body.get("n")
+        if type(value) is not int:
+            config = self.body.get("generationConfig")
+            value = config.get("candidateCount") if isinstance(config, dict) else None
+        return value if type(value) is int and value > 1 else 1
+
+    @property
+    def output_bound(self) -> int | None:
+        """The most output tokens the request may be billed: its output limit for each
+        answer asked; None when it sets no limit."""
+        limit = self.output_limit
+        return None if limit is None else limit * self.answers_asked
+
     def add_turns(self, turns: list[dict[str, str]]) -> None:
         """Append lowtide's own turns (the one retry of an invalid answer) to the
         conversation, in the endpoint's shape; recorded apart, as the request's `repair`."""

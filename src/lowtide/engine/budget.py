@@ -4,7 +4,8 @@ over.
     before a batch is submitted or a direct dispatch runs:
         estimate = the dispatch's requests priced at the route's tier
                    (input ≈ the stored request's characters / 4, and half a token for each
-                   UTF-8 byte past a character's first: core/tokens.py; output = max_tokens)
+                   UTF-8 byte past a character's first: core/tokens.py; output = each
+                   request's max_tokens times the answers it asks for (n))
         spent + reserved + estimate > budget ─► do not send; job → budget_exhausted
         else reserve the estimate on the dispatch
     as results come in: the dispatch's reservation shrinks by what its attempts cost, and
@@ -66,7 +67,7 @@ def usd(amount: Decimal) -> str:
 def estimate(conn: Connection, job: JobContext, dispatch_id: int, route: str) -> Estimate:
     """What the requests waiting in a dispatch may cost on `route`: the approximation of
     `lowtide.core.tokens` over the stored request's whole JSON (its keys and syntax make it
-    an over-count) of input, and max_tokens of output, each."""
+    an over-count) of input, and max_tokens of output for each answer it asks for (n)."""
     waiting = and_(requests.c.dispatch_id == dispatch_id, requests.c.state == RequestState.DISPATCHED.value)
     return estimate_requests(conn, job, waiting, route)
 
@@ -81,13 +82,13 @@ def estimate_requests(conn: Connection, job: JobContext, waiting: ColumnElement[
         ).where(waiting)
     ).one()
     spec = job.spec
-    if spec.output_limit is not None and spec.template.messages_column is None and spec.template.body_column is None:
-        output = n * spec.output_limit
-    else:  # rows may carry their own limit
-        limits = [Request.from_payload("", json.loads(p)).output_limit for p in conn.scalars(select(requests.c.payload).where(waiting))]
-        if None in limits:
+    if spec.output_bound is not None:  # the same for every request: no body need be read
+        output = n * spec.output_bound
+    else:  # rows may carry their own limit or n
+        bounds = [Request.from_payload("", json.loads(p)).output_bound for p in conn.scalars(select(requests.c.payload).where(waiting))]
+        if None in bounds:
             return Estimate(n, 0, 0, None, "a request sets no output limit, so its cost has no bound; give every row max_tokens")
-        output = sum(limits)
+        output = sum(bounds)
     input_tokens = approx_from(int(chars), int(nbytes))
     model, options = job.priced_as(route)
     try:

@@ -108,7 +108,7 @@ def count_rows(
                 if count.packs is not None:
                     count.packs.add(request.body)
                 continue
-            limit = request.output_limit if output_tokens is None else output_tokens
+            limit = request.output_bound if output_tokens is None else output_tokens
             if limit is None:
                 raise SpecError(
                     f"{where}: the requests set no output limit, so their output has no bound to estimate; "
