@@ -292,3 +292,13 @@ def test_rows_with_their_own_output_limit_are_assumed_at_it_and_say_so(tmp_path)
     result = estimate(write_job(tmp_path, rows, params={"max_tokens": 5}, param_columns={"max_tokens": "mt"}))
     assert result.exit_code == 0, result.output
     assert "output: 200 tokens assumed (each request's own output limit × the answers it asks for (n): an upper bound" in result.stdout
+
+
+def test_an_embedding_job_assumes_no_output_and_its_json_says_so(tmp_path):
+    rows = [{"ticket_id": f"D{i}", "body": f"document {i}"} for i in range(3)]
+    spec = write_job(tmp_path, rows, template={"user": "{{ body }}"}, model="text-embedding-3-small", endpoint="embeddings",
+                     params={"dimensions": 8}, budget_usd=5)  # fmt: skip
+    result = estimate(spec, "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert (report["output_tokens"], report["output_basis"]) == (0, "none: billed by input tokens only")

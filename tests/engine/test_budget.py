@@ -18,6 +18,7 @@ import pytest
 import sqlalchemy as sa
 
 from lowtide.core.clock import SystemClock
+from lowtide.core.spec import build_spec
 from lowtide.core.states import DispatchState, JobState
 from lowtide.core.tokens import approx_from
 from lowtide.core.types import Request
@@ -31,6 +32,7 @@ from lowtide.store.money import from_pico
 from lowtide.store.queries import save_job
 from lowtide.store.schema import attempts, dispatches, events, jobs, requests
 from tests.conftest import make_spec, write_csv
+from tests.embeddings.helpers import docs_csv, embed_spec
 from tests.engine.ledger_helpers import NOW, stored_job
 from tests.routes.conftest import KEY_ENV, _options, _run, serve  # noqa: F401  (the `serve` fixture)
 
@@ -298,3 +300,12 @@ def test_the_answers_a_body_asks_for_are_n_or_geminis_candidate_count():
     assert bound({"max_tokens": 100, "n": 3}) == 300
     assert bound({"generationConfig": {"maxOutputTokens": 50, "candidateCount": 4}}) == 200
     assert bound({"n": 3}) is None  # no limit: no bound
+
+
+@pytest.mark.usefixtures("provider_key")
+def test_an_embedding_job_with_a_budget_is_estimated_at_its_input_alone_and_sent(store, tmp_path):
+    # An embedding bills no output tokens: estimated as unbounded, a budgeted embedding job
+    # never sent anything, and the advice (give every row max_tokens) failed at the provider.
+    est = _estimate_of(store, build_spec(embed_spec(docs_csv(tmp_path / "d.csv", 4), **BATCH, budget_usd="5")))
+    assert (est.requests, est.output_tokens, est.note) == (4, 0, "")
+    assert est.usd == est.input_tokens * D("0.01") / MILLION  # text-embedding-3-small's batch price

@@ -24,7 +24,7 @@ from lowtide.cli.common import console, fail, out, state
 from lowtide.cli.tables import Col, fitted_table
 from lowtide.core.auto_spec import AUTO, duration_text, parse_duration
 from lowtide.core.cards import CARDS
-from lowtide.core.endpoints import EMBEDDINGS, MODERATIONS
+from lowtide.core.endpoints import EMBEDDINGS, MODERATIONS, NO_TEXT
 from lowtide.core.errors import InputError, LowtideError, MissingStoreError
 from lowtide.core.pricing import (
     PRICES_ENV,
@@ -335,6 +335,8 @@ def packing_line(spec: JobSpec, count: Count) -> str:
 def _output_basis(spec: JobSpec, output_tokens: int | None) -> str:
     if output_tokens is not None:
         return f"{output_tokens} per request (--output-tokens)"
+    if spec.request_endpoint in NO_TEXT:
+        return "none: billed by input tokens only"
     if spec.output_bound is None:  # the rows' own limits (or n)
         each = "each request's own output limit × the answers it asks for (n)"
     else:

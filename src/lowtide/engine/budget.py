@@ -5,7 +5,8 @@ over.
         estimate = the dispatch's requests priced at the route's tier
                    (input ≈ the stored request's characters / 4, and half a token for each
                    UTF-8 byte past a character's first: core/tokens.py; output = each
-                   request's max_tokens times the answers it asks for (n))
+                   request's max_tokens times the answers it asks for (n), none for an
+                   embedding or a moderation)
         spent + reserved + estimate > budget ─► do not send; job → budget_exhausted
         else reserve the estimate on the dispatch
     as results come in: the dispatch's reservation shrinks by what its attempts cost, and
@@ -25,6 +26,7 @@ from decimal import Decimal
 
 from sqlalchemy import ColumnElement, Connection, and_, case, func, select, update
 
+from lowtide.core.endpoints import NO_TEXT
 from lowtide.core.errors import InputError
 from lowtide.core.pricing import attempt_cost, load_catalog
 from lowtide.core.states import DispatchState, JobState, RequestState
@@ -82,7 +84,9 @@ def estimate_requests(conn: Connection, job: JobContext, waiting: ColumnElement[
         ).where(waiting)
     ).one()
     spec = job.spec
-    if spec.output_bound is not None:  # the same for every request: no body need be read
+    if spec.request_endpoint in NO_TEXT:  # an embedding or a moderation is billed its input alone
+        output = 0
+    elif spec.output_bound is not None:  # the same for every request: no body need be read
         output = n * spec.output_bound
     else:  # rows may carry their own limit or n
         bounds = [Request.from_payload("", json.loads(p)).output_bound for p in conn.scalars(select(requests.c.payload).where(waiting))]
