@@ -7,6 +7,7 @@ source without rows is refused. On both stores, through the engine's own loader 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 
 import pyarrow.parquet as pq
@@ -232,15 +233,49 @@ def test_an_id_column_from_float_to_int_names_the_same_requests(store, clock, tm
 
     spec = make_spec(write([1.0, 2.0, 3.0]), source={"id_column": "id"})
     drive_to_end(store, spec, clock)
-    # A store from before the fix holds the float spelling's ids: keep one like that.
+    # A store from before the fix holds the float spelling's ids (8 hex digits then): keep one like that.
+    old = "3_0-" + hashlib.sha1(b"3.0").hexdigest()[:8]
     with store.begin() as conn:
-        conn.execute(requests.update().where(requests.c.custom_id == "3").values(custom_id=custom_id_for("3.0")))
+        conn.execute(requests.update().where(requests.c.custom_id == "3").values(custom_id=old))
     report = load_job(store, make_spec(write([1, 2, 3]), source={"id_column": "id"}), clock)
     assert report.new == 0  # nothing re-run, nothing billed again
     assert report.changed == 0
-    assert set(_requests(store)) == {"1", "2", custom_id_for("3.0")}
+    assert set(_requests(store)) == {"1", "2", old}
     table = pq.read_table(export_results(store, "tickets", tmp_path / "out.parquet").path).to_pylist()
     assert [r["state"] for r in table] == ["succeeded"] * 3
+
+
+PHONES = "https://shop.example.com/catalog/electronics/phones/product?id="
+PAIR = (PHONES + "32403", PHONES + "176634")  # one custom_id when 8 hex digits told them apart
+
+
+def _pair_csv(tmp_path, keys):
+    return write_csv(tmp_path / "t.csv", [{"ticket_id": k, "channel": "web", "body": f"about {k}"} for k in keys])
+
+
+def test_keys_of_a_long_shared_prefix_are_no_duplicate(store, clock, tmp_path):
+    report = load_job(store, make_spec(_pair_csv(tmp_path, PAIR)), clock)
+    assert report.new == 2
+    assert {r.source_key for r in _requests(store).values()} == set(PAIR)
+
+
+def test_a_job_stored_with_8_digit_ids_is_found_under_them(store, clock, tmp_path):
+    # A store from before the 16-digit hash holds the first URL under the id both URLs had
+    # then; the second is added to the source since, before the first: it is a new request
+    # and takes nothing of the first's.
+    old = "https_shop_example_com_catalog_electronics_phones_produ-" + hashlib.sha1(PAIR[0].encode()).hexdigest()[:8]
+    drive_to_end(store, make_spec(_pair_csv(tmp_path, PAIR[:1])), clock)
+    with store.begin() as conn:
+        conn.execute(requests.update().values(custom_id=old))
+    before = _requests(store)[old]
+    report = load_job(store, make_spec(_pair_csv(tmp_path, PAIR[::-1])), clock)
+    assert (report.new, report.changed) == (1, 0)  # the first not sent again
+    now = _requests(store)
+    assert now[old] == before
+    assert now[custom_id_for(PAIR[1])].source_key == PAIR[1] and now[custom_id_for(PAIR[1])].state == "pending"
+    table = pq.read_table(export_results(store, "tickets", tmp_path / "out.parquet").path).to_pylist()
+    states = {r["ticket_id"]: (r["custom_id"], r["state"]) for r in table}
+    assert states == {PAIR[0]: (old, "succeeded"), PAIR[1]: (custom_id_for(PAIR[1]), "pending")}
 
 
 def test_a_source_without_rows_is_refused(store, clock, tmp_path):

@@ -2,15 +2,18 @@
 
 Providers accept `^[a-zA-Z0-9_-]{1,64}$` (Anthropic's rule, the strictest). A key that already
 fits is used as it is. Any other key is mapped deterministically: characters outside the set
-become `_`, the result is cut to 55 characters, and `-` plus the first 8 hex digits of the
-key's SHA-1 is appended, so `"café #12"` becomes `caf_12-<hash>`. The original key is kept
-beside the custom_id in the store and in the results.
+become `_`, the result is cut to 47 characters, and `-` plus the first 16 hex digits (64 bits)
+of the key's SHA-1 is appended, so `"café #12"` becomes `caf_12-<hash>`. Keys that share a long
+prefix (URLs, S3 paths) are told apart by the hash alone: 64 bits keep a collision negligible
+at any job size. The original key is kept beside the custom_id in the store and in the results.
 
 An integral number written as a float (`1.0`, what a float column or pandas' CSV gives) is
 the same key as the integer (`1`): `key_of` writes it as the integer, so an id column that
 goes from float to int names the same requests. Stores written before that rule hold such
 keys as `1_0-<hash>`; `legacy_custom_ids` names those, and loading and exporting fall back
-to them, so such a job is neither re-run nor re-billed.
+to them, so such a job is neither re-run nor re-billed. So it does for the ids of stores from
+before the 16-digit hash: a prefix of 55 characters and 8 hex digits (32 bits, which made two
+URLs of one long prefix a "duplicate id" in one job in four of 50,000 rows).
 """
 
 from __future__ import annotations
@@ -29,22 +32,28 @@ MAX_VARIANT = 40  # so that at least 22 characters of a custom_id are left for t
 VARIANT_NAME = re.compile(rf"^[a-zA-Z0-9_-]{{1,{MAX_VARIANT}}}$")
 
 
-def custom_id_for(key: str, variant: str | None = None) -> str:
+DIGITS = 16  # hex digits of the SHA-1 in a mapped key's custom_id: 64 bits
+LEGACY_DIGITS = 8  # what stores from before DIGITS hold (32 bits: long shared prefixes collided)
+
+
+def custom_id_for(key: str, variant: str | None = None, digits: int = DIGITS) -> str:
     """The custom_id of a row's business key, and of its eval variant (core/evals.py):
     `ticket-48213__gpt-v2`. A key that leaves too little room beside the variant's name is
-    cut and given its hash, as any other unsafe key is."""
+    cut and given its hash, as any other unsafe key is. `digits` other than DIGITS gives
+    the ids of older stores (`legacy_custom_ids`)."""
+    mark = digits + 1  # `-` and the digest
     if variant is None:
         if CUSTOM_ID_PATTERN.match(key):
             return key
-        return _hashed(key, 55)
+        return _hashed(key, 64 - mark, digits)
     room = 64 - len(variant) - len(VARIANT_SEPARATOR)
-    base = key if CUSTOM_ID_PATTERN.match(key) and len(key) <= room else _hashed(key, room - 9)
+    base = key if CUSTOM_ID_PATTERN.match(key) and len(key) <= room else _hashed(key, room - mark, digits)
     return f"{base}{VARIANT_SEPARATOR}{variant}"
 
 
-def _hashed(key: str, keep: int) -> str:
+def _hashed(key: str, keep: int, digits: int) -> str:
     safe = _UNSAFE.sub("_", key).strip("_")[:keep] or "id"
-    digest = hashlib.sha1(key.encode("utf-8")).hexdigest()[:8]
+    digest = hashlib.sha1(key.encode("utf-8")).hexdigest()[:digits]
     return f"{safe}-{digest}"
 
 
@@ -57,11 +66,12 @@ def key_of(text: str) -> str:
     return text
 
 
-def legacy_custom_ids(text: str) -> list[str]:
-    """custom_ids lowtide derived for this key before `key_of` (the float spelling of an
-    integral key), where they differ from today's; empty for any other key."""
+def legacy_custom_ids(text: str, variant: str | None = None) -> list[str]:
+    """custom_ids lowtide derived for this key before today's rules, where they differ from
+    today's: with 8 hex digits (any key that is mapped), and before `key_of` (the float
+    spelling of an integral key, which had 8 digits then too); empty for a key used as it is."""
     key = key_of(text)
-    if not _INTEGER.match(key):
-        return []
-    today = custom_id_for(key)
-    return [c for c in dict.fromkeys((custom_id_for(key + ".0"), custom_id_for(text))) if c != today]
+    spellings = [key, key + ".0", text] if _INTEGER.match(key) else [key]
+    today = custom_id_for(key, variant)
+    old = (custom_id_for(s, variant, LEGACY_DIGITS) for s in spellings)
+    return [c for c in dict.fromkeys(old) if c != today]

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from sqlalchemy import Connection, bindparam, case, select, update
 
 from lowtide.core.errors import SpecError
-from lowtide.core.ids import legacy_custom_ids
+from lowtide.core.ids import key_of, legacy_custom_ids
 from lowtide.core.spec_changes import Move
 from lowtide.core.states import DispatchState, RequestState
 from lowtide.engine import fate
@@ -50,6 +50,7 @@ class Stored:
     dispatch_id: int | None
     dispatch_state: str | None
     payload: str | None  # only for a request stored before fingerprints
+    key: str  # its source_key
 
     def differs(self, item: dict) -> bool:
         if self.fingerprint is None:
@@ -67,19 +68,22 @@ class Changes:
     examples: list[str] = field(default_factory=list)  # a few "file row N (id X)" for the message
 
 
-def split_known(conn: Connection, job_id: int, items: list[dict]) -> tuple[list[dict], list[dict], dict[str, Stored]]:
+def split_known(
+    conn: Connection, job_id: int, items: list[dict], variant: str | None = None
+) -> tuple[list[dict], list[dict], dict[str, Stored]]:
     """The items with no stored request (to insert), the others, and their stored requests
-    by custom_id. An item stored under its legacy custom_id takes that id."""
+    by custom_id. An item stored under its legacy custom_id takes that id, where the request
+    stored there is its key's: two keys could share an 8-digit legacy id."""
     stored = _stored(conn, job_id, [i["custom_id"] for i in items])
     missing = [i for i in items if i["custom_id"] not in stored]
-    legacy: dict[str, dict] = {}
+    legacy: dict[str, list[dict]] = {}
     for item in missing:
-        for old in legacy_custom_ids(item["source_key"]):
-            legacy.setdefault(old, item)
+        for old in legacy_custom_ids(item["source_key"], variant):
+            legacy.setdefault(old, []).append(item)
     if legacy:
         for cid, row in _stored(conn, job_id, list(legacy)).items():
-            item = legacy[cid]
-            if item["custom_id"] not in stored:
+            item = next((i for i in legacy[cid] if key_of(i["source_key"]) == key_of(row.key)), None)
+            if item is not None and item["custom_id"] not in stored:
                 item["custom_id"] = cid
                 stored[cid] = row
     return [i for i in items if i["custom_id"] not in stored], [i for i in items if i["custom_id"] in stored], stored
@@ -90,12 +94,12 @@ def _stored(conn: Connection, job_id: int, ids: list[str]) -> dict[str, Stored]:
     # Rows stored before m008 have no fingerprint: it is taken from their payload.
     payload_if_needed = case((r.fingerprint.is_(None), r.payload), else_=None)
     stmt = (
-        select(r.custom_id, r.id, r.state, r.fingerprint, payload_if_needed, r.dispatch_id, dispatches.c.state)
+        select(r.custom_id, r.id, r.state, r.fingerprint, payload_if_needed, r.dispatch_id, dispatches.c.state, r.source_key)
         .select_from(requests.outerjoin(dispatches, dispatches.c.id == r.dispatch_id))
         .where(r.job_id == job_id, among(conn, r.custom_id, ids))
     )
     return {
-        cid: Stored(rid, state, fp, did, dstate, payload) for cid, rid, state, fp, payload, did, dstate in conn.execute(stmt)
+        cid: Stored(rid, state, fp, did, dstate, payload, key) for cid, rid, state, fp, payload, did, dstate, key in conn.execute(stmt)
     }
 
 

@@ -190,7 +190,7 @@ class ResultRows(ResultColumns):
         if res is None:
             record[names["state"]] = "not_loaded"
             return record
-        cid, state, output, parsed, error_code, error_message, input_tokens, output_tokens, tries, route, fp, payload, rid, _, text, plain, dropped = res
+        cid, state, output, parsed, error_code, error_message, input_tokens, output_tokens, tries, route, fp, payload, rid, _, text, plain, dropped, _ = res
         record[names["custom_id"]] = cid
         if self.render is not None:
             record[names["source_changed"]] = _changed(self.render, row, fp, payload)
@@ -234,8 +234,8 @@ class ResultRows(ResultColumns):
         """custom_id -> (stored custom_id, state, output, parsed, error_code, error_message,
         input_tokens, output_tokens, attempts, route, fingerprint, payload if no fingerprint,
         row id, length of the stored response, the response if at most INLINE_BYTES, its
-        `plain_answer`, whether a prune dropped its answer) of the job's requests among `ids`;
-        an id not found is looked for under its legacy custom_ids too. Larger responses are read page by page (`_answers`). Where
+        `plain_answer`, whether a prune dropped its answer, its source_key) of the job's requests among `ids`;
+        an id not found is looked for under its legacy custom_ids too, taken where stored for its own key. Larger responses are read page by page (`_answers`). Where
         the plain answer is taken, and `full` wants no response, the response is not read: its
         length and text are NULL."""
         with self.store.read() as conn:
@@ -247,10 +247,16 @@ class ResultRows(ResultColumns):
                 return {r[0]: r for r in rows.fetchall()}  # whole: no fetch per row; Rows unpack as tuples do
 
             found = fetch(ids)
-            legacy = {old: cid for cid, key in zip(ids, keys, strict=True) if cid not in found for old in legacy_custom_ids(key)}
-            if legacy:
+            legacy: dict[str, list[tuple[str, str]]] = {}
+            for cid, key in zip(ids, keys, strict=True):
+                if cid not in found:
+                    for old in legacy_custom_ids(key, self.spec.variant):
+                        legacy.setdefault(old, []).append((cid, key_of(key)))
+            if legacy:  # two keys can share an 8-digit legacy id: the stored key tells whose it is
                 for old, res in fetch(list(legacy)).items():
-                    found.setdefault(legacy[old], res)
+                    for cid, key in legacy[old]:
+                        if key == key_of(res[17]):
+                            found.setdefault(cid, res)
             return found
 
     def _lookup_statement(self, conn) -> Select:
@@ -271,7 +277,7 @@ class ResultRows(ResultColumns):
             cols.custom_id, cols.state, cols.output, cols.parsed, cols.error_code, cols.error_message,
             cols.input_tokens, cols.output_tokens, cols.attempts, cols.route, cols.fingerprint,
             case((cols.fingerprint.is_(None), cols.payload), else_=None),  # stored before fingerprints
-            cols.id, length, case((length <= INLINE_BYTES, cols.response), else_=None), plain, dropped,
+            cols.id, length, case((length <= INLINE_BYTES, cols.response), else_=None), plain, dropped, cols.source_key,
         ).where(cols.job_id == self.job_id, among_bound(conn, cols.custom_id, "wanted"))  # fmt: skip
 
 

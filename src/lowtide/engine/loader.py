@@ -545,7 +545,7 @@ def _load(
             for g in good:  # ids are watched even after a problem: duplicates are reported with the rest
                 ids.add(g["custom_id"])
             if good and not created:  # a new job has nothing stored to compare with
-                good, known, stored = split_known(conn, job_id, good)
+                good, known, stored = split_known(conn, job_id, good, spec.variant)
                 note_changed(changed, stored, known, requeue_changed, _row_name(source))
             if good and not problems and not refused and not source.problems:
                 executemany(conn, insert_requests, good)
