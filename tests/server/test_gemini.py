@@ -70,6 +70,18 @@ def test_a_file_batch_uploads_resumably_and_its_responses_download_by_key(server
     assert cut["content"]["parts"][0]["text"] == "line 7"[:8] and cut["finishReason"] in ("STOP", "MAX_TOKENS")
 
 
+def test_keys_seven_and_seven_point_zero_zero_are_two_requests(server):
+    # "7.00" is the loader's key "7": carried as it was, the file was refused and every key failed.
+    c = client(server)
+    keys = ["7", "7.00", "other"]
+    data = "\n".join(json.dumps({"key": k, "request": ask(f"about {k}")}) for k in keys).encode()
+    uploaded = c.files.upload(file=io.BytesIO(data), config={"mime_type": "jsonl"})
+    done = wait(c, c.batches.create(model=MODEL, src=uploaded.name).name)
+    assert done.state.value == "JOB_STATE_SUCCEEDED"
+    got = [json.loads(x) for x in c.files.download(file=done.dest.file_name).decode().splitlines()]
+    assert {g["key"]: g["response"]["candidates"][0]["content"]["parts"][0]["text"] for g in got} == {k: f"about {k}" for k in keys}
+
+
 def test_on_v1_a_call_is_geminis_by_its_header_or_by_a_path_only_gemini_has(server):
     c = client(server)
     made = c.batches.create(model=MODEL, src=[ask("x")])

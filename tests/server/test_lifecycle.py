@@ -163,11 +163,23 @@ def test_the_clock_is_anchored_in_the_store_and_never_runs_back(tmp_path):
         assert slower.now() == 2105.0
 
 
-@pytest.mark.parametrize("key", ["a", " a", "a ", "~a", "", "é", "\ud800x", "x" * 200, "a\nb"])
+@pytest.mark.parametrize("key", ["a", " a", "a ", "~a", "", "é", "\ud800x", "x" * 200, "a\nb", "1.0", "-7.00"])
 def test_custom_id_keys_round_trip(key):
     encoded = encode_key(key)
     assert encoded == encoded.strip() and encoded
     assert decode_key(encoded) == key
+
+
+def test_custom_ids_one_and_one_point_zero_are_two_requests(server):
+    # The loader takes a float-spelled integral key for the integer's ("1.0" is key "1"):
+    # serve carried "1.0" as it was, so the load refused the file as a duplicate and every
+    # line of the batch failed. At OpenAI they are two ids.
+    client = server.openai()
+    ids = ["1", "1.0", "-7.00", "-7", "other"]
+    batch = wait_openai(client, create_batch(client, [chat_line(i, f"q {i}") for i in ids]).id)
+    assert batch.status == "completed" and batch.request_counts.completed == 5 and batch.request_counts.failed == 0
+    out = {x["custom_id"]: x["response"]["body"]["choices"][0]["message"]["content"] for x in file_lines(client, batch.output_file_id)}
+    assert out == {i: f"q {i}" for i in ids}
 
 
 @pytest.mark.postgres

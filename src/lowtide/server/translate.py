@@ -21,6 +21,7 @@ import typing_extensions
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
 from lowtide.core.endpoints import known_keys, request_type, required_keys
+from lowtide.core.ids import key_of
 from lowtide.core.types import Request
 
 PLAIN = (int, float, str, bool, type(None))
@@ -108,11 +109,18 @@ def _short(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-# The loader strips ids and refuses lone surrogates, and PostgreSQL's text holds no NUL; an
-# API's custom_id may be any string. Those that would not survive are carried as "~" +
-# URL-safe base64 of their UTF-8.
+# The loader strips ids, refuses lone surrogates and takes an integral float's spelling for
+# the integer's key ("1.0" is "1", core/ids.py), and PostgreSQL's text holds no NUL; an API's
+# custom_id may be any string ("1" and "1.0" are two at OpenAI and Gemini). Those that would
+# not survive are carried as "~" + URL-safe base64 of their UTF-8.
 def encode_key(custom_id: str) -> str:
-    if custom_id and custom_id == custom_id.strip() and not custom_id.startswith("~") and "\x00" not in custom_id:
+    if (
+        custom_id
+        and custom_id == custom_id.strip()
+        and not custom_id.startswith("~")
+        and "\x00" not in custom_id
+        and key_of(custom_id) == custom_id
+    ):
         try:
             custom_id.encode("utf-8")
             return custom_id
