@@ -7,6 +7,7 @@ here from the rows; bad input is refused before anything is stored."""
 from __future__ import annotations
 
 import asyncio
+import csv
 import json
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from lowtide.core.errors import SourceError, SpecError
 from lowtide.core.evals import build_eval
 from lowtide.core.stats import mcnemar_p
 from lowtide.engine.compare import compare
+from lowtide.engine.eval_export import export_eval_results
 from lowtide.engine.evals import drive_jobs, load_eval, load_judge, run_eval, stored_eval
 from lowtide.engine.tick import Engine
 from lowtide.store.schema import dispatches, events, jobs, requests
@@ -219,6 +221,27 @@ def test_a_verdict_batch_left_in_flight_ends_before_its_changed_answer_is_judged
         q = sa.select(requests.c.source_key, requests.c.version).join(jobs).where(jobs.c.name == "ev.judge")
         assert dict(conn.execute(q).all()) == {"T1000__e-right": 2, "T1001__e-right": 1, "T1002__e-right": 1}
     assert compare(store, ev).variants[0].scored == 3
+
+
+def test_an_answer_to_a_row_changed_since_is_not_scored_against_its_new_expected_value(store, clock, tmp_path):
+    # Invariant 9: the stored answer was to the row's old text; scored against the new gold it
+    # would pass off an answer to another question as right (or wrong).
+    rows = ticket_rows(5)
+    source = write_csv(tmp_path / "t.csv", rows)
+    ev, _, _ = run(store, clock, spec(source, prompts=("right",)))
+    rows[0] |= {"body": "ticket 1000 about shipping", "gold": "shipping"}  # answered "billing" to the old text
+    rows[1]["gold"] = "account"  # a corrected label alone: the answer is still to the row as it is
+    write_csv(source, rows)
+    (v,) = compare(store, ev).variants
+    assert (v.succeeded, v.scored, v.correct, v.failures) == (5, 4, 3, {})
+    assert v.not_scored == {"source row changed since it was answered; run again with --requeue-changed": 1}
+    export_eval_results(store, ev, tmp_path / "a.csv")
+    with open(tmp_path / "a.csv", newline="") as f:
+        got = {r["ticket_id"]: (r["source_changed"], r["correct"]) for r in csv.DictReader(f)}
+    assert got["T1000"] == ("True", "") and got["T1001"] == ("False", "False") and got["T1002"] == ("False", "True")
+    run(store, clock, spec(source, prompts=("right",)), requeue_changed=True)
+    (v,) = compare(store, ev).variants
+    assert (v.scored, v.correct, v.not_scored) == (5, 4, {})
 
 
 def test_a_judge_template_using_a_column_the_first_stage_lacks_is_refused(store, clock, tmp_path):

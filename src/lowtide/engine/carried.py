@@ -29,11 +29,17 @@ class CarriedKeys:
     def __init__(self, spec: Any):
         self.endpoint = spec.request_endpoint
         self.routes = [name for name, _, _ in spec.sending_routes if carries(name, self.endpoint)]
-        self.known = (known_keys(self.endpoint) | NEVER) if self.routes else None
+        # Read from the SDK at the first body seen: a renderer that only fingerprints rows
+        # (`lowtide compare`, `results`) never imports the SDK (a second of CPU).
+        self.known: frozenset[str] | set[str] | None = None
         self.keys: set[str] = set()
 
     def see(self, body: dict[str, Any]) -> None:
-        if self.known is not None and not self.known.issuperset(body):
+        if not self.routes:
+            return
+        if self.known is None:
+            self.known = known_keys(self.endpoint) | NEVER
+        if not self.known.issuperset(body):
             self.keys.update(k for k in body if k not in self.known)
 
     def note(self, conn: Connection, job_id: int, now: float) -> None:

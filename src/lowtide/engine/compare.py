@@ -17,14 +17,20 @@ The reads are read-only transactions (`Store.read`): on SQLite a compare never w
 worker writing the store (another job's ingest, a worker's tick), nor holds one up. (A judge's
 rows are still rendered by engine/stages.py `stage_rows`, in a write transaction.)
 
-A judge verdict counts only for the answer it judged: one rendered from an earlier answer (the
-member re-ran the row with `--requeue-changed`, the judge has not yet) leaves the row unscored.
+An answer counts only for the row it answered (DESIGN invariant 9): a source row whose text
+changed since its request was rendered (its fingerprint, engine/loader.py, is not the stored
+request's) is not scored against the row's new expected value, but listed under not scored
+(CHANGED) until `--requeue-changed` runs it again, as `lowtide results` marks it
+`source_changed`. Likewise a judge verdict counts only for the answer it judged: one rendered
+from an earlier answer (the member re-ran the row with `--requeue-changed`, the judge has not
+yet) leaves the row unscored.
 """
 
 from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from itertools import combinations
 from typing import Any
@@ -33,7 +39,7 @@ import numpy as np
 from sqlalchemy import func, select
 
 from lowtide.core import fastjson
-from lowtide.core.errors import SourceError
+from lowtide.core.errors import LowtideError, SourceError
 from lowtide.core.evals import EvalSpec, Member
 from lowtide.core.ids import key_of
 from lowtide.core.scoring import check_expected, field_equal, is_missing, normalise, scorer
@@ -46,6 +52,7 @@ from lowtide.store.schema import attempts, dispatches, jobs, requests
 
 PICO = 1e12
 OTHER = "(other)"  # a choices answer that is none of the choices
+CHANGED = "source row changed since it was answered; run again with --requeue-changed"
 STALE = "judged an earlier answer or row (run again with --requeue-changed)"
 NO_STAGE_FILE = "judge's stage file is gone (run the eval again)"
 
@@ -148,7 +155,10 @@ def compare(store: Store, ev: EvalSpec, disagreements: int = 20) -> EvalReport:
     scored: dict[str, _Scored] = {}
     confusion: dict[str, dict[str, dict[str, int]]] = {}
     with store.read() as conn:  # one snapshot, and no wait for a worker writing meanwhile
-        ids = dict(conn.execute(select(jobs.c.name, jobs.c.id).where(jobs.c.name.in_([m.spec.name for m in ev.members]))).all())
+        stored = {name: (job_id, spec) for name, job_id, spec in conn.execute(
+            select(jobs.c.name, jobs.c.id, jobs.c.spec).where(jobs.c.name.in_([m.spec.name for m in ev.members]))
+        )}  # fmt: skip
+        ids = {name: job_id for name, (job_id, _) in stored.items()}
         costs = _costs(conn, list(ids.values()))
         for m in ev.members:
             r = VariantResult(m.variant, m.spec.name, m.spec.model, m.spec.route, m.prompt, m.param_set)
@@ -158,10 +168,12 @@ def compare(store: Store, ev: EvalSpec, disagreements: int = 20) -> EvalReport:
                 r.not_scored["not run"] = len(values)
                 continue
             rows = conn.execute(
-                select(requests.c.custom_id, requests.c.source_key, requests.c.state, requests.c.output, requests.c.parsed, requests.c.error_code)
+                select(requests.c.custom_id, requests.c.source_key, requests.c.state, requests.c.output, requests.c.parsed, requests.c.error_code,
+                       requests.c.fingerprint)
                 .where(requests.c.job_id == job_id)
             ).all()  # fmt: skip
-            scored[m.variant] = _score(ev, m, r, rows, values, expected, judged, confusion)
+            now = _fingerprinter(stored[m.spec.name][1])
+            scored[m.variant] = _score(ev, m, r, rows, values, expected, judged, confusion, now)
             c = costs.get(job_id)
             if c is not None:
                 cost, realtime, unpriced, tin, tout = c
@@ -192,7 +204,7 @@ def _expected(ev: EvalSpec, values: dict[str, dict]) -> dict[str, tuple[Any, str
 
 def _score(
     ev: EvalSpec, m: Member, r: VariantResult, rows, values: dict[str, dict], expected: dict[str, tuple[Any, str]],
-    judged: _Verdicts | None, confusion,
+    judged: _Verdicts | None, confusion, now: Callable[[dict], str] | None,
 ) -> _Scored:  # fmt: skip
     s = ev.scoring
     method = s.method if s is not None else None
@@ -209,11 +221,17 @@ def _score(
     succeeded = RequestState.SUCCEEDED.value
     failed = RequestState.FAILED.value
     r.rows = len(rows)
-    for cid, key, state, output, parsed_text, error_code in rows:
+    for cid, key, state, output, parsed_text, error_code, fingerprint in rows:
         if state != succeeded:
             failures[error_code or state if state == failed else state] += 1
             continue
         r.succeeded += 1
+        row = values.get(k := key_of(key))
+        # An answer to the row as it was: neither scored nor shown beside the row as it is.
+        # (No stored fingerprint: stored before m008, cannot tell.)
+        if now is not None and fingerprint is not None and row is not None and now(row) != fingerprint:
+            not_scored[CHANGED] += 1
+            continue
         parsed = fastjson.loads(parsed_text) if parsed_text else None
         text = said.get(output)
         if text is None:
@@ -232,7 +250,7 @@ def _score(
                 continue
         elif method == "json_fields":
             verdict = None
-            row = values.get(key_of(key), {})
+            row = row or {}
             got = parsed if isinstance(parsed, dict) else {}
             for prop, column in s.fields.items():
                 want = row.get(column)
@@ -243,7 +261,7 @@ def _score(
                 fields_right[prop] += ok
                 verdict = ok if verdict is None else verdict and ok
         else:
-            want = expected.get(key_of(key))
+            want = expected.get(k)
             if want is None:
                 verdict = None
             elif plain is None:  # exact, choice: the answer's text normalised against the expected's
@@ -270,6 +288,26 @@ def _score(
     if method == "choice":
         confusion[m.variant] = matrix
     return out
+
+
+def _fingerprinter(spec_text: str) -> Callable[[dict], str] | None:
+    """The fingerprint a source row (its values) renders with now under a member job's stored
+    spec, as `lowtide results` tells `source_changed`; None where it cannot be told (a
+    template file gone since)."""
+    # here: the renderer's imports are paid only by a compare that reads answers
+    from lowtide.core.sources import source_of
+    from lowtide.core.templates import MessageTemplate
+    from lowtide.engine.loader import RowRenderer
+
+    spec = stored_spec(spec_text)
+    try:
+        render = RowRenderer(spec, MessageTemplate.from_spec(spec), source_of(spec), routes_checked=True)
+    except LowtideError:
+        return None
+    optional = render.optional
+    if optional:  # the values as the loader fingerprinted them: optional columns filled in
+        return lambda values: render.fingerprint({**optional, **values})
+    return render.fingerprint
 
 
 def _pair(a: str, b: str, va: dict[str, bool], vb: dict[str, bool]) -> PairResult:
