@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from lowtide.core.errors import SourceError, SpecError
 from lowtide.core.evals import build_eval
 from lowtide.core.stats import mcnemar_p
-from lowtide.engine.compare import compare
+from lowtide.engine.compare import compare, variant_rows
 from lowtide.engine.eval_export import export_eval_results
 from lowtide.engine.evals import drive_jobs, load_eval, load_judge, run_eval, stored_eval
 from lowtide.engine.tick import Engine
@@ -242,6 +242,29 @@ def test_an_answer_to_a_row_changed_since_is_not_scored_against_its_new_expected
     run(store, clock, spec(source, prompts=("right",)), requeue_changed=True)
     (v,) = compare(store, ev).variants
     assert (v.scored, v.correct, v.not_scored) == (5, 4, {})
+
+
+def test_requests_still_in_flight_are_not_finished_never_failures(store, clock, tmp_path, monkeypatch):
+    # A run stopped while a variant's batch is out: its requests are not answered yet, not failed.
+    monkeypatch.setenv("LOWTIDE_ECHO_BATCH_DIR", str(tmp_path / "eb"))
+    models = [{"name": "b", "model": "echo-model", "route": "echo-batch", "route_options": {"polls_to_complete": 3}}]
+    data = spec(write_csv(tmp_path / "t.csv", ticket_rows(4)), models=models)
+    ev = build_eval(data, where=str(tmp_path / "ev.yaml"))
+    load_eval(store, ev, clock)
+
+    async def send_one():
+        async with Engine(store, clock, seed=7) as engine:
+            await engine.tick("ev.b-right")  # its batch sent; ev.b-wrong's requests still pending
+
+    asyncio.run(send_one())
+    with store.begin() as conn:
+        states = conn.execute(sa.select(jobs.c.name, requests.c.state, sa.func.count()).join(jobs).group_by(jobs.c.name, requests.c.state))
+        assert sorted(states.all()) == [("ev.b-right", "dispatched", 4), ("ev.b-wrong", "pending", 4)]
+    report = compare(store, ev)
+    for v in report.variants:
+        assert (v.rows, v.scored, v.failures) == (4, 0, {})
+        assert v.not_scored == {"not answered yet (pending or in flight)": 4}
+    assert [(r["failed"], r["failures"], r["not_scored"]) for r in variant_rows(report)] == [(0, "{}", 4)] * 2
 
 
 def test_a_judge_template_using_a_column_the_first_stage_lacks_is_refused(store, clock, tmp_path):

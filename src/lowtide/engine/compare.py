@@ -1,7 +1,8 @@
 """The comparison report of an eval (`lowtide compare`, `Eval.compare()`, the dashboard).
 
 Per variant: rows, n scored, accuracy with a 95 % bootstrap interval, rows not scored by
-reason (no expected value, not judged: never counted as wrong), failures by reason, cost and
+reason (no expected value, not judged, not answered yet: never counted as wrong), failures by
+reason (failed requests by their error, cancelled ones as "cancelled"), cost and
 its real-time equivalent, cost per correct answer, tokens, median and p95 turnaround. Per
 pair of variants: the paired difference over rows both scored, its bootstrap interval and
 McNemar's exact p-value. For `choices`: a confusion matrix per variant. And the rows where
@@ -52,6 +53,7 @@ from lowtide.store.schema import attempts, dispatches, jobs, requests
 
 PICO = 1e12
 OTHER = "(other)"  # a choices answer that is none of the choices
+NOT_FINISHED = "not answered yet (pending or in flight)"
 CHANGED = "source row changed since it was answered; run again with --requeue-changed"
 STALE = "judged an earlier answer or row (run again with --requeue-changed)"
 NO_STAGE_FILE = "judge's stage file is gone (run the eval again)"
@@ -220,10 +222,14 @@ def _score(
     said: dict[str, str] = {}  # an answer's text -> normalised: a few distinct answers repeat over the rows
     succeeded = RequestState.SUCCEEDED.value
     failed = RequestState.FAILED.value
+    unfinished = (RequestState.PENDING.value, RequestState.DISPATCHED.value)
     r.rows = len(rows)
     for cid, key, state, output, parsed_text, error_code, fingerprint in rows:
         if state != succeeded:
-            failures[error_code or state if state == failed else state] += 1
+            if state in unfinished:  # its answer may still come: no failure (yet)
+                not_scored[NOT_FINISHED] += 1
+            else:  # failed by its reason; cancelled, as "cancelled": no answer will come
+                failures[error_code or state if state == failed else state] += 1
             continue
         r.succeeded += 1
         row = values.get(k := key_of(key))
