@@ -282,3 +282,13 @@ def test_a_lone_surrogate_in_a_spec_is_named_by_key_and_line(tmp_path):
     )
     with pytest.raises(SpecError, match=r"job\.yaml line 4: `template\.user` holds a lone surrogate"):
         load_spec(tmp_path / "job.yaml")
+
+
+def test_an_eval_spec_given_where_a_job_spec_is_wanted_is_named_so(tmp_path):
+    """`lowtide submit` and `estimate` of an eval spec said "`model` is required" and
+    "unknown key `variants`": a job spec's refusals, of a file that is no job spec."""
+    path = tmp_path / "eval.yaml"
+    path.write_text("name: ev\nsource: {path: t.csv, id_column: id}\ntemplate: {user: '{{ q }}'}\n"
+                    "variants:\n  models: [{name: a, model: echo, route: echo}]\nscoring: {method: exact, expected: gold}\n")  # fmt: skip
+    with pytest.raises(SpecError, match=r"eval.yaml: an eval spec \(it has `variants:`, docs/evals.md\), not a job spec; run it with `lowtide run "):
+        load_spec(path)

@@ -748,6 +748,9 @@ def load_spec(path: str | Path) -> JobSpec:
     path = Path(path)
     text = read_text(path, "job spec")
     data, lines = parse_mapping(text, str(path), "a job spec is a YAML mapping with keys name, source, template, model, route")
+    if "variants" in data:  # (core/evals.py is_eval_data) refused as a job spec by its missing `model`: say what it is
+        raise SpecError(f"{path}: an eval spec (it has `variants:`, docs/evals.md), not a job spec; run it with "
+                        f"`lowtide run {path}`, which runs every variant (in Python: lowtide.Eval.from_yaml)")  # fmt: skip
     data.setdefault("base_dir", str(path.parent.resolve()))
     return build_spec(data, where=str(path), lines=lines)
 
