@@ -22,6 +22,7 @@ from lowtide.engine.loader import load_job
 from lowtide.engine.tick import Engine
 from lowtide.store.schema import dispatches
 from tests.conftest import make_spec, ticket_rows, write_csv
+from tests.routes.conftest import serve  # noqa: F401  (a fixture; the test taking it says noqa: F811)
 
 
 def test_a_create_another_live_process_holds_keeps_until_idle_going(store, tmp_path):
@@ -42,3 +43,39 @@ def test_a_create_another_live_process_holds_keeps_until_idle_going(store, tmp_p
 
     assert asyncio.run(go()) == lease_until
 
+
+
+def test_a_chunk_whose_create_failed_keeps_until_idle_going_until_it_is_sent(serve, store, tmp_path):  # noqa: F811
+    """A create the provider answered with a 500 lets its lease go (the next tick finds or
+    sends the chunk again), and `next_due` counted only a create under a running lease:
+    `worker --until-idle` exited 0 with every request dispatched and nothing sent, and the
+    next run did the same while the provider kept failing. The chunk is due again a little
+    later (RESEND_WAIT), each time, until it is sent."""
+    from lowtide.engine import tick
+    from tests.routes.conftest import _options
+
+    RESEND_WAIT = getattr(tick, "RESEND_WAIT", 5.0)  # noqa: N806  (the engine's, read as the test runs)
+
+    plan = tmp_path / "faults.yaml"
+    plan.write_text('http:\n  - match: "POST /v1/batches"\n    calls: [1, 2]\n    status: 500\n')
+    url = serve("--faults", str(plan))
+    clock = ManualClock()
+    spec = make_spec(write_csv(tmp_path / "t.csv", ticket_rows(3)), model="gpt-4o-mini", route="openai-batch",
+                     route_options=_options("openai-batch", url))  # fmt: skip
+    load_job(store, spec, clock)
+
+    async def go() -> list[tuple[int, float | None]]:
+        seen = []
+        async with Engine(store, clock) as engine:
+            for _ in range(3):  # two creates refused, then the one that is sent
+                report = await engine.tick("tickets")
+                seen.append((report.submitted, engine.next_due()))
+                clock.advance(RESEND_WAIT)
+        return seen
+
+    seen = asyncio.run(go())
+    start = clock.now() - 3 * RESEND_WAIT
+    assert seen[:2] == [(0, start + RESEND_WAIT), (0, start + 2 * RESEND_WAIT)]
+    assert seen[2][0] == 1 and seen[2][1] is not None  # sent: its poll is what is due now
+    with store.begin() as conn:
+        assert conn.execute(sa.select(dispatches.c.state)).scalar_one() == "submitted"

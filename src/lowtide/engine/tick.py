@@ -42,6 +42,7 @@ from lowtide.store.schema import PENDING, dispatches, jobs, requests
 from lowtide.store.transitions import lock_job, move_dispatch, move_job
 
 LIVE = (RequestState.PENDING.value, RequestState.DISPATCHED.value)
+RESEND_WAIT = 5.0  # seconds before a chunk whose create failed is tried again by an idle worker (`next_due`)
 
 
 @dataclass(slots=True)
@@ -287,15 +288,29 @@ class Engine:
             # the lease runs out or its owner is seen dead. Left out, `--until-idle` could stop
             # with its requests dispatched (a worker SIGKILLed mid-create whose process its
             # parent has not reaped yet still looks alive).
+            # A direct dispatch another process runs, likewise: its requests come back to whoever
+            # ticks should that process die.
             q_lease = select(func.min(dispatches.c.lease_until)).where(
-                dispatches.c.state == DispatchState.SUBMITTING.value, dispatches.c.lease_until > now
+                dispatches.c.state.in_([DispatchState.SUBMITTING.value, DispatchState.RUNNING.value]), dispatches.c.lease_until > now
             )
+            # A chunk still to send: one whose create failed (its lease let go) or that was planned
+            # again (provably not sent). The next tick sends it, RESEND_WAIT from now, not at once
+            # (a provider that keeps failing is not asked in a loop). Left out, `--until-idle` ended
+            # with the chunk's requests dispatched and nothing sent.
+            q_unsent = select(dispatches.c.id).where(
+                dispatches.c.job_id.in_(active),
+                or_(dispatches.c.state == DispatchState.PLANNED.value,
+                    (dispatches.c.state == DispatchState.SUBMITTING.value) & or_(dispatches.c.lease_until.is_(None), dispatches.c.lease_until <= now)),
+            ).limit(1)  # fmt: skip
             if job_name is not None:
                 job_id = select(jobs.c.id).where(jobs.c.name == job_name).scalar_subquery()
                 q_poll = q_poll.where(dispatches.c.job_id == job_id)
                 q_retry = q_retry.where(requests.c.job_id == job_id)
                 q_lease = q_lease.where(dispatches.c.job_id == job_id)
+                q_unsent = q_unsent.where(dispatches.c.job_id == job_id)
             times = [conn.execute(q_poll).scalar(), conn.execute(q_retry).scalar(), conn.execute(q_lease).scalar()]
+            if conn.execute(q_unsent).first() is not None:
+                times.append(now + RESEND_WAIT)
             watched = select(jobs.c.spec).where(jobs.c.state == JobState.ACTIVE.value)
             if job_name is not None:
                 watched = watched.where(jobs.c.name == job_name)
