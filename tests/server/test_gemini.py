@@ -52,6 +52,30 @@ def test_an_inline_batch_answers_each_request_under_its_key(server):
     assert usage.prompt_token_count > 0 and usage.candidates_token_count > 0
 
 
+
+def test_an_inline_batch_answers_in_request_order_each_with_its_own_metadata(server):
+    # Gemini: "The responses will be in the same order as the input requests", each with the
+    # request's metadata. serve wrote a refused request last and set metadata to {"key": ...}.
+    c = client(server)
+    src = [{"contents": ask("first")["contents"], "metadata": {"row": "7"}},
+           {"contents": ask("second")["contents"], "config": {"top_k": 3}, "metadata": {"key": "b", "row": "8"}},
+           {"contents": ask("third")["contents"]}]  # fmt: skip
+    done = wait(c, c.batches.create(model=MODEL, src=src).name)
+    got = done.dest.inlined_responses
+    assert [r.metadata for r in got] == [{"row": "7"}, {"key": "b", "row": "8"}, None]
+    assert [r.response and r.response.text for r in got] == ["first", None, "third"]
+    assert got[1].error.code == 400 and "generationConfig.topK" in got[1].error.message
+
+
+def test_a_request_without_metadata_and_one_keyed_by_its_index_are_two_requests(server):
+    # A request without a key was taken under its index: metadata {"key": "0"} on another was
+    # refused as "key '0' is used more than once", which Gemini does not do.
+    c = client(server)
+    src = [{"contents": ask("no key")["contents"]}, {"contents": ask("key 0")["contents"], "metadata": {"key": "0"}}]
+    done = wait(c, c.batches.create(model=MODEL, src=src).name)
+    assert done.state.value == "JOB_STATE_SUCCEEDED"
+    assert [(r.metadata, r.response.text) for r in done.dest.inlined_responses] == [(None, "no key"), ({"key": "0"}, "key 0")]
+
 @pytest.mark.parametrize("api_version", [None, "v1beta", "v1"])
 def test_a_file_batch_uploads_resumably_and_its_responses_download_by_key(server, api_version):
     c = client(server, api_version)

@@ -15,7 +15,8 @@ in first outlasted a client's read timeout. Either way into the batch's folder a
 source rows (gemini_intake.py, intake.py), and run as lowtide jobs on the
 backend like the other APIs' batches (lifecycle.py), with the same clock and fault plan.
 A request the backend refuses fails alone, as that key's `error`. Results are matched by
-key: an inline batch's `metadata.key`, a file line's `key` (gemini_outputs.py).
+key: an inline batch's `metadata.key` (else a private key), a file line's `key`; an inline
+batch answers in its requests' order with their own `metadata` (gemini_outputs.py).
 """
 
 from __future__ import annotations

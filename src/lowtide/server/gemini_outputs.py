@@ -1,8 +1,9 @@
 """Ending a Gemini batch: its responses in Gemini's shapes, one per request, matched by key.
 
 An inline batch keeps them in its folder (`inline.jsonl`, one `{"response" | "error",
-"metadata": {"key"}}` per line), and the batch object carries them as
-`output.inlinedResponses`; a file batch gets a responses file (`{"key", "response"}` or
+"metadata"}` per line), and the batch object carries them as `output.inlinedResponses`: in
+the requests' order, each with its request's own `metadata` (none where it had none), as
+Gemini answers (the order and metadata its intake kept, gemini_intake.py); a file batch gets a responses file (`{"key", "response"}` or
 `{"key", "error"}` lines) that `files/{name}:download` serves. The fault plan's line faults
 apply to both.
 """
@@ -10,6 +11,8 @@ apply to both.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Row
@@ -23,6 +26,7 @@ from lowtide.server.context import Server
 from lowtide.server.errors import GEMINI_STATUS
 from lowtide.server.faults import line_fates
 from lowtide.server.finalize import LONE_SURROGATES, OUTPUT_FILE_DAYS, Summary, _count, batch_folder
+from lowtide.server.gemini_intake import ORDER
 from lowtide.server.outputs import Result, _ids, answer, results
 
 INLINE = "inline.jsonl"
@@ -55,6 +59,21 @@ def outcome_of(r: Result, batch_id: str, created: int) -> dict[str, Any]:
     return {"error": error_of(r)}
 
 
+def in_order(folder: Path, found: Iterable[Result]) -> Iterator[tuple[Result, Any]]:
+    """An inline batch's results in its requests' order, each with its request's metadata.
+    A batch taken in before that order was kept: as found, each metadata `{"key"}`."""
+    order = folder / ORDER
+    if not order.exists():
+        yield from ((r, {"key": r.custom_id}) for r in found)
+        return
+    by_key = {r.custom_id: r for r in found}  # an inline batch: under 20 MB of requests
+    with order.open(encoding="utf-8", errors="surrogatepass") as f:
+        for line in f:
+            key, meta = fastjson.loads(line)
+            if (r := by_key.pop(key, None)) is not None:  # (each request has its result: jobs' rows, rejected)
+                yield r, meta
+
+
 def build_gemini(server: Server, row: Row, ending: str) -> dict[str, Any]:
     summary = Summary()
     bill = Bill(row.id, "gemini", server.clock.now())
@@ -66,10 +85,10 @@ def build_gemini(server: Server, row: Row, ending: str) -> dict[str, Any]:
     found = results(server.store, folder, row, records.jobs_of(row), ending, GEMINI)
 
     def lines():
-        for r in found:
+        for r, meta in in_order(folder, found) if inline else ((r, None) for r in found):
             _count(summary, r)
             said = outcome_of(r, row.id, created)
-            line = said | {"metadata": {"key": r.custom_id}} if inline else {"key": r.custom_id} | said
+            line = said | ({} if meta is None else {"metadata": meta}) if inline else {"key": r.custom_id} | said
             yield fastjson.dumps(line), r
 
     path = folder / INLINE if inline else server.path(f"files/{row.id}_responses.jsonl")
