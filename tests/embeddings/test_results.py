@@ -15,8 +15,8 @@ import sqlalchemy as sa
 import yaml
 
 from tests.cli.test_cli import cli  # noqa: F401  (the fixture)
-from tests.conftest import _pg_available, fresh_pg_schema
-from tests.embeddings.helpers import docs_csv, echo_reference, embed_spec
+from tests.conftest import _pg_available, fresh_pg_schema, write_csv
+from tests.embeddings.helpers import docs, docs_csv, echo_reference, embed_spec
 
 
 def f32(values: list[float]) -> list[float]:
@@ -103,3 +103,56 @@ def test_run_writes_an_npy_output_and_refuses_a_csv_one_before_running(cli, tmp_
     code, out = cli("run", "job.yaml", "--out", "v.npy")
     assert code == 0, out
     assert np.load(tmp_path / "v.npy").shape == (3, 8) and (tmp_path / "v.ids.txt").read_text().split() == ["doc-1", "doc-2", "doc-3"]
+
+
+def change_doc_2(folder) -> None:
+    """doc-2's text changes under the same id (the nightly source of a changed row)."""
+    rows = docs(3)
+    rows[1]["text"] = "a completely different text"
+    write_csv(folder / "docs.csv", rows)
+
+
+def test_a_row_changed_since_its_vector_is_marked_source_changed(cli, tmp_path):  # noqa: F811
+    write_job(tmp_path, 3)
+    assert cli("run", "job.yaml")[0] == 0
+    change_doc_2(tmp_path)
+    code, out = cli("run", "job.yaml")  # the nightly run keeps the changed row with its old vector
+    assert code == 0 and "1 row(s) changed since they were stored" in out, out
+    for name in ("v.parquet", "v.jsonl"):
+        code, out = cli("results", "vectors", "--out", name)
+        assert code == 0, out
+    table = pq.read_table(tmp_path / "v.parquet")
+    assert table.schema.field("source_changed").type == pa.bool_()
+    got = {r["doc_id"]: r["source_changed"] for r in table.to_pylist()}
+    assert got == {"doc-1": False, "doc-2": True, "doc-3": False}
+    lines = [json.loads(x) for x in (tmp_path / "v.jsonl").read_text().splitlines()]
+    assert {x["doc_id"]: x["source_changed"] for x in lines} == got
+    # a .npy cannot mark a row: refused, naming the row and what to do
+    code, out = cli("results", "vectors", "--out", "v.npy")
+    assert code != 0 and "doc-2" in out and "--requeue-changed" in out and not (tmp_path / "v.npy").exists(), out
+    # re-run, the vector is the new text's and nothing is marked
+    assert cli("run", "job.yaml", "--requeue-changed")[0] == 0
+    assert cli("results", "vectors", "--out", "v.parquet")[0] == 0
+    rows = {r["doc_id"]: r for r in pq.read_table(tmp_path / "v.parquet").to_pylist()}
+    assert not any(r["source_changed"] for r in rows.values())
+    assert rows["doc-2"]["embedding"] == f32(echo_reference("a completely different text", 8))
+    assert cli("results", "vectors", "--out", "v.npy")[0] == 0
+
+
+@pytest.mark.postgres
+def test_postgres_table_marks_a_changed_row(cli, tmp_path):  # noqa: F811
+    if not _pg_available():
+        pytest.skip("PostgreSQL is not reachable")
+    with fresh_pg_schema("lowtide_vec") as url:
+        write_job(tmp_path, 3)
+        assert cli("run", "job.yaml")[0] == 0
+        assert cli("results", "vectors", "--pg-url", url, "--pg-table", "doc_vectors")[0] == 0
+        change_doc_2(tmp_path)
+        assert cli("run", "job.yaml")[0] == 0
+        code, out = cli("results", "vectors", "--pg-url", url, "--pg-table", "doc_vectors")
+        assert code == 0 and "1 row(s) new or changed" in out and "1 row(s) source_changed" in out, out
+        engine = sa.create_engine(url)
+        with engine.connect() as conn:
+            got = dict(conn.execute(sa.text("select id, source_changed from doc_vectors")).all())
+        engine.dispose()
+        assert got == {"doc-1": False, "doc-2": True, "doc-3": False}

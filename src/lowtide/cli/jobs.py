@@ -279,6 +279,9 @@ def results(
 
                 done = upsert_vectors(store, job, pg_url, pg_table)
                 console.print(f"upserted into {done['table']} ({done['column']}): {done['changed']} row(s) new or changed")
+                if done["source_changed"]:
+                    console.print(f"{done['source_changed']} row(s) source_changed: their vectors are for the rows' old text "
+                                  "(marked in the table; run the job again with --requeue-changed)")  # fmt: skip
                 if out_path is None:
                     return
             try:

@@ -154,9 +154,27 @@ class ResultRows(ResultColumns):
             self.render = None
 
     def chunks(self) -> Iterator[list[dict[str, Any]]]:
-        id_col = self.spec.source.id_column
         names = self.result_columns(self.known_source_columns())
         self.answers_renamed = any(names[n] != n for n in ANSWER_COLUMNS)
+        for rows in self._joined():
+            for page in _pages(rows):
+                answers = self._answers([res[12] for _, _, res in page if res is not None and (res[13] or 0) > INLINE_BYTES])
+                yield [self._record(row, cid, res, answers, names) for row, cid, res in page]
+
+    def changed_requests(self) -> Iterator[int]:
+        """The stored request ids (`requests.id`) of the rows that, rendered now, differ from
+        what their request was rendered from: a pass in source order, a chunk at a time, as
+        the results' `source_changed` is told (an embedding job's vectors: vector_export.py)."""
+        if self.render is None:
+            return
+        for rows in self._joined():
+            for row, _, res in rows:
+                if res is not None and _changed(self.render, row, res[10], res[11]):
+                    yield res[12]
+
+    def _joined(self) -> Iterator[list[tuple]]:
+        """Each source chunk's rows as (row, custom_id, its stored request or None)."""
+        id_col = self.spec.source.id_column
         newest = self._newest()
         for chunk in self.source.chunks():
             if newest is not None:  # an older version of a row of an increment: its request is the newest's
@@ -164,10 +182,7 @@ class ResultRows(ResultColumns):
             keys = [str(r.values.get(id_col, "")).strip() for r in chunk]
             ids = [custom_id_for(key_of(k), self.spec.variant) for k in keys]
             found = self._lookup(ids, keys)
-            rows = [(row, cid, found.get(cid)) for row, cid in zip(chunk, ids, strict=True)]
-            for page in _pages(rows):
-                answers = self._answers([res[12] for _, _, res in page if res is not None and (res[13] or 0) > INLINE_BYTES])
-                yield [self._record(row, cid, res, answers, names) for row, cid, res in page]
+            yield [(row, cid, found.get(cid)) for row, cid in zip(chunk, ids, strict=True)]
 
     def _newest(self) -> Newest | None:
         """Where an increment source holds an id in several rows, each id's newest (docs/data.md

@@ -3,12 +3,20 @@ PostgreSQL table (docs/embeddings.md "Results").
 
 Rows come from the store in load order (the source's order on a first load), a page at a
 time, so a million vectors are written in bounded memory. Each row: the source's id column
-(the business key), custom_id, state, the vector, error, input_tokens.
+(the business key), custom_id, state, the vector, error, input_tokens, source_changed.
+
+`source_changed` is true where the row, rendered now, is not what its vector was made from
+(its text changed under the same id, or the template did: export.py): told by a pass over
+the source in source order first, which keeps only the changed rows' request ids (a sorted
+array, 8 bytes each), then looked up as the store's pages go by. Null where it cannot be
+told (the source or a template file gone since).
 
 - `.parquet`: `embedding` is `fixed_size_list<float32>[n]`, null where the row has no vector;
 - `.jsonl`: `embedding` is an array of numbers (float32 values, as Parquet holds them);
 - `.npy`: a float32 matrix of the succeeded rows only, one row each, and beside it
   `<name>.ids.txt`: the business key of matrix row i on line i (`x.npy` → `x.ids.txt`).
+  It cannot mark a row, so it is refused while a succeeded row is changed;
+- PostgreSQL: a `source_changed` column beside each vector (added to an older table).
 """
 
 from __future__ import annotations
@@ -16,6 +24,8 @@ from __future__ import annotations
 import io
 import json
 import re
+from array import array
+from bisect import bisect_left
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,9 +55,35 @@ class VectorRow:
     vector: list[float] | None
     error: str | None
     input_tokens: int | None
+    changed: bool | None = None  # source_changed; None where it cannot be told
 
 
-def vector_rows(store: Store, job_id: int) -> Iterator[VectorRow]:
+class ChangedRows:
+    """The request ids of a job's rows changed since they were stored, sorted (8 bytes each)."""
+
+    def __init__(self, ids: Iterator[int]):
+        self.ids = array("q", sorted(ids))
+
+    def __contains__(self, request_id: int) -> bool:
+        i = bisect_left(self.ids, request_id)
+        return i < len(self.ids) and self.ids[i] == request_id
+
+
+def changed_rows(store: Store, job_name: str) -> ChangedRows | None:
+    """The job's changed rows, from a pass over its source (export.py `ResultRows`); None
+    where the source or a template cannot be read now, so changes cannot be told."""
+    from lowtide.engine.export import ResultRows
+
+    try:
+        rows = ResultRows(store, job_name)
+    except LowtideError:
+        return None
+    if rows.render is None:
+        return None
+    return ChangedRows(rows.changed_requests())
+
+
+def vector_rows(store: Store, job_id: int, changed: ChangedRows | None = None) -> Iterator[VectorRow]:
     after = 0
     c = requests.c
     while True:
@@ -61,7 +97,8 @@ def vector_rows(store: Store, job_id: int) -> Iterator[VectorRow]:
         for r in page:
             vector = vector_of(fastjson.loads(r.response)) if r.response is not None and r.state == "succeeded" else None
             error = f"{r.error_code}: {r.error_message}" if r.error_code else None
-            yield VectorRow(r.source_key, r.custom_id, r.state, vector, error, r.input_tokens)
+            was_changed = None if changed is None else r.id in changed
+            yield VectorRow(r.source_key, r.custom_id, r.state, vector, error, r.input_tokens, was_changed)
         if len(page) < PAGE:
             return
         after = page[-1].id
@@ -93,14 +130,15 @@ def export_vectors(store: Store, job_name: str, out: str | Path) -> VectorReport
         job = get_job(conn, job_name)
     spec = stored_spec(job.spec)
     n = _dimensions(store, job.id)
+    changed = changed_rows(store, job_name)
     states: dict[str, int] = {}
     count = 0
     if suffix == ".npy":
-        count = _write_npy(store, job.id, loc, n, states)
+        count = _write_npy(store, job.id, loc, n, states, changed)
     else:
         with committed(loc) as f:
             writer = (_Parquet if suffix == ".parquet" else _Jsonl)(f, spec.source.id_column, n)
-            for row in vector_rows(store, job.id):
+            for row in vector_rows(store, job.id, changed):
                 if row.vector is not None and len(row.vector) != n:
                     raise LowtideError(f"{job_name}: row {row.key} has a vector of {len(row.vector)} numbers, others {n}; "
                                        "one file holds one length (re-run the job with one `dimensions`)")  # fmt: skip
@@ -120,6 +158,7 @@ class _Parquet:
         self.schema = pa.schema([
             (id_column, pa.string()), ("custom_id", pa.string()), ("state", pa.string()),
             ("embedding", pa.list_(pa.float32(), max(n, 1))), ("error", pa.string()), ("input_tokens", pa.int64()),
+            ("source_changed", pa.bool_()),
         ])  # fmt: skip
         self.writer = pq.ParquetWriter(f, self.schema)  # closing it leaves `f` open
         self.rows: list[VectorRow] = []
@@ -138,6 +177,7 @@ class _Parquet:
             pa.array([r.state for r in rows], pa.string()),
             pa.array([r.vector for r in rows], self.schema.field("embedding").type),
             pa.array([r.error for r in rows], pa.string()), pa.array([r.input_tokens for r in rows], pa.int64()),
+            pa.array([r.changed for r in rows], pa.bool_()),
         ]  # fmt: skip
         self.writer.write_table(pa.Table.from_arrays(columns, schema=self.schema))
         self.rows = []
@@ -159,7 +199,7 @@ class _Jsonl:
         # float32 values, as the Parquet and .npy files hold them: one file's numbers agree with another's.
         vector = None if row.vector is None else self.array("f", row.vector).tolist()
         line = {self.id_column: row.key, "custom_id": row.custom_id, "state": row.state, "embedding": vector,
-                "error": row.error, "input_tokens": row.input_tokens}  # fmt: skip
+                "error": row.error, "input_tokens": row.input_tokens, "source_changed": row.changed}  # fmt: skip
         self.f.write(fastjson.dumpb(line) + b"\n")
 
     def close(self) -> None:
@@ -177,9 +217,10 @@ def _ids_location(npy: Location) -> Location:
     return Location(text, npy.fs, stem + ".ids.txt", npy.local)
 
 
-def _write_npy(store: Store, job_id: int, out: Location, n: int, states: dict[str, int]) -> int:
+def _write_npy(store: Store, job_id: int, out: Location, n: int, states: dict[str, int], changed: ChangedRows | None) -> int:
     """The succeeded rows' vectors as one float32 matrix, streamed; their keys beside it.
-    Both are committed only when both are whole."""
+    Both are committed only when both are whole. A matrix cannot say that a row's vector is
+    for its old text: a succeeded row changed since is refused, named."""
     import numpy as np
     from numpy.lib import format as npformat
 
@@ -192,10 +233,12 @@ def _write_npy(store: Store, job_id: int, out: Location, n: int, states: dict[st
     with committed(out) as f, committed(_ids_location(out)) as raw_ids:
         ids = io.TextIOWrapper(raw_ids, encoding="utf-8", write_through=True)
         npformat.write_array_header_1_0(f, {"descr": "<f4", "fortran_order": False, "shape": (total, n)})
-        for row in vector_rows(store, job_id):
+        for row in vector_rows(store, job_id, changed):
             states[row.state] = states.get(row.state, 0) + 1
             if row.vector is None:
                 continue
+            if row.changed:
+                raise LowtideError(_changed_refusal(name, row.key, changed))
             if len(row.vector) != n or "\n" in row.key or written >= total:
                 raise LowtideError(f"row {row.key}: cannot go into {name} (a vector of another length, a key with a "
                                    "line break, or rows added while exporting); use .parquet or .jsonl")  # fmt: skip
@@ -209,15 +252,23 @@ def _write_npy(store: Store, job_id: int, out: Location, n: int, states: dict[st
     return sum(states.values())
 
 
+def _changed_refusal(name: str, key: str, changed: ChangedRows | None) -> str:
+    count = len(changed.ids) if changed is not None else 1
+    return (f"{name}: {count:,} row(s) changed since their vectors were made (row {key} first); a .npy cannot mark "
+            "them: run the job again with --requeue-changed, or write .parquet or .jsonl (their source_changed column marks them)")  # fmt: skip
+
+
 # PostgreSQL ----------------------------------------------------------------------------
 TABLE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}(\.[A-Za-z_][A-Za-z0-9_]{0,62})?$")
 
 
 def upsert_vectors(store: Store, job_name: str, url: str, table: str) -> dict[str, Any]:
     """Upsert the job's succeeded vectors into `table` at `url`, keyed by the business key:
-    a row is written only where its vector or model changed. The table is made if missing:
-    `id text primary key, embedding vector(n)` where the pgvector extension is installed in
-    that database (else `float4[]`), `model text, custom_id text, updated_at timestamptz`."""
+    a row is written only where its vector, model or source_changed changed. The table is made
+    if missing: `id text primary key, embedding vector(n)` where the pgvector extension is
+    installed in that database (else `float4[]`), `model text, custom_id text, updated_at
+    timestamptz, source_changed boolean` (true: the vector is for the row's old text; null:
+    not known); a table made before source_changed gets the column."""
     import sqlalchemy as sa
 
     if not TABLE_NAME.match(table):
@@ -226,6 +277,8 @@ def upsert_vectors(store: Store, job_name: str, url: str, table: str) -> dict[st
         job = get_job(conn, job_name)
     spec = stored_spec(job.spec)
     n = _dimensions(store, job.id)
+    changed = changed_rows(store, job_name)
+    marked = 0
     quoted = ".".join(f'"{part}"' for part in table.split("."))
     engine = sa.create_engine(url if "+" in url.split("://", 1)[0] else url.replace("postgresql://", "postgresql+psycopg://", 1))
     written = 0
@@ -235,19 +288,24 @@ def upsert_vectors(store: Store, job_name: str, url: str, table: str) -> dict[st
             column = f"vector({n})" if pgvector and n else "float4[]"
             pg.execute(sa.text(f"create table if not exists {quoted} (id text primary key, embedding {column} not null, "
                                "model text not null, custom_id text not null, updated_at timestamptz not null default now())"))  # fmt: skip
+            pg.execute(sa.text(f"alter table {quoted} add column if not exists source_changed boolean"))
             cast = "cast(:embedding as vector)" if pgvector and n else "cast(:embedding as float4[])"
             upsert = sa.text(
-                f"insert into {quoted} as t (id, embedding, model, custom_id) values (:id, {cast}, :model, :custom_id) "
+                f"insert into {quoted} as t (id, embedding, model, custom_id, source_changed) "
+                f"values (:id, {cast}, :model, :custom_id, :source_changed) "
                 "on conflict (id) do update set embedding = excluded.embedding, model = excluded.model, "
-                "custom_id = excluded.custom_id, updated_at = now() "
-                "where t.embedding is distinct from excluded.embedding or t.model is distinct from excluded.model"
+                "custom_id = excluded.custom_id, source_changed = excluded.source_changed, updated_at = now() "
+                "where t.embedding is distinct from excluded.embedding or t.model is distinct from excluded.model "
+                "or t.source_changed is distinct from excluded.source_changed"
             )
             batch: list[dict[str, Any]] = []
-            for row in vector_rows(store, job.id):
+            for row in vector_rows(store, job.id, changed):
                 if row.vector is None:
                     continue
+                marked += bool(row.changed)
                 text = json.dumps(row.vector) if pgvector and n else "{" + ",".join(map(repr, row.vector)) + "}"
-                batch.append({"id": row.key, "embedding": text, "model": spec.model, "custom_id": row.custom_id})
+                batch.append({"id": row.key, "embedding": text, "model": spec.model, "custom_id": row.custom_id,
+                              "source_changed": row.changed})  # fmt: skip
                 if len(batch) >= PAGE:
                     written += pg.execute(upsert, batch).rowcount
                     batch = []
@@ -255,4 +313,4 @@ def upsert_vectors(store: Store, job_name: str, url: str, table: str) -> dict[st
                 written += pg.execute(upsert, batch).rowcount
     finally:
         engine.dispose()
-    return {"table": table, "column": column, "changed": written}
+    return {"table": table, "column": column, "changed": written, "source_changed": marked}
