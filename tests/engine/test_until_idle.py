@@ -79,3 +79,31 @@ def test_a_chunk_whose_create_failed_keeps_until_idle_going_until_it_is_sent(ser
     assert seen[2][0] == 1 and seen[2][1] is not None  # sent: its poll is what is due now
     with store.begin() as conn:
         assert conn.execute(sa.select(dispatches.c.state)).scalar_one() == "submitted"
+
+
+def test_a_job_deleted_while_a_tick_works_on_the_others_is_left_be(store, tmp_path, monkeypatch):
+    """`lowtide delete` of a job with nothing in flight is allowed while a worker runs; when it
+    landed after the worker's tick had read its jobs, the tick's `finish` of that job found no
+    row (NoResultFound) and the worker ended, "unexpected error", exit 3. The tick goes on
+    with the other jobs and leaves the deleted one be."""
+    from lowtide.engine.control import job_status
+    from lowtide.engine.retention import delete_job
+
+    clock = ManualClock()
+    for name in ("a", "b"):
+        load_job(store, make_spec(write_csv(tmp_path / f"{name}.csv", ticket_rows(3)), name=name), clock)
+    read = Engine._jobs
+
+    def read_then_delete(engine, job_name):  # the jobs as the tick read them, then b deleted by the operator
+        found = read(engine, job_name)
+        delete_job(store, "b", clock)
+        return found
+
+    monkeypatch.setattr(Engine, "_jobs", read_then_delete)
+
+    async def go():
+        async with Engine(store, clock) as engine:
+            return await engine.tick()
+
+    report = asyncio.run(go())
+    assert report.finished == ["a"] and job_status(store, "a").counts == {"succeeded": 3}

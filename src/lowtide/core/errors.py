@@ -97,3 +97,8 @@ class MissingStoreError(StoreError):
 
 class JobNotFoundError(LowtideError):
     """No job of that name is in the store."""
+
+
+class JobGone(JobNotFoundError):
+    """A job deleted while a worker was working on it (`lowtide delete` of a job with nothing
+    in flight, between two of the worker's transactions): the worker leaves it be."""

@@ -18,6 +18,7 @@ Any process may die at any point; the next tick continues from the store alone.
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import socket
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import func, or_, select
 
 from lowtide.core.clock import Clock, SystemClock
+from lowtide.core.errors import JobGone
 from lowtide.core.spec import stored_spec
 from lowtide.core.states import DispatchState, JobState, RequestState
 from lowtide.engine import batches, fate, notify, tiers
@@ -43,6 +45,7 @@ from lowtide.store.transitions import lock_job, move_dispatch, move_job
 
 LIVE = (RequestState.PENDING.value, RequestState.DISPATCHED.value)
 RESEND_WAIT = 5.0  # seconds before a chunk whose create failed is tried again by an idle worker (`next_due`)
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -121,21 +124,28 @@ class Engine:
         report = TickReport()
         report.reclaimed = self.reclaim()
         for job in self._jobs(job_name):
-            report.deadline_failed += self.enforce_deadline(job)
-            lanes = [(lane, self.route_for(lane)) for lane in job.lanes]
-            if job.spec.fallback is not None:
-                main = lanes[0][1]
-                report.to_fallback += cut_over(self.store, job, main.kind, main.name, self.clock).to_fallback
-            elif job.spec.chain:
-                report.to_fallback += tiers.step(self.store, job, [route.kind for _, route in lanes], self.clock)
-            # A tier past its hand-over takes no new work (what ingest hands it now goes up at the next tick).
-            handed_over = tiers.handed_over(job.spec, self.clock.now())
-            for lane, route in lanes:
-                await self._work(job, lane, route, report, takes_work=lane.name not in handed_over)
-            if self.finish(job):
-                report.finished.append(job.name)
+            try:
+                await self._turn(job, report)
+            except JobGone:  # deleted since this tick read it (`lowtide delete`: nothing of it was in flight)
+                log.info("job %s was deleted while this worker ticked it; leaving it", job.name)
         report.notifying = len(self.notifier.start_due(job_name))
         return report
+
+    async def _turn(self, job: JobContext, report: TickReport) -> None:
+        """One job's part of a tick."""
+        report.deadline_failed += self.enforce_deadline(job)
+        lanes = [(lane, self.route_for(lane)) for lane in job.lanes]
+        if job.spec.fallback is not None:
+            main = lanes[0][1]
+            report.to_fallback += cut_over(self.store, job, main.kind, main.name, self.clock).to_fallback
+        elif job.spec.chain:
+            report.to_fallback += tiers.step(self.store, job, [route.kind for _, route in lanes], self.clock)
+        # A tier past its hand-over takes no new work (what ingest hands it now goes up at the next tick).
+        handed_over = tiers.handed_over(job.spec, self.clock.now())
+        for lane, route in lanes:
+            await self._work(job, lane, route, report, takes_work=lane.name not in handed_over)
+        if self.finish(job):
+            report.finished.append(job.name)
 
     async def _work(self, job: JobContext, lane: Lane, route: Route, report: TickReport, takes_work: bool = True) -> None:
         """The steps of one lane of a job: plan, submit and poll batches; or run directly.

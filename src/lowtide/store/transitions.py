@@ -9,6 +9,7 @@ from typing import Any
 
 from sqlalchemy import ColumnElement, Connection, bindparam, select, update
 
+from lowtide.core.errors import JobGone
 from lowtide.core.states import (
     DISPATCH_TRANSITIONS,
     JOB_TRANSITIONS,
@@ -111,7 +112,10 @@ def lock_job(conn: Connection, job_id: int) -> str:
     stmt = select(jobs.c.state).where(jobs.c.id == job_id)
     if conn.dialect.name == "postgresql":
         stmt = stmt.with_for_update(key_share=True)
-    return conn.execute(stmt).scalar_one()
+    state = conn.execute(stmt).scalar_one_or_none()
+    if state is None:
+        raise JobGone(f"job {job_id} is no longer in the store (deleted)")
+    return state
 
 
 def move_job(conn: Connection, job_id: int, target: JobState, **values: Any) -> bool:
