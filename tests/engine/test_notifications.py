@@ -495,3 +495,22 @@ def test_a_host_that_resolves_to_loopback_or_an_unset_secret_is_refused_before_a
     )
     with store.begin() as conn:  # nothing stored
         assert conn.execute(sa.select(sa.func.count()).select_from(jobs)).scalar_one() == 0
+
+
+def test_until_idle_waits_for_a_delivery_in_flight_and_the_retry_it_schedules(store, clock, tmp_path, receiver):
+    """`worker --until-idle` stopped once nothing was due *for it to start*: a delivery in
+    flight was not counted, so it ended with that attempt's retry (a 503) never sent, and
+    deliveries waiting for a busy receiver's slot never started (docs/notifications.md:
+    it keeps going while notifications are due)."""
+    from lowtide.engine.runner import work
+
+    receiver.answers = [503]
+    load_job(store, _spec(tmp_path, _notify(receiver.url(), backoff_seconds=0)), clock)
+
+    async def go():
+        async with Engine(store, clock, seed=1) as engine:
+            await asyncio.wait_for(work(engine, stop_when_idle=True), timeout=60)  # (a safety net, not a timing)
+
+    asyncio.run(go())
+    assert [h.headers["x-lowtide-attempt"] for h in receiver.hits] == ["1", "2"]
+    assert [(row.state, row.attempts) for row in _outbox(store)] == [("delivered", 2)]

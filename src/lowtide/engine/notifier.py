@@ -76,6 +76,12 @@ class Notifier:
         self._timeouts: dict[str, float] = {}
 
     @property
+    def holding(self) -> int:
+        """Attempts this engine started and has not let go of (an ended one leaves a loop turn
+        later): while any is held, `next_due` cannot see its delivery nor its receiver's slot."""
+        return len(self._tasks)
+
+    @property
     def in_flight(self) -> int:
         # Not len(_tasks): a task leaves it by a done-callback one loop turn after it ended,
         # and an attempt that has recorded its outcome is no longer in flight.

@@ -67,6 +67,9 @@ async def work(
             return
         if not report.busy:
             if stop_when_idle and engine.next_due() is None:
+                if engine.notifier.holding:  # attempts on their way: a retry they schedule, or one waiting for their slot, is due yet
+                    await engine.notifier.settle()
+                    continue
                 return
             await asyncio.sleep(_idle_wait(engine, None))
 
