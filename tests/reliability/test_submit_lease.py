@@ -14,6 +14,7 @@ import asyncio
 import time
 
 import openai
+import pytest
 import sqlalchemy as sa
 
 from lowtide.core.clock import ManualClock
@@ -167,13 +168,17 @@ def test_a_create_that_lands_after_a_takeover_is_cancelled_and_booked_not_submit
     assert len(applied) == 4 and {(s, p) for s, _, p in applied} == {(RequestState.SUCCEEDED, theirs)}
 
 
-def test_a_create_refused_after_a_takeover_fails_nothing_the_other_worker_sent(serve, store, tmp_path):
+@pytest.mark.parametrize("status, said", [(400, "batch_rejected"), (500, "submit_error")])
+def test_a_create_that_fails_after_a_takeover_leaves_the_other_workers_chunk_alone(serve, store, tmp_path, status, said):
     """Worker A stalls past its lease while its create is on its way; worker B takes the chunk
-    over and sends it. The provider then refuses A's create: A failed the chunk's requests
-    (batch_rejected, for good) though they were in B's batch, which then ran for nothing.
-    Now the refusal is A's alone: the chunk is B's, its requests answered by B's batch."""
+    over and sends it. A's create then fails, the chunk being B's by now:
+    - refused (400): A failed the chunk's requests for good (batch_rejected), though they were
+      in B's batch, which then ran for nothing;
+    - failed transiently (500): A cleared the chunk's lease and wrote its error on it (a third
+      worker could have taken over B's create).
+    Now the failure is A's alone: the chunk is B's, its requests answered by B's batch."""
     plan = tmp_path / "faults.yaml"
-    plan.write_text(f'http:\n  - match: "POST /v1/batches"\n    calls: [1]\n    delay: {HELD}\n    status: 400\n')
+    plan.write_text(f'http:\n  - match: "POST /v1/batches"\n    calls: [1]\n    delay: {HELD}\n    status: {status}\n')
     url = serve("--faults", str(plan))
     clock_a = ManualClock(time.time())
     clock_b = ManualClock(clock_a.now() + SUBMIT_LEASE + 60)
@@ -185,46 +190,22 @@ def test_a_create_refused_after_a_takeover_fails_nothing_the_other_worker_sent(s
             sending = asyncio.create_task(a.tick("tickets"))
             await _until(lambda: _dispatch(store)[1] == DispatchState.SUBMITTING, "worker A to begin sending")
             b_sent = (await b.tick("tickets")).submitted  # A's lease has run out by B's clock
-            a_sent = (await sending).submitted  # ... and A's create is refused
+            a_sent = (await sending).submitted  # ... and A's create fails
+            error = _error(store)  # before B's polls, which write their own
             await _to_the_end(b, clock_b)
-            return a_sent, b_sent
+            return a_sent, b_sent, error
 
     try:
-        a_sent, b_sent = asyncio.run(go())
+        a_sent, b_sent, error = asyncio.run(go())
     finally:
         other.close()
     with store.begin() as conn:
         states = conn.execute(sa.select(requests.c.state, requests.c.error_code)).all()
-    assert (a_sent, b_sent) == (0, 1)
+    assert (a_sent, b_sent, error) == (0, 1, None)
     assert states == [(RequestState.SUCCEEDED, None)] * 4
-    assert _events(store, "batch_rejected") == []
+    assert _events(store, said) == []
 
 
-def test_a_create_that_fails_after_a_takeover_leaves_the_other_workers_chunk_alone(serve, store, tmp_path):
-    """Worker A stalls past its lease while its create is on its way; worker B takes the chunk
-    over and sends it. A's create then fails (a 500): A cleared the chunk's lease and wrote its
-    error on it, though the chunk was B's (a third worker could have taken over B's create)."""
-    plan = tmp_path / "faults.yaml"
-    plan.write_text(f'http:\n  - match: "POST /v1/batches"\n    calls: [1]\n    delay: {HELD}\n    status: 500\n')
-    url = serve("--faults", str(plan))
-    clock_a = ManualClock(time.time())
-    clock_b = ManualClock(clock_a.now() + SUBMIT_LEASE + 60)
-    _job(store, tmp_path, url, clock_a)
-    other = Store(store.location)
-
-    async def go():
-        async with Engine(store, clock_a) as a, Engine(other, clock_b) as b:
-            sending = asyncio.create_task(a.tick("tickets"))
-            await _until(lambda: _dispatch(store)[1] == DispatchState.SUBMITTING, "worker A to begin sending")
-            b_sent = (await b.tick("tickets")).submitted
-            a_sent = (await sending).submitted
-            return a_sent, b_sent
-
-    try:
-        a_sent, b_sent = asyncio.run(go())
-    finally:
-        other.close()
+def _error(store) -> str | None:
     with store.begin() as conn:
-        error = conn.execute(sa.select(dispatches.c.error)).scalar_one()
-    assert (a_sent, b_sent) == (0, 1)
-    assert error is None and _events(store, "submit_error") == []
+        return conn.execute(sa.select(dispatches.c.error).order_by(dispatches.c.id)).scalars().first()
