@@ -128,24 +128,7 @@ def test_a_create_that_lands_after_a_takeover_is_cancelled_and_booked_not_submit
     after: a second batch of the same requests. A does not say `submitted`; it records the
     batch as a duplicate, cancels it at the provider, and its bill is booked, never applied."""
     url = _held_serve(serve, tmp_path)
-    clock_a = ManualClock(time.time())
-    clock_b = ManualClock(clock_a.now() + SUBMIT_LEASE + 60)
-    _job(store, tmp_path, url, clock_a)
-    other = Store(store.location)
-
-    async def go():
-        async with Engine(store, clock_a) as a, Engine(other, clock_b) as b:
-            sending = asyncio.create_task(a.tick("tickets"))
-            await _until(lambda: _dispatch(store)[1] == DispatchState.SUBMITTING, "worker A to begin sending")
-            b_sent = (await b.tick("tickets")).submitted  # A's lease has run out by B's clock
-            a_sent = (await sending).submitted
-            await _to_the_end(b, clock_b)  # B brings its batch in; the duplicate ends cancelled
-            return a_sent, b_sent
-
-    try:
-        a_sent, b_sent = asyncio.run(go())
-    finally:
-        other.close()
+    a_sent, b_sent, _ = _taken_over(store, tmp_path, url)  # B brings its batch in; the duplicate ends cancelled
     key = _dispatch(store)[0]
     batches = {i: status for i, k, status in _provider_batches(url) if k == key}
     with store.begin() as conn:
@@ -179,7 +162,19 @@ def test_a_create_that_fails_after_a_takeover_leaves_the_other_workers_chunk_alo
     Now the failure is A's alone: the chunk is B's, its requests answered by B's batch."""
     plan = tmp_path / "faults.yaml"
     plan.write_text(f'http:\n  - match: "POST /v1/batches"\n    calls: [1]\n    delay: {HELD}\n    status: {status}\n')
-    url = serve("--faults", str(plan))
+    a_sent, b_sent, error = _taken_over(store, tmp_path, serve("--faults", str(plan)))
+    with store.begin() as conn:
+        states = conn.execute(sa.select(requests.c.state, requests.c.error_code)).all()
+    assert (a_sent, b_sent, error) == (0, 1, None)
+    assert states == [(RequestState.SUCCEEDED, None)] * 4
+    assert _events(store, said) == []
+
+
+def _taken_over(store, tmp_path, url: str) -> tuple[int, int, str | None]:
+    """Worker A begins sending the chunk and stalls (its clock, and so its heartbeat, stands
+    still: a process paused, a machine asleep) past its lease, while worker B's clock runs
+    on: B takes the chunk over and sends it; then A's create ends, and B brings its batch in.
+    (What A sent, what B sent, the chunk's error as A's create left it.)"""
     clock_a = ManualClock(time.time())
     clock_b = ManualClock(clock_a.now() + SUBMIT_LEASE + 60)
     _job(store, tmp_path, url, clock_a)
@@ -190,22 +185,13 @@ def test_a_create_that_fails_after_a_takeover_leaves_the_other_workers_chunk_alo
             sending = asyncio.create_task(a.tick("tickets"))
             await _until(lambda: _dispatch(store)[1] == DispatchState.SUBMITTING, "worker A to begin sending")
             b_sent = (await b.tick("tickets")).submitted  # A's lease has run out by B's clock
-            a_sent = (await sending).submitted  # ... and A's create fails
-            error = _error(store)  # before B's polls, which write their own
+            a_sent = (await sending).submitted
+            with store.begin() as conn:  # before B's polls, which write their own
+                error = conn.execute(sa.select(dispatches.c.error).order_by(dispatches.c.id)).scalars().first()
             await _to_the_end(b, clock_b)
             return a_sent, b_sent, error
 
     try:
-        a_sent, b_sent, error = asyncio.run(go())
+        return asyncio.run(go())
     finally:
         other.close()
-    with store.begin() as conn:
-        states = conn.execute(sa.select(requests.c.state, requests.c.error_code)).all()
-    assert (a_sent, b_sent, error) == (0, 1, None)
-    assert states == [(RequestState.SUCCEEDED, None)] * 4
-    assert _events(store, said) == []
-
-
-def _error(store) -> str | None:
-    with store.begin() as conn:
-        return conn.execute(sa.select(dispatches.c.error).order_by(dispatches.c.id)).scalars().first()
