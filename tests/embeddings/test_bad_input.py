@@ -97,6 +97,16 @@ def test_a_parameter_the_sdk_does_not_know_is_refused_by_name(tmp_path):
     assert '"normalize" is not a parameter of /v1/embeddings' in str(err.value) and "dimensions, encoding_format, user" in str(err.value)
 
 
+@pytest.mark.parametrize("route", ["echo", "openai-batch"])
+@pytest.mark.parametrize("key", ["max_tokens", "max_completion_tokens", "prompt"])
+def test_a_key_of_text_generation_is_refused_on_any_route(tmp_path, route, key):
+    """On a route that carries keys the SDK does not declare (openai-batch: a new field
+    reaches the provider), a text generation key was carried too: every request of the job
+    then failed at the provider, which takes no `max_tokens` for an embedding."""
+    with pytest.raises(InputError, match=rf'"{key}" is not a parameter of /v1/embeddings'):
+        build_spec(embed_spec(tmp_path / "d.csv", route=route, params={key: 16}))
+
+
 def test_a_wrong_length_vector_from_the_backend_fails_its_rows(serve, tmp_path):  # noqa: F811
     # The upstream runs every request as another model (`--model`): echo then makes 16
     # numbers, where text-embedding-3-small's vectors have 1536.

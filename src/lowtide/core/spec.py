@@ -621,6 +621,13 @@ class JobSpec(_Strict):
         problem = check_dimensions(self.model, self.params.get("dimensions"))
         if problem:
             raise ValueError(problem)
+        # Keys of text generation, carried by OpenAI's routes as unknown keys, would only be
+        # refused by the provider, every request of the job failing (an estimate's advice once
+        # named max_tokens).
+        for key in ("messages", "prompt", *OUTPUT_LIMITS):
+            if key in self.params or key in self.param_columns:
+                raise ValueError(f'"{key}" is not a parameter of {EMBEDDINGS} (it takes `input`, made by the template, '
+                                 "`model`, `dimensions` and `encoding_format`): remove it")
         return self
 
     @model_validator(mode="after")
