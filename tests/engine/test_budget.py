@@ -286,6 +286,15 @@ def test_a_rows_own_output_limit_from_param_columns_is_what_its_request_is_estim
 
 
 @pytest.mark.usefixtures("provider_key")
+def test_a_budget_takes_rows_that_bring_their_only_output_limit(store, tmp_path):
+    # Every row's limit in its own cell, none in params: the spec was refused ("budget_usd
+    # needs an output limit"), though each request is estimated at its own limit.
+    rows = [{"ticket_id": f"T{i}", "body": "x" * 40, "mt": mt} for i, mt in enumerate((300, 20))]
+    est = _loaded_estimate(store, tmp_path, rows, params={"max_tokens": None}, param_columns={"max_tokens": "mt"}, budget_usd="5")
+    assert (est.output_tokens, est.note) == (300 + 20, "")
+
+
+@pytest.mark.usefixtures("provider_key")
 def test_a_rows_own_n_from_param_columns_multiplies_its_output_limit(store, tmp_path):
     rows = [{"ticket_id": f"T{i}", "body": "x" * 40, "n": n} for i, n in enumerate((1, 4))]
     est = _loaded_estimate(store, tmp_path, rows, params={"max_tokens": 10}, param_columns={"n": "n"}, budget_usd="5")

@@ -662,11 +662,16 @@ class JobSpec(_Strict):
 
     @model_validator(mode="after")
     def _bounded_budget(self) -> JobSpec:
-        if (self.budget_usd is not None and self.output_limit is None and self.template.messages_column is None
+        # Rows that bring their own limit (a conversation, a whole body, a `param_columns` limit)
+        # are estimated at it, each (engine/budget.py); one that brings none stops the budget there.
+        rows_limit = (self.template.messages_column is not None or self.template.body_column is not None
+                      or any(key in self.param_columns for key in OUTPUT_LIMITS))  # fmt: skip
+        if (self.budget_usd is not None and self.output_limit is None and not rows_limit
                 and self.request_endpoint not in NO_TEXT):  # an embedding or a moderation has no output tokens
             raise ValueError(
                 "budget_usd needs an output limit to estimate against: set params.max_tokens "
-                "(or max_completion_tokens / max_output_tokens); without one an answer's cost has no bound"
+                "(or max_completion_tokens / max_output_tokens), or give each row its own (param_columns); "
+                "without one an answer's cost has no bound"
             )
         return self
 
