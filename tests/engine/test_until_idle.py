@@ -45,6 +45,26 @@ def test_a_create_another_live_process_holds_keeps_until_idle_going(store, tmp_p
 
 
 
+def test_a_direct_dispatch_another_live_process_runs_keeps_until_idle_going(store, tmp_path):
+    """Another worker's direct dispatch (its calls in flight under a lease): counted as the
+    create above is, so an `--until-idle` worker is still there to take its requests back
+    should that worker die. It stopped, nothing else being due."""
+    clock = ManualClock()
+    load_job(store, make_spec(write_csv(tmp_path / "t.csv", ticket_rows(3))), clock)
+    lease_until = clock.now() + 120
+    other = f"{socket.gethostname()}:{os.getppid()}:another-worker"  # a process that is alive
+    with store.begin() as conn:  # as that worker's claim leaves the job: every request in its dispatch
+        conn.execute(sa.insert(dispatches).values(job_id=1, route="echo", kind="direct", key="k", state="running", size=3,
+                                                  created_at=clock.now(), owner=other, lease_until=lease_until))  # fmt: skip
+        conn.execute(sa.text("UPDATE requests SET state = 'dispatched', dispatch_id = 1"))
+
+    async def go() -> float | None:
+        async with Engine(store, clock) as engine:
+            return engine.next_due()
+
+    assert asyncio.run(go()) == lease_until
+
+
 def test_a_chunk_whose_create_failed_keeps_until_idle_going_until_it_is_sent(serve, store, tmp_path):  # noqa: F811
     """A create the provider answered with a 500 lets its lease go (the next tick finds or
     sends the chunk again), and `next_due` counted only a create under a running lease:
