@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import orjson
-from sqlalchemy import Connection, func, select
+from sqlalchemy import Connection, Insert, bindparam, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 
 from lowtide.core import fastjson, gemini_schema, shapes
@@ -69,7 +69,7 @@ from lowtide.engine.preflight import check_model, check_prices
 from lowtide.engine.versions import IdWatch, Newest, repeated_rows, row_id
 from lowtide.engine.watermarks import check_forward, save_watermark, stored_watermark
 from lowtide.routes import create_route
-from lowtide.store.bulk import executemany
+from lowtide.store.bulk import executemany, fixed
 from lowtide.store.db import Store
 from lowtide.store.queries import LIVE_DISPATCH_STATES, add_event, save_job
 from lowtide.store.schema import dispatches, jobs, requests
@@ -505,8 +505,6 @@ def _load(
     read_after = None if requeue_changed else after
     template, source = check_job(spec, where, read_after)
     render = RowRenderer(spec, template, source, routes_checked)
-    insert_requests = (postgresql.insert if not store.is_sqlite else sqlite.insert)(requests)
-    insert_requests = insert_requests.on_conflict_do_nothing(index_elements=["job_id", "custom_id"])
     now = clock.now()
     with store.begin() as conn:
         stored_spec = _stored_spec(conn, spec.name)
@@ -523,6 +521,7 @@ def _load(
             add_event(conn, job_id, "route_choice", choice.reason, now)
         budget.resume(conn, job_id, spec.budget_usd, now)  # a budget_exhausted job, submitted again
         before = _count(conn, job_id)
+        insert_requests = _insert_requests(conn, job_id)
         ids = IdWatch()
         problems: list[str] = []
         refused: dict[str, list[int]] = {}  # refusal -> the rows it refuses
@@ -539,7 +538,6 @@ def _load(
                 elif isinstance(item, Refused):
                     refused.setdefault(item.message, []).append(item.row)
                 else:
-                    item.update(job_id=job_id, state=RequestState.PENDING.value, attempts=0, not_before=0.0)
                     good.append(item)
             total += len(chunk)
             for g in good:  # ids are watched even after a problem: duplicates are reported with the rest
@@ -593,6 +591,21 @@ def _load(
         job_id=job_id, created=created, rows=total, new=new, changed=changed.count, requeued=requeued,
         applied=changes.applied + (changes.altering if requeue_changed else []), watermark=mark.shown() if mark else None,
     )  # fmt: skip
+
+
+# The columns a rendered row gives (`RowRenderer.__call__`); the rest of a new request's are
+# the same in every row, written into the INSERT (`_insert_requests`).
+RENDERED_COLUMNS = ("custom_id", "source_key", "source_row", "payload", "model", "fingerprint")
+
+
+def _insert_requests(conn: Connection, job_id: int) -> Insert:
+    """The INSERT of a job's new requests, pending. What every row shares (the job, the state,
+    no attempts yet) is written into the SQL once rather than bound in each row; the model,
+    which comes from the spec, stays a bound parameter."""
+    insert = (postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert)(requests)
+    shared = {"job_id": job_id, "state": RequestState.PENDING.value, "attempts": 0, "not_before": 0.0}
+    insert = insert.values(**{c: fixed(conn, v) for c, v in shared.items()}, **{c: bindparam(c) for c in RENDERED_COLUMNS})
+    return insert.on_conflict_do_nothing(index_elements=["job_id", "custom_id"])
 
 
 def _refused(source: Source, refused: dict[str, list[int]]) -> list[str]:
