@@ -8,7 +8,13 @@ import re
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lowtide.core.ids import CUSTOM_ID_PATTERN, custom_id_for, legacy_custom_ids
+from lowtide.core.ids import (
+    CUSTOM_ID_PATTERN,
+    custom_id_for,
+    custom_id_of,
+    key_of,
+    legacy_custom_ids,
+)
 
 PATTERN = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 SAFE = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-"
@@ -108,3 +114,10 @@ def test_a_variants_legacy_id_keeps_the_variant():
     long = "y" * (room + 1)
     assert custom_id_for(long, variant) == "y" * (room - 17) + "-" + _sha1(long, 16) + "__gpt-v2"
     assert legacy_custom_ids(long, variant) == ["y" * (room - 9) + "-" + _sha1(long, 8) + "__gpt-v2"]
+
+
+@given(st.one_of(valid_keys, any_keys, st.sampled_from(["1.0", "-7.00", "a" * 64, "a" * 65, "٣", "é1", "ab c"])),
+       st.one_of(st.none(), st.sampled_from(["v2", "gpt-4o_mini"])))  # fmt: skip
+def test_custom_id_of_is_custom_id_for_of_key_of(text, variant):
+    """The loader's short way (an id of ASCII letters and digits is its own) equals the long way."""
+    assert custom_id_of(text, variant) == custom_id_for(key_of(text), variant)

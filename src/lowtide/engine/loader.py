@@ -50,7 +50,7 @@ from lowtide.core.endpoints import (
 )
 from lowtide.core.errors import RouteError, SourceError, SpecError, UnknownRouteError
 from lowtide.core.fastjson import is_utf8
-from lowtide.core.ids import custom_id_for, key_of
+from lowtide.core.ids import custom_id_of
 from lowtide.core.native_schema import anthropic_structured, ask_of, choice_tokens, with_ask
 from lowtide.core.params import cast, check_row
 from lowtide.core.sources import Source, SourceRow, Watermark, source_of
@@ -183,7 +183,8 @@ class RowRenderer:
             values = {**self.optional, **values}
         for var, used_at in self.required.items():
             value = values.get(var, ...)  # a missing key is the template's error to name
-            if value is None or (value.__class__ is str and not value.strip()):
+            # (`not value or value.isspace()`: `not value.strip()` without copying the text)
+            if value is None or (value.__class__ is str and (not value or value.isspace())):
                 return (
                     f'{self.where(row)}: column "{var}" is empty; the template uses it ({used_at}). '
                     "Fill it in, or list it in source.optional_columns"
@@ -218,13 +219,13 @@ class RowRenderer:
                 return Refused(refused, row.number)
         self.carried.see(body)
         if fixed:  # the fixed part of the payload is serialised once per job, not once per row
-            payload = self.prefix + _dumps(body[self.conversation]) + "}}"
+            payload = f"{self.prefix}{_dumps(body[self.conversation])}}}}}"  # one string built, not two
         else:
             payload = _dumps({"endpoint": self.endpoint} | ({"lowtide": self.own} if self.own else {}) | {"body": body})
         if not payload.isascii() and not is_utf8(payload):  # a JSON "\ud800" in a cell: no store can keep it
             return self.surrogate(values, row)
         return {
-            "custom_id": custom_id_for(key_of(key), self.variant), "source_key": key, "source_row": row.number,
+            "custom_id": custom_id_of(key, self.variant), "source_key": key, "source_row": row.number,
             "payload": payload, "model": self.model, "fingerprint": self.fingerprint(values, files),
         }  # fmt: skip
 
