@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Row, Select, and_, case, null, or_, select
+from sqlalchemy import Integer, Row, Select, and_, case, null, or_, select, type_coerce
 
 from lowtide.core import fastjson
 from lowtide.core.errors import LowtideError
@@ -288,6 +288,9 @@ class ResultRows(ResultColumns):
         # Every succeeded request was stored with a response: one left with no response, text
         # or parsed answer lost them to a prune (--keep-results too, for an answer of tool calls alone).
         dropped = and_(cols.state == RequestState.SUCCEEDED.value, cols.response.is_(None), cols.output.is_(None), cols.parsed.is_(None))
+        # Read as the driver gives it (SQLite: 0 or 1), only ever asked whether true: a
+        # Boolean's result processor, a Python call per row, cost a fifth of the lookup.
+        dropped = type_coerce(dropped, Integer)
         return select(
             cols.custom_id, cols.state, cols.output, cols.parsed, cols.error_code, cols.error_message,
             cols.input_tokens, cols.output_tokens, cols.attempts, cols.route, cols.fingerprint,
