@@ -89,8 +89,14 @@ class ArrowLayout:
                 values = [v if v is None or v.__class__ is str else _text(v) for v in values]
             # A column with no value in the chunk (no tool calls anywhere, say) is made as
             # nulls: converting Nones to a nested type costs as much as real values.
-            columns[name] = pa.nulls(len(values), kind) if values.count(None) == len(values) else values
+            columns[name] = pa.nulls(len(values), kind) if _all_none(values) else values
         return pa.Table.from_pydict(columns, schema=self.schema)
+
+
+def _all_none(values: list[Any]) -> bool:
+    """Whether every value is None. A column whose first value is something is told at once:
+    counting its Nones compares every value with None, which costs half the conversion."""
+    return (not values or values[0] is None) and values.count(None) == len(values)
 
 
 def _all_text(values: list[Any]) -> bool:
