@@ -6,9 +6,13 @@ choices and schema, JSON asks, tools and tool choices on every endpoint):
   refusal, as the general reader (`_turn`);
 - echo reads a body's structure (JSON ask, tools, required call) once per distinct ask
   (`_structure`): the same plan, refusal and answer, byte for byte, as reading it afresh,
-  and never one ask's plan for another that only JSON text cannot tell apart."""
+  and never one ask's plan for another that only JSON text cannot tell apart;
+- echo tells a plain text chat (`text_chat`), and one asking lowtide's choice schema
+  (`choice_chat`), in a few lookups: the same refusal and answer as the general way."""
 
 from __future__ import annotations
+
+import zlib
 
 import pytest
 from hypothesis import event, given, settings
@@ -302,3 +306,85 @@ def test_a_text_chat_told_at_once_is_refused_and_answered_as_the_general_way_doe
         plan = echo.plan(request, answer == "instance")
         assert not isinstance(plan, Refusal) and plan.json is None and not plan.calls and plan.plain.n == 1
     event("told at once" if told is not None else "general")
+
+
+# Chat bodies at the edge of what `echo.choice_chat` tells at once: a text chat (as above)
+# asking lowtide's choice schema, or one a step from it (another shape of schema, format or
+# enum), with at most one other thing changed; lowtide's own choices the schema's or others.
+PICKS = ["billing", "technical", "account"]
+CHOICE_SCHEMA = {"type": "object", "properties": {"choice": {"type": "string", "enum": PICKS}}, "required": ["choice"],
+                 "additionalProperties": False}  # fmt: skip
+NEAR_SCHEMA = st.sampled_from([
+    CHOICE_SCHEMA,
+    CHOICE_SCHEMA | {"additionalProperties": True},
+    {k: v for k, v in CHOICE_SCHEMA.items() if k != "additionalProperties"},
+    CHOICE_SCHEMA | {"properties": {"choice": {"type": "string", "enum": ["Billing", "tech", "billing"]}}},
+    CHOICE_SCHEMA | {"properties": {"choice": {"type": "string", "enum": []}}},
+    CHOICE_SCHEMA | {"properties": {"choice": {"type": "string", "enum": ["a", 1]}}},
+    CHOICE_SCHEMA | {"properties": {"choice": {"type": "string", "enum": ("a", "b")}}},
+    CHOICE_SCHEMA | {"properties": {"choice": {"type": "string", "enum": PICKS}, "why": {"type": "string"}}},
+    CHOICE_SCHEMA | {"properties": {"choice": {"type": "string"}}},
+    CHOICE_SCHEMA | {"properties": {"choice": True}},
+    CHOICE_SCHEMA | {"required": ["choice", "why"]},
+    CHOICE_SCHEMA | {"required": ("choice",)},
+    CHOICE_SCHEMA | {"type": "array"},
+    {"type": "object", "properties": {"a": {"pattern": "x"}}},  # echo cannot make it
+    True, "not a schema",
+])  # fmt: skip
+NEAR_FORMAT = st.one_of(
+    st.builds(lambda s, strict, name: {"type": "json_schema", "json_schema": {"name": name, "schema": s, "strict": strict}},
+              NEAR_SCHEMA, st.one_of(st.booleans(), st.just(1)), st.sampled_from(["output", "x y"])),
+    st.builds(lambda s: {"type": "json_schema", "json_schema": {"schema": s}, "extra": 1}, NEAR_SCHEMA),
+    st.sampled_from([{"type": "json_schema", "json_schema": {"name": "output"}}, {"type": "json_schema", "json_schema": [CHOICE_SCHEMA]},
+                     {"type": "json_object"}, {"type": "text"}, {"type": "weird"}, None, [1]]),
+)  # fmt: skip
+CHOICE_CHAT = st.builds(
+    lambda cid, body, fmt, change, choices: _with_choices(_changed(cid, body | {"response_format": fmt}, change), choices),
+    TEXT, PLAIN_CHAT, NEAR_FORMAT, st.one_of(st.none(), st.none(), CHANGES), st.sampled_from([None, PICKS, ["account"], []]),
+)  # fmt: skip
+
+
+def _with_choices(request: Request, choices) -> Request:
+    if request.choices is None:  # (a change may have set its own)
+        request.choices = choices
+    return request
+
+
+def _text(user: str) -> list[dict[str, str]]:
+    return [{"role": "system", "content": "Pick one: billing, technical."}, {"role": "user", "content": user}]
+
+
+@settings(max_examples=1500, deadline=None)
+@given(request=st.one_of(CHOICE_CHAT, CHOICE_CHAT, TEXT_CHAT, STRUCTURED), answer=st.sampled_from(["instance", "message"]))
+def test_a_choice_chat_told_at_once_is_refused_and_answered_as_the_general_way_does(request, answer):
+    """`echo.choice_chat` takes a request only where the general way answers it with a choice
+    of the schema's enum, and the answer is the general way's byte for byte (the whole response
+    too): the first time and when the general way's plan is remembered."""
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(_replies, "time", _Frozen)
+        route = echo.EchoRoute({"answer": answer})
+        told = echo.choice_chat(request)
+        short = (_run(lambda: route.refusal(request)), _run(lambda: _said(route.outcome(request))))
+        m.setattr(echo, "choice_chat", lambda _request: None)  # the general way only
+        remembered = (_run(lambda: route.refusal(request)), _run(lambda: _said(route.outcome(request))))
+        m.setattr(echo, "chat_told", lambda _request, _instances=True: None)
+        general = _afresh(lambda: (_run(lambda: route.refusal(request)), _run(lambda: _said(route.outcome(request)))))
+    assert short == general == remembered
+    if told is not None and answer == "instance":
+        assert general[0] == ("ok", None) and general[1][0] == "ok"
+        plan = echo.plan(request)
+        assert not isinstance(plan, Refusal) and plan.picks == told[2] and not plan.calls and plan.plain.n == 1
+    event("told at once" if told is not None and answer == "instance" else "general")
+
+
+@pytest.mark.parametrize(("user", "picked"), [("my BILLING, then technical", "billing"), ("a technical fault", "technical"),
+                                              ("nothing", None), ("", None)])  # fmt: skip
+def test_a_choice_chat_answers_the_first_choice_named_else_one_by_its_custom_id(user, picked):
+    body = {"model": "m", "messages": _text(user), "response_format": {"type": "json_schema", "json_schema": {
+        "name": "output", "schema": CHOICE_SCHEMA, "strict": True}}, "max_tokens": 1}  # fmt: skip
+    request = Request("row-7", CHAT, body, ["other"])  # the schema's enum is answered, not the request's choices
+    assert echo.choice_chat(request) is not None
+    outcome = echo.EchoRoute({}).outcome(request)
+    choice = fastjson.loads(outcome.text)["choice"]
+    assert choice == (picked or PICKS[zlib.crc32(b"row-7") % len(PICKS)])
+    assert outcome.finish_reason == "stop" and outcome.response["choices"][0]["message"]["content"] == outcome.text

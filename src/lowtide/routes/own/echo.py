@@ -111,6 +111,41 @@ def text_chat(request: Request) -> tuple[str, int, int | None] | None:
     body = request.body
     if request.endpoint != CHAT or request.choices or request.response_schema is not None or not TEXT_CHAT_KEYS.issuperset(body):
         return None
+    return _plain_chat(body)
+
+
+# A rendered template of a job with choices: the text chat's keys and lowtide's own ask.
+CHOICE_CHAT_KEYS = TEXT_CHAT_KEYS | {"response_format"}
+
+
+def choice_chat(request: Request) -> tuple[str, int, list[str]] | None:
+    """For a chat request whose `response_format` is a json_schema of lowtide's choice shape
+    (`{"choice": <enum>}`, core/native_schema.py: what a job with `choices` sends) and that
+    nothing in it can refuse (otherwise as `text_chat`), told in a few lookups: its last user
+    turn, its input tokens and the schema's choices. Such a body asks nothing else of the
+    structure (no tools), so its plan is `Plan(plain, ask, None, [], picks)` and its answer
+    the choice picked from the schema's enum (never the request's own `choices`, as in
+    `replies`), never cut. None for any other request, which is planned the general way; echo
+    takes it only with `answer: instance`. The answer is the general way's, byte for byte
+    (tests/routes/test_echo_short_ways.py)."""
+    body = request.body
+    if request.endpoint != CHAT or not CHOICE_CHAT_KEYS.issuperset(body):
+        return None
+    fmt = body.get("response_format")
+    spec = fmt.get("json_schema") if fmt.__class__ is dict and fmt.get("type") == "json_schema" else None
+    if spec.__class__ is not dict or "schema" not in spec:
+        return None
+    picks = choices_of(spec["schema"])
+    if picks is None:
+        return None
+    told = _plain_chat(body)
+    if told is None:
+        return None
+    return told[0], told[1], picks
+
+
+def _plain_chat(body: dict[str, Any]) -> tuple[str, int, int | None] | None:
+    """What `text_chat` tells of a body of its keys: None where anything might be refused."""
     told = told_turns(body.get("messages"))
     if told is None:
         return None
@@ -384,6 +419,8 @@ class EchoRoute:
         if text_chat(request) is not None:  # nothing in it to refuse
             return None
         instances = self.answer == "instance"
+        if instances and choice_chat(request) is not None:  # nor in this
+            return None
         told = chat_told(request, instances)
         p = plan(request, instances) if told is None else told[0]
         return p if isinstance(p, Refusal) else None
@@ -401,6 +438,9 @@ class EchoRoute:
         if told is not None:
             return self._text_echo(request, *told)
         instances = self.answer == "instance"
+        picked = choice_chat(request) if instances else None
+        if picked is not None:
+            return self._choice_echo(request, *picked)
         told = chat_told(request, instances)
         if told is not None:
             p, last_user, input_tokens = told
@@ -426,6 +466,14 @@ class EchoRoute:
         usage = Usage(input_tokens=input_tokens, output_tokens=_tokens(text))
         reply = Reply(text=text, finish=finish, output_tokens=usage.output_tokens)
         return Outcome(request.custom_id, True, text=text, usage=usage, finish_reason=finish,
+                       response=reply_body(request, self.name, [reply], usage))  # fmt: skip
+
+    def _choice_echo(self, request: Request, last_user: str, input_tokens: int, picks: list[str]) -> Outcome:
+        """What `outcome` answers a `choice_chat` request: what `replies` makes of its plan."""
+        text = choice_text(answer(request, last_user, None, None, picks))
+        usage = Usage(input_tokens=input_tokens, output_tokens=_tokens(text))
+        reply = Reply(text=text, output_tokens=usage.output_tokens)
+        return Outcome(request.custom_id, True, text=text, usage=usage, finish_reason="stop",
                        response=reply_body(request, self.name, [reply], usage))  # fmt: skip
 
     async def execute(self, requests: Sequence[Request]) -> AsyncIterator[Outcome]:
