@@ -144,13 +144,91 @@ def _move_into(conn: Connection, dispatch_id: int, which: ColumnElement[bool], r
 def dispatched_requests(conn: Connection, dispatch_id: int, after: int = 0, limit: int | None = None) -> list[Request]:
     """The requests still in a dispatch (with ids above `after`), as the route should see them."""
     out = []
-    for rid, cid, payload, repair, attempt in conn.execute(dispatched_page(dispatch_id, after, limit)).all():
-        request = Request.from_payload(cid, fastjson.loads(payload), attempt)
+    rows = conn.execute(dispatched_page(dispatch_id, after, limit)).all()
+    payloads = PayloadReader() if len(rows) > 2 else None  # (learning the head costs two reads more)
+    for rid, cid, payload, repair, attempt in rows:
+        request = Request.from_payload(cid, fastjson.loads(payload) if payloads is None else payloads.read(payload), attempt)
         if repair:
             request.add_turns(fastjson.loads(repair))
         request.row_id = rid
         out.append(request)
     return out
+
+
+# A row's own part (its conversation) read apart holds fewer brackets than this: it and the
+# whole payload nest far less deep than either JSON reader stops at, so both read it alike.
+OWN_BRACKETS = 200
+
+
+class PayloadReader:
+    """Reads a page of one dispatch's stored payloads, each to what `fastjson.loads` makes of
+    it. A job's payloads are one text around each row's own part (engine/loader.py writes
+    `prefix + messages + "}}"`): the text before that part, the head, is read once, and of
+    each payload that starts with it only its own part. The head is learnt from the first
+    payload and proven before it is used: read with `0` and with `1` in the part's place, the
+    two differ at one place alone, the body's last key (so the part is a whole JSON value
+    there, and nothing around it changes). A payload that does not fit (another head, a part
+    that is not one value, too many brackets) is read whole, as before.
+
+    The rows share the head's values (the endpoint, lowtide's asks, the body's fixed keys
+    such as its JSON ask): no route changes a body's values in place (a body is copied before
+    it is changed: `Request.model`, `add_turns`). Each row's payload and body are its own dicts."""
+
+    def __init__(self) -> None:
+        self.head: str | None = None  # the text before a row's own part
+        self.skeleton: dict = {}  # the head read with `0` in the part's place
+        self.keys: tuple = ()  # where the part is: skeleton[keys[0]][keys[1]]
+        self.learnt = False
+
+    def read(self, text: str | bytes) -> object:
+        head = self.head
+        if head is not None and text.__class__ is str and text.startswith(head) and text.endswith("}}"):
+            own = text[len(head) : -2]
+            if own.count("[") + own.count("{") < OWN_BRACKETS:
+                try:
+                    value = fastjson.loads(own)
+                except ValueError:  # not one JSON value: the whole text says what it is
+                    pass
+                else:
+                    return self._with(value)
+        payload = fastjson.loads(text)
+        if not self.learnt:
+            self.learnt = True
+            self._learn(text, payload)
+        return payload
+
+    def _with(self, value: object) -> dict:
+        outer, inner = self.keys
+        body = dict(self.skeleton[outer])
+        body[inner] = value
+        payload = dict(self.skeleton)
+        payload[outer] = body
+        return payload
+
+    def _learn(self, text: str | bytes, payload: object) -> None:
+        """The head of `text` (read as `payload`), where it can be proven (see the class doc)."""
+        if text.__class__ is not str or payload.__class__ is not dict or not payload:
+            return
+        outer = next(reversed(payload))
+        body = payload[outer]
+        if body.__class__ is not dict or not body:
+            return
+        inner = next(reversed(body))
+        tail = fastjson.dumps(body[inner]) + "}}"
+        if not text.endswith(tail):
+            return
+        head = text[: -len(tail)]
+        if not head.rstrip().endswith(":"):  # the part must start a value, not end a number or a string
+            return
+        try:
+            zero, one = fastjson.loads(head + "0}}"), fastjson.loads(head + "1}}")
+        except ValueError:
+            return
+        if not all(read.__class__ is dict and read.get(outer).__class__ is dict for read in (zero, one)):
+            return
+        # The two texts differ in that token alone, so where their values differ is where it is.
+        if zero[outer].get(inner).__class__ is int and one[outer].get(inner).__class__ is int and (zero[outer][inner], one[outer][inner]) == (0, 1):
+            self.head, self.skeleton, self.keys = head, zero, (outer, inner)
 
 
 def dispatched_page(dispatch_id: int, after: int = 0, limit: int | None = None) -> Select:
