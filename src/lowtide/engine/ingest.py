@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from sqlalchemy import Connection, bindparam, select
 from sqlalchemy.dialects import postgresql, sqlite
@@ -33,6 +34,7 @@ from lowtide.store.bulk import among, executemany, fixed
 from lowtide.store.schema import attempts, requests
 from lowtide.store.transitions import lock_job
 
+DISPATCHED = RequestState.DISPATCHED.value
 TOKENS = ("input_tokens", "cached_input_tokens", "cache_write_tokens", "output_tokens", "reasoning_tokens")
 # What an outcome writes on its request: a success only these (its error columns are
 # cleared); any other outcome these and more (see `fate.after_outcome`). `plain_answer` goes
@@ -100,7 +102,6 @@ def apply_outcomes(
     options, lane_model = job.sent_as(route, lane)
     rates: dict[tuple[str, str | None], Rate] = {}  # (model, reported tier) -> rate, looked up once
     unknown_costs: dict[str, str] = {}  # model -> why its cost is unknown
-    dispatched = RequestState.DISPATCHED  # (an enum member's lookup costs, once per outcome)
     for outcome in outcomes:
         req = current.get(outcome.custom_id)
         if req is None:
@@ -109,7 +110,7 @@ def apply_outcomes(
         if req.id in seen:  # the same line twice, or the same file ingested again
             continue
         seen.add(req.id)
-        live = req.state == dispatched and req.dispatch_id == dispatch_id
+        live = req.state == DISPATCHED and req.dispatch_id == dispatch_id
         u = outcome.usage
         # Priced as what was sent: the request's own model (a fallback lane's where it ran
         # there), at the tier the provider reports, else the route's. Every stored request has
@@ -223,6 +224,23 @@ _COLS = (
 )  # fmt: skip
 
 
+class Current(NamedTuple):
+    """A request as an outcome finds it (`_COLS`). A plain tuple, not the SQLAlchemy row:
+    ingest reads several of its fields per outcome, and a row's attribute costs ten times a
+    tuple's (SQLAlchemy 2.1 checks the row's class for the name first)."""
+
+    id: int
+    custom_id: str
+    state: str
+    dispatch_id: int | None
+    attempts: int
+    repair: str | None
+    lane: str
+    lane_reason: str | None
+    lane_base_attempts: int
+    model: str | None
+
+
 def _lookup(conn: Connection, job_id: int, dispatch_id: int, outcomes, whole_dispatch: bool):
     """The requests the outcomes are for, and which of them already have an attempt from
     this dispatch. A request still waiting in this dispatch never has one (an attempt is
@@ -234,16 +252,16 @@ def _lookup(conn: Connection, job_id: int, dispatch_id: int, outcomes, whole_dis
         )
         if conn.dialect.name == "postgresql":
             live = live.with_for_update()
-        current = {r.custom_id: r for r in conn.execute(live).all()}
+        current = {r[1]: Current._make(r) for r in conn.execute(live)}
     others = list({o.custom_id for o in outcomes if o.custom_id not in current})
+    moved_on = []  # (those read by dispatch are all still in it)
     if others:
         stmt = select(*_COLS).where(requests.c.job_id == job_id, among(conn, requests.c.custom_id, others))
         if conn.dialect.name == "postgresql":
             stmt = stmt.with_for_update()
-        current.update({r.custom_id: r for r in conn.execute(stmt).all()})
-    moved_on = [
-        r.id for r in current.values() if not (r.state == RequestState.DISPATCHED and r.dispatch_id == dispatch_id)
-    ]
+        found = {r[1]: Current._make(r) for r in conn.execute(stmt)}
+        current.update(found)
+        moved_on = [r.id for r in found.values() if not (r.state == DISPATCHED and r.dispatch_id == dispatch_id)]
     seen = set()
     if moved_on:
         seen = set(
