@@ -454,7 +454,9 @@ class FileSource(Source):
                         yield number, line, None
                         line = reader.line_num + 1
                         continue
-                    yield number, line, dict(zip(header, record, strict=True))
+                    # not zip's `strict`: the width is checked above, and the keyword alone costs
+                    # more than the dict (a call with keywords takes zip's slow way)
+                    yield number, line, dict(zip(header, record))  # noqa: B905
                     line = reader.line_num + 1
             except csv.Error as err:  # the rows after it cannot be told apart: reading stops here
                 self._problem(f"{name} row {number + 1} (line {line}): {_csv_reason(err, reader.line_num)}")
