@@ -37,7 +37,7 @@ from sqlalchemy import Integer, Row, Select, and_, case, null, or_, select, type
 
 from lowtide.core import fastjson
 from lowtide.core.errors import LowtideError
-from lowtide.core.ids import custom_id_for, key_of, legacy_custom_ids
+from lowtide.core.ids import custom_id_of, key_of, legacy_custom_ids
 from lowtide.core.locations import location
 from lowtide.core.output_target import OutputTarget
 from lowtide.core.sources import source_of
@@ -180,7 +180,8 @@ class ResultRows(ResultColumns):
             if newest is not None:  # an older version of a row of an increment: its request is the newest's
                 chunk = [r for r in chunk if not newest.older(row_id(r.values, id_col, self.spec.variant), r.values)]
             keys = [str(r.values.get(id_col, "")).strip() for r in chunk]
-            ids = [custom_id_for(key_of(k), self.spec.variant) for k in keys]
+            variant = self.spec.variant
+            ids = [custom_id_of(k, variant) for k in keys]
             found = self._lookup(ids, keys)
             yield [(row, cid, found.get(cid)) for row, cid in zip(chunk, ids, strict=True)]
 
