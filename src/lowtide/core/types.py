@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
+
+from lowtide.core import fastjson
 
 
 @dataclass(slots=True)
@@ -176,7 +178,44 @@ class Outcome:
     # The provider's whole answer body (a chat completion, a response, a message), as it
     # came: everything it returned is kept (DESIGN invariant 8).
     response: dict[str, Any] | None = None
+    # `response` as the JSON text ingest stores, where the route wrote it so itself (a
+    # `WrittenOutcome`); None for any other outcome, whose `response` ingest writes.
+    written: ClassVar[str | None] = None
 
     @classmethod
     def failure(cls, custom_id: str, code: str, message: str, retryable: bool) -> Outcome:
         return cls(custom_id, False, error_code=code, error_message=message, retryable=retryable)
+
+
+# The slot that holds an outcome's `response` dict (a `WrittenOutcome` reads it under its own name).
+_RESPONSE_SLOT = Outcome.__dict__["response"]
+
+
+class WrittenOutcome(Outcome):
+    """A success whose answer is one chat completion choice of text alone (no tool call, no
+    logprobs, no refusal), which the route wrote as JSON text itself (`written`, exactly what
+    `fastjson.dumps(response)` writes) instead of building the dicts that ingest would then
+    write: echo's commonest answer (routes/replies.py `chat_text_written`). Ingest stores the
+    text as it is, and tells its plain record from `chat_finish` (the choice's finish_reason)
+    and that it has no tool call; `response` is read from the text only where something asks
+    for it (serve, a test), once. Assigning `response` replaces the written text."""
+
+    __slots__ = ("written", "chat_finish")
+
+    def __init__(self, custom_id: str, text: str, usage: Usage, finish_reason: str, written: str, chat_finish: str):
+        Outcome.__init__(self, custom_id, True, text=text, usage=usage, finish_reason=finish_reason)
+        self.written = written
+        self.chat_finish = chat_finish
+
+    @property  # type: ignore[override]
+    def response(self) -> dict[str, Any] | None:
+        value = _RESPONSE_SLOT.__get__(self)
+        if value is None and self.written is not None:
+            value = fastjson.loads(self.written)
+            _RESPONSE_SLOT.__set__(self, value)
+        return value
+
+    @response.setter
+    def response(self, value: dict[str, Any] | None) -> None:
+        _RESPONSE_SLOT.__set__(self, value)
+        self.written = None

@@ -80,6 +80,12 @@ def plain_record(response: Any) -> str | None:
     return None if finish is _NOT_PLAIN else _as_json(finish)
 
 
+def plain_chat_record(finish: str | None) -> str:
+    """`plain_record` of one chat choice of text alone whose finish_reason is `finish` (an
+    answer whose JSON text the route wrote itself: core/types.py `WrittenOutcome`)."""
+    return _as_json(finish)
+
+
 @lru_cache(maxsize=256)  # a job's answers share a handful of finish reasons
 def plain_values(record: str) -> dict[str, Any]:
     """The answer columns of a plain answer from its `plain_record` (shared: not to be changed)."""

@@ -27,7 +27,7 @@ from lowtide.core.outputs import (
 from lowtide.core.states import JobState, RequestState
 from lowtide.core.types import Outcome, Request
 from lowtide.engine import fate
-from lowtide.engine.answer_columns import plain_record
+from lowtide.engine.answer_columns import plain_chat_record, plain_record
 from lowtide.engine.context import JobContext
 from lowtide.engine.ledger import Rate, current_ledger, note_once
 from lowtide.store.bulk import among, executemany, fixed
@@ -92,7 +92,8 @@ def apply_outcomes(
     current, seen = _lookup(conn, job.id, dispatch_id, outcomes, whole_dispatch)
     # An answer that is a tool call is checked against the tools its request declared, read
     # from the stored body for those answers only (any other answer costs a few lookups).
-    calls = {o.custom_id: c for o in outcomes if o.ok and o.response is not None and (c := tool_calls(o.response))}
+    # An answer the route wrote as text (`Outcome.written`) is one of text alone: no call.
+    calls = {o.custom_id: c for o in outcomes if o.ok and o.written is None and o.response is not None and (c := tool_calls(o.response))}
     tools = _tools(conn, [current[cid].id for cid in calls if cid in current]) if calls else {}
     by_target: dict[RequestState, list[dict]] = {}
     attempt_rows = []
@@ -134,10 +135,15 @@ def apply_outcomes(
         if not live:
             counts.stale += 1
             continue
+        written = outcome.written
+        if written is None:
+            response = None if outcome.response is None else fastjson.dumps(outcome.response)
+            plain = plain_record(outcome.response)
+        else:  # the route wrote it (core/types.py `WrittenOutcome`): one chat choice of text alone
+            response, plain = written, plain_chat_record(outcome.chat_finish)
         row = {
             "_id": req.id, "output": unwrap_choice(outcome.text) if choices else outcome.text, "parsed": None, "input_tokens": u.input_tokens,
-            "response": None if outcome.response is None else fastjson.dumps(outcome.response),
-            "plain_answer": plain_record(outcome.response),
+            "response": response, "plain_answer": plain,
             "cached_input_tokens": u.cached_input_tokens, "cache_write_tokens": u.cache_write_tokens,
             "output_tokens": u.output_tokens, "reasoning_tokens": u.reasoning_tokens,
         }  # fmt: skip

@@ -19,6 +19,8 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from lowtide.core.endpoints import (
     CHAT,
     COMPLETIONS,
@@ -78,10 +80,14 @@ class Ids:
 
     @classmethod
     def own(cls, route: str, custom_id: str) -> Ids:
-        return cls(f"{route}{zlib.crc32(custom_id.encode()):08x}")
+        return cls(own_stem(route, custom_id))
 
     def __call__(self, prefix: str, i: int = 0) -> str:
         return f"{prefix}{self.stem}{i or ''}"
+
+
+def own_stem(route: str, custom_id: str) -> str:
+    return f"{route}{zlib.crc32(custom_id.encode()):08x}"
 
 
 def arguments_text(arguments: Any) -> str:
@@ -148,7 +154,7 @@ def text_body(request: Request, text: str, finish: str, usage: Usage, *, ids: Id
     return reply_body(request, "", [reply], usage, ids=ids, created=created)
 
 
-def _chat_finish(finish: str) -> str:
+def chat_finish(finish: str) -> str:
     return "stop" if finish == "stop_sequence" else finish
 
 
@@ -160,9 +166,33 @@ def _chat(request: Request, ids: Ids, replies: list[Reply], usage: Usage, create
             message["tool_calls"] = [{"id": ids("call_", i), "type": "function",
                                       "function": {"name": r.call.name, "arguments": arguments_text(r.call.arguments)}}]  # fmt: skip
         logprobs = None if r.logprobs is None else {"content": r.logprobs, "refusal": None}
-        choices.append({"index": i, "message": message, "finish_reason": _chat_finish(r.finish), "logprobs": logprobs})
+        choices.append({"index": i, "message": message, "finish_reason": chat_finish(r.finish), "logprobs": logprobs})
     return _with_tier({"id": ids("chatcmpl-"), "object": "chat.completion", "created": created, "model": request.model,
                        "choices": choices, "usage": _openai_usage(usage), "system_fingerprint": None}, request)  # fmt: skip
+
+
+def chat_text_written(request: Request, route: str, text: str, finish: str, usage: Usage) -> str | None:
+    """What `fastjson.dumps(reply_body(request, route, [Reply(text, finish)], usage))` writes
+    for a chat request (one answer of text alone), written at once rather than built as dicts
+    to be written later (echo's commonest answer: a `WrittenOutcome`). None where it is not
+    written so simply: a request asking a service tier, or a text or model that orjson
+    refuses (a lone surrogate: the whole body is then written by `json`, spaced). The same
+    text, byte for byte (tests/routes/test_replies_written.py)."""
+    if request.body.get("service_tier") is not None:
+        return None
+    try:
+        content, model = orjson.dumps(text).decode(), orjson.dumps(request.model).decode()
+    except TypeError:
+        return None
+    i, o = usage.input_tokens, usage.output_tokens
+    return (
+        f'{{"id":"chatcmpl-{own_stem(route, request.custom_id)}","object":"chat.completion","created":{int(time.time())},"model":{model},'
+        f'"choices":[{{"index":0,"message":{{"role":"assistant","content":{content},"refusal":null}},'
+        f'"finish_reason":"{chat_finish(finish)}","logprobs":null}}],'
+        f'"usage":{{"prompt_tokens":{i},"completion_tokens":{o},"total_tokens":{i + o},'
+        f'"prompt_tokens_details":{{"cached_tokens":{usage.cached_input_tokens}}},'
+        f'"completion_tokens_details":{{"reasoning_tokens":{usage.reasoning_tokens}}}}},"system_fingerprint":null}}'
+    )
 
 
 def _with_tier(answer: dict[str, Any], request: Request) -> dict[str, Any]:
@@ -175,7 +205,7 @@ def _with_tier(answer: dict[str, Any], request: Request) -> dict[str, Any]:
 
 
 def _completion(request: Request, ids: Ids, replies: list[Reply], usage: Usage, created: int) -> dict[str, Any]:
-    choices = [{"index": i, "text": r.text, "finish_reason": _chat_finish(r.finish), "logprobs": None}
+    choices = [{"index": i, "text": r.text, "finish_reason": chat_finish(r.finish), "logprobs": None}
                for i, r in enumerate(replies)]  # fmt: skip
     return {"id": ids("cmpl-"), "object": "text_completion", "created": created, "model": request.model,
             "choices": choices, "usage": _openai_usage(usage), "system_fingerprint": None}  # fmt: skip

@@ -63,7 +63,7 @@ import orjson
 from lowtide.core.endpoints import CHAT, COMPLETIONS, GEMINI, MESSAGES, RESPONSES
 from lowtide.core.errors import RouteError
 from lowtide.core.native_schema import CHOICE_KEY, FORCED_TOOL, choices_of
-from lowtide.core.types import Outcome, Refusal, Request, Usage
+from lowtide.core.types import Outcome, Refusal, Request, Usage, WrittenOutcome
 from lowtide.routes.options import number_option, texts_option
 from lowtide.routes.own import echo_embed as _echo_embed
 from lowtide.routes.own import echo_moderate as _echo_moderate
@@ -77,7 +77,14 @@ from lowtide.routes.own.structure import (
     required_call,
     tools,
 )
-from lowtide.routes.replies import Call, Reply, arguments_text, reply_body
+from lowtide.routes.replies import (
+    Call,
+    Reply,
+    arguments_text,
+    chat_finish,
+    chat_text_written,
+    reply_body,
+)
 
 KNOWN_OPTIONS = {"fail_attempts", "reject", "dispatch_size", "answer"}
 ANSWERS = ("instance", "message")
@@ -463,17 +470,22 @@ class EchoRoute:
         """What `outcome` answers a `text_chat` request: what `replies` makes of its plan."""
         text = full if limit is None else full[: limit * 4]
         finish = "length" if len(text) < len(full) else "stop"  # cut at the limit
-        usage = Usage(input_tokens=input_tokens, output_tokens=_tokens(text))
-        reply = Reply(text=text, finish=finish, output_tokens=usage.output_tokens)
-        return Outcome(request.custom_id, True, text=text, usage=usage, finish_reason=finish,
-                       response=reply_body(request, self.name, [reply], usage))  # fmt: skip
+        return self._text_answer(request, text, finish, Usage(input_tokens=input_tokens, output_tokens=_tokens(text)))
 
     def _choice_echo(self, request: Request, last_user: str, input_tokens: int, picks: list[str]) -> Outcome:
         """What `outcome` answers a `choice_chat` request: what `replies` makes of its plan."""
         text = choice_text(answer(request, last_user, None, None, picks))
-        usage = Usage(input_tokens=input_tokens, output_tokens=_tokens(text))
-        reply = Reply(text=text, output_tokens=usage.output_tokens)
-        return Outcome(request.custom_id, True, text=text, usage=usage, finish_reason="stop",
+        return self._text_answer(request, text, "stop", Usage(input_tokens=input_tokens, output_tokens=_tokens(text)))
+
+    def _text_answer(self, request: Request, text: str, finish: str, usage: Usage) -> Outcome:
+        """A chat request's one answer of `text`, its body written as JSON text at once where
+        it can be (`chat_text_written`): ingest stores that text, and no dict is made unless
+        something reads `response`."""
+        written = chat_text_written(request, self.name, text, finish, usage)
+        if written is not None:
+            return WrittenOutcome(request.custom_id, text, usage, finish, written, chat_finish(finish))
+        reply = Reply(text=text, finish=finish, output_tokens=usage.output_tokens)
+        return Outcome(request.custom_id, True, text=text, usage=usage, finish_reason=finish,
                        response=reply_body(request, self.name, [reply], usage))  # fmt: skip
 
     async def execute(self, requests: Sequence[Request]) -> AsyncIterator[Outcome]:
