@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
+from functools import lru_cache
 from typing import Any
 
 import jsonschema
 
 from lowtide.core.answers import read_answer
-from lowtide.core.native_schema import unwrap_choice
+from lowtide.core.native_schema import SHORT_ANSWER, unwrap_choice
 
 _FENCE = re.compile(r"^\s*```(?:json)?\s*(.*?)\s*```\s*$", re.DOTALL)
 
@@ -19,15 +21,13 @@ class InvalidOutput(ValueError):
     """The answer does not satisfy the job's choices or schema; the message says why."""
 
 
-def parse_output(text: str, schema: dict[str, Any] | None, choices: list[str] | None) -> Any:
+def parse_output(text: str, schema: dict[str, Any] | None, choices: Sequence[str] | None) -> Any:
     """Return the parsed answer (a choice, or the JSON value), or raise InvalidOutput.
     A choice asked as JSON (`{"choice": ...}`, core/native_schema.py) is read unwrapped."""
     if choices:
-        answer = (unwrap_choice(text) or "").strip()
-        for choice in choices:
-            if answer == choice or answer.lower() == choice.lower():
-                return choice
-        raise InvalidOutput(f"answer {answer[:80]!r} is not one of the choices: {', '.join(choices)}")
+        if text.__class__ is str and len(text) <= SHORT_ANSWER:
+            return _short_choice(text, tuple(choices))
+        return _choice(text, choices)
     if schema is None:
         return None
     match = _FENCE.match(text)
@@ -38,6 +38,19 @@ def parse_output(text: str, schema: dict[str, Any] | None, choices: list[str] | 
         raise InvalidOutput(f"not valid JSON ({err.msg} at line {err.lineno} column {err.colno})") from None
     _validate(value, schema, "the schema")
     return value
+
+
+@lru_cache(maxsize=1024)  # a job's valid answers are its few choices: each compared with them once
+def _short_choice(text: str, choices: tuple[str, ...]) -> str:
+    return _choice(text, choices)  # (an invalid answer raises: not remembered, checked again)
+
+
+def _choice(text: str, choices: Sequence[str]) -> str:
+    answer = (unwrap_choice(text) or "").strip()
+    for choice in choices:
+        if answer == choice or answer.lower() == choice.lower():
+            return choice
+    raise InvalidOutput(f"answer {answer[:80]!r} is not one of the choices: {', '.join(choices)}")
 
 
 def _validate(value: Any, schema: dict[str, Any], what: str) -> None:
