@@ -101,7 +101,8 @@ def apply_outcomes(
     choices = spec.effective_choices
     ledger = current_ledger()  # the catalog, loaded once per price-file version
     options, lane_model = job.sent_as(route, lane)
-    rates: dict[tuple[str, str | None], Rate] = {}  # (model, reported tier) -> rate, looked up once
+    # (model, reported tier) -> its rate and the rate's tier as stored, looked up once
+    rates: dict[tuple[str, str | None], tuple[Rate, str | None]] = {}
     unknown_costs: dict[str, str] = {}  # model -> why its cost is unknown
     for outcome in outcomes:
         req = current.get(outcome.custom_id)
@@ -117,9 +118,11 @@ def apply_outcomes(
         # there), at the tier the provider reports, else the route's. Every stored request has
         # its model (m008 filled it in for older rows from their payload).
         model = lane_model or req.model
-        rate = rates.get((model, outcome.tier))
-        if rate is None:
-            rate = rates[(model, outcome.tier)] = ledger.rate(route, options, model, outcome.tier, now)
+        found = rates.get((model, outcome.tier))
+        if found is None:
+            rate = ledger.rate(route, options, model, outcome.tier, now)
+            found = rates[(model, outcome.tier)] = (rate, rate.tier.value if rate.tier else None)
+        rate, tier = found
         billed, cost, realtime = ledger.columns(outcome, rate)
         if cost is None:
             unknown_costs[model] = rate.note
@@ -129,7 +132,7 @@ def apply_outcomes(
             "cached_input_tokens": u.cached_input_tokens, "cache_write_tokens": u.cache_write_tokens,
             "output_tokens": u.output_tokens, "reasoning_tokens": u.reasoning_tokens,
             "billed": billed, "cost_picousd": cost, "realtime_picousd": realtime,
-            "model": model, "tier": rate.tier.value if rate.tier else None,
+            "model": model, "tier": tier,
         }  # fmt: skip
         attempt_rows.append(attempt)
         if not live:
