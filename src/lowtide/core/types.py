@@ -98,10 +98,8 @@ class Request:
         if "endpoint" not in payload:
             return cls._from_legacy(custom_id, payload, attempt)
         own = payload.get("lowtide") or {}
-        return cls(
-            custom_id, payload["endpoint"], payload["body"],
-            choices=own.get("choices"), response_schema=own.get("response_schema"), attempt=attempt,
-        )  # fmt: skip
+        # Positionally, in the fields' order: keywords cost a dataclass __init__ a quarter microsecond.
+        return cls(custom_id, payload["endpoint"], payload["body"], own.get("choices"), own.get("response_schema"), attempt)
 
     @classmethod
     def _from_legacy(cls, custom_id: str, payload: dict[str, Any], attempt: int) -> Request:
