@@ -35,6 +35,8 @@ from lowtide.store.schema import attempts, requests
 from lowtide.store.transitions import lock_job
 
 DISPATCHED = RequestState.DISPATCHED.value
+# Read from their class once: a member read from an Enum costs ~70 ns (Python 3.11), and each outcome is told by them.
+SUCCEEDED, PENDING, CANCELLED = RequestState.SUCCEEDED, RequestState.PENDING, RequestState.CANCELLED
 TOKENS = ("input_tokens", "cached_input_tokens", "cache_write_tokens", "output_tokens", "reasoning_tokens")
 # What an outcome writes on its request: a success only these (its error columns are
 # cleared); any other outcome these and more (see `fate.after_outcome`). `plain_answer` goes
@@ -157,11 +159,11 @@ def apply_outcomes(
         if row.get("error_code") == "invalid_output":  # an answer that failed validation is a failure, still billed
             attempt.update(ok=False, error_code="invalid_output", error_message=row["error_message"])
         by_target.setdefault(target, []).append(row)
-        if target is RequestState.SUCCEEDED:
+        if target is SUCCEEDED:
             counts.succeeded += 1
-        elif target is RequestState.PENDING:
+        elif target is PENDING:
             counts.retried += 1
-        elif target is RequestState.CANCELLED:
+        elif target is CANCELLED:
             counts.cancelled += 1
         else:
             counts.failed += 1
