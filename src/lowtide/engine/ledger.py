@@ -136,7 +136,7 @@ class Ledger:
 
     def columns(self, outcome: Outcome, rate: Rate) -> tuple[bool, int | None, int | None]:
         """An attempt's `billed`, `cost_picousd` and `realtime_picousd`."""
-        billed = True if outcome.ok else is_billed(False, outcome.error_code, outcome.usage)  # (a success is billed)
+        billed = is_billed(outcome.ok, outcome.error_code, outcome.usage)
         if rate.free or (not billed and rate.tier is not None):
             return billed, 0, 0  # the hot path of `echo`: no Decimal arithmetic
         u = outcome.usage
