@@ -161,6 +161,13 @@ async def _run_one(
         buffer.extend(Outcome.failure(r.custom_id, "route_error", said, True) for r in batch if r.custom_id not in answered)
         with store.begin() as conn:
             add_event(conn, job.id, "route_error", f"{route.name}: {said}", clock.now())
+    except BaseException:  # stopped (Ctrl-C, SIGTERM: the task cancelled) while calls were in flight
+        # The answers in hand are paid for: written, not dropped (the rest of the dispatch
+        # stays under its lease, taken back when it runs out). One transaction, as any flush:
+        # one the stop cut off was rolled back whole, so this applies nothing twice.
+        if buffer and writer.error is None:
+            await writer.write(flush, buffer)
+        raise
     await writer.write(flush, buffer, final=True)
     return not broke
 
