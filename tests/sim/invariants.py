@@ -419,15 +419,15 @@ def check_increment(world, name: str, job: dict[str, Any]) -> list[str]:
 def export_truthful(world, name: str, path) -> list[str]:
     """What `lowtide export` wrote for job `name` (JSONL at `path`) agrees with the store:
     each source row at most once; each row's state and answer its request's (`pruned` and no
-    answer for a succeeded request whose answer a prune dropped: never `succeeded` without
-    one); and a row said unchanged (`source_changed` false) was asked from the row's text as
-    it is now, so the answer beside it is that text's (echo answers a request's own last user
-    message)."""
+    answer for a succeeded request whose answer a prune dropped, text, response and the record
+    `--keep-results` keeps of its answer columns: never `succeeded` without one); and a row
+    said unchanged (`source_changed` false) was asked from the row's text as it is now, so the
+    answer beside it is that text's (echo answers a request's own last user message)."""
     r = requests.c
     with world.store.read() as conn:
         job_id = conn.execute(sa.select(jobs.c.id).where(jobs.c.name == name)).scalar_one()
         stored = {row.custom_id: row for row in conn.execute(
-            sa.select(r.custom_id, r.state, r.output, r.payload, (r.response.is_(None) & r.parsed.is_(None)).label("no_body"))
+            sa.select(r.custom_id, r.state, r.output, r.payload, (r.response.is_(None) & r.parsed.is_(None) & r.plain_answer.is_(None)).label("no_body"))
             .where(r.job_id == job_id)
         )}  # fmt: skip
     out, seen = [], set()

@@ -173,7 +173,7 @@ def prune_command(
         raise fail(err) from None
     out.print(
         f"pruned {len(done.jobs)} job(s): {done.requests:,} request(s), {done.versions:,} earlier version(s), "
-        f"about {_size(done.bytes)} freed" + ("" if vacuum else " (the database file shrinks after a VACUUM: --vacuum)"),
+        f"about {_size(done.bytes - done.kept)} freed" + ("" if vacuum else " (the database file shrinks after a VACUUM: --vacuum)"),
         markup=False,
     )
     for job, path in done.archives.items():

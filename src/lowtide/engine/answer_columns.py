@@ -86,9 +86,25 @@ def plain_chat_record(finish: str | None) -> str:
     return _as_json(finish)
 
 
-@lru_cache(maxsize=256)  # a job's answers share a handful of finish reasons
+def kept_record(response: Any) -> str:
+    """What `prune --keep-results` stores in `requests.plain_answer` as it drops a response the
+    export cannot read from a plain record (tool calls, a refusal, reasoning, logprobs, n > 1, or
+    an answer stored before m017): `answer_values(response)` as one JSON object, the columns
+    that are not null alone. A plain record is JSON text of a string or null, never an object,
+    so `plain_values` tells the two apart by the first character."""
+    return fastjson.dumps({k: v for k, v in answer_values(response).items() if v is not None})
+
+
 def plain_values(record: str) -> dict[str, Any]:
-    """The answer columns of a plain answer from its `plain_record` (shared: not to be changed)."""
+    """The answer columns from a stored `plain_answer`: a plain answer's `plain_record` (shared:
+    not to be changed), or a `kept_record` (a JSON object: a dict of its own)."""
+    if record[:1] == "{":
+        return {**_EMPTY, **fastjson.loads(record)}
+    return _plain_values(record)
+
+
+@lru_cache(maxsize=256)  # a job's answers share a handful of finish reasons
+def _plain_values(record: str) -> dict[str, Any]:
     return {**_EMPTY, "finish_reason": fastjson.loads(record)}
 
 

@@ -23,7 +23,9 @@ newest row (versions.py).
 A succeeded request whose answer `lowtide prune` dropped (its text, parsed answer and the
 provider's response all gone) has state `pruned` (PRUNED_STATE) and empty answer columns:
 never a `succeeded` row with a null answer, which a reader (or a SQL table's upsert) would
-take for the answer. A SQL table keeps its own copy of such a row (sql_sink.py).
+take for the answer. A SQL table keeps its own copy of such a row (sql_sink.py). After
+`prune --keep-results` a row is as it was, but for `full`'s `response`: the answer columns
+are read from the record the prune kept in place of the response (kept_answers.py).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Integer, Row, Select, and_, case, null, or_, select, type_coerce
+from sqlalchemy import Integer, Row, Select, and_, case, or_, select, type_coerce
 
 from lowtide.core import fastjson
 from lowtide.core.errors import LowtideError
@@ -222,8 +224,8 @@ class ResultRows(ResultColumns):
         record[names["output_tokens"]] = output_tokens
         record[names["attempts"]] = tries
         record[names["route"]] = route
-        if plain is not None:  # its response is not read (nor wanted: not `full`)
-            values = plain_values(plain)
+        if plain is not None:  # its response is not read (not `full`), or gone (a prune kept its answer columns)
+            values, response = plain_values(plain), None
         else:
             if text is None:
                 text = answers.get(rid)
@@ -281,14 +283,22 @@ class ResultRows(ResultColumns):
         built per chunk kept 20 MB per million rows until a collection)."""
         cols = requests.c
         # Written and cleared with its response (a request started again has neither, whatever
-        # is left), but by `prune --keep-results`, which drops the response and the payload and
-        # keeps it: then it is all the answer columns have left.
-        kept = or_(cols.response.is_not(None), cols.payload == PRUNED)
-        plain = null() if self.full else case((kept, cols.plain_answer), else_=None)
+        # is left), but by `prune --keep-results`, which drops the response and keeps it (a
+        # plain record beside the payload it prunes, or the whole record it writes, a JSON
+        # object: engine/kept_answers.py): then it is all the answer columns have left.
+        left = case(
+            (and_(cols.response.is_(None), or_(cols.payload == PRUNED, cols.plain_answer.startswith("{"))), cols.plain_answer),
+            else_=None,
+        )
+        # Beside a response, the plain record is read instead of it (not with `full`, which reads it).
+        plain = left if self.full else case((cols.response.is_not(None), cols.plain_answer), else_=left)
         length = case((plain.is_(None), stored_bytes(cols.response)), else_=None)
-        # Every succeeded request was stored with a response: one left with no response, text
-        # or parsed answer lost them to a prune (--keep-results too, for an answer of tool calls alone).
-        dropped = and_(cols.state == RequestState.SUCCEEDED.value, cols.response.is_(None), cols.output.is_(None), cols.parsed.is_(None))
+        # Every succeeded request was stored with a response: one left with no response, text,
+        # parsed answer or kept record of its answer columns lost them to a prune.
+        dropped = and_(
+            cols.state == RequestState.SUCCEEDED.value, cols.response.is_(None), cols.output.is_(None), cols.parsed.is_(None),
+            left.is_(None),
+        )  # fmt: skip
         # Read as the driver gives it (SQLite: 0 or 1), only ever asked whether true: a
         # Boolean's result processor, a Python call per row, cost a fifth of the lookup.
         dropped = type_coerce(dropped, Integer)

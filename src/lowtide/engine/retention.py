@@ -35,6 +35,7 @@ from lowtide.engine.archive import (
     version_bodies,
     write_archives,
 )
+from lowtide.engine.kept_answers import keep_answers
 from lowtide.store.db import Store
 from lowtide.store.gateway_schema import gateway_flushes
 from lowtide.store.queries import LIVE_DISPATCH_STATES, add_event, get_job, stored_bytes
@@ -233,6 +234,7 @@ class Pruned:
     requests: int = 0  # request rows whose bodies were dropped
     versions: int = 0  # earlier versions (request_versions rows) likewise
     bytes: int = 0  # bytes (UTF-8) of the bodies dropped
+    kept: int = 0  # bytes of the answer columns kept in place of responses dropped (--keep-results: kept_answers.py)
     archives: dict[str, Path] = field(default_factory=dict)  # job → the Parquet file of what it dropped
     kept_results: list[str] = field(default_factory=list)  # jobs whose answers were kept (--keep-results, or `payloads:` due)
     skipped: list[str] = field(default_factory=list)  # jobs that changed (a retry) between planning and dropping
@@ -312,8 +314,10 @@ def prune(
     """Drop the request bodies of jobs finished (or cancelled) more than `older_than_s` ago,
     or (None) as each job's own `retention:` says: the payloads sent and the providers'
     whole responses, and unless `keep_results` the answers too (output, parsed, the
-    plain-answer record). States, token counts, errors, attempts (the ledger) and events are
-    kept, so `lowtide report` adds up as before.
+    plain-answer record). `keep_results` keeps every answer column the export reads from a
+    response (tool calls, refusal, reasoning, logprobs, choices) in its place (kept_answers.py).
+    States, token counts, errors, attempts (the ledger) and events are kept, so `lowtide
+    report` adds up as before.
 
     Only succeeded requests lose their payload: a failed or cancelled one keeps it, so that
     `lowtide retry` can still send it; and a request stored before fingerprints (m008)
@@ -340,10 +344,11 @@ def prune(
             if not still or still[0].updated_at != cut.stamp:
                 result.skipped.append(cut.name)
                 continue
-            _drop(conn, cut, result)
+            kept = _drop(conn, cut, result)
             where = f"; archived to {result.archives[cut.name]}" if cut.name in result.archives else ""
             what = "payloads and raw responses" if cut.keep_results else "payloads, responses and answers"
-            add_event(conn, cut.job_id, "pruned", f"{what} of finished requests dropped ({cut.size:,} characters){where}", now)
+            size = f"{cut.size:,} characters" + (f"; {kept:,} characters of their answer columns kept in their place" if kept else "")
+            add_event(conn, cut.job_id, "pruned", f"{what} of finished requests dropped ({size}){where}", now)
     return result
 
 
@@ -356,26 +361,32 @@ def _size(conn: Connection, cut: Cut) -> int:
     return size
 
 
-def _drop(conn: Connection, cut: Cut, result: Pruned) -> None:
+def _drop(conn: Connection, cut: Cut, result: Pruned) -> int:
+    """Drop the cut's bodies; the bytes of answer columns kept in place of its responses."""
     r = requests.c
     bodies = request_bodies(cut.keep_results)
     result.jobs.append(cut.name)
     result.bytes += cut.size
     if cut.keep_results:
         result.kept_results.append(cut.name)
-    # One UPDATE, each row rewritten once: PostgreSQL keeps the old version of every row it
-    # updates until VACUUM, so a second pass over the job (bodies, then payloads) needed room
-    # for two more copies of the job's rows (at 10,000,000 the disk filled).
-    result.requests += conn.execute(
-        update(requests)
-        .where(dropped_requests(cut.job_id, cut.keep_results, PRUNED))
-        .values(**{c.name: None for c in bodies}, payload=case((payload_dropped(PRUNED), PRUNED), else_=r.payload))
-    ).rowcount
+    # Each row rewritten once: PostgreSQL keeps the old version of every row it updates until
+    # VACUUM, so a second pass over the job (bodies, then payloads) needed room for two more
+    # copies of the job's rows (at 10,000,000 the disk filled). Under --keep-results the rows
+    # whose answer columns only their response holds go first, each dropped by the UPDATE that
+    # writes the record of them (kept_answers.py); then the job's other rows, by one UPDATE.
+    dropped = {c.name: None for c in bodies} | {"payload": case((payload_dropped(PRUNED), PRUNED), else_=r.payload)}
+    kept = 0
+    if cut.keep_results:
+        rows, kept = keep_answers(conn, cut.job_id, PRUNED, dropped)
+        result.requests += rows
+        result.kept += kept
+    result.requests += conn.execute(update(requests).where(dropped_requests(cut.job_id, cut.keep_results, PRUNED)).values(**dropped)).rowcount
     result.versions += conn.execute(
         update(request_versions)
         .where(dropped_versions(cut.job_id, cut.keep_results, PRUNED))
         .values(payload=PRUNED, **{c.name: None for c in version_bodies(cut.keep_results)})
     ).rowcount
+    return kept
 
 
 def _length_sum(conn: Connection, table, columns, where) -> int:

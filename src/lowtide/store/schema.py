@@ -105,7 +105,9 @@ requests = Table(
     # Where that body is a plain answer (one chat choice of text alone), its finish_reason as
     # JSON (m017, engine/answer_columns.py `plain_record`): the export takes the answer
     # columns from this and reads no response. NULL for any other answer and for answers
-    # stored before m017: the export reads those from the response.
+    # stored before m017: the export reads those from the response. `prune --keep-results`,
+    # as it drops the response of such an answer, writes its answer columns here as a JSON
+    # object (engine/kept_answers.py).
     Column("plain_answer", Text),
     UniqueConstraint("job_id", "custom_id", name="uq_requests_job_custom_id"),
     # Claims read "due pending requests of a job, earliest first" straight off this index.
