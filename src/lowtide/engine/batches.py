@@ -576,7 +576,10 @@ async def poll(
             _reject(store, job, route, dispatch_id, DispatchState.SUBMITTED, scrub(route, "; ".join(status.errors)), clock, rng)
         elif status.ended:
             try:
-                counts.add(await _ingest(store, job, route, dispatch_id, provider_id, clock, rng, submitted_at))
+                # Held while its results download and are ingested (800 MB on a slow link
+                # outlives POLL_LEASE): no second worker reads them all again beside this one.
+                async with kept(store, dispatch_id, worker.owner, DispatchState.SUBMITTED, clock, POLL_LEASE):
+                    counts.add(await _ingest(store, job, route, dispatch_id, provider_id, clock, rng, submitted_at))
             except Exception as err:  # what was applied stays, the rest comes next poll
                 said = scrub(route, str(err))
                 if not _gone_past_retention(store, job, route, dispatch_id, provider_id, submitted_at, err, said, clock, rng):
