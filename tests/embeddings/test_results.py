@@ -15,6 +15,7 @@ import sqlalchemy as sa
 import yaml
 
 from tests.cli.test_cli import cli  # noqa: F401  (the fixture)
+from tests.cli.test_delete_cli import _ended_an_hour_ago
 from tests.conftest import _pg_available, fresh_pg_schema, write_csv
 from tests.embeddings.helpers import docs, docs_csv, echo_reference, embed_spec
 
@@ -156,3 +157,20 @@ def test_postgres_table_marks_a_changed_row(cli, tmp_path):  # noqa: F811
             got = dict(conn.execute(sa.text("select id, source_changed from doc_vectors")).all())
         engine.dispose()
         assert got == {"doc-1": False, "doc-2": True, "doc-3": False}
+
+
+@pytest.mark.parametrize("how", ["--keep-results", "retention"])
+def test_a_prune_that_keeps_the_results_keeps_the_vectors(cli, tmp_path, how):  # noqa: F811
+    """An embedding job's answer is its vector, read from the stored response: `prune
+    --keep-results`, and a job's `retention: payloads:` past due (which keeps the answers),
+    drop the payloads and keep the vectors."""
+    write_job(tmp_path, 6, **({"retention": {"payloads": "1s"}} if how == "retention" else {}))
+    assert cli("run", "job.yaml")[0] == 0
+    _ended_an_hour_ago(tmp_path / "lowtide.db")
+    want = {k: f32(echo_reference(t, 8)) for k, t in texts(6).items()}
+    code, out = cli("prune", *(["--older-than", "1s", "--keep-results"] if how == "--keep-results" else []), "--yes")
+    assert code == 0 and "pruned 1 job(s)" in out, out
+    code, out = cli("results", "vectors", "--out", "v.parquet")
+    assert code == 0 and "6 succeeded" in out, out
+    table = pq.read_table(tmp_path / "v.parquet")
+    assert dict(zip(table.column("doc_id").to_pylist(), table.column("embedding").to_pylist(), strict=True)) == want

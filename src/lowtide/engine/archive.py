@@ -35,7 +35,7 @@ COLUMNS = [
     ("version", "int64"),
     ("state", "string"),
     # The bodies, as stored; NULL where the prune keeps it (a failed request's payload, the
-    # answers under --keep-results) or where there was none.
+    # answers under --keep-results, an embedding's response with them) or where there was none.
     ("payload", "string"),
     ("response", "string"),
     ("repair", "string"),
@@ -60,50 +60,61 @@ def payload_dropped(pruned: str):
     return (r.state == RequestState.SUCCEEDED.value) & r.fingerprint.is_not(None) & (r.payload != pruned)
 
 
-def request_bodies(keep_results: bool) -> tuple:
+# `keep_results` keeps the answers. An embedding job's answer is its vector, which only its
+# stored response holds (`vectors`): kept with them, its response is not dropped.
+
+
+def request_bodies(keep_results: bool, vectors: bool = False) -> tuple:
+    """The request columns a prune drops."""
     r = requests.c
-    return (r.response, r.repair) if keep_results else (r.response, r.repair, r.output, r.parsed, r.plain_answer)
+    if keep_results:
+        return (r.repair,) if vectors else (r.response, r.repair)
+    return (r.response, r.repair, r.output, r.parsed, r.plain_answer)
 
 
-def version_bodies(keep_results: bool) -> tuple:
+def version_bodies(keep_results: bool, vectors: bool = False) -> tuple:
+    """The earlier versions' columns a prune drops, besides the payload."""
     v = request_versions.c
-    return (v.response,) if keep_results else (v.response, v.output, v.parsed)
+    if keep_results:
+        return () if vectors else (v.response,)
+    return (v.response, v.output, v.parsed)
 
 
-def dropped_requests(job_id: int, keep_results: bool, pruned: str):
+def dropped_requests(job_id: int, keep_results: bool, pruned: str, vectors: bool = False):
     """The job's request rows a prune changes (the same filter as its UPDATEs)."""
     r = requests.c
-    has_body = or_(*(c.is_not(None) for c in request_bodies(keep_results)))
+    has_body = or_(*(c.is_not(None) for c in request_bodies(keep_results, vectors)))
     return and_(r.job_id == job_id, or_(has_body, payload_dropped(pruned)))
 
 
-def dropped_versions(job_id: int, keep_results: bool, pruned: str):
+def dropped_versions(job_id: int, keep_results: bool, pruned: str, vectors: bool = False):
     """The job's earlier versions a prune changes: a payload, or a body it drops, still there."""
     v = request_versions.c
-    return and_(v.job_id == job_id, or_(v.payload != pruned, *(c.is_not(None) for c in version_bodies(keep_results))))
+    return and_(v.job_id == job_id, or_(v.payload != pruned, *(c.is_not(None) for c in version_bodies(keep_results, vectors))))
 
 
-def _rows(job_id: int, keep_results: bool, pruned: str) -> list[Select]:
+def _rows(job_id: int, keep_results: bool, pruned: str, vectors: bool = False) -> list[Select]:
     r, v, a = requests.c, request_versions.c, attempts.c
     cost = select(func.sum(a.cost_picousd)).where(a.request_id == r.id).scalar_subquery()
     answer = (lambda c: null()) if keep_results else (lambda c: c)
+    response = answer if vectors else (lambda c: c)
     of_requests = (
         select(
             literal("requests"), r.id, r.id, r.custom_id, r.version, r.state,
-            case((payload_dropped(pruned), r.payload), else_=null()), r.response, r.repair,
+            case((payload_dropped(pruned), r.payload), else_=null()), response(r.response), r.repair,
             answer(r.output), answer(r.parsed), answer(r.plain_answer), cost,
         )  # fmt: skip
-        .where(dropped_requests(job_id, keep_results, pruned))
+        .where(dropped_requests(job_id, keep_results, pruned, vectors))
         .order_by(r.id)
     )
     of_versions = (
         select(
             literal("request_versions"), v.id, v.request_id, r.custom_id, v.version, v.state,
-            case((v.payload != pruned, v.payload), else_=null()), v.response, null(), answer(v.output), answer(v.parsed),
-            null(), null(),
+            case((v.payload != pruned, v.payload), else_=null()), response(v.response), null(), answer(v.output),
+            answer(v.parsed), null(), null(),
         )  # fmt: skip
         .join(requests, r.id == v.request_id)
-        .where(dropped_versions(job_id, keep_results, pruned))
+        .where(dropped_versions(job_id, keep_results, pruned, vectors))
         .order_by(v.id)
     )
     return [of_requests, of_versions]
@@ -122,7 +133,7 @@ def _new_path(folder: Path, job: str, now: float) -> Path:
 
 
 def write_archives(conn: Connection, folder: Path, cuts: list, now: float, pruned: str) -> dict[str, Path]:
-    """Write each cut's (job_id, name, keep_results) archive under `folder`; {job: path}.
+    """Write each cut's (job_id, name, keep_results, vectors) archive under `folder`; {job: path}.
     InputError naming the folder and the fix if any cannot be written; then none is left."""
     import pyarrow as pa
 
@@ -131,7 +142,7 @@ def write_archives(conn: Connection, folder: Path, cuts: list, now: float, prune
         folder.mkdir(parents=True, exist_ok=True)
         for cut in cuts:
             path = _new_path(folder, cut.name, now)
-            _write(conn, path, _rows(cut.job_id, cut.keep_results, pruned))
+            _write(conn, path, _rows(cut.job_id, cut.keep_results, pruned, cut.vectors))
             written[cut.name] = path
         _fsync_dir(folder)
     except (OSError, pa.ArrowException) as err:

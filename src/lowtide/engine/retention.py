@@ -23,9 +23,10 @@ import orjson
 from sqlalchemy import Connection, case, delete, func, select, update
 
 from lowtide.core.clock import Clock
+from lowtide.core.endpoints import EMBEDDINGS
 from lowtide.core.errors import InputError, LowtideError
 from lowtide.core.evals import build_eval
-from lowtide.core.spec import RetentionSpec, rebuilt_from_store
+from lowtide.core.spec import RetentionSpec, rebuilt_from_store, stored_spec
 from lowtide.core.states import DispatchState, JobState
 from lowtide.engine.archive import (
     dropped_requests,
@@ -249,6 +250,7 @@ class Cut:
     keep_results: bool
     stamp: float  # the job's updated_at when planned: a job changed since is left alone
     size: int = 0
+    vectors: bool = False  # an embedding job: its answers are its responses (archive.py `request_bodies`)
 
 
 def prunable_jobs(conn: Connection, cutoff: float) -> list[tuple[int, str]]:
@@ -295,7 +297,7 @@ def plan_prune(conn: Connection, now: float, older_than_s: float | None, keep_re
                 keep = True
             else:
                 continue
-        cut = Cut(job_id, name, keep, updated_at)
+        cut = Cut(job_id, name, keep, updated_at, vectors=stored_spec(spec).request_endpoint == EMBEDDINGS)
         cut.size = _size(conn, cut)
         if cut.size:
             cuts.append(cut)
@@ -346,7 +348,7 @@ def prune(
                 continue
             kept = _drop(conn, cut, result)
             where = f"; archived to {result.archives[cut.name]}" if cut.name in result.archives else ""
-            what = "payloads and raw responses" if cut.keep_results else "payloads, responses and answers"
+            what = "payloads" if cut.keep_results and cut.vectors else "payloads and raw responses" if cut.keep_results else "payloads, responses and answers"
             size = f"{cut.size:,} characters" + (f"; {kept:,} characters of their answer columns kept in their place" if kept else "")
             add_event(conn, cut.job_id, "pruned", f"{what} of finished requests dropped ({size}){where}", now)
     return result
@@ -354,9 +356,9 @@ def prune(
 
 def _size(conn: Connection, cut: Cut) -> int:
     r, v = requests.c, request_versions.c
-    size = _length_sum(conn, requests, list(request_bodies(cut.keep_results)), r.job_id == cut.job_id)
+    size = _length_sum(conn, requests, list(request_bodies(cut.keep_results, cut.vectors)), r.job_id == cut.job_id)
     size += _length_sum(conn, requests, [r.payload], (r.job_id == cut.job_id) & payload_dropped(PRUNED))
-    size += _length_sum(conn, request_versions, list(version_bodies(cut.keep_results)), v.job_id == cut.job_id)
+    size += _length_sum(conn, request_versions, list(version_bodies(cut.keep_results, cut.vectors)), v.job_id == cut.job_id)
     size += _length_sum(conn, request_versions, [v.payload], (v.job_id == cut.job_id) & (v.payload != PRUNED))
     return size
 
@@ -364,7 +366,7 @@ def _size(conn: Connection, cut: Cut) -> int:
 def _drop(conn: Connection, cut: Cut, result: Pruned) -> int:
     """Drop the cut's bodies; the bytes of answer columns kept in place of its responses."""
     r = requests.c
-    bodies = request_bodies(cut.keep_results)
+    bodies = request_bodies(cut.keep_results, cut.vectors)
     result.jobs.append(cut.name)
     result.bytes += cut.size
     if cut.keep_results:
@@ -376,15 +378,17 @@ def _drop(conn: Connection, cut: Cut, result: Pruned) -> int:
     # writes the record of them (kept_answers.py); then the job's other rows, by one UPDATE.
     dropped = {c.name: None for c in bodies} | {"payload": case((payload_dropped(PRUNED), PRUNED), else_=r.payload)}
     kept = 0
-    if cut.keep_results:
+    if cut.keep_results and not cut.vectors:  # (an embedding's response, its vector, is kept whole)
         rows, kept = keep_answers(conn, cut.job_id, PRUNED, dropped)
         result.requests += rows
         result.kept += kept
-    result.requests += conn.execute(update(requests).where(dropped_requests(cut.job_id, cut.keep_results, PRUNED)).values(**dropped)).rowcount
+    result.requests += conn.execute(
+        update(requests).where(dropped_requests(cut.job_id, cut.keep_results, PRUNED, cut.vectors)).values(**dropped)
+    ).rowcount
     result.versions += conn.execute(
         update(request_versions)
-        .where(dropped_versions(cut.job_id, cut.keep_results, PRUNED))
-        .values(payload=PRUNED, **{c.name: None for c in version_bodies(cut.keep_results)})
+        .where(dropped_versions(cut.job_id, cut.keep_results, PRUNED, cut.vectors))
+        .values(payload=PRUNED, **{c.name: None for c in version_bodies(cut.keep_results, cut.vectors)})
     ).rowcount
     return kept
 
