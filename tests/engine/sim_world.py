@@ -19,8 +19,10 @@ from tests.sim.world import KEY_ENV, ROUTE_MODELS, World
 
 
 @contextlib.contextmanager
-def world(root: Path) -> Iterator[World]:
-    w = World(root, str(root / "client.db"))
+def world(root: Path, route: str | None = None) -> Iterator[World]:
+    """`route`: a route whose inputs and outputs live in an object store (vertex-batch,
+    bedrock-batch) gets one of its own (tests/sim/world.py `ObjectStores`)."""
+    w = World(root, str(root / "client.db"), route=route)
     try:
         yield w
     finally:

@@ -10,7 +10,10 @@ spooled to disk past 16 MB, never held whole), and the job is created with
 `batches.create(model, src=that file, config={"dest": "{staging}/{key}/output",
 "display_name": key})`, the SDK's retries off. Vertex writes `predictions.jsonl` into a
 folder of its own under `dest` (the job's `outputInfo.gcsOutputDirectory`); the route
-copies each predictions file to a local spool and reads it line by line.
+copies each predictions file to a local spool and reads it line by line. A job that answered
+(its `completionStats`) whose predictions are not there, or a file gone before it is copied,
+was deleted in the bucket: `ResultsGone`, which the engine gives up after its grace
+(engine/batches.py `_not_read`), not a download read again for ever.
 
 Exactly-once: the job's display name is the dispatch's key; after a crash `find` lists jobs
 filtered by that name (`display_name="KEY"`, checked again here) and adopts the one found.
@@ -36,6 +39,7 @@ import asyncio
 import importlib.util
 import json
 import logging
+import os
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Collection, Iterable
@@ -47,7 +51,14 @@ from google.genai import types
 
 from lowtide.core import fastjson
 from lowtide.core.cards import CARDS
-from lowtide.core.errors import BatchGone, BatchRejected, NotSent, RouteError, RouteUnavailableError
+from lowtide.core.errors import (
+    BatchGone,
+    BatchRejected,
+    NotSent,
+    ResultsGone,
+    RouteError,
+    RouteUnavailableError,
+)
 from lowtide.core.locations import BLOCK, location, scheme_of, store_problem
 from lowtide.core.types import Outcome, Refusal, Request
 from lowtide.routes.base import BatchStatus
@@ -190,11 +201,21 @@ class VertexBatchRoute:
         if not folder:
             log.warning("%s: job %s (%s) names no output folder: its requests count as unanswered", NAME, batch_id, job.state)
             return
-        for path in await asyncio.to_thread(_prediction_files, folder):
-            # To disk, then line by line: a big predictions file is never held in memory.
-            with tempfile.NamedTemporaryFile(suffix=".jsonl") as spool:
-                await asyncio.to_thread(_download, folder, path, spool.name)
-                with open(spool.name, encoding="utf-8", errors="replace") as f:
+        paths = await asyncio.to_thread(_prediction_files, folder)
+        answered = sum(counts_of(job).get(k, 0) for k in ("succeeded", "failed"))
+        if not paths and answered:  # the job answered, and its predictions are not there: deleted, not a download that broke off
+            raise ResultsGone(f"{self.name}: no predictions file in {folder} (not found), the output of batch prediction job "
+                              f"{batch_id}, which answered {answered} request(s): deleted there")  # fmt: skip
+        for path in paths:
+            # To disk, then line by line: a big predictions file is never held in memory. In a
+            # folder of its own: gcsfs removes a download it could not finish, and a spool file
+            # removed under NamedTemporaryFile fails its close, hiding the download's own error.
+            with tempfile.TemporaryDirectory() as spool_dir:
+                spool = os.path.join(spool_dir, "predictions.jsonl")
+                if not await asyncio.to_thread(_download, folder, path, spool):
+                    raise ResultsGone(f"{self.name}: gs://{path} not found, the output of batch prediction job {batch_id}: "
+                                      "deleted there since it was listed")  # fmt: skip
+                with open(spool, encoding="utf-8", errors="replace") as f:
                     for text in f:
                         outcome = _parse(text) if text.strip() else None
                         if outcome is not None:
@@ -215,17 +236,25 @@ def _upload(f: Any, url: str) -> None:
 
 def _prediction_files(folder: str) -> list[str]:
     """The predictions files Vertex wrote in the job's output folder (`predictions.jsonl`, or
-    `predictions_0001.jsonl`, …), in order."""
+    `predictions_0001.jsonl`, …), in order; none where its bucket is not there (deleted)."""
     loc = location(folder)
     with loc.errors():
-        found = loc.fs.find(loc.path)
+        try:
+            found = loc.fs.find(loc.path)
+        except FileNotFoundError:  # gcsfs: no such bucket
+            return []
     return sorted(p for p in found if p.rsplit("/", 1)[-1].startswith("predictions") and p.endswith(".jsonl"))
 
 
-def _download(folder: str, path: str, local: str) -> None:
+def _download(folder: str, path: str, local: str) -> bool:
+    """Copy `path` to `local`; False where it is not there (deleted since it was listed)."""
     loc = location(folder)
     with loc.errors():
-        loc.fs.get_file(path, local)
+        try:
+            loc.fs.get_file(path, local)
+        except FileNotFoundError:
+            return False
+    return True
 
 
 def _parse(text: str) -> Outcome | None:
