@@ -5,7 +5,7 @@ naming the file, and run again; they were left `dispatched` until the card's 30-
 passed, an `ingest_error` every poll. A download that breaks off is read again next poll, as
 long as it takes. openai-batch in the simulation's world (`lowtide serve` in this process,
 one ManualClock). A job's output deleted from the user's bucket after it answered is gone the
-same way (vertex-batch, GCS emulator): it was read as a job that answered nothing, its
+same way (vertex-batch, GCS emulator; bedrock-batch, moto's S3): it was read as a job that answered nothing, its
 requests all `expired` at once with no word of why; a file deleted between the listing and
 its read was no error results_gone knew."""
 
@@ -87,7 +87,7 @@ def _read_once(w, route: str) -> None:
         assert job["status"] == "Completed"
 
 
-@pytest.mark.parametrize(("route", "rows", "output"), [("vertex-batch", 3, "predictions.jsonl")])
+@pytest.mark.parametrize(("route", "rows", "output"), [("vertex-batch", 3, "predictions.jsonl"), ("bedrock-batch", 100, ".jsonl.out")])
 def test_output_deleted_from_the_bucket_gives_its_requests_up_after_the_lost_grace(tmp_path, route, rows, output):
     """The job answered, then its output was deleted in the user's bucket (a lifecycle rule, a
     cleanup): not found, as an OpenAI file answering 404 is, so after the grace its requests go
@@ -118,7 +118,7 @@ def test_output_deleted_from_the_bucket_gives_its_requests_up_after_the_lost_gra
         assert [d.state for d in dispatch_rows(w)] == ["failed", "ended"]
 
 
-@pytest.mark.parametrize(("route", "rows"), [("vertex-batch", 3)])
+@pytest.mark.parametrize(("route", "rows"), [("vertex-batch", 3), ("bedrock-batch", 100)])
 def test_an_output_file_deleted_after_it_was_listed_is_gone_too(tmp_path, monkeypatch, route, rows):
     """The listing names a second file, deleted before it is read (a listing made just before
     the cleanup): not found, said as such, after the first file's answers; it was a missing

@@ -11,7 +11,10 @@ ARN, `find` lists the jobs whose name holds the key and adopts the one that has 
 
 Bedrock writes `{staging}/{key}/out/{job id}/{key}.jsonl.out` (one record per input record:
 `modelOutput` or `error`) and `manifest.json.out`; the route streams the first back. The
-files stay in the user's bucket until they delete them (a lifecycle rule on the prefix).
+files stay in the user's bucket until they delete them (a lifecycle rule on the prefix): a
+job that answered (its record counts) whose output is not there, or a file gone before it is
+read, was deleted: `ResultsGone`, which the engine gives up after its grace (engine/batches.py
+`_not_read`), not a download read again for ever.
 
 States (the card's status map): Submitted, Validating, Scheduled and InProgress run,
 Stopping is cancelling; Completed and PartiallyCompleted end with their output read (an
@@ -49,7 +52,7 @@ import botocore.exceptions
 
 from lowtide.core import fastjson
 from lowtide.core.cards import CARDS
-from lowtide.core.errors import BatchGone, BatchRejected, NotSent, RouteError
+from lowtide.core.errors import BatchGone, BatchRejected, NotSent, ResultsGone, RouteError
 from lowtide.core.locations import location
 from lowtide.core.types import Outcome, Refusal, Request
 from lowtide.routes.base import BatchStatus
@@ -197,15 +200,23 @@ class BedrockBatchRoute:
         except FileNotFoundError:
             paths = []
         paths = sorted(p for p in paths if p.endswith(".out") and not p.endswith("manifest.json.out"))
+        answered = (job.get("successRecordCount") or 0) + (job.get("errorRecordCount") or 0)
+        if not paths and answered:  # it wrote them, and they are not there: deleted, not a download that broke off
+            raise ResultsGone(f"{self.name}: no output records under s3://{folder} (not found), the output of batch job "
+                              f"{batch_id}, which answered {answered} record(s): deleted there")  # fmt: skip
         if not paths:
             # A job stopped or expired before its first answer writes none: its requests have no
             # record, so the engine treats them as cancelled or expired (retried, or the fallback).
             log.warning("%s: batch job %s wrote no output under s3://%s", NAME, batch_id, folder)
         for path in paths:
-            async for text in self._lines(path):
-                outcome = _parse(text) if text.strip() else None
-                if outcome is not None:
-                    yield outcome
+            try:
+                async for text in self._lines(path):
+                    outcome = _parse(text) if text.strip() else None
+                    if outcome is not None:
+                        yield outcome
+            except FileNotFoundError:  # s3fs's NoSuchKey: deleted since it was listed
+                raise ResultsGone(f"{self.name}: s3://{path} not found, the output of batch job {batch_id}: deleted there "
+                                  "since it was listed") from None  # fmt: skip
 
     async def _lines(self, path: str) -> AsyncIterator[bytes]:
         """The lines of an S3 object, read a block at a time off the event loop."""
