@@ -2,7 +2,8 @@
 script or in its dashboard, well inside the card's results window): after the grace a batch
 the provider does not know gets (an hour), its requests leave it `batch_lost`, retryable,
 naming the file, and run again; they were left `dispatched` until the card's 30-day window
-passed, an `ingest_error` every poll. A download that breaks off is read again next poll, as
+passed, an `ingest_error` every poll (now one when "not found" begins, one each download that
+breaks off). A download that breaks off is read again next poll, as
 long as it takes. openai-batch in the simulation's world (`lowtide serve` in this process,
 one ManualClock). A job's output deleted from the user's bucket after it answered is gone the
 same way (vertex-batch, GCS emulator; bedrock-batch, moto's S3): it was read as a job that answered nothing, its
@@ -59,6 +60,35 @@ def test_a_results_file_the_provider_deleted_gives_its_requests_up_after_the_los
         rows = request_rows(w)
         assert [r.state for r in rows] == ["succeeded"] * 3 and {r.attempts for r in rows} == {2}
         assert [d.state for d in dispatch_rows(w)] == ["failed", "ended"] and invariants.batches_created(w) == 2
+
+
+def test_results_not_found_are_said_once_a_streak_and_a_download_that_breaks_off_each_time(tmp_path):
+    """An `ingest_error` when the provider first answers that the results are not found, not one
+    each poll of the hour's grace (a dozen identical events a batch, and more the shorter its
+    poll interval); `batch_lost` says it again when the batch is given up. A download that
+    breaks off is said each time, and ends the streak: "not found" after it is said again,
+    and its hour counts from then."""
+    with world(tmp_path) as w:
+        output = _ended(w)
+        with w.providers["main"].store.begin() as conn:
+            conn.execute(sa.delete(serve_files).where(serve_files.c.id == output))
+        rounds(w, 5, 600)  # polls, each download answered 404
+        [said] = event_rows(w, "ingest_error")
+        assert output in said and "not found" in said and "given up if still not found in 1 h" in said, said
+
+        w.set_faults(FaultPlan.model_validate({"http": [{"match": "GET /v1/files/*/content", "status": 500, "retry_after": 0}]}))
+        rounds(w, 2, 600)
+        broke = event_rows(w, "ingest_error")[1:]
+        assert len(broke) == 2 and all("500" in e and "given up" not in e for e in broke), broke
+        assert [d.lost_since for d in dispatch_rows(w)] == [None]
+
+        w.clear_faults()
+        rounds(w, 5, 600)  # not found again: a new streak, said once, its hour from its start
+        assert len(event_rows(w, "ingest_error")) == 4 and event_rows(w, "ingest_error")[3] == said
+        assert [d.state for d in dispatch_rows(w)] == ["submitted"] and event_rows(w, "batch_lost") == []
+        rounds(w, 3, 600)
+        assert [d.state for d in dispatch_rows(w)][0] == "failed" and len(event_rows(w, "batch_lost")) == 1
+        assert len(event_rows(w, "ingest_error")) == 4
 
 
 def test_a_results_download_that_breaks_off_is_read_again_however_long_it_takes(tmp_path):

@@ -603,13 +603,18 @@ def _not_read(store: Store, job: JobContext, route: BatchRoute, dispatch_id: int
     its results file deleted there) counts from `lost_since` as a batch the provider does
     not know does: after LOST_GRACE its requests leave it `batch_lost`, retryable, with the
     route's words, which name the file (engine/fate.py decides: the fallback route, another
-    batch while attempts remain, failed). Not watched: what it ran cannot be read any more."""
+    batch while attempts remain, failed). Not watched: what it ran cannot be read any more.
+    Each download that broke off is an `ingest_error` event; "not found" is one when it is
+    first answered (`lost_since` was NULL), not one each poll of the grace, and `batch_lost`
+    says it again when the batch is given up."""
     now = clock.now()
     with store.begin() as conn:
-        first_gone = func.coalesce(dispatches.c.lost_since, now) if gone else None
-        conn.execute(update(dispatches).where(dispatches.c.id == dispatch_id).values(lease_until=0.0, lost_since=first_gone))
-        add_event(conn, job.id, "ingest_error", f"{route.name} batch {provider_id}: {said}", now)
-        since = conn.execute(select(dispatches.c.lost_since).where(dispatches.c.id == dispatch_id)).scalar_one()
+        before = conn.execute(select(dispatches.c.lost_since).where(dispatches.c.id == dispatch_id)).scalar_one()
+        since = (now if before is None else before) if gone else None
+        conn.execute(update(dispatches).where(dispatches.c.id == dispatch_id).values(lease_until=0.0, lost_since=since))
+        if not gone or before is None:
+            later = f" (given up if still not found in {LOST_GRACE / 3600:.0f} h)" if gone else ""
+            add_event(conn, job.id, "ingest_error", f"{route.name} batch {provider_id}: {said}{later}", now)
     if since is None or now - since < LOST_GRACE:
         return
     reason = (
