@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from lowtide.cli import app
 from lowtide.store.db import Store
+from lowtide.store.payloads import payload_text
 from lowtide.store.schema import jobs, requests
 from tests.conftest import ticket_rows, write_csv
 
@@ -37,7 +38,7 @@ def test_run_requeue_changed_judges_the_re_run_answer_again(tmp_path, monkeypatc
     store = Store(str(tmp_path / "s.db"))
     try:
         with store.begin() as conn:
-            q = sa.select(requests.c.payload, requests.c.version, requests.c.state).join(jobs)
+            q = sa.select(payload_text().label("payload"), requests.c.version, requests.c.state).join(jobs)
             payload, version, state = conn.execute(q.where(jobs.c.name == "rj.judge", requests.c.source_key == "T1000__e-p")).one()
     finally:
         store.close()

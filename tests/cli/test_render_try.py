@@ -19,6 +19,8 @@ import pytest
 import sqlalchemy as sa
 import yaml
 
+from lowtide.store.payloads import payload_text
+from lowtide.store.schema import requests
 from tests.cli.test_cli import LOWTIDE, Cli
 from tests.conftest import write_csv
 
@@ -59,7 +61,7 @@ def tickets(n: int) -> list[dict]:
 def stored_payloads(db: Path) -> dict[str, dict]:
     engine = sa.create_engine(f"sqlite:///{db}")
     with engine.connect() as conn:
-        rows = conn.execute(sa.text("select custom_id, payload from requests")).all()
+        rows = conn.execute(sa.select(requests.c.custom_id, payload_text())).all()
     engine.dispose()
     return {cid: json.loads(payload) for cid, payload in rows}
 

@@ -13,6 +13,7 @@ import sqlalchemy as sa
 from lowtide.core.errors import SourceError
 from lowtide.engine.export import export_results
 from lowtide.engine.loader import load_job
+from lowtide.store.payloads import payload_text
 from lowtide.store.schema import requests
 from tests.conftest import drive_to_end, make_spec
 
@@ -66,7 +67,7 @@ def test_a_first_load_stores_each_ids_newest_row_and_refuses_a_true_duplicate(st
     report = load_job(store, spec_for(root), clock)
     assert (report.rows, report.new, report.watermark) == (2, 2, "2026-12-02")
     with store.read() as conn:
-        stored = dict(conn.execute(sa.select(requests.c.custom_id, requests.c.payload)).all())
+        stored = dict(conn.execute(sa.select(requests.c.custom_id, payload_text().label("payload"))).all())
     assert "second EDITED" in stored["2"]
 
     night(root, "2026-12-03", [("4", "fourth"), ("4", "fourth again")])  # one id twice in one night: no version is newer

@@ -14,6 +14,8 @@ import sqlalchemy as sa
 from lowtide.core.errors import SourceError
 from lowtide.engine.export import export_results
 from lowtide.engine.loader import load_job
+from lowtide.store.payloads import payload_text
+from lowtide.store.schema import requests
 from tests.conftest import drive_to_end, make_spec
 
 CSV = """ticket_id,zip,count,score,urgent,opened,note,body
@@ -85,5 +87,5 @@ def test_templates_still_see_the_text_as_written(sqlite_store, clock, tmp_path):
     spec = make_spec(tmp_path / "t.csv", source={"id_column": "ticket_id", "types": {"zip": "int"}}, template={"user": "zip {{ zip }}"})
     drive_to_end(sqlite_store, spec, clock)
     with sqlite_store.begin() as conn:
-        payloads = conn.execute(sa.text("SELECT payload FROM requests ORDER BY source_row")).scalars().all()
+        payloads = conn.execute(sa.select(payload_text()).order_by(requests.c.source_row)).scalars().all()
     assert '"zip 01234"' in payloads[0]

@@ -15,6 +15,7 @@ from lowtide.core.types import Outcome, Usage
 from lowtide.engine.loader import load_job
 from lowtide.engine.packs import unpack
 from lowtide.store.db import Store
+from lowtide.store.payloads import payload_text
 from lowtide.store.schema import attempts, requests
 from tests.conftest import drive_to_end, write_csv
 from tests.embeddings.helpers import docs, echo_reference, embed_spec
@@ -59,7 +60,7 @@ def test_an_input_over_the_token_limit_is_refused_with_its_count_or_cut_when_ask
     status = drive_to_end(sqlite_store, build_spec(embed_spec(source, truncate=True)), clock)
     assert status.counts == {"succeeded": 2}
     with sqlite_store.begin() as conn:
-        payload = json.loads(conn.execute(select(requests.c.payload).where(requests.c.source_key == "doc-1")).scalar_one())
+        payload = json.loads(conn.execute(select(payload_text().label("payload")).where(requests.c.source_key == "doc-1")).scalar_one())
     assert len(payload["body"]["input"]) == 8192 * 4 and rows[0]["text"].startswith(payload["body"]["input"])
 
 
@@ -75,7 +76,7 @@ def test_a_japanese_input_under_the_limit_in_characters_over_4_but_over_it_in_to
     assert count(sqlite_store) == 0
     drive_to_end(sqlite_store, build_spec(embed_spec(source, truncate=True)), clock)
     with sqlite_store.begin() as conn:
-        payload = json.loads(conn.execute(select(requests.c.payload).where(requests.c.source_key == "doc-1")).scalar_one())
+        payload = json.loads(conn.execute(select(payload_text().label("payload")).where(requests.c.source_key == "doc-1")).scalar_one())
     cut = payload["body"]["input"]
     assert len(cut) == 8192 * 4 // 5 and rows[0]["text"].startswith(cut)  # 1.25 a character: 6,553 of them
 

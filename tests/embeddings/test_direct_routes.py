@@ -15,6 +15,7 @@ from lowtide.core.embeddings import vector_of
 from lowtide.core.spec import build_spec
 from lowtide.engine.loader import load_job
 from lowtide.store.db import Store
+from lowtide.store.payloads import payload_text
 from lowtide.store.schema import requests
 from tests.conftest import wait_until
 from tests.embeddings.helpers import docs_csv, echo_reference, embed_spec
@@ -30,7 +31,7 @@ def test_direct_routes_embed_packed_rows(route, serve, tmp_path):  # noqa: F811
     load_job(store, build_spec(embed_spec(source, route=route, route_options=options)), ManualClock())
     assert _run(store, "vectors").counts == {"succeeded": 25}
     with store.begin() as conn:
-        for payload, response in conn.execute(select(requests.c.payload, requests.c.response)):
+        for payload, response in conn.execute(select(payload_text().label("payload"), requests.c.response)):
             kept = json.loads(response)
             assert vector_of(kept) == echo_reference(json.loads(payload)["body"]["input"], 8)
             assert kept["lowtide_pack"]["size"] == 25

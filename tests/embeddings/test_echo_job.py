@@ -9,6 +9,7 @@ from sqlalchemy import select
 
 from lowtide.core.embeddings import vector_of
 from lowtide.core.spec import build_spec
+from lowtide.store.payloads import payload_text
 from lowtide.store.schema import attempts, requests
 from tests.conftest import drive_to_end
 from tests.embeddings.helpers import docs_csv, echo_reference, embed_spec
@@ -16,7 +17,7 @@ from tests.embeddings.helpers import docs_csv, echo_reference, embed_spec
 
 def stored(store) -> dict[str, dict]:
     with store.begin() as conn:
-        rows = conn.execute(select(requests.c.source_key, requests.c.state, requests.c.response, requests.c.payload,
+        rows = conn.execute(select(requests.c.source_key, requests.c.state, requests.c.response, payload_text().label("payload"),
                                    requests.c.input_tokens)).all()  # fmt: skip
     return {r.source_key: {"state": r.state, "response": json.loads(r.response) if r.response else None,
                            "payload": json.loads(r.payload), "tokens": r.input_tokens} for r in rows}  # fmt: skip

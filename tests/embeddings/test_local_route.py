@@ -15,6 +15,7 @@ from lowtide.core.spec import build_spec
 from lowtide.engine.export import export_results
 from lowtide.engine.loader import load_job
 from lowtide.routes.own.local_embed import embedder
+from lowtide.store.payloads import payload_text
 from lowtide.store.schema import requests
 from tests.conftest import drive_to_end
 from tests.embeddings.helpers import docs_csv, embed_spec
@@ -33,7 +34,7 @@ def test_a_local_embedding_job_stores_the_models_own_vectors(sqlite_store, clock
     status = drive_to_end(sqlite_store, build_spec(local_spec(source, packing=packing)), clock)
     assert status.counts == {"succeeded": 12}
     with sqlite_store.begin() as conn:
-        rows = conn.execute(select(requests.c.payload, requests.c.response, requests.c.input_tokens)).all()
+        rows = conn.execute(select(payload_text().label("payload"), requests.c.response, requests.c.input_tokens)).all()
     model = embedder()
     for payload, response, tokens in rows:
         text = json.loads(payload)["body"]["input"]
@@ -77,7 +78,7 @@ def test_an_input_over_256_tokens_is_refused_with_its_exact_count_or_cut_when_as
     status = drive_to_end(sqlite_store, build_spec(local_spec(source, truncate=True)), clock)
     assert status.counts == {"succeeded": 2}
     with sqlite_store.begin() as conn:
-        cut = [json.loads(p)["body"]["input"] for (p,) in conn.execute(select(requests.c.payload))]
+        cut = [json.loads(p)["body"]["input"] for (p,) in conn.execute(select(payload_text().label("payload")))]
     assert all(embedder().count_tokens(text) <= 256 for text in cut) and any(len(t) < len(long_text) for t in cut)
 
 

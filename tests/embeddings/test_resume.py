@@ -18,6 +18,7 @@ from lowtide.engine.ingest import apply_outcomes
 from lowtide.engine.loader import load_job
 from lowtide.engine.packs import stored_members
 from lowtide.engine.tick import Engine
+from lowtide.store.payloads import payload_text
 from lowtide.store.schema import attempts, dispatches, jobs, requests
 from tests.conftest import write_csv
 from tests.embeddings.helpers import docs, echo_reference, embed_spec
@@ -38,7 +39,7 @@ def test_a_pack_is_unpacked_right_after_a_partial_ingest(store, clock, tmp_path)
     asyncio.run(ticks(1))  # planned and submitted as one pack of 10; not ended yet
     with store.begin() as conn:
         dispatch_id = conn.execute(sa.select(dispatches.c.id)).scalar_one()
-        rows = conn.execute(sa.select(requests.c.id, requests.c.custom_id, requests.c.payload).order_by(requests.c.id)).all()
+        rows = conn.execute(sa.select(requests.c.id, requests.c.custom_id, payload_text().label("payload")).order_by(requests.c.id)).all()
         job = JobContext.from_row(conn.execute(sa.select(jobs)).one())
         # An ingest that broke off after the first three rows of the pack.
         early = [Outcome(r.custom_id, True, usage=Usage(input_tokens=1), response={"object": "list", "data": [

@@ -15,6 +15,7 @@ from lowtide.core.embeddings import vector_of
 from lowtide.core.spec import build_spec
 from lowtide.engine.loader import load_job
 from lowtide.store.db import Store
+from lowtide.store.payloads import payload_text
 from lowtide.store.schema import requests
 from tests.conftest import wait_until, write_csv
 from tests.embeddings.helpers import echo_reference, embed_spec
@@ -25,7 +26,7 @@ SIZES = {"doc-1": 4, "doc-2": 12, "doc-3": "", "doc-4": 4, "doc-5": 6}  # "": th
 
 def _vectors(store: Store) -> dict[str, tuple[str, list[float], str]]:
     with store.begin() as conn:
-        rows = conn.execute(select(requests.c.custom_id, requests.c.state, requests.c.payload, requests.c.response)).all()
+        rows = conn.execute(select(requests.c.custom_id, requests.c.state, payload_text().label("payload"), requests.c.response)).all()
     return {r.custom_id: (r.state, vector_of(json.loads(r.response)) if r.response else [], json.loads(r.payload)["body"]["input"])
             for r in rows}  # fmt: skip
 

@@ -15,6 +15,7 @@ from lowtide.core.spec import build_spec
 from lowtide.engine.loader import load_job
 from lowtide.engine.report import cost_report
 from lowtide.store.db import Store
+from lowtide.store.payloads import payload_text
 from lowtide.store.schema import attempts, dispatches, requests
 from tests.embeddings.helpers import docs_csv, echo_reference, embed_spec
 from tests.routes.conftest import KEY_ENV, _options, _run, serve  # noqa: F401  (serve: the fixture)
@@ -29,7 +30,7 @@ def test_openai_batch_packs_rows_and_unpacks_each_vector_to_its_row(serve, tmp_p
     load_job(store, spec, ManualClock())
     assert _run(store, "vectors").counts == {"succeeded": 120}
     with store.begin() as conn:
-        rows = conn.execute(select(requests.c.payload, requests.c.response, requests.c.input_tokens)).all()
+        rows = conn.execute(select(payload_text().label("payload"), requests.c.response, requests.c.input_tokens)).all()
         batches = conn.execute(select(func.count()).select_from(dispatches)).scalar_one()
         ledger = conn.execute(select(attempts.c.input_tokens, attempts.c.output_tokens, attempts.c.cost_picousd,
                                      attempts.c.realtime_picousd, attempts.c.tier)).all()  # fmt: skip

@@ -21,6 +21,7 @@ from lowtide.core.states import RequestState
 from lowtide.core.types import Outcome, Usage
 from lowtide.engine.context import JobContext
 from lowtide.engine.loader import load_job
+from lowtide.store.payloads import whole_columns
 from lowtide.store.schema import jobs, requests
 from tests.conftest import write_csv
 from tests.engine.ledger_helpers import dispatch, ingest
@@ -80,7 +81,7 @@ def _text(body: dict) -> str:
 
 def states(store) -> dict[str, Any]:
     with store.begin() as conn:
-        return {r.custom_id: r for r in conn.execute(sa.select(requests))}
+        return {r.custom_id: r for r in conn.execute(sa.select(*whole_columns(requests)))}
 
 
 def pending(store) -> list[str]:

@@ -28,6 +28,7 @@ from lowtide.core.spec import JobSpec, load_spec
 from lowtide.engine.export import export_results
 from lowtide.engine.loader import load_job
 from lowtide.routes import known_routes
+from lowtide.store.payloads import payload_text
 from lowtide.store.schema import attempts, dispatches, events, jobs, requests
 from tests.conftest import drive_to_end, make_spec, ticket_rows, write_csv
 
@@ -290,7 +291,7 @@ def test_empty_value_in_a_template_column_names_row_column_and_hint(store, clock
     report = load_job(store, spec_for(source, source={"optional_columns": ["body"]}), clock)
     assert (report.rows, report.new) == (12, 2)
     with store.begin() as conn:
-        payload = conn.execute(sa.select(requests.c.payload).where(requests.c.custom_id == "T1011")).scalar_one()
+        payload = conn.execute(sa.select(payload_text().label("payload")).where(requests.c.custom_id == "T1011")).scalar_one()
     assert json.loads(payload)["body"]["messages"][-1]["content"] == "Ticket:   "
 
 
@@ -314,7 +315,7 @@ def test_null_optional_value_renders_like_an_empty_csv_cell(sqlite_store, clock,
     )
     load_job(sqlite_store, spec, clock)
     with sqlite_store.begin() as conn:
-        payload = json.loads(conn.execute(sa.select(requests.c.payload)).scalar_one())
+        payload = json.loads(conn.execute(sa.select(payload_text().label("payload"))).scalar_one())
     assert payload["body"]["messages"][-1]["content"] == "x|"
 
 

@@ -29,6 +29,7 @@ from lowtide.engine.loader import load_job
 from lowtide.engine.tick import Engine
 from lowtide.routes.own.echo import EchoRoute
 from lowtide.store.money import from_pico
+from lowtide.store.payloads import payload_text
 from lowtide.store.queries import save_job
 from lowtide.store.schema import attempts, dispatches, events, jobs, requests
 from tests.conftest import make_spec, write_csv
@@ -55,7 +56,7 @@ def _events(store, kind: str) -> list[str]:
 
 def _payload_chars(store) -> list[int]:
     with store.begin() as conn:
-        return [len(p) for p in conn.scalars(sa.select(requests.c.payload))]
+        return [len(p) for p in conn.scalars(sa.select(payload_text().label("payload")))]
 
 
 def test_a_batch_job_stops_before_its_budget_collects_what_is_in_flight_and_resumes(serve, store, tmp_path):  # noqa: F811
@@ -239,8 +240,8 @@ def test_a_dispatch_of_japanese_text_is_estimated_at_more_than_a_token_a_charact
     text = "注文した商品が二日遅れて届き、箱が破損していました。" * 20  # 520 characters
     body = Request.chat("r", "gpt-4o-mini", [{"role": "user", "content": text}], max_tokens=16).to_payload()
     with store.begin() as conn:
-        conn.execute(sa.update(requests).values(payload=json.dumps(body, ensure_ascii=False)))  # as the loader stores it: UTF-8
-        stored = list(conn.scalars(sa.select(requests.c.payload)))
+        conn.execute(sa.update(requests).values(payload=json.dumps(body, ensure_ascii=False), head_id=None))  # whole, UTF-8
+        stored = list(conn.scalars(sa.select(payload_text().label("payload"))))
         est = budget.estimate_requests(conn, job, requests.c.job_id == job.id, "openai")
     assert est.input_tokens >= 2 * len(text) * 1.25  # before: a quarter of that
     assert est.input_tokens == approx_from(sum(map(len, stored)), sum(len(p.encode()) for p in stored))

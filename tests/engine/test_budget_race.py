@@ -21,7 +21,8 @@ from lowtide.engine.loader import load_job
 from lowtide.engine.tick import Engine
 from lowtide.routes.openai.batch import OpenAIBatchRoute
 from lowtide.store.db import Store
-from lowtide.store.schema import dispatches, events, requests
+from lowtide.store.payloads import payload_text
+from lowtide.store.schema import dispatches, events
 from lowtide.store.transitions import move_job
 from tests.conftest import make_spec, write_csv
 from tests.routes.conftest import _options, _run, serve  # noqa: F401  (the `serve` fixture)
@@ -62,7 +63,7 @@ def _chunk_estimate(store) -> Decimal:
     """One chunk of two at openai-batch gpt-4o-mini prices: input ≈ characters / 4 at
     0.075, output 2 × max_tokens at 0.30 (per million tokens)."""
     with store.begin() as conn:
-        [chars] = {len(p) for p in conn.scalars(sa.select(requests.c.payload))}
+        [chars] = {len(p) for p in conn.scalars(sa.select(payload_text().label("payload")))}
     return (D(math.ceil(2 * chars / 4)) * D("0.075") + 200 * D("0.30")) / 1_000_000
 
 

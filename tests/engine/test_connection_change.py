@@ -20,6 +20,7 @@ from lowtide.engine.control import job_status
 from lowtide.engine.loader import load_job
 from lowtide.engine.tick import Engine
 from lowtide.store.db import Store
+from lowtide.store.payloads import whole_columns
 from lowtide.store.schema import dispatches, jobs, requests
 from tests.conftest import make_spec, ticket_rows, wait_until, write_csv
 from tests.routes.conftest import _options, serve  # noqa: F401  (serve: the fixture)
@@ -59,7 +60,7 @@ def _sent(store: Store) -> list[tuple[str, str]]:
 def _stored(store: Store) -> tuple[dict, list]:
     with store.begin() as conn:
         spec = json.loads(conn.execute(sa.select(jobs.c.spec)).scalar_one())
-        rows = conn.execute(sa.select(requests).order_by(requests.c.id)).all()
+        rows = conn.execute(sa.select(*whole_columns(requests)).order_by(requests.c.id)).all()
     return spec, rows
 
 

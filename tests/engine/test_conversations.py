@@ -9,6 +9,7 @@ import sqlalchemy as sa
 
 from lowtide.core.errors import SourceError
 from lowtide.engine.loader import load_job
+from lowtide.store.payloads import whole_columns
 from lowtide.store.schema import requests
 from tests.conftest import drive_to_end, make_spec
 
@@ -30,7 +31,7 @@ def test_rows_with_their_own_messages_and_parameters_run_as_they_are(sqlite_stor
     status = drive_to_end(sqlite_store, spec, clock)
     assert status.counts == {"succeeded": 2}
     with sqlite_store.begin() as conn:
-        rows = {r.custom_id: r for r in conn.execute(sa.select(requests))}
+        rows = {r.custom_id: r for r in conn.execute(sa.select(*whole_columns(requests)))}
     assert rows["a"].output == "hello a"
     assert json.loads(rows["b"].payload)["body"]["max_tokens"] == 7
     assert json.loads(rows["a"].payload)["body"]["max_tokens"] == 256

@@ -14,6 +14,7 @@ from lowtide.core.states import DispatchState
 from lowtide.engine import direct
 from lowtide.engine.dispatch import claim_due, dispatched_requests, new_dispatch
 from lowtide.engine.loader import load_job
+from lowtide.store.payloads import payload_chars
 from lowtide.store.schema import attempts, dispatches, jobs, requests
 from tests.conftest import drive_to_end, make_spec, ticket_rows, write_csv
 
@@ -34,7 +35,7 @@ def test_a_claim_of_big_payloads_holds_at_most_the_bound(store, clock, tmp_path,
     with store.begin() as conn:
         assert conn.execute(sa.select(sa.func.count()).where(requests.c.state != "succeeded")).scalar() == 0
         held = conn.execute(
-            sa.select(dispatches.c.id, dispatches.c.size, sa.func.count(), sa.func.sum(sa.func.length(requests.c.payload)))
+            sa.select(dispatches.c.id, dispatches.c.size, sa.func.count(), sa.func.sum(payload_chars()))
             .join(attempts, attempts.c.dispatch_id == dispatches.c.id)
             .join(requests, requests.c.id == attempts.c.request_id)
             .where(dispatches.c.kind == "direct")

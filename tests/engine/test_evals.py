@@ -21,6 +21,7 @@ from lowtide.engine.compare import compare, variant_rows
 from lowtide.engine.eval_export import export_eval_results
 from lowtide.engine.evals import drive_jobs, load_eval, load_judge, run_eval, stored_eval
 from lowtide.engine.tick import Engine
+from lowtide.store.payloads import payload_text, whole_columns
 from lowtide.store.schema import dispatches, events, jobs, requests
 from tests.conftest import ticket_rows, write_csv
 
@@ -108,12 +109,12 @@ def test_adding_a_variant_runs_only_it_and_changes_nothing_stored(store, clock, 
     source = write_csv(tmp_path / "t.csv", ticket_rows(12))
     run(store, clock, spec(source, prompts=("right",)))
     with store.begin() as conn:
-        before = {r.custom_id: (r.payload, r.fingerprint, r.version, r.state) for r in conn.execute(sa.select(requests))}
+        before = {r.custom_id: (r.payload, r.fingerprint, r.version, r.state) for r in conn.execute(sa.select(*whole_columns(requests)))}
         old_spec = conn.execute(sa.select(jobs.c.spec).where(jobs.c.name == "ev.e-right")).scalar_one()
     ev, reports, statuses = run(store, clock, spec(source, prompts=("right", "other")))
     assert [(r.new, r.changed, r.applied) for r in reports] == [(0, 0, []), (12, 0, [])]
     with store.begin() as conn:
-        after = {r.custom_id: (r.payload, r.fingerprint, r.version, r.state) for r in conn.execute(sa.select(requests))}
+        after = {r.custom_id: (r.payload, r.fingerprint, r.version, r.state) for r in conn.execute(sa.select(*whole_columns(requests)))}
         assert conn.execute(sa.select(jobs.c.spec).where(jobs.c.name == "ev.e-right")).scalar_one() == old_spec
         kinds = set(conn.scalars(sa.select(events.c.kind)))
     assert {k: v for k, v in after.items() if k in before} == before
@@ -148,7 +149,7 @@ def test_the_judge_stage_scores_from_its_verdicts(store, clock, tmp_path):
         judge_id = conn.execute(sa.select(jobs.c.id).where(jobs.c.name == "ev.judge")).scalar_one()
         verdicts = {k: json.loads(p)["correct"] for k, p in conn.execute(
             sa.select(requests.c.source_key, requests.c.parsed).where(requests.c.job_id == judge_id))}  # fmt: skip
-        payload = json.loads(conn.execute(sa.select(requests.c.payload).where(requests.c.job_id == judge_id).limit(1)).scalar_one())
+        payload = json.loads(conn.execute(sa.select(payload_text().label("payload")).where(requests.c.job_id == judge_id).limit(1)).scalar_one())
     assert set(verdicts) == {f"T{1000 + i}__e-{p}" for i in range(10) for p in ("right", "wrong")}
     assert "the e-" in payload["body"]["messages"][-1]["content"] and "Expected " in payload["body"]["messages"][-1]["content"]
     report = compare(store, ev)
@@ -175,7 +176,7 @@ def test_a_re_run_answer_is_never_shown_with_the_verdict_on_its_old_answer_and_i
         with store.begin() as conn:
             q = sa.select(requests.c.output, requests.c.version).join(jobs)
             answer = conn.execute(q.where(jobs.c.name == "ev.e-right", requests.c.custom_id == cid)).one()
-            q = sa.select(requests.c.payload, requests.c.version).join(jobs).where(jobs.c.name == "ev.judge", requests.c.source_key == cid)
+            q = sa.select(payload_text().label("payload"), requests.c.version).join(jobs).where(jobs.c.name == "ev.judge", requests.c.source_key == cid)
             payload, version = conn.execute(q).one()
         return tuple(answer), json.loads(payload)["body"]["messages"][-1]["content"], version
 

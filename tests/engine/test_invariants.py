@@ -16,6 +16,7 @@ from lowtide.engine.tick import Engine
 from lowtide.routes.own.echo import EchoRoute
 from lowtide.routes.own.echo_batch import EchoBatchRoute
 from lowtide.store.db import Store
+from lowtide.store.payloads import whole_columns
 from lowtide.store.queries import get_job
 from lowtide.store.schema import attempts, dispatches, requests
 from tests.conftest import drive_to_end, make_spec, ticket_rows, write_csv
@@ -90,7 +91,7 @@ def test_2_a_result_is_applied_at_most_once_and_stale_results_never_overwrite(st
     drive_to_end(store, spec, clock)
     # T1000 was missing from its first batch's output, so it was retried in a second batch.
     with store.begin() as conn:
-        req = conn.execute(sa.select(requests).where(requests.c.custom_id == "T1000")).one()
+        req = conn.execute(sa.select(*whole_columns(requests)).where(requests.c.custom_id == "T1000")).one()
         first_dispatch = conn.execute(
             sa.select(sa.func.min(attempts.c.dispatch_id)).where(attempts.c.request_id == req.id)
         ).scalar_one()
@@ -109,7 +110,7 @@ def test_2_a_result_is_applied_at_most_once_and_stale_results_never_overwrite(st
     with store.begin() as conn:
         other = conn.execute(sa.select(sa.func.max(dispatches.c.id))).scalar_one() + 100
         counts = apply_outcomes(conn, job, other, "echo-batch", [late, late], clock.now(), random.Random(1))
-        after = conn.execute(sa.select(requests).where(requests.c.custom_id == "T1000")).one()
+        after = conn.execute(sa.select(*whole_columns(requests)).where(requests.c.custom_id == "T1000")).one()
         stale = conn.execute(
             sa.select(attempts.c.applied, attempts.c.input_tokens).where(attempts.c.dispatch_id == other)
         ).all()
@@ -123,7 +124,7 @@ def test_2_a_succeeded_request_is_never_overwritten_by_a_second_result(store, cl
     drive_to_end(store, make_spec(source), clock)
     job = _job(store)
     with store.begin() as conn:
-        req = conn.execute(sa.select(requests).where(requests.c.custom_id == "T1000")).one()
+        req = conn.execute(sa.select(*whole_columns(requests)).where(requests.c.custom_id == "T1000")).one()
         counts = apply_outcomes(
             conn, job, req.dispatch_id + 1, "echo", [Outcome("T1000", True, text="other")], clock.now(), random.Random(1)
         )

@@ -7,6 +7,7 @@ import json
 import sqlalchemy as sa
 
 from lowtide.engine.export import export_results
+from lowtide.store.payloads import whole_columns
 from lowtide.store.schema import attempts, requests
 from tests.conftest import drive_to_end, make_spec, write_csv
 from tests.engine.answers import answer_all, chat, choice, loaded_job, pending
@@ -29,7 +30,7 @@ def test_valid_json_is_parsed_into_columns_and_invalid_json_is_repaired_once_the
     assert sorted(pending(store)) == ["bad-enum", "not-json"]  # each gets its one repair
     answer_all(store, job, {cid: chat(choice(0, first[cid])) for cid in ("bad-enum", "not-json")})  # wrong again
     with store.begin() as conn:
-        got = {r.custom_id: r for r in conn.execute(sa.select(requests))}
+        got = {r.custom_id: r for r in conn.execute(sa.select(*whole_columns(requests)))}
         tries = dict(
             conn.execute(
                 sa.select(requests.c.custom_id, sa.func.count(attempts.c.id))

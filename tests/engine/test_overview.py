@@ -10,6 +10,7 @@ import sqlalchemy as sa
 from lowtide.core.types import Outcome
 from lowtide.engine import overview
 from lowtide.engine.report import cost_report
+from lowtide.store.payloads import payload_chars
 from lowtide.store.queries import note_phase, request_counts
 from lowtide.store.schema import attempts, dispatch_phases, dispatches, requests
 from tests.engine.ledger_helpers import NOW, dispatch, ingest, ok, stored_job
@@ -97,7 +98,7 @@ def test_the_job_estimate_is_the_budgets_bound_over_every_request(store, tmp_pat
     job = stored_job(store, tmp_path, n=4, model="gpt-4o-mini", route="openai-batch")
     with store.begin() as conn:
         est = overview.job_estimate(conn, job.id)
-        chars = conn.execute(sa.select(sa.func.sum(sa.func.length(requests.c.payload))).where(requests.c.job_id == job.id)).scalar()
+        chars = conn.execute(sa.select(sa.func.sum(payload_chars())).where(requests.c.job_id == job.id)).scalar()
         again = overview.job_estimate(conn, job.id)
     assert (est.requests, est.output_tokens) == (4, 4 * 256)  # max_tokens of each
     assert est.input_tokens == -(-chars // 4) and est.usd is not None and est.usd > 0

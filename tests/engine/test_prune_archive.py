@@ -13,6 +13,7 @@ from lowtide.engine.archive import archive_name
 from lowtide.engine.control import job_status
 from lowtide.engine.report import cost_report
 from lowtide.engine.retention import PRUNED, prune
+from lowtide.store.payloads import whole_columns
 from lowtide.store.schema import attempts, jobs, request_versions, requests
 from lowtide.store.space import reclaim, store_bytes
 from tests.conftest import drive_to_end, make_spec, ticket_rows, write_csv
@@ -29,11 +30,11 @@ def _stored(store, name) -> list[dict]:
         job_id = conn.execute(sa.select(jobs.c.id).where(jobs.c.name == name)).scalar_one()
         r, v, a = requests.c, request_versions.c, attempts.c
         rows = []
-        for row in conn.execute(sa.select(requests).where(r.job_id == job_id).order_by(r.id)).mappings():
+        for row in conn.execute(sa.select(*whole_columns(requests)).where(r.job_id == job_id).order_by(r.id)).mappings():
             cost = conn.execute(sa.select(sa.func.sum(a.cost_picousd)).where(a.request_id == row["id"])).scalar()
             rows.append({"table": "requests", "row_id": row["id"], "request_id": row["id"], "custom_id": row["custom_id"],
                          "version": row["version"], "state": row["state"], **{b: row[b] for b in BODIES}, "cost_picousd": cost})  # fmt: skip
-        for row in conn.execute(sa.select(request_versions).where(v.job_id == job_id).order_by(v.id)).mappings():
+        for row in conn.execute(sa.select(*whole_columns(request_versions)).where(v.job_id == job_id).order_by(v.id)).mappings():
             cid = conn.execute(sa.select(r.custom_id).where(r.id == row["request_id"])).scalar_one()
             rows.append({"table": "request_versions", "row_id": row["id"], "request_id": row["request_id"], "custom_id": cid,
                          "version": row["version"], "state": row["state"], "payload": row["payload"], "response": row["response"],

@@ -7,6 +7,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 
 from lowtide.engine.report import cost_report
+from lowtide.store.payloads import whole_columns
 from lowtide.store.schema import attempts, repair_sends, requests
 from tests.cli.test_cli import Cli
 from tests.engine.answers import answer_all, chat, choice, loaded_job, pending
@@ -20,7 +21,7 @@ def test_repair_false_fails_an_invalid_answer_at_once_with_the_validation_error(
     answer_all(store, job, {"ok": chat(choice(0, GOOD)), "bad": chat(choice(0, BAD))})
     assert pending(store) == []
     with store.begin() as conn:
-        got = {r.custom_id: r for r in conn.execute(sa.select(requests))}
+        got = {r.custom_id: r for r in conn.execute(sa.select(*whole_columns(requests)))}
         tries = conn.execute(sa.select(sa.func.count()).select_from(attempts)).scalar_one()
     assert got["ok"].state == "succeeded" and got["bad"].state == "failed" and tries == 2
     assert got["bad"].error_code == "invalid_output" and got["bad"].repair is None

@@ -16,6 +16,7 @@ import sqlalchemy as sa
 from lowtide.core.errors import InputError
 from lowtide.engine.export import export_results
 from lowtide.engine.loader import load_job
+from lowtide.store.payloads import payload_text, whole_columns
 from lowtide.store.schema import requests
 from tests.conftest import make_spec, write_csv
 from tests.core.test_parts import PDF, PNG
@@ -29,7 +30,7 @@ def keys(monkeypatch):
 
 def stored(store) -> dict[str, dict]:
     with store.begin() as conn:
-        return {r.custom_id: json.loads(r.payload) | {"fp": r.fingerprint} for r in conn.execute(sa.select(requests))}
+        return {r.custom_id: json.loads(r.payload) | {"fp": r.fingerprint} for r in conn.execute(sa.select(*whole_columns(requests)))}
 
 
 def jsonl(path, rows):
@@ -92,7 +93,7 @@ def test_images_and_files_become_native_parts_on_each_endpoint(sqlite_store, clo
     spec = make_spec(source, name="claude", route="anthropic-batch", base_dir=str(tmp_path), template={"images": [{"column": "photo"}], "files": [{"column": "doc"}]})
     load_job(sqlite_store, spec, clock)
     with sqlite_store.begin() as conn:
-        payload = json.loads(conn.execute(sa.select(requests.c.payload).where(requests.c.job_id == 2, requests.c.custom_id == "A")).scalar_one())
+        payload = json.loads(conn.execute(sa.select(payload_text().label("payload")).where(requests.c.job_id == 2, requests.c.custom_id == "A")).scalar_one())
     assert payload["endpoint"] == "/v1/messages"
     assert payload["body"]["system"] == "Classify the ticket."
     assert payload["body"]["messages"][0]["content"][1:] == [

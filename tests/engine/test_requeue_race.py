@@ -14,6 +14,7 @@ from lowtide.core.errors import SpecError
 from lowtide.core.states import DispatchState
 from lowtide.engine.dispatch import claim_due, new_dispatch
 from lowtide.engine.loader import load_job
+from lowtide.store.payloads import payload_text
 from lowtide.store.schema import jobs, requests
 from tests.conftest import make_spec, ticket_rows, write_csv
 from tests.engine.concurrency import Background, held_before_commit, ran_or_waits, second_store
@@ -50,7 +51,7 @@ def test_a_changed_request_claimed_during_the_load_is_refused_not_counted_requeu
         other.close()
         worker.close()
     with store.begin() as conn:
-        payload = conn.execute(sa.select(requests.c.payload).where(requests.c.custom_id == "T1001")).scalar_one()
+        payload = conn.execute(sa.select(payload_text().label("payload")).where(requests.c.custom_id == "T1001")).scalar_one()
     assert "entirely new" not in json.dumps(payload)  # nothing changed: the load was refused whole
 
 

@@ -19,13 +19,14 @@ from lowtide.core.ids import custom_id_for
 from lowtide.engine.export import export_results
 from lowtide.engine.loader import load_job
 from lowtide.engine.tick import Engine
+from lowtide.store.payloads import payload_text, whole_columns
 from lowtide.store.schema import attempts, dispatches, jobs, requests
 from tests.conftest import drive_to_end, make_spec, ticket_rows, write_csv
 
 
 def _requests(store) -> dict[str, sa.Row]:
     with store.begin() as conn:
-        return {r.custom_id: r for r in conn.execute(sa.select(requests).order_by(requests.c.id))}
+        return {r.custom_id: r for r in conn.execute(sa.select(*whole_columns(requests)).order_by(requests.c.id))}
 
 
 def _stored_spec(store) -> dict:
@@ -125,7 +126,7 @@ def test_requeue_changed_re_renders_succeeded_requests_as_new_versions(store, cl
     from lowtide.store.schema import request_versions
 
     with store.begin() as conn:
-        kept = {r.request_id: r for r in conn.execute(sa.select(request_versions))}
+        kept = {r.request_id: r for r in conn.execute(sa.select(*whole_columns(request_versions)))}
     assert {k.request_id: (k.version, k.state, k.output) for k in kept.values()} == {
         r.id: (1, "succeeded", r.output) for r in old.values()
     }
@@ -149,15 +150,15 @@ def test_the_openai_batch_planner_never_puts_two_models_in_one_chunk(store, cloc
     source = write_csv(tmp_path / "t.csv", ticket_rows(6))
     load_job(store, make_spec(source, model="gpt-4o-mini", route="openai-batch"), clock)
     with store.begin() as conn:
-        for r in conn.execute(sa.select(requests.c.id, requests.c.payload).where(requests.c.id % 2 == 0)).all():
+        for r in conn.execute(sa.select(requests.c.id, payload_text().label("payload")).where(requests.c.id % 2 == 0)).all():
             payload = json.loads(r.payload)
             payload["body"]["model"] = "gpt-4o"
-            other = {"payload": json.dumps(payload)} | ({"model": "gpt-4o"} if "model" in requests.c else {})
+            other = {"payload": json.dumps(payload), "head_id": None} | ({"model": "gpt-4o"} if "model" in requests.c else {})
             conn.execute(requests.update().where(requests.c.id == r.id).values(**other))
         job = JobContext.from_row(conn.execute(sa.select(jobs)).one())
     assert batches.plan(store, job, create_route("openai-batch", {}), clock) == 6
     with store.begin() as conn:
-        rows = conn.execute(sa.select(requests.c.dispatch_id, requests.c.payload)).all()
+        rows = conn.execute(sa.select(requests.c.dispatch_id, payload_text().label("payload"))).all()
     models: dict[int, set[str]] = {}
     for dispatch_id, payload in rows:
         models.setdefault(dispatch_id, set()).add(json.loads(payload)["body"]["model"])
@@ -335,11 +336,12 @@ def test_requeue_changed_takes_a_planned_batch_apart(store, clock, tmp_path):
 
 
 def test_requests_stored_before_fingerprints_are_compared_by_payload(store, clock, tmp_path, done):
-    # As m008 leaves them: no fingerprint; the model is read back from the payload.
+    # As m008 leaves them: no fingerprint; the model is read back from the payload (whole, as
+    # every payload was stored before m026).
     from lowtide.store.migrations import _backfill_rendered
 
     with store.begin() as conn:
-        conn.execute(requests.update().values(fingerprint=None, model=None))
+        conn.execute(requests.update().values(fingerprint=None, model=None, payload=payload_text(), head_id=None))
         _backfill_rendered(conn)
     assert {r.model for r in _requests(store).values()} == {"test-model"}
     assert load_job(store, make_spec(done), clock).changed == 0

@@ -26,6 +26,7 @@ from lowtide.engine.loader import load_job
 from lowtide.routes.bedrock import wire
 from lowtide.routes.bedrock.batch import NAME
 from lowtide.store.db import Store
+from lowtide.store.payloads import whole_columns
 from lowtide.store.schema import attempts, dispatches, events, jobs, requests
 from tests.conftest import make_spec, ticket_rows, write_csv
 from tests.objectstores import s3, s3_server  # noqa: F401  (fixtures; a test taking one says noqa: F811)
@@ -71,7 +72,7 @@ def test_a_job_runs_through_bedrock_and_a_refused_record_fails_alone(serve, s3, 
     status = _run(store, "tickets")
     assert status.counts == {"succeeded": 99, "failed": 1}
     with store.begin() as conn:
-        rows = {r.custom_id: r for r in conn.execute(sa.select(requests))}
+        rows = {r.custom_id: r for r in conn.execute(sa.select(*whole_columns(requests)))}
         key, arn, phase = conn.execute(sa.select(dispatches.c.key, dispatches.c.provider_id, dispatches.c.phase)).one()
     assert rows["T1004"].output == "Ticket: ticket 1004 about feedback"  # echo, matched by recordId
     assert rows["T1003"].state == "failed" and "rejected by route_options.reject" in rows["T1003"].error_message

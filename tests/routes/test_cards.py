@@ -19,7 +19,8 @@ from lowtide.routes import create_route, known_routes
 from lowtide.routes.anthropic import batch as anthropic_batch
 from lowtide.routes.gemini import batch as gemini_batch
 from lowtide.routes.openai import batch as openai_batch
-from lowtide.store.schema import dispatches
+from lowtide.store.payloads import payload_bytes
+from lowtide.store.schema import dispatches, requests
 from tests.cli.test_cli import Cli
 from tests.conftest import make_spec, ticket_rows, write_csv
 from tests.routes.conftest import KEY_ENV
@@ -127,8 +128,8 @@ def test_the_planner_never_makes_a_batch_over_the_cards_limits(key, sqlite_store
     asyncio.run(plan_all())
     with sqlite_store.begin() as conn:
         sizes = conn.execute(sa.select(dispatches.c.size)).scalars().all()
-        payloads = conn.execute(sa.text("select dispatch_id, sum(length(payload) + :o) from requests group by dispatch_id"),
-                                {"o": batches.LINE_OVERHEAD}).all()  # fmt: skip
+        payloads = conn.execute(sa.select(requests.c.dispatch_id, sa.func.sum(payload_bytes() + batches.LINE_OVERHEAD))
+                                .group_by(requests.c.dispatch_id)).all()  # fmt: skip
     assert sum(sizes) == 60 and max(sizes) <= 7
     assert all(nbytes <= 3000 for _, nbytes in payloads)
 

@@ -27,6 +27,7 @@ from lowtide.core.types import Request
 from lowtide.engine.loader import load_job
 from lowtide.routes.digitalocean.batch import NAME, create
 from lowtide.store.db import Store
+from lowtide.store.payloads import whole_columns
 from lowtide.store.schema import attempts, dispatches, events, jobs, requests
 from tests.conftest import make_spec, ticket_rows, write_csv
 from tests.routes.conftest import KEY_ENV, _run
@@ -79,7 +80,7 @@ def test_a_job_runs_through_digitaloceans_batch_api_and_a_refused_row_fails_alon
     status = _run(store, "tickets")
     assert status.counts == {"succeeded": 11, "failed": 1}
     with store.begin() as conn:
-        rows = {r.custom_id: r for r in conn.execute(sa.select(requests))}
+        rows = {r.custom_id: r for r in conn.execute(sa.select(*whole_columns(requests)))}
         keys = dict(conn.execute(sa.select(dispatches.c.provider_id, dispatches.c.key)).all())
     assert (
         rows["T1004"].output == "Ticket: ticket 1004 about feedback"

@@ -18,6 +18,7 @@ from lowtide.core.types import Request
 from lowtide.engine.loader import load_job
 from lowtide.routes import create_route
 from lowtide.store.db import Store
+from lowtide.store.payloads import payload_text
 from lowtide.store.schema import attempts, dispatches, requests
 from tests.conftest import make_spec, ticket_rows, write_csv
 from tests.routes.conftest import KEY_ENV, _run
@@ -41,7 +42,7 @@ def test_a_templated_job_runs_through_geminis_batch_protocol(inline_bytes, serve
     assert status.counts == {"succeeded": 25}
     with store.begin() as conn:
         outputs = dict(conn.execute(sa.select(requests.c.custom_id, requests.c.output)).all())
-        payload = conn.execute(sa.select(requests.c.payload).where(requests.c.custom_id == "T1003")).scalar_one()
+        payload = conn.execute(sa.select(payload_text().label("payload")).where(requests.c.custom_id == "T1003")).scalar_one()
         provider_ids = conn.execute(sa.select(dispatches.c.provider_id)).scalars().all()
         tiers = list(conn.execute(sa.select(attempts.c.tier)).scalars())
         usage = conn.execute(sa.select(sa.func.sum(attempts.c.input_tokens), sa.func.sum(attempts.c.cost_picousd),

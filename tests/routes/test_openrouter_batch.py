@@ -28,6 +28,7 @@ from lowtide.core.spec import JobSpec
 from lowtide.engine.loader import load_job
 from lowtide.routes.openrouter.batch import NAME, create
 from lowtide.store.db import Store
+from lowtide.store.payloads import whole_columns
 from lowtide.store.schema import attempts, dispatches, events, jobs, requests
 from tests.conftest import make_spec, ticket_rows, write_csv
 from tests.routes.conftest import KEY_ENV, _run
@@ -74,7 +75,7 @@ def test_a_job_runs_through_serve_and_a_refused_row_fails_alone(serve, tmp_path,
     status = _run(store, "tickets")
     assert status.counts == {"succeeded": 11, "failed": 1}
     with store.begin() as conn:
-        rows = {r.custom_id: r for r in conn.execute(sa.select(requests))}
+        rows = {r.custom_id: r for r in conn.execute(sa.select(*whole_columns(requests)))}
         provider_ids = conn.execute(sa.select(dispatches.c.provider_id)).scalars().all()
     assert (
         rows["T1004"].output == "Ticket: ticket 1004 about feedback"

@@ -33,6 +33,7 @@ from lowtide.routes import create_route
 from lowtide.routes.vertex import lines
 from lowtide.routes.vertex.batch import NAME, create
 from lowtide.store.db import Store
+from lowtide.store.payloads import whole_columns
 from lowtide.store.schema import attempts, dispatches, events, jobs, requests
 from tests import objectstores
 from tests.conftest import make_spec, ticket_rows, write_csv
@@ -97,7 +98,7 @@ def test_a_job_runs_through_vertex_and_a_refused_row_fails_alone(serve, gcs, tmp
     status = _run(store, "tickets")
     assert status.counts == {"succeeded": 11, "failed": 1}
     with store.begin() as conn:
-        rows = {r.custom_id: r for r in conn.execute(sa.select(requests))}
+        rows = {r.custom_id: r for r in conn.execute(sa.select(*whole_columns(requests)))}
         provider_ids = conn.execute(sa.select(dispatches.c.provider_id)).scalars().all()
         phases = set(conn.execute(sa.select(dispatches.c.phase)).scalars())
     assert "ticket 1004" in rows["T1004"].output  # echo, matched by the label

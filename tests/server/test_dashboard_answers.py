@@ -44,7 +44,7 @@ def with_payloads(store, job: str, payloads: dict[str, dict[str, Any]]) -> None:
     with store.begin() as conn:
         job_id = conn.execute(sa.text("SELECT id FROM jobs WHERE name = :n"), {"n": job}).scalar_one()
         for cid, payload in payloads.items():
-            conn.execute(sa.update(requests).where(requests.c.job_id == job_id, requests.c.custom_id == cid).values(payload=json.dumps(payload)))
+            conn.execute(sa.update(requests).where(requests.c.job_id == job_id, requests.c.custom_id == cid).values(payload=json.dumps(payload), head_id=None))
 
 
 # 1. The filter, in SQL, on both stores ------------------------------------------------------

@@ -37,6 +37,7 @@ from lowtide.server import billing
 from lowtide.server import kept as keeping
 from lowtide.server.bedrock_api import MARK as BEDROCK_MARK
 from lowtide.server.digitalocean_api import MARK as DIGITALOCEAN_MARK
+from lowtide.store.payloads import payload_text
 from lowtide.store.queries import LIVE_DISPATCH_STATES
 from lowtide.store.schema import (
     attempts,
@@ -197,7 +198,7 @@ def answers_match(world) -> list[str]:
     (but for a request whose payload `lowtide prune` dropped: nothing is left to compare)."""
     with world.store.read() as conn:
         rows = conn.execute(
-            sa.select(requests.c.custom_id, requests.c.payload, requests.c.output)
+            sa.select(requests.c.custom_id, payload_text().label("payload"), requests.c.output)
             .where(requests.c.state == RequestState.SUCCEEDED.value, requests.c.payload != PRUNED)
         ).all()  # fmt: skip
     return [f"request {cid}: answered {out!r}, asked {_asked(p)!r}" for cid, p, out in rows if out != _asked(p)]
@@ -427,7 +428,7 @@ def export_truthful(world, name: str, path) -> list[str]:
     with world.store.read() as conn:
         job_id = conn.execute(sa.select(jobs.c.id).where(jobs.c.name == name)).scalar_one()
         stored = {row.custom_id: row for row in conn.execute(
-            sa.select(r.custom_id, r.state, r.output, r.payload, (r.response.is_(None) & r.parsed.is_(None) & r.plain_answer.is_(None)).label("no_body"))
+            sa.select(r.custom_id, r.state, r.output, payload_text().label("payload"), (r.response.is_(None) & r.parsed.is_(None) & r.plain_answer.is_(None)).label("no_body"))
             .where(r.job_id == job_id)
         )}  # fmt: skip
     out, seen = [], set()

@@ -21,6 +21,7 @@ from sqlalchemy import Connection, Select, and_, case, func, literal, null, or_,
 
 from lowtide.core.errors import InputError
 from lowtide.core.states import RequestState
+from lowtide.store.payloads import payload_text
 from lowtide.store.schema import attempts, request_versions, requests
 
 CHUNK = 5000  # rows per read and per row group
@@ -101,7 +102,7 @@ def _rows(job_id: int, keep_results: bool, pruned: str, vectors: bool = False) -
     of_requests = (
         select(
             literal("requests"), r.id, r.id, r.custom_id, r.version, r.state,
-            case((payload_dropped(pruned), r.payload), else_=null()), response(r.response), r.repair,
+            case((payload_dropped(pruned), payload_text(requests)), else_=null()), response(r.response), r.repair,
             answer(r.output), answer(r.parsed), answer(r.plain_answer), cost,
         )  # fmt: skip
         .where(dropped_requests(job_id, keep_results, pruned, vectors))
@@ -110,7 +111,7 @@ def _rows(job_id: int, keep_results: bool, pruned: str, vectors: bool = False) -
     of_versions = (
         select(
             literal("request_versions"), v.id, v.request_id, r.custom_id, v.version, v.state,
-            case((v.payload != pruned, v.payload), else_=null()), response(v.response), null(), answer(v.output),
+            case((v.payload != pruned, payload_text(request_versions)), else_=null()), response(v.response), null(), answer(v.output),
             answer(v.parsed), null(), null(),
         )  # fmt: skip
         .join(requests, r.id == v.request_id)

@@ -51,7 +51,8 @@ from lowtide.engine.results_window import (
 from lowtide.routes.base import BatchRoute
 from lowtide.routes.options import scrub
 from lowtide.store.db import Store
-from lowtide.store.queries import add_event, note_phase, stored_bytes, watched
+from lowtide.store.payloads import payload_bytes, payload_chars
+from lowtide.store.queries import add_event, note_phase, watched
 from lowtide.store.schema import PENDING, dispatches, jobs, requests
 from lowtide.store.transitions import lock_job, move_dispatch
 
@@ -134,10 +135,11 @@ def _due_window(conn, job: JobContext, route: BatchRoute, now: float, lane: str 
     rows are held until the plan commits and those another worker's plan holds are skipped:
     two workers plan the next two windows, not the same one twice."""
     grouped = getattr(route, "group_by_prefix", False) and not packing(job.spec)
-    sort_by = (requests.c.payload,) if grouped else (requests.c.not_before, requests.c.id)
+    # (by head, then own part: the whole payloads' order among each head's)
+    sort_by = (requests.c.head_id, requests.c.payload) if grouped else (requests.c.not_before, requests.c.id)
     window = (
-        select(requests.c.id, (stored_bytes(requests.c.payload) + LINE_OVERHEAD).label("nbytes"),
-               func.length(requests.c.payload).label("chars"), requests.c.model, *sort_by)
+        select(requests.c.id, (payload_bytes() + LINE_OVERHEAD).label("nbytes"),
+               payload_chars().label("chars"), requests.c.model, *sort_by)
         .where(
             requests.c.job_id == job.id,
             requests.c.state == PENDING,  # with a lane: off the partial index of pending requests by lane

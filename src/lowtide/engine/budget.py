@@ -35,6 +35,7 @@ from lowtide.core.types import Request, Usage
 from lowtide.engine import fate, notify
 from lowtide.engine.context import JobContext
 from lowtide.store.money import from_pico, to_pico
+from lowtide.store.payloads import payload_bytes, payload_chars, payload_text
 from lowtide.store.queries import add_event, stored_bytes
 from lowtide.store.schema import attempts, dispatches, jobs, requests
 from lowtide.store.transitions import lock_job, move_job
@@ -79,8 +80,8 @@ def estimate_requests(conn: Connection, job: JobContext, waiting: ColumnElement[
     n, chars, nbytes = conn.execute(
         select(
             func.count(),
-            func.coalesce(func.sum(func.length(requests.c.payload) + func.coalesce(func.length(requests.c.repair), 0)), 0),
-            func.coalesce(func.sum(stored_bytes(requests.c.payload) + func.coalesce(stored_bytes(requests.c.repair), 0)), 0),
+            func.coalesce(func.sum(payload_chars() + func.coalesce(func.length(requests.c.repair), 0)), 0),
+            func.coalesce(func.sum(payload_bytes() + func.coalesce(stored_bytes(requests.c.repair), 0)), 0),
         ).where(waiting)
     ).one()
     spec = job.spec
@@ -89,7 +90,7 @@ def estimate_requests(conn: Connection, job: JobContext, waiting: ColumnElement[
     elif spec.output_bound is not None:  # the same for every request: no body need be read
         output = n * spec.output_bound
     else:  # rows may carry their own limit or n
-        bounds = [Request.from_payload("", json.loads(p)).output_bound for p in conn.scalars(select(requests.c.payload).where(waiting))]
+        bounds = [Request.from_payload("", json.loads(p)).output_bound for p in conn.scalars(select(payload_text()).where(waiting))]
         if None in bounds:
             return Estimate(n, 0, 0, None, "a request sets no output limit, so its cost has no bound; give every row max_tokens")
         output = sum(bounds)

@@ -34,6 +34,7 @@ from lowtide.engine import fate
 from lowtide.engine.batches import end_watches
 from lowtide.engine.context import JobContext
 from lowtide.store.bulk import among, executemany
+from lowtide.store.payloads import whole
 from lowtide.store.schema import dispatches, jobs, request_versions, requests
 from lowtide.store.transitions import lock_job
 
@@ -52,9 +53,11 @@ class Stored:
     payload: str | None  # only for a request stored before fingerprints
     key: str  # its source_key
 
-    def differs(self, item: dict) -> bool:
+    def differs(self, item: dict, head: str | None) -> bool:
+        """Does `item` (rendered now; `head`: the text its own part goes in, where it has a
+        `head_id`) differ from what this request was rendered from?"""
         if self.fingerprint is None:
-            return self.payload != item["payload"]
+            return self.payload != whole(head if item["head_id"] is not None else None, item["payload"])
         return self.fingerprint != item["fingerprint"]
 
 
@@ -103,10 +106,10 @@ def _stored(conn: Connection, job_id: int, ids: list[str]) -> dict[str, Stored]:
     }
 
 
-def note_changed(changes: Changes, stored: dict[str, Stored], items: list[dict], keep_pairs: bool, where) -> None:
+def note_changed(changes: Changes, stored: dict[str, Stored], items: list[dict], keep_pairs: bool, where, head: str | None = None) -> None:
     for item in items:
         s = stored.get(item["custom_id"])
-        if s is None or not s.differs(item):
+        if s is None or not s.differs(item, head):
             continue
         changes.count += 1
         if len(changes.examples) < 3:
@@ -128,7 +131,7 @@ def requeue(conn: Connection, job_id: int, pairs: list[tuple[Stored, dict]], now
         )
     for dispatch_id in {s.dispatch_id for s, _ in pairs if s.state == RequestState.DISPATCHED}:
         _unplan(conn, dispatch_id, now, where)
-    rendered = {"payload", "model", "fingerprint"}
+    rendered = {"payload", "head_id", "model", "fingerprint"}
     by_state: dict[str, list[dict]] = {}
     for s, item in pairs:
         state = RequestState.PENDING.value if s.state == RequestState.DISPATCHED else s.state
@@ -238,11 +241,11 @@ def _unplan(conn: Connection, dispatch_id: int, now: float, where: str) -> None:
 def _keep_versions(conn: Connection, job_id: int, ids: list[int], now: float) -> None:
     r = requests.c
     old = select(
-        r.id, r.job_id, r.version, r.payload, r.fingerprint, r.state, r.output, r.parsed, r.route, r.response
+        r.id, r.job_id, r.version, r.payload, r.head_id, r.fingerprint, r.state, r.output, r.parsed, r.route, r.response
     ).where(among(conn, r.id, ids))
     rows = [
-        {"request_id": rid, "job_id": jid, "version": v, "payload": p, "fingerprint": fp,
+        {"request_id": rid, "job_id": jid, "version": v, "payload": p, "head_id": head, "fingerprint": fp,
          "state": st, "output": out, "parsed": parsed, "route": route, "response": response, "replaced_at": now}
-        for rid, jid, v, p, fp, st, out, parsed, route, response in conn.execute(old)
+        for rid, jid, v, p, head, fp, st, out, parsed, route, response in conn.execute(old)
     ]  # fmt: skip
     executemany(conn, request_versions.insert(), rows)

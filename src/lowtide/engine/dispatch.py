@@ -12,7 +12,7 @@ from lowtide.core.states import DispatchState, RequestState
 from lowtide.core.types import Request
 from lowtide.engine import fate
 from lowtide.store.bulk import among
-from lowtide.store.queries import stored_bytes
+from lowtide.store.payloads import head_texts, payload_bytes, whole
 from lowtide.store.schema import PENDING, dispatches, requests
 
 
@@ -42,7 +42,7 @@ def claim_due(
         if max_bytes is None:
             ids = list(conn.scalars(_due(conn, job_id, now, limit, lane)))
         else:
-            sized = _due(conn, job_id, now, limit, lane, stored_bytes(requests.c.payload))
+            sized = _due(conn, job_id, now, limit, lane, payload_bytes())
             ids = [rid for rid, _ in _fitting(conn, sized, max_bytes)]
         which = among(conn, requests.c.id, ids)
     else:
@@ -78,7 +78,7 @@ def _fitting_count(conn: Connection, job_id: int, now: float, limit: int, lane: 
     summed by one SQL aggregate, with no Python per row; where the first few say that the
     claim may not fit, the sizes are read one by one up to the first that does not, so big
     payloads are read no further than the claim goes."""
-    sized = _due(conn, job_id, now, limit, lane, stored_bytes(requests.c.payload))
+    sized = _due(conn, job_id, now, limit, lane, payload_bytes())
     head = [size or 0 for _, size in conn.execute(sized.limit(min(limit, PROBE)))]
     fit = _prefix(head, max_bytes)
     if fit < len(head) or len(head) < PROBE or len(head) == limit:
@@ -146,8 +146,13 @@ def dispatched_requests(conn: Connection, dispatch_id: int, after: int = 0, limi
     out = []
     rows = conn.execute(dispatched_page(dispatch_id, after, limit)).all()
     payloads = PayloadReader() if len(rows) > 2 else None  # (learning the head costs two reads more)
-    for rid, cid, payload, repair, attempt in rows:
-        request = Request.from_payload(cid, fastjson.loads(payload) if payloads is None else payloads.read(payload), attempt)
+    heads = head_texts(conn, {row[3] for row in rows})
+    for rid, cid, payload, head_id, repair, attempt in rows:
+        if payloads is not None:
+            read = payloads.read(payload) if head_id is None else payloads.read_own(heads[head_id], payload)
+        else:
+            read = fastjson.loads(whole(heads.get(head_id), payload))
+        request = Request.from_payload(cid, read, attempt)
         if repair:
             request.add_turns(fastjson.loads(repair))
         request.row_id = rid
@@ -197,6 +202,16 @@ class PayloadReader:
             self._learn(text, payload)
         return payload
 
+    def read_own(self, head: str, own: str) -> object:
+        """`read` of the whole payload `head + own + "}}"` (one stored as its job's head and its
+        own part: store/payloads.py), without building it once the head is learnt."""
+        if head == self.head and own.count("[") + own.count("{") < OWN_BRACKETS:
+            try:
+                return self._with(fastjson.loads(own))
+            except ValueError:  # not one JSON value: the whole text says what it is
+                pass
+        return self.read(whole(head, own))
+
     def _with(self, value: object) -> dict:
         outer, inner = self.keys
         body = dict(self.skeleton[outer])
@@ -235,7 +250,7 @@ def dispatched_page(dispatch_id: int, after: int = 0, limit: int | None = None) 
     """The stored rows of `dispatched_requests`: one range of ix_requests_dispatch (dispatch,
     id), in id order."""
     stmt = (
-        select(requests.c.id, requests.c.custom_id, requests.c.payload, requests.c.repair, requests.c.attempts)
+        select(requests.c.id, requests.c.custom_id, requests.c.payload, requests.c.head_id, requests.c.repair, requests.c.attempts)
         .where(requests.c.dispatch_id == dispatch_id, requests.c.state == RequestState.DISPATCHED.value)
         .order_by(requests.c.id)
         .limit(limit)

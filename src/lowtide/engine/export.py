@@ -54,6 +54,7 @@ from lowtide.engine.retention import PRUNED
 from lowtide.engine.versions import IdWatch, Newest, repeated_rows, row_id
 from lowtide.store.bulk import among, among_bound, listed
 from lowtide.store.db import Store
+from lowtide.store.payloads import payload_text
 from lowtide.store.queries import get_job, stored_bytes
 from lowtide.store.schema import requests
 
@@ -305,7 +306,7 @@ class ResultRows(ResultColumns):
         return select(
             cols.custom_id, cols.state, cols.output, cols.parsed, cols.error_code, cols.error_message,
             cols.input_tokens, cols.output_tokens, cols.attempts, cols.route, cols.fingerprint,
-            case((cols.fingerprint.is_(None), cols.payload), else_=None),  # stored before fingerprints
+            case((cols.fingerprint.is_(None), payload_text()), else_=None),  # stored before fingerprints
             cols.id, length, case((length <= INLINE_BYTES, cols.response), else_=None), plain, dropped, cols.source_key,
         ).where(cols.job_id == self.job_id, among_bound(conn, cols.custom_id, "wanted"))  # fmt: skip
 

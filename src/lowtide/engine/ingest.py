@@ -31,6 +31,7 @@ from lowtide.engine.answer_columns import plain_chat_record, plain_record
 from lowtide.engine.context import JobContext
 from lowtide.engine.ledger import Rate, current_ledger, note_once
 from lowtide.store.bulk import among, executemany, fixed
+from lowtide.store.payloads import payload_text
 from lowtide.store.schema import attempts, requests
 from lowtide.store.transitions import lock_job
 
@@ -288,7 +289,7 @@ def _lookup(conn: Connection, job_id: int, dispatch_id: int, outcomes, whole_dis
 def _tools(conn: Connection, ids: list[int]) -> dict[int, tuple[str, ToolSchemas]]:
     """request id -> (its endpoint, the tools its body declares)."""
     out = {}
-    for rid, payload in conn.execute(select(requests.c.id, requests.c.payload).where(among(conn, requests.c.id, ids))):
+    for rid, payload in conn.execute(select(requests.c.id, payload_text()).where(among(conn, requests.c.id, ids))):
         request = Request.from_payload("", fastjson.loads(payload))
         out[rid] = (request.endpoint, tool_schemas(request.endpoint, request.body))
     return out

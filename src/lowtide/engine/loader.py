@@ -72,6 +72,7 @@ from lowtide.engine.watermarks import check_forward, save_watermark, stored_wate
 from lowtide.routes import create_route
 from lowtide.store.bulk import executemany, fixed
 from lowtide.store.db import Store
+from lowtide.store.payloads import head_id as payload_head
 from lowtide.store.queries import LIVE_DISPATCH_STATES, add_event, save_job
 from lowtide.store.schema import dispatches, jobs, requests
 from lowtide.store.transitions import move_job
@@ -133,6 +134,9 @@ class RowRenderer:
         head = {"endpoint": self.endpoint} | ({"lowtide": own} if own else {})
         # The payload is `head` plus the body, written as text around each row's messages.
         self.prefix = _dumps(head)[:-1] + ', "body": ' + _dumps(self.base)[:-1] + f', "{self.conversation}": '
+        # Where the loader stored `prefix` as the job's payload head (store/payloads.py), a row
+        # whose body is the job's gives its own part alone, with this id; None: the whole text.
+        self.head_id: int | None = None
         self.split_system = self.endpoint == MESSAGES
         # Embedding and moderation jobs: the rendered text is the body's `input`, checked for
         # emptiness (and an embedding's for length).
@@ -218,7 +222,10 @@ class RowRenderer:
             if refused is not None:
                 return Refused(refused, row.number)
         self.carried.see(body)
-        if fixed:  # the fixed part of the payload is serialised once per job, not once per row
+        head = None
+        if fixed and self.head_id is not None:  # the job's head is stored once: the row's own part alone
+            payload, head = _dumps(body[self.conversation]), self.head_id
+        elif fixed:  # the fixed part of the payload is serialised once per job, not once per row
             payload = f"{self.prefix}{_dumps(body[self.conversation])}}}}}"  # one string built, not two
         else:
             payload = _dumps({"endpoint": self.endpoint} | ({"lowtide": self.own} if self.own else {}) | {"body": body})
@@ -226,7 +233,7 @@ class RowRenderer:
             return self.surrogate(values, row)
         return {
             "custom_id": custom_id_of(key, self.variant), "source_key": key, "source_row": row.number,
-            "payload": payload, "model": self.model, "fingerprint": self.fingerprint(values, files),
+            "payload": payload, "head_id": head, "model": self.model, "fingerprint": self.fingerprint(values, files),
         }  # fmt: skip
 
     def surrogate(self, values: dict, row: SourceRow) -> str:
@@ -534,6 +541,7 @@ def _load(
             add_event(conn, job_id, "route_choice", choice.reason, now)
         budget.resume(conn, job_id, spec.budget_usd, now)  # a budget_exhausted job, submitted again
         before = _count(conn, job_id)
+        render.head_id = payload_head(conn, job_id, render.prefix)
         insert_requests = _insert_requests(conn, job_id)
         ids = IdWatch()
         problems: list[str] = []
@@ -557,7 +565,7 @@ def _load(
                 ids.add(g["custom_id"])
             if good and not created:  # a new job has nothing stored to compare with
                 good, known, stored = split_known(conn, job_id, good, spec.variant)
-                note_changed(changed, stored, known, requeue_changed, _row_name(source))
+                note_changed(changed, stored, known, requeue_changed, _row_name(source), render.prefix)
             if good and not problems and not refused and not source.problems:
                 executemany(conn, insert_requests, good)
             if on_rows:
@@ -608,7 +616,7 @@ def _load(
 
 # The columns a rendered row gives (`RowRenderer.__call__`); the rest of a new request's are
 # the same in every row, written into the INSERT (`_insert_requests`).
-RENDERED_COLUMNS = ("custom_id", "source_key", "source_row", "payload", "model", "fingerprint")
+RENDERED_COLUMNS = ("custom_id", "source_key", "source_row", "payload", "head_id", "model", "fingerprint")
 
 
 def _insert_requests(conn: Connection, job_id: int) -> Insert:

@@ -27,6 +27,7 @@ from lowtide.core.tokens import _text_of  # a message's text: its string, or its
 from lowtide.core.types import Request
 from lowtide.engine.budget import Estimate, estimate_requests
 from lowtide.engine.context import JobContext
+from lowtide.store.payloads import payload_text
 from lowtide.store.schema import attempts, dispatch_phases, dispatches, jobs, requests
 
 MAX_PAGE = 200  # failed rows (or answers) per page, at most
@@ -158,7 +159,7 @@ def answer_rows(
     total = conn.execute(select(func.count()).select_from(requests).where(*where)).scalar_one()
     rows = conn.execute(
         select(r.custom_id, r.source_row, func.substr(r.output, 1, MAX_ANSWER).label("answer"), func.length(r.output).label("length"),
-               r.payload, r.attempts, r.route, r.output_tokens, r.updated_at)
+               payload_text().label("payload"), r.attempts, r.route, r.output_tokens, r.updated_at)
         .where(*where).order_by(r.source_row, r.id).offset(offset).limit(limit)
     ).all()  # fmt: skip
     page = []

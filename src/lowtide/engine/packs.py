@@ -286,11 +286,12 @@ def row_lengths(conn: Any, job_id: int, custom_ids: list[str]) -> dict[str, int 
 
     from lowtide.core import fastjson
     from lowtide.core.embeddings import expected_length
+    from lowtide.store.payloads import payload_text
     from lowtide.store.schema import requests
 
     out: dict[str, int | None] = {}
     for start in range(0, len(custom_ids), 500):  # within every store's limit on bound values
-        stmt = select(requests.c.custom_id, requests.c.payload).where(
+        stmt = select(requests.c.custom_id, payload_text()).where(
             requests.c.job_id == job_id, requests.c.custom_id.in_(custom_ids[start : start + 500])
         )
         for cid, payload in conn.execute(stmt):

@@ -36,7 +36,8 @@ from lowtide.core.states import DispatchState, RequestState
 from lowtide.core.tokens import approx_from
 from lowtide.engine import fate
 from lowtide.engine.context import JobContext
-from lowtide.store.queries import add_event, stored_bytes
+from lowtide.store.payloads import payload_bytes, payload_chars
+from lowtide.store.queries import add_event
 from lowtide.store.schema import PENDING, dispatches, meta, requests
 from lowtide.store.transitions import move_dispatch
 
@@ -48,10 +49,11 @@ ENDED_AFTER_QUEUEING = (DispatchState.ENDED.value, DispatchState.CANCELLED.value
 LEARNED_FOR = 86400.0  # seconds a limit learned from a refusal stands (an organization's tier may rise)
 
 
-def approx_sql(column: ColumnElement) -> ColumnElement:
+def approx_sql(chars: ColumnElement, nbytes: ColumnElement) -> ColumnElement:
     """A stored request's input tokens as budgets estimate them (core/tokens.approx_from over
-    its JSON), in SQL but for the ceiling: 4 × tokens = characters + 2 × (bytes − characters)."""
-    return (stored_bytes(column) * 2 - func.length(column)) / 4.0
+    its JSON, of `chars` characters and `nbytes` bytes), in SQL but for the ceiling: 4 ×
+    tokens = characters + 2 × (bytes − characters)."""
+    return (nbytes * 2 - chars) / 4.0
 
 
 def enqueued(conn: Connection, route: str, model: str) -> int:
@@ -207,9 +209,9 @@ def refuse_all_oversized(conn: Connection, job: JobContext, route: str, model: s
     room = Room(None, None, False, proven(conn, route, model, now))
     if room.proven is None:
         return 0
-    over = select(requests.c.id, func.length(requests.c.payload), stored_bytes(requests.c.payload)).where(
+    over = select(requests.c.id, payload_chars(), payload_bytes()).where(
         requests.c.job_id == job.id, requests.c.state == PENDING, requests.c.model == model,
-        approx_sql(requests.c.payload) > room.proven.tokens,
+        approx_sql(payload_chars(), payload_bytes()) > room.proven.tokens,
     )  # fmt: skip
     if lane is not None:
         over = over.where(requests.c.lane == lane)

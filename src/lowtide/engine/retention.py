@@ -48,6 +48,7 @@ from lowtide.store.schema import (
     events,
     jobs,
     notifications,
+    payload_heads,
     repair_sends,
     request_versions,
     requests,
@@ -62,8 +63,8 @@ IN_FLIGHT_STATES = (DispatchState.SUBMITTING.value, DispatchState.SUBMITTED.valu
 # Every table that holds rows of a job, children first (foreign keys point at the later ones).
 # `dispatch_phases` belongs to a job through its dispatch.
 JOB_TABLES = (
-    "dispatch_phases", "repair_sends", "attempts", "request_versions", "requests", "dispatches", "events", "notifications", "watermarks",
-    "jobs",
+    "dispatch_phases", "repair_sends", "attempts", "request_versions", "requests", "payload_heads", "dispatches", "events", "notifications",
+    "watermarks", "jobs",
 )  # fmt: skip
 # Tables whose rows name the job but belong to something else: the job is taken out of them.
 DETACHED_TABLES = ("serve_batches", "gateway_flushes")
@@ -210,6 +211,7 @@ def _delete_rows(conn: Connection, job_id: int) -> dict[str, int]:
         "attempts": delete(attempts).where(attempts.c.job_id == job_id),
         "request_versions": delete(request_versions).where(request_versions.c.job_id == job_id),
         "requests": delete(requests).where(requests.c.job_id == job_id),
+        "payload_heads": delete(payload_heads).where(payload_heads.c.job_id == job_id),
         "dispatches": delete(dispatches).where(dispatches.c.job_id == job_id),
         "events": delete(events).where(events.c.job_id == job_id),
         "notifications": delete(notifications).where(notifications.c.job_id == job_id),  # pending ones too: the job is gone
@@ -376,7 +378,8 @@ def _drop(conn: Connection, cut: Cut, result: Pruned) -> int:
     # copies of the job's rows (at 10,000,000 the disk filled). Under --keep-results the rows
     # whose answer columns only their response holds go first, each dropped by the UPDATE that
     # writes the record of them (kept_answers.py); then the job's other rows, by one UPDATE.
-    dropped = {c.name: None for c in bodies} | {"payload": case((payload_dropped(PRUNED), PRUNED), else_=r.payload)}
+    gone = payload_dropped(PRUNED)  # (its head, the job's, stays: it is not the request's)
+    dropped = {c.name: None for c in bodies} | {"payload": case((gone, PRUNED), else_=r.payload), "head_id": case((gone, None), else_=r.head_id)}
     kept = 0
     if cut.keep_results and not cut.vectors:  # (an embedding's response, its vector, is kept whole)
         rows, kept = keep_answers(conn, cut.job_id, PRUNED, dropped)
@@ -388,7 +391,7 @@ def _drop(conn: Connection, cut: Cut, result: Pruned) -> int:
     result.versions += conn.execute(
         update(request_versions)
         .where(dropped_versions(cut.job_id, cut.keep_results, PRUNED, cut.vectors))
-        .values(payload=PRUNED, **{c.name: None for c in version_bodies(cut.keep_results, cut.vectors)})
+        .values(payload=PRUNED, head_id=None, **{c.name: None for c in version_bodies(cut.keep_results, cut.vectors)})
     ).rowcount
     return kept
 

@@ -32,6 +32,7 @@ from lowtide.routes.replies import Ids, finish_of, in_shape, text_body
 from lowtide.server.translate import decode_key
 from lowtide.store.bulk import among
 from lowtide.store.db import Store
+from lowtide.store.payloads import payload_text
 from lowtide.store.schema import jobs, requests
 
 PAGE = 5000  # rows a page holds at most
@@ -131,7 +132,7 @@ _COLUMNS = (_c.id, _c.source_key, _c.state, _c.output, _c.response, _c.error_cod
 
 
 def _page(job_id: int, after: int, size: int, with_payload: bool) -> Select:
-    columns = (*_COLUMNS, _c.payload) if with_payload else _COLUMNS
+    columns = (*_COLUMNS, payload_text().label("payload")) if with_payload else _COLUMNS
     return select(*columns).where(_c.job_id == job_id, _c.id > after).order_by(_c.id).limit(size)
 
 
@@ -150,7 +151,7 @@ def _add_payloads(conn: Connection, endpoint: str, page: list[Row], found: list[
     """The payloads of the page's succeeded requests whose answer `answer` must build."""
     wanted = {row[0]: r for row, r in zip(page, found, strict=True) if r.kind == "succeeded" and r.kept is None and not in_shape(endpoint, r.response)}  # fmt: skip
     if wanted:
-        for request_id, payload in conn.execute(select(_c.id, _c.payload).where(among(conn, _c.id, list(wanted)))):
+        for request_id, payload in conn.execute(select(_c.id, payload_text()).where(among(conn, _c.id, list(wanted)))):
             wanted[request_id].payload = payload
 
 

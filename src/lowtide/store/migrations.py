@@ -278,3 +278,12 @@ def m024_lost_batch_watch(conn: Connection) -> None:
 def m025_job_moves(conn: Connection) -> None:
     """Jobs count their state moves (store/transitions.py `move_job`)."""
     add_columns(conn, schema.jobs, ["moves"])
+
+
+@migration
+def m026_payload_heads(conn: Connection) -> None:
+    """A job's payloads keep what they share once (schema.py `payload_heads`, store/payloads.py):
+    new requests store their own part and `head_id`; older rows stay whole (`head_id` NULL)."""
+    schema.metadata.create_all(conn, tables=[schema.payload_heads])
+    add_columns(conn, schema.requests, ["head_id"])
+    add_columns(conn, schema.request_versions, ["head_id"])

@@ -57,6 +57,22 @@ jobs = Table(
     Column("moves", Integer, nullable=False, server_default="0"),
 )
 
+# What the payloads of a job's requests share, stored once (m026, store/payloads.py): the
+# text before each row's own part (the endpoint, lowtide's asks, the body's fixed keys, whose
+# JSON schema or tools can be kilobytes). `chars` and `bytes` (UTF-8) are the whole text's a
+# payload adds to its own part: the head's and the closing "}}".
+payload_heads = Table(
+    "payload_heads",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("job_id", Integer, ForeignKey("jobs.id"), nullable=False),
+    Column("digest", String(32), nullable=False),  # BLAKE2b-128 of the text, hex
+    Column("text", Text, nullable=False),
+    Column("chars", Integer, nullable=False),
+    Column("bytes", Integer, nullable=False),
+    UniqueConstraint("job_id", "digest", name="uq_payload_heads"),
+)
+
 # One row per (job, custom_id). `dispatch_id` is the dispatch the request is in now: a
 # result from any other dispatch is stale and is never applied (DESIGN invariant 2).
 requests = Table(
@@ -109,6 +125,10 @@ requests = Table(
     # as it drops the response of such an answer, writes its answer columns here as a JSON
     # object (engine/kept_answers.py).
     Column("plain_answer", Text),
+    # The job's payload head this request's payload is the own part of (m026, store/payloads.py:
+    # the whole payload is the head's text, `payload`, then "}}"); NULL: `payload` is whole.
+    # (No foreign key: m001 makes this table from this schema, before payload_heads exists.)
+    Column("head_id", Integer),
     UniqueConstraint("job_id", "custom_id", name="uq_requests_job_custom_id"),
     # Claims read "due pending requests of a job, earliest first" straight off this index.
     Index("ix_requests_job_state", "job_id", "state", "not_before", "id"),
@@ -146,6 +166,7 @@ request_versions = Table(
     Column("response", Text),
     Column("route", String(64)),
     Column("replaced_at", Float, nullable=False),
+    Column("head_id", Integer),  # as the request's (m026)
     UniqueConstraint("request_id", "version", name="uq_request_versions"),
 )
 

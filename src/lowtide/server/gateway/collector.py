@@ -50,6 +50,7 @@ from lowtide.server.gateway.webhooks import Deliverer
 from lowtide.server.loop_thread import LoopThread
 from lowtide.store.gateway_schema import gateway_requests
 from lowtide.store.money import to_pico
+from lowtide.store.payloads import payload_text
 from lowtide.store.queries import batches_out
 from lowtide.store.schema import jobs, requests
 
@@ -293,7 +294,7 @@ class Collector(LoopThread):
             landed = list(
                 conn.execute(
                     select(g.id.label("gid"), g.tenant, g.model.label("client_model"), g.accepted_at, g.callback_url,
-                           r.state, r.output, r.payload, r.response, r.model, r.error_code, r.error_message, r.route, r.input_tokens,
+                           r.state, r.output, payload_text().label("payload"), r.response, r.model, r.error_code, r.error_message, r.route, r.input_tokens,
                            r.cached_input_tokens, r.cache_write_tokens, r.output_tokens, r.reasoning_tokens)  # fmt: skip
                     .join(requests, (r.custom_id == g.id) & (r.job_id == job_id))
                     .where(g.flush_id == flush.id, g.state == DeferredState.QUEUED.value, r.state.in_(TERMINAL))
