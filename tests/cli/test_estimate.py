@@ -302,3 +302,12 @@ def test_an_embedding_job_assumes_no_output_and_its_json_says_so(tmp_path):
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert (report["output_tokens"], report["output_basis"]) == (0, "none: billed by input tokens only")
+
+
+def test_requests_that_write_a_prompt_cache_are_priced_at_the_write_rate(tmp_path):
+    # anthropic-batch with cache_prefix writes each system prompt with the 1-hour TTL: 2x input.
+    spec = write_job(tmp_path, FOUR, model="claude-haiku-4-5", route="anthropic-batch", route_options={"cache_prefix": True})
+    report = json.loads(estimate(spec, "--json").stdout)
+    assert (report["input_tokens"], report["cache_write_tokens"], report["cache_write_ttl"]) == (64, 64, "1h")
+    batch = next(r for r in report["routes"] if r["this_job"])
+    assert Decimal(batch["usd"]) == (64 * Decimal("1") + 400 * Decimal("2.5")) / 1_000_000  # batch: write 1h 1.0, output 2.5

@@ -84,11 +84,12 @@ def estimate(
     """Estimate a job's tokens, cost and wait on each tier and route, before submitting it.
 
     Counts the input tokens of every rendered request (tiktoken for OpenAI models where its
-    files are cached, else characters / 4, more outside ASCII; the output says which) and assumes max_tokens of
-    output per request, an upper bound. Prints the cost curve (real time, real time with a
-    prompt cache, flex, batch, batch with a prompt cache, self-hosted) with each tier's
-    expected wait, and with --max-wait (or a `route: auto` spec) the tier auto would take.
-    Nothing is stored or sent.
+    files are cached, else characters / 4, more outside ASCII; the output says which) and
+    assumes max_tokens of output per request, an upper bound; a request that asks to write a
+    prompt cache is priced at the write rate.
+    Prints the cost curve (real time, real time with a prompt cache, flex, batch, batch with
+    a prompt cache, self-hosted) with each tier's expected wait, and with --max-wait (or a
+    `route: auto` spec) the tier auto would take. Nothing is stored or sent.
 
     Example: lowtide estimate examples/classify-tickets.yaml --sample 1000 --max-wait 2h
     """
@@ -119,7 +120,7 @@ def estimate(
     runs_on = (spec.route, spec.route_options)
     if spec.route == AUTO:
         runs_on = (pick.option.candidate.route, pick.option.candidate.route_options) if isinstance(pick, Choice) else None
-    lines = _lines(spec, provider, usage, catalog, runs_on)
+    lines = _lines(spec, provider, usage, catalog, runs_on, count.cache_write_ttl)
     if as_json:
         report = _as_json(spec, count, counter, usage, lines, catalog, output_tokens)
         report["tiers"] = [_point_json(p) for p in points]
@@ -234,11 +235,13 @@ def _watermark(spec: JobSpec) -> Watermark | None:
 
 
 def _lines(
-    spec: JobSpec, provider: str | None, usage: Usage, catalog: Catalog, runs_on: tuple[str, dict[str, Any]] | None
+    spec: JobSpec, provider: str | None, usage: Usage, catalog: Catalog, runs_on: tuple[str, dict[str, Any]] | None,
+    cache_write_ttl: str | None = None,
 ) -> list[Line]:
     """One line per route the job could take: its provider's tiers, self-hosted, and the
     route it runs on (`runs_on`: route and options) where that is neither. A model no
-    provider's price list has gets one unknown line per provider tier."""
+    provider's price list has gets one unknown line per provider tier. The tokens the
+    requests ask to write to a prompt cache are priced at the longest TTL they ask for."""
     own_route, own_options = runs_on or ("", {})
     own = billing_of(own_route, own_options) if runs_on else None
     routes: list[tuple[str, dict[str, Any]]] = {
@@ -255,8 +258,11 @@ def _lines(
             lines.append(Line(label, Cost(None, None, tier, note=unknown), None, LATENCY[tier], False))
     for route, options in routes:
         billing = billing_of(route, options)
-        this_job = runs_on is not None and route == own_route and billing == own
-        cost = attempt_cost(usage, spec.model, route, own_options if this_job else options, catalog=catalog)
+        # the job's own line: its route at its tier (a cache TTL of its options tells no route apart)
+        this_job = runs_on is not None and route == own_route and (
+            billing == own or (billing is not None and own is not None and (billing.provider, billing.tier) == (own.provider, own.tier)))
+        ttl = cache_write_ttl if usage.cache_write_tokens else None
+        cost = attempt_cost(usage, spec.model, route, own_options if this_job else options, catalog=catalog, cache_write_ttl=ttl)
         label = f"{route} (flex)" if billing and billing.tier is Tier.FLEX else route
         duration, latency = _latency(billing.tier if billing else None, spec.model, usage, catalog)
         lines.append(Line(label, cost, duration, latency, this_job))
@@ -350,7 +356,9 @@ def _print(spec: JobSpec, count: Count, counter: TokenCounter, usage: Usage, lin
     if count.extrapolated:
         rows += f", extrapolated from the first {count.counted:,}"
     out.print(f'estimate for job "{spec.name}": {rows}; model {spec.model}, route {spec.route}', markup=False)
-    out.print(f"  input:  {usage.input_tokens:,} tokens ({counter.method})", markup=False)
+    out.print(f"  input:  {usage.input_tokens + usage.cache_write_tokens:,} tokens ({counter.method})", markup=False)
+    for said in _beyond_text(count):
+        out.print(f"          {said}", markup=False)
     if spec.request_endpoint == EMBEDDINGS:
         out.print("  output: none (an embedding is priced by its input tokens only)", markup=False)
         out.print(f"  {packing_line(spec, count)}", markup=False)
@@ -375,6 +383,16 @@ def _print(spec: JobSpec, count: Count, counter: TokenCounter, usage: Usage, lin
             print(f"  - {p}", file=sys.stderr)
 
 
+def _beyond_text(count: Count) -> list[str]:
+    """What the input counts beyond text, in words."""
+    said = []
+    if count.cache_write_tokens:
+        ttl = {"5m": "5-minute", "1h": "1-hour"}.get(count.cache_write_ttl or "", "")
+        said.append(f"of which {count.scaled(count.cache_write_tokens):,} in requests that ask to write a prompt cache: "
+                    f"priced at the {ttl} cache-write rate")  # fmt: skip
+    return said
+
+
 def _as_json(spec: JobSpec, count: Count, counter: TokenCounter, usage: Usage, lines: list[Line], catalog: Catalog, output_tokens: int | None) -> dict[str, Any]:
     def money(d: Decimal | None) -> str | None:
         return None if d is None else str(d)
@@ -394,7 +412,8 @@ def _as_json(spec: JobSpec, count: Count, counter: TokenCounter, usage: Usage, l
         "job": spec.name, "model": spec.model, "route": spec.route,
         "rows": count.rows, "counted_rows": count.counted, "extrapolated": count.extrapolated,
         "refused_rows": count.refused, "problems": count.problems,
-        "input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens,
+        "input_tokens": usage.input_tokens + usage.cache_write_tokens, "output_tokens": usage.output_tokens,
+        "cache_write_tokens": usage.cache_write_tokens, "cache_write_ttl": count.cache_write_ttl if usage.cache_write_tokens else None,
         "token_count": {"method": counter.method, "exact": counter.exact},
         "output_basis": _output_basis(spec, output_tokens),
         "provider_requests": provider_requests(spec, count),

@@ -126,10 +126,11 @@ class SelfHosted(_Strict):
     note: str | None = None
 
     def seconds(self, usage: Usage) -> Decimal | None:
-        """Server time the tokens take; cached prompt tokens are not computed again."""
+        """Server time the tokens take; cached prompt tokens are not computed again (tokens
+        written to a cache are: an estimate's, priced on a self-hosted route)."""
         if self.input_tokens_per_second is None or self.output_tokens_per_second is None:
             return None
-        prefill = max(usage.input_tokens - usage.cached_input_tokens, 0)
+        prefill = max(usage.input_tokens - usage.cached_input_tokens, 0) + usage.cache_write_tokens
         return prefill / self.input_tokens_per_second + usage.output_tokens / self.output_tokens_per_second
 
 
@@ -447,11 +448,15 @@ def attempt_cost(
     billed: bool = True,
     catalog: Catalog | None = None,
     at: Date | datetime | float | None = None,
+    cache_write_ttl: Literal["5m", "1h"] | None = None,
 ) -> Cost:
     """The cost of one attempt's `usage` on `route` at the tier it used, and its real-time
     equivalent, at the prices of the request's date `at` (today if None). `billed` False
-    (see `is_billed`) costs nothing."""
+    (see `is_billed`) costs nothing. `cache_write_ttl` prices the cache writes at that TTL
+    where the requests asked for it themselves (a budget's estimate); else the route's."""
     billing = billing_of(route, route_options)
+    if billing is not None and cache_write_ttl is not None:
+        billing = Billing(billing.provider, billing.tier, cache_write_ttl)
     if billing is None:
         return Cost(None, None, None, billed, note=f'no price rule for route "{route}"')
     if not billed:

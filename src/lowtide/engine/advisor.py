@@ -78,12 +78,20 @@ def cached_usage(provider: str, usage: Usage, count: Count) -> tuple[Usage, str]
     return Usage(input_tokens=usage.input_tokens, cached_input_tokens=reads, output_tokens=usage.output_tokens), note
 
 
+def _unwritten(usage: Usage) -> Usage:
+    """`usage` with the tokens its requests ask to write to a cache counted as plain input."""
+    return Usage(input_tokens=usage.input_tokens + usage.cache_write_tokens, output_tokens=usage.output_tokens)
+
+
 def curve(conn: Connection | None, spec: JobSpec, provider: str | None, count: Count, catalog: Catalog) -> list[Point]:
     usage = count.usage
     points = []
     for tier, route, options, cached in TIERS.get(provider or "", []):
-        used, note = cached_usage(provider or "", usage, count) if cached else (usage, "")
-        cost = attempt_cost(used, spec.model, route, options, catalog=catalog)
+        # A cached line models its own writes (the shared prefix); the others price what the
+        # requests ask to write themselves at the longest TTL they ask for.
+        used, note = cached_usage(provider or "", _unwritten(usage), count) if cached else (usage, "")
+        ttl = None if cached else count.cache_write_ttl
+        cost = attempt_cost(used, spec.model, route, options, catalog=catalog, cache_write_ttl=ttl if used.cache_write_tokens else None)
         took = turnaround.expected(conn, route, options, spec.model, kind_of(route, options), count.rows)
         points.append(Point(tier, route, options, cost, took, "; ".join(x for x in (note, cost.note) if x)))
     hosted_route = "local" if spec.route == "local" else "openai-compatible"

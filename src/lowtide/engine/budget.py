@@ -1,34 +1,45 @@
 """Budgets: a job with `budget_usd` never sends work that its estimate says could take it
-over.
+over. The estimate is an upper bound of what the provider can bill the dispatch:
 
     before a batch is submitted or a direct dispatch runs:
         estimate = the dispatch's requests priced at the route's tier
-                   (input ≈ the stored request's characters / 4, and half a token for each
-                   UTF-8 byte past a character's first: core/tokens.py; output = each
-                   request's max_tokens times the answers it asks for (n), none for an
-                   embedding or a moderation)
+                   input:  the stored request's characters / 4, and half a token for each
+                           UTF-8 byte past a character's first (core/tokens.py), priced at
+                           the input rate, or, for a request that asks to write a prompt
+                           cache (cache_control, or the route's cache_prefix), at the write
+                           rate of the longest TTL it asks for (1.25x input for 5 minutes, 2x
+                           for an hour), its whole input taken as written (core/input_bounds.py)
+                   output: each request's max_tokens times the answers it asks for (n),
+                           none for an embedding or a moderation
         spent + reserved + estimate > budget ─► do not send; job → budget_exhausted
         else reserve the estimate on the dispatch
     as results come in: the dispatch's reservation shrinks by what its attempts cost, and
     ends with the dispatch (settled to the actual cost, which the ledger holds)
 
-`spent` is the sum of the job's attempts (stale ones included: they are paid for). A price
-the catalog does not know refuses the dispatch rather than guessing, as does a job whose
-billed attempts have an unknown cost. Batches already in flight are still collected while
-the job is budget_exhausted; `lowtide submit` of the spec (with a bigger budget) resumes it.
+What a request holds is read from the spec where the spec decides it (a template and its
+params' cache_control): one aggregate over the stored text, no body read. Rows that bring
+their own conversation, body or parameters are read, each, as they must be for their own
+output limits. `spent` is the sum of the job's attempts (stale ones included: they are paid
+for). A price the catalog does not know refuses the dispatch rather than guessing, as does
+a job whose billed attempts have an unknown cost. Batches already in flight are still
+collected while the job is budget_exhausted; `lowtide submit` of the spec (with a bigger
+budget) resumes it.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 
 from sqlalchemy import ColumnElement, Connection, and_, case, func, select, update
 
+from lowtide.core import fastjson
 from lowtide.core.endpoints import NO_TEXT
 from lowtide.core.errors import InputError
-from lowtide.core.pricing import attempt_cost, load_catalog
+from lowtide.core.input_bounds import NOTHING, longer_ttl, may_hold, scan
+from lowtide.core.params import OUTPUT_LIMITS
+from lowtide.core.pricing import attempt_cost, billing_of, load_catalog
+from lowtide.core.spec import JobSpec
 from lowtide.core.states import DispatchState, JobState, RequestState
 from lowtide.core.tokens import approx_from
 from lowtide.core.types import Request, Usage
@@ -47,10 +58,11 @@ RESERVING_STATES = (DispatchState.SUBMITTING.value, DispatchState.SUBMITTED.valu
 @dataclass(frozen=True, slots=True)
 class Estimate:
     requests: int
-    input_tokens: int
+    input_tokens: int  # every input token: the text's approximation, cache writes
     output_tokens: int
     usd: Decimal | None
-    note: str = ""
+    note: str = ""  # what the bound assumes beyond text (cache writes), or why there is none
+    cache_write_tokens: int = 0  # of input_tokens, those priced at the cache-write rate
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,40 +80,117 @@ def usd(amount: Decimal) -> str:
 
 
 def estimate(conn: Connection, job: JobContext, dispatch_id: int, route: str) -> Estimate:
-    """What the requests waiting in a dispatch may cost on `route`: the approximation of
-    `lowtide.core.tokens` over the stored request's whole JSON (its keys and syntax make it
-    an over-count) of input, and max_tokens of output for each answer it asks for (n)."""
+    """What the requests waiting in a dispatch may cost on `route` (see the module doc)."""
     waiting = and_(requests.c.dispatch_id == dispatch_id, requests.c.state == RequestState.DISPATCHED.value)
     return estimate_requests(conn, job, waiting, route)
 
 
+# Parameters a row may give through param_columns that never hold content (a
+# cache_control): with only these, what each body holds is the template's.
+SCALAR_PARAMS = frozenset({
+    *OUTPUT_LIMITS, "n", "temperature", "top_p", "top_k", "seed", "stop", "presence_penalty", "frequency_penalty",
+    "reasoning_effort", "service_tier", "user", "logprobs", "top_logprobs",
+})  # fmt: skip
+TTL_WORDS = {"5m": "5-minute", "1h": "1-hour"}
+_TTLS = (None, "5m", "1h")  # what a request's input is priced at: input, or the 5-minute or 1-hour write
+
+
+@dataclass
+class _Tally:
+    """The requests an estimate covers, by the cache-write TTL they ask for (None: no write)."""
+
+    n: int = 0
+    output: int = 0
+    no_limit: bool = False
+    chars: dict[str | None, int] = field(default_factory=lambda: dict.fromkeys(_TTLS, 0))
+    nbytes: dict[str | None, int] = field(default_factory=lambda: dict.fromkeys(_TTLS, 0))
+    writers: dict[str | None, int] = field(default_factory=lambda: dict.fromkeys(_TTLS, 0))
+
+
 def estimate_requests(conn: Connection, job: JobContext, waiting: ColumnElement[bool], route: str) -> Estimate:
     """`estimate` of the job's requests that `waiting` selects (the dashboard: all of them)."""
-    n, chars, nbytes = conn.execute(
-        select(
-            func.count(),
-            func.coalesce(func.sum(payload_chars() + func.coalesce(func.length(requests.c.repair), 0)), 0),
-            func.coalesce(func.sum(payload_bytes() + func.coalesce(stored_bytes(requests.c.repair), 0)), 0),
-        ).where(waiting)
-    ).one()
     spec = job.spec
-    if spec.request_endpoint in NO_TEXT:  # an embedding or a moderation is billed its input alone
-        output = 0
-    elif spec.output_bound is not None:  # the same for every request: no body need be read
-        output = n * spec.output_bound
-    else:  # rows may carry their own limit or n
-        bounds = [Request.from_payload("", json.loads(p)).output_bound for p in conn.scalars(select(payload_text()).where(waiting))]
-        if None in bounds:
-            return Estimate(n, 0, 0, None, "a request sets no output limit, so its cost has no bound; give every row max_tokens")
-        output = sum(bounds)
-    input_tokens = approx_from(int(chars), int(nbytes))
     model, options = job.priced_as(route)
+    billing = billing_of(route, options)
+    # `cache_prefix` marks each request's system prompt for the cache at the route's TTL.
+    route_ttl = billing.cache_write_ttl if billing is not None and options.get("cache_prefix") else None
+    if spec.request_endpoint not in NO_TEXT and (spec.output_bound is None or _rows_decide(spec)):
+        tally = _read_rows(conn, waiting, route_ttl)
+    else:  # what each body holds is the spec's: no body need be read
+        tally = _from_spec(conn, waiting, spec, route_ttl)
+    n = tally.n
+    if tally.no_limit:
+        return Estimate(n, 0, 0, None, "a request sets no output limit, so its cost has no bound; give every row max_tokens")
     try:
         catalog = load_catalog()
     except InputError as err:
-        return Estimate(n, input_tokens, output, None, f"the price file did not load: {err}")
-    cost = attempt_cost(Usage(input_tokens=input_tokens, output_tokens=output), model, route, options, catalog=catalog)
-    return Estimate(n, input_tokens, output, cost.usd, cost.note)
+        return Estimate(n, 0, tally.output, None, f"the price file did not load: {err}")
+    tokens = {t: approx_from(tally.chars[t], tally.nbytes[t]) for t in _TTLS}
+    if billing is None or billing.provider is None:  # self-hosted or free: no price list, no write rate
+        tokens = {None: sum(tokens.values()), "5m": 0, "1h": 0}
+    writes, ttl = (tokens["5m"], "5m") if tokens["5m"] else (tokens["1h"], "1h")
+    usage = Usage(input_tokens=tokens[None], cache_write_tokens=writes, output_tokens=tally.output)
+    cost = attempt_cost(usage, model, route, options, catalog=catalog, cache_write_ttl=ttl if writes else None)
+    total = cost.usd
+    if total is not None and tokens["5m"] and tokens["1h"]:  # some requests write for 5 minutes, some for an hour
+        longer = attempt_cost(Usage(cache_write_tokens=tokens["1h"]), model, route, options, catalog=catalog, cache_write_ttl="1h")
+        total = None if longer.usd is None else total + longer.usd
+    said = []
+    for t in ("5m", "1h"):
+        if tokens[t] and billing is not None and billing.provider is not None:
+            said.append(f"the input of {tally.writers[t]:,} request(s) that write a prompt cache at the {TTL_WORDS[t]} cache-write rate")
+    note = "; ".join(said + ([cost.note] if cost.note else []))
+    input_tokens = sum(tokens.values())
+    return Estimate(n, input_tokens, tally.output, total, note, tokens["5m"] + tokens["1h"])
+
+
+def _rows_decide(spec: JobSpec) -> bool:
+    """Whether rows may hold content of their own (cache_control): a conversation or a body
+    column, or a param column that is not a plain setting."""
+    t = spec.template
+    return t.messages_column is not None or t.body_column is not None or not SCALAR_PARAMS.issuperset(spec.param_columns)
+
+
+def _text_lengths() -> tuple[ColumnElement[int], ColumnElement[int]]:
+    """Characters and UTF-8 bytes of each selected request as stored: its body and its repair turns."""
+    chars = payload_chars() + func.coalesce(func.length(requests.c.repair), 0)
+    nbytes = payload_bytes() + func.coalesce(stored_bytes(requests.c.repair), 0)
+    return chars, nbytes
+
+
+def _from_spec(conn: Connection, waiting: ColumnElement[bool], spec: JobSpec, route_ttl: str | None) -> _Tally:
+    """One aggregate over the stored text: each body holds its params' cache_control, if any."""
+    chars, nbytes = _text_lengths()
+    n, total_chars, total_bytes = conn.execute(
+        select(func.count(), func.coalesce(func.sum(chars), 0), func.coalesce(func.sum(nbytes), 0)).where(waiting)
+    ).one()
+    ttl = longer_ttl(scan(spec.params).cache_ttl, route_ttl) if spec.request_endpoint not in NO_TEXT else None
+    tally = _Tally(n=int(n), output=0 if spec.request_endpoint in NO_TEXT else int(n) * (spec.output_bound or 0))
+    tally.chars[ttl], tally.nbytes[ttl] = int(total_chars), int(total_bytes)
+    tally.writers[ttl] = tally.n if ttl else 0
+    return tally
+
+
+def _read_rows(conn: Connection, waiting: ColumnElement[bool], route_ttl: str | None) -> _Tally:
+    """Each body read: rows that bring their own output limit, n or cache_control."""
+    chars, nbytes = _text_lengths()
+    tally = _Tally()
+    for payload, c, b in conn.execute(select(payload_text(), chars, nbytes).where(waiting)):
+        request = Request.from_payload("", fastjson.loads(payload))
+        bound = request.output_bound
+        if bound is None:
+            tally.no_limit = True
+            continue
+        found = scan(request.body) if may_hold(payload) else NOTHING
+        ttl = longer_ttl(found.cache_ttl, route_ttl)
+        tally.n += 1
+        tally.output += bound
+        tally.chars[ttl] += c
+        tally.nbytes[ttl] += b
+        tally.writers[ttl] += 1 if ttl else 0
+    if tally.no_limit:
+        tally.n = conn.execute(select(func.count()).where(waiting)).scalar_one()
+    return tally
 
 
 def position(conn: Connection, job_id: int) -> Position:

@@ -1,6 +1,10 @@
 """A job's tokens before anything is stored: rows rendered exactly as `submit` renders
 them (the loader's own row renderer) and counted; what `lowtide estimate` and `route: auto`
-price candidates with. Nothing is stored and no route is contacted."""
+price candidates with. Nothing is stored and no route is contacted.
+
+Beyond the text the counter counts, the input of a request that asks to write a prompt
+cache is priced at the write rate, as a budget's estimate prices it (core/input_bounds.py,
+engine/budget.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +14,8 @@ from dataclasses import dataclass, field
 
 from lowtide.core.endpoints import NO_TEXT
 from lowtide.core.errors import SourceError, SpecError
+from lowtide.core.input_bounds import longer_ttl, scan
+from lowtide.core.pricing import billing_of
 from lowtide.core.sources import Watermark, source_of
 from lowtide.core.spec import JobSpec
 from lowtide.core.templates import MessageTemplate
@@ -36,6 +42,8 @@ class Count:
     problems: list[str] = field(default_factory=list)
     # Embedding jobs: the provider requests the counted rows make, packed (engine/packs.py).
     packs: PackCount | None = None
+    cache_write_tokens: int = 0  # of input_tokens, those of requests that ask to write a prompt cache
+    cache_write_ttl: str | None = None  # the longest TTL they ask for
 
     @property
     def extrapolated(self) -> bool:
@@ -49,7 +57,10 @@ class Count:
 
     @property
     def usage(self) -> Usage:
-        return Usage(input_tokens=self.scaled(self.input_tokens), output_tokens=self.scaled(self.output_tokens))
+        """The tokens of every row: input, the part of it written to a prompt cache, output."""
+        writes = self.scaled(self.cache_write_tokens)
+        return Usage(input_tokens=self.scaled(self.input_tokens) - writes, cache_write_tokens=writes,
+                     output_tokens=self.scaled(self.output_tokens))  # fmt: skip
 
 
 def system_text(body: dict) -> str:
@@ -88,6 +99,8 @@ def count_rows(
     render = RowRenderer(spec, template, source, routes_checked)
     count = Count(packs=PackCount() if packing(spec) else None)
     no_output = spec.request_endpoint in NO_TEXT  # an embedding or a moderation: input tokens only
+    billing = billing_of(spec.route, spec.route_options)
+    route_ttl = billing.cache_write_ttl if billing is not None and spec.route_options.get("cache_prefix") else None
     for chunk in source.chunks():
         for row in chunk:
             count.rows += 1
@@ -101,7 +114,12 @@ def count_rows(
                     count.problems.append(item if isinstance(item, str) else f"row {item.row}: {item.message}")
                 continue
             request = Request.from_payload("", json.loads(item["payload"]))
-            count.input_tokens += counter.count_request(request.endpoint, request.body)
+            tokens = counter.count_request(request.endpoint, request.body)
+            if not no_output:  # an embedding's or a moderation's input is text
+                ttl = longer_ttl(scan(request.body).cache_ttl, route_ttl)
+                count.cache_write_ttl = longer_ttl(count.cache_write_ttl, ttl)
+                count.cache_write_tokens += tokens if ttl else 0
+            count.input_tokens += tokens
             if count.counted == 1:
                 count.prefix_tokens = counter.count_text(system_text(request.body))
             if no_output:  # packing (embeddings) changes the requests, not the tokens

@@ -221,7 +221,8 @@ function renderDetail(job) {
       ? el("span", {}, field("eta", eta.remaining_s, `about ${duration(eta.remaining_s)}`), ` (≈ ${when(eta.at)}, ${eta.rate_per_s < 1 ? `${(eta.rate_per_s * 60).toFixed(1)}/min` : `${eta.rate_per_s.toFixed(1)}/s`})`)
       : field("eta", "", p.pending ? "not known yet (nothing finished)" : "nothing left")],
     ["cost so far / estimate", el("span", {}, field("cost_so_far", c.cost_usd, cost(c)), " of ",
-      field("estimate_usd", est.usd, est.usd === null ? `unknown (${est.note || "no price"})` : `≤ ${usd(est.usd)}`))],
+      field("estimate_usd", est.usd, est.usd === null ? `unknown (${est.note || "no price"})` : `≤ ${usd(est.usd)}`),
+      est.usd !== null && est.note ? el("span", { class: "muted", "data-field": "estimate_note" }, ` (${est.note})`) : "")],
     ["failed requests", el("span", {}, field("failed_requests", f.requests, count(f.requests), { class: f.requests ? "bad" : "" }),
       " · ", field("failed_attempts", f.attempts, `${count(f.attempts)} failed attempts (${count(f.billed_attempts)} billed)`))],
     ["created / finished", el("span", {}, field("created_at", job.created_at, when(job.created_at)), " / ",

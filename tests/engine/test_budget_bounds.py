@@ -1,0 +1,120 @@
+"""A budget's estimate is an upper bound of what the provider can bill, beyond plain text:
+prompt-cache writes are priced at the write rate. Jobs are loaded by the real loader into
+the real store (SQLite, and PostgreSQL where it runs); each test holds the estimate against
+the provider's bill priced by lowtide's own pricing code.
+"""
+
+from __future__ import annotations
+
+import json
+from decimal import Decimal
+
+import pytest
+import sqlalchemy as sa
+
+from lowtide.core.clock import SystemClock
+from lowtide.core.pricing import attempt_cost, load_catalog, token_usd
+from lowtide.core.states import DispatchState
+from lowtide.core.tokens import approx_from
+from lowtide.core.types import Usage
+from lowtide.engine import budget
+from lowtide.engine.context import JobContext
+from lowtide.engine.dispatch import new_dispatch
+from lowtide.engine.loader import load_job
+from lowtide.store.queries import stored_bytes
+from lowtide.store.schema import jobs, requests
+from tests.conftest import make_spec, write_csv
+from tests.engine.ledger_helpers import NOW
+from tests.routes.conftest import KEY_ENV, _options
+
+D = Decimal
+MILLION = 1_000_000
+OPENAI_BATCH = {"route": "openai-batch", "route_options": _options("openai-batch", "http://127.0.0.1:9")}  # never contacted
+ANTHROPIC_BATCH = {"route": "anthropic-batch", "route_options": _options("anthropic-batch", "http://127.0.0.1:9")}
+CONVERSATIONS = {"system": None, "user": None, "messages_column": "messages"}
+
+
+@pytest.fixture(autouse=True)
+def provider_key(monkeypatch):
+    monkeypatch.setenv(KEY_ENV, "test-key")
+
+
+def _load(store, tmp_path, rows: list[dict], **spec) -> JobContext:
+    load_job(store, make_spec(write_csv(tmp_path / "t.csv", rows), **spec), SystemClock())
+    with store.begin() as conn:
+        return JobContext.from_row(conn.execute(sa.select(jobs)).one())
+
+
+def _text_tokens(conn) -> int:
+    """The text approximation over every stored request (what the estimate counts as text)."""
+    chars, nbytes = conn.execute(sa.select(sa.func.sum(sa.func.length(requests.c.payload)),
+                                           sa.func.sum(stored_bytes(requests.c.payload)))).one()  # fmt: skip
+    return approx_from(int(chars), int(nbytes))
+
+
+def _dispatch_all(conn, job: JobContext, route: str) -> int:
+    """Every request of the job in one planned dispatch of `route`, as the planner leaves it."""
+    d = new_dispatch(conn, job.id, route, "batch", DispatchState.PLANNED, NOW)
+    conn.execute(requests.update().values(dispatch_id=d, state="dispatched", attempts=1))
+    return d
+
+
+def test_a_cached_system_prompt_is_estimated_at_the_one_hour_cache_write_rate(store, tmp_path):
+    # anthropic-batch with `cache_prefix: true` marks every system prompt cache_control with
+    # the 1-hour TTL: Anthropic bills that prefix at 2x input, the estimate priced it at 1x.
+    rows = [{"ticket_id": f"T{i}", "body": "x" * 200} for i in range(5)]
+    options = {**ANTHROPIC_BATCH["route_options"], "cache_prefix": True}
+    job = _load(store, tmp_path, rows, model="claude-haiku-4-5", route="anthropic-batch", route_options=options,
+                params={"max_tokens": 10}, budget_usd="100",
+                template={"system": "You classify support tickets. " * 40, "user": "{{ body }}"})  # fmt: skip
+    with store.begin() as conn:
+        text = _text_tokens(conn)
+        est = budget.estimate_requests(conn, job, requests.c.job_id == job.id, "anthropic-batch")
+    # The provider's bill at its worst: every input token written to the cache, at the route's TTL.
+    billable = attempt_cost(Usage(cache_write_tokens=text, output_tokens=50), "claude-haiku-4-5", "anthropic-batch", options).usd
+    plain = attempt_cost(Usage(input_tokens=text, output_tokens=50), "claude-haiku-4-5", "anthropic-batch", options).usd
+    assert billable > plain  # 2x input (the batch tier's 1.0 against 0.5 per million)
+    assert est.usd == billable and est.cache_write_tokens == text
+    assert "1-hour" in est.note
+
+    # A budget the plain input fits but the cache writes do not: nothing is sent.
+    spec = job.spec.model_copy(update={"budget_usd": (plain + billable) / 2})
+    with store.begin() as conn:
+        conn.execute(jobs.update().values(spec=spec.model_dump_json()))
+        job = JobContext.from_row(conn.execute(sa.select(jobs)).one())
+        refused = budget.reserve(conn, job, _dispatch_all(conn, job, "anthropic-batch"), "anthropic-batch")
+    assert refused is not None and "would pass the budget" in refused
+
+
+def test_a_rows_own_cache_control_with_a_one_hour_ttl_is_estimated_at_that_rate(store, tmp_path):
+    # Rows that are conversations carry their own cache_control (ttl 1h) on a route without
+    # cache_prefix: billed at the 1-hour write rate whatever the route's options say.
+    def convo(i: int) -> str:
+        block = {"type": "text", "text": f"ticket {i}: " + "y" * 400, "cache_control": {"type": "ephemeral", "ttl": "1h"}}
+        return json.dumps([{"role": "user", "content": [block]}])
+
+    rows = [{"ticket_id": f"T{i}", "messages": convo(i), "mt": 20} for i in range(2)]
+    rows.append({"ticket_id": "T9", "messages": json.dumps([{"role": "user", "content": "no cache here"}]), "mt": 20})
+    job = _load(store, tmp_path, rows, model="claude-haiku-4-5", **ANTHROPIC_BATCH, params={"max_tokens": None},
+                param_columns={"max_tokens": "mt"}, budget_usd="100", template=CONVERSATIONS)  # fmt: skip
+    with store.begin() as conn:
+        stored = conn.execute(sa.select(requests.c.custom_id, requests.c.payload)).all()
+        est = budget.estimate_requests(conn, job, requests.c.job_id == job.id, "anthropic-batch")
+    cached = [p for cid, p in stored if cid != "T9"]
+    plain = [p for cid, p in stored if cid == "T9"]
+    writes = approx_from(sum(map(len, cached)), sum(len(p.encode()) for p in cached))
+    uncached = approx_from(sum(map(len, plain)), sum(len(p.encode()) for p in plain))
+    prices = load_catalog().lookup("anthropic", "claude-haiku-4-5")[1].batch
+    billable = token_usd("anthropic", Usage(input_tokens=uncached, cache_write_tokens=writes, output_tokens=60), prices, "1h")
+    assert est.usd is not None and est.usd >= billable
+    assert est.cache_write_tokens == writes
+
+
+def test_a_job_of_plain_text_is_estimated_as_before(store, tmp_path):
+    rows = [{"ticket_id": f"T{i}", "body": "x" * 40} for i in range(4)]
+    job = _load(store, tmp_path, rows, model="gpt-4o-mini", **OPENAI_BATCH, params={"max_tokens": 100}, budget_usd="5")
+    with store.begin() as conn:
+        text = _text_tokens(conn)
+        est = budget.estimate_requests(conn, job, requests.c.job_id == job.id, "openai-batch")
+    assert (est.input_tokens, est.output_tokens, est.note) == (text, 400, "")  # the common path, unchanged
+    assert est.usd == (text * D("0.075") + 400 * D("0.30")) / MILLION
