@@ -304,6 +304,30 @@ def test_an_embedding_job_assumes_no_output_and_its_json_says_so(tmp_path):
     assert (report["output_tokens"], report["output_basis"]) == (0, "none: billed by input tokens only")
 
 
+def test_images_are_counted_at_the_most_one_is_billed_and_say_so(tmp_path):
+    # An image by URL was not counted at all (its text parts only): gpt-4o-mini bills up to
+    # 2,833 + 8 tiles x 5,667 = 48,169 tokens for one (OpenAI's images guide).
+    rows = [{**r, "img": f"https://example.com/{i}.png"} for i, r in enumerate(FOUR)]
+    spec = write_job(tmp_path, rows, template={"system": "Classify.", "user": "Ticket: {{ body }}", "images": [{"column": "img"}]})
+    report = json.loads(estimate(spec, "--json").stdout)
+    assert (report["images"], report["image_tokens"]) == (4, 4 * 48_169)
+    assert report["input_tokens"] == 4 * 16 + 4 * 48_169
+    batch = next(r for r in report["routes"] if r["this_job"])
+    assert Decimal(batch["usd"]) == (Decimal(4 * 16 + 4 * 48_169) * Decimal("0.075") + 400 * Decimal("0.30")) / 1_000_000
+    text = estimate(spec).stdout
+    assert "of which 192,676 for 4 image(s), each at the most one is billed: 48,169 tokens" in text
+
+
+def test_a_pdf_is_said_not_counted(tmp_path):
+    rows = [{**r, "doc": "https://example.com/a.pdf"} for r in FOUR]
+    spec = write_job(tmp_path, rows, model="claude-haiku-4-5", route="anthropic-batch",
+                     template={"system": "Classify.", "user": "Ticket: {{ body }}", "files": [{"column": "doc"}]})  # fmt: skip
+    result = estimate(spec, "--json")
+    report = json.loads(result.stdout)
+    assert report["unbounded_requests"] == 4 and "PDF" in report["unbounded"]
+    assert "NOT counted: what 4 request(s) hold beyond text" in estimate(spec).stdout
+
+
 def test_requests_that_write_a_prompt_cache_are_priced_at_the_write_rate(tmp_path):
     # anthropic-batch with cache_prefix writes each system prompt with the 1-hour TTL: 2x input.
     spec = write_job(tmp_path, FOUR, model="claude-haiku-4-5", route="anthropic-batch", route_options={"cache_prefix": True})

@@ -1,7 +1,8 @@
 """A budget's estimate is an upper bound of what the provider can bill, beyond plain text:
-prompt-cache writes are priced at the write rate. Jobs are loaded by the real loader into
-the real store (SQLite, and PostgreSQL where it runs); each test holds the estimate against
-the provider's bill priced by lowtide's own pricing code.
+prompt-cache writes are priced at the write rate, each image at the most one image costs on
+the model, and a request whose input has no bound (a PDF, audio) is never sent by a budgeted
+job. Jobs are loaded by the real loader into the real SQLite store; each test holds the
+estimate against the provider's bill priced by lowtide's own pricing code.
 """
 
 from __future__ import annotations
@@ -14,15 +15,16 @@ import sqlalchemy as sa
 
 from lowtide.core.clock import SystemClock
 from lowtide.core.pricing import attempt_cost, load_catalog, token_usd
-from lowtide.core.states import DispatchState
+from lowtide.core.states import DispatchState, JobState
 from lowtide.core.tokens import approx_from
 from lowtide.core.types import Usage
-from lowtide.engine import budget
+from lowtide.engine import budget, overview
 from lowtide.engine.context import JobContext
+from lowtide.engine.control import job_status
 from lowtide.engine.dispatch import new_dispatch
 from lowtide.engine.loader import load_job
 from lowtide.store.queries import stored_bytes
-from lowtide.store.schema import jobs, requests
+from lowtide.store.schema import events, jobs, requests
 from tests.conftest import make_spec, write_csv
 from tests.engine.ledger_helpers import NOW
 from tests.routes.conftest import KEY_ENV, _options
@@ -31,6 +33,9 @@ D = Decimal
 MILLION = 1_000_000
 OPENAI_BATCH = {"route": "openai-batch", "route_options": _options("openai-batch", "http://127.0.0.1:9")}  # never contacted
 ANTHROPIC_BATCH = {"route": "anthropic-batch", "route_options": _options("anthropic-batch", "http://127.0.0.1:9")}
+# OpenAI's images guide: gpt-4o bills a high-detail image 85 + 170 a 512-px tile, and an image
+# is fit in 2048 x 2048, then its short side scaled to 768: 768 x 2048 at most, 2 x 4 tiles.
+GPT_4O_IMAGE = 85 + 8 * 170
 CONVERSATIONS = {"system": None, "user": None, "messages_column": "messages"}
 
 
@@ -57,6 +62,46 @@ def _dispatch_all(conn, job: JobContext, route: str) -> int:
     d = new_dispatch(conn, job.id, route, "batch", DispatchState.PLANNED, NOW)
     conn.execute(requests.update().values(dispatch_id=d, state="dispatched", attempts=1))
     return d
+
+
+def test_image_urls_are_estimated_at_the_most_an_image_costs_and_a_budget_below_that_sends_nothing(store, tmp_path):
+    # An image by URL is some 60 characters of JSON (15 tokens by characters / 4) but is
+    # billed up to 1,445 tokens on gpt-4o: estimated at its characters, a budgeted job of
+    # image URLs spent about 50 times what it reserved for their input.
+    rows = [{"ticket_id": f"T{i}", "body": "what is in it?", "img": f"https://example.com/photos/{i}.png"} for i in range(10)]
+    job = _load(store, tmp_path, rows, model="gpt-4o", **OPENAI_BATCH, params={"max_tokens": 10}, budget_usd="100",
+                template={"images": [{"column": "img", "detail": "high"}]})  # fmt: skip
+    with store.begin() as conn:
+        text = _text_tokens(conn)
+        est = budget.estimate_requests(conn, job, requests.c.job_id == job.id, "openai-batch")
+    billable = attempt_cost(Usage(input_tokens=text + 10 * GPT_4O_IMAGE, output_tokens=10 * 10), "gpt-4o", "openai-batch").usd
+    assert est.input_tokens >= text + 10 * GPT_4O_IMAGE
+    assert est.usd is not None and est.usd >= billable
+    assert "10 image(s)" in est.note and "1,445" in est.note  # the dashboard shows what the bound assumes
+    with store.begin() as conn:  # the dashboard's whole-job estimate is the same bound
+        assert overview.job_estimate(conn, job.id).usd == est.usd
+
+    # A budget the text alone fits but the images do not: nothing is sent.
+    text_only = attempt_cost(Usage(input_tokens=text, output_tokens=100), "gpt-4o", "openai-batch").usd
+    between = (text_only + billable) / 2
+    spec = job.spec.model_copy(update={"budget_usd": between})
+    with store.begin() as conn:
+        conn.execute(jobs.update().values(spec=spec.model_dump_json()))
+        job = JobContext.from_row(conn.execute(sa.select(jobs)).one())
+        refused = budget.reserve(conn, job, _dispatch_all(conn, job, "openai-batch"), "openai-batch")
+    assert refused is not None and "would pass the budget" in refused
+
+
+def test_an_anthropic_image_is_estimated_at_claudes_largest_image(store, tmp_path):
+    # Claude scales an image over 1,568 px or ~1,600 tokens down first (Anthropic's vision guide).
+    rows = [{"ticket_id": f"T{i}", "body": "describe", "img": f"https://example.com/{i}.jpg"} for i in range(3)]
+    job = _load(store, tmp_path, rows, model="claude-haiku-4-5", **ANTHROPIC_BATCH, params={"max_tokens": 10},
+                budget_usd="100", template={"images": [{"column": "img"}]})  # fmt: skip
+    with store.begin() as conn:
+        text = _text_tokens(conn)
+        est = budget.estimate_requests(conn, job, requests.c.job_id == job.id, "anthropic-batch")
+    assert est.input_tokens == text + 3 * 1_600
+    assert est.usd == attempt_cost(Usage(input_tokens=text + 3 * 1_600, output_tokens=30), "claude-haiku-4-5", "anthropic-batch").usd
 
 
 def test_a_cached_system_prompt_is_estimated_at_the_one_hour_cache_write_rate(store, tmp_path):
@@ -108,6 +153,38 @@ def test_a_rows_own_cache_control_with_a_one_hour_ttl_is_estimated_at_that_rate(
     billable = token_usd("anthropic", Usage(input_tokens=uncached, cache_write_tokens=writes, output_tokens=60), prices, "1h")
     assert est.usd is not None and est.usd >= billable
     assert est.cache_write_tokens == writes
+
+
+def test_a_budgeted_request_carrying_a_pdf_is_never_sent_and_says_why(store, tmp_path):
+    # A PDF is billed by its pages (each page's text and an image of it), which lowtide cannot
+    # count before sending: a budget cannot bound it, so the dispatch is refused, as one with
+    # no output limit is, and the job stops naming the cause and the fix.
+    def convo(i: int) -> str:
+        doc = {"type": "document", "source": {"type": "url", "url": f"https://example.com/{i}.pdf"}}
+        return json.dumps([{"role": "user", "content": [doc, {"type": "text", "text": "summarise"}]}])
+
+    rows = [{"ticket_id": f"T{i}", "messages": convo(i), "mt": 50} for i in range(2)]
+    job = _load(store, tmp_path, rows, model="claude-haiku-4-5", **ANTHROPIC_BATCH, params={"max_tokens": None},
+                param_columns={"max_tokens": "mt"}, budget_usd="100", template=CONVERSATIONS)  # fmt: skip
+    with store.begin() as conn:
+        refused = budget.reserve(conn, job, _dispatch_all(conn, job, "anthropic-batch"), "anthropic-batch")
+        assert refused is not None and "2 request(s) hold a PDF or other file, billed by its pages, which lowtide cannot measure" in refused
+        budget.exhaust(conn, job, refused, NOW)
+        [why] = conn.scalars(sa.select(events.c.message).where(events.c.kind == "budget_exhausted"))
+    assert job_status(store, "tickets").state == JobState.BUDGET_EXHAUSTED
+    assert "price file" not in why and "without budget_usd" in why  # the fix that applies, not "add a price"
+
+
+def test_a_budgeted_template_that_adds_a_pdf_to_every_request_is_refused_at_load(store, tmp_path):
+    from lowtide.core.errors import SpecError
+
+    rows = [{"ticket_id": "T1", "body": "summarise", "doc": "https://example.com/a.pdf"}]
+    with pytest.raises(SpecError) as refused:
+        _load(store, tmp_path, rows, model="claude-haiku-4-5", **ANTHROPIC_BATCH, params={"max_tokens": 10}, budget_usd="5",
+              template={"files": [{"column": "doc"}]})  # fmt: skip
+    assert "template.files" in str(refused.value) and "budget_usd" in str(refused.value)
+    with store.read() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(jobs)).scalar() == 0  # nothing stored
 
 
 def test_a_job_of_plain_text_is_estimated_as_before(store, tmp_path):

@@ -84,9 +84,10 @@ def estimate(
     """Estimate a job's tokens, cost and wait on each tier and route, before submitting it.
 
     Counts the input tokens of every rendered request (tiktoken for OpenAI models where its
-    files are cached, else characters / 4, more outside ASCII; the output says which) and
-    assumes max_tokens of output per request, an upper bound; a request that asks to write a
-    prompt cache is priced at the write rate.
+    files are cached, else characters / 4, more outside ASCII; the output says which), each
+    image at the most one image is billed on the model, and assumes max_tokens of output per
+    request, an upper bound; a request that asks to write a prompt cache is priced at the
+    write rate, and a PDF or audio, which cannot be measured before sending, is said apart.
     Prints the cost curve (real time, real time with a prompt cache, flex, batch, batch with
     a prompt cache, self-hosted) with each tier's expected wait, and with --max-wait (or a
     `route: auto` spec) the tier auto would take. Nothing is stored or sent.
@@ -384,12 +385,20 @@ def _print(spec: JobSpec, count: Count, counter: TokenCounter, usage: Usage, lin
 
 
 def _beyond_text(count: Count) -> list[str]:
-    """What the input counts beyond text, in words."""
+    """What the input counts beyond text, and what it cannot count, in words."""
     said = []
+    if count.images and count.image_bound is not None:
+        b = count.image_bound
+        said.append(f"of which {count.scaled(count.images * b.tokens):,} for {count.scaled(count.images):,} image(s), each at "
+                    f"the most one is billed: {b.tokens:,} tokens ({b.source})")  # fmt: skip
     if count.cache_write_tokens:
         ttl = {"5m": "5-minute", "1h": "1-hour"}.get(count.cache_write_ttl or "", "")
         said.append(f"of which {count.scaled(count.cache_write_tokens):,} in requests that ask to write a prompt cache: "
                     f"priced at the {ttl} cache-write rate")  # fmt: skip
+    if count.unbounded:
+        said.append(f"NOT counted: what {count.scaled(count.unbounded):,} request(s) hold beyond text, {count.unbounded_what}, "
+                    "which lowtide cannot measure before sending: the cost is higher than shown, and a budgeted job "
+                    "refuses to send such requests")  # fmt: skip
     return said
 
 
@@ -413,7 +422,10 @@ def _as_json(spec: JobSpec, count: Count, counter: TokenCounter, usage: Usage, l
         "rows": count.rows, "counted_rows": count.counted, "extrapolated": count.extrapolated,
         "refused_rows": count.refused, "problems": count.problems,
         "input_tokens": usage.input_tokens + usage.cache_write_tokens, "output_tokens": usage.output_tokens,
+        "images": count.scaled(count.images),
+        "image_tokens": count.scaled(count.images * count.image_bound.tokens) if count.image_bound else 0,
         "cache_write_tokens": usage.cache_write_tokens, "cache_write_ttl": count.cache_write_ttl if usage.cache_write_tokens else None,
+        "unbounded_requests": count.scaled(count.unbounded), "unbounded": count.unbounded_what,
         "token_count": {"method": counter.method, "exact": counter.exact},
         "output_basis": _output_basis(spec, output_tokens),
         "provider_requests": provider_requests(spec, count),

@@ -4,26 +4,32 @@ over. The estimate is an upper bound of what the provider can bill the dispatch:
     before a batch is submitted or a direct dispatch runs:
         estimate = the dispatch's requests priced at the route's tier
                    input:  the stored request's characters / 4, and half a token for each
-                           UTF-8 byte past a character's first (core/tokens.py), priced at
-                           the input rate, or, for a request that asks to write a prompt
-                           cache (cache_control, or the route's cache_prefix), at the write
-                           rate of the longest TTL it asks for (1.25x input for 5 minutes, 2x
-                           for an hour), its whole input taken as written (core/input_bounds.py)
+                           UTF-8 byte past a character's first (core/tokens.py), plus each
+                           image at the most one image is billed on the model, whatever its
+                           size (core/input_bounds.py: OpenAI 1,097-48,169 tokens by model,
+                           Claude 1,600 or 5,000, Gemini 2,240-6,192); priced at the input
+                           rate, or, for a request that asks to write a prompt cache
+                           (cache_control, or the route's cache_prefix), at the write rate of
+                           the longest TTL it asks for (1.25x input for 5 minutes, 2x for an
+                           hour), its whole input taken as written
                    output: each request's max_tokens times the answers it asks for (n),
                            none for an embedding or a moderation
+        a request holding what has no bound (a PDF, billed by its pages; audio or video, by
+        their length; an image on a model no provider documents a most for) ─► do not send;
+        the job → budget_exhausted, saying so (a template adding one is refused at load)
         spent + reserved + estimate > budget ─► do not send; job → budget_exhausted
         else reserve the estimate on the dispatch
     as results come in: the dispatch's reservation shrinks by what its attempts cost, and
     ends with the dispatch (settled to the actual cost, which the ledger holds)
 
-What a request holds is read from the spec where the spec decides it (a template and its
-params' cache_control): one aggregate over the stored text, no body read. Rows that bring
-their own conversation, body or parameters are read, each, as they must be for their own
-output limits. `spent` is the sum of the job's attempts (stale ones included: they are paid
-for). A price the catalog does not know refuses the dispatch rather than guessing, as does
-a job whose billed attempts have an unknown cost. Batches already in flight are still
-collected while the job is budget_exhausted; `lowtide submit` of the spec (with a bigger
-budget) resumes it.
+What a request holds is read from the spec where the spec decides it (a template's images
+and files, its params' cache_control): one aggregate over the stored text, no body read.
+Rows that bring their own conversation, body or parameters are read, each, as they must be
+for their own output limits. `spent` is the sum of the job's attempts (stale ones included:
+they are paid for). A price the catalog does not know refuses the dispatch rather than
+guessing, as does a job whose billed attempts have an unknown cost. Batches already in
+flight are still collected while the job is budget_exhausted; `lowtide submit` of the spec
+(with a bigger budget) resumes it.
 """
 
 from __future__ import annotations
@@ -36,9 +42,9 @@ from sqlalchemy import ColumnElement, Connection, and_, case, func, select, upda
 from lowtide.core import fastjson
 from lowtide.core.endpoints import NO_TEXT
 from lowtide.core.errors import InputError
-from lowtide.core.input_bounds import NOTHING, longer_ttl, may_hold, scan
+from lowtide.core.input_bounds import image_bound, longer_ttl, may_hold, scan
 from lowtide.core.params import OUTPUT_LIMITS
-from lowtide.core.pricing import attempt_cost, billing_of, load_catalog
+from lowtide.core.pricing import MILLION, attempt_cost, billing_of, load_catalog
 from lowtide.core.spec import JobSpec
 from lowtide.core.states import DispatchState, JobState, RequestState
 from lowtide.core.tokens import approx_from
@@ -58,11 +64,12 @@ RESERVING_STATES = (DispatchState.SUBMITTING.value, DispatchState.SUBMITTED.valu
 @dataclass(frozen=True, slots=True)
 class Estimate:
     requests: int
-    input_tokens: int  # every input token: the text's approximation, cache writes
+    input_tokens: int  # every input token: the text's approximation, images, cache writes
     output_tokens: int
     usd: Decimal | None
-    note: str = ""  # what the bound assumes beyond text (cache writes), or why there is none
+    note: str = ""  # what the bound assumes beyond text (images, cache writes), or why there is none
     cache_write_tokens: int = 0  # of input_tokens, those priced at the cache-write rate
+    image_tokens: int = 0  # of input_tokens, the images' (each at the most one image costs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +92,7 @@ def estimate(conn: Connection, job: JobContext, dispatch_id: int, route: str) ->
     return estimate_requests(conn, job, waiting, route)
 
 
-# Parameters a row may give through param_columns that never hold content (a
+# Parameters a row may give through param_columns that never hold content (a part, a
 # cache_control): with only these, what each body holds is the template's.
 SCALAR_PARAMS = frozenset({
     *OUTPUT_LIMITS, "n", "temperature", "top_p", "top_k", "seed", "stop", "presence_penalty", "frequency_penalty",
@@ -102,8 +109,11 @@ class _Tally:
     n: int = 0
     output: int = 0
     no_limit: bool = False
+    unbounded: int = 0  # requests holding a part with no bound
+    unbounded_what: str | None = None
     chars: dict[str | None, int] = field(default_factory=lambda: dict.fromkeys(_TTLS, 0))
     nbytes: dict[str | None, int] = field(default_factory=lambda: dict.fromkeys(_TTLS, 0))
+    images: dict[str | None, int] = field(default_factory=lambda: dict.fromkeys(_TTLS, 0))
     writers: dict[str | None, int] = field(default_factory=lambda: dict.fromkeys(_TTLS, 0))
 
 
@@ -125,7 +135,18 @@ def estimate_requests(conn: Connection, job: JobContext, waiting: ColumnElement[
         catalog = load_catalog()
     except InputError as err:
         return Estimate(n, 0, tally.output, None, f"the price file did not load: {err}")
-    tokens = {t: approx_from(tally.chars[t], tally.nbytes[t]) for t in _TTLS}
+    images = sum(tally.images.values())
+    bound = image_bound(model, billing.provider if billing else None) if images else None
+    if tally.unbounded or (images and bound is None):
+        per_million = attempt_cost(Usage(input_tokens=MILLION), model, route, options, catalog=catalog).usd
+        if per_million != 0:  # a route that bills nothing for input (echo, a free local model) is bounded at 0
+            if tally.unbounded:
+                why = f"{tally.unbounded} request(s) hold {tally.unbounded_what}, which lowtide cannot measure before sending"
+            else:
+                why = f"{images} image(s) on {model}, whose provider documents no most an image is billed"
+            return Estimate(n, 0, tally.output, None, f"{why}, so their cost has no bound")
+    per_image = bound.tokens if bound else 0
+    tokens = {t: approx_from(tally.chars[t], tally.nbytes[t]) + tally.images[t] * per_image for t in _TTLS}
     if billing is None or billing.provider is None:  # self-hosted or free: no price list, no write rate
         tokens = {None: sum(tokens.values()), "5m": 0, "1h": 0}
     writes, ttl = (tokens["5m"], "5m") if tokens["5m"] else (tokens["1h"], "1h")
@@ -136,17 +157,20 @@ def estimate_requests(conn: Connection, job: JobContext, waiting: ColumnElement[
         longer = attempt_cost(Usage(cache_write_tokens=tokens["1h"]), model, route, options, catalog=catalog, cache_write_ttl="1h")
         total = None if longer.usd is None else total + longer.usd
     said = []
+    if images:
+        said.append(f"{images:,} image(s) at {per_image:,} tokens each, the most one is billed on {model} ({bound.source})" if bound
+                    else f"{images:,} image(s) at no cost on {route}")  # fmt: skip
     for t in ("5m", "1h"):
         if tokens[t] and billing is not None and billing.provider is not None:
             said.append(f"the input of {tally.writers[t]:,} request(s) that write a prompt cache at the {TTL_WORDS[t]} cache-write rate")
     note = "; ".join(said + ([cost.note] if cost.note else []))
     input_tokens = sum(tokens.values())
-    return Estimate(n, input_tokens, tally.output, total, note, tokens["5m"] + tokens["1h"])
+    return Estimate(n, input_tokens, tally.output, total, note, tokens["5m"] + tokens["1h"], images * per_image)
 
 
 def _rows_decide(spec: JobSpec) -> bool:
-    """Whether rows may hold content of their own (cache_control): a conversation or a body
-    column, or a param column that is not a plain setting."""
+    """Whether rows may hold content of their own (parts, cache_control): a conversation or
+    a body column, or a param column that is not a plain setting."""
     t = spec.template
     return t.messages_column is not None or t.body_column is not None or not SCALAR_PARAMS.issuperset(spec.param_columns)
 
@@ -158,38 +182,60 @@ def _text_lengths() -> tuple[ColumnElement[int], ColumnElement[int]]:
     return chars, nbytes
 
 
-def _from_spec(conn: Connection, waiting: ColumnElement[bool], spec: JobSpec, route_ttl: str | None) -> _Tally:
-    """One aggregate over the stored text: each body holds its params' cache_control, if any."""
+def _totals(conn: Connection, waiting: ColumnElement[bool]) -> _Tally:
+    """One aggregate over the stored text of the selected requests, all at the input rate."""
     chars, nbytes = _text_lengths()
     n, total_chars, total_bytes = conn.execute(
         select(func.count(), func.coalesce(func.sum(chars), 0), func.coalesce(func.sum(nbytes), 0)).where(waiting)
     ).one()
+    tally = _Tally(n=int(n))
+    tally.chars[None], tally.nbytes[None] = int(total_chars), int(total_bytes)
+    return tally
+
+
+def _from_spec(conn: Connection, waiting: ColumnElement[bool], spec: JobSpec, route_ttl: str | None) -> _Tally:
+    """One aggregate over the stored text: each body holds the spec's parts (one per
+    template image or file) and its params' cache_control, if any."""
+    tally = _totals(conn, waiting)
     ttl = longer_ttl(scan(spec.params).cache_ttl, route_ttl) if spec.request_endpoint not in NO_TEXT else None
-    tally = _Tally(n=int(n), output=0 if spec.request_endpoint in NO_TEXT else int(n) * (spec.output_bound or 0))
-    tally.chars[ttl], tally.nbytes[ttl] = int(total_chars), int(total_bytes)
+    tally.output = 0 if spec.request_endpoint in NO_TEXT else tally.n * (spec.output_bound or 0)
+    tally.chars[ttl], tally.nbytes[ttl] = tally.chars.pop(None), tally.nbytes.pop(None)
+    tally.chars.setdefault(None, 0)
+    tally.nbytes.setdefault(None, 0)
+    tally.images[ttl] = tally.n * len(spec.template.images)
     tally.writers[ttl] = tally.n if ttl else 0
+    if spec.template.files and tally.n:
+        tally.unbounded, tally.unbounded_what = tally.n, "a PDF from template.files, billed by its pages"
     return tally
 
 
 def _read_rows(conn: Connection, waiting: ColumnElement[bool], route_ttl: str | None) -> _Tally:
-    """Each body read: rows that bring their own output limit, n or cache_control."""
-    chars, nbytes = _text_lengths()
-    tally = _Tally()
-    for payload, c, b in conn.execute(select(payload_text(), chars, nbytes).where(waiting)):
+    """Each body read: rows that bring their own output limit, n, parts or cache_control.
+    The text is the aggregate's; a request that writes a cache moves its own to its TTL."""
+    tally = _totals(conn, waiting)
+    for payload, repair in conn.execute(select(payload_text(), requests.c.repair).where(waiting)):
         request = Request.from_payload("", fastjson.loads(payload))
         bound = request.output_bound
         if bound is None:
             tally.no_limit = True
             continue
-        found = scan(request.body) if may_hold(payload) else NOTHING
-        ttl = longer_ttl(found.cache_ttl, route_ttl)
-        tally.n += 1
         tally.output += bound
-        tally.chars[ttl] += c
-        tally.nbytes[ttl] += b
-        tally.writers[ttl] += 1 if ttl else 0
-    if tally.no_limit:
-        tally.n = conn.execute(select(func.count()).where(waiting)).scalar_one()
+        if not may_hold(payload) and route_ttl is None:
+            continue  # plain text, at the input rate: the aggregate has it
+        found = scan(request.body)
+        ttl = longer_ttl(found.cache_ttl, route_ttl)
+        tally.images[ttl] += found.images
+        if found.unbounded:
+            tally.unbounded += 1
+            tally.unbounded_what = tally.unbounded_what or found.unbounded
+        if ttl is not None:
+            text = payload + (repair or "")
+            c, b = len(text), len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+            tally.chars[None] -= c
+            tally.nbytes[None] -= b
+            tally.chars[ttl] += c
+            tally.nbytes[ttl] += b
+            tally.writers[ttl] += 1
     return tally
 
 
@@ -283,6 +329,10 @@ def resume(conn: Connection, job_id: int, budget: Decimal | None, now: float) ->
 
 def _how_to_resume(reason: str) -> str:
     """Raising the budget helps only when the budget is what stopped the job."""
+    if "no output limit" in reason:
+        return "Give every row an output limit (max_tokens) and run `lowtide submit` to resume"
+    if "has no bound" in reason:
+        return "Send such requests in a job without budget_usd (docs/costs.md#budgets); a larger budget does not resume this one"
     if "cannot be estimated" in reason or "is unknown" in reason:
         return "Add the missing prices to a price file (docs/costs.md) and run `lowtide submit` to resume"
     return "Raise budget_usd in the spec and run `lowtide submit` with it to resume"

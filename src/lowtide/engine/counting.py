@@ -2,9 +2,10 @@
 them (the loader's own row renderer) and counted; what `lowtide estimate` and `route: auto`
 price candidates with. Nothing is stored and no route is contacted.
 
-Beyond the text the counter counts, the input of a request that asks to write a prompt
-cache is priced at the write rate, as a budget's estimate prices it (core/input_bounds.py,
-engine/budget.py)."""
+Beyond the text the counter counts, each image is counted at the most one image is billed
+on the job's model, the input of a request that asks to write a prompt cache is priced at
+the write rate, and what has no bound (a PDF, audio) is counted apart, as a budget's
+estimate counts them (core/input_bounds.py, engine/budget.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field
 
 from lowtide.core.endpoints import NO_TEXT
 from lowtide.core.errors import SourceError, SpecError
-from lowtide.core.input_bounds import longer_ttl, scan
+from lowtide.core.input_bounds import ImageBound, image_bound, longer_ttl, scan
 from lowtide.core.pricing import billing_of
 from lowtide.core.sources import Watermark, source_of
 from lowtide.core.spec import JobSpec
@@ -42,8 +43,12 @@ class Count:
     problems: list[str] = field(default_factory=list)
     # Embedding jobs: the provider requests the counted rows make, packed (engine/packs.py).
     packs: PackCount | None = None
+    images: int = 0  # image parts of the counted requests
+    image_bound: ImageBound | None = None  # the tokens each is counted at (in input_tokens); None: not counted
     cache_write_tokens: int = 0  # of input_tokens, those of requests that ask to write a prompt cache
     cache_write_ttl: str | None = None  # the longest TTL they ask for
+    unbounded: int = 0  # counted requests holding what no figure bounds (a PDF, audio; an image with no bound)
+    unbounded_what: str | None = None
 
     @property
     def extrapolated(self) -> bool:
@@ -100,6 +105,7 @@ def count_rows(
     count = Count(packs=PackCount() if packing(spec) else None)
     no_output = spec.request_endpoint in NO_TEXT  # an embedding or a moderation: input tokens only
     billing = billing_of(spec.route, spec.route_options)
+    bound = image_bound(spec.model, billing.provider if billing else None)
     route_ttl = billing.cache_write_ttl if billing is not None and spec.route_options.get("cache_prefix") else None
     for chunk in source.chunks():
         for row in chunk:
@@ -116,9 +122,9 @@ def count_rows(
             request = Request.from_payload("", json.loads(item["payload"]))
             tokens = counter.count_request(request.endpoint, request.body)
             if not no_output:  # an embedding's or a moderation's input is text
-                ttl = longer_ttl(scan(request.body).cache_ttl, route_ttl)
-                count.cache_write_ttl = longer_ttl(count.cache_write_ttl, ttl)
-                count.cache_write_tokens += tokens if ttl else 0
+                extra, writes = _parts(count, request.body, bound, route_ttl)
+                tokens += extra
+                count.cache_write_tokens += tokens if writes else 0
             count.input_tokens += tokens
             if count.counted == 1:
                 count.prefix_tokens = counter.count_text(system_text(request.body))
@@ -136,3 +142,19 @@ def count_rows(
         if on_rows:
             on_rows(count.rows)
     return count
+
+
+def _parts(count: Count, body: dict, bound: ImageBound | None, route_ttl: str | None) -> tuple[int, bool]:
+    """What a body holds beyond its text, noted in `count`: the tokens of its images, and
+    whether it writes a prompt cache."""
+    found = scan(body)
+    ttl = longer_ttl(found.cache_ttl, route_ttl)
+    count.cache_write_ttl = longer_ttl(count.cache_write_ttl, ttl)
+    if found.unbounded or (found.images and bound is None):
+        count.unbounded += 1
+        count.unbounded_what = count.unbounded_what or found.unbounded or "an image, on a model with no documented most"
+    if not found.images or bound is None:
+        return 0, ttl is not None
+    count.images += found.images
+    count.image_bound = bound
+    return found.images * bound.tokens, ttl is not None

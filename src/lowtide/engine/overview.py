@@ -285,8 +285,8 @@ _estimates: dict[tuple, Estimate] = {}  # the whole job's estimate changes only 
 
 def job_estimate(conn: Connection, job_id: int) -> Estimate:
     """What every request of the job may cost on its route, as a budget estimates a batch
-    (`budget.estimate_requests`: input approximated as core/tokens.py does, cache writes at
-    the write rate; output = each request's limit): an
+    (`budget.estimate_requests`: input approximated as core/tokens.py does, each image at the
+    most one is billed, cache writes at the write rate; output = each request's limit): an
     upper bound, to set the cost so far against."""
     job_row = conn.execute(select(jobs).where(jobs.c.id == job_id)).one()
     n, last_id, versions = conn.execute(
@@ -306,6 +306,6 @@ def job_estimate(conn: Connection, job_id: int) -> Estimate:
 def estimate_dict(est: Estimate) -> dict[str, Any]:
     return {
         "usd": None if est.usd is None else str(est.usd), "requests": est.requests,
-        "input_tokens": est.input_tokens, "output_tokens": est.output_tokens,
+        "input_tokens": est.input_tokens, "output_tokens": est.output_tokens, "image_tokens": est.image_tokens,
         "cache_write_tokens": est.cache_write_tokens, "note": est.note or None,
     }  # fmt: skip

@@ -1,8 +1,8 @@
 """What can be checked before the first request leaves, so a paid job never runs only to
 fail at the end: the results can be written where the spec (or --out) says, in a known
 format (a local folder, an object store's bucket and credentials, a SQL table's columns),
-the response schema has Arrow types, a budgeted job's model has a price, and a provider's
-model name and output limit can be right."""
+the response schema has Arrow types, a budgeted job's model has a price and what its
+template adds has a bound, and a provider's model name and output limit can be right."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from pathlib import Path
 from lowtide.core import genai_source
 from lowtide.core.endpoints import EMBEDDINGS
 from lowtide.core.errors import InputError, LowtideError, SpecError
+from lowtide.core.input_bounds import image_bound
 from lowtide.core.locations import Location, location, scheme_of, store_problem
 from lowtide.core.output_target import OutputTarget
 from lowtide.core.pricing import Catalog, Tier, attempt_cost, billing_of, load_catalog
@@ -206,6 +207,22 @@ def check_prices(spec: JobSpec, where: str) -> None:
                 f" {route} has no price ({cost.note}); "
                 f"no request could be checked against the budget. {fix}"
             )
+        if cost.usd:  # a route that bills tokens: what the template adds must have a bound
+            _check_parts_bounded(spec, where, route, options, model)
+
+
+def _check_parts_bounded(spec: JobSpec, where: str, route: str, options: dict, model: str) -> None:
+    """What the template adds to every request must have a most it is billed, or no dispatch
+    of the job could be sent (engine/budget.py refuses it; core/input_bounds.py)."""
+    if spec.template.files:
+        raise SpecError(f"{where}: budget_usd is set, but template.files adds a PDF to every request, billed by its pages, "
+                        "which lowtide cannot count before sending, so no request could be checked against the budget. "
+                        "Remove budget_usd, or template.files")  # fmt: skip
+    billing = billing_of(route, options)
+    if spec.template.images and image_bound(model, billing.provider if billing else None) is None:
+        raise SpecError(f'{where}: budget_usd is set, but template.images adds an image to every request and "{model}" on '
+                        f"{route} has no documented most an image is billed (lowtide knows Claude's, Gemini's and OpenAI's), "
+                        "so no request could be checked against the budget. Remove budget_usd, or template.images")  # fmt: skip
 
 
 def check_model(spec: JobSpec, where: str) -> None:
