@@ -23,7 +23,7 @@ from lowtide.engine.context import JobContext
 from lowtide.engine.control import job_status
 from lowtide.engine.dispatch import new_dispatch
 from lowtide.engine.loader import load_job
-from lowtide.store.queries import stored_bytes
+from lowtide.store.payloads import payload_bytes, payload_chars, payload_text
 from lowtide.store.schema import events, jobs, requests
 from tests.conftest import make_spec, write_csv
 from tests.engine.ledger_helpers import NOW
@@ -52,8 +52,7 @@ def _load(store, tmp_path, rows: list[dict], **spec) -> JobContext:
 
 def _text_tokens(conn) -> int:
     """The text approximation over every stored request (what the estimate counts as text)."""
-    chars, nbytes = conn.execute(sa.select(sa.func.sum(sa.func.length(requests.c.payload)),
-                                           sa.func.sum(stored_bytes(requests.c.payload)))).one()  # fmt: skip
+    chars, nbytes = conn.execute(sa.select(sa.func.sum(payload_chars()), sa.func.sum(payload_bytes()))).one()
     return approx_from(int(chars), int(nbytes))
 
 
@@ -143,7 +142,7 @@ def test_a_rows_own_cache_control_with_a_one_hour_ttl_is_estimated_at_that_rate(
     job = _load(store, tmp_path, rows, model="claude-haiku-4-5", **ANTHROPIC_BATCH, params={"max_tokens": None},
                 param_columns={"max_tokens": "mt"}, budget_usd="100", template=CONVERSATIONS)  # fmt: skip
     with store.begin() as conn:
-        stored = conn.execute(sa.select(requests.c.custom_id, requests.c.payload)).all()
+        stored = conn.execute(sa.select(requests.c.custom_id, payload_text())).all()
         est = budget.estimate_requests(conn, job, requests.c.job_id == job.id, "anthropic-batch")
     cached = [p for cid, p in stored if cid != "T9"]
     plain = [p for cid, p in stored if cid == "T9"]
