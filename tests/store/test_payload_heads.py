@@ -12,7 +12,7 @@ from lowtide.core.spec import build_spec
 from lowtide.engine.loader import RowRenderer, check_job, load_job
 from lowtide.engine.retention import PRUNED, delete_job, prune
 from lowtide.store.payloads import payload_bytes, payload_chars, payload_text
-from lowtide.store.schema import payload_heads, request_versions, requests
+from lowtide.store.schema import jobs, payload_heads, request_versions, requests
 from tests.conftest import drive_to_end, make_spec, ticket_rows, write_csv
 
 SCHEMA = {"type": "object", "properties": {"label": {"type": "string"}, "score": {"type": "integer"}}, "required": ["label", "score"]}
@@ -82,3 +82,24 @@ def test_a_requeued_version_a_pruned_payload_and_a_deleted_job(store, clock, tmp
     delete_job(store, "tickets", clock)
     with store.begin() as conn:
         assert conn.execute(sa.select(sa.func.count()).select_from(payload_heads)).scalar_one() == 0
+
+
+def test_requests_stored_whole_before_m026_are_sent_and_answered_as_before(store, clock, tmp_path):
+    """A store migrated by m026 keeps its rows whole (head_id NULL): they are sent as they
+    are, beside rows stored since with a head, and answered as the same job stored with heads."""
+    source = write_csv(tmp_path / "t.csv", _rows())
+    mixed, headed = (make_spec(source, name=n, choices=["billing", "technical", "account"]) for n in ("mixed", "headed"))
+    load_job(store, mixed, clock)
+    load_job(store, headed, clock)
+    with store.begin() as conn:
+        whole = requests.c.job_id == sa.select(jobs.c.id).where(jobs.c.name == "mixed").scalar_subquery()
+        conn.execute(requests.update().where(whole, requests.c.id % 2 == 0).values(payload=payload_text(), head_id=None))
+        kinds = {h is None for (h,) in conn.execute(sa.select(requests.c.head_id).where(whole))}
+    assert kinds == {True, False}
+    assert drive_to_end(store, mixed, clock).counts == drive_to_end(store, headed, clock).counts == {"succeeded": 7}
+    with store.begin() as conn:
+        answers = conn.execute(
+            sa.select(jobs.c.name, requests.c.source_key, requests.c.output, requests.c.input_tokens).join(jobs, jobs.c.id == requests.c.job_id)
+        ).all()
+    by_job = {name: {key: (out, tokens) for n, key, out, tokens in answers if n == name} for name in ("mixed", "headed")}
+    assert by_job["mixed"] == by_job["headed"] and len(by_job["mixed"]) == 7
