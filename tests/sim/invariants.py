@@ -57,17 +57,23 @@ LIVE_SERVE = ("validating", "in_progress", "finalizing", "cancelling")
 
 def request_states(world) -> list[str]:
     """Each request in one state, with columns that agree: dispatched ⇒ its dispatch is
-    live; pending or terminal ⇒ no live dispatch holds it."""
+    live; pending or terminal ⇒ no live dispatch holds it, but the one whose outcome it
+    took (an applied attempt of it): a dispatch's outcomes are committed as they arrive, and
+    a worker that stops (or dies) between two commits leaves its dispatch live, holding the
+    requests answered so far, until its lease runs out."""
     out = []
     with world.store.read() as conn:
         live = dict(conn.execute(sa.select(dispatches.c.id, dispatches.c.state).where(dispatches.c.state.in_(LIVE_DISPATCH_STATES))).all())
-        rows = conn.execute(sa.select(requests.c.custom_id, requests.c.state, requests.c.dispatch_id, requests.c.job_id)).all()
-    for cid, state, dispatch_id, _ in rows:
+        rows = conn.execute(sa.select(requests.c.custom_id, requests.c.state, requests.c.dispatch_id, requests.c.id)).all()
+        answered = set(conn.execute(
+            sa.select(attempts.c.request_id, attempts.c.dispatch_id).where(attempts.c.applied, attempts.c.dispatch_id.in_(list(live)))
+        ).tuples())  # fmt: skip
+    for cid, state, dispatch_id, rid in rows:
         if state not in TERMINAL | {"pending", "dispatched"}:
             out.append(f"request {cid}: unknown state {state!r}")
         elif state == "dispatched" and dispatch_id not in live:
             out.append(f"request {cid}: dispatched, but its dispatch {dispatch_id} is not live")
-        elif state != "dispatched" and dispatch_id in live:
+        elif state != "dispatched" and dispatch_id in live and (rid, dispatch_id) not in answered:
             out.append(f"request {cid}: {state}, but held by live dispatch {dispatch_id} ({live[dispatch_id]})")
     return out
 
