@@ -65,9 +65,9 @@ def request_states(world) -> list[str]:
     with world.store.read() as conn:
         live = dict(conn.execute(sa.select(dispatches.c.id, dispatches.c.state).where(dispatches.c.state.in_(LIVE_DISPATCH_STATES))).all())
         rows = conn.execute(sa.select(requests.c.custom_id, requests.c.state, requests.c.dispatch_id, requests.c.id)).all()
-        answered = set(conn.execute(
+        answered = {(rid, did) for rid, did in conn.execute(
             sa.select(attempts.c.request_id, attempts.c.dispatch_id).where(attempts.c.applied, attempts.c.dispatch_id.in_(list(live)))
-        ).tuples())  # fmt: skip
+        )}  # fmt: skip
     for cid, state, dispatch_id, rid in rows:
         if state not in TERMINAL | {"pending", "dispatched"}:
             out.append(f"request {cid}: unknown state {state!r}")
