@@ -235,3 +235,11 @@ def drive_to_end(store: Store, spec: JobSpec, clock: ManualClock, *, max_ticks: 
                 await eng.aclose()
 
     return asyncio.run(go())
+
+
+def whole_columns(table):
+    """Every column of a requests or request_versions table, its `payload` whole
+    (store/payloads.py `payload_text`), for `sa.select(*...)`: a test reads what was sent."""
+    from lowtide.store.payloads import payload_text
+
+    return [payload_text(table).label("payload") if c.name == "payload" else c for c in table.c]

@@ -21,9 +21,8 @@ from lowtide.core.states import RequestState
 from lowtide.core.types import Outcome, Usage
 from lowtide.engine.context import JobContext
 from lowtide.engine.loader import load_job
-from lowtide.store.payloads import whole_columns
 from lowtide.store.schema import jobs, requests
-from tests.conftest import write_csv
+from tests.conftest import whole_columns, write_csv
 from tests.engine.ledger_helpers import dispatch, ingest
 
 OFFLINE = {"base_url": "http://127.0.0.1:9/v1", "api_key_env": "LOWTIDE_TEST_UNUSED_KEY"}  # never contacted

@@ -20,9 +20,8 @@ from lowtide.engine.control import job_status
 from lowtide.engine.loader import load_job
 from lowtide.engine.tick import Engine
 from lowtide.store.db import Store
-from lowtide.store.payloads import whole_columns
 from lowtide.store.schema import dispatches, jobs, requests
-from tests.conftest import make_spec, ticket_rows, wait_until, write_csv
+from tests.conftest import make_spec, ticket_rows, wait_until, whole_columns, write_csv
 from tests.routes.conftest import _options, serve  # noqa: F401  (serve: the fixture)
 
 OTHER_KEY_ENV = "LOWTIDE_TEST_OTHER_KEY"

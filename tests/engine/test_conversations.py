@@ -9,9 +9,8 @@ import sqlalchemy as sa
 
 from lowtide.core.errors import SourceError
 from lowtide.engine.loader import load_job
-from lowtide.store.payloads import whole_columns
 from lowtide.store.schema import requests
-from tests.conftest import drive_to_end, make_spec
+from tests.conftest import drive_to_end, make_spec, whole_columns
 
 
 def _jsonl(path, rows):

@@ -21,9 +21,9 @@ from lowtide.engine.compare import compare, variant_rows
 from lowtide.engine.eval_export import export_eval_results
 from lowtide.engine.evals import drive_jobs, load_eval, load_judge, run_eval, stored_eval
 from lowtide.engine.tick import Engine
-from lowtide.store.payloads import payload_text, whole_columns
+from lowtide.store.payloads import payload_text
 from lowtide.store.schema import dispatches, events, jobs, requests
-from tests.conftest import ticket_rows, write_csv
+from tests.conftest import ticket_rows, whole_columns, write_csv
 
 
 @pytest.fixture(autouse=True)

@@ -16,10 +16,9 @@ from lowtide.engine.tick import Engine
 from lowtide.routes.own.echo import EchoRoute
 from lowtide.routes.own.echo_batch import EchoBatchRoute
 from lowtide.store.db import Store
-from lowtide.store.payloads import whole_columns
 from lowtide.store.queries import get_job
 from lowtide.store.schema import attempts, dispatches, requests
-from tests.conftest import drive_to_end, make_spec, ticket_rows, write_csv
+from tests.conftest import drive_to_end, make_spec, ticket_rows, whole_columns, write_csv
 
 
 class StoreProbe:

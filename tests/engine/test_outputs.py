@@ -7,9 +7,8 @@ import json
 import sqlalchemy as sa
 
 from lowtide.engine.export import export_results
-from lowtide.store.payloads import whole_columns
 from lowtide.store.schema import attempts, requests
-from tests.conftest import drive_to_end, make_spec, write_csv
+from tests.conftest import drive_to_end, make_spec, whole_columns, write_csv
 from tests.engine.answers import answer_all, chat, choice, loaded_job, pending
 
 SCHEMA = {

@@ -13,10 +13,9 @@ from lowtide.engine.archive import archive_name
 from lowtide.engine.control import job_status
 from lowtide.engine.report import cost_report
 from lowtide.engine.retention import PRUNED, prune
-from lowtide.store.payloads import whole_columns
 from lowtide.store.schema import attempts, jobs, request_versions, requests
 from lowtide.store.space import reclaim, store_bytes
-from tests.conftest import drive_to_end, make_spec, ticket_rows, write_csv
+from tests.conftest import drive_to_end, make_spec, ticket_rows, whole_columns, write_csv
 from tests.engine.test_delete_prune import _bodies, _spec, _with_a_version
 
 DAY = 86400.0

@@ -7,9 +7,9 @@ from __future__ import annotations
 import sqlalchemy as sa
 
 from lowtide.engine.report import cost_report
-from lowtide.store.payloads import whole_columns
 from lowtide.store.schema import attempts, repair_sends, requests
 from tests.cli.test_cli import Cli
+from tests.conftest import whole_columns
 from tests.engine.answers import answer_all, chat, choice, loaded_job, pending
 
 SCHEMA = {"type": "object", "properties": {"label": {"enum": ["billing", "technical"]}}, "required": ["label"]}

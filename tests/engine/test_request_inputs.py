@@ -16,9 +16,9 @@ import sqlalchemy as sa
 from lowtide.core.errors import InputError
 from lowtide.engine.export import export_results
 from lowtide.engine.loader import load_job
-from lowtide.store.payloads import payload_text, whole_columns
+from lowtide.store.payloads import payload_text
 from lowtide.store.schema import requests
-from tests.conftest import make_spec, write_csv
+from tests.conftest import make_spec, whole_columns, write_csv
 from tests.core.test_parts import PDF, PNG
 
 

@@ -19,9 +19,9 @@ from lowtide.core.ids import custom_id_for
 from lowtide.engine.export import export_results
 from lowtide.engine.loader import load_job
 from lowtide.engine.tick import Engine
-from lowtide.store.payloads import payload_text, whole_columns
+from lowtide.store.payloads import payload_text
 from lowtide.store.schema import attempts, dispatches, jobs, requests
-from tests.conftest import drive_to_end, make_spec, ticket_rows, write_csv
+from tests.conftest import drive_to_end, make_spec, ticket_rows, whole_columns, write_csv
 
 
 def _requests(store) -> dict[str, sa.Row]:

@@ -26,9 +26,8 @@ from lowtide.engine.loader import load_job
 from lowtide.routes.bedrock import wire
 from lowtide.routes.bedrock.batch import NAME
 from lowtide.store.db import Store
-from lowtide.store.payloads import whole_columns
 from lowtide.store.schema import attempts, dispatches, events, jobs, requests
-from tests.conftest import make_spec, ticket_rows, write_csv
+from tests.conftest import make_spec, ticket_rows, whole_columns, write_csv
 from tests.objectstores import s3, s3_server  # noqa: F401  (fixtures; a test taking one says noqa: F811)
 from tests.routes.conftest import _run
 from tests.routes.test_batch_routes import KILL_AFTER_CREATE

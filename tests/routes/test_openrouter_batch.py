@@ -28,9 +28,8 @@ from lowtide.core.spec import JobSpec
 from lowtide.engine.loader import load_job
 from lowtide.routes.openrouter.batch import NAME, create
 from lowtide.store.db import Store
-from lowtide.store.payloads import whole_columns
 from lowtide.store.schema import attempts, dispatches, events, jobs, requests
-from tests.conftest import make_spec, ticket_rows, write_csv
+from tests.conftest import make_spec, ticket_rows, whole_columns, write_csv
 from tests.routes.conftest import KEY_ENV, _run
 from tests.routes.test_batch_routes import KILL_AFTER_CREATE
 

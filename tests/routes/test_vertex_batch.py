@@ -33,10 +33,9 @@ from lowtide.routes import create_route
 from lowtide.routes.vertex import lines
 from lowtide.routes.vertex.batch import NAME, create
 from lowtide.store.db import Store
-from lowtide.store.payloads import whole_columns
 from lowtide.store.schema import attempts, dispatches, events, jobs, requests
 from tests import objectstores
-from tests.conftest import make_spec, ticket_rows, write_csv
+from tests.conftest import make_spec, ticket_rows, whole_columns, write_csv
 from tests.routes.conftest import _run
 from tests.routes.test_batch_routes import KILL_AFTER_CREATE
 

@@ -75,8 +75,3 @@ def head_texts(conn: Connection, ids: set[int | None]) -> dict[int, str]:
 def whole(head: str | None, payload: str) -> str:
     """The whole payload of a stored own part and its head's text (None: stored whole)."""
     return payload if head is None else head + payload + CLOSE
-
-
-def whole_columns(table: Table = requests) -> list[ColumnElement]:
-    """Every column of `table`, its `payload` whole (`payload_text`): for `select(*...)`."""
-    return [payload_text(table).label("payload") if c.name == "payload" else c for c in table.c]
