@@ -541,7 +541,8 @@ def _load(
             add_event(conn, job_id, "route_choice", choice.reason, now)
         budget.resume(conn, job_id, spec.budget_usd, now)  # a budget_exhausted job, submitted again
         before = _count(conn, job_id)
-        render.head_id = payload_head(conn, job_id, render.prefix)
+        if render.body_column is None:  # (a row's own body is stored whole: no head to keep)
+            render.head_id = payload_head(conn, job_id, render.prefix)
         insert_requests = _insert_requests(conn, job_id)
         ids = IdWatch()
         problems: list[str] = []

@@ -299,7 +299,8 @@ def plan_prune(conn: Connection, now: float, older_than_s: float | None, keep_re
                 keep = True
             else:
                 continue
-        cut = Cut(job_id, name, keep, updated_at, vectors=stored_spec(spec).request_endpoint == EMBEDDINGS)
+        # (an embedding job's spec read only where its answers are kept: a prune of many jobs reads few)
+        cut = Cut(job_id, name, keep, updated_at, vectors=keep and stored_spec(spec).request_endpoint == EMBEDDINGS)
         cut.size = _size(conn, cut)
         if cut.size:
             cuts.append(cut)
