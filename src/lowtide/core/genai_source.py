@@ -22,11 +22,13 @@ from datetime import UTC, date, datetime, time
 from decimal import Decimal
 from functools import lru_cache
 from importlib.metadata import version
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import genai_prices
-from genai_prices import data_snapshot
-from genai_prices.types import ModelInfo, TieredPrices
+if TYPE_CHECKING:
+    from genai_prices.types import ModelInfo
+
+# genai-prices is imported where a price is first looked up, not with this module: it brings
+# its own HTTP client (~60 ms), and most runs (own routes, a job with no cost asked) never price.
 
 # lowtide's provider name -> genai-prices' provider id
 # lowtide's price-list name -> genai-prices' provider id: the three providers, and the hosts of
@@ -102,6 +104,8 @@ def _active_variant(info: ModelInfo, context: dict[str, str], ts: datetime) -> b
 
 
 def _fields(price: Any, notes: list[str]) -> dict[str, Decimal]:
+    from genai_prices.types import TieredPrices
+
     out: dict[str, Decimal] = {}
     for key, field in FIELDS.items():
         value = getattr(price, key, None)
@@ -127,7 +131,7 @@ def _find(provider: str, model: str) -> tuple[Any, ModelInfo] | None:
     if provider_id is None:
         return None
     try:
-        return data_snapshot.get_snapshot().find_provider_model(model, None, provider_id, None)
+        return _snapshot().find_provider_model(model, None, provider_id, None)
     except LookupError:
         return None
 
@@ -135,12 +139,18 @@ def _find(provider: str, model: str) -> tuple[Any, ModelInfo] | None:
 def model_ids(provider: str) -> list[str]:
     """The package's model ids for one of lowtide's providers (for messages that list them)."""
     pid = PROVIDER_IDS.get(provider)
-    found = next((p for p in data_snapshot.get_snapshot().providers if p.id == pid), None)
+    found = next((p for p in _snapshot().providers if p.id == pid), None)
     return sorted(m.id for m in found.models) if found else []
 
 
 def providers() -> list[str]:
-    return [p.id for p in data_snapshot.get_snapshot().providers]
+    return [p.id for p in _snapshot().providers]
 
 
-__all__ = ["GenaiEntry", "as_day", "context_window", "lookup", "package", "providers", "genai_prices"]
+def _snapshot() -> Any:
+    from genai_prices import data_snapshot
+
+    return data_snapshot.get_snapshot()
+
+
+__all__ = ["GenaiEntry", "as_day", "context_window", "lookup", "package", "providers"]

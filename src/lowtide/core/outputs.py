@@ -9,8 +9,6 @@ from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
 
-import jsonschema
-
 from lowtide.core.answers import read_answer
 from lowtide.core.native_schema import SHORT_ANSWER, unwrap_choice
 
@@ -54,6 +52,8 @@ def _choice(text: str, choices: Sequence[str]) -> str:
 
 
 def _validate(value: Any, schema: dict[str, Any], what: str) -> None:
+    import jsonschema  # here: a job of choices or free text never pays its import (~50 ms)
+
     try:
         errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(value), key=lambda e: list(e.path))
     except Exception as err:  # a schema the spec check let through (a stored job's, say): never crash ingest

@@ -12,9 +12,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-import referencing
-import referencing.exceptions
-
 from lowtide.core import shapes
 from lowtide.core.cards import routes_of
 from lowtide.core.endpoints import PROTOCOL, body_type
@@ -154,7 +151,9 @@ def check_schema(schema: Any) -> None:
 def check_refs(schema: dict[str, Any]) -> None:
     """Every `$ref` must resolve inside the schema itself: one that does not would only show
     when the first answer is checked, and a remote one would be fetched at that moment."""
-    # with jsonschema's import: only when a schema is checked
+    # here, as jsonschema is: only when a schema is checked
+    import referencing
+    import referencing.exceptions
     from referencing.jsonschema import DRAFT202012
 
     resolver = referencing.Registry().resolver_with_root(

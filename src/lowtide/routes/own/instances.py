@@ -25,7 +25,6 @@ import math
 import uuid
 from typing import Any
 
-import jsonschema
 import orjson
 
 ANNOTATIONS = frozenset({
@@ -71,6 +70,8 @@ class Instances:
     def __init__(self, schema: Any):
         if not isinstance(schema, dict | bool):
             raise Unsatisfiable("(root)", f"a JSON Schema is an object; got {type(schema).__name__}")
+        import jsonschema  # here: echo answering text or choices never pays its import (~50 ms)
+
         try:
             cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
             cls.check_schema(schema)
