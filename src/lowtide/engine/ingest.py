@@ -264,14 +264,14 @@ def _lookup(conn: Connection, job_id: int, dispatch_id: int, outcomes, whole_dis
         )
         if conn.dialect.name == "postgresql":
             live = live.with_for_update()
-        current = {r[1]: Current._make(r) for r in conn.execute(live)}
+        current = {r[1]: Current._make(r) for r in conn.execute(live).fetchall()}  # whole: no fetch per row
     others = list({o.custom_id for o in outcomes if o.custom_id not in current})
     moved_on = []  # (those read by dispatch are all still in it)
     if others:
         stmt = select(*_COLS).where(requests.c.job_id == job_id, among(conn, requests.c.custom_id, others))
         if conn.dialect.name == "postgresql":
             stmt = stmt.with_for_update()
-        found = {r[1]: Current._make(r) for r in conn.execute(stmt)}
+        found = {r[1]: Current._make(r) for r in conn.execute(stmt).fetchall()}
         current.update(found)
         moved_on = [r.id for r in found.values() if not (r.state == DISPATCHED and r.dispatch_id == dispatch_id)]
     seen = set()
