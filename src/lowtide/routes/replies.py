@@ -17,6 +17,7 @@ import json
 import time
 import zlib
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import orjson
@@ -171,17 +172,19 @@ def _chat(request: Request, ids: Ids, replies: list[Reply], usage: Usage, create
                        "choices": choices, "usage": _openai_usage(usage), "system_fingerprint": None}, request)  # fmt: skip
 
 
-def chat_text_written(request: Request, route: str, text: str, finish: str, usage: Usage) -> str | None:
+def chat_text_written(request: Request, route: str, text: str, finish: str, usage: Usage, content: str | None = None) -> str | None:
     """What `fastjson.dumps(reply_body(request, route, [Reply(text, finish)], usage))` writes
     for a chat request (one answer of text alone), written at once rather than built as dicts
     to be written later (echo's commonest answer: a `WrittenOutcome`). None where it is not
     written so simply: a request asking a service tier, or a text or model that orjson
     refuses (a lone surrogate: the whole body is then written by `json`, spaced). The same
-    text, byte for byte (tests/routes/test_replies_written.py)."""
+    text, byte for byte (tests/routes/test_replies_written.py). `content`: `text` as a JSON
+    string, where the caller has it (a choice's, written once per job)."""
     if request.body.get("service_tier") is not None:
         return None
     try:
-        content, model = orjson.dumps(text).decode(), orjson.dumps(request.model).decode()
+        content = orjson.dumps(text).decode() if content is None else content
+        model = _json_text(request.model)
     except TypeError:
         return None
     i, o = usage.input_tokens, usage.output_tokens
@@ -193,6 +196,11 @@ def chat_text_written(request: Request, route: str, text: str, finish: str, usag
         f'"prompt_tokens_details":{{"cached_tokens":{usage.cached_input_tokens}}},'
         f'"completion_tokens_details":{{"reasoning_tokens":{usage.reasoning_tokens}}}}},"system_fingerprint":null}}'
     )
+
+
+@lru_cache(maxsize=64)  # a job's requests name one model or a few
+def _json_text(value: str) -> str:
+    return orjson.dumps(value).decode()
 
 
 def _with_tier(answer: dict[str, Any], request: Request) -> dict[str, Any]:

@@ -191,13 +191,29 @@ def answer(request: Request, last_user: str, max_tokens: int | None, seed: int |
            choices: Sequence[str] | None = None) -> str:  # fmt: skip
     choices = choices or request.choices
     if choices:
-        lowered = last_user.lower()
-        hits = [(at, c) for c in choices if (at := lowered.find(c.lower())) >= 0]
-        if hits:
-            return min(hits)[1]
+        named = _first_named(tuple(choices), last_user.lower())
+        if named is not None:
+            return named
         seed = zlib.crc32(request.custom_id.encode()) if seed is None else seed
         return choices[seed % len(choices)]
     return last_user if max_tokens is None else last_user[: max_tokens * 4]
+
+
+def _first_named(choices: tuple[str, ...], lowered: str) -> str | None:
+    """The choice found first in `lowered` (case-insensitive); of two found at one place,
+    the lesser: `min` of (place, choice). None where none is found."""
+    best, at_best = None, -1
+    for choice, low in _lowered(choices):  # by choice: the first found at a place is the lesser
+        at = lowered.find(low)
+        if at >= 0 and (at_best < 0 or at < at_best):
+            best, at_best = choice, at
+    return best
+
+
+@lru_cache(maxsize=256)
+def _lowered(choices: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    """A job's few choices, each with its lower case, in order (lowered once, not per answer)."""
+    return tuple(sorted((c, c.lower()) for c in choices))
 
 
 @dataclass(slots=True)
@@ -393,6 +409,14 @@ def choice_text(choice: str) -> str:
     return arguments_text({CHOICE_KEY: choice})
 
 
+@lru_cache(maxsize=256)
+def _choice_said(choice: str) -> tuple[str, str, int]:
+    """A choice's answer: its text (`choice_text`), that text as a JSON string, and its
+    output tokens."""
+    text = choice_text(choice)
+    return text, orjson.dumps(text).decode(), _tokens(text)
+
+
 def _fail_attempts(value: Any) -> dict[str, int]:
     """{custom_id: n}: whole numbers of attempts that fail, by custom_id."""
     if not isinstance(value, dict) or not all(isinstance(k, str) and type(n) is int and n >= 0 for k, n in value.items()):
@@ -473,9 +497,14 @@ class EchoRoute:
         return self._text_answer(request, text, finish, Usage(input_tokens=input_tokens, output_tokens=_tokens(text)))
 
     def _choice_echo(self, request: Request, last_user: str, input_tokens: int, picks: list[str]) -> Outcome:
-        """What `outcome` answers a `choice_chat` request: what `replies` makes of its plan."""
-        text = choice_text(answer(request, last_user, None, None, picks))
-        return self._text_answer(request, text, "stop", Usage(input_tokens=input_tokens, output_tokens=_tokens(text)))
+        """What `outcome` answers a `choice_chat` request: what `replies` makes of its plan,
+        its answer's text, JSON and tokens made once per choice (`_choice_said`)."""
+        text, content, tokens = _choice_said(answer(request, last_user, None, None, picks))
+        usage = Usage(input_tokens, 0, 0, tokens)
+        written = chat_text_written(request, self.name, text, "stop", usage, content)
+        if written is None:
+            return self._text_answer(request, text, "stop", usage)
+        return WrittenOutcome(request.custom_id, text, usage, "stop", written, "stop")
 
     def _text_answer(self, request: Request, text: str, finish: str, usage: Usage) -> Outcome:
         """A chat request's one answer of `text`, its body written as JSON text at once where
