@@ -218,7 +218,7 @@ class RowRenderer:
         if self.needed and (missing := [k for k in self.needed if body.get(k) is None]):
             return Refused(self.missing(missing[0]), row.number)
         for check in self.checks:
-            refused = check(body)
+            refused = check(body, fixed)
             if refused is not None:
                 return Refused(refused, row.number)
         self.carried.see(body)
@@ -344,22 +344,34 @@ def request_base(spec: JobSpec) -> dict:
     return base if ask is None else with_ask(base, spec.request_endpoint, ask)
 
 
-def refusal_checks(spec: JobSpec) -> list[Callable[[dict], str | None]]:
-    """For the job's route and its fallback's (or its chain's tiers): a body's refusal message, or None."""
+def refusal_checks(spec: JobSpec) -> list[Callable[[dict, bool], str | None]]:
+    """For the job's route and its fallback's (or its chain's tiers): a body's refusal message,
+    or None. A check is told whether the body is the job's fixed part plus its turns (`fixed`):
+    where the route says such turns leave the refusal to the rest of the body (`rest_decides`),
+    the rest is the same in every such row, and the route is asked once, not once per row."""
     checks = []
     lanes = spec.sending_routes
     endpoint, choices, schema = spec.request_endpoint, spec.effective_choices, spec.response_schema
+    conversation = conversation_key(endpoint)
     for name, options, model in lanes:
         try:
-            refusal = getattr(create_route(name, options), "refusal", None)
+            route = create_route(name, options)
         except RouteError:  # no key here (an estimate): `check_job` refuses such a spec before a load
             continue
+        refusal = getattr(route, "refusal", None)
         if refusal is None:  # a plugin route that does not say: it takes what it is sent
             continue
+        decides = getattr(route, "rest_decides", None)
+        said: list[str | None] = []  # the refusal of the job's fixed part, once asked
 
-        def check(body: dict, refusal=refusal, name=name, model=model) -> str | None:
+        def check(body: dict, fixed: bool = False, refusal=refusal, name=name, model=model, decides=decides, said=said) -> str | None:
+            if fixed and said and decides(endpoint, body.get(conversation)):
+                return said[0]
             refused = refusal(Request("", endpoint, body | {"model": model} if model else body, choices, schema))
-            return None if refused is None else refused.message(name) + FIX
+            message = None if refused is None else refused.message(name) + FIX
+            if fixed and not said and decides is not None and decides(endpoint, body.get(conversation)):
+                said.append(message)
+            return message
 
         checks.append(check)
     return checks

@@ -48,7 +48,10 @@ class DirectRoute(Protocol):
 
     def refusal(self, request: Request) -> Refusal | None:
         """What in `request` this route cannot honour (a field, a content part, a value),
-        or None: asked before anything is submitted (DESIGN invariant 8)."""
+        or None: asked before anything is submitted (DESIGN invariant 8). A route may also
+        have `rest_decides(endpoint, turns) -> bool`: True where a body with these turns is
+        refused or not by the rest of the body alone, so the loader asks once for a job's rows
+        that differ in their turns alone (routes/own/echo.py)."""
         ...
 
     def execute(self, requests: Sequence[Request]) -> AsyncIterator[Outcome]:

@@ -442,6 +442,12 @@ class EchoRoute:
     def check_model(self, model: str) -> None:
         """echo answers for any model name: it never calls one."""
 
+    def rest_decides(self, endpoint: str, turns: Any) -> bool:
+        """Whether a body of `endpoint` with these turns is refused or not by the rest of the
+        body alone: chat turns of text are never refused (`chat_told`). The loader then asks
+        `refusal` once for a job's rows that differ in their turns alone."""
+        return endpoint == CHAT and told_turns(turns) is not None
+
     def refusal(self, request: Request) -> Refusal | None:
         if request.endpoint == _echo_embed.EMBEDDINGS:
             return _echo_embed.refusal(request)
