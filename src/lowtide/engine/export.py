@@ -12,7 +12,11 @@ with `lowtide_`. No column is ever written over by another.
 Nested values are real nested values: objects in JSONL, structs and lists in Parquet (types
 in answer_columns.py), JSON text in CSV. Rows are read a source chunk at a time, and a
 chunk's stored answers in pages of at most PAGE_BYTES, so a job of huge answers (logprobs of
-long outputs) is exported in bounded memory.
+long outputs) is exported in bounded memory. A chunk's stored requests are found by custom_id;
+as a load stores them in source order, the job's next requests in id order (as many as the
+chunk has rows) are read first, by a range of the primary key, and only the ids not among
+them are looked up one by one: once two such windows in a row were mostly not the chunk's
+(a source in another order), the rest of the pass looks every id up.
 
 `source_changed` is true where the row, rendered now, is not what the stored request was
 rendered from (its text, the template or the spec changed since): the answer beside it is
@@ -35,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Integer, Row, Select, and_, case, or_, select, type_coerce
+from sqlalchemy import Integer, Row, Select, and_, bindparam, case, func, or_, select, type_coerce
 
 from lowtide.core import fastjson
 from lowtide.core.errors import LowtideError
@@ -147,6 +151,7 @@ class ResultRows(ResultColumns):
         self.store = store
         self.answers_renamed = False  # does the source have a column named like an answer column?
         self._wanted: Select | None = None  # the lookup statement (`_lookup_statement`)
+        self._next: Select | None = None  # the window's (`_window_statement`)
         with store.read() as conn:
             job = get_job(conn, job_name)
         self.job_id = job.id
@@ -179,13 +184,14 @@ class ResultRows(ResultColumns):
         """Each source chunk's rows as (row, custom_id, its stored request or None)."""
         id_col = self.spec.source.id_column
         newest = self._newest()
+        window = _Window()  # this pass's
         for chunk in self.source.chunks():
             if newest is not None:  # an older version of a row of an increment: its request is the newest's
                 chunk = [r for r in chunk if not newest.older(row_id(r.values, id_col, self.spec.variant), r.values)]
             keys = [str(r.values.get(id_col, "")).strip() for r in chunk]
             variant = self.spec.variant
             ids = [custom_id_of(k, variant) for k in keys]
-            found = self._lookup(ids, keys)
+            found = self._lookup(ids, keys, window)
             yield [(row, cid, found.get(cid)) for row, cid in zip(chunk, ids, strict=True)]
 
     def _newest(self) -> Newest | None:
@@ -275,23 +281,28 @@ class ResultRows(ResultColumns):
             stmt = select(requests.c.id, requests.c.response).where(among(conn, requests.c.id, row_ids))
             return dict(conn.execute(stmt).all())
 
-    def _lookup(self, ids: list[str], keys: list[str]) -> dict[str, Row]:
+    def _lookup(self, ids: list[str], keys: list[str], window: _Window | None = None) -> dict[str, Row]:
         """custom_id -> (stored custom_id, state, output, parsed, error_code, error_message,
         input_tokens, output_tokens, attempts, route, fingerprint, payload if no fingerprint,
         row id, length of the stored response, the response if at most INLINE_BYTES, its
         `plain_answer`, whether a prune dropped its answer, its source_key) of the job's requests among `ids`;
         an id not found is looked for under its legacy custom_ids too, taken where stored for its own key. Larger responses are read page by page (`_answers`). Where
         the plain answer is taken, and `full` wants no response, the response is not read: its
-        length and text are NULL."""
+        length and text are NULL. With a `window`, the job's next requests in id order are read
+        first (`_window_read`), and the ids it did not find looked up."""
         with self.store.read() as conn:
             if self._wanted is None:
                 self._wanted = self._lookup_statement(conn)
+                self._next = self._window_statement()
 
             def fetch(wanted: list[str]) -> dict[str, Row]:
                 rows = conn.execute(self._wanted, {"wanted": listed(conn, wanted)})
                 return {r[0]: r for r in rows.fetchall()}  # whole: no fetch per row; Rows unpack as tuples do
 
-            found = fetch(ids)
+            found = self._window_read(conn, ids, window) if window is not None and window.on and ids else {}
+            rest = [cid for cid in ids if cid not in found] if found else ids
+            if rest:
+                found.update(fetch(rest))
             legacy: dict[str, list[tuple[str, str]]] = {}
             for cid, key in zip(ids, keys, strict=True):
                 if cid not in found:
@@ -302,12 +313,45 @@ class ResultRows(ResultColumns):
                     for cid, key in legacy[old]:
                         if key == key_of(res[17]):
                             found.setdefault(cid, res)
+            if window is not None and window.on and found:  # the next window starts past this chunk's requests
+                window.after = max(window.after or 0, max(res[12] for res in found.values()))
             return found
+
+    def _window_read(self, conn, ids: list[str], window: _Window) -> dict[str, Row]:
+        """Those of `ids` among the job's next len(ids) requests in id order (those past
+        `window.after`): where the requests were stored in source order, as a load stores
+        them, a chunk's are read by a range of the primary key, at less cost than a probe of
+        the custom_id index for each. Once less than half of two windows in a row was the
+        chunk's (a source in another order) the pass reads no more windows: one such window
+        alone may be rows gone from the source, which the next window is past."""
+        if window.after is None:  # the first chunk: from the job's first request
+            first = conn.execute(select(func.min(requests.c.id)).where(requests.c.job_id == self.job_id)).scalar()
+            if first is None:
+                window.on = False
+                return {}
+            window.after = first - 1
+        wanted = set(ids)
+        rows = conn.execute(self._next, {"after": window.after, "upto": window.after + len(ids)}).fetchall()
+        found = {r[0]: r for r in rows if r[0] in wanted}
+        window.misses = window.misses + 1 if 2 * len(found) < len(wanted) else 0
+        window.on = window.misses < 2
+        return found
+
+    def _window_statement(self) -> Select:
+        """`_lookup_statement`'s columns, of the job's requests with ids in (`after`, `upto`].
+        `job_id + 0`: read along the primary key, never through the job's index."""
+        cols = requests.c
+        return self._lookup_columns().where((cols.job_id + 0) == self.job_id, cols.id > bindparam("after"), cols.id <= bindparam("upto"))
 
     def _lookup_statement(self, conn) -> Select:
         """`_lookup`'s statement, built once per export: its custom_ids are bound when it runs
         (`among_bound`), so no chunk's ids stay held by a statement in reference cycles (one
         built per chunk kept 20 MB per million rows until a collection)."""
+        cols = requests.c
+        return self._lookup_columns().where(cols.job_id == self.job_id, among_bound(conn, cols.custom_id, "wanted"))
+
+    def _lookup_columns(self) -> Select:
+        """The columns `_lookup` reads of a request (its docstring lists them)."""
         cols = requests.c
         # Written and cleared with its response (a request started again has neither, whatever
         # is left), but by `prune --keep-results`, which drops the response and keeps it (a
@@ -334,7 +378,18 @@ class ResultRows(ResultColumns):
             cols.input_tokens, cols.output_tokens, cols.attempts, cols.route, cols.fingerprint,
             case((cols.fingerprint.is_(None), payload_text()), else_=None),  # stored before fingerprints
             cols.id, length, case((length <= INLINE_BYTES, cols.response), else_=None), plain, dropped, cols.source_key,
-        ).where(cols.job_id == self.job_id, among_bound(conn, cols.custom_id, "wanted"))  # fmt: skip
+        )  # fmt: skip
+
+
+@dataclass(slots=True)
+class _Window:
+    """Where a pass's window read (`ResultRows._window_read`) is: past request id `after`
+    (None: not started), the windows in a row that were mostly not the chunk's, and whether
+    it still reads windows."""
+
+    after: int | None = None
+    misses: int = 0
+    on: bool = True
 
 
 def _unique(name: str, taken: set[str] | frozenset[str]) -> str:
