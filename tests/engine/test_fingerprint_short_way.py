@@ -1,6 +1,6 @@
 """A row's fingerprint (engine/loader.py `RowRenderer.fingerprint`) takes its used values by
-one itemgetter where the row has them all, and reads a column the row leaves out as None:
-both ways give the fingerprint the documented long way gives (a keyed BLAKE2b of the used
+one itemgetter where the row has them all, and reads a column the row leaves out as None;
+`fingerprints` hashes many rows in one loop (the export's). All ways give the fingerprint the documented long way gives (a keyed BLAKE2b of the used
 values' JSON), so stored fingerprints stay comparable across lowtide versions."""
 
 from __future__ import annotations
@@ -34,4 +34,5 @@ def test_the_short_way_is_the_long_way(tmp_path, user):
     ]
     for values in rows:
         assert render.fingerprint(values) == long_way(render, values)
+    assert render.fingerprints(rows) == [long_way(render, values) for values in rows]
     assert render.fingerprint(rows[2]) == render.fingerprint(rows[2] | {"channel": None, "n": None})
