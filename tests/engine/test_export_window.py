@@ -97,9 +97,10 @@ def test_a_source_in_load_order_is_read_by_windows(job, tmp_path, monkeypatch, w
 
 def test_rows_gone_and_rows_added_export_as_by_custom_id(job, tmp_path, monkeypatch, windows):
     store, source, rows = job
-    kept = rows[:50] + rows[70:290]
-    added = [{"ticket_id": f"N{i}", "body": f"new {i}"} for i in range(30)]  # not loaded: the last window runs past the job's requests
-    write_csv(source, kept + added)
+    kept = rows[:50] + rows[70:]
+    # not loaded: the first window has no request to start at; the last runs past the job's requests
+    added = [{"ticket_id": f"N{i}", "body": f"new {i}"} for i in range(35)]
+    write_csv(source, added[:5] + kept + added[5:])
     _exports(store, tmp_path, monkeypatch, "edited")
     assert windows and all(on for _, _, on in windows)
     expected = {r["ticket_id"]: ("succeeded", f"Ticket: {r['body']}") for r in kept} | {r["ticket_id"]: ("not_loaded", None) for r in added}

@@ -40,7 +40,7 @@ from operator import ne
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Integer, Row, Select, and_, bindparam, case, func, or_, select, type_coerce
+from sqlalchemy import Integer, Row, Select, and_, bindparam, case, or_, select, type_coerce
 
 from lowtide.core import fastjson
 from lowtide.core.errors import LowtideError
@@ -325,12 +325,12 @@ class ResultRows(ResultColumns):
         the custom_id index for each. Once less than half of two windows in a row was the
         chunk's (a source in another order) the pass reads no more windows: one such window
         alone may be rows gone from the source, which the next window is past."""
-        if window.after is None:  # the first chunk: from the job's first request
-            first = conn.execute(select(func.min(requests.c.id)).where(requests.c.job_id == self.job_id)).scalar()
-            if first is None:
-                window.on = False
+        if window.after is None:  # the first window starts at the request of the chunk's first row
+            # (found by its custom_id: the job's least id would be a pass over its index)
+            first = conn.execute(self._wanted, {"wanted": listed(conn, ids[:1])}).fetchall()
+            if not first:  # none: the chunk is looked up by id, the next window starts past what that finds
                 return {}
-            window.after = first - 1
+            window.after = first[0][12] - 1
         wanted = set(ids)
         rows = conn.execute(self._next, {"after": window.after, "upto": window.after + len(ids)}).fetchall()
         found = {r[0]: r for r in rows if r[0] in wanted}
