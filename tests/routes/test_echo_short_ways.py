@@ -388,3 +388,24 @@ def test_a_choice_chat_answers_the_first_choice_named_else_one_by_its_custom_id(
     choice = fastjson.loads(outcome.text)["choice"]
     assert choice == (picked or PICKS[zlib.crc32(b"row-7") % len(PICKS)])
     assert outcome.finish_reason == "stop" and outcome.response["choices"][0]["message"]["content"] == outcome.text
+
+
+def test_a_choice_chat_whose_choice_orjson_refuses_is_answered_as_the_general_way_does():
+    """A choice holding a lone surrogate (orjson refuses it; json writes it) is answered, its
+    body written the long way, as before a choice's JSON was made once per choice."""
+    picks = ["a\ud800b", "other"]
+    schema = {"type": "object", "properties": {"choice": {"type": "string", "enum": picks}}, "required": ["choice"],
+              "additionalProperties": False}  # fmt: skip
+    body = {"model": "m", "messages": _text("pick a\ud800b please"),
+            "response_format": {"type": "json_schema", "json_schema": {"name": "output", "schema": schema, "strict": True}}}  # fmt: skip
+    request = Request("row-1", CHAT, body, picks)
+    assert echo.choice_chat(request) is not None
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(_replies, "time", _Frozen)
+        route = echo.EchoRoute({})
+        short = _run(lambda: _said(route.outcome(request)))
+        m.setattr(echo, "choice_chat", lambda _request: None)
+        m.setattr(echo, "chat_told", lambda _request, _instances=True: None)
+        general = _afresh(lambda: _run(lambda: _said(route.outcome(request))))
+    assert short == general and short[0] == "ok"
+    assert route.outcome(request).text == '{"choice":"a\ud800b"}'

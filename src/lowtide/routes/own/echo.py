@@ -410,11 +410,15 @@ def choice_text(choice: str) -> str:
 
 
 @lru_cache(maxsize=256)
-def _choice_said(choice: str) -> tuple[str, str, int]:
-    """A choice's answer: its text (`choice_text`), that text as a JSON string, and its
-    output tokens."""
+def _choice_said(choice: str) -> tuple[str, str | None, int]:
+    """A choice's answer: its text (`choice_text`), that text as a JSON string (None where
+    orjson refuses it, a lone surrogate: `chat_text_written` then says so), and its output tokens."""
     text = choice_text(choice)
-    return text, orjson.dumps(text).decode(), _tokens(text)
+    try:
+        content = orjson.dumps(text).decode()
+    except TypeError:
+        content = None
+    return text, content, _tokens(text)
 
 
 def _fail_attempts(value: Any) -> dict[str, int]:
