@@ -8,6 +8,7 @@ take their answers."""
 from __future__ import annotations
 
 import functools
+import json
 import random
 
 import pytest
@@ -80,8 +81,6 @@ def _exports(store, tmp_path, monkeypatch, name: str) -> None:
 
 
 def _outputs(tmp_path, name: str) -> dict[str, tuple]:
-    import json
-
     lines = (tmp_path / f"{name}.jsonl").read_text(encoding="utf-8").splitlines()
     return {r["ticket_id"]: (r["state"], r.get("output")) for r in map(json.loads, lines)}  # a row not loaded has no output
 
